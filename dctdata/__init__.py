@@ -1,0 +1,32 @@
+"""dctdata: block-DCT compressed training sets for scientific ML.
+
+Core (this package): transform kernels, CodecSpec, quantization, the `Decompress` first layer and
+the on-disk format. `dctdata.preprocess` packs datasets offline; `dctdata.loaders` streams them.
+"""
+
+from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
+from dctdata.layer import Decompress
+from dctdata.quantize import dequantize, encode, quantize
+from dctdata.spec import CodecSpec
+from dctdata.transform import basis, compress, decompress, dct_matrix, kept_frequencies, num_kept
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CodecSpec",
+    "Decompress",
+    "DctDataError",
+    "FormatError",
+    "IntegrityError",
+    "OverflowCountError",
+    "__version__",
+    "basis",
+    "compress",
+    "dct_matrix",
+    "decompress",
+    "dequantize",
+    "encode",
+    "kept_frequencies",
+    "num_kept",
+    "quantize",
+]

@@ -1,0 +1,1 @@
+"""Benchmarks behind `dctdata bench ...`; each module registers one bench subcommand."""

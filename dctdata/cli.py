@@ -1,0 +1,54 @@
+"""`dctdata` console script: a thin argparse front over dctdata/commands/*.
+
+Each command module defines `register(subparsers)` which adds its parser and sets `func`. Errors a
+user can cause (DctDataError, TypeError from bad settings, missing files) print one line and exit 1,
+without a traceback; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from dctdata.errors import DctDataError
+
+# One module per subcommand; add a line here when adding a command.
+COMMAND_MODULES = (
+    "dctdata.commands.demo",
+    "dctdata.commands.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dctdata import __version__
+
+    parser = argparse.ArgumentParser(prog="dctdata", description="Block-DCT compressed training sets for scientific ML.")
+    parser.add_argument("--version", action="version", version=f"dctdata {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (DctDataError, TypeError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError) as exc:
+        if args.debug:
+            raise
+        msg = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.strerror}: {exc.filename}"
+        print(f"dctdata {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"dctdata {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""`Decompress`: the model's first layer. Dequantize + inverse DCT + crop (+ normalize), as matmuls.
+
+It takes the coefficient batch exactly as a DataLoader collates it, (B, C, Hb, K, Wb) in the wire
+dtype (integer or float), and returns (B, C, H, W) in `dtype` on the input's device. The steps,
+offsets and normalization are folded into the weights it holds (non-persistent buffers, so model
+checkpoints do not depend on them), so decoding is one pass: two small matmuls per block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dctdata.errors import DctDataError
+from dctdata.spec import CodecSpec
+from dctdata.transform import fold_basis, synthesize
+
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class Decompress(nn.Module):
+    """Coefficients -> images. `normalize=False` ignores the spec's mean/std."""
+
+    def __init__(self, spec: CodecSpec, dtype: torch.dtype = torch.float32, normalize: bool = True) -> None:
+        super().__init__()
+        if not isinstance(spec, CodecSpec):
+            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
+        if dtype not in _OUT_DTYPES:
+            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
+        self.spec = spec
+        self.dtype = dtype
+        self.normalize = normalize
+        wcol, zbias, trows = fold_basis(
+            spec.cf,
+            spec.mask,
+            spec.channels,
+            spec.steps,
+            spec.offsets,
+            spec.mean if normalize else None,
+            spec.std if normalize else None,
+        )
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        self.register_buffer("wcol", wcol.to(compute), persistent=False)
+        self.register_buffer("zbias", None if zbias is None else zbias.to(compute), persistent=False)
+        self.register_buffer("trows", trows.to(compute), persistent=False)
+
+    def forward(self, coeffs: torch.Tensor) -> torch.Tensor:
+        if not isinstance(coeffs, torch.Tensor):
+            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
+        if coeffs.is_complex() or coeffs.dtype == torch.bool:
+            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {coeffs.dtype}")
+        spec = self.spec
+        expected = spec.coeff_shape
+        if coeffs.dim() not in (4, 5) or tuple(coeffs.shape[-4:]) != expected:
+            raise DctDataError(
+                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, C, Hb, K, Wb) for "
+                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(coeffs.shape)}"
+            )
+        unbatched = coeffs.dim() == 4
+        y = coeffs.unsqueeze(0) if unbatched else coeffs
+        wcol = self.wcol.to(y.device)
+        compute = torch.float64 if y.dtype == torch.float64 else wcol.dtype
+        zbias = None if self.zbias is None else self.zbias.to(device=y.device, dtype=compute)
+        out = synthesize(
+            y.to(compute),
+            wcol.to(compute),
+            zbias,
+            self.trows.to(device=y.device, dtype=compute),
+            spec.mask,
+            (spec.height, spec.width),
+        )
+        out = out.to(self.dtype)
+        return out.squeeze(0) if unbatched else out
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (
+            f"cf={s.cf}, mask={s.mask!r}, channels={s.channels}, size=({s.height}, {s.width}), "
+            f"wire={s.dtype}, out={str(self.dtype).removeprefix('torch.')}"
+        )

@@ -1,0 +1,255 @@
+"""Pure DCT+Chop kernels: orthonormal 8x8 DCT-II basis, frequency masks, compress/decompress.
+
+Coefficient layout (block-row frequency-planar): an image of shape (..., H, W) becomes
+(..., Hb, K, Wb) with Hb = ceil(H / 8), Wb = ceil(W / 8) and K the number of kept frequencies.
+Row [hb, k, :] holds frequency (u_k, v_k) of the Wb blocks of block row hb; kept frequencies are
+listed in row-major (u, v) order (see `kept_frequencies`). Runs of one frequency are smooth, which
+zstd likes, and the inverse transform reads them as a transposed BLAS operand and writes image rows
+directly, with no permute pass (decode measured 1.1-2x a plain copy at CF<=4, versus 2.2-4x for the
+fully planar (..., K, Hb, Wb) order, which needs one extra transpose pass). A DCT-domain network
+that wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
+
+All work is per block (reshape + a (K x 64) matmul), so the cost per pixel does not depend on the
+image size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from dctdata.errors import DctDataError
+
+BLOCK = 8
+MASKS = ("square", "triangle")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def parse_cf(cf: object) -> int:
+    """Validate a chop factor: an int in 1..8."""
+    if isinstance(cf, bool) or not isinstance(cf, int):
+        raise TypeError(f"cf: expected an int in 1..{BLOCK}. Got {cf!r} of type {type(cf).__name__}")
+    if not 1 <= cf <= BLOCK:
+        raise DctDataError(f"cf: expected an int in 1..{BLOCK}. Got {cf}")
+    return cf
+
+
+def parse_mask(mask: object) -> str:
+    """Validate a mask name."""
+    if not isinstance(mask, str):
+        raise TypeError(f"mask: expected one of {MASKS}. Got {mask!r} of type {type(mask).__name__}")
+    if mask not in MASKS:
+        raise DctDataError(f"mask: expected one of {MASKS}. Got {mask!r}")
+    return mask
+
+
+@functools.lru_cache(maxsize=None)
+def kept_frequencies(cf: int, mask: str = "square") -> tuple[tuple[int, int], ...]:
+    """The (u, v) frequencies kept by a mask, in row-major order: plane k of the layout is entry k."""
+    cf, mask = parse_cf(cf), parse_mask(mask)
+    if mask == "square":
+        return tuple((u, v) for u in range(cf) for v in range(cf))
+    return tuple((u, v) for u in range(cf) for v in range(cf) if u + v < cf)
+
+
+def num_kept(cf: int, mask: str = "square") -> int:
+    """K: coefficients kept per 8x8 block (cf^2 for square, cf(cf+1)/2 for triangle)."""
+    return len(kept_frequencies(cf, mask))
+
+
+def grid_shape(height: int, width: int) -> tuple[int, int]:
+    """Blocks per column and row once an H x W image is padded to a multiple of 8."""
+    return math.ceil(height / BLOCK), math.ceil(width / BLOCK)
+
+
+@functools.lru_cache(maxsize=None)
+def _dct_matrix_f64() -> torch.Tensor:
+    n = BLOCK
+    i = torch.arange(n, dtype=torch.float64).unsqueeze(1)
+    j = torch.arange(n, dtype=torch.float64).unsqueeze(0)
+    t = math.sqrt(2.0 / n) * torch.cos(math.pi * (2 * j + 1) * i / (2 * n))
+    t[0, :] = 1.0 / math.sqrt(n)
+    return t
+
+
+def dct_matrix(dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
+    """Orthonormal DCT-II matrix T (8 x 8): T[0, j] = 1/sqrt(8), T[i, j] = sqrt(2/8) cos(pi (2j+1) i / 16)."""
+    return _dct_matrix_f64().to(dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def _basis_f64(cf: int, mask: str) -> torch.Tensor:
+    t = _dct_matrix_f64()
+    outer = torch.einsum("ui,vj->uvij", t, t).reshape(BLOCK, BLOCK, BLOCK * BLOCK)
+    idx = kept_frequencies(cf, mask)
+    return torch.stack([outer[u, v] for u, v in idx])
+
+
+def basis(cf: int, mask: str = "square", dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """(K, 64) synthesis basis: row k is the 8x8 image of frequency (u_k, v_k), flattened row-major.
+
+    Its rows are orthonormal, so analysis is `blocks @ basis.T` and synthesis `coeffs @ basis`.
+    """
+    return _basis_f64(parse_cf(cf), parse_mask(mask)).to(dtype=dtype, device=device)
+
+
+def _check_image(x: object, name: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of shape (..., H, W). Got {type(x).__name__}")
+    if x.dim() < 2:
+        raise DctDataError(f"{name}: expected rank >= 2 with shape (..., H, W). Got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name}: expected a floating tensor (float16, bfloat16, float32 or float64). Got {x.dtype}"
+        )
+    if x.shape[-1] == 0 or x.shape[-2] == 0:
+        raise DctDataError(f"{name}: expected H, W >= 1. Got shape {tuple(x.shape)}")
+    return x
+
+
+def to_blocks(x: torch.Tensor) -> torch.Tensor:
+    """(N, H, W) -> (N, Hb*Wb, 64): edge-replicate to a multiple of 8, then one row per block."""
+    n, h, w = x.shape
+    hb, wb = grid_shape(h, w)
+    ph, pw = hb * BLOCK - h, wb * BLOCK - w
+    if ph or pw:
+        x = F.pad(x.unsqueeze(1), (0, pw, 0, ph), mode="replicate").squeeze(1)
+    return x.reshape(n, hb, BLOCK, wb, BLOCK).permute(0, 1, 3, 2, 4).reshape(n, hb * wb, BLOCK * BLOCK)
+
+
+def compress(x: torch.Tensor, cf: int = 8, mask: str = "square") -> torch.Tensor:
+    """(..., H, W) float -> (..., Hb, K, Wb) float32 DCT coefficients of the kept frequencies."""
+    x = _check_image(x)
+    m = basis(cf, mask, dtype=torch.float32, device=x.device)
+    *lead, h, w = x.shape
+    hb, wb = grid_shape(h, w)
+    blocks = to_blocks(x.reshape(-1, h, w).to(torch.float32))
+    coeffs = torch.matmul(blocks, m.T).reshape(-1, hb, wb, m.shape[0])  # (N, Hb, Wb, K)
+    return coeffs.transpose(-1, -2).reshape(*lead, hb, m.shape[0], wb)
+
+
+def parse_size(size: object) -> tuple[int, int]:
+    """Validate an output (H, W)."""
+    if not isinstance(size, (tuple, list)) or len(size) != 2:
+        raise TypeError(f"size: expected a pair (H, W). Got {size!r}")
+    h, w = size
+    for name, v in (("H", h), ("W", w)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"size: expected integer {name}. Got {v!r}")
+        if v < 1:
+            raise DctDataError(f"size: expected {name} >= 1. Got {v}")
+    return int(h), int(w)
+
+
+def check_coeff_grid(shape: tuple[int, ...], k: int, size: tuple[int, int], name: str = "coefficients") -> None:
+    """Raise unless `shape` ends in (Hb, K, Wb) matching K kept frequencies and an H x W image."""
+    hb, wb = grid_shape(*size)
+    if len(shape) < 3 or tuple(shape[-3:]) != (hb, k, wb):
+        raise DctDataError(
+            f"{name}: expected shape (..., Hb, K, Wb) = (..., {hb}, {k}, {wb}) for K={k} kept frequencies "
+            f"and size {size}. Got {tuple(shape)}"
+        )
+
+
+def fold_basis(
+    cf: int,
+    mask: str = "square",
+    channels: int = 1,
+    steps: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Fold dequantization (coef = q * step + offset) and normalization ((x - mean) / std) into the
+    separable synthesis weights, so decoding stays one pass: two small matmuls and no elementwise
+    work on the data.
+
+    Returns (wcol, zbias, trows) in float64: wcol (C, cf, cf, 8) with wcol[c, u, v, j] =
+    step[c, (u, v)] * T[v, j] / std[c] (zero for frequencies the mask drops); zbias (C, cf, 8) or
+    None, the per-row bias of the first stage; trows (cf, 8) = T[:cf]. Tables are (C, K) / (C,).
+    """
+    cf, mask = parse_cf(cf), parse_mask(mask)
+    t = _dct_matrix_f64()
+    idx = kept_frequencies(cf, mask)
+    k = len(idx)
+    f64 = dict(dtype=torch.float64)
+    s = torch.ones(channels, k, **f64) if steps is None else torch.as_tensor(steps, **f64).reshape(channels, k)
+    inv_std = torch.ones(channels, **f64) if std is None else 1.0 / torch.as_tensor(std, **f64).reshape(channels)
+    wcol = torch.zeros(channels, cf, cf, BLOCK, **f64)
+    for kk, (u, v) in enumerate(idx):
+        wcol[:, u, v, :] = (s[:, kk] * inv_std).unsqueeze(1) * t[v]
+    zbias = None
+    if offsets is not None or mean is not None:
+        zbias = torch.zeros(channels, cf, BLOCK, **f64)
+        if offsets is not None:
+            o = torch.as_tensor(offsets, **f64).reshape(channels, k)
+            for kk, (u, v) in enumerate(idx):
+                zbias[:, u, :] += (o[:, kk] * inv_std).unsqueeze(1) * t[v]
+        if mean is not None:
+            # T[0, i] = 1/sqrt(8) for every i, so a constant c on row u=0 scaled by sqrt(8) adds c everywhere.
+            m = torch.as_tensor(mean, **f64).reshape(channels)
+            zbias[:, 0, :] -= (m * inv_std * math.sqrt(BLOCK)).unsqueeze(1)
+    return wcol, zbias, t[:cf].clone()
+
+
+def square_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:
+    """(..., K, Wb) -> (..., cf, cf, Wb): frequency (u, v) at [u, v]; frequencies the mask drops are zero."""
+    *lead, k, wb = coeffs.shape
+    if mask == "square":
+        return coeffs.reshape(*lead, cf, cf, wb)
+    rows, start = [], 0
+    for u in range(cf):
+        n = cf - u  # triangle keeps v < cf - u in row u
+        row = coeffs[..., start : start + n, :]
+        start += n
+        if n < cf:
+            row = torch.cat([row, row.new_zeros(*lead, cf - n, wb)], dim=-2)
+        rows.append(row)
+    return torch.stack(rows, dim=-3)
+
+
+def synthesize(
+    coeffs: torch.Tensor,
+    wcol: torch.Tensor,
+    zbias: torch.Tensor | None,
+    trows: torch.Tensor,
+    mask: str,
+    size: tuple[int, int],
+) -> torch.Tensor:
+    """Inverse transform of (B, C, Hb, K, Wb) float coefficients with folded weights -> (B, C, H, W).
+
+    Separable per block: stage 1 contracts v with the folded column weights into
+    Z[b, c, hb, u, wb, j] (the coefficients enter as a transposed operand, no copy); stage 2
+    contracts u with T and writes image rows in raster order. Only matmul/reshape/transpose/cat
+    ops, so it exports to ONNX.
+    """
+    b, c, hb, _, wb = coeffs.shape
+    cf = trows.shape[0]
+    a = square_planes(coeffs, cf, mask).transpose(-1, -2)  # (B, C, Hb, U, Wb, V), a view
+    z = torch.matmul(a, wcol.unsqueeze(1))  # (B, C, Hb, U, Wb, 8)
+    if zbias is not None:
+        z = z + zbias.reshape(c, 1, cf, 1, BLOCK)
+    z = z.reshape(b * c * hb, cf, wb * BLOCK)
+    img = torch.matmul(trows.transpose(0, 1), z)  # (B*C*Hb, 8, Wb*8): raster rows
+    img = img.reshape(b, c, hb * BLOCK, wb * BLOCK)
+    h, w = size
+    if hb * BLOCK != h or wb * BLOCK != w:
+        img = img[..., :h, :w].contiguous()
+    return img
+
+
+def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
+    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding)."""
+    if not isinstance(coeffs, torch.Tensor):
+        raise TypeError(f"coeffs: expected a torch.Tensor of shape (..., Hb, K, Wb). Got {type(coeffs).__name__}")
+    size = parse_size(size)
+    k = num_kept(cf, mask)
+    check_coeff_grid(tuple(coeffs.shape), k, size, "coeffs")
+    *lead, hb, _, wb = coeffs.shape
+    wcol, _, trows = fold_basis(cf, mask)
+    kw = dict(dtype=torch.float32, device=coeffs.device)
+    y = coeffs.to(torch.float32).reshape(-1, 1, hb, k, wb)
+    return synthesize(y, wcol.to(**kw), None, trows.to(**kw), mask, size).reshape(*lead, *size)
