@@ -46,6 +46,7 @@ SEARCH_DTYPES = ("int8", "int16", "float16", "bfloat16")
 DEFAULT_MARGIN_DB = 0.5
 DEFAULT_HEADROOM = 1.1
 _BISECT_STEPS = 18
+_Z = 2.0  # one-sided ~97.5% bound for dataset estimates from the calibration subset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,34 +126,48 @@ def _check_samples(samples: object) -> torch.Tensor:
 
 
 class _Problem:
-    """The calibration subset in the coefficient domain, with everything the search reuses."""
+    """The calibration subset in the coefficient domain, with everything the search reuses.
 
-    def __init__(self, samples: torch.Tensor, headroom: float) -> None:
+    Distortion estimates are upper confidence bounds for the whole dataset, not just the subset:
+    mean_i(nmse_i) + Z * std_i(nmse_i) / sqrt(items), because the subset is a sample of items.
+    Integer ranges get the same treatment: per-sample extremes are extrapolated by Z standard
+    deviations and `headroom`, so unseen samples rarely overflow.
+    """
+
+    def __init__(self, samples: torch.Tensor, headroom: float, value_range: tuple[float, float] | None) -> None:
         n, c, h, w = samples.shape
         self.samples = samples
         self.n, self.c, self.h, self.w = n, c, h, w
-        self.coeffs = compress(samples, 8, "square")  # (N, C, Hb, 64, Wb)
-        hb, wb = self.coeffs.shape[2], self.coeffs.shape[4]
+        coeffs = compress(samples, 8, "square")  # (N, C, Hb, 64, Wb)
+        hb, wb = coeffs.shape[2], coeffs.shape[4]
         self.pixels = hb * wb * BLOCK * BLOCK  # padded pixel count: coefficient-domain SSE / pixels = MSE
         rng = item_range(samples).to(torch.float64)  # (N, C)
         self.valid = rng > 0
         if not bool(self.valid.any()):
             raise DctDataError("samples: expected at least one item with max > min. Got only constant items")
         safe = torch.where(self.valid, rng, torch.ones_like(rng))
-        # weight of item (n, c) in the dataset-level mean of MSE / range^2
-        self.weight = torch.where(self.valid, 1.0 / (safe.pow(2) * self.pixels), torch.zeros_like(rng))
-        self.weight = self.weight / int(self.valid.sum())
+        # per-item factor turning an SSE into MSE / range^2 (the quantity dataset PSNR averages)
+        self.item_scale = (1.0 / (safe.pow(2) * self.pixels))[self.valid]  # (M,)
         inv_r2 = torch.where(self.valid, 1.0 / safe.pow(2), torch.zeros_like(rng))
         per_c = inv_r2.sum(0) / self.valid.sum(0).clamp(min=1)
         self.base = torch.where(per_c > 0, 1.0 / per_c.clamp(min=1e-300).sqrt(), safe.max(0).values)  # (C,)
-        e = self.coeffs.to(torch.float64).pow(2).sum(dim=(2, 4))  # (N, C, 64) energy per frequency
-        self.energy = (e * self.weight.unsqueeze(-1)).sum(dim=(0, 1))  # (64,) weighted distortion if dropped
-        dc = self.coeffs[:, :, :, 0, :]
-        self.dc_offset = ((dc.amin(dim=(0, 2, 3)) + dc.amax(dim=(0, 2, 3))) / 2).to(torch.float64)  # (C,)
-        centered = self.coeffs.clone()
-        centered[:, :, :, 0, :] -= self.dc_offset.to(torch.float32).reshape(1, c, 1, 1)
-        self.amax = centered.abs().amax(dim=(0, 2, 4)).to(torch.float64) * headroom  # (C, 64)
-        self.centered = centered
+        energy = coeffs.to(torch.float64).pow(2).sum(dim=(2, 4))  # (N, C, 64)
+        self.energy = energy[self.valid] * self.item_scale.unsqueeze(-1)  # (M, 64) item nmse if dropped
+        dc = coeffs[:, :, :, 0, :].to(torch.float64)
+        if value_range is not None:  # DC = 8 x block mean, so it lies in 8 x the value range
+            lo = torch.full((c,), BLOCK * float(value_range[0]), dtype=torch.float64)
+            hi = torch.full((c,), BLOCK * float(value_range[1]), dtype=torch.float64)
+            dc_half = (hi - lo) / 2
+        else:
+            lo = _extreme(dc.amin(dim=(2, 3)), -1)
+            hi = _extreme(dc.amax(dim=(2, 3)), 1)
+            dc_half = (hi - lo) / 2 * headroom
+        self.dc_offset = (lo + hi) / 2  # (C,)
+        coeffs[:, :, :, 0, :] -= self.dc_offset.to(torch.float32).reshape(1, c, 1, 1)
+        self.centered = coeffs
+        self.amax = _extreme(coeffs.abs().amax(dim=(2, 4)).to(torch.float64), 1) * headroom  # (C, 64)
+        self.amax[:, 0] = dc_half
+        self._planes: dict[tuple[int, ...], torch.Tensor] = {}
         flat = samples.to(torch.float64).transpose(0, 1).reshape(c, -1)
         self.stats = {
             "min": flat.amin(1).tolist(),
@@ -165,13 +180,27 @@ class _Problem:
     def index(self, cf: int, mask: str) -> list[int]:
         return [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
 
-    def dropped(self, idx: list[int]) -> float:
+    def planes(self, idx: list[int]) -> torch.Tensor:
+        key = tuple(idx)
+        if key not in self._planes:
+            self._planes = {key: self.centered[:, :, :, idx, :].contiguous()}  # keep one: memory stays 1x
+        return self._planes[key]
+
+    def _ucb(self, per_item: torch.Tensor) -> float:
+        m = per_item.numel()
+        spread = float(per_item.std()) / math.sqrt(m) if m > 1 else 0.0
+        return float(per_item.mean()) + _Z * spread
+
+    def dropped_items(self, idx: list[int]) -> torch.Tensor:
         keep = torch.zeros(64, dtype=torch.bool)
         keep[idx] = True
-        return float(self.energy[~keep].sum())
+        return self.energy[:, ~keep].sum(-1)
+
+    def dropped(self, idx: list[int]) -> float:
+        return self._ucb(self.dropped_items(idx))
 
     def floors(self, idx: list[int], dtype: str) -> torch.Tensor:
-        """(C, K) smallest steps that keep the calibration coefficients inside the integer range."""
+        """(C, K) smallest steps that keep the (extrapolated) coefficients inside the integer range."""
         if dtype not in INTEGER_DTYPES:
             return torch.zeros(self.c, len(idx), dtype=torch.float64)
         qmax = torch.iinfo(COEFF_DTYPES[dtype][0]).max - 0.5
@@ -189,22 +218,23 @@ class _Problem:
         return o
 
     def quantized_error(self, idx: list[int], dtype: str, steps: torch.Tensor | None) -> float:
-        """Weighted dataset distortion (mean MSE / range^2) of the kept planes, plus dropped energy."""
-        x = self.centered[:, :, :, idx, :].to(torch.float64)  # (N, C, Hb, K, Wb), DC already centred
+        """Upper bound of the dataset-level mean MSE / range^2: kept planes quantized + dropped energy."""
+        x = self.planes(idx)  # (N, C, Hb, K, Wb), DC already centred
         if dtype == "float32":
-            x = self.coeffs[:, :, :, idx, :].to(torch.float64)
-            err = torch.zeros_like(x)
-        elif steps is None:
-            err = x.to(COEFF_DTYPES[dtype][0]).to(torch.float64) - x
+            sse = torch.zeros(self.n, self.c, dtype=torch.float64)
         else:
-            s = steps.reshape(1, self.c, 1, len(idx), 1)
-            y = torch.round(x / s)
-            if dtype in INTEGER_DTYPES:
-                info = torch.iinfo(COEFF_DTYPES[dtype][0])
-                y = y.clamp(info.min, info.max)
-            err = y * s - x
-        sse = err.pow(2).sum(dim=(2, 3, 4))  # (N, C)
-        return float((sse * self.weight).sum()) + self.dropped(idx)
+            if steps is None:
+                err = x.to(COEFF_DTYPES[dtype][0]).to(torch.float32) - x
+            else:
+                s = steps.to(torch.float32).reshape(1, self.c, 1, len(idx), 1)
+                y = torch.round(x / s)
+                if dtype in INTEGER_DTYPES:
+                    info = torch.iinfo(COEFF_DTYPES[dtype][0])
+                    y = y.clamp_(info.min, info.max)
+                err = y.mul_(s).sub_(x)
+            sse = err.pow_(2).sum(dim=(2, 3, 4), dtype=torch.float64)  # (N, C)
+        per_item = sse[self.valid] * self.item_scale + self.dropped_items(idx)
+        return self._ucb(per_item)
 
     def spec(self, cf: int, mask: str, dtype: str, steps: torch.Tensor | None, offsets: torch.Tensor | None) -> CodecSpec:
         return CodecSpec(
@@ -217,6 +247,29 @@ class _Problem:
             steps=None if steps is None else steps.tolist(),
             offsets=None if offsets is None else offsets.tolist(),
         )
+
+
+def _extreme(per_sample: torch.Tensor, sign: int) -> torch.Tensor:
+    """(N, C[, K]) per-sample extremes -> (C[, K]) dataset extreme, extrapolated by _Z std devs."""
+    if sign > 0:
+        ext = per_sample.amax(0)
+    else:
+        ext = per_sample.amin(0)
+    if per_sample.shape[0] > 1:
+        ext = ext + sign * _Z * per_sample.std(0)
+    return ext
+
+
+def _parse_range(value_range) -> tuple[float, float] | None:
+    if value_range is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in value_range)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"value_range: expected a pair (lo, hi) of numbers. Got {value_range!r}") from exc
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise DctDataError(f"value_range: expected finite lo < hi. Got {value_range!r}")
+    return lo, hi
 
 
 def _nmse(db: float) -> float:
@@ -297,6 +350,7 @@ def calibrate_report(
     headroom: float = DEFAULT_HEADROOM,
     codec: Mapping[str, Any] | None = DEFAULT_CODEC,
     normalize: bool = False,
+    value_range: tuple[float, float] | None = None,
 ) -> Calibration:
     """Choose a CodecSpec for one `dct` field from a calibration subset (N, C, H, W) and say what it
     achieves there. See the module docstring for the model; `calibrate` returns only the spec.
@@ -305,6 +359,8 @@ def calibrate_report(
     quant left None) are searched for the smallest stored size after the `codec` lossless stage.
     Without a target, cf is required and integer dtypes get the finest steps that fit their range.
     normalize: also store per-channel mean/std so `Decompress` outputs standardised values.
+    value_range: (lo, hi) every value of the field lies in, when the source dtype says so (uint8
+    photos scaled to [0, 1]); it bounds the DC term exactly instead of extrapolating it.
     """
     x = _check_samples(samples)
     if target_psnr is not None:
@@ -318,7 +374,7 @@ def calibrate_report(
         raise DctDataError(f"margin_db: expected a number >= 0. Got {margin_db!r}")
     if not isinstance(headroom, (int, float)) or headroom < 1:
         raise DctDataError(f"headroom: expected a number >= 1. Got {headroom!r}")
-    problem = _Problem(x, float(headroom))
+    problem = _Problem(x, float(headroom), _parse_range(value_range))
     budget = None if target_psnr is None else _nmse(target_psnr + margin_db)
     candidates, best = [], None
     for c, m, d in _choices(cf, mask, quant, target_psnr):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCH_MODULES = ("dctdata.bench.codec",)
+BENCH_MODULES = ("dctdata.bench.codec", "dctdata.bench.rd")
 
 
 def register(sub) -> None:
