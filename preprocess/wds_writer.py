@@ -13,8 +13,10 @@ including headers, end-of-archive blocks and record padding is computed up front
 real upper bound) or past `samples_per_shard`. A single sample larger than the cap gets a shard of its
 own (a sample is never split) and a warning is logged.
 
-Atomic: everything is written into a temporary sibling directory of OUT, the manifest last, and the
-directory is renamed to OUT at the end; an existing OUT is refused unless overwrite=True.
+Atomic: this is a Writer for the pack orchestrator (`dctdata.preprocess.pack`, see its docstring for
+the interface): the orchestrator hands it an empty temporary sibling of OUT, writes the manifest last
+and renames; an existing OUT is refused there unless overwrite. Options (`make_writer`):
+`max_shard_size` (bytes) and `samples_per_shard`.
 """
 
 from __future__ import annotations
@@ -24,16 +26,14 @@ import io
 import logging
 import math
 import os
-import shutil
-import tempfile
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from webdataset import TarWriter
 
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec, Manifest, entry_name, sample_key, write_manifest
+from dctdata.format import FieldSpec, entry_name, sample_key
 from dctdata.lossless import get_codec
 
 log = logging.getLogger(__name__)
@@ -74,107 +74,57 @@ class _HashingFile:
         self.fh.flush()
 
 
-def prepare_output(out: str | os.PathLike, overwrite: bool = False) -> tuple[str, str]:
-    """(final path, fresh temporary sibling directory); refuses an existing OUT unless overwrite."""
-    if not isinstance(out, (str, os.PathLike)):
-        raise TypeError(f"out: expected a directory path. Got {type(out).__name__}")
-    out = os.path.abspath(os.fspath(out))
-    if os.path.lexists(out) and not overwrite:
-        raise DctDataError(f"{out}: expected a path that does not exist yet. Got an existing path (use overwrite=True / --overwrite to replace it)")
-    parent = os.path.dirname(out)
-    if not os.path.isdir(parent):
-        raise DctDataError(f"{out}: expected an existing parent directory. Got missing {parent!r}")
-    return out, tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
-
-
-def commit_output(tmp: str, out: str) -> None:
-    """Rename the finished temporary directory to OUT (replacing an old OUT only at this point)."""
-    old = None
-    if os.path.lexists(out):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
-        os.rmdir(old)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old) if os.path.isdir(old) and not os.path.islink(old) else os.remove(old)
-
-
 class WebDatasetWriter:
-    """Writes samples (dict field -> stored array) into capped, deterministic tar shards.
+    """Writer (see dctdata.preprocess.pack) for webdataset tar shards.
 
-    Protocol: `open()`, `write(sample)` / `write_batch(batch)` in sample order, `close()` (finishes the
-    shards and returns {"layout", "checksums"} for the manifest), `commit(manifest)` (manifest last,
-    then the rename). `abort()` removes the temporary directory. Also a context manager (aborts on error).
-
-    Samples hold each field as stored on disk (`FieldSpec.stored_shape` / `stored_dtype`); torch tensors
-    are accepted and converted with `FieldSpec.to_stored` (bfloat16 -> uint16 bits).
+    `open(directory, fields, n)`, then `write(start, batch)` with consecutive starts (batch: field ->
+    (B, *stored_shape) arrays in the stored dtype; torch tensors are converted with
+    `FieldSpec.to_stored`), `close()` -> {"layout", "checksums"}, `abort()` after an error.
     """
 
     storage = "webdataset"
 
-    def __init__(
-        self,
-        out: str | os.PathLike,
-        fields: Sequence[FieldSpec],
-        *,
-        max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
-        samples_per_shard: int | None = None,
-        overwrite: bool = False,
-    ) -> None:
-        fields = tuple(fields)
-        if not fields or not all(isinstance(f, FieldSpec) for f in fields):
-            raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
+    def __init__(self, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, samples_per_shard: int | None = None) -> None:
         if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < _RECORD:
             raise DctDataError(f"max_shard_size: expected an int >= {_RECORD} bytes. Got {max_shard_size!r}")
         if samples_per_shard is not None and (
             isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1
         ):
             raise DctDataError(f"samples_per_shard: expected a positive int or None. Got {samples_per_shard!r}")
-        for f in fields:
-            longest = f"{sample_key(0)}.{entry_name(f.name, bool(f.lossless))}"
-            if len(longest) > _USTAR_NAME_MAX:
-                raise DctDataError(
-                    f"field {f.name!r}: expected a name short enough for a {_USTAR_NAME_MAX}-character tar member. Got {longest!r}"
-                )
-        self.fields = fields
-        self.out = out
-        self.overwrite = bool(overwrite)
         self.max_shard_size = max_shard_size
         self.samples_per_shard = samples_per_shard
-        self._codecs = {f.name: get_codec(f.lossless or None) for f in fields}
-        self._tmp: str | None = None
-        self._final: str | None = None
+        self.directory: str | None = None
+        self.fields: tuple[FieldSpec, ...] = ()
         self.shards: list[dict[str, Any]] = []
         self.count = 0
         self._tar = self._fh = self._hfile = None
         self._shard_samples = 0
         self._shard_members = 0
-        self._closed = False
 
     # Lifecycle ----------------------------------------------------------------------------------
-    def open(self) -> "WebDatasetWriter":
-        self._final, self._tmp = prepare_output(self.out, self.overwrite)
-        return self
-
-    def __enter__(self) -> "WebDatasetWriter":
-        return self.open() if self._tmp is None else self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-
-    @property
-    def tmp_dir(self) -> str:
-        if self._tmp is None:
-            raise DctDataError("writer: expected open() before writing. Got a writer that is not open")
-        return self._tmp
+    def open(self, directory: str, fields: tuple[FieldSpec, ...], n_samples: int) -> None:
+        fields = tuple(fields)
+        if not fields or not all(isinstance(f, FieldSpec) for f in fields):
+            raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
+        if not os.path.isdir(directory):
+            raise DctDataError(f"{directory}: expected an existing empty directory. Got none")
+        for f in fields:
+            longest = f"{sample_key(max(n_samples - 1, 0))}.{entry_name(f.name, bool(f.lossless))}"
+            if len(longest) > _USTAR_NAME_MAX:
+                raise DctDataError(
+                    f"field {f.name!r}: expected a name short enough for a {_USTAR_NAME_MAX}-character tar member. Got {longest!r}"
+                )
+        self.directory, self.fields, self.n_samples = os.fspath(directory), fields, n_samples
+        self._codecs = {f.name: get_codec(f.lossless or None) for f in fields}
 
     def abort(self) -> None:
-        """Drop everything written so far (OUT is untouched)."""
-        self._close_tar()
-        if self._tmp is not None and os.path.isdir(self._tmp):
-            shutil.rmtree(self._tmp, ignore_errors=True)
-        self._tmp = None
+        """Close open files after an error (the orchestrator removes the directory)."""
+        if self._tar is not None:
+            try:
+                self._tar.close()
+            finally:
+                self._fh.close()
+                self._tar = None
 
     # Writing -------------------------------------------------------------------------------------
     def _encode(self, f: FieldSpec, value: Any, index: int) -> bytes:
@@ -190,45 +140,43 @@ class WebDatasetWriter:
         codec = self._codecs[f.name]
         return raw if codec is None else bytes(codec.encode(raw))
 
-    def write(self, sample: Mapping[str, Any]) -> None:
-        """Append one sample (mapping field name -> stored array); its index is the running count."""
-        if self._closed:
-            raise DctDataError("writer: expected writes before close(). Got a write after close()")
-        index = self.count
-        if not isinstance(sample, Mapping):
-            raise TypeError(f"sample {index}: expected a mapping field name -> array. Got {type(sample).__name__}")
+    def write(self, start: int, batch: Mapping[str, Any]) -> None:
+        """Append samples [start, start + B) given as field -> (B, *stored_shape) arrays."""
+        if self.directory is None:
+            raise DctDataError("writer: expected open() before write(). Got a writer that is not open")
+        if start != self.count:
+            raise DctDataError(f"write: expected consecutive samples starting at {self.count}. Got start={start}")
         names = [f.name for f in self.fields]
-        if set(sample) != set(names):
-            raise DctDataError(f"sample {index}: expected fields {names}. Got {sorted(sample)}")
-        key = sample_key(index)
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"batch: expected a mapping field name -> (B, ...) array. Got {type(batch).__name__}")
+        if set(batch) != set(names):
+            raise DctDataError(f"samples {start}..: expected fields {names}. Got {sorted(batch)}")
+        sizes = {k: len(v) for k, v in batch.items()}
+        if len(set(sizes.values())) != 1:
+            raise DctDataError(f"samples {start}..: expected the same number of samples in every field. Got {sizes}")
+        for i in range(sizes[names[0]]):
+            self._write_one({f.name: batch[f.name][i] for f in self.fields})
+
+    def _write_one(self, sample: Mapping[str, Any]) -> None:
+        index = self.count
         members = {entry_name(f.name, bool(f.lossless)): self._encode(f, sample[f.name], index) for f in self.fields}
         size = sum(_member_bytes(len(v)) for v in members.values())
         full_count = self.samples_per_shard is not None and self._shard_samples >= self.samples_per_shard
         too_big = _archive_bytes(self._shard_members + size) > self.max_shard_size
-        if self._tar is not None and self._shard_samples and (full_count or too_big):
+        if self._tar is not None and (full_count or too_big):
             self._finish_shard()
         if self._tar is None:
             self._start_shard()
         if _archive_bytes(size) > self.max_shard_size:
             log.warning("sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s", index, size, self.max_shard_size, self._name)
-        self._tar.write({"__key__": key, **members})
+        self._tar.write({"__key__": sample_key(index), **members})
         self._shard_members += size
         self._shard_samples += 1
         self.count += 1
 
-    def write_batch(self, batch: Mapping[str, Any]) -> None:
-        """Append consecutive samples given as field -> (B, *stored_shape) arrays."""
-        if not isinstance(batch, Mapping) or not batch:
-            raise TypeError(f"batch: expected a mapping field name -> (B, ...) array. Got {type(batch).__name__}")
-        sizes = {k: len(v) for k, v in batch.items()}
-        if len(set(sizes.values())) != 1:
-            raise DctDataError(f"batch: expected the same number of samples in every field. Got {sizes}")
-        for i in range(next(iter(sizes.values()))):
-            self.write({k: v[i] for k, v in batch.items()})
-
     def _start_shard(self) -> None:
         self._name = SHARD_PATTERN.format(len(self.shards))
-        self._fh = open(os.path.join(self.tmp_dir, self._name), "wb")
+        self._fh = open(os.path.join(self.directory, self._name), "wb")
         self._hfile = _HashingFile(self._fh)
         self._tar = TarWriter(self._hfile, encoder=False, **_TAR_META)
         self._shard_samples = 0
@@ -254,62 +202,17 @@ class WebDatasetWriter:
 
     def close(self) -> dict[str, Any]:
         """Finish the last shard; returns {"layout": ..., "checksums": ...} for the manifest."""
-        if not self._closed:
-            self.tmp_dir  # noqa: B018 -- raises when never opened
-            if self._tar is not None:
-                self._finish_shard()
-            self._closed = True
-        return {"layout": self.layout(), "checksums": self.checksums()}
-
-    def layout(self) -> dict[str, Any]:
-        return {
+        if self._tar is not None:
+            self._finish_shard()
+        layout = {
             "shards": [dict(s) for s in self.shards],
             "max_shard_size": self.max_shard_size,
             "samples_per_shard": self.samples_per_shard,
         }
-
-    def checksums(self) -> dict[str, dict[str, Any]]:
-        return {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in self.shards}
-
-    def manifest(self, **kw: Any) -> Manifest:
-        """The manifest for what was written (extra Manifest fields such as pack/stats via kw)."""
-        return Manifest(
-            storage="webdataset", samples=self.count, fields=self.fields, layout=self.layout(), checksums=self.checksums(), **kw
-        )
-
-    def commit(self, manifest: Manifest | None = None) -> str:
-        """Write the manifest (last) into the temporary directory and rename it to OUT."""
-        self.close()
-        manifest = self.manifest() if manifest is None else manifest
-        if manifest.storage != "webdataset" or manifest.samples != self.count:
-            raise DctDataError(
-                f"manifest: expected storage 'webdataset' with {self.count} samples. Got {manifest.storage!r} with {manifest.samples}"
-            )
-        write_manifest(manifest, self.tmp_dir)
-        commit_output(self.tmp_dir, self._final)
-        self._tmp = None
-        return self._final
+        checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in self.shards}
+        return {"layout": layout, "checksums": checksums}
 
 
-# The pack orchestrator looks a writer up by module; this is the one for --format webdataset.
-Writer = WebDatasetWriter
-
-
-def write_webdataset(
-    out: str | os.PathLike,
-    fields: Sequence[FieldSpec],
-    samples: Iterable[Mapping[str, Any]],
-    *,
-    pack: Mapping[str, Any] | None = None,
-    stats: Mapping[str, Any] | None = None,
-    **writer_kw: Any,
-) -> Manifest:
-    """Write already-encoded samples to shards at OUT in one call; returns the manifest written."""
-    writer = WebDatasetWriter(out, fields, **writer_kw)
-    with writer:
-        for sample in samples:
-            writer.write(sample)
-        writer.close()
-        manifest = writer.manifest(pack=dict(pack or {}), stats=dict(stats or {}))
-        writer.commit(manifest)
-    return manifest
+def make_writer(**options: Any) -> WebDatasetWriter:
+    """The pack orchestrator's entry point for --format webdataset (options: max_shard_size, samples_per_shard)."""
+    return WebDatasetWriter(**options)
