@@ -4,6 +4,7 @@ Core (this package): transform kernels, CodecSpec, quantization, the `Decompress
 the on-disk format. `dctdata.preprocess` packs datasets offline; `dctdata.loaders` streams them.
 """
 
+from dctdata.api import open_dataset, pack
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
 from dctdata.layer import Decompress
 from dctdata.quantize import dequantize, encode, quantize
@@ -28,5 +29,7 @@ __all__ = [
     "encode",
     "kept_frequencies",
     "num_kept",
+    "open_dataset",
+    "pack",
     "quantize",
 ]

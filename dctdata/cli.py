@@ -18,6 +18,9 @@ from dctdata.errors import DctDataError
 COMMAND_MODULES = (
     "dctdata.commands.demo",
     "dctdata.commands.bench",
+    "dctdata.commands.pack",
+    "dctdata.commands.info",
+    "dctdata.commands.verify",
 )
 
 

@@ -60,6 +60,12 @@ def sample_key(index: int) -> str:
     return f"{index:0{SAMPLE_KEY_DIGITS}d}"
 
 
+def zarr_shard_key(field: str, shard_index: int, ndim: int) -> str:
+    """Path (relative to the dataset root) of shard `shard_index` of a field's zarr array of `ndim`
+    dims; the zarr writer uses '.'-separated chunk keys so shards are flat files `<field>/c.<i>.0...`."""
+    return f"{field}/c." + ".".join([str(shard_index)] + ["0"] * (ndim - 1))
+
+
 def entry_name(field: str, compressed: bool = False) -> str:
     """webdataset member suffix holding a field (`<field>.npy`, `.npy.zst` with the lossless stage)."""
     return f"{field}.npy.zst" if compressed else f"{field}.npy"

@@ -12,8 +12,9 @@ range) and max error, count overflows, and hand the stored arrays to the writer.
 written last, into a temporary sibling directory that is renamed to OUT only when everything worked;
 on any error the temporary directory is removed, so OUT never holds a partial dataset.
 
-Default CF: 4 (square mask keeps 16 of 64 frequencies: a 4x smaller tensor on the device at fp32)
-when neither `cf` nor a target PSNR is given; with a target PSNR calibration chooses it.
+Defaults without a target PSNR: cf=4, mask square, quant none (fp32): 16 of 64 frequencies kept, a
+4x smaller tensor on the device. With `target_psnr`, calibration chooses whatever of cf/mask/quant is
+left None (smallest stored size that reaches the target).
 
 Writer interface (one per storage format; `dctdata.preprocess.zarr_writer`, and the webdataset writer
 `dctdata.preprocess.wds_writer`). A writer module defines `make_writer(**options) -> Writer`, where:
@@ -142,8 +143,8 @@ def plan_fields(
     source: Source,
     *,
     cf: int | None,
-    mask: str,
-    quant: str,
+    mask: str | None,
+    quant: str | None,
     target_psnr: float | None,
     overrides: dict[str, str],
     codec: dict,
@@ -154,6 +155,10 @@ def plan_fields(
     if unknown:
         raise DctDataError(f"--field {unknown[0]}: expected one of the source's fields {list(probe)}. Got no such field")
     needs_calibration = quant in ("int8", "int16") or target_psnr is not None
+    if target_psnr is None:
+        cf = DEFAULT_CF if cf is None else cf
+        mask = mask or "square"
+        quant = quant or "float32"
     specs = []
     n = len(source)
     for name, (shape, dtype) in probe.items():
@@ -176,7 +181,7 @@ def plan_fields(
                 if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
                     raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
             else:
-                spec = CodecSpec(cf=DEFAULT_CF if cf is None else cf, height=h, width=w, channels=c, mask=mask, dtype=quant)
+                spec = CodecSpec(cf=cf, height=h, width=w, channels=c, mask=mask, dtype=quant)
         specs.append(FieldSpec(name, kind, shape, dtype.name, spec, codec))
     return tuple(specs)
 
@@ -227,8 +232,8 @@ def pack(
     *,
     format: str = "zarr",
     cf: int | None = None,
-    mask: str = "square",
-    quant: str = "none",
+    mask: str | None = None,
+    quant: str | None = None,
     target_psnr: float | None = None,
     fields: Mapping[str, str] | list[str] | None = None,
     key: str | list[str] | None = None,
@@ -247,8 +252,9 @@ def pack(
         raise DctDataError(f"--format: expected one of {STORAGES}. Got {format!r}")
     if cf is not None:
         parse_cf(cf)
-    parse_mask(mask)
-    if quant not in QUANT_TO_DTYPE:
+    if mask is not None:
+        parse_mask(mask)
+    if quant is not None and quant not in QUANT_TO_DTYPE:
         raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {quant!r}")
     if target_psnr is not None and (isinstance(target_psnr, bool) or not isinstance(target_psnr, (int, float)) or not target_psnr > 0):
         raise DctDataError(f"--target-psnr: expected a positive number of dB. Got {target_psnr!r}")
@@ -267,7 +273,7 @@ def pack(
     writer = None
     try:
         specs = plan_fields(
-            src, cf=cf, mask=mask, quant=QUANT_TO_DTYPE[quant], target_psnr=target_psnr,
+            src, cf=cf, mask=mask, quant=None if quant is None else QUANT_TO_DTYPE[quant], target_psnr=target_psnr,
             overrides=overrides, codec=codec, nan_fill=nan_fill,
         )  # fmt: skip
         n = len(src)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec
+from dctdata.format import FieldSpec, zarr_shard_key
 from dctdata.lossless import zarr_compressors
 
 CHUNK_BYTES = 128 << 10
@@ -49,9 +49,7 @@ def sha256_file(path: str, block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def shard_key(name: str, index: int, ndim: int) -> str:
-    """Path of shard `index` of field `name` relative to the dataset root."""
-    return f"{name}/c." + ".".join([str(index)] + ["0"] * (ndim - 1))
+shard_key = zarr_shard_key
 
 
 class ZarrWriter:

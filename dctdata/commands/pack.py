@@ -1,0 +1,68 @@
+"""`dctdata pack SOURCE OUT`: pack a source into a dctdata dataset (zarr or webdataset)."""
+
+from __future__ import annotations
+
+import math
+
+from dctdata.spec import QUANT_TO_DTYPE
+
+
+def register(sub) -> None:
+    p = sub.add_parser("pack", help="pack .npy/.npz/HDF5/image folders/module:callable datasets into a dctdata dataset")
+    p.add_argument("source", metavar="SOURCE", help=".npy, .npz, HDF5, a directory (per-sample .npy/.npz or images), or module:callable")
+    p.add_argument("out", metavar="OUT", help="output directory (must not exist unless --overwrite)")
+    p.add_argument("--format", default="zarr", help="zarr (random access, default) or webdataset (streaming shards)")
+    p.add_argument("--cf", type=int, default=None, help="chop factor 1..8 (default 4 without --target-psnr)")
+    p.add_argument("--mask", default=None, choices=["square", "triangle"], help="kept-frequency mask (default square)")
+    p.add_argument("--quant", default=None, choices=list(QUANT_TO_DTYPE), help="coefficient dtype (default none = fp32)")
+    p.add_argument("--target-psnr", type=float, default=None, metavar="DB", help="calibrate steps (and free knobs) to reach this PSNR")
+    p.add_argument("--field", action="append", default=[], metavar="NAME=KIND", help="override a field's kind (dct|array|label)")
+    p.add_argument("--key", action="append", default=None, help="HDF5 dataset(s) to pack (repeat or comma-separate)")
+    p.add_argument("--channels-last", action="store_true", help="per-sample arrays are (H, W, C): move C first")
+    p.add_argument("--nan", default="error", metavar="error|fill=VALUE", help="NaN/Inf in dct fields: error (default) or fill")
+    p.add_argument("--strict", action="store_true", help="fail on any quantization overflow")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (only once the new one is complete)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.add_argument("--workers", type=int, default=None, help="parallel packing (not yet supported)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="Dask scheduler (not yet supported)")
+    p.set_defaults(func=_main)
+
+
+def _fmt_db(v) -> str:
+    return "exact" if v is None or v == math.inf else f"{v:.2f}"
+
+
+def _main(args) -> int:
+    from dctdata.api import pack
+
+    manifest = pack(
+        args.source,
+        args.out,
+        format=args.format,
+        cf=args.cf,
+        mask=args.mask,
+        quant=args.quant,
+        target_psnr=args.target_psnr,
+        fields=args.field,
+        key=args.key,
+        channels_last=args.channels_last,
+        nan=args.nan,
+        strict=args.strict,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+        workers=args.workers,
+        scheduler=args.scheduler,
+    )
+    if not args.quiet:
+        print(f"packed {manifest.samples} samples into {args.out} ({manifest.storage})")
+        for f in manifest.fields:
+            s = manifest.stats[f.name]
+            extra = ""
+            if f.kind == "dct":
+                c = f.codec
+                extra = (
+                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR min {_fmt_db(s.psnr_min)} / median {_fmt_db(s.psnr_median)} dB, "
+                    f"max error {s.max_abs_error:.4g}, overflow {s.overflow}"
+                )
+            print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
+    return 0

@@ -1,0 +1,228 @@
+"""`DCTZarrDataset`: map-style random access to a zarr-stored dctdata dataset.
+
+`ds[i]` is a tuple of tensors in manifest field order (`as_dict=True`: a dict); `dct` fields come
+out as their stored coefficients (C, Hb, K, Wb) in the wire dtype, to be decoded on the device by
+`ds.decompressor()` (the model's first layer). `__getitems__` serves a DataLoader batch with one
+read per run of consecutive indices per field.
+
+Process safety: zarr v3 runs an asyncio loop in a background thread; a handle opened in one process
+must not be used in a forked child. The zarr group is opened lazily, once per process (keyed by pid),
+and dropped when the dataset is pickled (spawn), so DataLoader workers under fork and spawn each
+open their own.
+
+Integrity: zarr reads a missing shard as fill values; this dataset checks that every shard it reads
+exists (once per shard per process) and raises `IntegrityError` naming the file and samples. Corrupted
+chunks fail their crc32c inside zarr and are re-raised the same way. `on_error="skip"` drops bad
+samples from `__getitems__` batches instead (logged and counted in `ds.skipped`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import FieldSpec, Manifest, is_url, join, manifest_location, read_manifest, zarr_shard_key
+from dctdata.layer import Decompress
+
+log = logging.getLogger(__name__)
+# Fields whose whole stored array is at most this big are read once per process and kept in memory
+# (labels, small targets), so random access does not decompress a chunk per sample for them.
+CACHE_BYTES = 16 << 20
+
+
+shard_key = zarr_shard_key
+
+
+class DCTZarrDataset(torch.utils.data.Dataset):
+    def __init__(
+        self,
+        path_or_url: str | os.PathLike,
+        *,
+        fields: Sequence[str] | None = None,
+        as_dict: bool = False,
+        on_error: str = "raise",
+        storage_options: dict[str, Any] | None = None,
+        manifest: Manifest | None = None,
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise DctDataError(f"on_error: expected 'raise' or 'skip'. Got {on_error!r}")
+        self.root, _ = manifest_location(path_or_url)
+        self.manifest = manifest if manifest is not None else read_manifest(path_or_url)
+        if self.manifest.storage != "zarr":
+            raise DctDataError(f"{self.root}: expected a zarr dataset. Got storage {self.manifest.storage!r} (use dctdata.open_dataset)")
+        names = self.manifest.names if fields is None else tuple(fields)
+        self.fields: tuple[FieldSpec, ...] = tuple(self.manifest.field(n) for n in names)
+        self.as_dict = bool(as_dict)
+        self.on_error = on_error
+        self.storage_options = dict(storage_options or {})
+        self.skipped = 0
+        layout = self.manifest.layout.get("arrays", {})
+        for f in self.fields:
+            if f.name not in layout:
+                raise DctDataError(f"{self.root}: manifest layout: expected an entry for field {f.name!r}. Got {sorted(layout)}")
+        self.layout = layout
+        self._pid: int | None = None
+
+    # Per-process state ---------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("_arrays", "_cache", "_shards_ok", "_fs"):
+            state.pop(k, None)
+        state["_pid"] = None
+        return state
+
+    def _ensure_open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        import zarr
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numcodecs-in-zarr-v3 notice
+            if is_url(self.root):
+                group = zarr.open_group(self.root, mode="r", storage_options=self.storage_options or None)
+            else:
+                group = zarr.open_group(self.root, mode="r")
+            self._arrays = {}
+            arrays = {}
+            for f in self.fields:
+                try:
+                    arrays[f.name] = group[self.layout[f.name]["path"]]
+                except KeyError as exc:
+                    raise IntegrityError(f"{self.root}: field {f.name!r}: expected zarr array {f.name!r}. Got none") from exc
+        for f in self.fields:
+            arr = arrays[f.name]
+            expect = (self.manifest.samples, *f.stored_shape)
+            if tuple(arr.shape) != expect or arr.dtype != np.dtype(f.stored_dtype):
+                raise IntegrityError(
+                    f"{self.root}: field {f.name!r}: expected zarr array {expect} {f.stored_dtype}. Got {arr.shape} {arr.dtype}"
+                )
+            self._arrays[f.name] = arr
+        if is_url(self.root):
+            import fsspec
+
+            self._fs, self._fs_root = fsspec.core.url_to_fs(self.root, **self.storage_options)
+        else:
+            self._fs, self._fs_root = None, self.root
+        self._cache: dict[str, np.ndarray] = {}
+        self._shards_ok: set[str] = set()
+        self._pid = os.getpid()
+
+    # Reading -------------------------------------------------------------------------------------
+    def _check_shards(self, f: FieldSpec, a: int, b: int) -> None:
+        shard = self.layout[f.name]["shard"]
+        ndim = 1 + len(f.stored_shape)
+        for s in range(a // shard, (b - 1) // shard + 1):
+            key = shard_key(self.layout[f.name]["path"], s, ndim)
+            if key in self._shards_ok:
+                continue
+            path = self._fs_root.rstrip("/") + "/" + key
+            exists = self._fs.exists(path) if self._fs is not None else os.path.isfile(path)
+            if not exists:
+                lo, hi = s * shard, min((s + 1) * shard, self.manifest.samples) - 1
+                raise IntegrityError(f"{join(self.root, key)}: field {f.name!r} samples {lo}..{hi}: expected a shard file. Got none (missing)")
+            self._shards_ok.add(key)
+
+    def _read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
+        """Stored samples [a, b) of a field, integrity-checked."""
+        arr = self._arrays[f.name]
+        if f.name in self._cache:
+            return self._cache[f.name][a:b]
+        total = f.stored_sample_bytes * self.manifest.samples
+        if total <= CACHE_BYTES:
+            self._check_shards(f, 0, self.manifest.samples)
+            self._cache[f.name] = self._guarded(f, 0, self.manifest.samples, lambda: arr[:])
+            return self._cache[f.name][a:b]
+        self._check_shards(f, a, b)
+        return self._guarded(f, a, b, lambda: arr[a:b])
+
+    def _guarded(self, f: FieldSpec, a: int, b: int, fn):
+        try:
+            return fn()
+        except IntegrityError:
+            raise
+        except Exception as exc:  # zarr/numcodecs raise ValueError/RuntimeError on bad bytes
+            chunk = self.layout[f.name]["chunk"]
+            shard = self.layout[f.name]["shard"]
+            keys = sorted({shard_key(f.name, i // shard, 1 + len(f.stored_shape)) for i in (a, b - 1)})
+            raise IntegrityError(
+                f"{join(self.root, keys[0])}: field {f.name!r} samples {a}..{b - 1} (chunks of {chunk}): "
+                f"expected intact stored data. Got {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _index(self, i: object) -> int:
+        if isinstance(i, torch.Tensor):
+            i = i.item()
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"index: expected an int. Got {type(i).__name__}")
+        n = self.manifest.samples
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+        return j
+
+    def _make(self, values: list[torch.Tensor]):
+        if self.as_dict:
+            return {f.name: v for f, v in zip(self.fields, values)}
+        return tuple(values)
+
+    def _read_runs(self, idx: list[int]) -> dict[int, list[torch.Tensor]]:
+        order = sorted(set(idx))
+        runs, start = [], 0
+        for k in range(1, len(order) + 1):
+            if k == len(order) or order[k] != order[k - 1] + 1:
+                runs.append((order[start], order[k - 1] + 1))
+                start = k
+        out: dict[int, list[torch.Tensor]] = {i: [] for i in order}
+        for a, b in runs:
+            for f in self.fields:
+                t = f.to_tensor(self._read(f, a, b))
+                for j in range(a, b):
+                    out[j].append(t[j - a])
+        return out
+
+    def __len__(self) -> int:
+        return self.manifest.samples
+
+    def __getitem__(self, i):
+        self._ensure_open()
+        j = self._index(i)
+        return self._make(self._read_runs([j])[j])
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        self._ensure_open()
+        idx = [self._index(i) for i in indices]
+        try:
+            got = self._read_runs(idx)
+        except IntegrityError:
+            if self.on_error == "raise":
+                raise
+            got = {}
+            for j in sorted(set(idx)):
+                try:
+                    got.update(self._read_runs([j]))
+                except IntegrityError as exc:
+                    self.skipped += 1
+                    log.warning("skipping sample %d: %s", j, exc)
+        return [self._make(got[j]) for j in idx if j in got]
+
+    # Decoding ------------------------------------------------------------------------------------
+    def decompressor(self, field: str | None = None, **kwargs) -> Decompress:
+        """The `Decompress` layer for a dct field (the only one when `field` is None)."""
+        f = self.manifest.field(field, kind="dct") if field is None else self.manifest.field(field)
+        if f.kind != "dct":
+            raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
+        return Decompress(f.codec, **kwargs)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}:{f.kind}{list(f.shape)}" for f in self.fields)
+        return f"DCTZarrDataset({self.root!r}, samples={len(self)}, fields=[{fields}])"
+
+
+def open_zarr_dataset(path_or_url, **kwargs) -> DCTZarrDataset:
+    return DCTZarrDataset(path_or_url, **kwargs)
