@@ -135,7 +135,8 @@ class WebDatasetWriter:
                 f"Got {arr.dtype.name} {tuple(arr.shape)}"
             )
         buf = io.BytesIO()
-        np.save(buf, np.ascontiguousarray(arr), allow_pickle=False)
+        # Always C order, so the bytes depend on the values only (np.ascontiguousarray would make 0-d 1-d).
+        np.save(buf, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False)
         raw = buf.getvalue()
         codec = self._codecs[f.name]
         return raw if codec is None else bytes(codec.encode(raw))
