@@ -130,6 +130,10 @@ def verify_dataset(path_or_url: str, decode: bool = True) -> tuple[list[str], di
     """(problems, summary): problems are one line each, naming the file/chunk and samples."""
     root, _ = manifest_location(path_or_url)
     m = read_manifest(path_or_url)
+    if m.storage == "webdataset":  # one pass per shard: size + sha256, tar structure, full decode
+        from dctdata.loaders.wds_dataset import verify_webdataset
+
+        return verify_webdataset(path_or_url, decode=decode)
     problems, n_files = check_files(root, m)
     decoded = None
     if decode:
