@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "dctdata.commands.pack",
     "dctdata.commands.info",
     "dctdata.commands.verify",
+    "dctdata.commands.inspect",
 )
 
 

@@ -1,0 +1,139 @@
+"""The `dctdata inspect` figure, drawn with Pillow (no plotting dependency).
+
+One row per item (one channel of one sample): original | reconstruction | |error| map | radially
+averaged power spectrum of both (log power vs spatial frequency), so a scientist can see what the
+low-pass and the quantizer did to their data: the spectrum shows where the reconstruction falls off.
+Without originals a row is reconstruction | spectrum.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from dctdata.errors import DctDataError
+
+TILE = 224
+PAD = 24
+
+
+def radial_power_spectrum(img: np.ndarray, bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(frequency in cycles/pixel, mean |FFT|^2 in each radial bin) of a 2-D array, mean removed."""
+    a = np.asarray(img, dtype=np.float64)
+    if a.ndim != 2:
+        raise DctDataError(f"spectrum: expected a 2-D array (H, W). Got shape {a.shape}")
+    p = np.abs(np.fft.fft2(a - a.mean())) ** 2 / a.size
+    fy = np.fft.fftfreq(a.shape[0])[:, None]
+    fx = np.fft.fftfreq(a.shape[1])[None, :]
+    r = np.sqrt(fy**2 + fx**2)
+    bins = bins or max(4, min(a.shape) // 2)
+    edges = np.linspace(0, 0.5, bins + 1)
+    which = np.digitize(r.ravel(), edges) - 1
+    ok = (which >= 0) & (which < bins)
+    total = np.bincount(which[ok], weights=p.ravel()[ok], minlength=bins)
+    count = np.bincount(which[ok], minlength=bins)
+    return (edges[:-1] + edges[1:]) / 2, np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray"):
+    from PIL import Image
+
+    scale = 255.0 / (hi - lo) if hi > lo else 0.0
+    u8 = np.clip((np.asarray(a, dtype=np.float64) - lo) * scale, 0, 255).astype(np.uint8)
+    if cmap == "heat":  # black -> red -> yellow -> white, for error maps
+        rgb = np.stack([np.clip(3 * u8.astype(int), 0, 255), np.clip(3 * u8.astype(int) - 255, 0, 255), np.clip(3 * u8.astype(int) - 510, 0, 255)], -1)
+        im = Image.fromarray(rgb.astype(np.uint8), "RGB")
+    else:
+        im = Image.fromarray(u8, "L").convert("RGB")
+    h, w = u8.shape
+    s = TILE / max(h, w)
+    return im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.NEAREST)
+
+
+def _spectrum_tile(curves: list[tuple[str, np.ndarray, np.ndarray, str]]):
+    from PIL import Image, ImageDraw
+
+    im = Image.new("RGB", (TILE, TILE), "white")
+    d = ImageDraw.Draw(im)
+    m = 22
+    vals = np.concatenate([np.log10(c[2][np.isfinite(c[2]) & (c[2] > 0)]) for c in curves] or [np.zeros(1)])
+    if vals.size == 0:
+        vals = np.zeros(1)
+    lo, hi = float(vals.min()), float(vals.max())
+    hi = hi if hi > lo else lo + 1
+    d.rectangle([m, 4, TILE - 4, TILE - m], outline="black")
+    for i, (label, f, p, colour) in enumerate(curves):
+        ok = np.isfinite(p) & (p > 0)
+        xs = m + f[ok] / 0.5 * (TILE - 4 - m)
+        ys = TILE - m - (np.log10(p[ok]) - lo) / (hi - lo) * (TILE - m - 8)
+        if len(xs) > 1:
+            d.line(list(zip(xs.tolist(), ys.tolist())), fill=colour, width=2)
+        d.text((TILE - 90, 8 + 12 * i), label, fill=colour)
+    d.text((m, TILE - m + 4), "0", fill="black")
+    d.text((TILE - 60, TILE - m + 4), "0.5 cyc/px", fill="black")
+    d.text((2, 4), f"1e{hi:.0f}", fill="black")
+    d.text((2, TILE - m - 10), f"1e{lo:.0f}", fill="black")
+    return im
+
+
+def inspect_figure(
+    originals: np.ndarray | None,
+    reconstructions: np.ndarray,
+    path: str | os.PathLike,
+    titles: list[str] | None = None,
+) -> str:
+    """Write the figure for items (S, H, W) to `path` (PNG); returns the path.
+
+    originals may be None (reconstruction and its spectrum only). Error maps share one colour scale
+    per row: 0 -> black, the row's max |error| -> white; titles give each row's PSNR when originals exist.
+    """
+    from PIL import Image, ImageDraw
+
+    rec = np.asarray(reconstructions, dtype=np.float64)
+    if rec.ndim != 3 or rec.shape[0] < 1:
+        raise DctDataError(f"reconstructions: expected items of shape (S, H, W) with S >= 1. Got {rec.shape}")
+    org = None
+    if originals is not None:
+        org = np.asarray(originals, dtype=np.float64)
+        if org.shape != rec.shape:
+            raise DctDataError(f"originals: expected the reconstructions' shape {rec.shape}. Got {org.shape}")
+    if titles is not None and len(titles) != rec.shape[0]:
+        raise DctDataError(f"titles: expected {rec.shape[0]} titles (one per item). Got {len(titles)}")
+    cols = ["original", "reconstruction", "|error|", "radial power spectrum"] if org is not None else ["reconstruction", "radial power spectrum"]
+    width = PAD + len(cols) * (TILE + PAD)
+    height = PAD + rec.shape[0] * (TILE + 2 * PAD)
+    fig = Image.new("RGB", (width, height), "white")
+    d = ImageDraw.Draw(fig)
+    for j, name in enumerate(cols):
+        d.text((PAD + j * (TILE + PAD), 6), name, fill="black")
+    for i in range(rec.shape[0]):
+        y = PAD + i * (TILE + 2 * PAD) + PAD
+        r = rec[i]
+        ref = org[i] if org is not None else r
+        lo, hi = float(ref.min()), float(ref.max())
+        tiles = []
+        label = titles[i] if titles else f"item {i}"
+        if org is not None:
+            err = np.abs(org[i] - r)
+            mse = float(np.mean(err**2))
+            db = math.inf if mse == 0 else 10 * math.log10((hi - lo) ** 2 / mse) if hi > lo else -math.inf
+            label += f"   PSNR {db:.1f} dB, max |error| {err.max():.3g}"
+            tiles += [_to_tile(org[i], lo, hi), _to_tile(r, lo, hi), _to_tile(err, 0.0, float(err.max()), "heat")]
+            f, p_org = radial_power_spectrum(org[i])
+            _, p_rec = radial_power_spectrum(r)
+            curves = [("original", f, p_org, "#1f77b4"), ("reconstr.", f, p_rec, "#d62728")]
+        else:
+            tiles.append(_to_tile(r, lo, hi))
+            f, p_rec = radial_power_spectrum(r)
+            curves = [("reconstr.", f, p_rec, "#d62728")]
+        tiles.append(_spectrum_tile(curves))
+        d.text((PAD, y - PAD + 6), label, fill="black")
+        for j, t in enumerate(tiles):
+            fig.paste(t, (PAD + j * (TILE + PAD), y))
+    out = os.fspath(path)
+    tmp = out + ".tmp"
+    fig.save(tmp, format="PNG")
+    os.replace(tmp, out)
+    return out
