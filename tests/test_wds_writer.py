@@ -1,0 +1,169 @@
+"""webdataset writer: capped deterministic shards, manifest shard list, .npy entries, error paths."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import tarfile
+
+import numpy as np
+import pytest
+
+import dctdata
+from dctdata.cli import main
+from dctdata.errors import DctDataError
+from dctdata.format import FieldSpec, read_manifest, sample_key
+from dctdata.preprocess.wds_writer import WebDatasetWriter, make_writer
+
+
+def fields(n, h=24, w=40, seed=0):
+    """Smooth seeded fields + Poisson noise (N, 1, H, W) float32, and int labels."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+    x = np.empty((n, 1, h, w), np.float32)
+    for i in range(n):
+        a, b, p = rng.uniform(1, 4, 3)
+        x[i, 0] = rng.poisson((20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)) * 4) / 4.0
+    return x, np.arange(n, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    d = tmp_path_factory.mktemp("src")
+    x, y = fields(30)
+    path = d / "src.npz"
+    np.savez(path, image=x, label=y, mask=(x > 25).astype(np.uint8))
+    return path
+
+
+def pack(source, out, **writer_options):
+    return dctdata.pack(source, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options=writer_options)
+
+
+def test_shards_are_byte_identical_across_packs(source, tmp_path):
+    m1 = pack(source, tmp_path / "a", samples_per_shard=7)
+    m2 = pack(source, tmp_path / "b", samples_per_shard=7)
+    assert m1.layout["shards"] == m2.layout["shards"]
+    for s in m1.layout["shards"]:
+        assert (tmp_path / "a" / s["name"]).read_bytes() == (tmp_path / "b" / s["name"]).read_bytes()
+
+
+def test_manifest_shard_list_matches_files(source, tmp_path):
+    m = pack(source, tmp_path / "a", samples_per_shard=7)
+    shards = m.layout["shards"]
+    assert [s["samples"] for s in shards] == [7, 7, 7, 7, 2]
+    assert sorted(os.listdir(tmp_path / "a")) == sorted(["manifest.json"] + [s["name"] for s in shards])
+    for s in shards:
+        data = (tmp_path / "a" / s["name"]).read_bytes()
+        assert len(data) == s["bytes"]
+        assert hashlib.sha256(data).hexdigest() == s["sha256"]
+        assert m.checksums[s["name"]] == {"sha256": s["sha256"], "bytes": s["bytes"]}
+    assert read_manifest(tmp_path / "a") == m
+
+
+def test_size_cap_is_a_real_upper_bound(source, tmp_path):
+    cap = 30 * 1024
+    m = pack(source, tmp_path / "a", max_shard_size=cap)
+    shards = m.layout["shards"]
+    assert len(shards) > 1
+    assert all(s["bytes"] <= cap for s in shards)
+    assert sum(s["samples"] for s in shards) == 30
+    assert m.layout["max_shard_size"] == cap
+
+
+def test_tar_members_are_pinned_and_in_sample_order(source, tmp_path):
+    m = pack(source, tmp_path / "a", samples_per_shard=7)
+    with tarfile.open(tmp_path / "a" / "shard-000001.tar") as tf:
+        members = tf.getmembers()
+        names = [t.name for t in members]
+        assert names == [f"{sample_key(i)}.{f}" for i in range(7, 14) for f in ("image.npy.zst", "label.npy.zst", "mask.npy.zst")]
+        assert {(t.mtime, t.uid, t.gid, t.uname, t.gname, t.mode) for t in members} == {(0, 0, 0, "dctdata", "dctdata", 0o444)}
+        assert not any(t.pax_headers for t in members)
+        codec = dctdata.lossless.get_codec(m.field("label").lossless)
+        raw = codec.decode(tf.extractfile(f"{sample_key(9)}.label.npy.zst").read())
+    label = np.load(io.BytesIO(raw), allow_pickle=False)
+    assert label.shape == () and int(label) == 9
+
+
+def test_uncompressed_entries_are_plain_npy(source, tmp_path):
+    m = dctdata.pack(source, tmp_path / "a", format="webdataset", quiet=True, codec=None)
+    with tarfile.open(tmp_path / "a" / m.layout["shards"][0]["name"]) as tf:
+        names = tf.getnames()
+        assert names[:3] == [f"{sample_key(0)}.image.npy", f"{sample_key(0)}.label.npy", f"{sample_key(0)}.mask.npy"]
+        img = np.load(io.BytesIO(tf.extractfile(names[0]).read()), allow_pickle=False)
+    f = m.field("image")
+    assert img.dtype.name == f.stored_dtype and img.shape == f.stored_shape
+
+
+def test_sample_bigger_than_cap_gets_its_own_shard(tmp_path, caplog):
+    f = FieldSpec("x", "array", (4000,), "float32", lossless=None)
+    w = WebDatasetWriter(max_shard_size=10240)
+    w.open(str(tmp_path), (f,), 3)
+    with caplog.at_level(logging.WARNING, logger="dctdata.preprocess.wds_writer"):
+        w.write(0, {"x": np.zeros((3, 4000), np.float32)})
+    out = w.close()
+    assert [s["samples"] for s in out["layout"]["shards"]] == [1, 1, 1]
+    assert "exceeds max_shard_size" in caplog.text
+
+
+def test_cli_pack_webdataset_then_verify(source, tmp_path, capsys):
+    assert main(["pack", str(source), str(tmp_path / "a"), "--format", "webdataset", "--quiet"]) == 0
+    assert read_manifest(tmp_path / "a").storage == "webdataset"
+    assert main(["verify", str(tmp_path / "a")]) == 0
+    assert "30 samples" in capsys.readouterr().out
+
+
+def test_existing_out_refused(source, tmp_path):
+    pack(source, tmp_path / "a")
+    with pytest.raises(DctDataError, match="existing path"):
+        pack(source, tmp_path / "a")
+    assert read_manifest(tmp_path / "a").samples == 30
+
+
+def test_overwrite_replaces(source, tmp_path):
+    pack(source, tmp_path / "a")
+    dctdata.pack(source, tmp_path / "a", format="webdataset", quiet=True, overwrite=True, writer_options={"samples_per_shard": 5})
+    assert len(read_manifest(tmp_path / "a").layout["shards"]) == 6
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"max_shard_size": 100}, "max_shard_size: expected an int >= 10240"),
+        ({"samples_per_shard": 0}, "samples_per_shard: expected a positive int"),
+        ({"max_shard_size": True}, "max_shard_size: expected an int"),
+    ],
+)
+def test_bad_options(options, match):
+    with pytest.raises(DctDataError, match=match):
+        make_writer(**options)
+
+
+def test_write_errors(tmp_path):
+    f = FieldSpec("x", "array", (3,), "float32", lossless=None)
+    w = WebDatasetWriter()
+    with pytest.raises(DctDataError, match="expected open"):
+        w.write(0, {"x": np.zeros((1, 3), np.float32)})
+    w.open(str(tmp_path), (f,), 4)
+    with pytest.raises(DctDataError, match="expected stored float32 \\(3,\\). Got float64"):
+        w.write(0, {"x": np.zeros((1, 3))})
+    with pytest.raises(DctDataError, match="expected consecutive samples starting at 0. Got start=2"):
+        w.write(2, {"x": np.zeros((1, 3), np.float32)})
+    with pytest.raises(DctDataError, match="expected fields \\['x'\\]"):
+        w.write(0, {"y": np.zeros((1, 3), np.float32)})
+    with pytest.raises(TypeError, match="expected a mapping"):
+        w.write(0, [np.zeros((1, 3), np.float32)])
+    w.abort()
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(TypeError, match="FieldSpec"):
+        WebDatasetWriter().open(str(tmp_path), ("x",), 1)
+    with pytest.raises(DctDataError, match="expected an existing empty directory"):
+        WebDatasetWriter().open(str(tmp_path / "missing"), (FieldSpec("x", "label", (), "int64"),), 1)
+    long = FieldSpec("x" * 95, "label", (), "int64")
+    with pytest.raises(DctDataError, match="100-character tar member"):
+        WebDatasetWriter().open(str(tmp_path), (long,), 1)
