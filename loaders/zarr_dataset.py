@@ -72,7 +72,7 @@ class DCTZarrDataset(torch.utils.data.Dataset):
     # Per-process state ---------------------------------------------------------------------------
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_arrays", "_cache", "_shards_ok", "_fs"):
+        for k in ("_arrays", "_cache", "_shards_ok", "_no_cache", "_fs"):
             state.pop(k, None)
         state["_pid"] = None
         return state
@@ -111,6 +111,7 @@ class DCTZarrDataset(torch.utils.data.Dataset):
             self._fs, self._fs_root = None, self.root
         self._cache: dict[str, np.ndarray] = {}
         self._shards_ok: set[str] = set()
+        self._no_cache: set[str] = set()
         self._pid = os.getpid()
 
     # Reading -------------------------------------------------------------------------------------
@@ -133,11 +134,14 @@ class DCTZarrDataset(torch.utils.data.Dataset):
         arr = self._arrays[f.name]
         if f.name in self._cache:
             return self._cache[f.name][a:b]
-        total = f.stored_sample_bytes * self.manifest.samples
-        if total <= CACHE_BYTES:
-            self._check_shards(f, 0, self.manifest.samples)
-            self._cache[f.name] = self._guarded(f, 0, self.manifest.samples, lambda: arr[:])
-            return self._cache[f.name][a:b]
+        small = f.kind != "dct" and f.stored_sample_bytes * self.manifest.samples <= CACHE_BYTES
+        if small and f.name not in self._no_cache:
+            try:
+                self._check_shards(f, 0, self.manifest.samples)
+                self._cache[f.name] = self._guarded(f, 0, self.manifest.samples, lambda: arr[:])
+                return self._cache[f.name][a:b]
+            except IntegrityError:
+                self._no_cache.add(f.name)  # read only what is asked, so the error names those samples
         self._check_shards(f, a, b)
         return self._guarded(f, a, b, lambda: arr[a:b])
 
@@ -149,9 +153,17 @@ class DCTZarrDataset(torch.utils.data.Dataset):
         except Exception as exc:  # zarr/numcodecs raise ValueError/RuntimeError on bad bytes
             chunk = self.layout[f.name]["chunk"]
             shard = self.layout[f.name]["shard"]
-            keys = sorted({shard_key(f.name, i // shard, 1 + len(f.stored_shape)) for i in (a, b - 1)})
+            lo, hi = a, b
+            for c0 in range(a - a % chunk, b, chunk):  # locate the first bad chunk
+                c1 = min(c0 + chunk, self.manifest.samples)
+                try:
+                    self._arrays[f.name][c0:c1]
+                except Exception:  # noqa: BLE001
+                    lo, hi = c0, c1
+                    break
+            key = shard_key(f.name, lo // shard, 1 + len(f.stored_shape))
             raise IntegrityError(
-                f"{join(self.root, keys[0])}: field {f.name!r} samples {a}..{b - 1} (chunks of {chunk}): "
+                f"{join(self.root, key)}: field {f.name!r} samples {lo}..{hi - 1} (chunk {lo // chunk}): "
                 f"expected intact stored data. Got {type(exc).__name__}: {exc}"
             ) from exc
 

@@ -330,7 +330,12 @@ def hdf5_source(path: str, key: str | list[str] | None = None) -> ArraySource:
     except OSError as exc:
         raise DctDataError(f"{path}: expected a readable HDF5 file. Got {exc}") from exc
     found: dict[str, Any] = {}
-    fh.visititems(lambda name, obj: found.setdefault(name, obj) if isinstance(obj, h5py.Dataset) else None)
+
+    def collect(name, obj):  # must return None: h5py stops visiting on any other value
+        if isinstance(obj, h5py.Dataset):
+            found[name] = obj
+
+    fh.visititems(collect)
     keys = [k for part in ([key] if isinstance(key, str) else key or []) for k in part.split(",") if k]
     if keys:
         missing = [k for k in keys if k.strip("/") not in found]

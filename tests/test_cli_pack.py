@@ -1,0 +1,369 @@
+"""`dctdata pack` through the CLI: round trip for every source kind and every bad-input error path."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import dctdata
+from dctdata.cli import main
+
+
+def fields(n, c, h, w, seed=0):
+    """Smooth random fields + Poisson noise, float32 (N, C, H, W)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+    out = np.empty((n, c, h, w), np.float32)
+    for i in range(n):
+        for ch in range(c):
+            a, b, p = rng.uniform(1, 4, 3)
+            smooth = 20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)
+            out[i, ch] = rng.poisson(smooth * 4) / 4.0
+    return out
+
+
+def run(args, capsys):
+    rc = main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def leftovers(parent):
+    return [p for p in os.listdir(parent) if p.startswith(".")]
+
+
+def decoded(ds, field):
+    layer = ds.decompressor(field)
+    coeffs = torch.stack([ds[i][ds.manifest.names.index(field)] for i in range(len(ds))])
+    return layer(coeffs).numpy()
+
+
+def check_close(x, y, tol=1e-3):
+    assert x.shape == y.shape
+    np.testing.assert_allclose(x, y, atol=tol * (np.abs(x).max() + 1))
+
+
+# Round trips ---------------------------------------------------------------------------------------
+def test_npy_non_square_non_multiple_of_8(tmp_path, capsys):
+    x = fields(7, 1, 13, 21)[:, 0]  # (N, H, W): 2-D samples
+    np.save(tmp_path / "x.npy", x)
+    rc, out, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--cf", "8", "--quiet"], capsys)
+    assert rc == 0, err
+    ds = dctdata.open_dataset(tmp_path / "out")
+    assert len(ds) == 7 and ds.manifest.field("image").shape == (1, 13, 21)
+    check_close(decoded(ds, "image")[:, 0], x)
+
+
+def test_npz_multichannel_with_lossless_mask_and_labels(tmp_path, capsys):
+    x = fields(11, 3, 20, 9, seed=1)
+    mask = (x[:, :1] > 20).astype(np.uint8)
+    target = x[:, 0] * 0.5  # float array target stored exactly
+    labels = np.arange(11) % 4
+    np.savez(tmp_path / "d.npz", image=x, mask=mask, target=target, label=labels)
+    rc, _, err = run(
+        ["pack", tmp_path / "d.npz", tmp_path / "out", "--cf", "4", "--field", "target=array", "--quiet"], capsys
+    )
+    assert rc == 0, err
+    ds = dctdata.open_dataset(tmp_path / "out", as_dict=True)
+    kinds = {f.name: f.kind for f in ds.manifest.fields}
+    assert kinds == {"image": "dct", "mask": "array", "target": "array", "label": "label"}
+    for i in range(11):
+        s = ds[i]
+        assert s["mask"].dtype == torch.uint8 and np.array_equal(s["mask"].numpy(), mask[i])  # bit-exact
+        assert np.array_equal(s["target"].numpy(), target[i])
+        assert int(s["label"]) == labels[i]
+    img = ds.decompressor()(torch.stack([ds[i]["image"] for i in range(11)]))
+    assert img.shape == (11, 3, 20, 9)
+    scores = dctdata.metrics.psnr(torch.from_numpy(x), img, dims=3)
+    assert float(scores.min()) == pytest.approx(ds.manifest.stats["image"].psnr_min, abs=1e-3)
+
+
+def test_dir_of_npy_and_npz(tmp_path, capsys):
+    x = fields(5, 2, 10, 17, seed=2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for i in range(5):
+        np.save(tmp_path / "a" / f"{i:03d}.npy", x[i])
+        np.savez(tmp_path / "b" / f"{i:03d}.npz", field=x[i], cls=np.int64(i % 2))
+    assert run(["pack", tmp_path / "a", tmp_path / "oa", "--cf", "8", "--quiet"], capsys)[0] == 0
+    assert run(["pack", tmp_path / "b", tmp_path / "ob", "--cf", "8", "--quiet"], capsys)[0] == 0
+    da, db = dctdata.open_dataset(tmp_path / "oa"), dctdata.open_dataset(tmp_path / "ob")
+    check_close(decoded(da, "image"), x)
+    check_close(decoded(db, "field"), x)
+    assert [int(db[i][1]) for i in range(5)] == [i % 2 for i in range(5)]
+
+
+def test_hdf5_channels_last_and_key(tmp_path, capsys):
+    import h5py
+
+    x = fields(6, 1, 24, 16, seed=3)
+    with h5py.File(tmp_path / "d.h5", "w") as fh:
+        fh["images"] = np.moveaxis(x, 1, -1)  # (N, H, W, 1) like em_graphene_sim
+        fh["grp/other"] = np.arange(6, dtype=np.int32)
+        fh["ignored"] = np.zeros((3,))  # different length, not picked
+    rc, _, err = run(
+        ["pack", tmp_path / "d.h5", tmp_path / "out", "--key", "images,grp/other", "--channels-last", "--cf", "8", "--quiet"],
+        capsys,
+    )
+    assert rc == 0, err
+    ds = dctdata.open_dataset(tmp_path / "out")
+    assert ds.manifest.names == ("images", "grp_other")
+    check_close(decoded(ds, "images"), x)
+    assert [int(ds[i][1]) for i in range(6)] == list(range(6))
+
+
+def test_image_folder_8_and_16_bit_with_classes(tmp_path, capsys):
+    from PIL import Image
+
+    x = fields(6, 1, 19, 23, seed=4)[:, 0]
+    for cls in ("cat", "dog"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+    files = []
+    for i in range(6):
+        cls = "cat" if i < 3 else "dog"
+        arr16 = (x[i] * 1000).astype(np.uint16)
+        path = tmp_path / "imgs" / cls / f"{i}.png"
+        Image.fromarray(arr16).save(path)
+        files.append(arr16)
+    rc, _, err = run(["pack", tmp_path / "imgs", tmp_path / "out", "--cf", "8", "--quiet"], capsys)
+    assert rc == 0, err
+    ds = dctdata.open_dataset(tmp_path / "out")
+    assert ds.manifest.field("image").dtype == "uint16"
+    assert ds.manifest.pack["source_info"] == {"classes": ["cat", "dog"]}
+    check_close(decoded(ds, "image")[:, 0], np.stack(files).astype(np.float32))
+    assert [int(ds[i][1]) for i in range(6)] == [0, 0, 0, 1, 1, 1]
+
+    # 8-bit RGB JPEG + TIFF, no class folders; lossless option: --field image=array keeps bytes exact
+    (tmp_path / "rgb").mkdir()
+    rgb = (np.moveaxis(fields(2, 3, 16, 12, seed=5), 1, -1) * 4).clip(0, 255).astype(np.uint8)
+    Image.fromarray(rgb[0]).save(tmp_path / "rgb" / "0.tif")
+    Image.fromarray(rgb[1]).save(tmp_path / "rgb" / "1.tiff")
+    rc, _, err = run(["pack", tmp_path / "rgb", tmp_path / "o2", "--field", "image=array", "--quiet"], capsys)
+    assert rc == 0, err
+    d2 = dctdata.open_dataset(tmp_path / "o2")
+    assert np.array_equal(d2[1][0].numpy(), np.moveaxis(rgb[1], -1, 0))
+    (tmp_path / "jpg").mkdir()
+    Image.fromarray(rgb[0]).save(tmp_path / "jpg" / "0.jpg", quality=95)
+    rc, _, err = run(["pack", tmp_path / "jpg", tmp_path / "o3", "--cf", "8", "--quiet"], capsys)
+    assert rc == 0, err
+    jpeg = np.moveaxis(np.asarray(Image.open(tmp_path / "jpg" / "0.jpg")), -1, 0).astype(np.float32)
+    check_close(decoded(dctdata.open_dataset(tmp_path / "o3"), "image")[0], jpeg)
+
+
+def test_module_callable_and_torchvision(tmp_path, capsys, monkeypatch):
+    (tmp_path / "mydata.py").write_text(
+        "import numpy as np, torch\n"
+        "from torchvision.datasets import FakeData\n"
+        "class DS:\n"
+        "    def __len__(self): return 4\n"
+        "    def __getitem__(self, i):\n"
+        "        g = torch.Generator().manual_seed(i)\n"
+        "        return {'u': torch.rand(2, 9, 14, generator=g), 'y': i * 10}\n"
+        "def make(): return DS()\n"
+        "def fake(): return FakeData(size=5, image_size=(3, 12, 20), num_classes=3)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rc, _, err = run(["pack", "mydata:make", tmp_path / "out", "--cf", "8", "--quiet"], capsys)
+    assert rc == 0, err
+    ds = dctdata.open_dataset(tmp_path / "out", as_dict=True)
+    import mydata
+
+    ref = np.stack([mydata.DS()[i]["u"].numpy() for i in range(4)])
+    layer = ds.decompressor("u")
+    check_close(layer(torch.stack([ds[i]["u"] for i in range(4)])).numpy(), ref)
+    assert [int(ds[i]["y"]) for i in range(4)] == [0, 10, 20, 30]
+
+    rc, _, err = run(["pack", "mydata:fake", tmp_path / "tv", "--cf", "8", "--quiet"], capsys)
+    assert rc == 0, err
+    tv = dctdata.open_dataset(tmp_path / "tv")
+    fake = mydata.fake()
+    assert tv.manifest.field("image").kind == "dct" and tv.manifest.field("image").shape == (3, 12, 20)
+    assert [int(tv[i][1]) for i in range(5)] == [int(fake[i][1]) for i in range(5)]
+    img0 = np.moveaxis(np.asarray(fake[0][0]), -1, 0).astype(np.float32)
+    check_close(decoded(tv, "image")[0], img0)
+
+
+def test_info_and_summary(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(4, 1, 16, 16))
+    rc, out, _ = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--cf", "3"], capsys)
+    assert rc == 0 and "PSNR min" in out
+    rc, out, _ = run(["info", tmp_path / "out"], capsys)
+    assert rc == 0
+    assert "| image | dct | [1, 16, 16] | float32 |" in out and "cf=3 square float32" in out
+    m = dctdata.format.read_manifest(tmp_path / "out")
+    assert f"{m.stats['image'].psnr_min:.2f}" in out
+
+
+def test_nan_fill_is_explicit(tmp_path, capsys):
+    x = fields(3, 1, 8, 8)
+    x[1, 0, 2, 3] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    rc, _, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--nan", "fill=20", "--cf", "8", "--quiet"], capsys)
+    assert rc == 0, err
+    m = dctdata.format.read_manifest(tmp_path / "out")
+    assert m.pack["nan_filled"] == 1 and m.pack["nan"] == "fill=20.0"
+
+
+def test_overwrite_replaces_only_when_complete(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(3, 1, 8, 8))
+    assert run(["pack", tmp_path / "x.npy", tmp_path / "out", "--quiet"], capsys)[0] == 0
+    np.save(tmp_path / "y.npy", fields(5, 1, 8, 8))
+    assert run(["pack", tmp_path / "y.npy", tmp_path / "out", "--overwrite", "--quiet"], capsys)[0] == 0
+    assert len(dctdata.open_dataset(tmp_path / "out")) == 5
+    assert leftovers(tmp_path) == []
+
+
+# Bad input -----------------------------------------------------------------------------------------
+def _bad(tmp_path, capsys, args, match):
+    out = tmp_path / "out"
+    rc, stdout, err = run(["pack", *args, out] if "OUT_GIVEN" not in args else ["pack", *[a for a in args if a != "OUT_GIVEN"]], capsys)
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    import re
+
+    assert re.search(match, lines[0]), lines[0]
+    return out
+
+
+def test_missing_source(tmp_path, capsys):
+    out = _bad(tmp_path, capsys, [tmp_path / "nope.npy"], r"nope\.npy: expected an existing file")
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_truncated_npy(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(4, 1, 8, 8))
+    raw = (tmp_path / "x.npy").read_bytes()
+    (tmp_path / "x.npy").write_bytes(raw[:-100])
+    out = _bad(tmp_path, capsys, [tmp_path / "x.npy"], r"x\.npy: expected \d+ bytes .* \(truncated file\)")
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_truncated_npz_and_unreadable_image(tmp_path, capsys):
+    np.savez(tmp_path / "d.npz", image=fields(4, 1, 8, 8))
+    raw = (tmp_path / "d.npz").read_bytes()
+    (tmp_path / "d.npz").write_bytes(raw[: len(raw) // 2])
+    _bad(tmp_path, capsys, [tmp_path / "d.npz"], r"d\.npz: expected a readable \.npz")
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    _bad(tmp_path, capsys, [tmp_path / "imgs"], r"0\.png: expected a readable PNG/JPEG/TIFF image")
+    assert leftovers(tmp_path) == []
+
+
+def test_object_pickle_arrays_are_refused(tmp_path, capsys):
+    np.save(tmp_path / "o.npy", np.array([np.zeros(3), np.zeros(4)], dtype=object), allow_pickle=True)
+    _bad(tmp_path, capsys, [tmp_path / "o.npy"], r"o\.npy: expected a numeric array\. Got dtype object")
+    np.savez(tmp_path / "o.npz", image=np.array([{"a": 1}], dtype=object))
+    _bad(tmp_path, capsys, [tmp_path / "o.npz"], r"o\.npz\[image\]: expected a numeric array")
+    assert leftovers(tmp_path) == []
+
+
+def test_ragged_samples_name_the_file(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    for i, shape in enumerate([(8, 8), (8, 8), (8, 9)]):
+        np.save(tmp_path / "d" / f"{i}.npy", np.ones(shape, np.float32))
+    _bad(tmp_path, capsys, [tmp_path / "d"], r"2\.npy: field 'image': expected shape \(8, 8\).*Got \(8, 9\) \(ragged")
+    assert leftovers(tmp_path) == []
+
+
+def test_ragged_across_batches(tmp_path, capsys, monkeypatch):
+    import dctdata.preprocess.pack as p
+
+    monkeypatch.setattr(p, "BATCH_BYTES", 1)  # one sample per batch
+    (tmp_path / "d").mkdir()
+    for i, shape in enumerate([(8, 8), (8, 8), (9, 8)]):
+        np.save(tmp_path / "d" / f"{i}.npy", np.ones(shape, np.float32))
+    assert main(["pack", str(tmp_path / "d"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "2.npy: field 'image': expected per-sample shape (8, 8)" in err
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_inf_in_dct_field(tmp_path, capsys, bad):
+    x = fields(5, 1, 8, 8)
+    x[3, 0, 1, 1] = bad
+    np.save(tmp_path / "x.npy", x)
+    _bad(tmp_path, capsys, [tmp_path / "x.npy"], r"x\.npy sample 3: field 'image': expected finite values.*Got NaN/Inf")
+    assert leftovers(tmp_path) == []
+
+
+def test_cf_out_of_range(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--cf", "9"], r"cf: expected an int in 1\.\.8\. Got 9")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--cf", "0"], r"cf: expected an int in 1\.\.8\. Got 0")
+
+
+def test_unknown_format_and_source_kind(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--format", "parquet"], r"--format: expected one of \('zarr', 'webdataset'\)\. Got 'parquet'")
+    (tmp_path / "x.csv").write_text("1,2\n")
+    _bad(tmp_path, capsys, [tmp_path / "x.csv"], r"x\.csv: expected a \.npy, \.npz.*unknown source kind")
+    assert leftovers(tmp_path) == []
+
+
+def test_existing_out_is_refused(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy"], r"out: expected an OUT path that does not exist.*--overwrite")
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_bad_settings(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "nope=array"], r"--field nope: expected one of the source's fields \['image'\]")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "image=jpeg"], r"--field image: expected kind dct, array or label")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--nan", "zero"], r"nan: expected 'error' or 'fill=VALUE'")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--workers", "2"], r"--workers/--scheduler: .*not yet supported")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--key", "a"], r"--key: expected an HDF5 source")
+    _bad(tmp_path, capsys, ["nomodule_xyz:make"], r"nomodule_xyz:make: expected an importable module:callable")
+    assert leftovers(tmp_path) == []
+
+
+def test_hdf5_missing_key(tmp_path, capsys):
+    import h5py
+
+    with h5py.File(tmp_path / "d.h5", "w") as fh:
+        fh["a"] = np.zeros((2, 8, 8), np.float32)
+    _bad(tmp_path, capsys, [tmp_path / "d.h5", "--key", "b"], r"d\.h5: --key 'b': expected one of \['a'\]")
+
+
+def test_strict_overflow(tmp_path, capsys):
+    x = fields(4, 1, 8, 8)
+    x[3] *= 1e5  # far outside the fp16 range after the DCT
+    np.save(tmp_path / "x.npy", x)
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--quant", "fp16", "--cf", "2", "--strict"], r"field 'image': expected no float16 overflow \(--strict\)")
+    assert leftovers(tmp_path) == []
+    rc, _, _ = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--quant", "fp16", "--cf", "2", "--quiet"], capsys)
+    assert rc == 0 and dctdata.format.read_manifest(tmp_path / "out").stats["image"].overflow > 0
+
+
+def test_calibrated_int8(tmp_path, capsys):
+    x = fields(12, 2, 16, 24, seed=7)
+    np.save(tmp_path / "x.npy", x)
+    rc, _, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--quant", "int8", "--target-psnr", "35", "--quiet"], capsys)
+    assert rc == 0, err
+    ds = dctdata.open_dataset(tmp_path / "out")
+    f = ds.manifest.field("image")
+    assert f.codec.dtype == "int8" and ds[0][0].dtype == torch.int8
+    got = ds.decompressor()(torch.stack([ds[i][0] for i in range(12)]))
+    scores = dctdata.metrics.psnr(torch.from_numpy(x), got, dims=3)
+    assert float(scores.min()) == pytest.approx(ds.manifest.stats["image"].psnr_min, abs=1e-3)
+
+
+def test_python_api_errors_are_typed(tmp_path):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    with pytest.raises(dctdata.DctDataError, match=r"--quant: expected one of"):
+        dctdata.pack(tmp_path / "x.npy", tmp_path / "o", quant="int4")
+    with pytest.raises(TypeError, match=r"cf: expected an int"):
+        dctdata.pack(tmp_path / "x.npy", tmp_path / "o", cf=2.5)
+    with pytest.raises(dctdata.DctDataError, match=r"--target-psnr: expected a positive number"):
+        dctdata.pack(tmp_path / "x.npy", tmp_path / "o", target_psnr=-3)
+    assert not (tmp_path / "o").exists()
