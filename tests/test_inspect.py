@@ -1,0 +1,50 @@
+"""`dctdata inspect`: the figure from arrays, and the CLI on a packed dataset (with and without originals)."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import dctdata
+from dctdata.bench.fields import synthetic_fields
+from dctdata.cli import main
+from dctdata.inspect_plot import inspect_figure, radial_power_spectrum
+
+
+def test_radial_spectrum_finds_a_stripe_frequency():
+    yy, xx = np.mgrid[:64, :64]
+    f, p = radial_power_spectrum(np.sin(2 * np.pi * xx * 0.125))
+    assert abs(f[np.nanargmax(p)] - 0.125) < 0.02
+    with pytest.raises(dctdata.DctDataError, match="expected a 2-D array"):
+        radial_power_spectrum(np.zeros(5))
+
+
+def test_figure_layout_with_and_without_originals(tmp_path):
+    x = synthetic_fields(n=2, size=40)["beam"][:, 0]
+    y = x + np.random.default_rng(0).normal(0, 1, x.shape)
+    w4, h4 = Image.open(inspect_figure(x, y, tmp_path / "a.png")).size
+    w2, h2 = Image.open(inspect_figure(None, y, tmp_path / "b.png", titles=["a", "b"])).size
+    assert h4 == h2 and w4 > w2  # four columns vs two
+    with pytest.raises(dctdata.DctDataError, match="originals: expected the reconstructions' shape"):
+        inspect_figure(x[:1], y, tmp_path / "c.png")
+    with pytest.raises(dctdata.DctDataError, match=r"expected items of shape \(S, H, W\)"):
+        inspect_figure(None, y[0], tmp_path / "c.png")
+    with pytest.raises(dctdata.DctDataError, match="titles: expected 2 titles"):
+        inspect_figure(None, y, tmp_path / "c.png", titles=["a"])
+
+
+def test_cli_on_packed_dataset(tmp_path, capsys):
+    src = tmp_path / "f.npy"
+    np.save(src, synthetic_fields(n=6, size=32)["clouds"][:, 0])
+    dctdata.pack(str(src), str(tmp_path / "out"), target_psnr=40, quiet=True)
+    assert main(["inspect", str(tmp_path / "out"), "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "originals not available" not in out
+    assert Image.open(tmp_path / "out" / "inspect.png").size[0] > 900  # four columns
+    src.unlink()  # the source is gone: reconstruction and spectrum only, and say so
+    png = tmp_path / "r.png"
+    assert main(["inspect", str(tmp_path / "out"), "--png", str(png)]) == 0
+    assert "originals not available" in capsys.readouterr().out
+    assert png.exists()
+    assert main(["inspect", str(tmp_path / "out"), "--field", "nope"]) == 1
+    assert "field: expected one of" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "out"), "--samples", "0"]) == 1
