@@ -323,7 +323,7 @@ class Manifest:
         matches = [f for f in self.fields if kind is None or f.kind == kind]
         if len(matches) != 1:
             raise DctDataError(
-                f"field: expected a field name; this dataset has {len(matches)} {kind or ''} fields "
+                f"field: expected a field name; this dataset has {len(matches)} {kind + ' ' if kind else ''}fields "
                 f"{[f.name for f in matches]}"
             )
         return matches[0]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dctdata
+import dctdata.metrics
 from dctdata.cli import main
 
 

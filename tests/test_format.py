@@ -1,0 +1,187 @@
+"""dctdata.format: FieldSpec/Manifest validation and round trip, version refusal, and the committed
+golden dataset (tests/data/golden_v1) that every later version must keep reading bit-exactly.
+
+Regenerate the golden fixture only on a deliberate format change (and bump FORMAT_VERSION):
+    python tests/test_format.py regen
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import dctdata
+import dctdata.metrics
+from dctdata.errors import DctDataError, FormatError
+from dctdata.format import (
+    FORMAT_VERSION,
+    FieldSpec,
+    FieldStats,
+    Manifest,
+    entry_name,
+    read_manifest,
+    sample_key,
+    write_manifest,
+    zarr_shard_key,
+)
+from dctdata.spec import CodecSpec
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_v1")
+
+
+def golden_source() -> dict[str, np.ndarray]:
+    """Deterministic closed-form data (no RNG): non-square, non-multiple-of-8, two channels."""
+    i, c, h, w = np.meshgrid(np.arange(6), np.arange(2), np.arange(11), np.arange(13), indexing="ij")
+    x = (10 * np.sin(0.3 * (h + 1) * (i + 1)) + np.cos(0.2 * w * (c + 1)) + 0.05 * h * w).astype(np.float32)
+    return {"image": x, "mask": (x[:, :1] > 0).astype(np.uint8), "label": np.arange(6, dtype=np.int64) % 3}
+
+
+def regen() -> None:  # pragma: no cover - run by hand
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "golden_v1.npz")
+        np.savez(src, **golden_source())
+        shutil.rmtree(GOLDEN, ignore_errors=True)
+        os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
+        dctdata.pack(src, GOLDEN, cf=3, quant="int8", fields={"mask": "array"}, quiet=True,
+                     writer_options={"chunk_samples": 2, "shard_samples": 4})  # fmt: skip
+    m = json.load(open(os.path.join(GOLDEN, "manifest.json")))
+    m["pack"]["source"] = "golden_v1.npz"  # no temporary path in the fixture
+    with open(os.path.join(GOLDEN, "manifest.json"), "w") as fh:
+        fh.write(json.dumps(m, indent=2) + "\n")
+
+
+def spec():
+    return CodecSpec(cf=3, height=11, width=13, channels=2, dtype="bfloat16")
+
+
+def manifest(**kw):
+    fields = (
+        FieldSpec("image", "dct", (2, 11, 13), "float32", spec()),
+        FieldSpec("mask", "array", (1, 11, 13), np.dtype("uint8")),
+        FieldSpec("label", "label", (), "int64"),
+    )
+    args = dict(storage="zarr", samples=6, fields=fields, stats={"image": FieldStats(30.0, 33.5, 0.25, 2)})
+    args.update(kw)
+    return Manifest(**args)
+
+
+def test_round_trip(tmp_path):
+    m = manifest(pack={"target_psnr": math.inf}, checksums={"image/c.0": {"sha256": "0" * 64, "bytes": 10}})
+    write_manifest(m, tmp_path)
+    back = read_manifest(tmp_path)
+    assert back == m and read_manifest(tmp_path / "manifest.json") == m
+    assert back.pack["target_psnr"] == "inf" and back.stats["image"].psnr_median == 33.5
+    f = back.field("image")
+    assert f.stored_shape == (2, 2, 9, 2) and f.stored_dtype == "uint16" and f.tensor_dtype == torch.bfloat16
+    t = torch.randn(3, *f.stored_shape).to(torch.bfloat16)
+    assert torch.equal(f.to_tensor(f.to_stored(t)), t)
+    assert back.field(kind="dct").name == "image" and back.names == ("image", "mask", "label")
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_conventions():
+    assert sample_key(12) == "000000012" and entry_name("image") == "image.npy"
+    assert zarr_shard_key("image", 3, 5) == "image/c.3.0.0.0.0"
+
+
+def test_newer_version_refused(tmp_path):
+    d = manifest().to_dict()
+    d["version"] = FORMAT_VERSION + 1
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"version: expected <= 1 .*Got 2: .*upgrade dctdata"):
+        read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.update(format="zarr"), r"format: expected 'dctdata'\. Got 'zarr'"),
+        (lambda d: d.update(version="1"), r"version: expected an int in 1\.\.1\. Got '1'"),
+        (lambda d: d.update(extra=1), r"expected keys .*Got unknown keys \['extra'\]"),
+        (lambda d: d.pop("samples"), r"Got missing keys \['samples'\]"),
+        (lambda d: d.update(samples=-1), r"samples: expected an int >= 0\. Got -1"),
+        (lambda d: d.update(storage="tar"), r"storage: expected one of \('zarr', 'webdataset'\)\. Got 'tar'"),
+        (lambda d: d["fields"][0].update(kind="jpeg"), r"field 'image': kind: expected one of"),
+        (lambda d: d["fields"][0].update(shape=[2, 11, 12]), r"codec sample shape: expected \(2, 11, 12\).*Got \(2, 11, 13\)"),
+        (lambda d: d["fields"][0]["codec"].update(cf=9), r"field 'image': codec: cf: expected an int in 1\.\.8"),
+        (lambda d: d["fields"][1].update(dtype="object"), r"field 'mask': dtype: expected one of"),
+        (lambda d: d["fields"][2].update(shape=[3]), r"field 'label': shape: expected \(\) for a label field"),
+        (lambda d: d["fields"][1].update(name="a/b"), r"field name: expected a plain identifier"),
+        (lambda d: d["fields"].append(dict(d["fields"][2])), r"fields: expected unique names"),
+        (lambda d: d["stats"].update(ghost=d["stats"]["image"]), r"stats: expected entries for fields .*Got unknown \['ghost'\]"),
+        (lambda d: d["checksums"].update({"x": {"sha256": "zz", "bytes": 1}}), r"sha256: expected 64 lowercase hex"),
+        (lambda d: d["fields"][2].update(lossless={"id": "nope"}), r"codec: numcodecs cannot build"),
+    ],
+)
+def test_strict_validation(tmp_path, edit, match):
+    d = manifest().to_dict()
+    edit(d)
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=match):
+        read_manifest(tmp_path)
+
+
+def test_unreadable_and_missing(tmp_path):
+    with pytest.raises(FormatError, match=r"expected a dctdata manifest \(manifest\.json\)\. Got no such file"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(FormatError, match=r"expected a JSON manifest"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(FormatError, match=r"expected a JSON object"):
+        read_manifest(tmp_path)
+    with pytest.raises(TypeError, match=r"path_or_url: expected a path"):
+        read_manifest(3)
+    with pytest.raises(TypeError, match=r"manifest: expected a dctdata.format.Manifest"):
+        write_manifest({}, tmp_path)
+
+
+def test_fieldspec_construction_errors():
+    with pytest.raises(DctDataError, match=r"codec: expected a CodecSpec for a dct field"):
+        FieldSpec("image", "dct", (1, 8, 8), "float32")
+    with pytest.raises(DctDataError, match=r"codec: expected None for a array field"):
+        FieldSpec("m", "array", (1, 8, 8), "uint8", CodecSpec(cf=2, height=8, width=8))
+    with pytest.raises(DctDataError, match=r"shape: expected a tuple of positive ints"):
+        FieldSpec("m", "array", (0, 8), "uint8")
+    with pytest.raises(DctDataError, match=r"expected a numeric dtype for a dct field"):
+        FieldSpec("image", "dct", (1, 8, 8), "bool", CodecSpec(cf=2, height=8, width=8))
+    with pytest.raises(DctDataError, match=r"field: expected a field name; this dataset has 3 fields"):
+        manifest().field()
+    with pytest.raises(DctDataError, match=r"this dataset has 0 nope fields \[\]"):
+        manifest().field(kind="nope")
+
+
+def test_golden_v1_reads_bit_exactly():
+    """The committed v1 dataset: stored values equal what the generator encodes to, bit for bit."""
+    src = golden_source()
+    ds = dctdata.open_dataset(GOLDEN, as_dict=True)
+    m = ds.manifest
+    assert m.version == 1 and m.samples == 6 and m.names == ("image", "mask", "label")
+    f = m.field("image")
+    assert f.codec.dtype == "int8" and f.codec.cf == 3 and f.stored_shape == (2, 2, 9, 2)
+    expected_q, overflow = dctdata.encode(torch.from_numpy(src["image"]), f.codec)
+    assert overflow == m.stats["image"].overflow
+    got = ds.__getitems__(range(6))
+    assert torch.equal(torch.stack([s["image"] for s in got]), expected_q)
+    assert np.array_equal(torch.stack([s["mask"] for s in got]).numpy(), src["mask"])
+    assert [int(s["label"]) for s in got] == src["label"].tolist()
+    x_hat = ds.decompressor()(expected_q)
+    scores = dctdata.metrics.psnr(torch.from_numpy(src["image"]), x_hat, dims=3)
+    assert float(scores.min()) == pytest.approx(m.stats["image"].psnr_min, abs=1e-6)
+    from dctdata.commands.verify import verify_dataset
+
+    problems, summary = verify_dataset(GOLDEN)
+    assert problems == [] and summary["decoded"] == 6
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["regen"]:  # pragma: no cover
+    regen()
