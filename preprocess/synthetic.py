@@ -32,30 +32,58 @@ Integer images (optical uint16, CIFAR uint8) default to ``array`` in the pack, s
 ``--field image=dct`` to compress them.
 
 Every sample is a pure function of (seed, dataset kind, index): ``ds[i]`` is identical in any process
-or DataLoader worker, in any order. Factories take ``n``, ``size``/``shape`` and ``seed`` as ints (or
-strings of ints, so a command line can pass them through).
+or DataLoader worker, in any order.
 
-Packing the synthetic sets::
+Packing the synthetic sets (the pack calls the factory with no arguments, so these are the defaults:
+64 EM pairs of 256^2, 32 optical frames, 16 SLSTR scenes of 256^2, 1000 CIFAR-like images)::
 
-    dctdata pack dctdata.preprocess.synthetic:em_denoise     em.zarr   --target-psnr 40
+    dctdata pack dctdata.preprocess.synthetic:em_denoise     em.zarr     --target-psnr 40
     dctdata pack dctdata.preprocess.synthetic:optical_damage optics.zarr --field image=dct --target-psnr 40
-    dctdata pack dctdata.preprocess.synthetic:slstr_cloud    slstr.zarr --nan fill=0 --field bayes=array
-    dctdata pack dctdata.preprocess.synthetic:cifar_like     cifar.zarr --field image=dct --cf 6
+    dctdata pack dctdata.preprocess.synthetic:slstr_cloud    slstr.zarr  --nan fill=0 --field bayes=array --target-psnr 40
+    dctdata pack dctdata.preprocess.synthetic:cifar_like     cifar.zarr  --field image=dct --cf 6
 
-Packing the REAL SciML-Bench files (same readers, same field names)::
+Other sizes: bind the arguments in a module of your own and pack that (the factories also accept
+strings of ints, e.g. ``size="492x656"``)::
 
-    # em_graphene_sim: two HDF5 files, key `images`, (N, 256, 256, 1) float32, aligned by index.
+    # my_sets.py
+    import functools
+    from dctdata.preprocess.synthetic import em_denoise
+    em_big = functools.partial(em_denoise, n=10000, size=256, seed=7)
+
+    dctdata pack my_sets:em_big em_big.zarr --target-psnr 40
+
+Packing the REAL SciML-Bench files (the same readers; each command was checked on files of the
+real layout written from these generators)::
+
+    # em_graphene_sim: two HDF5 files, dataset `images`, (N, 256, 256, 1) float32, aligned by index.
+    # The field is named after the key (`images`), once per pack.
     dctdata pack em_graphene_sim/train/graphene_img_noise.h5 em_noisy.zarr --key images --channels-last --target-psnr 40
     dctdata pack em_graphene_sim/train/graphene_img_clean.h5 em_clean.zarr --key images --channels-last --target-psnr 45
-    # slstr_cloud: one HDF5 file per scene, keys refs (1200, 1500, 6), bts (1200, 1500, 3), bayes
-    # (1200, 1500, 1) integer flags (SciML-Bench trains on bayes > 0); NaN outside the swath.
-    dctdata pack slstr_cloud/one-day SLSTR.zarr --channels-last --field refs=dct --field bts=dct --field bayes=array --nan fill=0 --target-psnr 40
-    # optical_damage: folders of 16-bit TIFF frames (492 x 656); class subfolders give `label`.
+
+    # optical_damage: folders of 16-bit TIFF frames (492 x 656). Class subfolders (e.g. damaged/,
+    # undamaged/) give `label` (sorted folder names, as torchvision's ImageFolder).
     dctdata pack optical_damage/train optics.zarr --field image=dct --target-psnr 40
 
-Add ``--format webdataset`` for tar shards. A single ``--nan fill`` value serves every field: 0 is
-exact for the mask but puts a 0 K step at the swath edge of ``bts`` (ringing in the DCT blocks along
-the edge only; the mask is 0 there, so a masked loss ignores it).
+    # slstr_cloud: one HDF5 file per scene with datasets refs (1200, 1500, 6), bts (1200, 1500, 3)
+    # and bayes (1200, 1500, 1) (flags; SciML-Bench trains on bayes > 0), NaN outside the swath.
+    # The pack reads one HDF5 file per source, so list the scenes in a module:callable:
+    #
+    #   # slstr_scenes.py
+    #   import glob, h5py, numpy as np
+    #   FILES = sorted(glob.glob("slstr_cloud/one-day/*.hdf"))
+    #   class Scenes:
+    #       def __len__(self): return len(FILES)
+    #       def __getitem__(self, i):
+    #           with h5py.File(FILES[i], "r") as f:
+    #               return {k: np.moveaxis(f[k][...], -1, 0) for k in ("refs", "bts", "bayes")}
+    #   def scenes(): return Scenes()
+    #
+    dctdata pack slstr_scenes:scenes slstr.zarr --nan fill=0 --field bayes=array --target-psnr 40
+
+Add ``--format webdataset`` for tar shards. One ``--nan fill`` value serves every field: 0 is exact
+for the mask but puts a step down to 0 K at the swath edge of ``bts``: the blocks along the edge ring
+and, at a fixed ``--cf``, the achieved PSNR of ``bts`` is set by that edge (the mask is 0 there, so
+a masked loss ignores it; ``--target-psnr`` compensates with finer steps, at some size).
 """
 
 from __future__ import annotations
