@@ -104,7 +104,9 @@ class _Files:
         if is_url(loc):
             import fsspec
 
-            return fsspec.open(loc, "rb", **self.storage_options).open()
+            # Sequential reads: stream http(s) bodies instead of issuing range requests per block.
+            options = {"block_size": 0, **self.storage_options} if loc.startswith(("http://", "https://")) else self.storage_options
+            return fsspec.open(loc, "rb", **options).open()
         return open(loc, "rb")
 
 

@@ -1,0 +1,302 @@
+"""DCTWebDataset: exactly once per epoch, epoch-seeded order, integrity while streaming, sources."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import dctdata
+from dctdata.api import open_dataset
+from dctdata.cli import main
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.loaders.wds_dataset import DCTWebDataset, verify_webdataset
+
+N = 36
+
+
+def fields(n, h=24, w=40, seed=0):
+    """Smooth seeded fields + Poisson noise (N, 1, H, W) float32."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
+    x = np.empty((n, 1, h, w), np.float32)
+    for i in range(n):
+        a, b, p = rng.uniform(1, 4, 3)
+        x[i, 0] = rng.poisson((20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)) * 4) / 4.0
+    return x
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src") / "src.npz"
+    np.savez(path, image=fields(N), label=np.arange(N, dtype=np.int64))
+    return path
+
+
+@pytest.fixture(scope="module")
+def packed(src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("packs") / "wds"
+    dctdata.pack(src, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options={"samples_per_shard": 4})
+    return out
+
+
+@pytest.fixture
+def copy(packed, tmp_path):
+    """A private copy to damage."""
+    dst = tmp_path / "wds"
+    shutil.copytree(packed, dst)
+    return dst
+
+
+def labels(it):
+    return [int(s[1]) for s in it]
+
+
+def loader(ds, workers, **kw):
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, **kw)
+
+
+# Exactly once, order ------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_exactly_once_per_epoch(packed, workers):
+    ds = DCTWebDataset(packed, buffer_size=8)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        got = labels(loader(ds, workers))
+        assert sorted(got) == list(range(N))
+    assert len(ds) == N
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_ranks_partition_the_epoch(packed, workers):
+    for epoch in (0, 3):
+        seen = []
+        for rank in (0, 1):
+            ds = DCTWebDataset(packed, rank=rank, world_size=2, buffer_size=8)
+            ds.set_epoch(epoch)
+            got = labels(loader(ds, workers))
+            assert len(got) == len(ds)  # per-rank length: this rank's shards this epoch
+            seen += got
+        assert sorted(seen) == list(range(N))
+
+
+def test_order_is_a_function_of_seed_and_epoch(packed):
+    def order(epoch, seed=0, workers=2):
+        ds = DCTWebDataset(packed, seed=seed, buffer_size=8)
+        ds.set_epoch(epoch)
+        return labels(loader(ds, workers))
+
+    assert order(1) == order(1)
+    assert order(1) != order(2)
+    assert order(1) != order(1, seed=5)
+    assert order(4, workers=0) == order(4, workers=0)
+
+
+def test_set_epoch_reaches_persistent_workers(packed):
+    ds = DCTWebDataset(packed, buffer_size=8)
+    dl = loader(ds, 2, persistent_workers=True)
+    first = labels(dl)
+    ds.set_epoch(1)
+    second = labels(dl)
+    fresh = DCTWebDataset(packed, buffer_size=8)
+    fresh.set_epoch(1)
+    assert sorted(second) == list(range(N)) and second != first
+    assert second == labels(loader(fresh, 2))
+
+
+def test_no_shuffle_is_sample_order(packed):
+    assert labels(DCTWebDataset(packed, shuffle=False)) == list(range(N))
+
+
+def test_fewer_shards_than_ranks_times_workers(packed):
+    ds = DCTWebDataset(packed, rank=0, world_size=3)  # 9 shards
+    with pytest.raises(DctDataError, match="expected at least 12 shards for 3 rank\\(s\\) x 4 DataLoader worker"):
+        ds.shards_for(0, 0, 3, 0, 4)
+    with pytest.raises(DctDataError, match="expected at least 10 shards for 5 rank"):
+        list(DCTWebDataset(packed, rank=0, world_size=10).shards_for(0, 0, 5, 0, 2))
+
+
+@pytest.mark.slow  # torch's DataLoader takes ~10 s to shut its workers down after a worker error
+def test_errors_surface_through_dataloader_workers(copy):
+    with pytest.raises(Exception, match="expected at least 10 shards for 5 rank"):
+        list(loader(DCTWebDataset(copy, rank=0, world_size=5), 2))
+    flip_byte(copy / "shard-000003.tar")
+    with pytest.raises(Exception, match="shard-000003.tar: expected sha256"):
+        list(loader(DCTWebDataset(copy), 2))
+
+
+# Samples -----------------------------------------------------------------------------------------
+def test_samples_match_zarr_decoding(src, packed, tmp_path):
+    z = dctdata.pack(src, tmp_path / "z", format="zarr", quant="int8", target_psnr=35, quiet=True)
+    zds = open_dataset(tmp_path / "z")
+    wds = open_dataset(packed, as_dict=True)
+    assert isinstance(wds, DCTWebDataset)
+    assert wds.manifest.fields == z.fields
+    zs = zds.__getitems__(list(range(N)))
+    for s in wds:
+        i = int(s["label"])
+        assert s["label"].shape == () and s["label"].dtype == torch.int64
+        assert s["image"].dtype == torch.int8 and tuple(s["image"].shape) == z.field("image").stored_shape
+        assert torch.equal(s["image"], zs[i][0])
+    x = wds.decompressor()(torch.stack([zs[0][0]]))
+    assert tuple(x.shape) == (1, 1, 24, 40)
+
+
+def test_bad_arguments(packed, tmp_path):
+    with pytest.raises(DctDataError, match="on_error: expected 'raise' or 'skip'"):
+        DCTWebDataset(packed, on_error="ignore")
+    with pytest.raises(DctDataError, match="rank/world_size: expected both or neither"):
+        DCTWebDataset(packed, rank=0)
+    with pytest.raises(DctDataError, match="expected 0 <= rank < world_size"):
+        DCTWebDataset(packed, rank=2, world_size=2)
+    with pytest.raises(DctDataError, match="epoch: expected an int >= 0"):
+        DCTWebDataset(packed).set_epoch(-1)
+    with pytest.raises(DctDataError, match="buffer_size: expected an int >= 1"):
+        DCTWebDataset(packed, buffer_size=0)
+    with pytest.raises(DctDataError, match="expected a dct field"):
+        DCTWebDataset(packed).decompressor("label")
+    with pytest.raises(DctDataError, match="expected a dctdata manifest"):
+        DCTWebDataset(tmp_path)
+
+
+# Integrity ---------------------------------------------------------------------------------------
+def flip_byte(path, offset=700):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("damage, what", [(flip_byte, "corrupted"), (truncate, "truncated")])
+def test_bad_shard_detected_by_iteration_and_verify(copy, damage, what, capsys):
+    damage(copy / "shard-000003.tar")
+    with pytest.raises(IntegrityError, match=f"shard-000003.tar: expected .*samples 12..15.*{what}"):
+        list(DCTWebDataset(copy))
+    problems, summary = verify_webdataset(copy)
+    assert len(problems) == 1 and "shard-000003.tar" in problems[0] and what in problems[0]
+    assert summary["decoded"] == N - 4
+    assert main(["verify", str(copy)]) == 1
+    assert "shard-000003.tar" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_mode_counts_bad_shards(copy, workers):
+    flip_byte(copy / "shard-000003.tar")
+    truncate(copy / "shard-000007.tar")
+    ds = DCTWebDataset(copy, on_error="skip")
+    got = labels(loader(ds, workers))
+    assert sorted(got) == [i for i in range(N) if not 12 <= i < 16 and not 28 <= i < 32]
+    st = ds.stats
+    assert st["shards_skipped"] == 2 and st["samples_skipped"] == 8 and st["shards_read"] == 7
+    assert st["bad_shards"] == ["shard-000003.tar", "shard-000007.tar"]
+    assert st["samples"] == N - 8
+
+
+def rewrite_shard(root, name, extra_members):
+    """Rebuild shard `name` with extra tar members and fix the manifest to match (the hash passes)."""
+    path = root / name
+    buf = io.BytesIO()
+    with tarfile.open(path) as src, tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as dst:
+        for extra_name, payload in extra_members:
+            ti = tarfile.TarInfo(extra_name)
+            ti.size = len(payload)
+            dst.addfile(ti, io.BytesIO(payload))
+        for m in src.getmembers():
+            dst.addfile(m, src.extractfile(m))
+    data = buf.getvalue()
+    path.write_bytes(data)
+    mpath = root / "manifest.json"
+    m = json.loads(mpath.read_text())
+    for s in m["layout"]["shards"]:
+        if s["name"] == name:
+            s["bytes"], s["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    m["checksums"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    mpath.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("member", ["../evil.npy", "/abs/evil.npy", "sub/000000000.label.npy"])
+def test_unsafe_tar_members_rejected(copy, member):
+    rewrite_shard(copy, "shard-000000.tar", [(member, b"x")])
+    with pytest.raises(IntegrityError, match="shard-000000.tar: tar member .*expected a plain file name"):
+        list(DCTWebDataset(copy))
+    problems, _ = verify_webdataset(copy)
+    assert len(problems) == 1 and "plain file name" in problems[0]
+
+
+def test_unexpected_member_rejected(copy):
+    rewrite_shard(copy, "shard-000001.tar", [("000000004.other.npy", b"x")])
+    with pytest.raises(IntegrityError, match="shard-000001.tar: tar member '000000004.other.npy': expected"):
+        list(DCTWebDataset(copy, shuffle=False))
+
+
+# Sources -----------------------------------------------------------------------------------------
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_root(packed):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(packed)))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streams_from_http(http_root, workers):
+    ds = open_dataset(http_root)
+    assert isinstance(ds, DCTWebDataset) and len(ds) == N
+    assert sorted(labels(loader(ds, workers))) == list(range(N))
+    assert verify_webdataset(http_root)[0] == []
+
+
+def test_http_missing_shard_names_it(packed, tmp_path):
+    shutil.copytree(packed, tmp_path / "p")
+    os.remove(tmp_path / "p" / "shard-000002.tar")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(tmp_path / "p")))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(IntegrityError, match="shard-000002.tar: expected a shard \\(samples 8..11\\)"):
+            list(DCTWebDataset(url, shuffle=False))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_pipe_urls_refused_unless_opted_in(packed):
+    url = f"pipe:cat {packed}/{{}}"
+    with pytest.raises(DctDataError, match="Got a shell 'pipe:' URL"):
+        DCTWebDataset(url)
+    with pytest.raises(DctDataError, match="with '\\{\\}' where the file name goes"):
+        DCTWebDataset(f"pipe:cat {packed}/manifest.json", allow_pipe=True)
+    ds = DCTWebDataset(url, allow_pipe=True)
+    assert sorted(labels(ds)) == list(range(N))
+
+
+def test_zarr_pack_refused(src, tmp_path):
+    dctdata.pack(src, tmp_path / "z", format="zarr", quiet=True)
+    with pytest.raises(DctDataError, match="expected a webdataset dataset. Got storage 'zarr'"):
+        DCTWebDataset(tmp_path / "z")
