@@ -250,3 +250,20 @@ def test_with_decompress_on_cuda():
     out = net(to_device(q, "cuda"))
     assert out.is_cuda
     torch.testing.assert_close(out.cpu(), (Decompress(spec)(q) - 0.5) / 0.25, atol=1e-4, rtol=1e-4)
+
+
+# Example ---------------------------------------------------------------------------------------
+def test_device_pipeline_example_runs(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "device_pipeline.py"
+    spec = importlib.util.spec_from_file_location("device_pipeline_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    acc = module.main(["--device", "cpu", "--train", "128", "--test", "64", "--epochs", "2", "--batch-size", "32", "--cf", "4"])
+    out = capsys.readouterr().out
+    assert "transfer ratio" in out and "epoch 2: train loss" in out and "on cpu" in out
+    assert 0.0 <= acc <= 1.0
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("epoch")]
+    assert losses[1] < losses[0]
