@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCH_MODULES = ("dctdata.bench.codec", "dctdata.bench.rd")
+BENCH_MODULES = ("dctdata.bench.codec", "dctdata.bench.rd", "dctdata.bench.loader", "dctdata.bench.stream")
 
 
 def register(sub) -> None:
