@@ -28,7 +28,6 @@ Typical loop::
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
@@ -39,8 +38,6 @@ from torch import nn
 from dctdata.errors import DctDataError
 
 __all__ = ["AugmentOnDevice", "DevicePrefetcher", "pin", "resolve_device", "to_device", "with_decompress"]
-
-log = logging.getLogger(__name__)
 
 
 def resolve_device(device: torch.device | str | int | None = None) -> torch.device:
