@@ -167,3 +167,14 @@ def test_open_errors(tmp_path):
     long = FieldSpec("x" * 95, "label", (), "int64")
     with pytest.raises(DctDataError, match="100-character tar member"):
         WebDatasetWriter().open(str(tmp_path), (long,), 1)
+
+
+def test_cli_shard_caps(source, tmp_path, capsys):
+    args = ["pack", str(source), str(tmp_path / "a"), "--format", "webdataset", "--quiet", "--samples-per-shard", "8", "--max-shard-size", "1000000"]
+    assert main(args) == 0
+    m = read_manifest(tmp_path / "a")
+    assert [s["samples"] for s in m.layout["shards"]] == [8, 8, 8, 6] and m.layout["max_shard_size"] == 1000000
+    assert main(["pack", str(source), str(tmp_path / "z"), "--samples-per-shard", "8"]) == 1
+    assert "expected --format webdataset. Got --format zarr" in capsys.readouterr().err
+    assert main(["pack", str(source), str(tmp_path / "b"), "--format", "webdataset", "--max-shard-size", "5"]) == 1
+    assert "max_shard_size: expected an int >= 10240" in capsys.readouterr().err

@@ -25,7 +25,19 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     p.add_argument("--workers", type=int, default=None, help="parallel packing (not yet supported)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="Dask scheduler (not yet supported)")
+    p.add_argument("--max-shard-size", type=int, default=None, metavar="BYTES", help="webdataset: cap on each .tar shard (default 256 MiB)")
+    p.add_argument("--samples-per-shard", type=int, default=None, metavar="N", help="webdataset: cap on samples per shard (default none)")
     p.set_defaults(func=_main)
+
+
+def _writer_options(args) -> dict:
+    """Shard caps go to the webdataset writer; refused for other formats rather than ignored."""
+    opts = {k: v for k, v in (("max_shard_size", args.max_shard_size), ("samples_per_shard", args.samples_per_shard)) if v is not None}
+    if opts and args.format != "webdataset":
+        from dctdata.errors import DctDataError
+
+        raise DctDataError(f"--max-shard-size/--samples-per-shard: expected --format webdataset. Got --format {args.format}")
+    return opts
 
 
 def _fmt_db(v) -> str:
@@ -52,6 +64,7 @@ def _main(args) -> int:
         quiet=args.quiet,
         workers=args.workers,
         scheduler=args.scheduler,
+        writer_options=_writer_options(args),
     )
     if not args.quiet:
         print(f"packed {manifest.samples} samples into {args.out} ({manifest.storage})")
