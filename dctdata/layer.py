@@ -13,7 +13,7 @@ from torch import nn
 
 from dctdata.errors import DctDataError
 from dctdata.spec import CodecSpec
-from dctdata.transform import fold_basis, synthesize
+from dctdata.transform import augment_bias, fold_basis, synthesize
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -40,8 +40,8 @@ class Decompress(nn.Module):
             spec.std if normalize else None,
         )
         compute = torch.float64 if dtype == torch.float64 else torch.float32
-        self.register_buffer("wcol", wcol.to(compute), persistent=False)
-        self.register_buffer("zbias", None if zbias is None else zbias.to(compute), persistent=False)
+        self.bias_row = zbias is not None
+        self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
         self.register_buffer("trows", trows.to(compute), persistent=False)
 
     def forward(self, coeffs: torch.Tensor) -> torch.Tensor:
@@ -58,16 +58,14 @@ class Decompress(nn.Module):
             )
         unbatched = coeffs.dim() == 4
         y = coeffs.unsqueeze(0) if unbatched else coeffs
-        wcol = self.wcol.to(y.device)
-        compute = torch.float64 if y.dtype == torch.float64 else wcol.dtype
-        zbias = None if self.zbias is None else self.zbias.to(device=y.device, dtype=compute)
+        compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
         out = synthesize(
-            y.to(compute),
-            wcol.to(compute),
-            zbias,
+            y,
+            self.weight.to(device=y.device, dtype=compute),
             self.trows.to(device=y.device, dtype=compute),
             spec.mask,
             (spec.height, spec.width),
+            bias_row=self.bias_row,
         )
         out = out.to(self.dtype)
         return out.squeeze(0) if unbatched else out

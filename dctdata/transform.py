@@ -211,27 +211,43 @@ def square_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:
     return torch.stack(rows, dim=-3)
 
 
+def augment_bias(wcol: torch.Tensor, zbias: torch.Tensor | None) -> torch.Tensor:
+    """Append the first-stage bias as an extra v-row of the weights: (C, U, V, 8) -> (C, U, V+1, 8).
+
+    `synthesize(..., bias_row=True)` pairs it with a row of ones appended to the coefficients, so the
+    bias rides inside the matmul instead of costing a pass over the intermediate.
+    """
+    if zbias is None:
+        return wcol
+    return torch.cat([wcol, zbias.unsqueeze(2)], dim=2)
+
+
 def synthesize(
     coeffs: torch.Tensor,
-    wcol: torch.Tensor,
-    zbias: torch.Tensor | None,
+    weight: torch.Tensor,
     trows: torch.Tensor,
     mask: str,
     size: tuple[int, int],
+    bias_row: bool = False,
 ) -> torch.Tensor:
-    """Inverse transform of (B, C, Hb, K, Wb) float coefficients with folded weights -> (B, C, H, W).
+    """Inverse transform of (B, C, Hb, K, Wb) coefficients (any real dtype) -> (B, C, H, W) in weight's dtype.
 
     Separable per block: stage 1 contracts v with the folded column weights into
     Z[b, c, hb, u, wb, j] (the coefficients enter as a transposed operand, no copy); stage 2
-    contracts u with T and writes image rows in raster order. Only matmul/reshape/transpose/cat
-    ops, so it exports to ONNX.
+    contracts u with T and writes image rows in raster order. With `bias_row`, `weight` carries
+    the bias as its last v-row (`augment_bias`) and a row of ones is appended to the coefficients;
+    that concatenation also does the integer-to-float conversion, so it costs no extra pass. Only
+    matmul/reshape/transpose/cat ops, so it exports to ONNX.
     """
     b, c, hb, _, wb = coeffs.shape
     cf = trows.shape[0]
-    a = square_planes(coeffs, cf, mask).transpose(-1, -2)  # (B, C, Hb, U, Wb, V), a view
-    z = torch.matmul(a, wcol.unsqueeze(1))  # (B, C, Hb, U, Wb, 8)
-    if zbias is not None:
-        z = z + zbias.reshape(c, 1, cf, 1, BLOCK)
+    y = square_planes(coeffs, cf, mask)  # (B, C, Hb, U, V, Wb)
+    if bias_row:
+        ones = torch.ones(b, c, hb, cf, 1, wb, dtype=weight.dtype, device=coeffs.device)
+        y = torch.cat([y, ones], dim=-2)  # type promotion: converts and augments in one pass
+    else:
+        y = y.to(weight.dtype)
+    z = torch.matmul(y.transpose(-1, -2), weight.unsqueeze(1))  # (B, C, Hb, U, Wb, 8)
     z = z.reshape(b * c * hb, cf, wb * BLOCK)
     img = torch.matmul(trows.transpose(0, 1), z)  # (B*C*Hb, 8, Wb*8): raster rows
     img = img.reshape(b, c, hb * BLOCK, wb * BLOCK)
@@ -252,4 +268,4 @@ def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str =
     wcol, _, trows = fold_basis(cf, mask)
     kw = dict(dtype=torch.float32, device=coeffs.device)
     y = coeffs.to(torch.float32).reshape(-1, 1, hb, k, wb)
-    return synthesize(y, wcol.to(**kw), None, trows.to(**kw), mask, size).reshape(*lead, *size)
+    return synthesize(y, wcol.to(**kw), trows.to(**kw), mask, size).reshape(*lead, *size)
