@@ -25,7 +25,12 @@ def pack(source: str | os.PathLike, out: str | os.PathLike, **kwargs: Any) -> Ma
 def open_dataset(path_or_url: str | os.PathLike, **kwargs: Any):
     """Open a packed dataset: a map-style `DCTZarrDataset` for zarr storage, the iterable
     `DCTWebDataset` for webdataset storage. Keywords go to that class (e.g. as_dict, on_error,
-    storage_options)."""
+    storage_options). A shell `pipe:` URL can only be a webdataset stream and is refused there unless
+    the caller passes allow_pipe=True."""
+    if str(path_or_url).startswith("pipe:"):
+        from dctdata.loaders.wds_dataset import DCTWebDataset
+
+        return DCTWebDataset(path_or_url, **kwargs)
     manifest = read_manifest(path_or_url)
     if manifest.storage == "zarr":
         from dctdata.loaders.zarr_dataset import DCTZarrDataset

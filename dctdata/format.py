@@ -181,7 +181,8 @@ class FieldSpec:
 
     def to_tensor(self, stored: np.ndarray) -> torch.Tensor:
         """Stored numpy array (any leading dims) -> torch tensor in `tensor_dtype` (no copy if possible)."""
-        t = torch.from_numpy(np.ascontiguousarray(stored))
+        stored = np.asarray(stored)
+        t = torch.from_numpy(stored if stored.flags.c_contiguous else np.ascontiguousarray(stored))  # keeps 0-d
         if self.kind == "dct" and self.codec.dtype == "bfloat16":
             t = t.view(torch.bfloat16)
         return t

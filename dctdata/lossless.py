@@ -26,8 +26,8 @@ DEFAULT_CODEC: dict[str, Any] = {"id": "zstd", "level": 9}
 
 
 def parse_codec_config(config: object) -> dict[str, Any]:
-    """Validate a numcodecs config (a mapping with an "id" numcodecs knows); None means no stage."""
-    if config is None:
+    """Validate a numcodecs config (a mapping with an "id" numcodecs knows); None or {} means no stage."""
+    if config is None or (isinstance(config, Mapping) and not config):
         return {}
     if not isinstance(config, Mapping) or not isinstance(config.get("id"), str):
         raise DctDataError(f"codec: expected a numcodecs config such as {DEFAULT_CODEC}. Got {config!r}")

@@ -346,7 +346,7 @@ class DCTWebDataset(torch.utils.data.IterableDataset):
         return iter(wds.DataPipeline(*stages))
 
     def _codecs(self) -> dict:
-        return {f.name: get_codec(f.lossless or None) for f in self.fields}
+        return {f.name: get_codec(f.lossless) for f in self.fields}
 
     def _skip(self, entry: Mapping[str, Any], exc: Exception, done: int = 0) -> None:
         self._counts[entry["index"], _STAT_SKIPPED] += 1

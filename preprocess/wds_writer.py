@@ -115,7 +115,7 @@ class WebDatasetWriter:
                     f"field {f.name!r}: expected a name short enough for a {_USTAR_NAME_MAX}-character tar member. Got {longest!r}"
                 )
         self.directory, self.fields, self.n_samples = os.fspath(directory), fields, n_samples
-        self._codecs = {f.name: get_codec(f.lossless or None) for f in fields}
+        self._codecs = {f.name: get_codec(f.lossless) for f in fields}
 
     def abort(self) -> None:
         """Close open files after an error (the orchestrator removes the directory)."""

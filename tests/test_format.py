@@ -185,3 +185,13 @@ def test_golden_v1_reads_bit_exactly():
 
 if __name__ == "__main__" and sys.argv[1:] == ["regen"]:  # pragma: no cover
     regen()
+
+
+def test_to_tensor_keeps_scalar_labels_zero_dimensional():
+    from dctdata.format import FieldSpec
+
+    label = FieldSpec(name="label", kind="label", shape=(), dtype="int64")
+    t = label.to_tensor(np.int64(7))
+    assert t.shape == () and int(t) == 7
+    batch = label.to_tensor(np.arange(4, dtype=np.int64))
+    assert batch.shape == (4,)

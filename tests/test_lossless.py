@@ -62,3 +62,10 @@ def test_bad_configs():
     with pytest.raises(dctdata.DctDataError, match="numcodecs cannot build"):
         parse_codec_config({"id": "no-such-codec"})
     assert get_codec(None) is None and parse_codec_config(None) == {}
+
+
+def test_empty_config_means_no_lossless_stage():
+    from dctdata.lossless import get_codec, zarr_compressors
+
+    assert get_codec({}) is None and get_codec(None) is None
+    assert zarr_compressors({}) == ()

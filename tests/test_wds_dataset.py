@@ -300,3 +300,8 @@ def test_zarr_pack_refused(src, tmp_path):
     dctdata.pack(src, tmp_path / "z", format="zarr", quiet=True)
     with pytest.raises(DctDataError, match="expected a webdataset dataset. Got storage 'zarr'"):
         DCTWebDataset(tmp_path / "z")
+
+
+def test_open_dataset_refuses_pipe_urls_with_the_explicit_message():
+    with pytest.raises(dctdata.DctDataError, match=r"Got a shell 'pipe:' URL, which runs a command \(pass allow_pipe=True to opt in\)"):
+        dctdata.open_dataset("pipe:cat /tmp/x/{}")
