@@ -44,6 +44,14 @@ class Decompress(nn.Module):
         self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
         self.register_buffer("trows", trows.to(compute), persistent=False)
 
+    @classmethod
+    def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
+        """The layer for a packed dataset's dct field (the only one when `field` is None)."""
+        f = manifest.field(field, kind="dct") if field is None else manifest.field(field)
+        if f.kind != "dct":
+            raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
+        return cls(f.codec, **kwargs)
+
     def forward(self, coeffs: torch.Tensor) -> torch.Tensor:
         if not isinstance(coeffs, torch.Tensor):
             raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")

@@ -400,10 +400,7 @@ class DCTWebDataset(torch.utils.data.IterableDataset):
 
     def decompressor(self, field: str | None = None, **kwargs) -> Decompress:
         """The `Decompress` layer for a dct field (the only one when `field` is None)."""
-        f = self.manifest.field(field, kind="dct") if field is None else self.manifest.field(field)
-        if f.kind != "dct":
-            raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
-        return Decompress(f.codec, **kwargs)
+        return Decompress.from_manifest(self.manifest, field, **kwargs)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.kind}{list(f.shape)}" for f in self.fields)

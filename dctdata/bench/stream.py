@@ -25,15 +25,7 @@ import time
 import numpy as np
 import torch
 
-
-def synthetic(n: int, size: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.meshgrid(np.linspace(0, 1, size), np.linspace(0, 1, size), indexing="ij")
-    out = np.empty((n, 1, size, size), np.float32)
-    for i in range(n):
-        a, b, p = rng.uniform(1, 6, 3)
-        out[i, 0] = rng.poisson((20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)) * 4) / 4.0
-    return out
+from dctdata.bench.loader import synthetic  # one generator for both loader benches
 
 
 def _raw_shards(x: np.ndarray, out: str, per_shard: int) -> None:
