@@ -169,3 +169,18 @@ def test_cpu_cuda_parity():
     torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=1e-5)
     x = torch.rand(4, 3, 61, 77, device="cuda")
     torch.testing.assert_close(dctdata.compress(x, 5).cpu(), dctdata.compress(x.cpu(), 5), atol=1e-4, rtol=1e-5)
+
+
+def test_decompressor_from_a_packed_dataset_and_non_dct_fields(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src.npz"
+    np.savez(src, image=rng.random((4, 1, 12, 20), dtype=np.float32), label=np.arange(4, dtype=np.int64))
+    dctdata.pack(str(src), str(tmp_path / "out"), cf=3, quiet=True)
+    ds = dctdata.open_dataset(str(tmp_path / "out"))
+    layer = ds.decompressor()
+    assert isinstance(layer, Decompress) and layer.spec.cf == 3 and layer.spec.sample_shape == (1, 12, 20)
+    assert ds.decompressor("image").spec == layer.spec
+    with pytest.raises(dctdata.DctDataError, match=r"field 'label': expected a dct field for decompressor\(\)\. Got kind 'label'"):
+        ds.decompressor("label")
