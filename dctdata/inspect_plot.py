@@ -31,7 +31,7 @@ def radial_power_spectrum(img: np.ndarray, bins: int | None = None) -> tuple[np.
     bins = bins or max(4, min(a.shape) // 2)
     edges = np.linspace(0, 0.5, bins + 1)
     which = np.digitize(r.ravel(), edges) - 1
-    ok = (which >= 0) & (which < bins)
+    ok = (which >= 0) & (which < bins) & (r.ravel() > 0)  # the DC term is ~0 after mean removal: leave it out
     total = np.bincount(which[ok], weights=p.ravel()[ok], minlength=bins)
     count = np.bincount(which[ok], minlength=bins)
     return (edges[:-1] + edges[1:]) / 2, np.where(count > 0, total / np.maximum(count, 1), np.nan)
@@ -69,7 +69,8 @@ def _spectrum_tile(curves: list[tuple[str, np.ndarray, np.ndarray, str]]):
         xs = m + f[ok] / 0.5 * (TILE - 4 - m)
         ys = TILE - m - (np.log10(p[ok]) - lo) / (hi - lo) * (TILE - m - 8)
         if len(xs) > 1:
-            d.line(list(zip(xs.tolist(), ys.tolist())), fill=colour, width=2)
+            # earlier curves drawn wider, so a reconstruction on top of its original leaves both visible
+            d.line(list(zip(xs.tolist(), ys.tolist())), fill=colour, width=2 + 2 * (len(curves) - 1 - i))
         d.text((TILE - 90, 8 + 12 * i), label, fill=colour)
     d.text((m, TILE - m + 4), "0", fill="black")
     d.text((TILE - 60, TILE - m + 4), "0.5 cyc/px", fill="black")
