@@ -1,0 +1,382 @@
+"""The `dctdata demo` pipeline, end to end on a synthetic EM denoising set.
+
+generate (em_denoise-like pairs, float32 1xHxW) -> pack zarr + webdataset at a target PSNR ->
+stream with a DataLoader -> `Decompress` as the network's first layer -> train a small denoiser;
+the same denoiser (same initialisation, same crops) is trained on the raw float32 arrays, and all
+three are scored on held-out raw pairs. `run_demo` returns the rows of the one table the command
+prints; the command module does the printing.
+
+Training uses random crops taken on whole 8x8 blocks of the coefficient tensor, before the
+`Decompress` layer: the DCT is block-local, so decoding the cropped coefficients gives exactly the
+crop of the decoded image, and the model decodes only what it trains on. The raw run takes the
+same crops of the raw arrays.
+
+The core stays light: `dctdata.preprocess` and `dctdata.loaders` are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from dctdata.errors import DctDataError
+from dctdata.layer import Decompress
+
+FIELDS = ("noisy", "clean")
+RESULT_COLUMNS = (
+    "data",
+    "stored MB",
+    "ratio vs float32",
+    "ratio vs source",
+    "transfer ratio",
+    "PSNR min/median dB",
+    "loader samples/s",
+    "decode samples/s",
+    "train loss first → final",
+    "test MSE",
+)
+
+
+@dataclasses.dataclass
+class DemoSettings:
+    """Knobs of the demo (the CLI flags). Defaults run in well under two minutes on 2 CPU cores."""
+
+    n: int = 48  # training pairs that are packed
+    test: int = 8  # held-out raw pairs the three networks are scored on
+    size: int = 256  # image side (the SciML-Bench em_graphene_sim size)
+    crop: int = 96  # training crop side (multiple of 8; = size for whole images)
+    epochs: int = 4
+    batch_size: int = 8
+    target_psnr: float = 40.0
+    quant: str = "int8"
+    width: int = 16  # denoiser channels
+    lr: float = 3e-3
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("n", "test", "size", "crop", "epochs", "batch_size", "width"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise DctDataError(f"--{name.replace('_', '-')}: expected an integer >= 1. Got {v!r}")
+        if self.size % 8 or self.size < 16:
+            raise DctDataError(f"--size: expected a multiple of 8, at least 16. Got {self.size}")
+        if self.crop % 8 or self.crop > self.size:
+            raise DctDataError(f"--crop: expected a multiple of 8 no larger than --size {self.size}. Got {self.crop}")
+        if not (isinstance(self.target_psnr, (int, float)) and 0 < self.target_psnr < 200):
+            raise DctDataError(f"--target-psnr: expected dB in (0, 200). Got {self.target_psnr!r}")
+
+
+class Denoiser(nn.Module):
+    """A small DnCNN-like residual denoiser: clean = noisy - body(noisy). Fully convolutional."""
+
+    def __init__(self, width: int = 16, channels: int = 1) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(width, channels, 3, padding=1),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - self.body(x)
+
+
+# Data ----------------------------------------------------------------------------------------------
+def make_pairs(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
+    """{'noisy', 'clean'}: (n, 1, size, size) float32 em_denoise-like pairs."""
+    from dctdata.preprocess.synthetic import em_denoise
+
+    ds = em_denoise(n=n, size=size, seed=seed)
+    samples = [ds[i] for i in range(n)]
+    return {k: np.stack([s[k] for s in samples]) for k in FIELDS}
+
+
+def dir_bytes(path: str) -> int:
+    """Bytes of every file under `path` (data files, metadata and manifest)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def pack_summary(manifest, path: str) -> dict[str, Any]:
+    """Stored size, ratios, transfer ratio and PSNR of a packed dataset, from its manifest."""
+    stored = dir_bytes(path)
+    f32 = src = coeff = 0.0
+    for f in manifest.fields:
+        numel = math.prod(f.shape)
+        f32 += 4 * numel
+        src += np.dtype(f.dtype).itemsize * numel
+        coeff += 4 * numel / f.codec.transfer_ratio if f.kind == "dct" else np.dtype(f.dtype).itemsize * numel
+    dct = [manifest.stats[f.name] for f in manifest.fields if f.kind == "dct"]
+    return {
+        "stored_bytes": stored,
+        "ratio_f32": manifest.samples * f32 / stored,
+        "ratio_src": manifest.samples * src / stored,
+        "transfer": f32 / coeff,
+        "psnr_min": min(s.psnr_min for s in dct),
+        "psnr_median": min(s.psnr_median for s in dct),
+        "settings": {f.name: f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" for f in manifest.fields if f.kind == "dct"},
+    }
+
+
+# Loading -------------------------------------------------------------------------------------------
+def loader_speed(loader: Iterable, decode: Callable[[Any], Any] | None) -> tuple[float, float]:
+    """(DataLoader samples/s, decode samples/s) over one pass; decode is timed separately."""
+    n, t_decode = 0, 0.0
+    t0 = time.perf_counter()
+    for batch in loader:
+        b = len(batch[0])
+        if decode is not None:
+            t = time.perf_counter()
+            with torch.no_grad():
+                decode(batch)
+            t_decode += time.perf_counter() - t
+        n += b
+    total = time.perf_counter() - t0
+    load = total - t_decode
+    return n / max(load, 1e-9), (n / t_decode if decode is not None and t_decode > 0 else math.nan)
+
+
+# Training ------------------------------------------------------------------------------------------
+def crop_offsets(gen: torch.Generator, blocks: int, crop_blocks: int) -> tuple[int, int]:
+    top, left = torch.randint(0, blocks - crop_blocks + 1, (2,), generator=gen).tolist()
+    return top, left
+
+
+def crop_coeffs(q: torch.Tensor, top: int, left: int, nb: int) -> torch.Tensor:
+    """Crop (B, C, Hb, K, Wb) coefficients to nb x nb blocks: the blocks of an (8nb)^2 image crop."""
+    return q[:, :, top : top + nb, :, left : left + nb]
+
+
+def crop_pixels(x: torch.Tensor, top: int, left: int, nb: int) -> torch.Tensor:
+    return x[..., 8 * top : 8 * (top + nb), 8 * left : 8 * (left + nb)]
+
+
+def train(
+    net: nn.Module,
+    batches: Callable[[int], Iterable],
+    to_pair: Callable[[Any, int, int], tuple[torch.Tensor, torch.Tensor]],
+    s: DemoSettings,
+    tick: Callable[[], None],
+) -> list[float]:
+    """Train for `s.epochs`; `to_pair(batch, top, left)` -> (input, target) for a crop. Returns the
+    mean loss of every epoch. The crop sequence depends only on the seed, so runs are comparable."""
+    opt = torch.optim.Adam(net.parameters(), lr=s.lr)
+    gen = torch.Generator().manual_seed(s.seed)
+    blocks, nb = s.size // 8, s.crop // 8
+    losses = []
+    for epoch in range(s.epochs):
+        net.train()
+        total, count = 0.0, 0
+        for batch in batches(epoch):
+            top, left = crop_offsets(gen, blocks, nb)
+            x, y = to_pair(batch, top, left)
+            loss = nn.functional.mse_loss(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(x)
+            count += len(x)
+        losses.append(total / count)
+        tick()
+    return losses
+
+
+def test_mse(denoiser: nn.Module, test: dict[str, np.ndarray]) -> float:
+    """MSE of the denoiser on held-out raw pairs (whole images, no compression anywhere)."""
+    denoiser.eval()
+    with torch.no_grad():
+        x, y = torch.from_numpy(test["noisy"]), torch.from_numpy(test["clean"])
+        return float(nn.functional.mse_loss(denoiser(x), y))
+
+
+# The demo ------------------------------------------------------------------------------------------
+def run_demo(s: DemoSettings, out: str | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Run the whole demo; returns {'rows': [...], 'settings': ..., 'noisy_mse': ..., 'seconds': ...}.
+
+    out: a directory that does not exist yet (or is empty) to keep the source, both packs and the
+    results; None works in a temporary directory that is removed afterwards.
+    """
+    s.check()
+    if out is not None:
+        out = os.path.abspath(os.fspath(out))
+        if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+            raise DctDataError(f"--out {out}: expected a new or empty directory. Got an existing non-empty path")
+        os.makedirs(out, exist_ok=True)
+        return _run(s, out, quiet)
+    with tempfile.TemporaryDirectory(prefix="dctdata-demo-") as work:
+        return _run(s, work, quiet)
+
+
+def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    import dctdata
+
+    t_start = time.perf_counter()
+    torch.manual_seed(s.seed)
+    steps = 3 + 3 + 3 * s.epochs  # generate+2 packs, 3 loader passes, training epochs
+    bar = tqdm(total=steps, desc="demo", unit="step", disable=quiet, leave=False)
+
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter(), None]
+
+    def stage(desc: str) -> None:
+        now = time.perf_counter()
+        if clock[1] is not None:
+            timings[clock[1]] = timings.get(clock[1], 0.0) + now - clock[0]
+        clock[:] = [now, desc]
+        bar.set_description(f"demo: {desc}")
+
+    try:
+        stage("generate")
+        train_np = make_pairs(s.n, s.size, s.seed)
+        test_np = make_pairs(s.test, s.size, s.seed + 1)
+        source = os.path.join(work, "em_train.npz")
+        np.savez(source, **train_np)
+        bar.update()
+
+        packs = {}
+        kwargs = dict(target_psnr=float(s.target_psnr), quant=s.quant, mask="square", quiet=True)
+        for fmt, name in (("zarr", "em.zarr"), ("webdataset", "em.wds")):
+            stage(f"pack {fmt}")
+            path = os.path.join(work, name)
+            t = time.perf_counter()
+            manifest = dctdata.pack(source, path, format=fmt, **kwargs)
+            packs[fmt] = (path, manifest, time.perf_counter() - t)
+            bar.update()
+
+        # DataLoaders: raw arrays in memory vs the two packs, same batch size, no workers.
+        raw_ds = torch.utils.data.TensorDataset(torch.from_numpy(train_np["noisy"]), torch.from_numpy(train_np["clean"]))
+        zarr_ds = dctdata.open_dataset(packs["zarr"][0])
+        wds_ds = dctdata.open_dataset(packs["webdataset"][0], seed=s.seed)
+
+        def loader(kind: str, epoch: int = 0):
+            if kind == "raw":
+                g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
+                return torch.utils.data.DataLoader(raw_ds, batch_size=s.batch_size, shuffle=True, generator=g)
+            if kind == "zarr":
+                g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
+                return torch.utils.data.DataLoader(zarr_ds, batch_size=s.batch_size, shuffle=True, generator=g)
+            wds_ds.set_epoch(epoch)
+            return torch.utils.data.DataLoader(wds_ds, batch_size=s.batch_size)
+
+        decoders = {k: {f: ds.decompressor(f) for f in FIELDS} for k, ds in (("zarr", zarr_ds), ("webdataset", wds_ds))}
+
+        def decode_all(kind):
+            return lambda batch: [decoders[kind][f](q) for f, q in zip(FIELDS, batch)]
+
+        speed = {}
+        for kind, label in (("raw", "raw"), ("zarr", "zarr"), ("webdataset", "webdataset")):
+            stage(f"loader {kind}")
+            speed[kind] = loader_speed(loader(kind), None if kind == "raw" else decode_all(kind))
+            bar.update()
+
+        # Training: the same initial weights and crop sequence for all three.
+        init = Denoiser(s.width)
+        runs: dict[str, dict[str, Any]] = {}
+        nb = s.crop // 8
+        for kind in ("raw", "zarr", "webdataset"):
+            stage(f"train {kind}")
+            den = Denoiser(s.width)
+            den.load_state_dict(init.state_dict())
+            if kind == "raw":
+                model: nn.Module = den
+
+                def to_pair(batch, top, left):
+                    return crop_pixels(batch[0], top, left, nb), crop_pixels(batch[1], top, left, nb)
+
+            else:
+                specs = {f: packs[kind][1].field(f).codec for f in FIELDS}
+                crop_specs = {f: sp.replace(height=s.crop, width=s.crop) for f, sp in specs.items()}
+                # The network the packed data trains: Decompress is its first layer.
+                model = nn.Sequential(Decompress(crop_specs["noisy"]), den)
+                target = Decompress(crop_specs["clean"])
+
+                def to_pair(batch, top, left, target=target):
+                    return crop_coeffs(batch[0], top, left, nb), target(crop_coeffs(batch[1], top, left, nb))
+
+            losses = train(model, lambda e, k=kind: loader(k, e), to_pair, s, bar.update)
+            runs[kind] = {"losses": losses, "test_mse": test_mse(den, test_np)}
+        stage("done")
+    finally:
+        bar.close()
+
+    n_f32 = s.n * len(FIELDS) * s.size * s.size * 4
+    rows = [
+        {
+            "data": "raw float32",
+            "stored_bytes": n_f32,
+            "ratio_f32": 1.0,
+            "ratio_src": 1.0,
+            "transfer": 1.0,
+            "psnr_min": math.inf,
+            "psnr_median": math.inf,
+            "loader_sps": speed["raw"][0],
+            "decode_sps": math.nan,
+            "losses": runs["raw"]["losses"],
+            "test_mse": runs["raw"]["test_mse"],
+        }
+    ]
+    for kind in ("zarr", "webdataset"):
+        path, manifest, seconds = packs[kind]
+        row = {"data": f"dctdata {kind}", **pack_summary(manifest, path), "pack_seconds": seconds}
+        row.update(loader_sps=speed[kind][0], decode_sps=speed[kind][1], **runs[kind])
+        rows.append(row)
+    with torch.no_grad():
+        noisy_mse = float(nn.functional.mse_loss(torch.from_numpy(test_np["noisy"]), torch.from_numpy(test_np["clean"])))
+    result = {
+        "settings": dataclasses.asdict(s),
+        "rows": rows,
+        "noisy_mse": noisy_mse,
+        "seconds": time.perf_counter() - t_start,
+        "stage_seconds": timings,
+        "work": work,
+    }
+    with open(os.path.join(work, "results.json"), "w") as fh:
+        json.dump(result, fh, indent=1, default=_json_default)
+    with open(os.path.join(work, "results.md"), "w") as fh:
+        fh.write(format_table(rows) + "\n")
+    return result
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _num(v: float, fmt: str, missing: str = "—") -> str:
+    return missing if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The demo's one markdown table (columns: RESULT_COLUMNS)."""
+    lines = ["| " + " | ".join(RESULT_COLUMNS) + " |", "|" + "|".join([":--"] + ["--:"] * (len(RESULT_COLUMNS) - 1)) + "|"]
+    for r in rows:
+        psnr = "exact" if math.isinf(r["psnr_min"]) else f"{r['psnr_min']:.1f} / {r['psnr_median']:.1f}"
+        cells = [
+            r["data"],
+            f"{r['stored_bytes'] / 1e6:.2f}",
+            f"{r['ratio_f32']:.2f}",
+            f"{r['ratio_src']:.2f}",
+            f"{r['transfer']:.2f}",
+            psnr,
+            _num(r["loader_sps"], ".0f"),
+            _num(r["decode_sps"], ".0f"),
+            f"{r['losses'][0]:.5f} → {r['losses'][-1]:.5f}",
+            f"{r['test_mse']:.5f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
