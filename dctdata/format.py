@@ -297,6 +297,7 @@ class Manifest:
             raise DctDataError(f"stats: expected entries for fields {names}. Got unknown {unknown}")
         for path, entry in self.checksums.items():
             where = f"checksums[{path!r}]"
+            check_relative_path(where, path)
             entry = _check_keys(where, entry, {"sha256", "bytes"})
             if not isinstance(entry["sha256"], str) or not _SHA256_RE.match(entry["sha256"]):
                 raise _err(f"{where}: sha256", "64 lowercase hex digits", entry["sha256"])
@@ -411,6 +412,37 @@ def _json_ready(v: Any) -> Any:
     return v
 
 
+# Layout ------------------------------------------------------------------------------------------
+def check_relative_path(where: str, path: object) -> str:
+    """A stored file's path relative to the dataset root: '/'-separated plain names, never absolute,
+    never '..' or '.', no backslashes or drive letters, so nothing a manifest names lies outside it."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if not parts or any(p in ("", ".", "..") or "\\" in p or ":" in p or "\x00" in p for p in parts):
+        raise _err(where, "a relative path inside the dataset ('/'-separated names, no '..', no absolute path)", path)
+    return path
+
+
+def zarr_layout(m: "Manifest", fields: tuple[FieldSpec, ...] | None = None, where: str = "manifest") -> dict[str, dict[str, Any]]:
+    """The zarr writer's `layout.arrays` entries, validated: {field: {path, chunk, shard}} with path the
+    field name (a plain identifier, so it cannot point outside the dataset) and shard a multiple of chunk."""
+    arrays = m.layout.get("arrays") if isinstance(m.layout, Mapping) else None
+    if not isinstance(arrays, Mapping):
+        raise _err(f"{where}: layout.arrays", "an object {field: {path, chunk, shard}}", arrays)
+    out = {}
+    for f in m.fields if fields is None else fields:
+        w = f"{where}: layout.arrays[{f.name!r}]"
+        if f.name not in arrays:
+            raise FormatError(f"{w}: expected an entry for field {f.name!r}. Got entries {sorted(arrays)}")
+        e = _check_keys(w, arrays[f.name], {"path", "chunk", "shard"})
+        if not isinstance(e["path"], str) or not _NAME_RE.match(e["path"]):
+            raise _err(f"{w}.path", "a plain identifier (the array's name in the group)", e["path"])
+        chunk, shard = _int(f"{w}.chunk", e["chunk"], 1), _int(f"{w}.shard", e["shard"], 1)
+        if shard % chunk:
+            raise _err(f"{w}.shard", f"a multiple of chunk={chunk}", shard)
+        out[f.name] = {"path": e["path"], "chunk": chunk, "shard": shard}
+    return out
+
+
 # Locations ---------------------------------------------------------------------------------------
 def is_url(path_or_url: object) -> bool:
     return isinstance(path_or_url, str) and "://" in path_or_url and not path_or_url.startswith("file://")
@@ -456,11 +488,22 @@ def read_manifest(path_or_url: str | os.PathLike) -> Manifest:
             f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file"
             + ("" if os.path.exists(root) or is_url(root) else f" (no dataset at {root!r})")
         ) from exc
+    except OSError as exc:  # a directory named manifest.json, permissions, I/O errors
+        raise FormatError(f"{loc}: expected a readable dctdata manifest. Got {type(exc).__name__}: {exc}") from exc
+    return parse_manifest(raw, loc)
+
+
+def parse_manifest(raw: bytes, where: str = "manifest") -> Manifest:
+    """Manifest from the raw bytes of a manifest.json; any malformed input raises FormatError (never
+    another exception: fuzzed in tests/test_fuzz.py). JSON only: nothing in it is ever evaluated."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise TypeError(f"raw: expected bytes. Got {type(raw).__name__}")
     try:
-        d = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{loc}: expected a JSON manifest. Got unreadable JSON: {exc}") from exc
-    return Manifest.from_dict(d, where=loc)
+        d = json.loads(bytes(raw).decode("utf-8"))
+    # ValueError: numbers past Python's int-digit limit; RecursionError: absurdly deep nesting.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(f"{where}: expected a JSON manifest. Got unreadable JSON: {type(exc).__name__}: {str(exc)[:200]}") from exc
+    return Manifest.from_dict(d, where=where)
 
 
 def write_manifest(manifest: Manifest, directory: str | os.PathLike) -> str:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import os
 import random
@@ -58,7 +57,7 @@ import webdataset as wds
 from webdataset.utils import pytorch_worker_info
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
-from dctdata.format import MANIFEST_NAME, FieldSpec, Manifest, entry_name, is_url, join, manifest_location, sample_key
+from dctdata.format import MANIFEST_NAME, FieldSpec, Manifest, entry_name, is_url, join, manifest_location, parse_manifest, sample_key
 from dctdata.layer import Decompress
 from dctdata.lossless import get_codec
 
@@ -117,11 +116,9 @@ def _load_manifest(files: _Files) -> Manifest:
             raw = fh.read()
     except FileNotFoundError as exc:
         raise FormatError(f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file") from exc
-    try:
-        d = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{loc}: expected a JSON manifest. Got unreadable JSON: {exc}") from exc
-    return Manifest.from_dict(d, where=loc)
+    except OSError as exc:
+        raise FormatError(f"{loc}: expected a readable dctdata manifest. Got {type(exc).__name__}: {exc}") from exc
+    return parse_manifest(raw, loc)
 
 
 def _shard_list(m: Manifest, where: str) -> list[dict[str, Any]]:

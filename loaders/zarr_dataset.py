@@ -10,10 +10,14 @@ must not be used in a forked child. The zarr group is opened lazily, once per pr
 and dropped when the dataset is pickled (spawn), so DataLoader workers under fork and spawn each
 open their own.
 
-Integrity: zarr reads a missing shard as fill values; this dataset checks that every shard it reads
-exists (once per shard per process) and raises `IntegrityError` naming the file and samples. Corrupted
-chunks fail their crc32c inside zarr and are re-raised the same way. `on_error="skip"` drops bad
-samples from `__getitems__` batches instead (logged and counted in `ds.skipped`).
+Integrity: zarr reads a missing shard, and a chunk whose entry in a shard's index is empty, as fill
+values. So the first time a process touches a shard, this dataset reads the shard's index (the
+16 bytes x chunks-per-shard + crc32c at its end: one small ranged read, no hashing of the data),
+checks its crc32c, and checks that every chunk holding samples has an entry that lies inside the
+file; a missing shard, a missing chunk, a truncated shard or a damaged index raises `IntegrityError`
+naming the file and samples. Corrupted chunks fail their crc32c inside zarr and are re-raised the
+same way; unreadable zarr.json metadata too. `on_error="skip"` drops bad samples from
+`__getitems__` batches instead (logged and counted in `ds.skipped`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format import FieldSpec, Manifest, is_url, join, manifest_location, read_manifest, zarr_shard_key
+from dctdata.format import FieldSpec, Manifest, is_url, join, manifest_location, read_manifest, zarr_layout, zarr_shard_key
 from dctdata.layer import Decompress
 
 log = logging.getLogger(__name__)
@@ -62,17 +66,13 @@ class DCTZarrDataset(torch.utils.data.Dataset):
         self.on_error = on_error
         self.storage_options = dict(storage_options or {})
         self.skipped = 0
-        layout = self.manifest.layout.get("arrays", {})
-        for f in self.fields:
-            if f.name not in layout:
-                raise DctDataError(f"{self.root}: manifest layout: expected an entry for field {f.name!r}. Got {sorted(layout)}")
-        self.layout = layout
+        self.layout = zarr_layout(self.manifest, self.fields, where=join(self.root, "manifest.json"))
         self._pid: int | None = None
 
     # Per-process state ---------------------------------------------------------------------------
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_arrays", "_cache", "_shards_ok", "_no_cache", "_fs"):
+        for k in ("_arrays", "_cache", "_shards_ok", "_no_cache", "_fs", "_index_specs"):
             state.pop(k, None)
         state["_pid"] = None
         return state
@@ -84,17 +84,28 @@ class DCTZarrDataset(torch.utils.data.Dataset):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # numcodecs-in-zarr-v3 notice
-            if is_url(self.root):
-                group = zarr.open_group(self.root, mode="r", storage_options=self.storage_options or None)
-            else:
-                group = zarr.open_group(self.root, mode="r")
+            try:
+                if is_url(self.root):
+                    group = zarr.open_group(self.root, mode="r", storage_options=self.storage_options or None)
+                else:
+                    group = zarr.open_group(self.root, mode="r")
+            except Exception as exc:  # noqa: BLE001 - zarr raises many types on missing/damaged metadata
+                raise IntegrityError(
+                    f"{join(self.root, 'zarr.json')}: expected readable zarr v3 group metadata. Got {type(exc).__name__}: {exc}"
+                ) from exc
             self._arrays = {}
             arrays = {}
             for f in self.fields:
+                path = self.layout[f.name]["path"]
                 try:
-                    arrays[f.name] = group[self.layout[f.name]["path"]]
+                    arrays[f.name] = group[path]
                 except KeyError as exc:
-                    raise IntegrityError(f"{self.root}: field {f.name!r}: expected zarr array {f.name!r}. Got none") from exc
+                    raise IntegrityError(f"{join(self.root, path, 'zarr.json')}: field {f.name!r}: expected zarr array {path!r}. Got none") from exc
+                except Exception as exc:  # noqa: BLE001
+                    raise IntegrityError(
+                        f"{join(self.root, path, 'zarr.json')}: field {f.name!r}: expected readable zarr array metadata. "
+                        f"Got {type(exc).__name__}: {exc}"
+                    ) from exc
         for f in self.fields:
             arr = arrays[f.name]
             expect = (self.manifest.samples, *f.stored_shape)
@@ -103,6 +114,7 @@ class DCTZarrDataset(torch.utils.data.Dataset):
                     f"{self.root}: field {f.name!r}: expected zarr array {expect} {f.stored_dtype}. Got {arr.shape} {arr.dtype}"
                 )
             self._arrays[f.name] = arr
+        self._index_specs = {f.name: _shard_index_spec(self._arrays[f.name], f, self.layout[f.name], self.root) for f in self.fields}
         if is_url(self.root):
             import fsspec
 
@@ -122,12 +134,56 @@ class DCTZarrDataset(torch.utils.data.Dataset):
             key = shard_key(self.layout[f.name]["path"], s, ndim)
             if key in self._shards_ok:
                 continue
-            path = self._fs_root.rstrip("/") + "/" + key
-            exists = self._fs.exists(path) if self._fs is not None else os.path.isfile(path)
-            if not exists:
-                lo, hi = s * shard, min((s + 1) * shard, self.manifest.samples) - 1
-                raise IntegrityError(f"{join(self.root, key)}: field {f.name!r} samples {lo}..{hi}: expected a shard file. Got none (missing)")
+            self._check_shard_index(f, s, key)
             self._shards_ok.add(key)
+
+    def _check_shard_index(self, f: FieldSpec, s: int, key: str) -> None:
+        """Read shard `s`'s index (a small ranged read) and check it: crc32c, and an in-file entry for
+        every chunk that holds samples. zarr would read a missing shard or an empty entry as zeros."""
+        shard, chunk = self.layout[f.name]["shard"], self.layout[f.name]["chunk"]
+        n = self.manifest.samples
+        lo, hi = s * shard, min((s + 1) * shard, n) - 1
+        where = f"{join(self.root, key)}: field {f.name!r} samples {lo}..{hi}"
+        per_shard, at_end = self._index_specs[f.name]
+        index_bytes = 16 * per_shard + 4
+        path = self._fs_root.rstrip("/") + "/" + key
+        try:
+            if self._fs is not None:
+                size = self._fs.size(path)
+                start = size - index_bytes if at_end else 0
+                tail = self._fs.cat_file(path, start=max(start, 0), end=max(start, 0) + index_bytes) if size >= index_bytes else b""
+            else:
+                size = os.path.getsize(path)
+                with open(path, "rb") as fh:
+                    fh.seek(max(size - index_bytes, 0) if at_end else 0)
+                    tail = fh.read(index_bytes)
+        except FileNotFoundError as exc:
+            raise IntegrityError(f"{where}: expected a shard file. Got none (missing)") from exc
+        except OSError as exc:
+            raise IntegrityError(f"{where}: expected a readable shard file. Got {type(exc).__name__}: {exc}") from exc
+        if len(tail) < index_bytes:
+            raise IntegrityError(f"{where}: expected a shard of at least {index_bytes} bytes (its index). Got {size} bytes (truncated)")
+        import google_crc32c
+
+        body, crc = bytes(tail[:-4]), int.from_bytes(tail[-4:], "little")
+        if google_crc32c.value(body) != crc:
+            raise IntegrityError(f"{where}: expected a shard index with a valid crc32c. Got a damaged index (corrupted or truncated shard)")
+        entries = np.frombuffer(body, dtype="<u8").reshape(per_shard, 2)
+        data_end = size - index_bytes if at_end else size
+        data_start = 0 if at_end else index_bytes
+        for c in range(min(per_shard, -(-(n - lo) // chunk))):  # chunks that hold samples
+            off, nbytes = int(entries[c, 0]), int(entries[c, 1])
+            c_lo, c_hi = lo + c * chunk, min(lo + (c + 1) * chunk, n) - 1
+            if off == nbytes == 2**64 - 1:
+                raise IntegrityError(
+                    f"{join(self.root, key)}: field {f.name!r} samples {c_lo}..{c_hi} (chunk {c_lo // chunk}): "
+                    "expected a stored chunk. Got an empty shard-index entry (missing chunk; zarr would read fill values)"
+                )
+            if off < data_start or off + nbytes > data_end:
+                raise IntegrityError(
+                    f"{join(self.root, key)}: field {f.name!r} samples {c_lo}..{c_hi} (chunk {c_lo // chunk}): "
+                    f"expected a chunk inside the shard's {size} bytes. Got bytes {off}..{off + nbytes} (truncated shard)"
+                )
 
     def _read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
         """Stored samples [a, b) of a field, integrity-checked."""
@@ -231,6 +287,26 @@ class DCTZarrDataset(torch.utils.data.Dataset):
     def __repr__(self) -> str:
         fields = ", ".join(f"{f.name}:{f.kind}{list(f.shape)}" for f in self.fields)
         return f"DCTZarrDataset({self.root!r}, samples={len(self)}, fields=[{fields}])"
+
+
+def _shard_index_spec(arr, f: FieldSpec, layout: dict, root: str) -> tuple[int, bool]:
+    """(chunks per shard, index at the end?) from the array's sharding codec, cross-checked with the
+    manifest's layout; anything else than what the dctdata writer makes is an IntegrityError."""
+    from zarr.codecs import Crc32cCodec, ShardingCodec
+
+    codecs = getattr(arr.metadata, "codecs", ())
+    sharding = codecs[0] if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) else None
+    where = join(root, layout["path"], "zarr.json")
+    if sharding is None or not any(isinstance(c, Crc32cCodec) for c in sharding.index_codecs):
+        raise IntegrityError(f"{where}: field {f.name!r}: expected a sharded array with a crc32c shard index. Got codecs {codecs!r}")
+    shard_shape = tuple(arr.metadata.chunk_grid.chunk_shape)
+    chunk_shape = tuple(sharding.chunk_shape)
+    if shard_shape[0] != layout["shard"] or chunk_shape[0] != layout["chunk"] or shard_shape[1:] != chunk_shape[1:]:
+        raise IntegrityError(
+            f"{where}: field {f.name!r}: expected shards of {layout['shard']} and chunks of {layout['chunk']} samples "
+            f"(manifest layout). Got shard shape {shard_shape} and chunk shape {chunk_shape}"
+        )
+    return layout["shard"] // layout["chunk"], str(getattr(sharding.index_location, "value", sharding.index_location)) == "end"
 
 
 def open_zarr_dataset(path_or_url, **kwargs) -> DCTZarrDataset:

@@ -13,7 +13,7 @@ import re
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.format import Manifest, is_url, join, manifest_location, read_manifest
+from dctdata.format import Manifest, is_url, join, manifest_location, read_manifest, zarr_layout
 
 
 def register(sub) -> None:
@@ -43,16 +43,22 @@ def _sha256(path: str) -> tuple[str, int]:
 def _samples_of(m: Manifest, rel: str) -> str:
     """Which samples a stored file holds (zarr shard keys `<field>/c.<i>.0...`, webdataset shards)."""
     match = re.match(r"^([A-Za-z_]\w*)/c\.(\d+)(\.0)*$", rel)
-    arrays = m.layout.get("arrays", {}) if isinstance(m.layout, dict) else {}
+    try:
+        arrays = zarr_layout(m) if m.storage == "zarr" else {}
+    except DctDataError:
+        arrays = {}
     if match and match.group(1) in arrays:
         shard = arrays[match.group(1)]["shard"]
         i = int(match.group(2))
         return f" (field {match.group(1)!r}, samples {i * shard}..{min((i + 1) * shard, m.samples) - 1})"
     start = 0
-    for s in m.layout.get("shards", []) if isinstance(m.layout, dict) else []:
+    shards = m.layout.get("shards", []) if isinstance(m.layout, dict) else []
+    for s in shards if isinstance(shards, list) else []:
+        n = s.get("samples", 0) if isinstance(s, dict) else 0
+        n = n if isinstance(n, int) and not isinstance(n, bool) else 0
         if isinstance(s, dict) and s.get("name") == rel:
-            return f" (samples {start}..{start + int(s.get('samples', 0)) - 1})"
-        start += int(s.get("samples", 0)) if isinstance(s, dict) else 0
+            return f" (samples {start}..{start + n - 1})"
+        start += n
     return ""
 
 
@@ -81,11 +87,17 @@ def check_zarr_decode(root: str, m: Manifest) -> tuple[list[str], int]:
     from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
     problems, seen = [], {}
+    layout = zarr_layout(m, where=join(root, "manifest.json"))
     for f in m.fields:
         ds = DCTZarrDataset(root, manifest=m, fields=[f.name])
         layer = ds.decompressor(f.name) if f.kind == "dct" else None
-        chunk = m.layout["arrays"][f.name]["chunk"]
+        chunk = layout[f.name]["chunk"]
         seen[f.name] = 0
+        try:
+            ds._ensure_open()  # metadata problems once per field, not once per chunk
+        except DctDataError as exc:
+            problems.append(str(exc))
+            continue
         for a in range(0, m.samples, chunk):
             b = min(a + chunk, m.samples)
             try:
