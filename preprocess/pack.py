@@ -5,32 +5,38 @@
 Steps: open the source (`dctdata.preprocess.sources`), decide each field's kind (floating arrays with
 >= 2 dims per sample -> `dct`, integer scalars -> `label`, everything else -> `array`; a source may
 default decoded images to `dct`; `fields={"mask": "array"}` overrides), build a CodecSpec per `dct`
-field (from cf/mask/quant directly, or from `dctdata.calibrate` on up to 64 evenly spaced samples when
-quant is int8/int16 or a target PSNR is set), then stream batches: validate shapes/dtypes/NaN, encode
-`dct` fields with `dctdata.encode`, decode them again to measure PSNR (per sample, against its value
-range) and max error, count overflows, and hand the stored arrays to the writer. The manifest is
-written last, into a temporary sibling directory that is renamed to OUT only when everything worked;
-on any error the temporary directory is removed, so OUT never holds a partial dataset.
+field once, on the client (from cf/mask/quant directly, or from `dctdata.calibrate` on up to 64 evenly
+spaced samples when quant is int8/int16 or a target PSNR is set), then write the dataset as *parts*
+(`dctdata.preprocess.parts`): sample ranges that each own whole output files (a zarr shard of every
+field; one webdataset tar). A part validates shapes/dtypes/NaN, encodes `dct` fields with
+`dctdata.encode`, decodes them again to measure PSNR (per sample, against its value range) and max
+error, counts overflows and hands the stored arrays to the writer. Parts run in order in this process
+(default), or as Dask tasks (`workers=N` starts a LocalCluster, `scheduler=ADDRESS` uses an existing
+cluster; `dctdata.preprocess.parallel`); the bytes are the same either way. The manifest is written
+last, by the client.
+
+Atomic commit: a local OUT is written into the temporary sibling `.OUT.partial`, renamed to OUT only
+when everything worked; a data error removes it. An interruption (kill -9, Ctrl-C, a lost worker)
+leaves it with a progress journal (`dctdata.preprocess.journal`), and `resume=True` (`--resume`)
+redoes only the parts whose files are missing or fail their journaled sha256. OUT may also be an
+fsspec URL (s3://bucket/prefix, ...; `storage_options`): there is no rename on an object store, so
+data files are written in place and the manifest, written last, is the commit (readers refuse a
+prefix without one; `--overwrite` deletes the old manifest first).
 
 Defaults without a target PSNR: cf=4, mask square, quant none (fp32): 16 of 64 frequencies kept, a
 4x smaller tensor on the device. With `target_psnr`, calibration chooses whatever of cf/mask/quant is
 left None (smallest stored size that reaches the target).
 
 Writer interface (one per storage format; `dctdata.preprocess.zarr_writer`, and the webdataset writer
-`dctdata.preprocess.wds_writer`). A writer module defines `make_writer(**options) -> Writer`, where:
+`dctdata.preprocess.wds_writer`). A writer module defines `make_writer(**options) -> Writer`; a Writer
+holds only options (it is pickled to Dask workers) and has:
 
-    class Writer:
-        def open(self, directory: str, fields: tuple[FieldSpec, ...], n_samples: int) -> None
-            # directory exists and is empty (the temporary sibling); write every data file under it.
-        def write(self, start: int, batch: dict[str, np.ndarray]) -> None
-            # samples [start, start + B) in order, called with consecutive starts; batch[name] has
-            # shape (B, *field.stored_shape) and dtype field.stored_dtype (see dctdata.format).
-            # Batch sizes are the orchestrator's choice; a writer buffers as its layout needs.
-        def close(self) -> dict
-            # flush; return {"layout": {...storage-specific manifest entries...},
-            #                "checksums": {relative path: {"sha256": hex, "bytes": n}}}
-        def abort(self) -> None
-            # release open files after an error (the orchestrator deletes the directory).
+    plan(fields, n) -> [(start, stop), ...]        # the parts; part i owns its files alone
+    open(root, fields, n) -> None                  # client, once: metadata files (zarr.json)
+    write_part(root, fields, n, i, start, stop, batches) -> {"files": {rel: {"sha256", "bytes"}}, ...}
+        # anywhere: batches yields dicts field -> (B, *stored_shape) arrays in the stored dtype
+        # (see dctdata.format) covering [start, stop) in order
+    finish(root, fields, n, part_results) -> {"layout": {...}, "checksums": {rel: {...}}}  # client
 
 Writers never compute error figures and never write the manifest; the orchestrator does both.
 """
@@ -50,21 +56,20 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dctdata.errors import DctDataError, OverflowCountError
-from dctdata.format import STORAGES, FieldSpec, FieldStats, Manifest, write_manifest
-from dctdata.layer import Decompress
+from dctdata.errors import DctDataError
+from dctdata.format import MANIFEST_NAME, STORAGES, FieldSpec, FieldStats, Manifest, is_url, join, write_manifest
 from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
-from dctdata.metrics import psnr
-from dctdata.quantize import encode
 from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
 from dctdata.transform import parse_cf, parse_mask
+from dctdata.preprocess import parallel as parallel_mod
+from dctdata.preprocess.journal import Journal
+from dctdata.preprocess.parts import BATCH_BYTES, PartJob, check_finite as _check_finite, run_part
 from dctdata.preprocess.sources import Source, open_source
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CF = 4
 CALIBRATION_SAMPLES = 64
-BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 WRITER_MODULES = {"zarr": "dctdata.preprocess.zarr_writer", "webdataset": "dctdata.preprocess.wds_writer"}
 
 
@@ -186,19 +191,6 @@ def plan_fields(
     return tuple(specs)
 
 
-def _check_finite(x: np.ndarray, name: str, nan_fill: float | None, where) -> np.ndarray:
-    bad = ~np.isfinite(x)
-    if bad.any():
-        j = int(np.argmax(bad.reshape(len(x), -1).any(axis=1)))
-        if nan_fill is None:
-            raise DctDataError(
-                f"{where(j)}: field {name!r}: expected finite values in a dct field. Got NaN/Inf "
-                "(use --nan fill=VALUE, or store a mask field)"
-            )
-        x = np.where(bad, np.float32(nan_fill), x)
-    return x
-
-
 def get_writer(format: str, options: Mapping[str, Any] | None = None):
     if format not in STORAGES:
         raise DctDataError(f"--format: expected one of {STORAGES}. Got {format!r}")
@@ -212,18 +204,29 @@ def get_writer(format: str, options: Mapping[str, Any] | None = None):
     return module.make_writer(**dict(options or {}))
 
 
-def _check_out(out: str, overwrite: bool) -> str:
+def _check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | None) -> str:
     if not isinstance(out, (str, os.PathLike)):
-        raise TypeError(f"out: expected a local directory path. Got {type(out).__name__}")
-    out = os.path.abspath(os.fspath(out))
-    if "://" in os.fspath(out):
-        raise DctDataError(f"OUT: expected a local directory (pack writes locally; copy to object storage after). Got {out}")
+        raise TypeError(f"out: expected a local directory path or an fsspec URL. Got {type(out).__name__}")
+    out = os.fspath(out)
+    if is_url(out):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
+        if fs.exists(path.rstrip("/") + "/" + MANIFEST_NAME) and not overwrite:
+            raise DctDataError(f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use --overwrite to replace it)")
+        return out.rstrip("/")
+    out = os.path.abspath(out.removeprefix("file://"))
     if os.path.lexists(out) and not overwrite:
         raise DctDataError(f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)")
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
         raise DctDataError(f"{out}: expected an existing parent directory. Got missing {parent}")
     return out
+
+
+def partial_dir(out: str) -> str:
+    """The temporary sibling a local pack writes into (fixed name, so --resume finds it)."""
+    return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial")
 
 
 def pack(
@@ -244,8 +247,10 @@ def pack(
     quiet: bool = False,
     workers: int | None = None,
     scheduler: str | None = None,
+    resume: bool = False,
     codec: Mapping[str, Any] | None = DEFAULT_CODEC,
     writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
     """Pack SOURCE into a dctdata dataset at OUT; returns the manifest written (see module docstring)."""
     if format not in STORAGES:
@@ -258,31 +263,76 @@ def pack(
         raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {quant!r}")
     if target_psnr is not None and (isinstance(target_psnr, bool) or not isinstance(target_psnr, (int, float)) or not target_psnr > 0):
         raise DctDataError(f"--target-psnr: expected a positive number of dB. Got {target_psnr!r}")
-    if (workers not in (None, 1)) or scheduler is not None:
-        raise DctDataError(
-            f"--workers/--scheduler: parallel and Dask packing are not yet supported. Expected --workers 1 and no --scheduler. "
-            f"Got workers={workers!r} scheduler={scheduler!r}"
-        )
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise DctDataError(f"--workers: expected a positive int. Got {workers!r}")
+    if workers not in (None, 1) and scheduler is not None:
+        raise DctDataError(f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got workers={workers} scheduler={scheduler!r}")
+    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
+        raise DctDataError(f"--scheduler: expected a Dask scheduler address such as tcp://host:8786. Got {scheduler!r}")
+    parallel = (workers or 1) > 1 or scheduler is not None
+    if parallel:
+        parallel_mod.require_dask()
     nan_fill = parse_nan(nan)
     overrides = parse_field_overrides(fields)
     codec = parse_codec_config(codec)
-    out = _check_out(out, overwrite)
+    storage_options = dict(storage_options or {})
+    out = _check_out(out, overwrite, storage_options)
+    url = is_url(out)
+    if resume and url:
+        raise DctDataError(f"--resume: expected a local OUT directory (the progress journal lives in its temporary sibling). Got {out}")
+    options = dict(writer_options or {})
+    if url:
+        options["storage_options"] = storage_options
+    settings = {
+        "source": os.fspath(source), "format": format, "cf": cf, "mask": mask, "quant": quant, "target_psnr": target_psnr,
+        "fields": overrides, "key": key, "channels_last": bool(channels_last), "nan": "error" if nan_fill is None else f"fill={nan_fill}",
+        "codec": codec, "writer_options": dict(writer_options or {}),
+    }  # fmt: skip
 
     src = open_source(source, key=key, channels_last=channels_last)
-    tmp = None
-    writer = None
+    root = out if url else partial_dir(out)
+    journal = None
+    owned = url  # whether an error may delete root (never a partial pack we could not read)
+    keep_partial = False
     try:
-        specs = plan_fields(
-            src, cf=cf, mask=mask, quant=None if quant is None else QUANT_TO_DTYPE[quant], target_psnr=target_psnr,
-            overrides=overrides, codec=codec, nan_fill=nan_fill,
-        )  # fmt: skip
         n = len(src)
-        writer = get_writer(format, writer_options)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=os.path.dirname(out))
-        writer.open(tmp, specs, n)
-        stats = _encode_all(src, specs, writer, strict=strict, nan_fill=nan_fill, quiet=quiet)
-        result = writer.close()
-        writer = None
+        settings["samples"] = n
+        writer = get_writer(format, options)
+        specs = None
+        if not url and os.path.isdir(root):
+            if resume:
+                journal = Journal.resume(root, settings)
+                specs = journal.specs
+                owned = True
+            else:
+                log.warning("%s: discarding an unfinished pack (use --resume to continue it)", root)
+                shutil.rmtree(root)
+        elif resume:
+            log.warning("%s: --resume: no unfinished pack to resume; starting from the beginning", out)
+        if specs is None:
+            specs = plan_fields(
+                src, cf=cf, mask=mask, quant=None if quant is None else QUANT_TO_DTYPE[quant], target_psnr=target_psnr,
+                overrides=overrides, codec=codec, nan_fill=nan_fill,
+            )  # fmt: skip
+            if url:
+                _remove_manifest(out, storage_options)  # an --overwrite target stops being a dataset now
+            else:
+                os.makedirs(root)
+                owned = True
+            writer.open(root, specs, n)
+            if not url:
+                journal = Journal.start(root, settings, specs)
+        parts = writer.plan(specs, n)
+        results: dict[int, dict] = journal.verified(parts) if journal is not None else {}
+        if results:
+            log.info("resuming: %d of %d parts already done and verified", len(results), len(parts))
+        job = PartJob(os.fspath(source), key, bool(channels_last), specs, nan_fill, bool(strict), writer, root, n)
+        todo = [(i, a, b) for i, (a, b) in enumerate(parts) if i not in results]
+        keep_partial = not url  # from here on an interruption leaves resumable work
+        _run(job, todo, results, journal, src=src, workers=workers, scheduler=scheduler, quiet=quiet, total=len(parts), done=len(results))
+        ordered = [results[i] for i in range(len(parts))]
+        stats = _combine_stats(specs, ordered)
+        result = writer.finish(root, specs, n, ordered)
         manifest = Manifest(
             storage=format,
             samples=n,
@@ -293,7 +343,7 @@ def pack(
                 "mask": mask,
                 "quant": quant,
                 "target_psnr": target_psnr,
-                "nan": "error" if nan_fill is None else f"fill={nan_fill}",
+                "nan": settings["nan"],
                 "nan_filled": stats.pop("__nan_filled__"),
                 "channels_last": bool(channels_last),
                 "source_info": dict(src.info),
@@ -302,19 +352,45 @@ def pack(
             checksums=result.get("checksums", {}),
             layout=result.get("layout", {}),
         )
-        write_manifest(manifest, tmp)
-        _commit(tmp, out)
-        tmp = None
+        if url:
+            _write_manifest_url(manifest, out, storage_options)  # the commit on an object store
+        else:
+            journal.remove()
+            write_manifest(manifest, root)
+            _commit(root, out)
+        keep_partial = False
+        owned = False
         return manifest
+    except DctDataError:
+        keep_partial = False  # a data or settings problem: a rerun starts over anyway
+        raise
     finally:
-        if writer is not None:
-            try:
-                writer.abort()
-            except Exception:  # noqa: BLE001 - the original error matters more
-                log.debug("writer.abort failed", exc_info=True)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         src.close()
+        if keep_partial:
+            log.warning("%s: pack interrupted; rerun the same command with --resume to finish it", root)
+        elif owned and not url and os.path.isdir(root):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove_manifest(out: str, storage_options: Mapping[str, Any]) -> None:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(out, **dict(storage_options))
+    loc = path.rstrip("/") + "/" + MANIFEST_NAME
+    if fs.exists(loc):
+        fs.rm(loc)
+
+
+def _write_manifest_url(manifest: Manifest, out: str, storage_options: Mapping[str, Any]) -> None:
+    """On object stores there is no rename: the manifest, written last, is the commit."""
+    import json
+
+    import fsspec
+
+    text = manifest.to_json()
+    Manifest.from_dict(json.loads(text))
+    with fsspec.open(join(out, MANIFEST_NAME), "w", encoding="utf-8", **dict(storage_options)) as fh:
+        fh.write(text)
 
 
 def _commit(tmp: str, out: str) -> None:
@@ -328,73 +404,37 @@ def _commit(tmp: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _batch_size(specs: tuple[FieldSpec, ...]) -> int:
-    per = sum(max(f.source_sample_bytes, 4 * math.prod(f.shape)) for f in specs)
-    return max(1, min(4096, BATCH_BYTES // max(per, 1)))
-
-
-def _encode_all(src: Source, specs, writer, *, strict: bool, nan_fill, quiet: bool) -> dict:
+def _run(job: "PartJob", todo, results: dict, journal, *, src, workers, scheduler, quiet: bool, total: int, done: int) -> None:
+    """Run the parts in `todo` (serially here, or on Dask), journaling each as it finishes."""
     from tqdm.auto import tqdm
 
-    n = len(src)
-    by_name = {f.name: f for f in specs}
-    layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in specs if f.kind == "dct"}
-    scores: dict[str, list[float]] = {k: [] for k in layers}
-    max_err = {k: 0.0 for k in layers}
-    overflow = {f.name: 0 for f in specs}
-    nan_filled = 0
-    seen = 0
-    bar = tqdm(total=n, unit="sample", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False)
+    bar = tqdm(total=total, initial=done, unit="part", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False)
+
+    def finished(res: dict) -> None:
+        results[res["index"]] = res
+        if journal is not None:
+            journal.record(res)
+        bar.update(1)
+
     try:
-        for start, batch in src.batches(_batch_size(specs)):
-            b = len(next(iter(batch.values())))
-            missing = sorted(set(by_name) - set(batch))
-            if missing:
-                raise DctDataError(f"{src.where(start)}: expected fields {list(by_name)}. Got no field {missing[0]!r}")
-            stored = {}
-            for name, f in by_name.items():
-                x = batch[name]
-                where = lambda j, s=start: src.where(s + j)  # noqa: E731
-                expect = f.shape if f.kind != "dct" or x.ndim - 1 == 3 else f.shape[1:]
-                if tuple(x.shape[1:]) != tuple(expect):
-                    raise DctDataError(
-                        f"{where(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} (ragged samples)"
-                    )
-                if f.kind != "dct":
-                    if x.dtype.name != f.dtype:
-                        raise DctDataError(f"{where(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}")
-                    stored[name] = np.ascontiguousarray(x)
-                    continue
-                xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
-                if nan_fill is not None:
-                    nan_filled += int((~np.isfinite(xf)).sum())
-                xf = _check_finite(xf, name, nan_fill, where)
-                xt = torch.from_numpy(np.ascontiguousarray(xf))
-                q, over = encode(xt, f.codec)
-                if over:
-                    overflow[name] += over
-                    if strict:
-                        raise OverflowCountError(
-                            f"{where(0)}..{start + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
-                            f"Got {over} clamped coefficients"
-                        )
-                x_hat = layers[name](q)
-                scores[name].extend(psnr(xt, x_hat, dims=3).tolist())
-                max_err[name] = max(max_err[name], float((xt.double() - x_hat).abs().max()))
-                stored[name] = f.to_stored(q)
-            writer.write(start, stored)
-            seen += b
-            bar.update(b)
+        if (workers or 1) > 1 or scheduler is not None:
+            parallel_mod.run_parts(job, todo, workers=workers, scheduler=scheduler, on_done=finished)
+        else:
+            for i, a, b in todo:
+                finished(run_part(job, i, a, b, src=src))
     finally:
         bar.close()
-    if seen != n:
-        raise DctDataError(f"{src.description}: expected {n} samples. Got {seen}")
+
+
+def _combine_stats(specs, parts: list[dict]) -> dict:
     stats: dict[str, Any] = {}
     for f in specs:
         if f.kind == "dct":
-            s = scores[f.name]
-            stats[f.name] = FieldStats(min(s), statistics.median(s), max_err[f.name], overflow[f.name])
+            scores = [v for p in parts for v in p["stats"]["psnr"][f.name]]
+            err = max(p["stats"]["max_error"][f.name] for p in parts)
+            over = sum(p["stats"]["overflow"][f.name] for p in parts)
+            stats[f.name] = FieldStats(min(scores), statistics.median(scores), err, over)
         else:
             stats[f.name] = FieldStats(math.inf, math.inf, 0.0, 0)
-    stats["__nan_filled__"] = nan_filled
+    stats["__nan_filled__"] = sum(p["stats"]["nan_filled"] for p in parts)
     return stats

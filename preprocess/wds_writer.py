@@ -8,10 +8,13 @@ members of a sample in sorted name order. Samples go in index order, keys are `f
 Each field is one member `<key>.<field>.npy` (`np.save`, allow_pickle=False), or `<key>.<field>.npy.zst`
 after the field's lossless stage (`dctdata.lossless`; the entry name follows `format.entry_name`).
 
-Shard cap: a shard is closed *before* a sample would push it past `max_shard_size` (the exact tar size
-including headers, end-of-archive blocks and record padding is computed up front, so the cap is a
-real upper bound) or past `samples_per_shard`. A single sample larger than the cap gets a shard of its
-own (a sample is never split) and a warning is logged.
+Shard cap: every shard holds the same number of samples (the last one fewer), as many as fit
+`max_shard_size` even if the lossless stage saved nothing (the exact tar size including headers,
+end-of-archive blocks and record padding is computed from each entry's worst-case size), so the cap is
+a real upper bound and the shard list is known before encoding: shards are independent parts that
+Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided
+by the compression ratio. `samples_per_shard` lowers the count. A sample larger than the cap gets a
+shard of its own (a sample is never split) and a warning is logged.
 
 Atomic: this is a Writer for the pack orchestrator (`dctdata.preprocess.pack`, see its docstring for
 the interface): the orchestrator hands it an empty temporary sibling of OUT, writes the manifest last
@@ -33,7 +36,7 @@ import torch
 from webdataset import TarWriter
 
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec, entry_name, sample_key
+from dctdata.format import FieldSpec, entry_name, is_url, join, sample_key
 from dctdata.lossless import get_codec
 
 log = logging.getLogger(__name__)
@@ -74,17 +77,43 @@ class _HashingFile:
         self.fh.flush()
 
 
+def _bound(raw: int, codec: Any) -> int:
+    """Largest size `raw` bytes can take after the lossless stage (zstd's ZSTD_COMPRESSBOUND; a
+    generous generic bound for other codecs)."""
+    if codec is None:
+        return raw
+    if getattr(codec, "codec_id", None) == "zstd":
+        return raw + (raw >> 8) + ((128 * 1024 - raw) >> 11 if raw < 128 * 1024 else 0) + 64
+    return raw + raw // 16 + 1024
+
+
+def samples_per_shard_for(fields: tuple[FieldSpec, ...], max_shard_size: int, samples_per_shard: int | None = None) -> int:
+    """Fixed samples per shard: as many as fit the cap even if nothing compresses (so the cap is a
+    real upper bound), at most `samples_per_shard`; at least 1."""
+    per = 0
+    for f in fields:
+        buf = io.BytesIO()
+        np.save(buf, np.zeros(f.stored_shape, f.stored_dtype), allow_pickle=False)
+        per += _member_bytes(_bound(len(buf.getvalue()), get_codec(f.lossless or None)))
+    k = max(1, (max_shard_size - 2 * _BLOCK) // per)
+    while k > 1 and _archive_bytes(k * per) > max_shard_size:
+        k -= 1
+    return k if samples_per_shard is None else min(k, samples_per_shard)
+
+
 class WebDatasetWriter:
     """Writer (see dctdata.preprocess.pack) for webdataset tar shards.
 
-    `open(directory, fields, n)`, then `write(start, batch)` with consecutive starts (batch: field ->
-    (B, *stored_shape) arrays in the stored dtype; torch tensors are converted with
-    `FieldSpec.to_stored`), `close()` -> {"layout", "checksums"}, `abort()` after an error.
+    Shards hold a fixed number of samples (`samples_per_shard_for`), so the shard list is known before
+    any data is encoded: shard k is one independent *part* (the pack orchestrator writes parts in any
+    order, on Dask workers, and resumes them). Part API: `plan`, `open`, `write_part`, `finish`.
+    Streaming API (one process): `open(directory, fields, n)`, `write(start, batch)` with consecutive
+    starts, `close()` -> {"layout", "checksums"}, `abort()` after an error.
     """
 
     storage = "webdataset"
 
-    def __init__(self, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, samples_per_shard: int | None = None) -> None:
+    def __init__(self, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, samples_per_shard: int | None = None, storage_options: dict | None = None) -> None:
         if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < _RECORD:
             raise DctDataError(f"max_shard_size: expected an int >= {_RECORD} bytes. Got {max_shard_size!r}")
         if samples_per_shard is not None and (
@@ -93,20 +122,29 @@ class WebDatasetWriter:
             raise DctDataError(f"samples_per_shard: expected a positive int or None. Got {samples_per_shard!r}")
         self.max_shard_size = max_shard_size
         self.samples_per_shard = samples_per_shard
+        self.storage_options = dict(storage_options or {})
         self.directory: str | None = None
         self.fields: tuple[FieldSpec, ...] = ()
-        self.shards: list[dict[str, Any]] = []
+        self._parts: list[dict] = []
+        self._pending: list[dict[str, Any]] = []
         self.count = 0
-        self._tar = self._fh = self._hfile = None
-        self._shard_samples = 0
-        self._shard_members = 0
 
-    # Lifecycle ----------------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k in ("max_shard_size", "samples_per_shard", "storage_options")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    # Part API ------------------------------------------------------------------------------------
+    def plan(self, fields: tuple[FieldSpec, ...], n: int) -> list[tuple[int, int]]:
+        k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
+        return [(a, min(a + k, n)) for a in range(0, n, k)]
+
     def open(self, directory: str, fields: tuple[FieldSpec, ...], n_samples: int) -> None:
         fields = tuple(fields)
         if not fields or not all(isinstance(f, FieldSpec) for f in fields):
             raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
-        if not os.path.isdir(directory):
+        if not is_url(directory) and not os.path.isdir(directory):
             raise DctDataError(f"{directory}: expected an existing empty directory. Got none")
         for f in fields:
             longest = f"{sample_key(max(n_samples - 1, 0))}.{entry_name(f.name, bool(f.lossless))}"
@@ -115,19 +153,61 @@ class WebDatasetWriter:
                     f"field {f.name!r}: expected a name short enough for a {_USTAR_NAME_MAX}-character tar member. Got {longest!r}"
                 )
         self.directory, self.fields, self.n_samples = os.fspath(directory), fields, n_samples
-        self._codecs = {f.name: get_codec(f.lossless) for f in fields}
+        self._plan = self.plan(fields, n_samples)
 
+    def write_part(self, root: str, fields: tuple[FieldSpec, ...], n: int, index: int, start: int, stop: int, batches) -> dict:
+        """Write shard `index` (samples [start, stop)) from stored batches; returns its entry."""
+        codecs = {f.name: get_codec(f.lossless or None) for f in fields}
+        name = SHARD_PATTERN.format(index)
+        path = join(root, name)
+        if is_url(path):
+            import fsspec
+
+            opener = fsspec.open(path, "wb", **self.storage_options)
+        else:
+            opener = open(path, "wb")
+        members_total, count = 0, start
+        with opener as fh:
+            hfile = _HashingFile(fh)
+            tar = TarWriter(hfile, encoder=False, **_TAR_META)
+            for batch in batches:
+                b = len(next(iter(batch.values())))
+                for i in range(b):
+                    members = {entry_name(f.name, bool(f.lossless)): self._encode(f, batch[f.name][i], count, codecs) for f in fields}
+                    size = sum(_member_bytes(len(v)) for v in members.values())
+                    if _archive_bytes(size) > self.max_shard_size:
+                        log.warning("sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s", count, size, self.max_shard_size, name)
+                    tar.write({"__key__": sample_key(count), **members})
+                    members_total += size
+                    count += 1
+            tar.close()
+            fh.flush()
+            if not is_url(path):
+                os.fsync(fh.fileno())
+        if count != stop:
+            raise DctDataError(f"{name}: expected samples {start}..{stop - 1}. Got {count - start} samples")
+        expected = _archive_bytes(members_total)
+        if hfile.bytes != expected:  # the cap relies on this prediction: never let it drift silently
+            raise DctDataError(f"{name}: expected a {expected}-byte tar. Got {hfile.bytes} bytes (tar layout changed?)")
+        log.debug("wrote %s: %d samples, %d bytes", name, stop - start, hfile.bytes)
+        entry = {"name": name, "samples": stop - start, "bytes": hfile.bytes, "sha256": hfile.sha.hexdigest()}
+        return {"files": {name: {"sha256": entry["sha256"], "bytes": entry["bytes"]}}, "shard": entry}
+
+    def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict[str, Any]:
+        layout = {
+            "shards": [dict(p["shard"]) for p in parts],
+            "max_shard_size": self.max_shard_size,
+            "samples_per_shard": self.samples_per_shard,
+        }
+        checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in layout["shards"]}
+        return {"layout": layout, "checksums": checksums}
+
+    # Streaming API -------------------------------------------------------------------------------
     def abort(self) -> None:
-        """Close open files after an error (the orchestrator removes the directory)."""
-        if self._tar is not None:
-            try:
-                self._tar.close()
-            finally:
-                self._fh.close()
-                self._tar = None
+        """Drop buffered samples after an error (the orchestrator removes the directory)."""
+        self._pending = []
 
-    # Writing -------------------------------------------------------------------------------------
-    def _encode(self, f: FieldSpec, value: Any, index: int) -> bytes:
+    def _encode(self, f: FieldSpec, value: Any, index: int, codecs: dict) -> bytes:
         arr = f.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
         if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
             raise DctDataError(
@@ -138,7 +218,7 @@ class WebDatasetWriter:
         # Always C order, so the bytes depend on the values only (np.ascontiguousarray would make 0-d 1-d).
         np.save(buf, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False)
         raw = buf.getvalue()
-        codec = self._codecs[f.name]
+        codec = codecs[f.name]
         return raw if codec is None else bytes(codec.encode(raw))
 
     def write(self, start: int, batch: Mapping[str, Any]) -> None:
@@ -155,63 +235,31 @@ class WebDatasetWriter:
         sizes = {k: len(v) for k, v in batch.items()}
         if len(set(sizes.values())) != 1:
             raise DctDataError(f"samples {start}..: expected the same number of samples in every field. Got {sizes}")
-        for i in range(sizes[names[0]]):
-            self._write_one({f.name: batch[f.name][i] for f in self.fields})
-
-    def _write_one(self, sample: Mapping[str, Any]) -> None:
-        index = self.count
-        members = {entry_name(f.name, bool(f.lossless)): self._encode(f, sample[f.name], index) for f in self.fields}
-        size = sum(_member_bytes(len(v)) for v in members.values())
-        full_count = self.samples_per_shard is not None and self._shard_samples >= self.samples_per_shard
-        too_big = _archive_bytes(self._shard_members + size) > self.max_shard_size
-        if self._tar is not None and (full_count or too_big):
-            self._finish_shard()
-        if self._tar is None:
-            self._start_shard()
-        if _archive_bytes(size) > self.max_shard_size:
-            log.warning("sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s", index, size, self.max_shard_size, self._name)
-        self._tar.write({"__key__": sample_key(index), **members})
-        self._shard_members += size
-        self._shard_samples += 1
-        self.count += 1
-
-    def _start_shard(self) -> None:
-        self._name = SHARD_PATTERN.format(len(self.shards))
-        self._fh = open(os.path.join(self.directory, self._name), "wb")
-        self._hfile = _HashingFile(self._fh)
-        self._tar = TarWriter(self._hfile, encoder=False, **_TAR_META)
-        self._shard_samples = 0
-        self._shard_members = 0
-
-    def _close_tar(self) -> None:
-        if self._tar is not None:
-            self._tar.close()
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._tar = None
-
-    def _finish_shard(self) -> None:
-        self._close_tar()
-        expected = _archive_bytes(self._shard_members)
-        if self._hfile.bytes != expected:  # the cap relies on this prediction: never let it drift silently
-            raise DctDataError(f"{self._name}: expected a {expected}-byte tar. Got {self._hfile.bytes} bytes (tar layout changed?)")
-        self.shards.append(
-            {"name": self._name, "samples": self._shard_samples, "bytes": self._hfile.bytes, "sha256": self._hfile.sha.hexdigest()}
-        )
-        log.debug("wrote %s: %d samples, %d bytes", self._name, self._shard_samples, self._hfile.bytes)
+        b = sizes[names[0]]
+        batch = {f.name: f.to_stored(batch[f.name]) if isinstance(batch[f.name], torch.Tensor) else np.asarray(batch[f.name]) for f in self.fields}
+        for f in self.fields:
+            arr = batch[f.name]
+            if arr.dtype.name != f.stored_dtype or tuple(arr.shape[1:]) != f.stored_shape:
+                raise DctDataError(
+                    f"samples {start}..{start + b - 1} field {f.name!r}: expected stored {f.stored_dtype} {f.stored_shape}. "
+                    f"Got {arr.dtype.name} {tuple(arr.shape[1:])}"
+                )
+        for i in range(b):
+            self._pending.append({f.name: batch[f.name][i] for f in self.fields})
+            self.count += 1
+            index = len(self._parts)
+            a, z = self._plan[index]
+            if self.count == z:
+                samples = self._pending
+                self._pending = []
+                stacked = {f.name: [s[f.name] for s in samples] for f in self.fields}
+                self._parts.append(self.write_part(self.directory, self.fields, self.n_samples, index, a, z, [stacked]))
 
     def close(self) -> dict[str, Any]:
-        """Finish the last shard; returns {"layout": ..., "checksums": ...} for the manifest."""
-        if self._tar is not None:
-            self._finish_shard()
-        layout = {
-            "shards": [dict(s) for s in self.shards],
-            "max_shard_size": self.max_shard_size,
-            "samples_per_shard": self.samples_per_shard,
-        }
-        checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in self.shards}
-        return {"layout": layout, "checksums": checksums}
+        """Check every sample arrived; returns {"layout": ..., "checksums": ...} for the manifest."""
+        if self.count != self.n_samples:
+            raise DctDataError(f"webdataset writer: expected {self.n_samples} samples. Got {self.count}")
+        return self.finish(self.directory, self.fields, self.n_samples, self._parts)
 
 
 def make_writer(**options: Any) -> WebDatasetWriter:

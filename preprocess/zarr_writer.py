@@ -7,136 +7,172 @@ Each inner chunk goes through the lossless codec then crc32c, so a corrupted chu
 instead of decoding to garbage; the shard index is crc32c-protected too. Empty chunks are written
 (never elided into fill values), and shard keys use '.' separators (`<field>/c.<i>.0.0...`): flat.
 
-Defaults: chunk ~128 KiB of stored data (>= 1 sample), shard ~32 MiB. Whole shards are buffered
-and written at once, so zarr never read-modify-writes a partial shard. Checksums: sha256 of every
-file (shards and zarr.json), keyed by path relative to the dataset root.
+Parts (why every field shares one shard size): the pack orchestrator writes a dataset as independent
+*parts* (sample ranges), possibly in parallel on Dask workers, and a part must own whole files. So all
+fields use the same number of samples per shard, a power of two (~32 MiB for the largest field), and
+each field's chunk is a power of two dividing it: part k = samples [k*shard, (k+1)*shard) = shard file
+k of every field. Whole shards are written at once, so zarr never read-modify-writes a shard, and
+the bytes of a shard depend only on its samples: serial and parallel packs are byte-identical.
+Checksums: sha256 of every file (shards and zarr.json), keyed by path relative to the dataset root.
+
+Targets: a local directory or an fsspec URL (s3://, gs://, memory://, ...; `storage_options`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec, zarr_shard_key
-from dctdata.lossless import zarr_compressors
+from dctdata.format import FieldSpec, is_url, join, zarr_shard_key
 
 CHUNK_BYTES = 128 << 10
 SHARD_BYTES = 32 << 20
 
 
-def chunking(field: FieldSpec, n: int, chunk: int | None = None, shard: int | None = None) -> tuple[int, int]:
-    """(samples per inner chunk, samples per shard); shard is a multiple of chunk."""
-    per = max(1, field.stored_sample_bytes)
-    c = chunk or max(1, min(n, CHUNK_BYTES // per))
-    s = shard or max(1, SHARD_BYTES // (per * c)) * c
-    s = min(s, math.ceil(max(n, 1) / c) * c)
-    if s % c:
-        raise DctDataError(f"shard: expected a multiple of chunk={c} samples. Got {s}")
-    return c, s
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, int(x)).bit_length() - 1)
 
 
-def sha256_file(path: str, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
+def _pow2_ceil(x: int) -> int:
+    return 1 << (max(1, int(x)) - 1).bit_length()
+
+
+def chunking(fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None) -> tuple[int, dict[str, int]]:
+    """(samples per shard shared by all fields, {field: samples per inner chunk}); chunks divide the shard."""
+    biggest = max(max(1, f.stored_sample_bytes) for f in fields)
+    if shard is None:
+        shard = min(_pow2_floor(SHARD_BYTES // biggest), _pow2_ceil(n))
+        if chunk is not None:
+            shard = max(1, shard // chunk) * chunk
+    chunks = {}
+    for f in fields:
+        c = chunk or math.gcd(_pow2_floor(CHUNK_BYTES // max(1, f.stored_sample_bytes)), shard)
+        if shard % c:
+            raise DctDataError(f"shard: expected a multiple of chunk={c} samples. Got {shard}")
+        chunks[f.name] = c
+    return shard, chunks
+
+
+def sha256_file(path: str, block: int = 1 << 20, storage_options: dict | None = None) -> tuple[str, int]:
+    """(sha256 hex, bytes) of a local file or fsspec URL."""
+    h, n = hashlib.sha256(), 0
+    if is_url(path):
+        import fsspec
+
+        opener = fsspec.open(path, "rb", **(storage_options or {}))
+    else:
+        opener = open(path, "rb")
+    with opener as fh:
         while chunk := fh.read(block):
             h.update(chunk)
-    return h.hexdigest()
+            n += len(chunk)
+    return h.hexdigest(), n
 
 
 shard_key = zarr_shard_key
 
 
 class ZarrWriter:
-    """Writer (see dctdata.preprocess.pack) for the zarr v3 storage."""
+    """Part-based writer (see dctdata.preprocess.pack) for the zarr v3 storage. Picklable: it holds
+    only options, so the same object is shipped to Dask workers."""
 
-    def __init__(self, chunk_samples: int | None = None, shard_samples: int | None = None) -> None:
+    storage = "zarr"
+
+    def __init__(self, chunk_samples: int | None = None, shard_samples: int | None = None, storage_options: dict | None = None) -> None:
         for name, v in (("chunk_samples", chunk_samples), ("shard_samples", shard_samples)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise DctDataError(f"{name}: expected a positive int. Got {v!r}")
         self.chunk_samples = chunk_samples
         self.shard_samples = shard_samples
+        self.storage_options = dict(storage_options or {})
 
-    def open(self, directory: str, fields: tuple[FieldSpec, ...], n_samples: int) -> None:
+    def _group(self, root: str, mode: str):
         import zarr
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if is_url(root):
+                return zarr.open_group(root, mode=mode, zarr_format=3, storage_options=self.storage_options or None)
+            return zarr.open_group(root, mode=mode, zarr_format=3)
+
+    # Client side ---------------------------------------------------------------------------------
+    def plan(self, fields: tuple[FieldSpec, ...], n: int) -> list[tuple[int, int]]:
+        """Part ranges: one shard of every field each."""
+        shard, _ = chunking(fields, n, self.chunk_samples, self.shard_samples)
+        return [(a, min(a + shard, n)) for a in range(0, n, shard)]
+
+    def open(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None:
+        """Create the group and array metadata (zarr.json files); rerunning gives the same bytes."""
         import zarr.codecs as zc
 
-        self.directory = directory
-        self.fields = fields
-        self.n = n_samples
-        self.group = zarr.open_group(directory, mode="w", zarr_format=3)
-        self.arrays: dict[str, Any] = {}
-        self.layout: dict[str, Any] = {"arrays": {}}
-        self.buffers: dict[str, list[np.ndarray]] = {}
-        self.written: dict[str, int] = {}
+        from dctdata.lossless import zarr_compressors
+
+        shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
+        group = self._group(root, "w")
         for f in fields:
-            c, s = chunking(f, n_samples, self.chunk_samples, self.shard_samples)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "numcodecs codecs are not in the zarr v3 spec"
-                self.arrays[f.name] = self.group.create_array(
+                group.create_array(
                     f.name,
-                    shape=(n_samples, *f.stored_shape),
-                    chunks=(c, *f.stored_shape),
-                    shards=(s, *f.stored_shape),
+                    shape=(n, *f.stored_shape),
+                    chunks=(chunks[f.name], *f.stored_shape),
+                    shards=(shard, *f.stored_shape),
                     dtype=f.stored_dtype,
                     compressors=(*zarr_compressors(f.lossless), zc.Crc32cCodec()),
                     fill_value=0,
                     chunk_key_encoding={"name": "default", "separator": "."},
                     config={"write_empty_chunks": True},
                     attributes={"dctdata_field": f.kind},
+                    overwrite=True,
                 )
-            self.layout["arrays"][f.name] = {"path": f.name, "chunk": c, "shard": s}
-            self.buffers[f.name] = []
-            self.written[f.name] = 0
 
-    def write(self, start: int, batch: dict[str, np.ndarray]) -> None:
-        for f in self.fields:
-            x = batch[f.name]
-            if tuple(x.shape[1:]) != f.stored_shape or x.dtype != np.dtype(f.stored_dtype):
-                raise DctDataError(
-                    f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got {x.shape} {x.dtype}"
-                )
-            self.buffers[f.name].append(x)
-            self._flush(f, final=False)
-
-    def _flush(self, f: FieldSpec, final: bool) -> None:
-        shard = self.layout["arrays"][f.name]["shard"]
-        buffered = sum(len(b) for b in self.buffers[f.name])
-        if buffered < shard and not final:
-            return
-        data = np.concatenate(self.buffers[f.name]) if self.buffers[f.name] else None
-        self.buffers[f.name] = []
-        pos = 0
-        while data is not None and (len(data) - pos >= shard or (final and pos < len(data))):
-            part = data[pos : pos + shard]
-            a = self.written[f.name]
-            self.arrays[f.name][a : a + len(part)] = part
-            self.written[f.name] += len(part)
-            pos += len(part)
-        if data is not None and pos < len(data):
-            self.buffers[f.name] = [data[pos:]]
-
-    def close(self) -> dict:
-        for f in self.fields:
-            self._flush(f, final=True)
-            if self.written[f.name] != self.n:
-                raise DctDataError(f"zarr writer: field {f.name!r}: expected {self.n} samples. Got {self.written[f.name]}")
+    def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict:
+        """{"layout", "checksums"} from the finished parts plus the metadata files."""
+        shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
         checksums = {}
-        for root, dirs, files in os.walk(self.directory):
-            dirs.sort()
-            for name in sorted(files):
-                path = os.path.join(root, name)
-                rel = os.path.relpath(path, self.directory).replace(os.sep, "/")
-                checksums[rel] = {"sha256": sha256_file(path), "bytes": os.path.getsize(path)}
-        return {"layout": self.layout, "checksums": checksums}
+        for rel in ["zarr.json", *(f"{f.name}/zarr.json" for f in fields)]:
+            sha, size = sha256_file(join(root, *rel.split("/")), storage_options=self.storage_options)
+            checksums[rel] = {"sha256": sha, "bytes": size}
+        for p in parts:
+            checksums.update(p["files"])
+        layout = {"arrays": {f.name: {"path": f.name, "chunk": chunks[f.name], "shard": shard} for f in fields}}
+        return {"layout": layout, "checksums": dict(sorted(checksums.items()))}
 
-    def abort(self) -> None:
-        self.buffers = {}
+    # Worker side ---------------------------------------------------------------------------------
+    def write_part(self, root: str, fields: tuple[FieldSpec, ...], n: int, index: int, start: int, stop: int,
+                   batches: Iterable[dict[str, np.ndarray]]) -> dict:  # fmt: skip
+        """Write shard `index` of every field from the stored batches of samples [start, stop)."""
+        import zarr
+
+        buffers: dict[str, list[np.ndarray]] = {f.name: [] for f in fields}
+        for batch in batches:
+            for f in fields:
+                x = batch[f.name]
+                if tuple(x.shape[1:]) != f.stored_shape or x.dtype != np.dtype(f.stored_dtype):
+                    raise DctDataError(
+                        f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got {x.shape} {x.dtype}"
+                    )
+                buffers[f.name].append(x)
+        files = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for f in fields:
+                data = np.concatenate(buffers.pop(f.name))
+                if len(data) != stop - start:
+                    raise DctDataError(f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {len(data)}")
+                where = join(root, f.name)
+                arr = zarr.open_array(where, mode="r+", storage_options=self.storage_options or None) if is_url(root) else zarr.open_array(where, mode="r+")
+                arr[start:stop] = data
+                del data
+                rel = shard_key(f.name, index, 1 + len(f.stored_shape))
+                sha, size = sha256_file(join(root, *rel.split("/")), storage_options=self.storage_options)
+                files[rel] = {"sha256": sha, "bytes": size}
+        return {"files": files}
 
 
 def make_writer(**options) -> ZarrWriter:

@@ -274,7 +274,7 @@ def test_ragged_samples_name_the_file(tmp_path, capsys):
 
 
 def test_ragged_across_batches(tmp_path, capsys, monkeypatch):
-    import dctdata.preprocess.pack as p
+    import dctdata.preprocess.parts as p
 
     monkeypatch.setattr(p, "BATCH_BYTES", 1)  # one sample per batch
     (tmp_path / "d").mkdir()
@@ -322,7 +322,7 @@ def test_bad_settings(tmp_path, capsys):
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "nope=array"], r"--field nope: expected one of the source's fields \['image'\]")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "image=jpeg"], r"--field image: expected kind dct, array or label")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--nan", "zero"], r"nan: expected 'error' or 'fill=VALUE'")
-    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--workers", "2"], r"--workers/--scheduler: .*not yet supported")
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--workers", "0"], r"--workers: expected a positive int. Got 0")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--key", "a"], r"--key: expected an HDF5 source")
     _bad(tmp_path, capsys, ["nomodule_xyz:make"], r"nomodule_xyz:make: expected an importable module:callable")
     assert leftovers(tmp_path) == []

@@ -10,7 +10,7 @@ from dctdata.spec import QUANT_TO_DTYPE
 def register(sub) -> None:
     p = sub.add_parser("pack", help="pack .npy/.npz/HDF5/image folders/module:callable datasets into a dctdata dataset")
     p.add_argument("source", metavar="SOURCE", help=".npy, .npz, HDF5, a directory (per-sample .npy/.npz or images), or module:callable")
-    p.add_argument("out", metavar="OUT", help="output directory (must not exist unless --overwrite)")
+    p.add_argument("out", metavar="OUT", help="output directory or fsspec URL prefix (s3://bucket/x; must not hold a dataset unless --overwrite)")
     p.add_argument("--format", default="zarr", help="zarr (random access, default) or webdataset (streaming shards)")
     p.add_argument("--cf", type=int, default=None, help="chop factor 1..8 (default 4 without --target-psnr)")
     p.add_argument("--mask", default=None, choices=["square", "triangle"], help="kept-frequency mask (default square)")
@@ -23,8 +23,9 @@ def register(sub) -> None:
     p.add_argument("--strict", action="store_true", help="fail on any quantization overflow")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (only once the new one is complete)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    p.add_argument("--workers", type=int, default=None, help="parallel packing (not yet supported)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="Dask scheduler (not yet supported)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="pack on a local Dask cluster of N processes (needs dctdata[dask])")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="pack on an existing Dask cluster (tcp://host:8786); workers must see SOURCE and OUT")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted pack of the same settings (redo only unfinished parts)")
     p.add_argument("--max-shard-size", type=int, default=None, metavar="BYTES", help="webdataset: cap on each .tar shard (default 256 MiB)")
     p.add_argument("--samples-per-shard", type=int, default=None, metavar="N", help="webdataset: cap on samples per shard (default none)")
     p.set_defaults(func=_main)
@@ -64,6 +65,7 @@ def _main(args) -> int:
         quiet=args.quiet,
         workers=args.workers,
         scheduler=args.scheduler,
+        resume=args.resume,
         writer_options=_writer_options(args),
     )
     if not args.quiet:
