@@ -36,7 +36,7 @@ from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
 from dctdata.lossless import DEFAULT_CODEC, get_codec
 from dctdata.metrics import item_range, psnr
-from dctdata.quantize import quantize
+from dctdata.quantize import F32_SAFE_MAX, quantize
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.transform import BLOCK, MASKS, compress, kept_frequencies, parse_cf, parse_mask
 
@@ -122,6 +122,12 @@ def _check_samples(samples: object) -> torch.Tensor:
         raise TypeError(f"samples: expected a floating tensor. Got {samples.dtype}")
     if not bool(torch.isfinite(samples).all()):
         raise DctDataError("samples: expected finite values. Got NaN or inf in the calibration subset")
+    peak = float(samples.detach().abs().max())
+    if peak > F32_SAFE_MAX:
+        raise DctDataError(
+            f"samples: expected |x| <= {F32_SAFE_MAX:.3g} (float32 max / 8: the 8x8 DCT multiplies by up to 8). "
+            f"Got max |x| = {peak:.3g}; rescale the data"
+        )
     return samples.detach().to(torch.float32).cpu()
 
 
@@ -144,7 +150,11 @@ class _Problem:
         rng = item_range(samples).to(torch.float64)  # (N, C)
         self.valid = rng > 0
         if not bool(self.valid.any()):
-            raise DctDataError("samples: expected at least one item with max > min. Got only constant items")
+            raise DctDataError(
+                "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
+                "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
+                "and --cf (no --target-psnr), or as --field NAME=array"
+            )
         safe = torch.where(self.valid, rng, torch.ones_like(rng))
         # per-item factor turning an SSE into MSE / range^2 (the quantity dataset PSNR averages)
         self.item_scale = (1.0 / (safe.pow(2) * self.pixels))[self.valid]  # (M,)

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (DctDataError, TypeError, FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError) as exc:
+    except (DctDataError, TypeError, OSError) as exc:  # OSError: missing/unwritable paths, read-only or full disks
         if args.debug:
             raise
         msg = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.strerror}: {exc.filename}"

@@ -14,6 +14,8 @@ from dctdata.spec import INTEGER_DTYPES, CodecSpec
 from dctdata.transform import compress
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
+# Largest |x| whose 8x8 orthonormal DCT stays finite in float32 (a coefficient is at most 8 max|x|).
+F32_SAFE_MAX = float(torch.finfo(torch.float32).max) / 8
 
 
 def _table(values, spec: CodecSpec, device) -> torch.Tensor:
@@ -34,6 +36,12 @@ def quantize(coeffs: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, int]:
     """float32 (..., C, Hb, K, Wb) -> (wire-dtype tensor, number of clamped values)."""
     check_coeff_shape(coeffs, spec)
     c = coeffs.to(torch.float32)
+    bad = int((~torch.isfinite(c)).sum())
+    if bad:  # NaN would cast to an arbitrary integer: never store it silently
+        raise DctDataError(
+            f"coefficients: expected finite values. Got {bad} NaN/Inf (non-finite input, or |x| beyond "
+            f"float32 max / 8 = {F32_SAFE_MAX:.3g}, where the 8x8 DCT overflows float32)"
+        )
     if spec.offsets is not None:
         c = c - _table(spec.offsets, spec, c.device)
     if spec.steps is not None:

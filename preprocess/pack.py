@@ -220,8 +220,26 @@ def _check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | N
         raise DctDataError(f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)")
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
-        raise DctDataError(f"{out}: expected an existing parent directory. Got missing {parent}")
+        got = "a file in the way" if os.path.lexists(parent) or any(os.path.isfile(p) for p in _ancestors(parent)) else "a missing directory"
+        raise DctDataError(f"{out}: expected an existing parent directory. Got {got} at {parent}")
     return out
+
+
+def _ancestors(path: str) -> list[str]:
+    out = []
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
+
+
+def _check_not_source(source: object, out: str) -> None:
+    """Refuse an OUT that is the source or contains it: --overwrite would delete the data being packed."""
+    if not isinstance(source, (str, os.PathLike)) or is_url(out) or not os.path.exists(os.fspath(source)):
+        return
+    src, dst = os.path.realpath(os.fspath(source)), os.path.realpath(out)
+    if src == dst or src.startswith(dst.rstrip(os.sep) + os.sep):
+        raise DctDataError(f"{out}: expected an OUT path outside the source. Got the source {os.fspath(source)} itself or a directory holding it")
 
 
 def partial_dir(out: str) -> str:
@@ -277,6 +295,7 @@ def pack(
     codec = parse_codec_config(codec)
     storage_options = dict(storage_options or {})
     out = _check_out(out, overwrite, storage_options)
+    _check_not_source(source, out)
     url = is_url(out)
     if resume and url:
         raise DctDataError(f"--resume: expected a local OUT directory (the progress journal lives in its temporary sibling). Got {out}")
@@ -433,7 +452,8 @@ def _combine_stats(specs, parts: list[dict]) -> dict:
             scores = [v for p in parts for v in p["stats"]["psnr"][f.name]]
             err = max(p["stats"]["max_error"][f.name] for p in parts)
             over = sum(p["stats"]["overflow"][f.name] for p in parts)
-            stats[f.name] = FieldStats(min(scores), statistics.median(scores), err, over)
+            # no scores: every sample was constant (PSNR undefined); max error still says how close
+            stats[f.name] = FieldStats(min(scores) if scores else None, statistics.median(scores) if scores else None, err, over)
         else:
             stats[f.name] = FieldStats(math.inf, math.inf, 0.0, 0)
     stats["__nan_filled__"] = sum(p["stats"]["nan_filled"] for p in parts)

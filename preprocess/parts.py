@@ -21,7 +21,7 @@ import torch
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.layer import Decompress
-from dctdata.quantize import encode
+from dctdata.quantize import F32_SAFE_MAX, encode
 from dctdata.preprocess.sources import Source, open_source
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
@@ -64,6 +64,13 @@ def check_finite(x: np.ndarray, name: str, nan_fill: float | None, where) -> np.
                 "(use --nan fill=VALUE, or store a mask field)"
             )
         x = np.where(bad, np.float32(nan_fill), x)
+    peak = np.abs(x).reshape(len(x), -1).max(axis=1) if x.size else np.zeros(len(x))
+    if (peak > F32_SAFE_MAX).any():  # the 8x8 DCT would overflow float32 to inf
+        j = int(np.argmax(peak > F32_SAFE_MAX))
+        raise DctDataError(
+            f"{where(j)}: field {name!r}: expected |x| <= {F32_SAFE_MAX:.3g} in a dct field (float32 max / 8: the 8x8 DCT "
+            f"multiplies by up to 8). Got max |x| = {float(peak[j]):.3g} (rescale the data, or use --field {name}=array)"
+        )
     return x
 
 
@@ -140,4 +147,5 @@ def _figures(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[list[float], float]:
     max_err = math.sqrt(float(err.max()))  # sqrt(x^2) == |x| exactly in IEEE arithmetic
     psnr = 10.0 * torch.log10(rng.square() / mse)
     psnr = torch.where(mse == 0, torch.full_like(psnr, math.inf), psnr)
-    return psnr.tolist(), max_err
+    # A constant sample (zero range) has no PSNR against its range: left out, not reported as -inf/NaN.
+    return psnr[rng > 0].tolist(), max_err
