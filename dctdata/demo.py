@@ -50,11 +50,11 @@ RESULT_COLUMNS = (
 class DemoSettings:
     """Knobs of the demo (the CLI flags). Defaults run in well under two minutes on 2 CPU cores."""
 
-    n: int = 48  # training pairs that are packed
+    n: int = 64  # training pairs that are packed
     test: int = 8  # held-out raw pairs the three networks are scored on
     size: int = 256  # image side (the SciML-Bench em_graphene_sim size)
     crop: int = 96  # training crop side (multiple of 8; = size for whole images)
-    epochs: int = 4
+    epochs: int = 6
     batch_size: int = 8
     target_psnr: float = 40.0
     quant: str = "int8"
