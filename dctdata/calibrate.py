@@ -415,19 +415,25 @@ def calibrate_report(
 
 def _verify(problem: _Problem, spec: CodecSpec, target_psnr, margin_db):
     """Decode the subset for real; if padding made the pixel-domain PSNR miss the target, refine steps."""
-    if target_psnr is None or spec.steps is None:
+    if target_psnr is None:
         return spec, None
-    for _ in range(4):
+    for attempt in range(5):
         q, _ = quantize(compress(problem.samples, spec.cf, spec.mask), spec)
         got = dataset_psnr(problem.samples, Decompress(spec)(q))
         deficit = target_psnr + margin_db - got
-        if deficit <= 0:
+        if deficit <= 0 or spec.steps is None or attempt == 4:
             break
         idx = problem.index(spec.cf, spec.mask)
         floors = problem.floors(idx, spec.dtype)
         steps = torch.tensor(spec.steps, dtype=torch.float64) * 10 ** (-(deficit + 0.05) / 20)
         steps = torch.maximum(steps, floors)
         spec = spec.replace(steps=steps.tolist())
+    if got < target_psnr:  # the model's promise failed for real (float32 precision, subnormal data): say so
+        raise DctDataError(
+            f"target_psnr: expected {target_psnr} dB on the calibration subset. Got {got:.1f} dB after decoding with "
+            f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 arithmetic? "
+            f"value range {min(problem.stats['min']):.3g}..{max(problem.stats['max']):.3g}: subtract an offset or rescale)"
+        )
     return spec, None
 
 

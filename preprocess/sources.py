@@ -476,7 +476,10 @@ class DatasetSource(Source):
             obj = getattr(obj, part)
         if not callable(obj):
             raise DctDataError(f"{target}: expected a callable returning a map-style dataset. Got {type(obj).__name__}")
-        dataset = obj()
+        try:
+            dataset = obj()
+        except Exception as exc:  # noqa: BLE001 - user code: one line naming it (--debug shows the traceback)
+            raise DctDataError(f"{target}: expected the callable to return a dataset. Got {type(exc).__name__}: {exc}") from exc
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise DctDataError(
                 f"{target}: expected a map-style dataset (__len__ and __getitem__). Got {type(dataset).__name__}"
@@ -487,11 +490,18 @@ class DatasetSource(Source):
         self.info = {"classes": [str(c) for c in classes]} if isinstance(classes, (list, tuple)) else {}
 
     def __len__(self):
-        return len(self.dataset)
+        try:
+            n = len(self.dataset)
+        except Exception as exc:  # noqa: BLE001 - user code
+            raise DctDataError(f"{self.description}: expected len(dataset) to work. Got {type(exc).__name__}: {exc}") from exc
+        return n
 
     def sample(self, index):
         where = self.where(index)
-        item = self.dataset[index]
+        try:
+            item = self.dataset[index]
+        except Exception as exc:  # noqa: BLE001 - user code: name the sample instead of a traceback
+            raise DctDataError(f"{where}: expected dataset[{index}] to return a sample. Got {type(exc).__name__}: {exc}") from exc
         if isinstance(item, dict):
             named = [(field_name(str(k)), v) for k, v in item.items()]
         elif isinstance(item, (tuple, list)):

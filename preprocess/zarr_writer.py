@@ -2,7 +2,7 @@
 
 Layout (recorded in the manifest's `layout`): array `<field>` of shape (N, *stored_shape); inner
 chunks of `chunk` samples (the unit a random read decompresses), grouped into shards of `shard`
-samples (the unit that is one file), so a million-sample dataset is N / shard files per field.
+samples (the unit that is one file; <= 32 MiB stored and <= 128 MiB of source data), so a million-sample dataset is N / shard files per field.
 Each inner chunk goes through the lossless codec then crc32c, so a corrupted chunk fails to read
 instead of decoding to garbage; the shard index is crc32c-protected too. Empty chunks are written
 (never elided into fill values), and shard keys use '.' separators (`<field>/c.<i>.0.0...`): flat.
@@ -32,6 +32,9 @@ from dctdata.format import FieldSpec, is_url, join, zarr_shard_key
 
 CHUNK_BYTES = 128 << 10
 SHARD_BYTES = 32 << 20
+# A shard is also a unit of parallel work: at most this much *source* data per shard, so a pack
+# spreads over workers (and a task's memory stays small) even when compression is strong.
+SHARD_SOURCE_BYTES = 128 << 20
 
 
 def _pow2_floor(x: int) -> int:
@@ -45,8 +48,9 @@ def _pow2_ceil(x: int) -> int:
 def chunking(fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None) -> tuple[int, dict[str, int]]:
     """(samples per shard shared by all fields, {field: samples per inner chunk}); chunks divide the shard."""
     biggest = max(max(1, f.stored_sample_bytes) for f in fields)
+    source = sum(max(1, f.source_sample_bytes) for f in fields)
     if shard is None:
-        shard = min(_pow2_floor(SHARD_BYTES // biggest), _pow2_ceil(n))
+        shard = min(_pow2_floor(SHARD_BYTES // biggest), _pow2_floor(SHARD_SOURCE_BYTES // source), _pow2_ceil(n))
         if chunk is not None:
             shard = max(1, shard // chunk) * chunk
     chunks = {}
@@ -167,6 +171,7 @@ class ZarrWriter:
                     raise DctDataError(f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {len(data)}")
                 where = join(root, f.name)
                 arr = zarr.open_array(where, mode="r+", storage_options=self.storage_options or None) if is_url(root) else zarr.open_array(where, mode="r+")
+                arr = arr.with_config({"write_empty_chunks": True})  # runtime config is not stored: all-zero shards/chunks must still be written
                 arr[start:stop] = data
                 del data
                 rel = shard_key(f.name, index, 1 + len(f.stored_shape))
