@@ -1,0 +1,260 @@
+"""Fuzzing (issue 8), with hypothesis: the manifest parser, the webdataset shard reader and the codec.
+
+Properties:
+- manifest: any JSON mutation of a valid manifest (and any byte mutation of its text) either parses
+  to a valid Manifest (which round-trips) or raises DctDataError; never another exception type.
+- shard reader: any byte mutation/truncation of a small tar shard, with the manifest's size and sha256
+  re-sealed around it (so the structural checks, not the hash, must catch it), either raises
+  DctDataError or yields arrays of exactly the stored shape and dtype; without re-sealing, any change
+  raises IntegrityError.
+- codec: random shapes, input dtypes, CFs, masks, wire dtypes and steps through encode -> Decompress
+  give (B, C, H, W) finite output within the error the DCT's orthonormality allows.
+
+CI runs a few hundred examples in seconds. The long run (reported in the README):
+    DCTDATA_FUZZ_EXAMPLES=5000 pytest tests/test_fuzz.py --hypothesis-show-statistics
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import dctdata
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import Manifest, parse_manifest, zarr_layout
+from dctdata.spec import INTEGER_DTYPES
+from dctdata.transform import compress, kept_frequencies
+
+EXAMPLES = int(os.environ.get("DCTDATA_FUZZ_EXAMPLES", "0")) or None
+
+
+def fuzz_settings(ci: int):
+    return settings(max_examples=EXAMPLES or ci, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.fixture(scope="module")
+def packs():
+    tmp = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-"))
+    x = (np.random.default_rng(0).standard_normal((6, 2, 12, 10)) + 4).astype(np.float32)
+    np.savez(tmp / "src.npz", image=x, mask=(x[:, :1] > 4).astype(np.uint8), label=np.arange(6, dtype=np.int64))
+    common = dict(cf=3, quant="int8", quiet=True, fields={"mask": "array"})
+    dctdata.pack(tmp / "src.npz", tmp / "zarr", writer_options={"chunk_samples": 2, "shard_samples": 4}, **common)
+    dctdata.pack(tmp / "src.npz", tmp / "wds", format="webdataset", writer_options={"samples_per_shard": 3}, **common)
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Manifest parser ---------------------------------------------------------------------------------
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["", "inf", "-inf", "nan", "dctdata", "zarr", "webdataset", "dct", "int8", "../x", "0" * 64, "image"])
+    | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6) | st.sampled_from(["id", "name", "shape"]), c, max_size=4),
+    max_leaves=6,
+)
+
+
+def _containers(d, path=()):
+    yield path, d
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        if isinstance(v, (dict, list)):
+            yield from _containers(v, path + (k,))
+
+
+def _mutate(data, d):
+    """One random edit: delete a key/element, replace a value, or add a key/element."""
+    targets = list(_containers(d))
+    _, node = targets[data.draw(st.integers(0, len(targets) - 1), label="container")]
+    keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+    op = data.draw(st.sampled_from(["delete", "replace", "add"] if keys else ["add"]), label="op")
+    if op == "add":
+        value = data.draw(JSON, label="value")
+        if isinstance(node, dict):
+            node[data.draw(st.text(max_size=6) | st.sampled_from(keys or ["x"]), label="key")] = value
+        else:
+            node.insert(data.draw(st.integers(0, len(node)), label="at"), value)
+        return
+    key = keys[data.draw(st.integers(0, len(keys) - 1), label="key")]
+    if op == "delete":
+        del node[key]
+    else:
+        old = node[key]
+        nudged = st.just(old)
+        if isinstance(old, bool):
+            nudged = st.booleans()
+        elif isinstance(old, int):
+            nudged = st.sampled_from([old + 1, old - 1, -old, 0, old * 1000, float(old), str(old)])
+        elif isinstance(old, float):
+            nudged = st.sampled_from([-old, 0.0, old * 1e30, old * 1e-30, str(old), 1e308])
+        node[key] = data.draw(nudged | JSON, label="new")
+
+
+def _check_parse(raw: bytes) -> Manifest | None:
+    try:
+        m = parse_manifest(raw, "fuzz")
+    except DctDataError:
+        return None
+    # whatever parses is valid and round-trips
+    assert parse_manifest(m.to_json().encode(), "again") == m
+    if m.storage == "zarr":
+        try:
+            zarr_layout(m)
+        except DctDataError:
+            pass
+    for f in m.fields:
+        assert f.stored_sample_bytes >= 0 and (f.kind != "dct" or f.codec.sample_shape == f.shape)
+    return m
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "wds"])
+def test_fuzz_manifest_json_mutations(packs, fmt):
+    base = json.loads((packs / fmt / "manifest.json").read_text())
+
+    @fuzz_settings(150)
+    @given(data=st.data(), n=st.integers(1, 4))
+    def run(data, n):
+        d = copy.deepcopy(base)
+        for _ in range(n):
+            _mutate(data, d)
+        _check_parse(json.dumps(d).encode())
+
+    run()
+
+
+def test_fuzz_manifest_byte_mutations(packs):
+    raw = (packs / "zarr" / "manifest.json").read_bytes()
+
+    @fuzz_settings(150)
+    @given(edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=1, max_size=4), cut=st.integers(0, len(raw)))
+    def run(edits, cut):
+        b = bytearray(raw)
+        for at, v in edits:
+            b[at] = v
+        _check_parse(bytes(b[: max(cut, len(raw) // 2)]) if cut < len(raw) // 3 else bytes(b))
+
+    run()
+
+
+def test_fuzz_manifest_regressions():
+    """Inputs the fuzzer and the matrix found that once escaped as non-DctDataError exceptions."""
+    for raw in (b"[" * 50000, b'{"version": ' + b"1" * 5000 + b"}", b"\xff"):
+        with pytest.raises(DctDataError):
+            parse_manifest(raw)
+
+
+# Shard reader ------------------------------------------------------------------------------------
+def _read_shard(root: Path, m: Manifest) -> list:
+    from dctdata.loaders.wds_dataset import DCTWebDataset
+
+    ds = DCTWebDataset(root, shuffle=False, manifest=m)
+    return list(ds)
+
+
+@pytest.mark.parametrize("reseal", [True, False])
+def test_fuzz_shard_reader(packs, reseal):
+    from dctdata.loaders.wds_dataset import _Files, _Shard, _shard_list
+
+    root = packs / "wds"
+    m = dctdata.format.read_manifest(root)
+    entry = _shard_list(m, "fuzz")[0]
+    raw = (root / entry["name"]).read_bytes()
+    codecs = {f.name: dctdata.lossless.get_codec(f.lossless) for f in m.fields}
+    work = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-shard-"))
+    files = _Files(str(work), None)
+    counts = {"rejected": 0, "decoded": 0}
+
+    @fuzz_settings(100)
+    @given(
+        edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), max_size=6),
+        cut=st.integers(0, len(raw)),
+        truncate=st.booleans(),
+    )
+    def run(edits, cut, truncate):
+        b = bytearray(raw)
+        for at, v in edits:
+            b[at] = v
+        data = bytes(b[:cut] if truncate else b)
+        assume(data != raw)
+        (work / entry["name"]).write_bytes(data)
+        e = dict(entry, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()) if reseal else entry
+        try:
+            shard = _Shard(files, e, m.fields, codecs)
+            values = [shard.decode(j) for j in range(e["samples"])]
+        except DctDataError as exc:
+            if not reseal:
+                assert isinstance(exc, IntegrityError)
+            counts["rejected"] += 1
+            return
+        assert reseal, "a changed shard passed without re-sealing its checksum"
+        counts["decoded"] += 1
+        for sample in values:  # garbage never leaves: exact stored shapes and dtypes
+            for f, t in zip(m.fields, sample):
+                assert tuple(t.shape) == f.stored_shape and t.dtype == f.tensor_dtype
+
+    try:
+        run()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert counts["rejected"] > 0
+
+
+# Codec -------------------------------------------------------------------------------------------
+_REL_ERR = {"float32": 2**-23, "float16": 2**-11, "bfloat16": 2**-8}
+
+
+@fuzz_settings(150)
+@given(
+    b=st.integers(1, 3), c=st.integers(1, 3), h=st.integers(1, 24), w=st.integers(1, 24),
+    cf=st.integers(1, 8), mask=st.sampled_from(["square", "triangle"]),
+    wire=st.sampled_from(["float32", "float16", "bfloat16", "int8", "int16"]),
+    in_dtype=st.sampled_from([torch.float16, torch.float32, torch.float64]),
+    scale=st.sampled_from([1e-3, 1.0, 100.0, 1e4]), offset=st.sampled_from([0.0, 1.0, 300.0]),
+    step=st.floats(1e-3, 10.0), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_fuzz_codec(b, c, h, w, cf, mask, wire, in_dtype, scale, offset, step, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (offset + scale * torch.randn(b, c, h, w, generator=g, dtype=torch.float64)).to(in_dtype)
+    assume(bool(torch.isfinite(x).all()))
+    k = len(kept_frequencies(cf, mask))
+    steps = None
+    offsets = None
+    if wire in INTEGER_DTYPES or step > 5:  # float wires sometimes get steps too
+        steps = (step * scale * (1 + torch.rand(c, k, generator=g, dtype=torch.float64))).tolist()
+        offsets = [[8 * offset] + [0.0] * (k - 1)] * c
+    spec = dctdata.CodecSpec(cf=cf, mask=mask, height=h, width=w, channels=c, dtype=wire, steps=steps, offsets=offsets)
+    q, overflow = dctdata.encode(x, spec)
+    assert q.dtype == spec.torch_dtype and tuple(q.shape) == (b, *spec.coeff_shape)
+    x_hat = dctdata.Decompress(spec, dtype=torch.float64)(q)
+    assert x_hat.shape == (b, c, h, w) and bool(torch.isfinite(x_hat).all())
+    if overflow:
+        return
+    # orthonormal DCT: ||x - x_hat|| <= ||dropped|| + ||quantization error|| (+ float32 arithmetic)
+    x64 = x.to(torch.float64)
+    full = compress(x64, 8, "square")  # (b, c, Hb, 64, Wb) of the edge-padded image
+    keep = torch.zeros(64, dtype=torch.bool)
+    keep[[u * 8 + v for u, v in kept_frequencies(cf, mask)]] = True
+    dropped = float(full[:, :, :, ~keep, :].pow(2).sum().sqrt())
+    kept = full[:, :, :, keep, :]
+    if steps is not None:
+        s = torch.tensor(steps, dtype=torch.float64).reshape(1, c, 1, k, 1)
+        q_err = float(((s / 2) ** 2 * torch.ones_like(kept)).sum().sqrt())
+        if wire in _REL_ERR:  # float wire holding (coef - offset) / step
+            q_err += float((kept.abs() * _REL_ERR[wire] * 2).pow(2).sum().sqrt())
+    else:
+        q_err = float((kept.abs() * _REL_ERR[wire]).pow(2).sum().sqrt())
+    slack = 1e-5 * float(x64.abs().max() + 1) * math.sqrt(x.numel()) + 2e-6 * float(kept.abs().max() + 1) * math.sqrt(kept.numel())
+    err = float((x64 - x_hat).pow(2).sum().sqrt())
+    assert err <= dropped + q_err + slack, (err, dropped, q_err, slack)
