@@ -31,7 +31,7 @@ def open_dataset(path_or_url: str | os.PathLike, **kwargs: Any):
         from dctdata.loaders.wds_dataset import DCTWebDataset
 
         return DCTWebDataset(path_or_url, **kwargs)
-    manifest = read_manifest(path_or_url)
+    manifest = read_manifest(path_or_url, storage_options=kwargs.get("storage_options"))
     if manifest.storage == "zarr":
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 

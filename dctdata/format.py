@@ -469,14 +469,15 @@ def manifest_location(path_or_url: str | os.PathLike) -> tuple[str, str]:
     return s, join(s, MANIFEST_NAME)
 
 
-def read_manifest(path_or_url: str | os.PathLike) -> Manifest:
-    """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json)."""
+def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+    """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json).
+    `storage_options` go to fsspec for URLs (e.g. an S3 endpoint)."""
     root, loc = manifest_location(path_or_url)
     try:
         if is_url(loc):
             import fsspec
 
-            with fsspec.open(loc, "rb") as fh:
+            with fsspec.open(loc, "rb", **dict(storage_options or {})) as fh:
                 raw = fh.read()
         else:
             if not os.path.isdir(root):

@@ -345,7 +345,7 @@ def pack(
         results: dict[int, dict] = journal.verified(parts) if journal is not None else {}
         if results:
             log.info("resuming: %d of %d parts already done and verified", len(results), len(parts))
-        job = PartJob(os.fspath(source), key, bool(channels_last), specs, nan_fill, bool(strict), writer, root, n)
+        job = PartJob(os.fspath(source), key, bool(channels_last), specs, nan_fill, bool(strict), writer, root, n, threads=1)
         todo = [(i, a, b) for i, (a, b) in enumerate(parts) if i not in results]
         keep_partial = not url  # from here on an interruption leaves resumable work
         _run(job, todo, results, journal, src=src, workers=workers, scheduler=scheduler, quiet=quiet, total=len(parts), done=len(results))
@@ -439,8 +439,12 @@ def _run(job: "PartJob", todo, results: dict, journal, *, src, workers, schedule
         if (workers or 1) > 1 or scheduler is not None:
             parallel_mod.run_parts(job, todo, workers=workers, scheduler=scheduler, on_done=finished)
         else:
-            for i, a, b in todo:
-                finished(run_part(job, i, a, b, src=src))
+            threads = torch.get_num_threads()
+            try:
+                for i, a, b in todo:
+                    finished(run_part(job, i, a, b, src=src))
+            finally:
+                torch.set_num_threads(threads)
     finally:
         bar.close()
 

@@ -10,7 +10,6 @@ manifest when all are in.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 
@@ -36,8 +35,10 @@ def run_parts(job, todo, *, workers: int | None, scheduler: str | None, on_done)
 
     from dctdata.preprocess.parts import run_part
 
-    job = dataclasses.replace(job, threads=1)
     cluster = None
+    quiet = logging.getLogger("distributed")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # the CLI logs at INFO; Dask's start/stop chatter is not news
     try:
         if scheduler is not None:
             try:
@@ -60,3 +61,4 @@ def run_parts(job, todo, *, workers: int | None, scheduler: str | None, on_done)
     finally:
         if cluster is not None:
             cluster.close()
+        quiet.setLevel(level)

@@ -42,6 +42,8 @@ from dctdata.lossless import get_codec
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_SIZE = 256 * 2**20
+# A shard is also a unit of parallel work: at most this much *source* data per shard.
+SHARD_SOURCE_BYTES = 128 << 20
 SHARD_PATTERN = "shard-{:06d}.tar"
 _BLOCK = 512
 _RECORD = 20 * _BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
@@ -98,13 +100,14 @@ def samples_per_shard_for(fields: tuple[FieldSpec, ...], max_shard_size: int, sa
     k = max(1, (max_shard_size - 2 * _BLOCK) // per)
     while k > 1 and _archive_bytes(k * per) > max_shard_size:
         k -= 1
+    k = min(k, max(1, SHARD_SOURCE_BYTES // max(1, sum(f.source_sample_bytes for f in fields))))
     return k if samples_per_shard is None else min(k, samples_per_shard)
 
 
 class WebDatasetWriter:
     """Writer (see dctdata.preprocess.pack) for webdataset tar shards.
 
-    Shards hold a fixed number of samples (`samples_per_shard_for`), so the shard list is known before
+    Shards hold a fixed number of samples (`samples_per_shard_for`; also <= 128 MiB of source data), so the shard list is known before
     any data is encoded: shard k is one independent *part* (the pack orchestrator writes parts in any
     order, on Dask workers, and resumes them). Part API: `plan`, `open`, `write_part`, `finish`.
     Streaming API (one process): `open(directory, fields, n)`, `write(start, batch)` with consecutive

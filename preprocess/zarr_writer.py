@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import warnings
 from typing import Any, Iterable
 
@@ -172,12 +173,23 @@ class ZarrWriter:
                 where = join(root, f.name)
                 arr = zarr.open_array(where, mode="r+", storage_options=self.storage_options or None) if is_url(root) else zarr.open_array(where, mode="r+")
                 arr = arr.with_config({"write_empty_chunks": True})  # runtime config is not stored: all-zero shards/chunks must still be written
+                rel = shard_key(f.name, index, 1 + len(f.stored_shape))
+                self._remove(join(root, *rel.split("/")))  # a redone part: zarr would merge into the old file
                 arr[start:stop] = data
                 del data
-                rel = shard_key(f.name, index, 1 + len(f.stored_shape))
                 sha, size = sha256_file(join(root, *rel.split("/")), storage_options=self.storage_options)
                 files[rel] = {"sha256": sha, "bytes": size}
         return {"files": files}
+
+    def _remove(self, path: str) -> None:
+        if is_url(path):
+            import fsspec
+
+            fs, p = fsspec.core.url_to_fs(path, **self.storage_options)
+            if fs.exists(p):
+                fs.rm(p)
+        elif os.path.exists(path):
+            os.remove(path)
 
 
 def make_writer(**options) -> ZarrWriter:
