@@ -8,7 +8,9 @@ error of any candidate setting can be measured exactly in the coefficient domain
 PSNR here is always against each item's own value range (item = one channel of one sample, as in
 `dctdata.metrics.psnr`). "Dataset-level PSNR" is 10 log10(1 / mean_i(MSE_i / range_i^2)): the PSNR
 of the mean range-normalised MSE. It is never above the mean of the per-item PSNRs and is what
-`target_psnr` promises (plus `margin_db` for items the calibration subset did not see).
+`target_psnr` promises for *every channel* separately (the worst channel decides, so a 1e-6-scale
+channel next to a 300 K one keeps the target too), plus `margin_db` for items the calibration subset
+did not see.
 
 Step model, per channel c and kept frequency k:
     step[c, k] = max(scale * base[c], floor[c, k])
@@ -158,6 +160,7 @@ class _Problem:
         safe = torch.where(self.valid, rng, torch.ones_like(rng))
         # per-item factor turning an SSE into MSE / range^2 (the quantity dataset PSNR averages)
         self.item_scale = (1.0 / (safe.pow(2) * self.pixels))[self.valid]  # (M,)
+        self.item_channel = torch.arange(c).expand(n, c)[self.valid]  # (M,) channel of each item
         inv_r2 = torch.where(self.valid, 1.0 / safe.pow(2), torch.zeros_like(rng))
         per_c = inv_r2.sum(0) / self.valid.sum(0).clamp(min=1)
         self.base = torch.where(per_c > 0, 1.0 / per_c.clamp(min=1e-300).sqrt(), safe.max(0).values)  # (C,)
@@ -197,9 +200,18 @@ class _Problem:
         return self._planes[key]
 
     def _ucb(self, per_item: torch.Tensor) -> float:
-        m = per_item.numel()
-        spread = float(per_item.std()) / math.sqrt(m) if m > 1 else 0.0
-        return float(per_item.mean()) + _Z * spread
+        """Upper bound of the worst channel's mean item nmse: the target holds for every channel, so a
+        small-range channel next to a large one (mixed scales) is not averaged away."""
+        worst = 0.0
+        for ch in self.item_channel.unique().tolist():
+            v = per_item[self.item_channel == ch]
+            m = v.numel()
+            spread = float(v.std()) / math.sqrt(m) if m > 1 else 0.0
+            bound = float(v.mean()) + _Z * spread
+            if not math.isfinite(bound):  # inf/NaN (a float16 overflow): infeasible, never max()-ed away
+                return math.inf
+            worst = max(worst, bound)
+        return worst
 
     def dropped_items(self, idx: list[int]) -> torch.Tensor:
         keep = torch.zeros(64, dtype=torch.bool)
@@ -419,7 +431,11 @@ def _verify(problem: _Problem, spec: CodecSpec, target_psnr, margin_db):
         return spec, None
     for attempt in range(5):
         q, _ = quantize(compress(problem.samples, spec.cf, spec.mask), spec)
-        got = dataset_psnr(problem.samples, Decompress(spec)(q))
+        x_hat = Decompress(spec)(q)
+        got = min(  # per channel, as the budget is (see _Problem._ucb)
+            dataset_psnr(problem.samples[:, ch : ch + 1], x_hat[:, ch : ch + 1])
+            for ch in range(problem.c) if bool(problem.valid[:, ch].any())
+        )  # fmt: skip
         deficit = target_psnr + margin_db - got
         if deficit <= 0 or spec.steps is None or attempt == 4:
             break
