@@ -55,7 +55,7 @@ def make_task(args) -> _common.Task:
     return _common.Task(
         name="em_denoise", train=em_arrays(args.n, args.size, args.seed), test=em_arrays(args.test, args.size, args.seed + 1),
         kinds={"noisy": "dct", "clean": "dct"}, make_net=lambda: ResidualUNet(args.width), loss=loss, metric=mse,
-        metric_name="MSE", higher_is_better=False, crop=args.crop,
+        metric_name="MSE", higher_is_better=False, crop=args.crop, targets=("clean",),
         description=f"residual U-Net-{args.width} on em_denoise-like pairs (float32 1x{args.size}x{args.size}), {args.crop}px crops;",
     )  # fmt: skip
 

@@ -34,7 +34,7 @@ SETTINGS = ["cf=4", "psnr=30"]
 def test_example_runs_and_learns(name, tmp_path, monkeypatch, capsys):
     module = _load(name, monkeypatch)
     out = tmp_path / name
-    rows = module.main([*CASES[name], "--settings", *SETTINGS, "--out", str(out), "--threads", "2"])
+    rows = module.main([*CASES[name], "--settings", *SETTINGS, "--out", str(out), "--threads", "1"])
     assert [r["setting"] for r in rows] == ["raw", *SETTINGS]
     for r in rows:
         assert len(r["losses"]) == 3 and r["losses"][-1] < r["losses"][0], (r["setting"], r["losses"])
