@@ -61,7 +61,9 @@ def parse_setting(text: str) -> dict[str, Any]:
     return kw
 
 
-def add_arguments(p: argparse.ArgumentParser, *, n: int, test: int, epochs: int, batch_size: int, lr: float) -> None:
+def add_arguments(
+    p: argparse.ArgumentParser, *, n: int, test: int, epochs: int, batch_size: int, lr: float, settings: tuple[str, ...] = DEFAULT_SETTINGS
+) -> None:
     """The flags every example shares (scale up with --n/--epochs/--settings)."""
     p.add_argument("--out", default=None, help="output directory (default: results/<example>)")
     p.add_argument("--n", type=int, default=n, help=f"training samples (default {n})")
@@ -69,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser, *, n: int, test: int, epochs: int,
     p.add_argument("--epochs", type=int, default=epochs, help=f"training epochs, the same for every run (default {epochs})")
     p.add_argument("--batch-size", type=int, default=batch_size, help=f"(default {batch_size})")
     p.add_argument("--lr", type=float, default=lr, help=f"Adam learning rate (default {lr:g})")
-    p.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help=f"pack settings (default {' '.join(DEFAULT_SETTINGS)})")
+    p.add_argument("--settings", nargs="+", default=list(settings), help=f"pack settings (default {' '.join(settings)})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 

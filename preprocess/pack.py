@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CF = 4
 CALIBRATION_SAMPLES = 64
+CALIBRATION_VALUES = 1 << 22
 WRITER_MODULES = {"zarr": "dctdata.preprocess.zarr_writer", "webdataset": "dctdata.preprocess.wds_writer"}
 
 
@@ -131,16 +132,16 @@ def dct_shape(name: str, shape: tuple[int, ...], where: str) -> tuple[int, int, 
     raise DctDataError(f"{where}: field {name!r}: expected 2 or 3 dims per sample for kind dct ((H, W) or (C, H, W)). Got {shape}{hint}")
 
 
-def _calibrate(x: torch.Tensor, name: str, cf, mask, quant, target_psnr) -> CodecSpec:
-    try:
-        from dctdata.calibrate import calibrate
-    except ImportError as exc:
-        raise DctDataError(
-            f"field {name!r}: --quant {quant}"
-            + (f" --target-psnr {target_psnr}" if target_psnr is not None else "")
-            + " needs calibration (dctdata.calibrate), which is unavailable in this build. Got no calibrate module; "
-            "use --quant none|fp16|bf16 with --cf"
-        ) from exc
+def calibration_indices(n: int, sample_values: int) -> list[int]:
+    """Evenly spaced samples to calibrate on: at least CALIBRATION_SAMPLES, more when samples are
+    small (up to CALIBRATION_VALUES values), since the integer ranges come from the tails."""
+    k = min(n, max(CALIBRATION_SAMPLES, CALIBRATION_VALUES // max(1, sample_values)))
+    return sorted({int(i) for i in np.linspace(0, n - 1, k)})
+
+
+def _calibrate(x: torch.Tensor, cf, mask, quant, target_psnr) -> CodecSpec:
+    from dctdata.calibrate import calibrate
+
     return calibrate(x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr)
 
 
@@ -179,10 +180,10 @@ def plan_fields(
             shape = dct_shape(name, shape, source.description)
             c, h, w = shape
             if needs_calibration:
-                idx = sorted({int(i) for i in np.linspace(0, n - 1, min(n, CALIBRATION_SAMPLES))})
+                idx = calibration_indices(n, c * h * w)
                 x = source.take(idx)[name].reshape(len(idx), c, h, w).astype(np.float32)
                 x = _check_finite(x, name, nan_fill, lambda j: source.where(idx[j]))
-                spec = _calibrate(torch.from_numpy(x), name, cf, mask, quant, target_psnr)
+                spec = _calibrate(torch.from_numpy(x), cf, mask, quant, target_psnr)
                 if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
                     raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
             else:

@@ -368,3 +368,25 @@ def test_python_api_errors_are_typed(tmp_path):
     with pytest.raises(dctdata.DctDataError, match=r"--target-psnr: expected a positive number"):
         dctdata.pack(tmp_path / "x.npy", tmp_path / "o", target_psnr=-3)
     assert not (tmp_path / "o").exists()
+
+
+def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp_path):
+    """Tiny samples: a fixed 64-sample subset missed the tails, so int8 'reached' 40 dB on the subset and
+    then clamped hundreds of coefficients of unseen samples. Now the subset is sized by values."""
+    from dctdata.preprocess import pack as pack_mod
+    from dctdata.preprocess.synthetic import cifar_like
+
+    ds = cifar_like(n=400, seed=3)
+    src = tmp_path / "cifar.npz"
+    np.savez(src, image=np.stack([ds[i]["image"] for i in range(400)]), label=np.arange(400) % 10)
+    assert len(pack_mod.calibration_indices(400, 3 * 32 * 32)) == 400  # all of them fit the value budget
+    assert len(pack_mod.calibration_indices(10_000, 256 * 256)) == pack_mod.CALIBRATION_SAMPLES
+    # int8 cannot hold 40 dB on every one of these images: say so instead of clamping silently
+    with pytest.raises(dctdata.DctDataError, match=r"target_psnr: expected a target these settings .*quant=int8.* can reach"):
+        dctdata.pack(str(src), str(tmp_path / "a"), fields={"image": "dct"}, quant="int8", target_psnr=40.0, quiet=True)
+    assert not (tmp_path / "a").exists()
+    for out, quant, target in (("b", None, 40.0), ("c", "int8", 35.0)):
+        manifest = dctdata.pack(str(src), str(tmp_path / out), fields={"image": "dct"}, quant=quant, target_psnr=target, quiet=True)
+        stats = manifest.stats["image"]
+        assert stats.overflow == 0
+        assert stats.psnr_min >= target - 1.0
