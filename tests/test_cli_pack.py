@@ -11,20 +11,8 @@ import torch
 
 import dctdata
 import dctdata.metrics
+from sample_fields import poisson_fields as fields
 from dctdata.cli import main
-
-
-def fields(n, c, h, w, seed=0):
-    """Smooth random fields + Poisson noise, float32 (N, C, H, W)."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
-    out = np.empty((n, c, h, w), np.float32)
-    for i in range(n):
-        for ch in range(c):
-            a, b, p = rng.uniform(1, 4, 3)
-            smooth = 20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)
-            out[i, ch] = rng.poisson(smooth * 4) / 4.0
-    return out
 
 
 def run(args, capsys):

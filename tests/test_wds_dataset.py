@@ -18,22 +18,12 @@ import torch
 
 import dctdata
 from dctdata.api import open_dataset
+from sample_fields import poisson_fields as fields
 from dctdata.cli import main
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.loaders.wds_dataset import DCTWebDataset, verify_webdataset
 
 N = 36
-
-
-def fields(n, h=24, w=40, seed=0):
-    """Smooth seeded fields + Poisson noise (N, 1, H, W) float32."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
-    x = np.empty((n, 1, h, w), np.float32)
-    for i in range(n):
-        a, b, p = rng.uniform(1, 4, 3)
-        x[i, 0] = rng.poisson((20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)) * 4) / 4.0
-    return x
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,12 @@ from dctdata.cli import main
 from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec, read_manifest, sample_key
 from dctdata.preprocess.wds_writer import WebDatasetWriter, make_writer
+from sample_fields import poisson_fields
 
 
 def fields(n, h=24, w=40, seed=0):
-    """Smooth seeded fields + Poisson noise (N, 1, H, W) float32, and int labels."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
-    x = np.empty((n, 1, h, w), np.float32)
-    for i in range(n):
-        a, b, p = rng.uniform(1, 4, 3)
-        x[i, 0] = rng.poisson((20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)) * 4) / 4.0
-    return x, np.arange(n, dtype=np.int64)
+    """Poisson fields (N, 1, H, W) and int labels."""
+    return poisson_fields(n, 1, h, w, seed), np.arange(n, dtype=np.int64)
 
 
 @pytest.fixture(scope="module")
