@@ -5,9 +5,9 @@ Coefficient layout (block-row frequency-planar): an image of shape (..., H, W) b
 Row [hb, k, :] holds frequency (u_k, v_k) of the Wb blocks of block row hb; kept frequencies are
 listed in row-major (u, v) order (see `kept_frequencies`). Runs of one frequency are smooth, which
 zstd likes, and the inverse transform reads them as a transposed BLAS operand and writes image rows
-directly, with no permute pass (decode measured 1.1-2x a plain copy at CF<=4, versus 2.2-4x for the
-fully planar (..., K, Hb, Wb) order, which needs one extra transpose pass). A DCT-domain network
-that wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
+directly, with no permute pass (the fully planar (..., K, Hb, Wb) order needs one extra transpose
+pass over a full-size tensor; `dctdata bench codec` measures the result). A DCT-domain network that
+wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
 
 All work is per block (reshape + a (K x 64) matmul), so the cost per pixel does not depend on the
 image size.
