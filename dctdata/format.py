@@ -71,6 +71,45 @@ def entry_name(field: str, compressed: bool = False) -> str:
     return f"{field}.npy.zst" if compressed else f"{field}.npy"
 
 
+# .npy members of webdataset shards: numpy writes the header as a Python dict literal and parses it
+# back with ast.literal_eval. Shard bytes are untrusted, and CPython 3.11's AST construction has a
+# recursion-depth bookkeeping bug (gh-106905) that can turn a later, valid parse into a SystemError.
+# We only ever read headers in the exact form numpy writes, so match that form strictly instead.
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_RE = re.compile(r"\{'descr': '([<>|=][biuf][0-9]{1,2})', 'fortran_order': (False|True), 'shape': \(((?:[0-9]+, )*[0-9]+,?|)\), \} *\n")
+
+
+def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
+    """`.npy` bytes -> a writable numeric array. Strict: the header form numpy writes, numeric dtypes
+    only (never objects, so never pickle), and exactly the data bytes the header promises."""
+    from dctdata.errors import IntegrityError
+
+    b = memoryview(raw).cast("B")
+    if len(b) < 10 or bytes(b[:6]) != _NPY_MAGIC:
+        raise IntegrityError(f"{where}: expected .npy bytes. Got no .npy magic")
+    major = b[6]
+    if major == 1:
+        start, hlen = 10, int.from_bytes(b[8:10], "little")
+    elif major in (2, 3):
+        start, hlen = 12, int.from_bytes(b[8:12], "little")
+    else:
+        raise IntegrityError(f"{where}: expected .npy format version 1, 2 or 3. Got {major}")
+    header = bytes(b[start : start + hlen]).decode("latin1")
+    m = _NPY_HEADER_RE.fullmatch(header)
+    if m is None:
+        if "'descr': '|O'" in header:
+            raise IntegrityError(f"{where}: expected a numeric .npy array. Got an object array, which only pickle could load")
+        raise IntegrityError(f"{where}: expected a numeric .npy header as numpy writes it. Got {header[:80]!r}")
+    dtype = np.dtype(m.group(1))
+    shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
+    count = math.prod(shape)
+    data = b[start + hlen :]
+    if len(data) != count * dtype.itemsize:
+        raise IntegrityError(f"{where}: expected {count * dtype.itemsize} data bytes for {dtype} {shape}. Got {len(data)}")
+    order = "F" if m.group(2) == "True" else "C"
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")
+
+
 def _err(where: str, expected: str, got: object) -> FormatError:
     return FormatError(f"{where}: expected {expected}. Got {got!r}")
 

@@ -57,7 +57,7 @@ import webdataset as wds
 from webdataset.utils import pytorch_worker_info
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
-from dctdata.format import MANIFEST_NAME, FieldSpec, Manifest, entry_name, is_url, join, manifest_location, parse_manifest, sample_key
+from dctdata.format import MANIFEST_NAME, FieldSpec, Manifest, decode_npy, entry_name, is_url, join, manifest_location, parse_manifest, sample_key
 from dctdata.layer import Decompress
 from dctdata.lossless import get_codec
 
@@ -221,13 +221,12 @@ class _Shard:
             try:
                 codec = self.codecs[f.name]
                 raw = codec.decode(raw) if codec is not None else raw
-                arr = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
             except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample
-                raise IntegrityError(f"{where}: expected a .npy entry. Got undecodable bytes ({type(exc).__name__}: {exc})") from exc
+                raise IntegrityError(f"{where}: expected {f.lossless.get('id')}-compressed .npy bytes. Got undecodable bytes ({type(exc).__name__}: {exc})") from exc
+            arr = decode_npy(raw, where)
             if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
                 raise IntegrityError(f"{where}: expected {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}")
-            # format.FieldSpec.to_tensor goes through np.ascontiguousarray, which makes 0-d arrays 1-d.
-            out.append(f.to_tensor(arr).reshape(arr.shape))
+            out.append(f.to_tensor(arr))
         return out
 
 

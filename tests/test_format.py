@@ -195,3 +195,49 @@ def test_to_tensor_keeps_scalar_labels_zero_dimensional():
     assert t.shape == () and int(t) == 7
     batch = label.to_tensor(np.arange(4, dtype=np.int64))
     assert batch.shape == (4,)
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [np.arange(12, dtype=np.int8).reshape(3, 4), np.zeros((1, 2, 3, 4), np.float16), np.array(7, np.int64), np.arange(5, dtype=">u2"),
+     np.ones((2, 3), np.float32, order="F"), np.array([True, False])],
+)  # fmt: skip
+def test_decode_npy_reads_what_numpy_writes(arr):
+    import io
+
+    from dctdata.format import decode_npy
+
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    out = decode_npy(buf.getvalue(), "x")
+    assert out.dtype == arr.dtype and out.shape == arr.shape and out.flags.writeable
+    np.testing.assert_array_equal(out, arr)
+
+
+@pytest.mark.parametrize(
+    "mutate, msg",
+    [
+        (lambda b: b"PK" + b[2:], r"x: expected \.npy bytes\. Got no \.npy magic"),
+        (lambda b: b[:-1], r"x: expected 24 data bytes for int32 \(2, 3\)\. Got 23"),
+        (lambda b: b[:6] + bytes([9]) + b[7:], r"x: expected \.npy format version 1, 2 or 3\. Got 9"),
+        (lambda b: b.replace(b"'shape': (2, 3)", b"'shape': ((((2))))"), r"x: expected a numeric \.npy header as numpy writes it"),
+        (lambda b: b.replace(b"<i4", b"<U4"), r"x: expected a numeric \.npy header"),
+    ],
+)
+def test_decode_npy_is_strict_and_never_uses_ast(monkeypatch, mutate, msg):
+    """Untrusted headers never reach ast.literal_eval (CPython 3.11's AST recursion bug, gh-106905)."""
+    import ast
+    import io
+
+    from dctdata.errors import IntegrityError
+    from dctdata.format import decode_npy
+
+    def no_ast(*args, **kwargs):
+        raise AssertionError("ast.literal_eval must not be used on untrusted .npy headers")
+
+    monkeypatch.setattr(ast, "literal_eval", no_ast)
+    buf = io.BytesIO()
+    np.save(buf, np.arange(6, dtype="<i4").reshape(2, 3), allow_pickle=False)
+    np.testing.assert_array_equal(decode_npy(buf.getvalue(), "x"), np.arange(6).reshape(2, 3))
+    with pytest.raises(IntegrityError, match=msg):
+        decode_npy(mutate(buf.getvalue()), "x")

@@ -154,11 +154,11 @@ def seal(root, name, data):
 def test_pickled_webdataset_member_is_refused_and_never_runs(wds, tmp_path, capsys):
     marker = tmp_path / "PWNED"
     rewrite_shard(wds, "shard-000000.tar", replace={"000000001.label.npy": pickled_npy(marker)})
-    with pytest.raises(IntegrityError, match=r"shard-000000\.tar: sample 1 field 'label': expected a \.npy entry\. Got undecodable bytes \(ValueError: Object arrays cannot be loaded when allow_pickle=False\)"):
+    with pytest.raises(IntegrityError, match=r"shard-000000\.tar: sample 1 field 'label': expected a numeric \.npy array\. Got an object array, which only pickle could load"):
         list(dctdata.open_dataset(wds, shuffle=False))
     skip = dctdata.open_dataset(wds, shuffle=False, on_error="skip")
     assert [int(s[1]) for s in skip] == [0, 4, 5, 6, 7] and skip.stats["samples_skipped"] == 3
-    assert main(["verify", str(wds)]) == 1 and "allow_pickle=False" in capsys.readouterr().out
+    assert main(["verify", str(wds)]) == 1 and "Got an object array, which only pickle could load" in capsys.readouterr().out
     assert not marker.exists()
 
 
