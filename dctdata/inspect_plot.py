@@ -8,12 +8,13 @@ Without originals a row is reconstruction | spectrum.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
+import torch
 
 from dctdata.errors import DctDataError
+from dctdata.metrics import psnr
 
 TILE = 224
 PAD = 24
@@ -118,8 +119,7 @@ def inspect_figure(
         label = titles[i] if titles else f"item {i}"
         if org is not None:
             err = np.abs(org[i] - r)
-            mse = float(np.mean(err**2))
-            db = math.inf if mse == 0 else 10 * math.log10((hi - lo) ** 2 / mse) if hi > lo else -math.inf
+            db = float(psnr(torch.as_tensor(org[i], dtype=torch.float64), torch.as_tensor(r, dtype=torch.float64)))
             label += f"   PSNR {db:.1f} dB, max |error| {err.max():.3g}"
             tiles += [_to_tile(org[i], lo, hi), _to_tile(r, lo, hi), _to_tile(err, 0.0, float(err.max()), "heat")]
             f, p_org = radial_power_spectrum(org[i])

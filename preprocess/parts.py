@@ -21,6 +21,7 @@ import torch
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.layer import Decompress
+from dctdata.metrics import item_errors, psnr_from_mse
 from dctdata.quantize import F32_SAFE_MAX, encode
 from dctdata.preprocess.sources import Source, open_source
 
@@ -141,14 +142,7 @@ def _encoded(job: PartJob, src: Source, start: int, stop: int, stats: dict, laye
 
 
 def _figures(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[list[float], float]:
-    """Per-sample PSNR against each sample's value range (as `dctdata.metrics.psnr(dims=3)`) and the
-    max abs error, from one float64 error tensor (one pass instead of three conversions)."""
-    err = x_hat - x  # float64 (x_hat is) - float32, promoted
-    flat = x.flatten(1)
-    rng = flat.amax(1).double() - flat.amin(1).double()
-    mse = err.square_().flatten(1).mean(1)
-    max_err = math.sqrt(float(err.max()))  # sqrt(x^2) == |x| exactly in IEEE arithmetic
-    psnr = 10.0 * torch.log10(rng.square() / mse)
-    psnr = torch.where(mse == 0, torch.full_like(psnr, math.inf), psnr)
+    """Per-sample PSNR against each sample's value range, and the max abs error."""
+    mse, rng, max_err = item_errors(x, x_hat, dims=3)
     # A constant sample (zero range) has no PSNR against its range: left out, not reported as -inf/NaN.
-    return psnr[rng > 0].tolist(), max_err
+    return psnr_from_mse(mse, rng)[rng > 0].tolist(), max_err
