@@ -101,17 +101,9 @@ def make_pairs(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
     return {k: np.stack([s[k] for s in samples]) for k in FIELDS}
 
 
-def dir_bytes(path: str) -> int:
-    """Bytes of every file under `path` (data files, metadata and manifest)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    return total
-
-
-def pack_summary(manifest, path: str) -> dict[str, Any]:
+def pack_summary(manifest) -> dict[str, Any]:
     """Stored size, ratios, transfer ratio and PSNR of a packed dataset, from its manifest."""
-    stored = dir_bytes(path)
+    stored = manifest.stored_bytes
     f32 = src = coeff = 0.0
     for f in manifest.fields:
         numel = math.prod(f.shape)
@@ -331,7 +323,7 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
     ]
     for kind in ("zarr", "webdataset"):
         path, manifest, seconds = packs[kind]
-        row = {"data": f"dctdata {kind}", **pack_summary(manifest, path), "pack_seconds": seconds}
+        row = {"data": f"dctdata {kind}", **pack_summary(manifest), "pack_seconds": seconds}
         row.update(loader_sps=speed[kind][0], decode_sps=speed[kind][1], **runs[kind])
         rows.append(row)
     with torch.no_grad():

@@ -351,6 +351,11 @@ class Manifest:
 
     # Convenience ---------------------------------------------------------------------------------
     @property
+    def stored_bytes(self) -> int:
+        """Bytes of every stored file the manifest lists (recorded at pack time with their sha256)."""
+        return sum(e["bytes"] for e in self.checksums.values())
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 

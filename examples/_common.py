@@ -235,7 +235,7 @@ def run_study(task: Task, args) -> list[dict[str, Any]]:
         _log(f"[{task.name}] train {label}")
         net = fresh()
         losses, seconds = train(task, net, ds, decode, args)
-        summary = pack_summary(manifest, path)
+        summary = pack_summary(manifest)
         rows.append({
             "setting": label, **{k: summary[k] for k in ("stored_bytes", "ratio_f32", "ratio_src", "transfer", "psnr_min", "psnr_median")},
             "codec": ", ".join(f"{k}: {v}" for k, v in summary["settings"].items()), "losses": losses, "train_seconds": seconds,
@@ -275,8 +275,8 @@ def write_results(task: Task, rows: list[dict[str, Any]], out: str, args) -> Non
     better = "higher" if task.higher_is_better else "lower"
     header = (
         f"{task.name}: {task.description} {args.n} training / {args.test} test samples, {args.epochs} epochs, batch {args.batch_size}, "
-        f"lr {args.lr:g}, seed {args.seed}; {task.metric_name}: {better} is better. Stored ratio: uncompressed float32 bytes / bytes "
-        "on disk (raw row: the source arrays uncompressed). (raw) = scored on the raw held-out arrays, (coded) = on held-out "
+        f"lr {args.lr:g}, seed {args.seed}; {task.metric_name}: {better} is better. Stored ratio: uncompressed float32 bytes / the "
+        "stored files the manifest lists (raw row: the source arrays uncompressed). (raw) = scored on the raw held-out arrays, (coded) = on held-out "
         "inputs through the same codec (targets stay raw). Δ vs raw on the (raw) column."
     )
     print(header)

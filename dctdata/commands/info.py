@@ -43,7 +43,7 @@ def _num(v, fmt="{:.2f}") -> str:
 
 def _main(args) -> int:
     m = read_manifest(args.dataset)
-    total = sum(e["bytes"] for e in m.checksums.values())
+    total = m.stored_bytes
     print(f"{args.dataset}: {m.format} v{m.version} ({m.storage}), written by dctdata {m.dctdata_version}")
     print(f"samples: {m.samples}   stored: {total / 1e6:.3f} MB in {len(m.checksums)} files")
     settings = {k: v for k, v in m.pack.items() if v not in (None, {}, False)}
