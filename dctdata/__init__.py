@@ -1,17 +1,17 @@
 """dctdata: block-DCT compressed training sets for scientific ML.
 
 Core (this package): transform kernels, CodecSpec, quantization, the `Decompress` first layer and
-the on-disk format. `dctdata.preprocess` packs datasets offline; `dctdata.loaders` streams them.
+the on-disk format (`dctdata.format`). `dctdata.preprocess` packs datasets offline; `dctdata.loaders`
+streams them; `dctdata.api` joins the two behind `pack` and `open_dataset`.
 """
 
+from dctdata._version import __version__
 from dctdata.api import open_dataset, pack
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
 from dctdata.layer import Decompress
 from dctdata.quantize import dequantize, encode, quantize
 from dctdata.spec import CodecSpec
 from dctdata.transform import basis, compress, decompress, dct_matrix, kept_frequencies, num_kept
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CodecSpec",

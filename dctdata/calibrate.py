@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from dctdata.errors import DctDataError
+from dctdata.parse import is_number, parse_number
 from dctdata.layer import Decompress
 from dctdata.lossless import DEFAULT_CODEC, get_codec
 from dctdata.metrics import item_range, psnr
@@ -386,10 +387,9 @@ def calibrate_report(
     """
     x = _check_samples(samples)
     if target_psnr is not None:
-        if isinstance(target_psnr, bool) or not isinstance(target_psnr, (int, float)):
+        if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
-        if not 0 < target_psnr < 200:
-            raise DctDataError(f"target_psnr: expected a PSNR in dB between 0 and 200. Got {target_psnr}")
+        parse_number(target_psnr, "target_psnr", above=0, below=200, expected="a PSNR in dB between 0 and 200")
     elif cf is None:
         raise DctDataError("calibrate: expected cf or target_psnr. Got neither (nothing to choose the chop factor from)")
     if not isinstance(margin_db, (int, float)) or margin_db < 0:

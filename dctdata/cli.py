@@ -1,8 +1,10 @@
 """`dctdata` console script: a thin argparse front over dctdata/commands/*.
 
-Each command module defines `register(subparsers)` which adds its parser and sets `func`. Errors a
-user can cause (DctDataError, TypeError from bad settings, missing files) print one line and exit 1,
-without a traceback; `--debug` shows the traceback.
+Each command module defines `register(subparsers)` which adds its parser and sets `func`; command
+modules import their library code inside `func`, so `--help` stays fast. Errors a user can cause
+(`DctDataError`: bad input, settings or stored data; `OSError`: missing, unreadable or full paths)
+print one line and exit 1, without a traceback (`--debug` shows it). Anything else is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dctdata import __version__
+    from dctdata._version import __version__
 
     parser = argparse.ArgumentParser(prog="dctdata", description="Block-DCT compressed training sets for scientific ML.")
     parser.add_argument("--version", action="version", version=f"dctdata {__version__}")
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (DctDataError, TypeError, OSError) as exc:  # OSError: missing/unwritable paths, read-only or full disks
+    except (DctDataError, OSError) as exc:  # OSError: missing/unwritable paths, read-only or full disks
         if args.debug:
             raise
         msg = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.strerror}: {exc.filename}"

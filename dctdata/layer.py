@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from dctdata.errors import DctDataError
+from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec
 from dctdata.transform import augment_bias, fold_basis, synthesize
 
@@ -47,8 +48,8 @@ class Decompress(nn.Module):
     @classmethod
     def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
         """The layer for a packed dataset's dct field (the only one when `field` is None)."""
-        f = manifest.field(field, kind="dct") if field is None else manifest.field(field)
-        if f.kind != "dct":
+        f = manifest.field(field, kind=FieldKind.DCT) if field is None else manifest.field(field)
+        if f.kind is not FieldKind.DCT:
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
         return cls(f.codec, **kwargs)
 

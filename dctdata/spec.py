@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import torch
 
 from dctdata.errors import DctDataError
+from dctdata.parse import parse_int
 from dctdata.transform import BLOCK, grid_shape, num_kept, parse_cf, parse_mask
 
 # Wire dtypes of coefficients, with their torch dtype and bits per value.
@@ -43,11 +44,7 @@ def parse_coeff_dtype(dtype: object) -> str:
 
 
 def _parse_pos_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a positive int. Got {value!r}")
-    if value < 1:
-        raise DctDataError(f"{name}: expected a positive int. Got {value}")
-    return value
+    return parse_int(value, name, minimum=1, expected="a positive int")
 
 
 def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: bool) -> tuple | None:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from dctdata.errors import DctDataError
+from dctdata.parse import is_int, parse_int
 
 BLOCK = 8
 MASKS = ("square", "triangle")
@@ -30,11 +31,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def parse_cf(cf: object) -> int:
     """Validate a chop factor: an int in 1..8."""
-    if isinstance(cf, bool) or not isinstance(cf, int):
-        raise TypeError(f"cf: expected an int in 1..{BLOCK}. Got {cf!r} of type {type(cf).__name__}")
-    if not 1 <= cf <= BLOCK:
-        raise DctDataError(f"cf: expected an int in 1..{BLOCK}. Got {cf}")
-    return cf
+    return parse_int(cf, "cf", minimum=1, maximum=BLOCK)
 
 
 def parse_mask(mask: object) -> str:
@@ -137,7 +134,7 @@ def parse_size(size: object) -> tuple[int, int]:
         raise TypeError(f"size: expected a pair (H, W). Got {size!r}")
     h, w = size
     for name, v in (("H", h), ("W", w)):
-        if isinstance(v, bool) or not isinstance(v, int):
+        if not is_int(v):
             raise TypeError(f"size: expected integer {name}. Got {v!r}")
         if v < 1:
             raise DctDataError(f"size: expected {name} >= 1. Got {v}")

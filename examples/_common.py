@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 import dctdata
-from dctdata.demo import pack_summary
+from dctdata.report import pack_summary
 
 DEFAULT_SETTINGS = ("cf=3", "cf=5", "cf=7", "psnr=30", "psnr=35", "psnr=40")
 _KEYS = {"cf": int, "mask": str, "quant": str, "psnr": float}
@@ -254,7 +254,7 @@ COLUMNS = ("setting", "codec", "stored ratio vs float32", "vs source", "transfer
 
 
 def table(task: Task, rows: list[dict[str, Any]]) -> str:
-    cols = (*COLUMNS, f"test {task.metric_name} (raw)", f"test {task.metric_name} (coded)", f"Δ vs raw")
+    cols = (*COLUMNS, f"test {task.metric_name} (raw)", f"test {task.metric_name} (coded)", "Δ vs raw")
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join([":--", ":--"] + ["--:"] * (len(cols) - 2)) + "|"]
     base = rows[0]["metric_raw"]
     for r in rows:

@@ -68,7 +68,7 @@ def load_cifar10(root: str, n: int, test: int) -> tuple[dict, dict]:
 
 
 def cifar_like_arrays(n: int, seed: int) -> dict:
-    from dctdata.preprocess.synthetic import cifar_like
+    from dctdata.datasets import cifar_like
 
     ds = cifar_like(n=n, seed=seed)
     samples = [ds[i] for i in range(n)]

@@ -25,7 +25,7 @@ import dctdata
 from dctdata.calibrate import calibrate
 from dctdata.loaders.device import DevicePrefetcher, resolve_device, with_decompress
 from dctdata.metrics import psnr
-from dctdata.preprocess.synthetic import cifar_like
+from dctdata.datasets import cifar_like
 
 
 def tiny_cnn(channels: int = 3, classes: int = 10) -> nn.Module:

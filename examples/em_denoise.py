@@ -38,7 +38,7 @@ class ResidualUNet(nn.Module):
 
 
 def em_arrays(n: int, size: int, seed: int) -> dict:
-    from dctdata.preprocess.synthetic import em_denoise
+    from dctdata.datasets import em_denoise
 
     ds = em_denoise(n=n, size=size, seed=seed)
     samples = [ds[i] for i in range(n)]

@@ -37,7 +37,7 @@ def autoencoder(width: int = 16) -> nn.Module:
 
 
 def optical_arrays(n: int, seed: int) -> dict:
-    from dctdata.preprocess.synthetic import optical_damage
+    from dctdata.datasets import optical_damage
 
     ds = optical_damage(n=n, seed=seed)
     samples = [ds[i] for i in range(n)]

@@ -40,7 +40,7 @@ def fill_nan(refs: np.ndarray, bts: np.ndarray) -> tuple[np.ndarray, np.ndarray,
 
 
 def slstr_arrays(n: int, size: int, seed: int) -> dict:
-    from dctdata.preprocess.synthetic import slstr_cloud
+    from dctdata.datasets import slstr_cloud
 
     ds = slstr_cloud(n=n, size=size, seed=seed)
     samples = [ds[i] for i in range(n)]

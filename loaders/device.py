@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from dctdata.errors import DctDataError
+from dctdata.parse import is_int
 
 __all__ = ["AugmentOnDevice", "DevicePrefetcher", "pin", "resolve_device", "to_device", "with_decompress"]
 
@@ -47,7 +48,7 @@ def resolve_device(device: torch.device | str | int | None = None) -> torch.devi
     """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+    if not isinstance(device, (torch.device, str)) and not is_int(device):
         raise TypeError(f"device: expected a torch.device, a name such as 'cpu' or 'cuda:0', or an index. Got {device!r}")
     try:
         dev = torch.device(device)

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from dctdata.errors import DctDataError
+from dctdata.parse import parse_int
 
 
 def _world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -54,8 +55,7 @@ def make_loader(
     **loader_kwargs: Any,
 ) -> DataLoader:
     """A DataLoader that gives this rank its share of `dataset` (see the module docstring)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise DctDataError(f"batch_size: expected a positive int. Got {batch_size!r}")
+    parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
     if isinstance(dataset, IterableDataset):
         if rank is not None or world_size is not None:
             raise DctDataError("rank/world_size: expected them on the DCTWebDataset itself (it splits by rank). Got them for make_loader")

@@ -17,22 +17,12 @@ import os
 from typing import Any
 
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec
+from dctdata.format.checksum import sha256_file
+from dctdata.format.fields import FieldSpec
 
 log = logging.getLogger(__name__)
 
 JOURNAL_NAME = ".dctdata-journal.jsonl"
-
-
-def _sha256(path: str) -> tuple[str, int]:
-    import hashlib
-
-    h, n = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-            n += len(block)
-    return h.hexdigest(), n
 
 
 class Journal:
@@ -96,7 +86,7 @@ class Journal:
             for rel, entry in res["files"].items():
                 path = os.path.join(self.root, *rel.split("/"))
                 try:
-                    got = _sha256(path)
+                    got = sha256_file(path)
                 except OSError:
                     got = None
                 if got != (entry["sha256"], entry["bytes"]):

@@ -27,23 +27,13 @@ Defaults without a target PSNR: cf=4, mask square, quant none (fp32): 16 of 64 f
 4x smaller tensor on the device. With `target_psnr`, calibration chooses whatever of cf/mask/quant is
 left None (smallest stored size that reaches the target).
 
-Writer interface (one per storage format; `dctdata.preprocess.zarr_writer`, and the webdataset writer
-`dctdata.preprocess.wds_writer`). A writer module defines `make_writer(**options) -> Writer`; a Writer
-holds only options (it is pickled to Dask workers) and has:
-
-    plan(fields, n) -> [(start, stop), ...]        # the parts; part i owns its files alone
-    open(root, fields, n) -> None                  # client, once: metadata files (zarr.json)
-    write_part(root, fields, n, i, start, stop, batches) -> {"files": {rel: {"sha256", "bytes"}}, ...}
-        # anywhere: batches yields dicts field -> (B, *stored_shape) arrays in the stored dtype
-        # (see dctdata.format) covering [start, stop) in order
-    finish(root, fields, n, part_results) -> {"layout": {...}, "checksums": {rel: {...}}}  # client
-
-Writers never compute error figures and never write the manifest; the orchestrator does both.
+Writers (one per storage format, `dctdata.format.make_writer`) implement the part interface of
+`dctdata.format.base`; they never compute error figures and never write the manifest: the orchestrator
+does both.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -57,13 +47,15 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.format import MANIFEST_NAME, STORAGES, FieldSpec, FieldStats, Manifest, is_url, join, write_manifest
+from dctdata.parse import parse_number, parse_optional_int
+from dctdata.kinds import FIELD_KINDS, FieldKind
+from dctdata.format import MANIFEST_NAME, STORAGES, FieldSpec, FieldStats, Manifest, is_url, make_writer, write_manifest, write_manifest_url
 from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
 from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
 from dctdata.transform import parse_cf, parse_mask
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.journal import Journal
-from dctdata.preprocess.parts import BATCH_BYTES, PartJob, check_finite as _check_finite, run_part
+from dctdata.preprocess.parts import PartJob, check_finite as _check_finite, run_part
 from dctdata.preprocess.sources import Source, open_source
 
 log = logging.getLogger(__name__)
@@ -71,7 +63,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CF = 4
 CALIBRATION_SAMPLES = 64
 CALIBRATION_VALUES = 1 << 22
-WRITER_MODULES = {"zarr": "dctdata.preprocess.zarr_writer", "webdataset": "dctdata.preprocess.wds_writer"}
 
 
 def parse_nan(nan: object) -> float | None:
@@ -108,18 +99,18 @@ def parse_field_overrides(fields: object) -> dict[str, str]:
         raise TypeError(f"fields: expected a mapping or a list of 'NAME=KIND'. Got {type(fields).__name__}")
     out = {}
     for name, kind in items:
-        if kind not in ("dct", "array", "label"):
+        if kind not in FIELD_KINDS:
             raise DctDataError(f"--field {name}: expected kind dct, array or label. Got {kind!r}")
-        out[str(name)] = kind
+        out[str(name)] = FieldKind(kind)
     return out
 
 
-def default_kind(shape: tuple[int, ...], dtype: np.dtype) -> str:
+def default_kind(shape: tuple[int, ...], dtype: np.dtype) -> FieldKind:
     if dtype.kind == "f" and len(shape) >= 2:
-        return "dct"
+        return FieldKind.DCT
     if dtype.kind in "iu" and shape == ():
-        return "label"
-    return "array"
+        return FieldKind.LABEL
+    return FieldKind.ARRAY
 
 
 def dct_shape(name: str, shape: tuple[int, ...], where: str) -> tuple[int, int, int]:
@@ -168,13 +159,13 @@ def plan_fields(
     specs = []
     n = len(source)
     for name, (shape, dtype) in probe.items():
-        kind = overrides.get(name) or source.default_kinds.get(name) or default_kind(shape, dtype)
+        kind = FieldKind(overrides.get(name) or source.default_kinds.get(name) or default_kind(shape, dtype))
         if dtype.kind not in "biuf":
             raise DctDataError(f"{source.description}: field {name!r}: expected a numeric dtype. Got {dtype}")
-        if kind == "label" and shape != ():
+        if kind is FieldKind.LABEL and shape != ():
             raise DctDataError(f"{source.description}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}")
         spec = None
-        if kind == "dct":
+        if kind is FieldKind.DCT:
             if dtype.kind == "b":
                 raise DctDataError(f"{source.description}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)")
             shape = dct_shape(name, shape, source.description)
@@ -190,19 +181,6 @@ def plan_fields(
                 spec = CodecSpec(cf=cf, height=h, width=w, channels=c, mask=mask, dtype=quant)
         specs.append(FieldSpec(name, kind, shape, dtype.name, spec, codec))
     return tuple(specs)
-
-
-def get_writer(format: str, options: Mapping[str, Any] | None = None):
-    if format not in STORAGES:
-        raise DctDataError(f"--format: expected one of {STORAGES}. Got {format!r}")
-    name = WRITER_MODULES[format]
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        raise DctDataError(f"--format {format}: expected the writer module {name}. Got none in this build") from exc
-    return module.make_writer(**dict(options or {}))
 
 
 def _check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | None) -> str:
@@ -280,10 +258,9 @@ def pack(
         parse_mask(mask)
     if quant is not None and quant not in QUANT_TO_DTYPE:
         raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {quant!r}")
-    if target_psnr is not None and (isinstance(target_psnr, bool) or not isinstance(target_psnr, (int, float)) or not target_psnr > 0):
-        raise DctDataError(f"--target-psnr: expected a positive number of dB. Got {target_psnr!r}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise DctDataError(f"--workers: expected a positive int. Got {workers!r}")
+    if target_psnr is not None:
+        parse_number(target_psnr, "--target-psnr", above=0, expected="a positive number of dB", type_error=DctDataError)
+    parse_optional_int(workers, "--workers", minimum=1, expected="a positive int", type_error=DctDataError)
     if workers not in (None, 1) and scheduler is not None:
         raise DctDataError(f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got workers={workers} scheduler={scheduler!r}")
     if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
@@ -317,7 +294,7 @@ def pack(
     try:
         n = len(src)
         settings["samples"] = n
-        writer = get_writer(format, options)
+        writer = make_writer(format, options)
         specs = None
         if not url and os.path.isdir(root):
             if resume:
@@ -373,7 +350,7 @@ def pack(
             layout=result.get("layout", {}),
         )
         if url:
-            _write_manifest_url(manifest, out, storage_options)  # the commit on an object store
+            write_manifest_url(manifest, out, storage_options)  # the commit on an object store
         else:
             journal.remove()
             write_manifest(manifest, root)
@@ -399,18 +376,6 @@ def _remove_manifest(out: str, storage_options: Mapping[str, Any]) -> None:
     loc = path.rstrip("/") + "/" + MANIFEST_NAME
     if fs.exists(loc):
         fs.rm(loc)
-
-
-def _write_manifest_url(manifest: Manifest, out: str, storage_options: Mapping[str, Any]) -> None:
-    """On object stores there is no rename: the manifest, written last, is the commit."""
-    import json
-
-    import fsspec
-
-    text = manifest.to_json()
-    Manifest.from_dict(json.loads(text))
-    with fsspec.open(join(out, MANIFEST_NAME), "w", encoding="utf-8", **dict(storage_options)) as fh:
-        fh.write(text)
 
 
 def _commit(tmp: str, out: str) -> None:
@@ -453,7 +418,7 @@ def _run(job: "PartJob", todo, results: dict, journal, *, src, workers, schedule
 def _combine_stats(specs, parts: list[dict]) -> dict:
     stats: dict[str, Any] = {}
     for f in specs:
-        if f.kind == "dct":
+        if f.is_dct:
             scores = [v for p in parts for v in p["stats"]["psnr"][f.name]]
             err = max(p["stats"]["max_error"][f.name] for p in parts)
             over = sum(p["stats"]["overflow"][f.name] for p in parts)

@@ -84,12 +84,12 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
         torch.set_num_threads(job.threads)
     src = src if src is not None else _source(job)
     stats = {
-        "psnr": {f.name: [] for f in job.specs if f.kind == "dct"},
-        "max_error": {f.name: 0.0 for f in job.specs if f.kind == "dct"},
-        "overflow": {f.name: 0 for f in job.specs if f.kind == "dct"},
+        "psnr": {f.name: [] for f in job.specs if f.is_dct},
+        "max_error": {f.name: 0.0 for f in job.specs if f.is_dct},
+        "overflow": {f.name: 0 for f in job.specs if f.is_dct},
         "nan_filled": 0,
     }
-    layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in job.specs if f.kind == "dct"}
+    layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in job.specs if f.is_dct}
     batches = _encoded(job, src, start, stop, stats, layers)
     out = job.writer.write_part(job.root, job.specs, job.samples, index, start, stop, batches)
     return {"index": index, "start": start, "stop": stop, "stats": stats, **out}
@@ -108,12 +108,12 @@ def _encoded(job: PartJob, src: Source, start: int, stop: int, stats: dict, laye
             for name, f in by_name.items():
                 x = batch[name]
                 where = lambda j, s=a: src.where(s + j)  # noqa: E731
-                expect = f.shape if f.kind != "dct" or x.ndim - 1 == 3 else f.shape[1:]
+                expect = f.shape if not f.is_dct or x.ndim - 1 == 3 else f.shape[1:]
                 if tuple(x.shape[1:]) != tuple(expect):
                     raise DctDataError(
                         f"{where(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} (ragged samples)"
                     )
-                if f.kind != "dct":
+                if not f.is_dct:
                     if x.dtype.name != f.dtype:
                         raise DctDataError(f"{where(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}")
                     stored[name] = np.ascontiguousarray(x)

@@ -5,7 +5,7 @@ import pytest
 
 import dctdata
 from dctdata.bench import rd
-from dctdata.bench.fields import KINDS, synthetic_fields
+from dctdata.datasets.fields import KINDS, synthetic_fields
 from dctdata.cli import main
 
 
@@ -39,7 +39,7 @@ def test_run_rd_rows_and_matched_lines():
 
 
 def test_photos_get_jpeg_rows():
-    from dctdata.sample_images import sample_images
+    from dctdata.datasets.images import sample_images
 
     img = sample_images(("camera",), include_sklearn=False)["camera"][:128, :128]
     ds = [rd.Dataset("camera", (img.astype(np.float32) / 255)[None, None], 1, img[None])]

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import dctdata
-from dctdata.bench.fields import synthetic_fields
+from dctdata.datasets.fields import synthetic_fields
 from dctdata.calibrate import calibrate, calibrate_report, dataset_psnr
 from dctdata.lossless import DEFAULT_CODEC, get_codec
 from dctdata.metrics import psnr
-from dctdata.sample_images import sample_images, to_chw_float
+from dctdata.datasets.images import sample_images, to_chw_float
 
 
 def roundtrip(x, spec):

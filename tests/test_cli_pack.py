@@ -362,7 +362,7 @@ def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp
     """Tiny samples: a fixed 64-sample subset missed the tails, so int8 'reached' 40 dB on the subset and
     then clamped hundreds of coefficients of unseen samples. Now the subset is sized by values."""
     from dctdata.preprocess import pack as pack_mod
-    from dctdata.preprocess.synthetic import cifar_like
+    from dctdata.datasets import cifar_like
 
     ds = cifar_like(n=400, seed=3)
     src = tmp_path / "cifar.npz"

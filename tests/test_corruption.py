@@ -203,7 +203,7 @@ def bench(n: int = 4096, size: int = 64, repeats: int = 5) -> None:  # pragma: n
     with the check and with it disabled."""
     import tempfile
 
-    from dctdata.loaders import zarr_dataset as zd
+    from dctdata.format.zarr.reader import ZarrReader
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -218,14 +218,14 @@ def bench(n: int = 4096, size: int = 64, repeats: int = 5) -> None:  # pragma: n
                 ds.__getitems__(list(range(a, a + 64)))
             return n / (time.perf_counter() - t)
 
-        original = zd.DCTZarrDataset._check_shard_index
+        original = ZarrReader._check_shard_index
         rows = []
         for label, patch in (("index check (default)", original), ("no check", lambda self, f, s, key: None)):
-            zd.DCTZarrDataset._check_shard_index = patch
+            ZarrReader._check_shard_index = patch
             try:
                 rates = sorted(one_pass() for _ in range(repeats))
             finally:
-                zd.DCTZarrDataset._check_shard_index = original
+                ZarrReader._check_shard_index = original
             rows.append((label, rates[len(rates) // 2]))
         print(f"{n} samples 1x{size}x{size} int8 cf=4, {n // 64} shards, batches of 64, median of {repeats} fresh passes")
         for label, rate in rows:

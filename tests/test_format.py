@@ -20,17 +20,9 @@ import torch
 import dctdata
 import dctdata.metrics
 from dctdata.errors import DctDataError, FormatError
-from dctdata.format import (
-    FORMAT_VERSION,
-    FieldSpec,
-    FieldStats,
-    Manifest,
-    entry_name,
-    read_manifest,
-    sample_key,
-    write_manifest,
-    zarr_shard_key,
-)
+from dctdata.format import FORMAT_VERSION, FieldSpec, FieldStats, Manifest, read_manifest, write_manifest
+from dctdata.format.webdataset import entry_name, sample_key
+from dctdata.format.zarr import shard_key as zarr_shard_key
 from dctdata.spec import CodecSpec
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_v1")
@@ -177,7 +169,7 @@ def test_golden_v1_reads_bit_exactly():
     x_hat = ds.decompressor()(expected_q)
     scores = dctdata.metrics.psnr(torch.from_numpy(src["image"]), x_hat, dims=3)
     assert float(scores.min()) == pytest.approx(m.stats["image"].psnr_min, abs=1e-6)
-    from dctdata.commands.verify import verify_dataset
+    from dctdata.verify import verify_dataset
 
     problems, summary = verify_dataset(GOLDEN)
     assert problems == [] and summary["decoded"] == 6
@@ -205,7 +197,7 @@ def test_to_tensor_keeps_scalar_labels_zero_dimensional():
 def test_decode_npy_reads_what_numpy_writes(arr):
     import io
 
-    from dctdata.format import decode_npy
+    from dctdata.format.npy import decode_npy
 
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -230,7 +222,7 @@ def test_decode_npy_is_strict_and_never_uses_ast(monkeypatch, mutate, msg):
     import io
 
     from dctdata.errors import IntegrityError
-    from dctdata.format import decode_npy
+    from dctdata.format.npy import decode_npy
 
     def no_ast(*args, **kwargs):
         raise AssertionError("ast.literal_eval must not be used on untrusted .npy headers")

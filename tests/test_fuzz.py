@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 import dctdata
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format import Manifest, parse_manifest, zarr_layout
+from dctdata.format import Manifest, parse_manifest
+from dctdata.format.zarr import zarr_layout
 from dctdata.spec import INTEGER_DTYPES
 from dctdata.transform import compress, kept_frequencies
 
@@ -165,15 +166,15 @@ def _read_shard(root: Path, m: Manifest) -> list:
 
 @pytest.mark.parametrize("reseal", [True, False])
 def test_fuzz_shard_reader(packs, reseal):
-    from dctdata.loaders.wds_dataset import _Files, _Shard, _shard_list
+    from dctdata.format.webdataset import Files, ShardReader, shard_list
 
     root = packs / "wds"
     m = dctdata.format.read_manifest(root)
-    entry = _shard_list(m, "fuzz")[0]
+    entry = shard_list(m, "fuzz")[0]
     raw = (root / entry["name"]).read_bytes()
     codecs = {f.name: dctdata.lossless.get_codec(f.lossless) for f in m.fields}
     work = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-shard-"))
-    files = _Files(str(work), None)
+    files = Files(str(work), None)
     counts = {"rejected": 0, "decoded": 0}
 
     @fuzz_settings(100)
@@ -191,7 +192,7 @@ def test_fuzz_shard_reader(packs, reseal):
         (work / entry["name"]).write_bytes(data)
         e = dict(entry, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()) if reseal else entry
         try:
-            shard = _Shard(files, e, m.fields, codecs)
+            shard = ShardReader(files, e, m.fields, codecs)
             values = [shard.decode(j) for j in range(e["samples"])]
         except DctDataError as exc:
             if not reseal:

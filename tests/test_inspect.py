@@ -5,9 +5,9 @@ import pytest
 from PIL import Image
 
 import dctdata
-from dctdata.bench.fields import synthetic_fields
+from dctdata.datasets.fields import synthetic_fields
 from dctdata.cli import main
-from dctdata.inspect_plot import inspect_figure, radial_power_spectrum
+from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spectrum
 
 
 def test_radial_spectrum_finds_a_stripe_frequency():

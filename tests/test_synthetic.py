@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dctdata import DctDataError
-from dctdata.preprocess import synthetic as S
+import dctdata.datasets as S
 
 FACTORY_CASES = {
     "em_denoise": dict(n=3, size=64),

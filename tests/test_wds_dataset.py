@@ -21,7 +21,8 @@ from dctdata.api import open_dataset
 from sample_fields import poisson_fields as fields
 from dctdata.cli import main
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.loaders.wds_dataset import DCTWebDataset, verify_webdataset
+from dctdata.loaders.wds_dataset import DCTWebDataset
+from dctdata.verify import verify_dataset
 
 N = 36
 
@@ -176,7 +177,7 @@ def test_bad_shard_detected_by_iteration_and_verify(copy, damage, what, capsys):
     damage(copy / "shard-000003.tar")
     with pytest.raises(IntegrityError, match=f"shard-000003.tar: expected .*samples 12..15.*{what}"):
         list(DCTWebDataset(copy))
-    problems, summary = verify_webdataset(copy)
+    problems, summary = verify_dataset(copy)
     assert len(problems) == 1 and "shard-000003.tar" in problems[0] and what in problems[0]
     assert summary["decoded"] == N - 4
     assert main(["verify", str(copy)]) == 1
@@ -223,7 +224,7 @@ def test_unsafe_tar_members_rejected(copy, member):
     rewrite_shard(copy, "shard-000000.tar", [(member, b"x")])
     with pytest.raises(IntegrityError, match="shard-000000.tar: tar member .*expected a plain file name"):
         list(DCTWebDataset(copy))
-    problems, _ = verify_webdataset(copy)
+    problems, _ = verify_dataset(copy)
     assert len(problems) == 1 and "plain file name" in problems[0]
 
 
@@ -257,7 +258,7 @@ def test_streams_from_http(http_root, workers):
     ds = open_dataset(http_root)
     assert isinstance(ds, DCTWebDataset) and len(ds) == N
     assert sorted(labels(loader(ds, workers))) == list(range(N))
-    assert verify_webdataset(http_root)[0] == []
+    assert verify_dataset(http_root)[0] == []
 
 
 def test_http_missing_shard_names_it(packed, tmp_path):

@@ -14,8 +14,9 @@ import pytest
 import dctdata
 from dctdata.cli import main
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec, read_manifest, sample_key
-from dctdata.preprocess.wds_writer import WebDatasetWriter, make_writer
+from dctdata.format import FieldSpec, read_manifest
+from dctdata.format.webdataset import sample_key
+from dctdata.format.webdataset.writer import WebDatasetWriter
 from sample_fields import poisson_fields
 
 
@@ -96,7 +97,7 @@ def test_sample_bigger_than_cap_gets_its_own_shard(tmp_path, caplog):
     f = FieldSpec("x", "array", (4000,), "float32", lossless=None)
     w = WebDatasetWriter(max_shard_size=10240)
     w.open(str(tmp_path), (f,), 3)
-    with caplog.at_level(logging.WARNING, logger="dctdata.preprocess.wds_writer"):
+    with caplog.at_level(logging.WARNING, logger="dctdata.format.webdataset.writer"):
         w.write(0, {"x": np.zeros((3, 4000), np.float32)})
     out = w.close()
     assert [s["samples"] for s in out["layout"]["shards"]] == [1, 1, 1]
@@ -134,7 +135,7 @@ def test_overwrite_replaces(source, tmp_path):
 )
 def test_bad_options(options, match):
     with pytest.raises(DctDataError, match=match):
-        make_writer(**options)
+        WebDatasetWriter(**options)
 
 
 def test_write_errors(tmp_path):

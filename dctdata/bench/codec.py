@@ -85,20 +85,3 @@ def format_rows(rows) -> str:
             f"{r['x_copy']:.1f}x | {paper} | {speed} |"
         )
     return "\n".join(lines)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("codec", help="decode throughput vs memory copy and the paper's dense formulation")
-    p.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
-    p.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8])
-    p.add_argument("--paper-sizes", type=int, nargs="+", default=[512, 1024])
-    p.add_argument("--repeat", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1)
-    p.set_defaults(func=_main)
-
-
-def _main(args) -> int:
-    rows = run_codec_bench(args.sizes, args.cf, args.paper_sizes, repeat=args.repeat, threads=args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, best of {args.repeat}")
-    print(format_rows(rows))
-    return 0

@@ -1,6 +1,7 @@
 """`dctdata bench loader`: samples/s through DataLoader(num_workers) to the model input.
 
-Same synthetic set (smooth fields + Poisson noise, 8-bit value range so JPEG/PNG can hold it) stored
+One synthetic set (the em_denoise stand-in's noisy micrographs in an 8-bit value range, so JPEG/PNG
+can hold them) stored
 four ways, each read with shuffle through a DataLoader and turned into the float32 (B, 1, H, W)
 tensor a model consumes:
 - dctdata zarr: coefficients (calibrated int8 at a target PSNR) -> `Decompress` in the main process;
@@ -24,14 +25,13 @@ from dctdata.metrics import psnr
 
 
 def synthetic(n: int, size: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.meshgrid(np.linspace(0, 1, size), np.linspace(0, 1, size), indexing="ij")
-    out = np.empty((n, 1, size, size), np.float32)
-    for i in range(n):
-        a, b, c, p = rng.uniform(1, 6, 4)
-        smooth = 128 + 60 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy) + 30 * np.sin(c * np.pi * (xx + yy))
-        out[i, 0] = np.clip(rng.poisson(np.clip(smooth, 1, None) * 2) / 2.0, 0, 255).round()
-    return out
+    """float32 (n, 1, size, size) in 0..255 (whole numbers): noisy micrographs from the em stand-in."""
+    from dctdata.datasets import em_denoise
+
+    ds = em_denoise(n=n, size=size, seed=seed)
+    x = np.stack([ds[i]["noisy"] for i in range(n)]).astype(np.float64)
+    lo, hi = x.min(axis=(1, 2, 3), keepdims=True), x.max(axis=(1, 2, 3), keepdims=True)
+    return np.rint(255.0 * (x - lo) / np.maximum(hi - lo, 1e-12)).astype(np.float32)
 
 
 class _Files(torch.utils.data.Dataset):
@@ -150,24 +150,3 @@ def format_rows(rows) -> str:
         p = "lossless" if r["psnr"] == float("inf") else f"{r['psnr']:.1f}"
         lines.append(f"| {r['pipeline']} | {r['sps']:.0f} | {r['sps'] / base:.2f}x | {r['bytes']:.0f} | {p} |")
     return "\n".join(lines)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("loader", help="DataLoader samples/s: dctdata zarr vs raw float32 zarr vs PNG/JPEG + torchvision")
-    p.add_argument("--samples", type=int, default=512)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--target-psnr", type=float, default=40.0)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=2)
-    p.set_defaults(func=_main)
-
-
-def _main(args) -> int:
-    rows = run_loader_bench(args.samples, args.size, args.target_psnr, args.batch, args.workers, args.epochs)
-    print(
-        f"{args.samples} samples of 1x{args.size}x{args.size} (8-bit range), DataLoader(num_workers={args.workers}, "
-        f"batch_size={args.batch}, shuffle) to float32 model input; best of {args.epochs} epochs; torch threads=1 in main"
-    )
-    print(format_rows(rows))
-    return 0

@@ -1,7 +1,7 @@
 """`dctdata bench rd SOURCE`: rate-distortion and speed of dctdata settings next to ZFP and JPEG.
 
 SOURCE is "samples" (photos shipped with scikit-image/scikit-learn; each photo is its own dataset,
-calibrated on itself), "fields" (synthetic SciML-like fields from dctdata.bench.fields; each kind is
+calibrated on itself), "fields" (synthetic SciML-like fields from dctdata.datasets.fields; each kind is
 one dataset, calibrated on a subset of its samples and measured on all of them) or a .npy file of
 shape (N, H, W) or (N, C, H, W) (one dataset, calibrated on a subset).
 
@@ -68,11 +68,11 @@ class Result:
 def load_source(source: str, n: int = 16, size: int = 256, seed: int = 0) -> list[Dataset]:
     """Datasets for SOURCE ("samples", "fields" or a .npy path)."""
     if source == "samples":
-        from dctdata.sample_images import sample_images, to_chw_float
+        from dctdata.datasets.images import sample_images, to_chw_float
 
         return [Dataset(name, to_chw_float(img)[None], 1, img[None]) for name, img in sample_images().items()]
     if source == "fields":
-        from dctdata.bench.fields import synthetic_fields
+        from dctdata.datasets.fields import synthetic_fields
 
         return [Dataset(kind, x, 4) for kind, x in synthetic_fields(n, size, seed).items()]
     if source.endswith(".npy"):
@@ -241,7 +241,7 @@ def _jpeg(ds: Dataset, quality_of: Callable[[int], int], method: str) -> Result:
     t1 = time.perf_counter()
     recon = [np.asarray(Image.open(io.BytesIO(b)).convert(Image.fromarray(ds.uint8[0]).mode)) for b in blobs]
     t2 = time.perf_counter()
-    from dctdata.sample_images import to_chw_float
+    from dctdata.datasets.images import to_chw_float
 
     rec = np.stack([to_chw_float(r) for r in recon])
     return Result(method, np.array([len(b) for b in blobs]), rec, t1 - t0, t2 - t1, None)
@@ -436,32 +436,3 @@ def plot_rd(rows: list[dict], path: str, title: str = "") -> None:
 
 
 # CLI ------------------------------------------------------------------------------------------
-def register(sub) -> None:
-    p = sub.add_parser("rd", help="rate-distortion and speed table: dctdata settings vs ZFP and JPEG")
-    p.add_argument("source", metavar="SOURCE", help="'samples', 'fields' or a .npy file (N, [C,] H, W)")
-    p.add_argument("--targets", type=float, nargs="+", default=[30.0, 40.0, 50.0], help="--target-psnr settings to show")
-    p.add_argument("--paper-cf", type=int, nargs="+", default=[2, 3, 4], help="fp32 DCT+Chop chop factors")
-    p.add_argument("--ratio", type=float, default=16.0, help="also show dctdata calibrated to this stored ratio")
-    p.add_argument("--count", type=int, default=16, help="samples per field kind ('fields') or read from a .npy")
-    p.add_argument("--size", type=int, default=256, help="field size for 'fields'")
-    p.add_argument("--calib", type=int, default=8, help="calibration subset size per dataset")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--plot", metavar="PNG", help="also draw PSNR vs stored ratio to this PNG")
-    p.set_defaults(func=_main)
-
-
-def _main(args) -> int:
-    datasets = load_source(args.source, n=args.count, size=args.size)
-    rows, lines = run_rd(datasets, targets=tuple(args.targets), paper_cfs=tuple(args.paper_cf), calib=args.calib, ratio=args.ratio, threads=args.threads)
-    items = sum(d.x.shape[0] * d.x.shape[1] for d in datasets)
-    print(
-        f"{args.source}: {len(datasets)} dataset(s), {sum(len(d.x) for d in datasets)} samples, {items} items; "
-        f"lossless stage {DEFAULT_CODEC}; torch {torch.__version__}, {args.threads} thread(s)"
-    )
-    print(format_rows(rows))
-    for line in lines:
-        print("- " + line)
-    if args.plot:
-        plot_rd(rows, args.plot, title=args.source)
-        print(f"plot: {args.plot}")
-    return 0

@@ -1,6 +1,6 @@
 """`dctdata bench stream`: samples/s streaming webdataset shards through DataLoader into Decompress.
 
-One synthetic set (smooth fields + Poisson noise, float32 (1, S, S)) stored four ways and read for one
+One synthetic set (`dctdata.bench.loader.synthetic`, float32 (1, S, S)) stored four ways and read for one
 epoch each through `DataLoader(num_workers=W, batch_size=B)`, every batch turned into the float32
 (B, 1, S, S) tensor a model consumes (in the main process):
 - dctdata webdataset shards, local directory (DCTWebDataset: sha256-verified, shuffled) -> Decompress;
@@ -140,43 +140,3 @@ def format_rows(rows) -> str:
         share = "-" if r["sha_share"] is None else f"{100 * r['sha_share']:.1f}%"
         lines.append(f"| {r['name']} | {r['samples']} | {r['samples_s']:.0f} | {r['bytes_per_sample'] / 1024:.1f} | {share} |")
     return "\n".join(lines)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("stream", help="samples/s streaming webdataset shards (local, loopback HTTP) vs zarr and raw float32 shards")
-    p.add_argument("--samples", type=int, default=512)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--samples-per-shard", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--quant", default="int8")
-    p.add_argument("--target-psnr", type=float, default=40.0)
-    p.add_argument("--threads", type=int, default=1)
-    p.set_defaults(func=_main)
-
-
-def _main(args) -> int:
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-    rows, meta = run_stream_bench(
-        args.samples, args.size, args.samples_per_shard, args.workers, args.batch, args.epochs, args.quant, args.target_psnr, args.threads
-    )
-    c = meta["codec"]
-    print(
-        f"torch {torch.__version__}; {meta['n']} samples of 1x{meta['size']}x{meta['size']} float32; cf={c.cf} {c.mask} {c.dtype}; "
-        f"{meta['shards']} shards; DataLoader(num_workers={args.workers}, batch_size={args.batch}, persistent_workers) -> Decompress in the main process "
-        f"({args.threads} thread); best of {args.epochs} epochs; sha256 {meta['sha_GBps']:.2f} GB/s"
-    )
-    print(format_rows(rows))
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m dctdata.bench.stream")
-    register(parser.add_subparsers(dest="kind", required=True))
-    a = parser.parse_args(["stream", *__import__("sys").argv[1:]])
-    raise SystemExit(a.func(a))

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import sys
 
-from dctdata.demo import DemoSettings, format_table, run_demo
+
 
 
 def register(sub) -> None:
+    from dctdata.demo.pipeline import DemoSettings
+
     d = DemoSettings()
     p = sub.add_parser(
         "demo",
@@ -33,6 +35,8 @@ def register(sub) -> None:
 
 
 def _main(args) -> int:
+    from dctdata.demo import DemoSettings, format_table, run_demo
+
     s = DemoSettings(
         n=args.n, test=args.test, size=args.size, crop=args.crop, epochs=args.epochs, batch_size=args.batch_size,
         target_psnr=args.target_psnr, quant=args.quant, width=args.width, seed=args.seed,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from dctdata.spec import QUANT_TO_DTYPE
 
 
@@ -41,12 +39,9 @@ def _writer_options(args) -> dict:
     return opts
 
 
-def _fmt_db(v) -> str:
-    return "exact" if v is None or v == math.inf else f"{v:.2f}"
-
-
 def _main(args) -> int:
     from dctdata.api import pack
+    from dctdata.report import num
 
     manifest = pack(
         args.source,
@@ -73,10 +68,10 @@ def _main(args) -> int:
         for f in manifest.fields:
             s = manifest.stats[f.name]
             extra = ""
-            if f.kind == "dct":
+            if f.is_dct:
                 c = f.codec
                 extra = (
-                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR min {_fmt_db(s.psnr_min)} / median {_fmt_db(s.psnr_median)} dB, "
+                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR min {num(s.psnr_min)} / median {num(s.psnr_median)} dB, "
                     f"max error {s.max_abs_error:.4g}, overflow {s.overflow}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")

@@ -11,7 +11,8 @@ Training uses random crops taken on whole 8x8 blocks of the coefficient tensor, 
 crop of the decoded image, and the model decodes only what it trains on. The raw run takes the
 same crops of the raw arrays.
 
-The core stays light: `dctdata.preprocess` and `dctdata.loaders` are imported inside functions.
+This is not core code: it joins the pack (`dctdata.preprocess`), the loaders and the first layer
+the way a user's training script would.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from torch import nn
 
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
+from dctdata.parse import parse_int
+from dctdata.report import pack_summary
 
 FIELDS = ("noisy", "clean")
 RESULT_COLUMNS = (
@@ -64,9 +67,7 @@ class DemoSettings:
 
     def check(self) -> None:
         for name in ("n", "test", "size", "crop", "epochs", "batch_size", "width"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise DctDataError(f"--{name.replace('_', '-')}: expected an integer >= 1. Got {v!r}")
+            parse_int(getattr(self, name), f"--{name.replace('_', '-')}", minimum=1, expected="an integer >= 1", type_error=DctDataError)
         if self.size % 8 or self.size < 16:
             raise DctDataError(f"--size: expected a multiple of 8, at least 16. Got {self.size}")
         if self.crop % 8 or self.crop > self.size:
@@ -94,32 +95,11 @@ class Denoiser(nn.Module):
 # Data ----------------------------------------------------------------------------------------------
 def make_pairs(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
     """{'noisy', 'clean'}: (n, 1, size, size) float32 em_denoise-like pairs."""
-    from dctdata.preprocess.synthetic import em_denoise
+    from dctdata.datasets import em_denoise
 
     ds = em_denoise(n=n, size=size, seed=seed)
     samples = [ds[i] for i in range(n)]
     return {k: np.stack([s[k] for s in samples]) for k in FIELDS}
-
-
-def pack_summary(manifest) -> dict[str, Any]:
-    """Stored size, ratios, transfer ratio and PSNR of a packed dataset, from its manifest."""
-    stored = manifest.stored_bytes
-    f32 = src = coeff = 0.0
-    for f in manifest.fields:
-        numel = math.prod(f.shape)
-        f32 += 4 * numel
-        src += np.dtype(f.dtype).itemsize * numel
-        coeff += 4 * numel / f.codec.transfer_ratio if f.kind == "dct" else np.dtype(f.dtype).itemsize * numel
-    dct = [manifest.stats[f.name] for f in manifest.fields if f.kind == "dct"]
-    return {
-        "stored_bytes": stored,
-        "ratio_f32": manifest.samples * f32 / stored,
-        "ratio_src": manifest.samples * src / stored,
-        "transfer": f32 / coeff,
-        "psnr_min": min(s.psnr_min for s in dct),
-        "psnr_median": min(s.psnr_median for s in dct),
-        "settings": {f.name: f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" for f in manifest.fields if f.kind == "dct"},
-    }
 
 
 # Loading -------------------------------------------------------------------------------------------

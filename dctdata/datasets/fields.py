@@ -1,7 +1,6 @@
 """Synthetic SciML-like fields for the rate-distortion bench and tests, as (N, 1, S, S) float32 stacks.
 
-A thin adapter over the SciML stand-ins in dctdata.preprocess.synthetic (one generator for the whole
-project), picking the three kinds whose statistics stress a transform coder differently:
+A thin adapter over the SciML stand-ins of `dctdata.datasets` (one generator per stand-in), picking the three kinds whose statistics stress a transform coder differently:
 - "atoms": graphene lattice imaged with Poisson (shot) noise and dead pixels (an electron micrograph);
 - "beam": a speckled laser beam, 16-bit camera counts (optics);
 - "clouds": the 3.7 um brightness-temperature channel of an SLSTR-like scene, ~220-310 K (huge
@@ -12,34 +11,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from dctdata.datasets.em import lattice_field, noisy_observation
+from dctdata.datasets.optics import speckle_beam
+from dctdata.datasets.slstr import cloud_field
 from dctdata.errors import DctDataError
 
 KINDS = ("atoms", "beam", "clouds")
 
 
-def _atoms(synthetic, rng: np.random.Generator, s: int) -> np.ndarray:
-    clean = synthetic.lattice_field(rng, s)
-    return synthetic.noisy_observation(rng, clean, dose=float(rng.uniform(20.0, 200.0)))
+def _atoms(rng: np.random.Generator, s: int) -> np.ndarray:
+    clean = lattice_field(rng, s)
+    return noisy_observation(rng, clean, dose=float(rng.uniform(20.0, 200.0)))
 
 
-def _beam(synthetic, rng: np.random.Generator, s: int) -> np.ndarray:
-    return synthetic.speckle_beam(rng, (s, s))
+def _beam(rng: np.random.Generator, s: int) -> np.ndarray:
+    return speckle_beam(rng, (s, s))
 
 
-def _clouds(synthetic, rng: np.random.Generator, s: int) -> np.ndarray:
-    image, _mask = synthetic.cloud_field(rng, s, nan_border=False)
+def _clouds(rng: np.random.Generator, s: int) -> np.ndarray:
+    image, _mask = cloud_field(rng, s, nan_border=False)
     return image[6]
 
 
 def synthetic_fields(n: int = 16, size: int = 128, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> dict[str, np.ndarray]:
     """kind -> float32 (n, 1, size, size). Same (n, size, seed) gives the same arrays."""
-    from dctdata.preprocess import synthetic  # lazy: core does not need preprocess at import time
-
     makers = {"atoms": _atoms, "beam": _beam, "clouds": _clouds}
     out = {}
     for idx, kind in enumerate(kinds):
         if kind not in makers:
             raise DctDataError(f"kind: expected one of {KINDS}. Got {kind!r}")
         rng = np.random.default_rng([seed, idx])
-        out[kind] = np.stack([np.asarray(makers[kind](synthetic, rng, size), dtype=np.float32)[None] for _ in range(n)])
+        out[kind] = np.stack([np.asarray(makers[kind](rng, size), dtype=np.float32)[None] for _ in range(n)])
     return out

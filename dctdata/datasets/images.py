@@ -1,6 +1,7 @@
 """Photos that ship inside installed packages (scikit-image, scikit-learn): no download, ever.
 
-Used by the demo, benchmarks and tests as the 8-bit photo counterpart of the synthetic fields.
+Used by the benchmarks and tests as the 8-bit photo counterpart of the synthetic fields. scikit-image
+and scikit-learn come with the `bench` and `dev` extras, not with the product.
 """
 
 from __future__ import annotations

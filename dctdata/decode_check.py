@@ -1,0 +1,16 @@
+"""Decode a batch of coefficients and name the samples that do not decode to finite values: the one
+check `dctdata verify` runs on every sample (tampered steps or coefficients can decode to inf/NaN even
+when every checksum holds)."""
+
+from __future__ import annotations
+
+import torch
+
+from dctdata.layer import Decompress
+
+
+def nonfinite_samples(layer: Decompress, coeffs: torch.Tensor) -> list[int]:
+    """Positions in the batch `coeffs` (B, C, Hb, K, Wb) whose decoded samples hold NaN or inf."""
+    with torch.inference_mode():
+        x = layer(coeffs)
+    return (~torch.isfinite(x.flatten(1)).all(1)).nonzero().flatten().tolist()

@@ -1,0 +1,53 @@
+"""sha256 of stored files: the one helper writers, `--resume`, verify and the readers share."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+from dctdata.format.location import open_file
+
+BLOCK = 1 << 20
+
+
+def sha256_file(path: str, storage_options: Mapping[str, Any] | None = None, block: int = BLOCK) -> tuple[str, int]:
+    """(sha256 hex, bytes) of a local file or fsspec URL, read in blocks."""
+    h, n = hashlib.sha256(), 0
+    with open_file(path, "rb", storage_options) as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+class HashingWriter:
+    """Write-only file wrapper that hashes and counts what passes through (one pass, no re-read)."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.bytes += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def entry(self) -> dict[str, Any]:
+        """The manifest's checksum entry for what was written."""
+        return {"sha256": self.sha.hexdigest(), "bytes": self.bytes}
+
+
+def read_expected(fh, expected_bytes: int, block: int = 4 << 20) -> tuple[bytes, str]:
+    """Read a file whose size is known, hashing as it goes: (bytes, sha256 hex). Reads at most one
+    block past the expected size, enough to tell a too-long file from a right one."""
+    h, parts, n = hashlib.sha256(), [], 0
+    while n <= expected_bytes:
+        chunk = fh.read(min(block, expected_bytes + 1 - n))
+        if not chunk:
+            break
+        h.update(chunk)
+        parts.append(chunk)
+        n += len(chunk)
+    return b"".join(parts), h.hexdigest()

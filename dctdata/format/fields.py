@@ -1,0 +1,150 @@
+"""`FieldSpec`: one field of every sample, and how it is stored (shared by every writer and reader).
+
+Conventions both sides rely on:
+- A `dct` field's per-sample `shape` is always (C, H, W) (2-D sources get C=1); it is stored as the
+  codec's (C, Hb, K, Wb) coefficients (`stored_shape`). `array`/`label` fields are stored as they are.
+- Sample axis first: storage of a field holds (N, *stored_shape).
+- bfloat16 has no numpy dtype: such coefficients are stored as their uint16 bit patterns and viewed
+  back as torch.bfloat16 (`to_tensor`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from dctdata.errors import DctDataError, FormatError
+from dctdata.kinds import FieldKind
+from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
+from dctdata.parse import is_int, parse_object
+from dctdata.spec import CodecSpec
+
+# Field names become zarr paths and webdataset extensions: keep them plain.
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Sample dtypes a field may hold (numpy names); no objects/strings: never pickle.
+SAMPLE_DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64",
+)  # fmt: skip
+# Coefficient dtype (CodecSpec.dtype) -> numpy dtype used on disk.
+_CODEC_STORAGE_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "int8": "int8", "int16": "int16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """One field of every sample.
+
+    name: plain identifier. kind: a `FieldKind` (or its name). shape: per-sample shape ((C, H, W) for
+    dct, () for label). dtype: numpy name of the source samples. codec: the CodecSpec (dct only; its
+    shape must be `shape`). lossless: numcodecs config of the lossless stage ({} for none).
+    """
+
+    name: str
+    kind: FieldKind
+    shape: tuple[int, ...]
+    dtype: str
+    codec: CodecSpec | None = None
+    lossless: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CODEC))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+            raise DctDataError(f"field name: expected a plain identifier ([A-Za-z_][A-Za-z0-9_]*). Got {self.name!r}")
+        where = f"field {self.name!r}"
+        kind = FieldKind.parse(self.kind, f"{where}: kind")
+        object.__setattr__(self, "kind", kind)
+        if not isinstance(self.shape, (tuple, list)) or any(not is_int(s) or s < 1 for s in self.shape):
+            raise DctDataError(f"{where}: shape: expected a tuple of positive ints. Got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        dtype = np.dtype(self.dtype).name if isinstance(self.dtype, (np.dtype, type)) else self.dtype
+        if dtype not in SAMPLE_DTYPES:
+            raise DctDataError(f"{where}: dtype: expected one of {SAMPLE_DTYPES}. Got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "lossless", parse_codec_config(self.lossless or None))
+        if kind is FieldKind.DCT:
+            if not isinstance(self.codec, CodecSpec):
+                raise DctDataError(f"{where}: codec: expected a CodecSpec for a dct field. Got {self.codec!r}")
+            if self.codec.sample_shape != self.shape:
+                raise DctDataError(f"{where}: codec sample shape: expected {self.shape} (C, H, W). Got {self.codec.sample_shape}")
+            if dtype == "bool":
+                raise DctDataError(f"{where}: dtype: expected a numeric dtype for a dct field. Got 'bool'")
+        elif self.codec is not None:
+            raise DctDataError(f"{where}: codec: expected None for a {kind} field. Got {self.codec!r}")
+        if kind is FieldKind.LABEL and self.shape != ():
+            raise DctDataError(f"{where}: shape: expected () for a label field (one scalar per sample). Got {self.shape}")
+
+    @property
+    def is_dct(self) -> bool:
+        return self.kind is FieldKind.DCT
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """Per-sample shape on disk and as the loader yields it."""
+        return tuple(self.codec.coeff_shape) if self.is_dct else self.shape
+
+    @property
+    def stored_dtype(self) -> str:
+        """numpy dtype name on disk."""
+        return _CODEC_STORAGE_DTYPE[self.codec.dtype] if self.is_dct else self.dtype
+
+    @property
+    def tensor_dtype(self) -> torch.dtype:
+        """torch dtype the loader yields (the codec's wire dtype for dct)."""
+        if self.is_dct:
+            return self.codec.torch_dtype
+        return torch.from_numpy(np.zeros(0, self.dtype)).dtype
+
+    @property
+    def stored_sample_bytes(self) -> int:
+        return int(np.dtype(self.stored_dtype).itemsize * math.prod(self.stored_shape))
+
+    @property
+    def source_sample_bytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))
+
+    def to_tensor(self, stored: np.ndarray) -> torch.Tensor:
+        """Stored numpy array (any leading dims) -> torch tensor in `tensor_dtype` (no copy if possible)."""
+        stored = np.asarray(stored)
+        t = torch.from_numpy(stored if stored.flags.c_contiguous else np.ascontiguousarray(stored))  # keeps 0-d
+        if self.is_dct and self.codec.dtype == "bfloat16":
+            t = t.view(torch.bfloat16)
+        return t
+
+    def to_stored(self, tensor: torch.Tensor) -> np.ndarray:
+        """Loader-side tensor -> the numpy array written to disk (inverse of `to_tensor`)."""
+        t = tensor.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.uint16) if hasattr(torch, "uint16") else t.view(torch.int16)
+            return t.numpy().view(np.uint16)
+        return t.numpy()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "codec": None if self.codec is None else self.codec.to_dict(),
+            "lossless": dict(self.lossless),
+        }
+
+    @classmethod
+    def from_dict(cls, d: object, where: str = "field") -> "FieldSpec":
+        d = parse_object(d, where, {"name", "kind", "shape", "dtype", "codec", "lossless"}, error=FormatError)
+        where = f"field {d['name']!r}" if isinstance(d["name"], str) else where
+        if not isinstance(d["shape"], list):
+            raise FormatError(f"{where}: shape: expected a list of ints. Got {d['shape']!r}")
+        codec = None
+        if d["codec"] is not None:
+            try:
+                codec = CodecSpec.from_dict(d["codec"])
+            except (DctDataError, TypeError) as exc:
+                raise FormatError(f"{where}: codec: {exc}") from exc
+        try:
+            return cls(d["name"], d["kind"], tuple(d["shape"]), d["dtype"], codec, d["lossless"])
+        except (DctDataError, TypeError) as exc:
+            raise FormatError(str(exc)) from exc

@@ -1,0 +1,306 @@
+"""The manifest: the only thing a reader trusts, written last by a pack (the commit), read first.
+
+It names the format and an integer version (a reader refuses versions newer than it knows), the
+dctdata version that wrote it, the sample count, the fields in sample order and, per field, how it is
+stored. It also records the pack settings, the error figures achieved per field, overflow counts,
+checksums of every stored file, and a free `layout` dict for storage-specific entries (zarr chunking,
+the webdataset shard list). JSON has no infinities: +/-inf error figures are written as "inf"/"-inf".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any, Mapping
+
+import numpy as np
+
+from dctdata._version import __version__
+from dctdata.errors import DctDataError, FormatError
+from dctdata.format.fields import FieldSpec
+from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
+from dctdata.kinds import FieldKind
+from dctdata.parse import is_number, parse_int, parse_object
+
+FORMAT_NAME = "dctdata"
+FORMAT_VERSION = 1
+STORAGES = ("zarr", "webdataset")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_MANIFEST_KEYS = {"format", "version", "dctdata_version", "storage", "samples", "fields", "pack", "stats", "checksums", "layout"}
+
+
+def _count(where: str, v: object, minimum: int = 0) -> int:
+    """A count read from a manifest: wrong types are format errors too."""
+    return parse_int(v, where, minimum=minimum, type_error=FormatError, range_error=FormatError)
+
+
+def _float_out(v: float | None):
+    if v is None or math.isfinite(v):
+        return v
+    return "inf" if v > 0 else "-inf" if v < 0 else "nan"
+
+
+def _float_in(where: str, v: object) -> float | None:
+    if v is None:
+        return None
+    if v in ("inf", "-inf", "nan"):
+        return float(v)
+    if not is_number(v):
+        raise FormatError(f'{where}: expected a number, "inf", "-inf" or null. Got {v!r}')
+    return float(v)
+
+
+def _json_ready(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _json_ready(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_ready(x) for x in v]
+    if isinstance(v, float):
+        return _float_out(v)
+    if isinstance(v, (np.integer, np.floating)):
+        return _json_ready(v.item())
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldStats:
+    """Achieved fidelity of one field over all samples (PSNR against each sample's value range)."""
+
+    psnr_min: float | None = None
+    psnr_median: float | None = None
+    max_abs_error: float | None = None
+    overflow: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "psnr_min": _float_out(self.psnr_min),
+            "psnr_median": _float_out(self.psnr_median),
+            "max_abs_error": _float_out(self.max_abs_error),
+            "overflow": self.overflow,
+        }
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> "FieldStats":
+        d = parse_object(d, where, {"psnr_min", "psnr_median", "max_abs_error", "overflow"}, error=FormatError)
+        return cls(
+            _float_in(f"{where}: psnr_min", d["psnr_min"]),
+            _float_in(f"{where}: psnr_median", d["psnr_median"]),
+            _float_in(f"{where}: max_abs_error", d["max_abs_error"]),
+            _count(f"{where}: overflow", d["overflow"]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs; written last by a pack, read first by a loader.
+
+    checksums: relative file path -> {"sha256": hex, "bytes": n} for every stored data file.
+    layout: storage-specific entries (zarr chunking, webdataset shard list).
+    """
+
+    storage: str
+    samples: int
+    fields: tuple[FieldSpec, ...]
+    pack: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stats: Mapping[str, FieldStats] = dataclasses.field(default_factory=dict)
+    checksums: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    layout: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+    dctdata_version: str = __version__
+
+    def __post_init__(self) -> None:
+        if self.format != FORMAT_NAME:
+            raise FormatError(f"manifest format: expected {FORMAT_NAME!r}. Got {self.format!r}")
+        _check_version(self.version)
+        if self.storage not in STORAGES:
+            raise DctDataError(f"storage: expected one of {STORAGES}. Got {self.storage!r}")
+        _count("samples", self.samples)
+        fields = tuple(self.fields)
+        if not fields or not all(isinstance(f, FieldSpec) for f in fields):
+            raise DctDataError(f"fields: expected one or more FieldSpec. Got {self.fields!r}")
+        names = [f.name for f in fields]
+        if len(set(names)) != len(names):
+            raise DctDataError(f"fields: expected unique names. Got {names}")
+        object.__setattr__(self, "fields", fields)
+        unknown = sorted(set(self.stats) - set(names))
+        if unknown:
+            raise DctDataError(f"stats: expected entries for fields {names}. Got unknown {unknown}")
+        for path, entry in self.checksums.items():
+            where = f"checksums[{path!r}]"
+            check_relative_path(where, path)
+            entry = parse_object(entry, where, {"sha256", "bytes"}, error=FormatError)
+            if not isinstance(entry["sha256"], str) or not _SHA256_RE.match(entry["sha256"]):
+                raise FormatError(f"{where}: sha256: expected 64 lowercase hex digits. Got {entry['sha256']!r}")
+            _count(f"{where}: bytes", entry["bytes"])
+        for name in ("pack", "layout"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise TypeError(f"{name}: expected a mapping. Got {type(getattr(self, name)).__name__}")
+            # Store what JSON will give back, so a manifest equals its read-back copy.
+            object.__setattr__(self, name, _json_ready(dict(getattr(self, name))))
+        object.__setattr__(self, "stats", dict(self.stats))
+        object.__setattr__(self, "checksums", {k: dict(v) for k, v in self.checksums.items()})
+
+    # Convenience ---------------------------------------------------------------------------------
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of every stored file the manifest lists (recorded at pack time with their sha256)."""
+        return sum(e["bytes"] for e in self.checksums.values())
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def field(self, name: str | None = None, kind: FieldKind | str | None = None) -> FieldSpec:
+        """The named field; with name=None, the only field of `kind` (error if zero or several)."""
+        if name is not None:
+            for f in self.fields:
+                if f.name == name:
+                    return f
+            raise DctDataError(f"field: expected one of {list(self.names)}. Got {name!r}")
+        matches = [f for f in self.fields if kind is None or f.kind == kind]
+        if len(matches) != 1:
+            raise DctDataError(
+                f"field: expected a field name; this dataset has {len(matches)} {str(kind) + ' ' if kind else ''}fields "
+                f"{[f.name for f in matches]}"
+            )
+        return matches[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "version": self.version,
+            "dctdata_version": self.dctdata_version,
+            "storage": self.storage,
+            "samples": self.samples,
+            "fields": [f.to_dict() for f in self.fields],
+            "pack": _json_ready(dict(self.pack)),
+            "stats": {k: v.to_dict() for k, v in self.stats.items()},
+            "checksums": {k: dict(v) for k, v in self.checksums.items()},
+            "layout": _json_ready(dict(self.layout)),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: object, where: str = "manifest") -> "Manifest":
+        if not isinstance(d, Mapping):
+            raise FormatError(f"{where}: expected a JSON object. Got {type(d).__name__!r}")
+        # Format and version first, so a newer file is refused with the right message.
+        if d.get("format") != FORMAT_NAME:
+            raise FormatError(f"{where}: format: expected {FORMAT_NAME!r}. Got {d.get('format')!r}")
+        _check_version(d.get("version"), where)
+        d = parse_object(d, where, _MANIFEST_KEYS, error=FormatError)
+        if not isinstance(d["fields"], list):
+            raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
+        fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]") for i, f in enumerate(d["fields"]))
+        if not isinstance(d["stats"], Mapping):
+            raise FormatError(f"{where}: stats: expected a JSON object. Got {d['stats']!r}")
+        stats = {k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]") for k, v in d["stats"].items()}
+        if not isinstance(d["dctdata_version"], str):
+            raise FormatError(f"{where}: dctdata_version: expected a string. Got {d['dctdata_version']!r}")
+        if not isinstance(d["checksums"], Mapping):
+            raise FormatError(f"{where}: checksums: expected a JSON object. Got {d['checksums']!r}")
+        try:
+            return cls(
+                storage=d["storage"],
+                samples=_count(f"{where}: samples", d["samples"]),
+                fields=fields,
+                pack=d["pack"],
+                stats=stats,
+                checksums=d["checksums"],
+                layout=d["layout"],
+                format=d["format"],
+                version=d["version"],
+                dctdata_version=d["dctdata_version"],
+            )
+        except FormatError:
+            raise
+        except (DctDataError, TypeError) as exc:
+            raise FormatError(f"{where}: {exc}") from exc
+
+
+def _check_version(version: object, where: str = "manifest") -> int:
+    v = parse_int(version, f"{where}: version", minimum=1, expected=f"an int in 1..{FORMAT_VERSION}", type_error=FormatError, range_error=FormatError)
+    if v > FORMAT_VERSION:
+        raise FormatError(
+            f"{where}: version: expected <= {FORMAT_VERSION} (the newest this dctdata reads). Got {v}: "
+            "the dataset was written by a newer dctdata; upgrade dctdata to read it"
+        )
+    return v
+
+
+# Reading and writing -----------------------------------------------------------------------------
+def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+    """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json).
+    `storage_options` go to fsspec for URLs (e.g. an S3 endpoint)."""
+    root, loc = manifest_location(path_or_url)
+    try:
+        if is_url(loc):
+            import fsspec
+
+            with fsspec.open(loc, "rb", **dict(storage_options or {})) as fh:
+                raw = fh.read()
+        else:
+            if not os.path.isdir(root):
+                raise FileNotFoundError(f"dataset: expected a packed dataset directory. Got missing path {root!r}")
+            with open(loc, "rb") as fh:
+                raw = fh.read()
+    except FileNotFoundError as exc:
+        raise FormatError(
+            f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file"
+            + ("" if os.path.exists(root) or is_url(root) else f" (no dataset at {root!r})")
+        ) from exc
+    except OSError as exc:  # a directory named manifest.json, permissions, I/O errors
+        raise FormatError(f"{loc}: expected a readable dctdata manifest. Got {type(exc).__name__}: {exc}") from exc
+    return parse_manifest(raw, loc)
+
+
+def parse_manifest(raw: bytes, where: str = "manifest") -> Manifest:
+    """Manifest from the raw bytes of a manifest.json; any malformed input raises FormatError (never
+    another exception: fuzzed). JSON only: nothing in it is ever evaluated."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise TypeError(f"raw: expected bytes. Got {type(raw).__name__}")
+    try:
+        d = json.loads(bytes(raw).decode("utf-8"))
+    # ValueError: numbers past Python's int-digit limit; RecursionError: absurdly deep nesting.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(f"{where}: expected a JSON manifest. Got unreadable JSON: {type(exc).__name__}: {str(exc)[:200]}") from exc
+    return Manifest.from_dict(d, where=where)
+
+
+def _checked_json(manifest: Manifest) -> str:
+    if not isinstance(manifest, Manifest):
+        raise TypeError(f"manifest: expected a dctdata.format.Manifest. Got {type(manifest).__name__}")
+    text = manifest.to_json()
+    Manifest.from_dict(json.loads(text))  # validate what a reader will see before committing
+    return text
+
+
+def write_manifest(manifest: Manifest, directory: str | os.PathLike) -> str:
+    """Write `directory/manifest.json` atomically (temporary sibling + rename); returns its path."""
+    text = _checked_json(manifest)
+    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def write_manifest_url(manifest: Manifest, prefix: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """Write the manifest under an fsspec URL prefix. Object stores have no rename: the manifest,
+    written last, is the commit."""
+    import fsspec
+
+    text = _checked_json(manifest)
+    loc = join(prefix, MANIFEST_NAME)
+    with fsspec.open(loc, "w", encoding="utf-8", **dict(storage_options or {})) as fh:
+        fh.write(text)
+    return loc

@@ -1,0 +1,58 @@
+"""`.npy` bytes in and out, strictly: the element format of webdataset shards.
+
+numpy writes the header as a Python dict literal and parses it back with ast.literal_eval. Shard bytes
+are untrusted, and CPython 3.11's AST construction has a recursion-depth bookkeeping bug (gh-106905)
+that can turn a later, valid parse into a SystemError. We only ever read headers in the exact form
+numpy writes, so we match that form strictly instead, and numeric dtypes only (never objects, so
+never pickle).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import numpy as np
+
+from dctdata.errors import IntegrityError
+
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_RE = re.compile(r"\{'descr': '([<>|=][biuf][0-9]{1,2})', 'fortran_order': (False|True), 'shape': \(((?:[0-9]+, )*[0-9]+,?|)\), \} *\n")
+
+
+def encode_npy(arr: np.ndarray) -> bytes:
+    """Array -> .npy bytes in C order, so the bytes depend on the values only (never pickle)."""
+    buf = io.BytesIO()
+    # np.ascontiguousarray would make a 0-d array 1-d; copy(order="C") keeps it.
+    np.save(buf, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
+    """`.npy` bytes -> a writable numeric array. Strict: the header form numpy writes, numeric dtypes
+    only, and exactly the data bytes the header promises."""
+    b = memoryview(raw).cast("B")
+    if len(b) < 10 or bytes(b[:6]) != _NPY_MAGIC:
+        raise IntegrityError(f"{where}: expected .npy bytes. Got no .npy magic")
+    major = b[6]
+    if major == 1:
+        start, hlen = 10, int.from_bytes(b[8:10], "little")
+    elif major in (2, 3):
+        start, hlen = 12, int.from_bytes(b[8:12], "little")
+    else:
+        raise IntegrityError(f"{where}: expected .npy format version 1, 2 or 3. Got {major}")
+    header = bytes(b[start : start + hlen]).decode("latin1")
+    m = _NPY_HEADER_RE.fullmatch(header)
+    if m is None:
+        if "'descr': '|O'" in header:
+            raise IntegrityError(f"{where}: expected a numeric .npy array. Got an object array, which only pickle could load")
+        raise IntegrityError(f"{where}: expected a numeric .npy header as numpy writes it. Got {header[:80]!r}")
+    dtype = np.dtype(m.group(1))
+    shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
+    count = math.prod(shape)
+    data = b[start + hlen :]
+    if len(data) != count * dtype.itemsize:
+        raise IntegrityError(f"{where}: expected {count * dtype.itemsize} data bytes for {dtype} {shape}. Got {len(data)}")
+    order = "F" if m.group(2) == "True" else "C"
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")

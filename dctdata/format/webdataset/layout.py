@@ -1,0 +1,87 @@
+"""The webdataset (tar) layout of a pack, shared by its writer and reader.
+
+Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order; sample keys are
+`sample_key(index)` (zero-padded, so lexical order is sample order). Each field is one member
+`<key>.<field>.npy` (`.npy` bytes, never pickle), or `<key>.<field>.npy.zst` after the field's
+lossless stage (`entry_name`). Tar metadata is pinned (mtime 0, uid/gid 0, uname/gname "dctdata",
+mode 0o444, USTAR), so the same input gives byte-identical shards.
+
+Shard sizes are computed exactly from entry sizes (`member_bytes`, `archive_bytes`), so a size cap is
+a real upper bound and the shard list is known before any data is encoded. The manifest's
+`layout.shards` lists each shard with its sample count, bytes and sha256.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+from dctdata.errors import FormatError
+from dctdata.parse import is_int
+
+SAMPLE_KEY_DIGITS = 9
+SHARD_PATTERN = "shard-{:06d}.tar"
+BLOCK = 512  # tar block
+RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
+USTAR_NAME_MAX = 100
+MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*\.npy(?:\.zst)?)$")
+# Pinned tar metadata (TarWriter keeps uid/gid at TarInfo's default 0). mtime must be an int: a float
+# makes tarfile's default PAX format add an extended header per member. (TarWriter 1.0.2 ignores its
+# `format` argument; with plain-ASCII names and ints PAX writes exactly the USTAR bytes.)
+TAR_META = dict(user="dctdata", group="dctdata", mode=0o444, mtime=0)
+
+
+def sample_key(index: int) -> str:
+    """`__key__` of sample `index` (zero-padded so lexical order is sample order)."""
+    return f"{index:0{SAMPLE_KEY_DIGITS}d}"
+
+
+def entry_name(field: str, compressed: bool = False) -> str:
+    """Member suffix holding a field (`<field>.npy`, `.npy.zst` with the lossless stage)."""
+    return f"{field}.npy.zst" if compressed else f"{field}.npy"
+
+
+def member_bytes(size: int) -> int:
+    """Bytes one tar member takes: a header block plus data padded to whole blocks."""
+    return BLOCK + BLOCK * math.ceil(size / BLOCK)
+
+
+def archive_bytes(members: int) -> int:
+    """Total tar size for `members` bytes of members: two zero end blocks, padded to a record."""
+    return RECORD * math.ceil((members + 2 * BLOCK) / RECORD)
+
+
+def shard_list(m, where: str) -> list[dict[str, Any]]:
+    """The manifest's validated shard entries with their first sample index added (`start`)."""
+    shards = m.layout.get("shards") if isinstance(m.layout, Mapping) else None
+    if not isinstance(shards, list):
+        raise FormatError(f"{where}: layout.shards: expected a list of {{name, samples, bytes, sha256}}. Got {shards!r}")
+    out, start = [], 0
+    for i, s in enumerate(shards):
+        if not isinstance(s, Mapping) or not {"name", "samples", "bytes", "sha256"} <= set(s):
+            raise FormatError(f"{where}: layout.shards[{i}]: expected {{name, samples, bytes, sha256}}. Got {s!r}")
+        name = s["name"]
+        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", "..") or not name.endswith(".tar"):
+            raise FormatError(f"{where}: layout.shards[{i}].name: expected a plain '.tar' file name. Got {name!r}")
+        n = s["samples"]
+        if not is_int(n) or n < 0 or not is_int(s["bytes"]):
+            raise FormatError(f"{where}: layout.shards[{i}]: expected int samples and bytes. Got {s!r}")
+        out.append({"index": i, "name": name, "samples": n, "bytes": s["bytes"], "sha256": s["sha256"], "start": start})
+        start += n
+    if start != m.samples:
+        raise FormatError(f"{where}: layout.shards: expected sample counts summing to {m.samples}. Got {start}")
+    return out
+
+
+def samples_of_file(m, rel: str) -> str:
+    """' (samples a..b)' for a shard file name, '' when `rel` is not one (for messages)."""
+    start = 0
+    shards = m.layout.get("shards", []) if isinstance(m.layout, Mapping) else []
+    for s in shards if isinstance(shards, list) else []:
+        n = s.get("samples", 0) if isinstance(s, Mapping) else 0
+        n = n if is_int(n) else 0
+        if isinstance(s, Mapping) and s.get("name") == rel:
+            return f" (samples {start}..{start + n - 1})"
+        start += n
+    return ""

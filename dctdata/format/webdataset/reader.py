@@ -1,0 +1,173 @@
+"""Read access to webdataset shards of a pack: the primitive under the iterable dataset and verify.
+
+A shard is read whole into memory (shards are capped at --max-shard-size), its byte count and sha256
+are checked against the manifest while it is read, and its tar member names, keys and fields are
+checked, all before its first sample is decoded: a corrupted or truncated shard never yields garbage
+and never yields part of itself. Tar members that are not plain files, have absolute paths, `..` or
+any directory part are rejected. Data that passes the hash but fails to decode (only possible with a
+buggy writer) raises naming the shard and sample.
+
+Files come from a local directory, an fsspec URL prefix (http(s)://, s3://, ...), or a shell `pipe:`
+command the caller opted into (`{}` is replaced by the file name relative to the dataset).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+from typing import Any, Mapping
+
+import torch
+
+from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.format.checksum import read_expected
+from dctdata.format.fields import FieldSpec
+from dctdata.format.location import MANIFEST_NAME, join, open_file
+from dctdata.format.manifest import Manifest, parse_manifest
+from dctdata.format.npy import decode_npy
+from dctdata.format.webdataset.layout import MEMBER_RE, entry_name, sample_key
+from dctdata.lossless import get_codec
+
+
+def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
+    """A dataset location; a shell `pipe:` URL only when the caller opts in."""
+    if not isinstance(path_or_url, (str, os.PathLike)):
+        raise TypeError(f"path_or_url: expected a path or URL string. Got {type(path_or_url).__name__}")
+    s = os.fspath(path_or_url)
+    if s.startswith("pipe:"):
+        if not allow_pipe:
+            raise DctDataError(
+                f"{s}: expected a local path or an http(s)/fsspec URL. Got a shell 'pipe:' URL, which runs a command "
+                "(pass allow_pipe=True to opt in)"
+            )
+        if "{}" not in s:
+            raise DctDataError(f"{s}: expected a pipe: command with '{{}}' where the file name goes. Got none")
+    return s
+
+
+class Files:
+    """Opens files of one dataset by relative name: local, fsspec URL, or an opted-in pipe: command."""
+
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.root = root
+        self.storage_options = dict(storage_options or {})
+
+    def location(self, rel: str) -> str:
+        if self.root.startswith("pipe:"):
+            return self.root.replace("{}", rel)
+        return join(self.root, rel)
+
+    def open(self, rel: str):
+        loc = self.location(rel)
+        if self.root.startswith("pipe:"):
+            import webdataset as wds
+
+            return wds.gopen(loc, "rb")
+        return open_file(loc, "rb", self.storage_options, streaming=True)
+
+    def manifest(self) -> Manifest:
+        loc = self.location(MANIFEST_NAME)
+        try:
+            with self.open(MANIFEST_NAME) as fh:
+                raw = fh.read()
+        except FileNotFoundError as exc:
+            raise FormatError(f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file") from exc
+        except OSError as exc:
+            raise FormatError(f"{loc}: expected a readable dctdata manifest. Got {type(exc).__name__}: {exc}") from exc
+        return parse_manifest(raw, loc)
+
+
+def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
+    """The lossless codec of each field (None where there is none)."""
+    return {f.name: get_codec(f.lossless) for f in fields}
+
+
+class ShardReader:
+    """A shard read whole and verified (size, sha256, member names, keys, fields) before use."""
+
+    def __init__(self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict | None = None) -> None:
+        self.entry, self.fields = entry, fields
+        self.codecs = codecs_for(fields) if codecs is None else codecs
+        self.where = files.location(entry["name"])
+        first, last = entry["start"], entry["start"] + entry["samples"] - 1
+        self.span = f"samples {first}..{last}"
+        self.data = self._read(files)
+        self.samples = self._index()
+
+    def __len__(self) -> int:
+        return self.entry["samples"]
+
+    def _read(self, files: Files) -> memoryview:
+        expected = self.entry["bytes"]
+        try:
+            with files.open(self.entry["name"]) as fh:
+                data, digest = read_expected(fh, expected)
+        except FileNotFoundError as exc:
+            raise IntegrityError(f"{self.where}: expected a shard ({self.span}). Got no such file") from exc
+        except OSError as exc:
+            raise IntegrityError(f"{self.where}: expected a readable shard ({self.span}). Got {type(exc).__name__}: {exc}") from exc
+        n = len(data)
+        if n != expected:
+            what = "truncated" if n < expected else "too long"
+            raise IntegrityError(f"{self.where}: expected {expected} bytes ({self.span}). Got {n}{'+' if n > expected else ''} bytes ({what})")
+        if digest != self.entry["sha256"]:
+            raise IntegrityError(f"{self.where}: expected sha256 {self.entry['sha256']} ({self.span}). Got {digest} (corrupted)")
+        return memoryview(data)
+
+    def _index(self) -> list[dict[str, tuple[int, int]]]:
+        """[{entry suffix: (offset, size)}] per sample, after checking every member header."""
+        want = {entry_name(f.name, bool(f.lossless)) for f in self.fields}
+        samples: list[dict[str, tuple[int, int]]] = []
+        keys: list[str] = []
+        try:
+            with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:") as tf:
+                for m in tf:
+                    name = m.name
+                    if name.startswith("/") or os.path.isabs(name) or ".." in re.split(r"[/\\]", name) or "/" in name or "\\" in name:
+                        raise IntegrityError(f"{self.where}: tar member {name!r}: expected a plain file name. Got an absolute path, '..' or a directory part")
+                    if not m.isreg():
+                        raise IntegrityError(f"{self.where}: tar member {name!r}: expected a regular file. Got tar type {m.type!r}")
+                    match = MEMBER_RE.match(name)
+                    if not match or match.group(2) not in want:
+                        raise IntegrityError(f"{self.where}: tar member {name!r}: expected '<key>.<field entry>' with entries {sorted(want)}")
+                    key, suffix = match.groups()
+                    if not keys or keys[-1] != key:
+                        keys.append(key)
+                        samples.append({})
+                    if suffix in samples[-1]:
+                        raise IntegrityError(f"{self.where}: sample key {key}: expected one {suffix!r}. Got a duplicate")
+                    samples[-1][suffix] = (m.offset_data, m.size)
+        except tarfile.TarError as exc:
+            raise IntegrityError(f"{self.where}: expected a readable tar ({self.span}). Got {type(exc).__name__}: {exc}") from exc
+        expected = [sample_key(self.entry["start"] + j) for j in range(self.entry["samples"])]
+        if keys != expected:
+            raise IntegrityError(
+                f"{self.where}: expected sample keys {expected[:1]}..{expected[-1:]} in order ({self.span}). "
+                f"Got {keys[:1]}..{keys[-1:]} ({len(keys)} keys)"
+            )
+        for key, s in zip(keys, samples):
+            if set(s) != want:
+                raise IntegrityError(f"{self.where}: sample key {key}: expected entries {sorted(want)}. Got {sorted(s)}")
+        return samples
+
+    def decode(self, j: int) -> list[torch.Tensor]:
+        """Tensors of sample j of this shard, in field order."""
+        out = []
+        for f in self.fields:
+            off, size = self.samples[j][entry_name(f.name, bool(f.lossless))]
+            raw = self.data[off : off + size]
+            where = f"{self.where}: sample {self.entry['start'] + j} field {f.name!r}"
+            try:
+                codec = self.codecs[f.name]
+                raw = codec.decode(raw) if codec is not None else raw
+            except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample
+                raise IntegrityError(
+                    f"{where}: expected {f.lossless.get('id')}-compressed .npy bytes. Got undecodable bytes ({type(exc).__name__}: {exc})"
+                ) from exc
+            arr = decode_npy(raw, where)
+            if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
+                raise IntegrityError(f"{where}: expected {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}")
+            out.append(f.to_tensor(arr))
+        return out

@@ -1,0 +1,150 @@
+"""WebDataset writer of a pack (the tar layout is in `dctdata.format.webdataset.layout`).
+
+webdataset's own `TarWriter` does the tar work; we pin what it lets vary (`layout.TAR_META`) and it
+writes the members of a sample in sorted name order. Each field is `.npy` bytes after the field's
+lossless stage.
+
+Shard cap: every shard holds the same number of samples (the last one fewer), as many as fit
+`max_shard_size` even if the lossless stage saved nothing (the exact tar size including headers,
+end-of-archive blocks and record padding is computed from each entry's worst-case size), so the cap is
+a real upper bound and the shard list is known before encoding: shards are independent parts that
+Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided
+by the compression ratio. `samples_per_shard` lowers the count. A sample larger than the cap gets a
+shard of its own (a sample is never split) and a warning is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from dctdata.errors import DctDataError
+from dctdata.format.base import Batch, PartWriter
+from dctdata.format.checksum import HashingWriter
+from dctdata.format.fields import FieldSpec
+from dctdata.format.location import is_url, join, open_file
+from dctdata.format.npy import encode_npy
+from dctdata.format.webdataset.layout import (
+    BLOCK, RECORD, SHARD_PATTERN, TAR_META, USTAR_NAME_MAX, archive_bytes, entry_name, member_bytes, sample_key,
+)  # fmt: skip
+from dctdata.lossless import get_codec
+from dctdata.parse import parse_int, parse_optional_int
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SHARD_SIZE = 256 * 2**20
+# A shard is also a unit of parallel work: at most this much *source* data per shard.
+SHARD_SOURCE_BYTES = 128 << 20
+
+
+def _bound(raw: int, codec: Any) -> int:
+    """Largest size `raw` bytes can take after the lossless stage (zstd's ZSTD_COMPRESSBOUND; a
+    generous generic bound for other codecs)."""
+    if codec is None:
+        return raw
+    if getattr(codec, "codec_id", None) == "zstd":
+        return raw + (raw >> 8) + ((128 * 1024 - raw) >> 11 if raw < 128 * 1024 else 0) + 64
+    return raw + raw // 16 + 1024
+
+
+def samples_per_shard_for(fields: tuple[FieldSpec, ...], max_shard_size: int, samples_per_shard: int | None = None) -> int:
+    """Fixed samples per shard: as many as fit the cap even if nothing compresses (so the cap is a
+    real upper bound), at most `samples_per_shard`; at least 1."""
+    per = 0
+    for f in fields:
+        raw = len(encode_npy(np.zeros(f.stored_shape, f.stored_dtype)))
+        per += member_bytes(_bound(raw, get_codec(f.lossless or None)))
+    k = max(1, (max_shard_size - 2 * BLOCK) // per)
+    while k > 1 and archive_bytes(k * per) > max_shard_size:
+        k -= 1
+    k = min(k, max(1, SHARD_SOURCE_BYTES // max(1, sum(f.source_sample_bytes for f in fields))))
+    return k if samples_per_shard is None else min(k, samples_per_shard)
+
+
+class WebDatasetWriter(PartWriter):
+    """Part writer (see `dctdata.format.base`) for webdataset tar shards. Options: max_shard_size
+    (bytes), samples_per_shard, storage_options for URLs."""
+
+    storage = "webdataset"
+    options = ("max_shard_size", "samples_per_shard", "storage_options")
+
+    def __init__(self, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, samples_per_shard: int | None = None, storage_options: dict | None = None) -> None:
+        self.max_shard_size = parse_int(max_shard_size, "max_shard_size", minimum=RECORD, expected=f"an int >= {RECORD} bytes", type_error=DctDataError)
+        self.samples_per_shard = parse_optional_int(
+            samples_per_shard, "samples_per_shard", minimum=1, expected="a positive int or None", type_error=DctDataError
+        )
+        self.storage_options = dict(storage_options or {})
+
+    # Part API ------------------------------------------------------------------------------------
+    def plan(self, fields: tuple[FieldSpec, ...], n: int) -> list[tuple[int, int]]:
+        k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
+        return [(a, min(a + k, n)) for a in range(0, n, k)]
+
+    def open(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None:
+        """Check the fields fit tar member names and the directory exists (tar needs no metadata file)."""
+        fields = tuple(fields)
+        if not fields or not all(isinstance(f, FieldSpec) for f in fields):
+            raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
+        if not is_url(root) and not os.path.isdir(root):
+            raise DctDataError(f"{root}: expected an existing empty directory. Got none")
+        for f in fields:
+            longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, bool(f.lossless))}"
+            if len(longest) > USTAR_NAME_MAX:
+                raise DctDataError(f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got {longest!r}")
+        self._begin(os.fspath(root), fields, n)
+
+    def write_part(self, root: str, fields: tuple[FieldSpec, ...], n: int, index: int, start: int, stop: int,
+                   batches: Iterable[Batch]) -> dict[str, Any]:  # fmt: skip
+        """Write shard `index` (samples [start, stop)) from stored batches; returns its entry."""
+        from webdataset import TarWriter
+
+        codecs = {f.name: get_codec(f.lossless or None) for f in fields}
+        name = SHARD_PATTERN.format(index)
+        path = join(root, name)
+        members_total, count = 0, start
+        with open_file(path, "wb", self.storage_options) as fh:
+            hfile = HashingWriter(fh)
+            tar = TarWriter(hfile, encoder=False, **TAR_META)
+            for batch in batches:
+                b = len(next(iter(batch.values())))
+                for i in range(b):
+                    members = {entry_name(f.name, bool(f.lossless)): self._encode(f, batch[f.name][i], count, codecs) for f in fields}
+                    size = sum(member_bytes(len(v)) for v in members.values())
+                    if archive_bytes(size) > self.max_shard_size:
+                        log.warning("sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s", count, size, self.max_shard_size, name)
+                    tar.write({"__key__": sample_key(count), **members})
+                    members_total += size
+                    count += 1
+            tar.close()
+            fh.flush()
+            if not is_url(path):
+                os.fsync(fh.fileno())
+        if count != stop:
+            raise DctDataError(f"{name}: expected samples {start}..{stop - 1}. Got {count - start} samples")
+        expected = archive_bytes(members_total)
+        if hfile.bytes != expected:  # the cap relies on this prediction: never let it drift silently
+            raise DctDataError(f"{name}: expected a {expected}-byte tar. Got {hfile.bytes} bytes (tar layout changed?)")
+        log.debug("wrote %s: %d samples, %d bytes", name, stop - start, hfile.bytes)
+        entry = {"name": name, "samples": stop - start, **hfile.entry()}
+        return {"files": {name: hfile.entry()}, "shard": entry}
+
+    def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict[str, Any]:
+        layout = {
+            "shards": [dict(p["shard"]) for p in parts],
+            "max_shard_size": self.max_shard_size,
+            "samples_per_shard": self.samples_per_shard,
+        }
+        checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in layout["shards"]}
+        return {"layout": layout, "checksums": checksums}
+
+    def _encode(self, f: FieldSpec, value: Any, index: int, codecs: dict) -> bytes:
+        arr = f.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+        if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
+            raise DctDataError(f"sample {index} field {f.name!r}: expected stored {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}")
+        raw = encode_npy(arr)
+        codec = codecs[f.name]
+        return raw if codec is None else bytes(codec.encode(raw))

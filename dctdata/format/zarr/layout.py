@@ -1,0 +1,137 @@
+"""The zarr v3 layout of a pack, shared by its writer and reader (no zarr import here).
+
+A zarr v3 group at the dataset root, one array per field at path `<field name>`, shape
+(N, *stored_shape). Arrays are chunked along the sample axis (inner chunks of `chunk` samples, the unit
+a random read decompresses) inside sharding-codec shards of `shard` samples (one file each:
+`<field>/c.<i>.0...`, '.'-separated chunk keys so shards are flat files). All fields share one shard
+length in samples, a power of two, so shard k of every field is one independent *part* of the pack
+(parallel and resumable writing); each field's chunk is a power of two dividing it. Every inner chunk
+goes through the lossless codec then crc32c, and the shard index is crc32c-protected too.
+
+The manifest's `layout.arrays` records {field: {path, chunk, shard}}.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.format.fields import NAME_RE, FieldSpec
+from dctdata.parse import parse_int, parse_object
+
+CHUNK_BYTES = 128 << 10
+SHARD_BYTES = 32 << 20
+# A shard is also a unit of parallel work: at most this much *source* data per shard, so a pack
+# spreads over workers (and a task's memory stays small) even when compression is strong.
+SHARD_SOURCE_BYTES = 128 << 20
+INDEX_ENTRY_BYTES = 16  # (offset, nbytes) uint64 pair per chunk
+CRC_BYTES = 4
+MISSING = 2**64 - 1  # shard-index entry of a chunk that was never written
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, int(x)).bit_length() - 1)
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << (max(1, int(x)) - 1).bit_length()
+
+
+def chunking(fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None) -> tuple[int, dict[str, int]]:
+    """(samples per shard shared by all fields, {field: samples per inner chunk}); chunks divide the shard."""
+    biggest = max(max(1, f.stored_sample_bytes) for f in fields)
+    source = sum(max(1, f.source_sample_bytes) for f in fields)
+    if shard is None:
+        shard = min(_pow2_floor(SHARD_BYTES // biggest), _pow2_floor(SHARD_SOURCE_BYTES // source), _pow2_ceil(n))
+        if chunk is not None:
+            shard = max(1, shard // chunk) * chunk
+    chunks = {}
+    for f in fields:
+        c = chunk or math.gcd(_pow2_floor(CHUNK_BYTES // max(1, f.stored_sample_bytes)), shard)
+        if shard % c:
+            raise DctDataError(f"shard: expected a multiple of chunk={c} samples. Got {shard}")
+        chunks[f.name] = c
+    return shard, chunks
+
+
+def shard_key(field: str, shard_index: int, ndim: int) -> str:
+    """Path (relative to the dataset root) of shard `shard_index` of a field's array of `ndim` dims."""
+    return f"{field}/c." + ".".join([str(shard_index)] + ["0"] * (ndim - 1))
+
+
+def layout_entry(fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None) -> dict[str, Any]:
+    """The manifest's `layout` for a zarr pack."""
+    shard, chunks = chunking(fields, n, chunk, shard)
+    return {"arrays": {f.name: {"path": f.name, "chunk": chunks[f.name], "shard": shard} for f in fields}}
+
+
+def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "manifest") -> dict[str, dict[str, Any]]:
+    """The manifest's `layout.arrays` entries, validated: {field: {path, chunk, shard}} with path the
+    field name (a plain identifier, so it cannot point outside the dataset) and shard a multiple of chunk."""
+    arrays = m.layout.get("arrays") if isinstance(m.layout, Mapping) else None
+    if not isinstance(arrays, Mapping):
+        raise FormatError(f"{where}: layout.arrays: expected an object {{field: {{path, chunk, shard}}}}. Got {arrays!r}")
+    out = {}
+    for f in m.fields if fields is None else fields:
+        w = f"{where}: layout.arrays[{f.name!r}]"
+        if f.name not in arrays:
+            raise FormatError(f"{w}: expected an entry for field {f.name!r}. Got entries {sorted(arrays)}")
+        e = parse_object(arrays[f.name], w, {"path", "chunk", "shard"}, error=FormatError)
+        if not isinstance(e["path"], str) or not NAME_RE.match(e["path"]):
+            raise FormatError(f"{w}.path: expected a plain identifier (the array's name in the group). Got {e['path']!r}")
+        chunk = parse_int(e["chunk"], f"{w}.chunk", minimum=1, type_error=FormatError, range_error=FormatError)
+        shard = parse_int(e["shard"], f"{w}.shard", minimum=1, type_error=FormatError, range_error=FormatError)
+        if shard % chunk:
+            raise FormatError(f"{w}.shard: expected a multiple of chunk={chunk}. Got {shard!r}")
+        out[f.name] = {"path": e["path"], "chunk": chunk, "shard": shard}
+    return out
+
+
+def shard_of_file(m, rel: str) -> str:
+    """' (field 'x', samples a..b)' for a stored shard path, '' when `rel` is not one (for messages)."""
+    import re
+
+    match = re.match(r"^([A-Za-z_]\w*)/c\.(\d+)(\.0)*$", rel)
+    try:
+        arrays = zarr_layout(m)
+    except DctDataError:
+        return ""
+    if match and match.group(1) in arrays:
+        shard = arrays[match.group(1)]["shard"]
+        i = int(match.group(2))
+        return f" (field {match.group(1)!r}, samples {i * shard}..{min((i + 1) * shard, m.samples) - 1})"
+    return ""
+
+
+def index_bytes(chunks_per_shard: int) -> int:
+    return INDEX_ENTRY_BYTES * chunks_per_shard + CRC_BYTES
+
+
+def check_shard_index(
+    tail: bytes, size: int, *, chunks_per_shard: int, index_at_end: bool, first: int, chunk: int, samples: int, where: str, key_where: str
+) -> None:
+    """Check a shard's index (its last or first `index_bytes` bytes): crc32c, and an in-file entry for
+    every chunk that holds samples. zarr would read a missing shard or an empty entry as zeros.
+    `first` is the shard's first sample; `samples` the pack's sample count."""
+    import google_crc32c
+
+    need = index_bytes(chunks_per_shard)
+    if len(tail) < need:
+        raise IntegrityError(f"{where}: expected a shard of at least {need} bytes (its index). Got {size} bytes (truncated)")
+    body, crc = bytes(tail[:-CRC_BYTES]), int.from_bytes(tail[-CRC_BYTES:], "little")
+    if google_crc32c.value(body) != crc:
+        raise IntegrityError(f"{where}: expected a shard index with a valid crc32c. Got a damaged index (corrupted or truncated shard)")
+    entries = np.frombuffer(body, dtype="<u8").reshape(chunks_per_shard, 2)
+    data_end = size - need if index_at_end else size
+    data_start = 0 if index_at_end else need
+    for c in range(min(chunks_per_shard, -(-(samples - first) // chunk))):  # chunks that hold samples
+        off, nbytes = int(entries[c, 0]), int(entries[c, 1])
+        c_lo, c_hi = first + c * chunk, min(first + (c + 1) * chunk, samples) - 1
+        at = f"{key_where} samples {c_lo}..{c_hi} (chunk {c_lo // chunk})"
+        if off == nbytes == MISSING:
+            raise IntegrityError(f"{at}: expected a stored chunk. Got an empty shard-index entry (missing chunk; zarr would read fill values)")
+        if off < data_start or off + nbytes > data_end:
+            raise IntegrityError(f"{at}: expected a chunk inside the shard's {size} bytes. Got bytes {off}..{off + nbytes} (truncated shard)")

@@ -1,0 +1,114 @@
+"""Validated scalars: the one place for "an int, not a bool, within bounds" and its friends.
+
+zarr-python's `core/common.py` is the model: small `parse_*` functions that return the clean value or
+raise with the project's message form `<name>: expected <what>. Got <value>`. A value of the wrong
+Python type raises `TypeError` by default; values read from stored data pass `type_error=` (a
+manifest field of the wrong type is a format problem, not a programming error).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from dctdata.errors import DctDataError
+
+
+def is_int(value: object) -> bool:
+    """An integer that is not a bool (numpy integers count)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number(value: object) -> bool:
+    """An int or float that is not a bool (numpy scalars count)."""
+    return is_int(value) or isinstance(value, (float, np.floating))
+
+
+def _bounds(minimum, maximum) -> str:
+    if minimum is not None and maximum is not None:
+        return f" in {minimum}..{maximum}"
+    if minimum is not None:
+        return f" >= {minimum}"
+    return f" <= {maximum}" if maximum is not None else ""
+
+
+def parse_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    expected: str | None = None,
+    type_error: type[Exception] = TypeError,
+    range_error: type[Exception] = DctDataError,
+) -> int:
+    """An int (never a bool) in [minimum, maximum]; `expected` overrides the wording of the message."""
+    what = expected or f"an int{_bounds(minimum, maximum)}"
+    if not is_int(value):
+        raise type_error(f"{name}: expected {what}. Got {value!r}")
+    v = int(value)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise range_error(f"{name}: expected {what}. Got {v!r}")
+    return v
+
+
+def parse_optional_int(value: object, name: str, **kwargs: Any) -> int | None:
+    return None if value is None else parse_int(value, name, **kwargs)
+
+
+def parse_number(
+    value: object,
+    name: str,
+    *,
+    above: float | None = None,
+    below: float | None = None,
+    minimum: float | None = None,
+    expected: str | None = None,
+    type_error: type[Exception] = TypeError,
+    range_error: type[Exception] = DctDataError,
+) -> float:
+    """A finite real number (never a bool), optionally > above, < below, >= minimum."""
+    parts = [f"> {above}" if above is not None else "", f"< {below}" if below is not None else "",
+             f">= {minimum}" if minimum is not None else ""]  # fmt: skip
+    what = expected or "a finite number" + (" " + " and ".join(p for p in parts if p) if any(parts) else "")
+    if not is_number(value):
+        raise type_error(f"{name}: expected {what}. Got {value!r}")
+    v = float(value)
+    if (
+        not math.isfinite(v)
+        or (above is not None and not v > above)
+        or (below is not None and not v < below)
+        or (minimum is not None and not v >= minimum)
+    ):
+        raise range_error(f"{name}: expected {what}. Got {value!r}")
+    return v
+
+
+def parse_choice(value: object, name: str, choices: Iterable[str], *, error: type[Exception] = DctDataError) -> str:
+    """One of `choices` (strings)."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise error(f"{name}: expected one of {choices}. Got {value!r}")
+    return value
+
+
+def parse_object(
+    value: object,
+    name: str,
+    required: Iterable[str],
+    optional: Iterable[str] = (),
+    *,
+    error: type[Exception] = DctDataError,
+) -> dict[str, Any]:
+    """A mapping with exactly the `required` keys and any of `optional` (JSON objects read from files)."""
+    required, optional = set(required), set(optional)
+    if not isinstance(value, Mapping):
+        raise error(f"{name}: expected a JSON object. Got {value!r}")
+    unknown, missing = sorted(set(value) - required - optional), sorted(required - set(value))
+    if unknown:
+        raise error(f"{name}: expected keys {sorted(required | optional)}. Got unknown keys {unknown}")
+    if missing:
+        raise error(f"{name}: expected keys {sorted(required | optional)}. Got missing keys {missing}")
+    return dict(value)

@@ -1,0 +1,60 @@
+"""What a manifest says about a pack, as numbers: per-field sizes and ratios (`dctdata info`) and a
+whole-pack summary (pack summary, demo, examples). One place, so every table means the same."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dctdata.format.manifest import Manifest
+from dctdata.kinds import FieldKind
+
+
+def field_rows(m: Manifest) -> list[dict[str, Any]]:
+    """Per field: stored bytes (files under `<field>/`; None when fields share files, as in webdataset
+    shards), ratio vs float32 and vs the source dtype, transfer ratio, error figures."""
+    rows = []
+    for f in m.fields:
+        stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(f.name + "/")) or None
+        n_values = math.prod(f.shape) * m.samples
+        rows.append(
+            {
+                "field": f,
+                "stored": stored,
+                "ratio_f32": None if not stored else 4 * n_values / stored,
+                "ratio_src": None if not stored else f.source_sample_bytes * m.samples / stored,
+                "transfer": f.codec.transfer_ratio if f.is_dct else 4 * math.prod(f.shape) / max(1, f.stored_sample_bytes),
+                "stats": m.stats.get(f.name),
+            }
+        )
+    return rows
+
+
+def pack_summary(m: Manifest) -> dict[str, Any]:
+    """Stored size, ratios, transfer ratio and PSNR of a whole packed dataset, from its manifest."""
+    stored = m.stored_bytes
+    f32 = src = coeff = 0.0
+    for f in m.fields:
+        numel = math.prod(f.shape)
+        f32 += 4 * numel
+        src += f.source_sample_bytes
+        coeff += 4 * numel / f.codec.transfer_ratio if f.is_dct else f.source_sample_bytes
+    dct = [m.stats[f.name] for f in m.fields if f.kind is FieldKind.DCT]
+    return {
+        "stored_bytes": stored,
+        "ratio_f32": m.samples * f32 / stored,
+        "ratio_src": m.samples * src / stored,
+        "transfer": f32 / coeff,
+        "psnr_min": min(s.psnr_min for s in dct),
+        "psnr_median": min(s.psnr_median for s in dct),
+        "settings": {f.name: f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" for f in m.fields if f.is_dct},
+    }
+
+
+def num(v: float | None, fmt: str = "{:.2f}") -> str:
+    """A table cell: '-' for unknown, 'exact' for an infinite PSNR."""
+    if v is None:
+        return "-"
+    if v == math.inf:
+        return "exact"
+    return fmt.format(v)

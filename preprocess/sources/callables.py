@@ -1,0 +1,105 @@
+"""`module:callable` sources: any map-style dataset a factory returns (torchvision included). Items
+may be a dict (its keys name the fields), a tuple/list (named `image`, then `label` if a scalar else
+`target`, then `field2`, ...) or a single value (`image`). PIL images become (C, H, W) arrays.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+from dctdata.errors import DctDataError
+from dctdata.preprocess.sources.base import Source, field_name
+
+CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+# module:callable ---------------------------------------------------------------------------------
+def _to_array(value: Any, where: str) -> tuple[np.ndarray, bool]:
+    """(array, is_decoded_image)."""
+    try:
+        from PIL import Image
+
+        if isinstance(value, Image.Image):
+            arr = np.asarray(value if value.mode not in ("P", "1") else value.convert("RGB"))
+            return (arr[None] if arr.ndim == 2 else np.ascontiguousarray(np.moveaxis(arr, -1, 0))), True
+    except ImportError:  # pragma: no cover
+        pass
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        value = value.numpy()
+    arr = np.asarray(value)
+    if arr.dtype.hasobject or arr.dtype.kind in "OUSVMm":
+        raise DctDataError(f"{where}: expected numeric arrays, tensors, numbers or PIL images. Got {type(value).__name__} ({arr.dtype})")
+    return arr, False
+
+
+class DatasetSource(Source):
+    def __init__(self, target: str) -> None:
+        self.description = target
+        module_name, _, attr = target.partition(":")
+        try:
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError:
+                if os.getcwd() in sys.path:
+                    raise
+                sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to the caller
+                module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise DctDataError(f"{target}: expected an importable module:callable. Got {exc}") from exc
+        obj = module
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise DctDataError(f"{target}: expected {module_name} to define {attr}. Got no attribute {part!r}")
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise DctDataError(f"{target}: expected a callable returning a map-style dataset. Got {type(obj).__name__}")
+        try:
+            dataset = obj()
+        except Exception as exc:  # noqa: BLE001 - user code: one line naming it (--debug shows the traceback)
+            raise DctDataError(f"{target}: expected the callable to return a dataset. Got {type(exc).__name__}: {exc}") from exc
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise DctDataError(
+                f"{target}: expected a map-style dataset (__len__ and __getitem__). Got {type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self.default_kinds = {}
+        classes = getattr(dataset, "classes", None)
+        self.info = {"classes": [str(c) for c in classes]} if isinstance(classes, (list, tuple)) else {}
+
+    def __len__(self):
+        try:
+            n = len(self.dataset)
+        except Exception as exc:  # noqa: BLE001 - user code
+            raise DctDataError(f"{self.description}: expected len(dataset) to work. Got {type(exc).__name__}: {exc}") from exc
+        return n
+
+    def sample(self, index):
+        where = self.where(index)
+        try:
+            item = self.dataset[index]
+        except Exception as exc:  # noqa: BLE001 - user code: name the sample instead of a traceback
+            raise DctDataError(f"{where}: expected dataset[{index}] to return a sample. Got {type(exc).__name__}: {exc}") from exc
+        if isinstance(item, dict):
+            named = [(field_name(str(k)), v) for k, v in item.items()]
+        elif isinstance(item, (tuple, list)):
+            named = []
+            for i, v in enumerate(item):
+                scalar = np.ndim(v) == 0 and not hasattr(v, "mode")
+                named.append(("image" if i == 0 else ("label" if scalar else "target") if i == 1 else f"field{i}", v))
+        else:
+            named = [("image", item)]
+        out = {}
+        for name, v in named:
+            arr, image = _to_array(v, f"{where}: field {name!r}")
+            if image:
+                self.default_kinds.setdefault(name, "dct")
+            out[name] = arr
+        return out
