@@ -15,7 +15,7 @@ import dctdata
 from dctdata import CodecSpec, Decompress, DctDataError
 from dctdata.loaders.device import AugmentOnDevice, DevicePrefetcher, pin, resolve_device, to_device, with_decompress
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+cuda = pytest.mark.cuda  # skipped without a CUDA device (conftest.py)
 Pair = namedtuple("Pair", "coeffs label")
 
 
@@ -257,7 +257,7 @@ def test_device_pipeline_example_runs(capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "device_pipeline.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "device_pipeline.py"
     spec = importlib.util.spec_from_file_location("device_pipeline_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

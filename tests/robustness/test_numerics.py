@@ -1,4 +1,4 @@
-"""Numerical robustness (issue 8): data with huge offsets (temperatures ~300 K with 0.01 K detail,
+"""Numerical robustness: data with huge offsets (temperatures ~300 K with 0.01 K detail,
 elevations ~1e3 m), tiny ranges (1e-6) and mixed-scale channels keep the requested PSNR, per channel,
 through the real path: pack --target-psnr -> open_dataset -> Decompress -> PSNR against each item's
 (sample channel's) value range. What float32 cannot represent is refused, never silently missed.

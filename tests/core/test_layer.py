@@ -160,7 +160,6 @@ def test_wrong_types_are_type_errors():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cpu_cuda_parity():
     spec = make_spec("int8", mask="triangle", normalized=True)
     _, q = batch(spec, b=8)

@@ -25,7 +25,7 @@ from dctdata.format.webdataset import entry_name, sample_key
 from dctdata.format.zarr import shard_key as zarr_shard_key
 from dctdata.spec import CodecSpec
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_v1")
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "golden_v1")
 
 
 def golden_source() -> dict[str, np.ndarray]:

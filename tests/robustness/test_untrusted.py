@@ -1,4 +1,4 @@
-"""Untrusted data (issue 8): nothing in a dataset or source can run code or write outside OUT.
+"""Untrusted data: nothing in a dataset or source can run code or write outside OUT.
 
 - a static scan of all library code: no pickle-family imports, every np.load/read_array passes
   allow_pickle=False, no torch.load, no eval/exec/compile;
@@ -25,7 +25,7 @@ import dctdata
 from dctdata.cli import main
 from dctdata.errors import DctDataError, IntegrityError
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBRARY = [p for d in ("dctdata", "preprocess", "loaders") for p in sorted((ROOT / d).rglob("*.py"))]
 BANNED_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve"}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _load(name, monkeypatch):

@@ -1,4 +1,4 @@
-"""Fuzzing (issue 8), with hypothesis: the manifest parser, the webdataset shard reader and the codec.
+"""Fuzzing, with hypothesis: the manifest parser, the webdataset shard reader and the codec.
 
 Properties:
 - manifest: any JSON mutation of a valid manifest (and any byte mutation of its text) either parses

@@ -1,4 +1,4 @@
-"""The bad-input matrix (issue 8): every CLI and API entry point against bad files, bad data, bad
+"""The bad-input matrix: every CLI and API entry point against bad files, bad data, bad
 settings, hand-edited manifests and bad OUT paths.
 
 Each case either must fail cleanly or (for odd-but-valid input) succeed correctly:

@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAPPING = {"dctdata": "dctdata", "preprocess": "dctdata.preprocess", "loaders": "dctdata.loaders"}
 
 

@@ -1,4 +1,4 @@
-"""Corruption (issue 8): flipped bytes, truncation and deletion of every kind of file in both formats
+"""Corruption: flipped bytes, truncation and deletion of every kind of file in both formats
 are detected by `dctdata verify` and by the loaders (error by default, skip-and-count on request),
 and a zarr chunk missing inside an existing shard never reads as the fill value.
 

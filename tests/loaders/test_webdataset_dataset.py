@@ -18,6 +18,7 @@ import torch
 
 import dctdata
 from dctdata.api import open_dataset
+from servers import serve
 from sample_fields import poisson_fields as fields
 from dctdata.cli import main
 from dctdata.errors import DctDataError, IntegrityError
@@ -235,22 +236,10 @@ def test_unexpected_member_rejected(copy):
 
 
 # Sources -----------------------------------------------------------------------------------------
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def http_root(packed):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(packed)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve(packed) as url:
+        yield url
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -264,17 +253,9 @@ def test_streams_from_http(http_root, workers):
 def test_http_missing_shard_names_it(packed, tmp_path):
     shutil.copytree(packed, tmp_path / "p")
     os.remove(tmp_path / "p" / "shard-000002.tar")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(tmp_path / "p")))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serve(tmp_path / "p") as url:
         with pytest.raises(IntegrityError, match="shard-000002.tar: expected a shard \\(samples 8..11\\)"):
             list(DCTWebDataset(url, shuffle=False))
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def test_pipe_urls_refused_unless_opted_in(packed):
