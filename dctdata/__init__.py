@@ -11,7 +11,7 @@ from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCo
 from dctdata.layer import Decompress
 from dctdata.quantize import dequantize, encode, quantize
 from dctdata.spec import CodecSpec
-from dctdata.transform import basis, compress, decompress, dct_matrix, kept_frequencies, num_kept
+from dctdata.transform import basis, compress, dct_matrix, decompress, kept_frequencies, num_kept
 
 __all__ = [
     "CodecSpec",

@@ -45,4 +45,6 @@ def open_dataset(path_or_url: str | os.PathLike, **kwargs: Any):
                 "(dctdata.loaders.wds_dataset is missing)"
             ) from exc
         return DCTWebDataset(path_or_url, **kwargs)
-    raise DctDataError(f"{path_or_url}: expected storage 'zarr' or 'webdataset'. Got {manifest.storage!r}")  # pragma: no cover
+    raise DctDataError(
+        f"{path_or_url}: expected storage 'zarr' or 'webdataset'. Got {manifest.storage!r}"
+    )  # pragma: no cover

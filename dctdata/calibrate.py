@@ -35,10 +35,10 @@ from typing import Any, Mapping
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.parse import is_number, parse_number
 from dctdata.layer import Decompress
 from dctdata.lossless import DEFAULT_CODEC, get_codec
 from dctdata.metrics import item_range, psnr
+from dctdata.parse import is_number, parse_number
 from dctdata.quantize import F32_SAFE_MAX, quantize
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.transform import BLOCK, MASKS, compress, kept_frequencies, parse_cf, parse_mask
@@ -259,7 +259,9 @@ class _Problem:
         per_item = sse[self.valid] * self.item_scale + self.dropped_items(idx)
         return self._ucb(per_item)
 
-    def spec(self, cf: int, mask: str, dtype: str, steps: torch.Tensor | None, offsets: torch.Tensor | None) -> CodecSpec:
+    def spec(
+        self, cf: int, mask: str, dtype: str, steps: torch.Tensor | None, offsets: torch.Tensor | None
+    ) -> CodecSpec:
         return CodecSpec(
             cf=cf,
             mask=mask,
@@ -391,7 +393,9 @@ def calibrate_report(
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
         parse_number(target_psnr, "target_psnr", above=0, below=200, expected="a PSNR in dB between 0 and 200")
     elif cf is None:
-        raise DctDataError("calibrate: expected cf or target_psnr. Got neither (nothing to choose the chop factor from)")
+        raise DctDataError(
+            "calibrate: expected cf or target_psnr. Got neither (nothing to choose the chop factor from)"
+        )
     if not isinstance(margin_db, (int, float)) or margin_db < 0:
         raise DctDataError(f"margin_db: expected a number >= 0. Got {margin_db!r}")
     if not isinstance(headroom, (int, float)) or headroom < 1:
@@ -434,8 +438,9 @@ def _verify(problem: _Problem, spec: CodecSpec, target_psnr, margin_db):
         x_hat = Decompress(spec)(q)
         got = min(  # per channel, as the budget is (see _Problem._ucb)
             dataset_psnr(problem.samples[:, ch : ch + 1], x_hat[:, ch : ch + 1])
-            for ch in range(problem.c) if bool(problem.valid[:, ch].any())
-        )  # fmt: skip
+            for ch in range(problem.c)
+            if bool(problem.valid[:, ch].any())
+        )
         deficit = target_psnr + margin_db - got
         if deficit <= 0 or spec.steps is None or attempt == 4:
             break
@@ -447,8 +452,10 @@ def _verify(problem: _Problem, spec: CodecSpec, target_psnr, margin_db):
     if got < target_psnr:  # the model's promise failed for real (float32 precision, subnormal data): say so
         raise DctDataError(
             f"target_psnr: expected {target_psnr} dB on the calibration subset. Got {got:.1f} dB after decoding with "
-            f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 arithmetic? "
-            f"value range {min(problem.stats['min']):.3g}..{max(problem.stats['max']):.3g}: subtract an offset or rescale)"
+            f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 "
+            "arithmetic? "
+            f"value range {min(problem.stats['min']):.3g}..{max(problem.stats['max']):.3g}: subtract an offset or "
+            "rescale)"
         )
     return spec, None
 

@@ -30,7 +30,9 @@ COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     from dctdata._version import __version__
 
-    parser = argparse.ArgumentParser(prog="dctdata", description="Block-DCT compressed training sets for scientific ML.")
+    parser = argparse.ArgumentParser(
+        prog="dctdata", description="Block-DCT compressed training sets for scientific ML."
+    )
     parser.add_argument("--version", action="version", version=f"dctdata {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -42,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.func(args) or 0)
     except (DctDataError, OSError) as exc:  # OSError: missing/unwritable paths, read-only or full disks

@@ -60,8 +60,12 @@ def _zarr_native(config: dict[str, Any]):
         shuffle = _BLOSC_SHUFFLE.get(int(opts.get("shuffle", 1)))
         if shuffle is None:  # AUTOSHUFFLE has no spec equivalent
             return None
-        kw = {"cname": opts.get("cname", "lz4"), "clevel": int(opts.get("clevel", 5)), "shuffle": shuffle,
-              "blocksize": int(opts.get("blocksize", 0))}
+        kw = {
+            "cname": opts.get("cname", "lz4"),
+            "clevel": int(opts.get("clevel", 5)),
+            "shuffle": shuffle,
+            "blocksize": int(opts.get("blocksize", 0)),
+        }
         if "typesize" in opts:
             kw["typesize"] = int(opts["typesize"])
         return zc.BloscCodec(**kw)

@@ -14,7 +14,9 @@ def item_range(x: torch.Tensor, dims: int = 2) -> torch.Tensor:
     return flat.amax(-1) - flat.amin(-1)
 
 
-def item_errors(reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2) -> tuple[torch.Tensor, torch.Tensor, float]:
+def item_errors(
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(per-item MSE, per-item value range, max abs error) over the last `dims` dims, in float64.
 
     One float64 error tensor serves all three (the pack computes these per batch), instead of
@@ -36,7 +38,9 @@ def psnr_from_mse(mse: torch.Tensor, value_range: torch.Tensor) -> torch.Tensor:
     return torch.where(mse == 0, torch.full_like(out, math.inf), out)
 
 
-def psnr(reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, data_range: float | None = None) -> torch.Tensor:
+def psnr(
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, data_range: float | None = None
+) -> torch.Tensor:
     """PSNR in dB per item over the last `dims` dims: 10 log10(range^2 / MSE).
 
     range is each reference item's max - min unless `data_range` is given. A perfect reconstruction

@@ -70,8 +70,11 @@ def parse_number(
     range_error: type[Exception] = DctDataError,
 ) -> float:
     """A finite real number (never a bool), optionally > above, < below, >= minimum."""
-    parts = [f"> {above}" if above is not None else "", f"< {below}" if below is not None else "",
-             f">= {minimum}" if minimum is not None else ""]  # fmt: skip
+    parts = [
+        f"> {above}" if above is not None else "",
+        f"< {below}" if below is not None else "",
+        f">= {minimum}" if minimum is not None else "",
+    ]
     what = expected or "a finite number" + (" " + " and ".join(p for p in parts if p) if any(parts) else "")
     if not is_number(value):
         raise type_error(f"{name}: expected {what}. Got {value!r}")

@@ -23,7 +23,9 @@ def field_rows(m: Manifest) -> list[dict[str, Any]]:
                 "stored": stored,
                 "ratio_f32": None if not stored else 4 * n_values / stored,
                 "ratio_src": None if not stored else f.source_sample_bytes * m.samples / stored,
-                "transfer": f.codec.transfer_ratio if f.is_dct else 4 * math.prod(f.shape) / max(1, f.stored_sample_bytes),
+                "transfer": f.codec.transfer_ratio
+                if f.is_dct
+                else 4 * math.prod(f.shape) / max(1, f.stored_sample_bytes),
                 "stats": m.stats.get(f.name),
             }
         )

@@ -64,7 +64,9 @@ def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: boo
     # Tables are applied in float32: values that overflow it, or positive ones that flush to 0, are bad.
     f32 = torch.finfo(torch.float32)
     if (t.abs() > f32.max).any() or (positive and (t < f32.tiny).any()):
-        raise DctDataError(f"{name}: expected values representable in float32 ({f32.tiny:.3g} .. {f32.max:.3g}). Got {value!r}")
+        raise DctDataError(
+            f"{name}: expected values representable in float32 ({f32.tiny:.3g} .. {f32.max:.3g}). Got {value!r}"
+        )
 
     def nest(x: torch.Tensor):
         return tuple(nest(r) for r in x) if x.dim() else float(x)

@@ -99,9 +99,7 @@ def _check_image(x: object, name: str = "x") -> torch.Tensor:
     if x.dim() < 2:
         raise DctDataError(f"{name}: expected rank >= 2 with shape (..., H, W). Got shape {tuple(x.shape)}")
     if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(
-            f"{name}: expected a floating tensor (float16, bfloat16, float32 or float64). Got {x.dtype}"
-        )
+        raise TypeError(f"{name}: expected a floating tensor (float16, bfloat16, float32 or float64). Got {x.dtype}")
     if x.shape[-1] == 0 or x.shape[-2] == 0:
         raise DctDataError(f"{name}: expected H, W >= 1. Got shape {tuple(x.shape)}")
     return x

@@ -28,7 +28,10 @@ DECODE_BATCH = 64
 def _bad_decodes(layer: Decompress | None, coeffs: list[torch.Tensor], where, first: int) -> list[str]:
     if layer is None or not coeffs:
         return []
-    return [f"{where(first + j)}: expected finite decoded values. Got NaN/Inf" for j in nonfinite_samples(layer, torch.stack(coeffs))]
+    return [
+        f"{where(first + j)}: expected finite decoded values. Got NaN/Inf"
+        for j in nonfinite_samples(layer, torch.stack(coeffs))
+    ]
 
 
 def check_files(root: str, m: Manifest, storage_options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
@@ -43,11 +46,16 @@ def check_files(root: str, m: Manifest, storage_options: Mapping[str, Any] | Non
             problems.append(f"{path}: expected a stored file. Got none (missing){which}")
             continue
         if size != e["bytes"] or digest != e["sha256"]:
-            problems.append(f"{path}: expected sha256 {e['sha256'][:16]}... and {e['bytes']} bytes. Got {digest[:16]}... and {size} bytes{which}")
+            problems.append(
+                f"{path}: expected sha256 {e['sha256'][:16]}... and {e['bytes']} bytes. Got {digest[:16]}... and "
+                f"{size} bytes{which}"
+            )
     return problems, len(m.checksums)
 
 
-def check_zarr_decode(root: str, m: Manifest, storage_options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
+def check_zarr_decode(
+    root: str, m: Manifest, storage_options: Mapping[str, Any] | None = None
+) -> tuple[list[str], int]:
     """Read every chunk of every field through the integrity-checking reader; decode dct fields."""
     problems, seen = [], {}
     layout = zarr_layout(m, where=join(root, "manifest.json"))
@@ -91,7 +99,7 @@ def check_webdataset(files: Files, m: Manifest, decode: bool) -> tuple[list[str]
             for a in range(0, len(shard), DECODE_BATCH):
                 batch = [shard.decode(j) for j in range(a, min(a + DECODE_BATCH, len(shard)))]
                 for k, f in enumerate(m.fields):
-                    where = lambda i, f=f: f"{shard.where}: sample {i} field {f.name!r}"  # noqa: E731
+                    where = lambda i, f=f, s=shard: f"{s.where}: sample {i} field {f.name!r}"  # noqa: E731
                     problems += _bad_decodes(layers.get(f.name), [b[k] for b in batch], where, entry["start"] + a)
                 decoded += len(batch)
         except DctDataError as exc:
@@ -101,8 +109,12 @@ def check_webdataset(files: Files, m: Manifest, decode: bool) -> tuple[list[str]
     return problems, len(shards), decoded
 
 
-def verify_dataset(path_or_url: str | os.PathLike, decode: bool = True, storage_options: Mapping[str, Any] | None = None,
-                   allow_pipe: bool = False) -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+def verify_dataset(
+    path_or_url: str | os.PathLike,
+    decode: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+    allow_pipe: bool = False,
+) -> tuple[list[str], dict[str, Any]]:
     """(problems, summary): problems are one line each, naming the file/chunk and samples."""
     s = check_location(path_or_url, allow_pipe)
     if s.startswith("pipe:"):

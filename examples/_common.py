@@ -48,7 +48,9 @@ def parse_setting(text: str) -> dict[str, Any]:
     for token in text.split("+"):
         key, sep, value = token.partition("=")
         if not sep or key not in _KEYS:
-            raise dctdata.DctDataError(f"--settings {text!r}: expected tokens {'|'.join(_KEYS)}=VALUE joined by '+'. Got {token!r}")
+            raise dctdata.DctDataError(
+                f"--settings {text!r}: expected tokens {'|'.join(_KEYS)}=VALUE joined by '+'. Got {token!r}"
+            )
         try:
             kw[key] = _KEYS[key](value)
         except ValueError:
@@ -62,16 +64,27 @@ def parse_setting(text: str) -> dict[str, Any]:
 
 
 def add_arguments(
-    p: argparse.ArgumentParser, *, n: int, test: int, epochs: int, batch_size: int, lr: float, settings: tuple[str, ...] = DEFAULT_SETTINGS
+    p: argparse.ArgumentParser,
+    *,
+    n: int,
+    test: int,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    settings: tuple[str, ...] = DEFAULT_SETTINGS,
 ) -> None:
     """The flags every example shares (scale up with --n/--epochs/--settings)."""
     p.add_argument("--out", default=None, help="output directory (default: results/<example>)")
     p.add_argument("--n", type=int, default=n, help=f"training samples (default {n})")
     p.add_argument("--test", type=int, default=test, help=f"held-out samples (default {test})")
-    p.add_argument("--epochs", type=int, default=epochs, help=f"training epochs, the same for every run (default {epochs})")
+    p.add_argument(
+        "--epochs", type=int, default=epochs, help=f"training epochs, the same for every run (default {epochs})"
+    )
     p.add_argument("--batch-size", type=int, default=batch_size, help=f"(default {batch_size})")
     p.add_argument("--lr", type=float, default=lr, help=f"Adam learning rate (default {lr:g})")
-    p.add_argument("--settings", nargs="+", default=list(settings), help=f"pack settings (default {' '.join(settings)})")
+    p.add_argument(
+        "--settings", nargs="+", default=list(settings), help=f"pack settings (default {' '.join(settings)})"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 
@@ -146,7 +159,9 @@ def train(task: Task, net: nn.Module, dataset, decode: dict[str, Callable], args
     losses, t0 = [], time.perf_counter()
     for epoch in range(args.epochs):
         order = torch.Generator().manual_seed(args.seed * 7919 + epoch)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True, generator=order, drop_last=True)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=args.batch_size, shuffle=True, generator=order, drop_last=True
+        )
         net.train()
         total, count = 0.0, 0
         for batch in loader:
@@ -190,9 +205,13 @@ def run_study(task: Task, args) -> list[dict[str, Any]]:
         torch.set_num_threads(args.threads)
     for name in ("n", "test", "epochs", "batch_size"):
         if getattr(args, name) < 1:
-            raise dctdata.DctDataError(f"--{name.replace('_', '-')}: expected an integer >= 1. Got {getattr(args, name)}")
+            raise dctdata.DctDataError(
+                f"--{name.replace('_', '-')}: expected an integer >= 1. Got {getattr(args, name)}"
+            )
     if args.batch_size > args.n:
-        raise dctdata.DctDataError(f"--batch-size: expected at most --n ({args.n}) samples per batch. Got {args.batch_size}")
+        raise dctdata.DctDataError(
+            f"--batch-size: expected at most --n ({args.n}) samples per batch. Got {args.batch_size}"
+        )
     settings = [(s, parse_setting(s)) for s in args.settings]
     out = os.path.abspath(args.out or os.path.join("results", task.name))
     clean_out(out)
@@ -219,11 +238,22 @@ def run_study(task: Task, args) -> list[dict[str, Any]]:
     raw_bytes = sum(a.nbytes for a in task.train.values())
     f32_bytes = sum(4 * a.size for a in task.train.values())
     raw_metric = evaluate(task, net, raw_test)
-    rows.append({
-        "setting": "raw", "stored_bytes": raw_bytes, "ratio_f32": f32_bytes / raw_bytes, "ratio_src": 1.0, "transfer": f32_bytes / raw_bytes,
-        "psnr_min": math.inf, "psnr_median": math.inf, "codec": "none", "losses": losses, "train_seconds": seconds,
-        "metric_raw": raw_metric, "metric_coded": raw_metric,
-    })  # fmt: skip
+    rows.append(
+        {
+            "setting": "raw",
+            "stored_bytes": raw_bytes,
+            "ratio_f32": f32_bytes / raw_bytes,
+            "ratio_src": 1.0,
+            "transfer": f32_bytes / raw_bytes,
+            "psnr_min": math.inf,
+            "psnr_median": math.inf,
+            "codec": "none",
+            "losses": losses,
+            "train_seconds": seconds,
+            "metric_raw": raw_metric,
+            "metric_coded": raw_metric,
+        }
+    )
     for label, kw in settings:
         _log(f"[{task.name}] pack {label}")
         path = os.path.join(out, "packs", label.replace("=", "").replace("+", "_") + ".zarr")
@@ -236,11 +266,21 @@ def run_study(task: Task, args) -> list[dict[str, Any]]:
         net = fresh()
         losses, seconds = train(task, net, ds, decode, args)
         summary = pack_summary(manifest)
-        rows.append({
-            "setting": label, **{k: summary[k] for k in ("stored_bytes", "ratio_f32", "ratio_src", "transfer", "psnr_min", "psnr_median")},
-            "codec": ", ".join(f"{k}: {v}" for k, v in summary["settings"].items()), "losses": losses, "train_seconds": seconds,
-            "pack_seconds": pack_seconds, "metric_raw": evaluate(task, net, raw_test), "metric_coded": evaluate(task, net, coded(task, manifest)),
-        })  # fmt: skip
+        rows.append(
+            {
+                "setting": label,
+                **{
+                    k: summary[k]
+                    for k in ("stored_bytes", "ratio_f32", "ratio_src", "transfer", "psnr_min", "psnr_median")
+                },
+                "codec": ", ".join(f"{k}: {v}" for k, v in summary["settings"].items()),
+                "losses": losses,
+                "train_seconds": seconds,
+                "pack_seconds": pack_seconds,
+                "metric_raw": evaluate(task, net, raw_test),
+                "metric_coded": evaluate(task, net, coded(task, manifest)),
+            }
+        )
     write_results(task, rows, out, args)
     return rows
 
@@ -250,7 +290,15 @@ def _log(msg: str) -> None:
 
 
 # Output --------------------------------------------------------------------------------------------
-COLUMNS = ("setting", "codec", "stored ratio vs float32", "vs source", "transfer ratio", "PSNR min/median dB", "train loss first → final")
+COLUMNS = (
+    "setting",
+    "codec",
+    "stored ratio vs float32",
+    "vs source",
+    "transfer ratio",
+    "PSNR min/median dB",
+    "train loss first → final",
+)
 
 
 def table(task: Task, rows: list[dict[str, Any]]) -> str:
@@ -262,10 +310,17 @@ def table(task: Task, rows: list[dict[str, Any]]) -> str:
         delta = r["metric_raw"] - base
         rel = f"{delta:+.4f}" + (f" ({100 * delta / abs(base):+.1f}%)" if base else "")
         cells = [
-            r["setting"], r["codec"], f"{r['ratio_f32']:.2f}", f"{r['ratio_src']:.2f}", f"{r['transfer']:.2f}", psnr,
-            f"{r['losses'][0]:.4g} → {r['losses'][-1]:.4g}", f"{r['metric_raw']:.4f}", f"{r['metric_coded']:.4f}",
+            r["setting"],
+            r["codec"],
+            f"{r['ratio_f32']:.2f}",
+            f"{r['ratio_src']:.2f}",
+            f"{r['transfer']:.2f}",
+            psnr,
+            f"{r['losses'][0]:.4g} → {r['losses'][-1]:.4g}",
+            f"{r['metric_raw']:.4f}",
+            f"{r['metric_coded']:.4f}",
             "—" if r is rows[0] else rel,
-        ]  # fmt: skip
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -274,9 +329,12 @@ def write_results(task: Task, rows: list[dict[str, Any]], out: str, args) -> Non
     text = table(task, rows)
     better = "higher" if task.higher_is_better else "lower"
     header = (
-        f"{task.name}: {task.description} {args.n} training / {args.test} test samples, {args.epochs} epochs, batch {args.batch_size}, "
-        f"lr {args.lr:g}, seed {args.seed}; {task.metric_name}: {better} is better. Stored ratio: uncompressed float32 bytes / the "
-        "stored files the manifest lists (raw row: the source arrays uncompressed). (raw) = scored on the raw held-out arrays, (coded) = on held-out "
+        f"{task.name}: {task.description} {args.n} training / {args.test} test samples, {args.epochs} epochs, batch "
+        f"{args.batch_size}, "
+        f"lr {args.lr:g}, seed {args.seed}; {task.metric_name}: {better} is better. Stored ratio: uncompressed float32 "
+        "bytes / the "
+        "stored files the manifest lists (raw row: the source arrays uncompressed). (raw) = scored on the raw held-out "
+        "arrays, (coded) = on held-out "
         "inputs through the same codec (targets stay raw). Δ vs raw on the (raw) column."
     )
     print(header)
@@ -284,7 +342,13 @@ def write_results(task: Task, rows: list[dict[str, Any]], out: str, args) -> Non
     print(text)
     md = os.path.join(out, "results.md")
     _atomic_write(md, header + "\n\n" + text + "\n")
-    payload = {"task": task.name, "metric": task.metric_name, "higher_is_better": task.higher_is_better, "args": vars(args), "rows": rows}
+    payload = {
+        "task": task.name,
+        "metric": task.metric_name,
+        "higher_is_better": task.higher_is_better,
+        "args": vars(args),
+        "rows": rows,
+    }
     _atomic_write(os.path.join(out, "results.json"), json.dumps(payload, indent=1, default=str))
     plot(task, rows, os.path.join(out, "results.png"))
     print(f"\nwrote {md}, results.json, results.png", file=sys.stderr)
@@ -329,7 +393,12 @@ def plot(task: Task, rows: list[dict[str, Any]], path: str, size: tuple[int, int
         d.text((5, yy - 6), f"{y:.4g}", fill="black", font=font)
     d.text((w // 2 - 120, h - 25), "stored ratio vs float32 (log scale)", fill="black", font=font)
     better = "higher" if task.higher_is_better else "lower"
-    d.text((left, 10), f"{task.name}: test {task.metric_name} ({better} is better) vs stored ratio", fill="black", font=font)
+    d.text(
+        (left, 10),
+        f"{task.name}: test {task.metric_name} ({better} is better) vs stored ratio",
+        fill="black",
+        font=font,
+    )
     # raw baseline: dashed line
     _, yb = px(x0, rows[0]["metric_raw"])
     for x in range(left, w - right, 12):

@@ -66,7 +66,9 @@ def same_tree(a: str, b: str) -> bool:
     if cmp.left_only or cmp.right_only or cmp.funny_files:
         return False
     _, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
-    return not mismatch and not errors and all(same_tree(os.path.join(a, d), os.path.join(b, d)) for d in cmp.common_dirs)
+    return (
+        not mismatch and not errors and all(same_tree(os.path.join(a, d), os.path.join(b, d)) for d in cmp.common_dirs)
+    )
 
 
 def throughput(size: str, fmt: str, repeat: int) -> None:
@@ -80,7 +82,10 @@ def throughput(size: str, fmt: str, repeat: int) -> None:
                 dt, _, _ = run_pack(size, out, "--workers", str(w), "--format", fmt)
                 print(f"  run {r}: --workers {w}: {dt:.2f} s = {mb / dt:.1f} MB/s of source", flush=True)
                 best[w] = min(best.get(w, dt), dt)
-        print(f"{fmt} {size}: 1 worker {mb / best[1]:.1f} MB/s, 2 workers {mb / best[2]:.1f} MB/s, ratio {best[1] / best[2]:.2f}x (best of {repeat})")
+        print(
+            f"{fmt} {size}: 1 worker {mb / best[1]:.1f} MB/s, 2 workers {mb / best[2]:.1f} MB/s, ratio "
+            f"{best[1] / best[2]:.2f}x (best of {repeat})"
+        )
         print("byte-identical:", same_tree(os.path.join(tmp, "w1"), os.path.join(tmp, "w2")))
 
 
@@ -89,7 +94,10 @@ def rss(fmt: str) -> None:
         for size in ("1gb", "8gb"):
             out = os.path.join(tmp, size)
             dt, peak, _ = run_pack(size, out, "--format", fmt)
-            print(f"{fmt} {size}: peak RSS {peak / 2**20:.0f} MiB, {dt:.1f} s ({SIZES[size] / 1e6 / dt:.1f} MB/s)", flush=True)
+            print(
+                f"{fmt} {size}: peak RSS {peak / 2**20:.0f} MiB, {dt:.1f} s ({SIZES[size] / 1e6 / dt:.1f} MB/s)",
+                flush=True,
+            )
             shutil.rmtree(out)
 
 
@@ -114,8 +122,10 @@ def loader(workers: int) -> None:
                 except psutil.Error:
                     pass
         dt = time.perf_counter() - t
-        print(f"zarr 1gb loader: {n} samples in {dt:.1f} s; main RSS {me.memory_info().rss / 2**20:.0f} MiB; "
-              f"per-worker peak RSS {[round(v / 2**20) for v in peak.values()]} MiB")
+        print(
+            f"zarr 1gb loader: {n} samples in {dt:.1f} s; main RSS {me.memory_info().rss / 2**20:.0f} MiB; "
+            f"per-worker peak RSS {[round(v / 2**20) for v in peak.values()]} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -31,11 +31,16 @@ class Block(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
-        )  # fmt: skip
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
         self.short = (
-            nn.Identity() if stride == 1 and cin == cout else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,10 +51,16 @@ def resnet(width: int = 16, classes: int = 10, channels: int = 3) -> nn.Module:
     """A small ResNet for 32x32 inputs: stem, stages at width, 2*width (/2), 4*width (/2), pool, linear."""
     w = width
     return nn.Sequential(
-        nn.Conv2d(channels, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(inplace=True),
-        Block(w, w), Block(w, 2 * w, 2), Block(2 * w, 4 * w, 2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, classes),
-    )  # fmt: skip
+        nn.Conv2d(channels, w, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(w),
+        nn.ReLU(inplace=True),
+        Block(w, w),
+        Block(w, 2 * w, 2),
+        Block(2 * w, 4 * w, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * w, classes),
+    )
 
 
 def load_cifar10(root: str, n: int, test: int) -> tuple[dict, dict]:
@@ -59,10 +70,15 @@ def load_cifar10(root: str, n: int, test: int) -> tuple[dict, dict]:
     try:
         tr, te = CIFAR10(root, train=True, download=False), CIFAR10(root, train=False, download=False)
     except RuntimeError as exc:
-        raise SystemExit(f"classify.py: --cifar-root {root}: expected torchvision's CIFAR-10 files (cifar-10-batches-py). Got: {exc}")
+        raise SystemExit(
+            f"classify.py: --cifar-root {root}: expected torchvision's CIFAR-10 files (cifar-10-batches-py). Got: {exc}"
+        ) from exc
 
     def arrays(ds, k):
-        return {"image": np.ascontiguousarray(ds.data[:k].transpose(0, 3, 1, 2)), "label": np.asarray(ds.targets[:k], dtype=np.int64)}
+        return {
+            "image": np.ascontiguousarray(ds.data[:k].transpose(0, 3, 1, 2)),
+            "label": np.asarray(ds.targets[:k], dtype=np.int64),
+        }
 
     return arrays(tr, n), arrays(te, test)
 
@@ -100,10 +116,17 @@ def make_task(args) -> _common.Task:
         return correct / len(data["label"])
 
     return _common.Task(
-        name="classify", train=train, test=test, kinds={"image": "dct", "label": "label"},
-        make_net=lambda: resnet(args.width), loss=loss, metric=accuracy, metric_name="accuracy", higher_is_better=True,
+        name="classify",
+        train=train,
+        test=test,
+        kinds={"image": "dct", "label": "label"},
+        make_net=lambda: resnet(args.width),
+        loss=loss,
+        metric=accuracy,
+        metric_name="accuracy",
+        higher_is_better=True,
         description=f"ResNet-{args.width} on a {what}",
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -23,18 +23,28 @@ from torchvision.transforms import v2
 
 import dctdata
 from dctdata.calibrate import calibrate
+from dctdata.datasets import cifar_like
 from dctdata.loaders.device import DevicePrefetcher, resolve_device, with_decompress
 from dctdata.metrics import psnr
-from dctdata.datasets import cifar_like
 
 
 def tiny_cnn(channels: int = 3, classes: int = 10) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(32, classes),
-    )  # fmt: skip
+        nn.Conv2d(channels, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, classes),
+    )
 
 
 def images_and_labels(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,14 +77,21 @@ def main(argv: list[str] | None = None) -> float:
     decode = dctdata.Decompress(spec)
     fidelity = psnr(x_test, decode(q_test), dims=3).median().item()
     print(
-        f"coefficients {tuple(q_train.shape[1:])} {q_train.dtype} per image (image {tuple(x_train.shape[1:])} float32): "
+        f"coefficients {tuple(q_train.shape[1:])} {q_train.dtype} per image (image {tuple(x_train.shape[1:])} "
+        "float32): "
         f"transfer ratio {spec.transfer_ratio:.1f}x, median PSNR {fidelity:.1f} dB, overflow {over_train + over_test}"
     )
 
     # Online side: a DataLoader of coefficients, pinned when a GPU is the target, prefetched to the device.
     pin = device.type == "cuda"
-    train = DataLoader(TensorDataset(q_train, y_train), batch_size=args.batch_size, shuffle=True,
-                       num_workers=args.workers, pin_memory=pin, drop_last=True)  # fmt: skip
+    train = DataLoader(
+        TensorDataset(q_train, y_train),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=pin,
+        drop_last=True,
+    )
     test = DataLoader(TensorDataset(q_test, y_test), batch_size=256, pin_memory=pin)
     mean, std = x_train.mean(dim=(0, 2, 3)).tolist(), x_train.std(dim=(0, 2, 3)).tolist()
     net = with_decompress(

@@ -53,11 +53,20 @@ def make_task(args) -> _common.Task:
         return float(nn.functional.mse_loss(net(data["noisy"]), data["clean"]))
 
     return _common.Task(
-        name="em_denoise", train=em_arrays(args.n, args.size, args.seed), test=em_arrays(args.test, args.size, args.seed + 1),
-        kinds={"noisy": "dct", "clean": "dct"}, make_net=lambda: ResidualUNet(args.width), loss=loss, metric=mse,
-        metric_name="MSE", higher_is_better=False, crop=args.crop, targets=("clean",),
-        description=f"residual U-Net-{args.width} on em_denoise-like pairs (float32 1x{args.size}x{args.size}), {args.crop}px crops;",
-    )  # fmt: skip
+        name="em_denoise",
+        train=em_arrays(args.n, args.size, args.seed),
+        test=em_arrays(args.test, args.size, args.seed + 1),
+        kinds={"noisy": "dct", "clean": "dct"},
+        make_net=lambda: ResidualUNet(args.width),
+        loss=loss,
+        metric=mse,
+        metric_name="MSE",
+        higher_is_better=False,
+        crop=args.crop,
+        targets=("clean",),
+        description=f"residual U-Net-{args.width} on em_denoise-like pairs (float32 1x{args.size}x{args.size}), "
+        f"{args.crop}px crops;",
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -68,7 +77,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--width", type=int, default=8, help="U-Net base width (default 8)")
     args = p.parse_args(argv)
     if args.crop % 4 or args.crop > args.size or args.size % 4:
-        raise SystemExit(f"em_denoise.py: --crop/--size: expected multiples of 4 with crop <= size. Got crop {args.crop}, size {args.size}")
+        raise SystemExit(
+            f"em_denoise.py: --crop/--size: expected multiples of 4 with crop <= size. Got crop {args.crop}, size "
+            f"{args.size}"
+        )
     return _common.run_study(make_task(args), args)
 
 

@@ -27,13 +27,18 @@ import _common  # noqa: E402
 def autoencoder(width: int = 16) -> nn.Module:
     w = width
     return nn.Sequential(
-        nn.Conv2d(1, w, 3, 2, 1), nn.ReLU(inplace=True),
-        nn.Conv2d(w, 2 * w, 3, 2, 1), nn.ReLU(inplace=True),
-        nn.Conv2d(2 * w, 2 * w, 3, 2, 1), nn.ReLU(inplace=True),
-        nn.ConvTranspose2d(2 * w, 2 * w, 2, 2), nn.ReLU(inplace=True),
-        nn.ConvTranspose2d(2 * w, w, 2, 2), nn.ReLU(inplace=True),
+        nn.Conv2d(1, w, 3, 2, 1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(w, 2 * w, 3, 2, 1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(2 * w, 2 * w, 3, 2, 1),
+        nn.ReLU(inplace=True),
+        nn.ConvTranspose2d(2 * w, 2 * w, 2, 2),
+        nn.ReLU(inplace=True),
+        nn.ConvTranspose2d(2 * w, w, 2, 2),
+        nn.ReLU(inplace=True),
         nn.ConvTranspose2d(w, 1, 2, 2),
-    )  # fmt: skip
+    )
 
 
 def optical_arrays(n: int, seed: int) -> dict:
@@ -64,10 +69,18 @@ def make_task(args) -> _common.Task:
         return total / len(data["image"])
 
     return _common.Task(
-        name="optical_damage", train=train, test=optical_arrays(args.test, args.seed + 1), kinds={"image": "dct", "label": "label"},
-        make_net=lambda: autoencoder(args.width), loss=loss, metric=mse, metric_name="reconstruction MSE", higher_is_better=False,
-        crop=args.crop, description=f"autoencoder-{args.width} on optical_damage-like frames (uint16 1x492x656), {args.crop}px crops;",
-    )  # fmt: skip
+        name="optical_damage",
+        train=train,
+        test=optical_arrays(args.test, args.seed + 1),
+        kinds={"image": "dct", "label": "label"},
+        make_net=lambda: autoencoder(args.width),
+        loss=loss,
+        metric=mse,
+        metric_name="reconstruction MSE",
+        higher_is_better=False,
+        crop=args.crop,
+        description=f"autoencoder-{args.width} on optical_damage-like frames (uint16 1x492x656), {args.crop}px crops;",
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -72,11 +72,18 @@ def make_task(args) -> _common.Task:
         return inter / max(union, 1)
 
     return _common.Task(
-        name="slstr_cloud", train=train, test=slstr_arrays(args.test, args.size, args.seed + 1),
+        name="slstr_cloud",
+        train=train,
+        test=slstr_arrays(args.test, args.size, args.seed + 1),
         kinds={"refs": "dct", "bts": "dct", "bayes": "array", "valid": "array"},
-        make_net=lambda: UNet(9, 1, args.width), loss=loss, metric=iou, metric_name="cloud IoU", higher_is_better=True,
-        description=f"U-Net-{args.width} on slstr_cloud-like scenes (9x{args.size}x{args.size}, NaN swath edge filled + valid mask);",
-    )  # fmt: skip
+        make_net=lambda: UNet(9, 1, args.width),
+        loss=loss,
+        metric=iou,
+        metric_name="cloud IoU",
+        higher_is_better=True,
+        description=f"U-Net-{args.width} on slstr_cloud-like scenes (9x{args.size}x{args.size}, NaN swath edge filled "
+        "+ valid mask);",
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

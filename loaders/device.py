@@ -49,7 +49,9 @@ def resolve_device(device: torch.device | str | int | None = None) -> torch.devi
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not isinstance(device, (torch.device, str)) and not is_int(device):
-        raise TypeError(f"device: expected a torch.device, a name such as 'cpu' or 'cuda:0', or an index. Got {device!r}")
+        raise TypeError(
+            f"device: expected a torch.device, a name such as 'cpu' or 'cuda:0', or an index. Got {device!r}"
+        )
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
@@ -126,7 +128,8 @@ class DevicePrefetcher:
             return len(self.loader)  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(
-                f"len(DevicePrefetcher): expected a loader with a length. Got {type(self.loader).__name__} without __len__"
+                f"len(DevicePrefetcher): expected a loader with a length. Got {type(self.loader).__name__} without "
+                "__len__"
             ) from None
 
     def __iter__(self) -> Iterator[Any]:
@@ -178,7 +181,9 @@ class AugmentOnDevice(nn.Module):
         super().__init__()
         for name, t in (("transforms", always), ("train_transforms", train)):
             if t is not None and not callable(t):
-                raise TypeError(f"{name}: expected a callable such as a torchvision.transforms.v2 transform. Got {type(t).__name__}")
+                raise TypeError(
+                    f"{name}: expected a callable such as a torchvision.transforms.v2 transform. Got {type(t).__name__}"
+                )
         # nn.Module transforms (all of v2) register as submodules, so .to(device) reaches their tensors.
         self.always = always
         self.train_tf = train
@@ -206,7 +211,9 @@ def with_decompress(
     `augment` (only when there are transforms) and `model`, so `seq.model` is the original network.
     """
     if not isinstance(decompressor, nn.Module):
-        raise TypeError(f"decompressor: expected an nn.Module such as dctdata.Decompress. Got {type(decompressor).__name__}")
+        raise TypeError(
+            f"decompressor: expected an nn.Module such as dctdata.Decompress. Got {type(decompressor).__name__}"
+        )
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected an nn.Module. Got {type(model).__name__}")
     parts: OrderedDict[str, nn.Module] = OrderedDict(decompress=decompressor)

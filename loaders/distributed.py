@@ -58,11 +58,16 @@ def make_loader(
     parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
     if isinstance(dataset, IterableDataset):
         if rank is not None or world_size is not None:
-            raise DctDataError("rank/world_size: expected them on the DCTWebDataset itself (it splits by rank). Got them for make_loader")
+            raise DctDataError(
+                "rank/world_size: expected them on the DCTWebDataset itself (it splits by rank). Got them for "
+                "make_loader"
+            )
         return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last, **loader_kwargs)
     r, w = _world(rank, world_size)
     sampler = DistributedSampler(dataset, num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last, **loader_kwargs)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last, **loader_kwargs
+    )
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:

@@ -88,18 +88,25 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         seed = parse_int(seed, "seed", minimum=0)
         buffer_size = parse_int(buffer_size, "buffer_size", minimum=1)
         if (rank is None) != (world_size is None):
-            raise DctDataError(f"rank/world_size: expected both or neither. Got rank={rank!r} world_size={world_size!r}")
+            raise DctDataError(
+                f"rank/world_size: expected both or neither. Got rank={rank!r} world_size={world_size!r}"
+            )
         if world_size is not None:
             if not is_int(world_size) or not is_int(rank):
                 raise TypeError(f"rank/world_size: expected ints. Got rank={rank!r} world_size={world_size!r}")
             if world_size < 1 or not 0 <= rank < world_size:
-                raise DctDataError(f"rank/world_size: expected 0 <= rank < world_size. Got rank={rank} world_size={world_size}")
+                raise DctDataError(
+                    f"rank/world_size: expected 0 <= rank < world_size. Got rank={rank} world_size={world_size}"
+                )
         s = check_location(path_or_url, allow_pipe)
         self.root = s if s.startswith("pipe:") else manifest_location(s)[0]
         self._files = Files(self.root, storage_options)
         self.manifest = manifest if manifest is not None else self._files.manifest()
         if self.manifest.storage != "webdataset":
-            raise DctDataError(f"{self.root}: expected a webdataset dataset. Got storage {self.manifest.storage!r} (use dctdata.open_dataset)")
+            raise DctDataError(
+                f"{self.root}: expected a webdataset dataset. Got storage {self.manifest.storage!r} (use "
+                "dctdata.open_dataset)"
+            )
         self.shards = shard_list(self.manifest, self._files.location(MANIFEST_NAME))
         self.fields = self.manifest.fields
         self.shuffle, self.seed, self.buffer_size = bool(shuffle), seed, buffer_size
@@ -133,12 +140,15 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
             np.random.default_rng([self.seed, epoch]).shuffle(order)
         return order
 
-    def shards_for(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> list[dict[str, Any]]:
+    def shards_for(
+        self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1
+    ) -> list[dict[str, Any]]:
         """The shard entries one (rank, worker) reads in `epoch`, in reading order."""
         n = len(self.shards)
         if 0 < n < world_size * num_workers:
             raise DctDataError(
-                f"{self.root}: expected at least {world_size * num_workers} shards for {world_size} rank(s) x {num_workers} "
+                f"{self.root}: expected at least {world_size * num_workers} shards for {world_size} rank(s) x "
+                f"{num_workers} "
                 f"DataLoader worker(s) (whole shards are split between them). Got {n} shards "
                 "(repack with a smaller --max-shard-size or --samples-per-shard, or use fewer workers)"
             )

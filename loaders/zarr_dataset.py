@@ -44,9 +44,14 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         if on_error not in ("raise", "skip"):
             raise DctDataError(f"on_error: expected 'raise' or 'skip'. Got {on_error!r}")
         self.root, _ = manifest_location(path_or_url)
-        self.manifest = manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
+        self.manifest = (
+            manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
+        )
         if self.manifest.storage != "zarr":
-            raise DctDataError(f"{self.root}: expected a zarr dataset. Got storage {self.manifest.storage!r} (use dctdata.open_dataset)")
+            raise DctDataError(
+                f"{self.root}: expected a zarr dataset. Got storage {self.manifest.storage!r} (use "
+                "dctdata.open_dataset)"
+            )
         names = self.manifest.names if fields is None else tuple(fields)
         self.fields = tuple(self.manifest.field(n) for n in names)
         self.as_dict = bool(as_dict)

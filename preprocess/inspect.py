@@ -25,7 +25,9 @@ from dctdata.preprocess.sources import open_source
 log = logging.getLogger(__name__)
 
 
-def read_originals(source: str, field: str, indices: list[int], shape: tuple[int, ...], key, channels_last: bool) -> np.ndarray | None:
+def read_originals(
+    source: str, field: str, indices: list[int], shape: tuple[int, ...], key, channels_last: bool
+) -> np.ndarray | None:
     """Originals (n, C, H, W) float64 from a source, or None when they cannot be matched."""
     if not isinstance(source, str):
         return None
@@ -46,12 +48,16 @@ def read_originals(source: str, field: str, indices: list[int], shape: tuple[int
     if x.ndim == 3:
         x = x[:, None]
     if tuple(x.shape[1:]) != tuple(shape):
-        log.warning("originals in %s have per-sample shape %s, not the field's %s: not shown", source, x.shape[1:], shape)
+        log.warning(
+            "originals in %s have per-sample shape %s, not the field's %s: not shown", source, x.shape[1:], shape
+        )
         return None
     return x
 
 
-def inspect_dataset(out: str, png: str, field: str | None = None, samples: int = 3, channels: int = 1, original: str | None = None) -> tuple[str, bool]:
+def inspect_dataset(
+    out: str, png: str, field: str | None = None, samples: int = 3, channels: int = 1, original: str | None = None
+) -> tuple[str, bool]:
     """Decode a few samples of a packed dataset and draw the figure. Returns (png path, originals shown)."""
     if samples < 1 or channels < 1:
         raise DctDataError(f"--samples/--channels: expected >= 1. Got {samples}/{channels}")
@@ -67,7 +73,9 @@ def inspect_dataset(out: str, png: str, field: str | None = None, samples: int =
     src = original if original is not None else manifest.pack.get("source")
     if original is None and not (isinstance(src, str) and os.path.exists(src)):
         src = None
-    org = read_originals(src, f.name, indices, f.shape, manifest.pack.get("key"), bool(manifest.pack.get("channels_last")))
+    org = read_originals(
+        src, f.name, indices, f.shape, manifest.pack.get("key"), bool(manifest.pack.get("channels_last"))
+    )
     c = min(channels, rec.shape[1])
     items_rec = rec[:, :c].reshape(-1, *rec.shape[2:])
     items_org = None if org is None else org[:, :c].reshape(-1, *org.shape[2:])

@@ -44,7 +44,14 @@ def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray"):
     scale = 255.0 / (hi - lo) if hi > lo else 0.0
     u8 = np.clip((np.asarray(a, dtype=np.float64) - lo) * scale, 0, 255).astype(np.uint8)
     if cmap == "heat":  # black -> red -> yellow -> white, for error maps
-        rgb = np.stack([np.clip(3 * u8.astype(int), 0, 255), np.clip(3 * u8.astype(int) - 255, 0, 255), np.clip(3 * u8.astype(int) - 510, 0, 255)], -1)
+        rgb = np.stack(
+            [
+                np.clip(3 * u8.astype(int), 0, 255),
+                np.clip(3 * u8.astype(int) - 255, 0, 255),
+                np.clip(3 * u8.astype(int) - 510, 0, 255),
+            ],
+            -1,
+        )
         im = Image.fromarray(rgb.astype(np.uint8), "RGB")
     else:
         im = Image.fromarray(u8, "L").convert("RGB")
@@ -103,7 +110,11 @@ def inspect_figure(
             raise DctDataError(f"originals: expected the reconstructions' shape {rec.shape}. Got {org.shape}")
     if titles is not None and len(titles) != rec.shape[0]:
         raise DctDataError(f"titles: expected {rec.shape[0]} titles (one per item). Got {len(titles)}")
-    cols = ["original", "reconstruction", "|error|", "radial power spectrum"] if org is not None else ["reconstruction", "radial power spectrum"]
+    cols = (
+        ["original", "reconstruction", "|error|", "radial power spectrum"]
+        if org is not None
+        else ["reconstruction", "radial power spectrum"]
+    )
     width = PAD + len(cols) * (TILE + PAD)
     height = PAD + rec.shape[0] * (TILE + 2 * PAD)
     fig = Image.new("RGB", (width, height), "white")

@@ -52,7 +52,9 @@ class Journal:
         except FileNotFoundError:
             pass
         if not lines or lines[0].get("kind") != "header":
-            raise DctDataError(f"{root}: --resume: expected a progress journal {JOURNAL_NAME}. Got none (remove {root} to start over)")
+            raise DctDataError(
+                f"{root}: --resume: expected a progress journal {JOURNAL_NAME}. Got none (remove {root} to start over)"
+            )
         header = lines[0]
         old = json.loads(json.dumps(header["settings"]))
         new = json.loads(json.dumps(settings))

@@ -47,16 +47,27 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.parse import parse_number, parse_optional_int
+from dctdata.format import (
+    MANIFEST_NAME,
+    STORAGES,
+    FieldSpec,
+    FieldStats,
+    Manifest,
+    is_url,
+    make_writer,
+    write_manifest,
+    write_manifest_url,
+)
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.format import MANIFEST_NAME, STORAGES, FieldSpec, FieldStats, Manifest, is_url, make_writer, write_manifest, write_manifest_url
 from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
-from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
-from dctdata.transform import parse_cf, parse_mask
+from dctdata.parse import parse_number, parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.journal import Journal
-from dctdata.preprocess.parts import PartJob, check_finite as _check_finite, run_part
+from dctdata.preprocess.parts import PartJob, run_part
+from dctdata.preprocess.parts import check_finite as _check_finite
 from dctdata.preprocess.sources import Source, open_source
+from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
+from dctdata.transform import parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +131,10 @@ def dct_shape(name: str, shape: tuple[int, ...], where: str) -> tuple[int, int, 
     if len(shape) == 3:
         return shape
     hint = " (channels-last data? use --channels-last)" if len(shape) == 3 else ""
-    raise DctDataError(f"{where}: field {name!r}: expected 2 or 3 dims per sample for kind dct ((H, W) or (C, H, W)). Got {shape}{hint}")
+    raise DctDataError(
+        f"{where}: field {name!r}: expected 2 or 3 dims per sample for kind dct ((H, W) or (C, H, W)). Got "
+        f"{shape}{hint}"
+    )
 
 
 def calibration_indices(n: int, sample_values: int) -> list[int]:
@@ -150,7 +164,9 @@ def plan_fields(
     probe = source.probe()
     unknown = sorted(set(overrides) - set(probe))
     if unknown:
-        raise DctDataError(f"--field {unknown[0]}: expected one of the source's fields {list(probe)}. Got no such field")
+        raise DctDataError(
+            f"--field {unknown[0]}: expected one of the source's fields {list(probe)}. Got no such field"
+        )
     needs_calibration = quant in ("int8", "int16") or target_psnr is not None
     if target_psnr is None:
         cf = DEFAULT_CF if cf is None else cf
@@ -163,20 +179,28 @@ def plan_fields(
         if dtype.kind not in "biuf":
             raise DctDataError(f"{source.description}: field {name!r}: expected a numeric dtype. Got {dtype}")
         if kind is FieldKind.LABEL and shape != ():
-            raise DctDataError(f"{source.description}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}")
+            raise DctDataError(
+                f"{source.description}: field {name!r}: expected one scalar per sample for kind label. Got shape "
+                f"{shape}"
+            )
         spec = None
         if kind is FieldKind.DCT:
             if dtype.kind == "b":
-                raise DctDataError(f"{source.description}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)")
+                raise DctDataError(
+                    f"{source.description}: field {name!r}: expected numbers for kind dct. Got bool (use --field "
+                    f"{name}=array)"
+                )
             shape = dct_shape(name, shape, source.description)
             c, h, w = shape
             if needs_calibration:
                 idx = calibration_indices(n, c * h * w)
                 x = source.take(idx)[name].reshape(len(idx), c, h, w).astype(np.float32)
-                x = _check_finite(x, name, nan_fill, lambda j: source.where(idx[j]))
+                x = _check_finite(x, name, nan_fill, lambda j, idx=idx: source.where(idx[j]))
                 spec = _calibrate(torch.from_numpy(x), cf, mask, quant, target_psnr)
                 if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
-                    raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
+                    raise DctDataError(
+                        f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}"
+                    )
             else:
                 spec = CodecSpec(cf=cf, height=h, width=w, channels=c, mask=mask, dtype=quant)
         specs.append(FieldSpec(name, kind, shape, dtype.name, spec, codec))
@@ -192,14 +216,23 @@ def _check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | N
 
         fs, path = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
         if fs.exists(path.rstrip("/") + "/" + MANIFEST_NAME) and not overwrite:
-            raise DctDataError(f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use --overwrite to replace it)")
+            raise DctDataError(
+                f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use --overwrite to "
+                "replace it)"
+            )
         return out.rstrip("/")
     out = os.path.abspath(out.removeprefix("file://"))
     if os.path.lexists(out) and not overwrite:
-        raise DctDataError(f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)")
+        raise DctDataError(
+            f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)"
+        )
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
-        got = "a file in the way" if os.path.lexists(parent) or any(os.path.isfile(p) for p in _ancestors(parent)) else "a missing directory"
+        got = (
+            "a file in the way"
+            if os.path.lexists(parent) or any(os.path.isfile(p) for p in _ancestors(parent))
+            else "a missing directory"
+        )
         raise DctDataError(f"{out}: expected an existing parent directory. Got {got} at {parent}")
     return out
 
@@ -218,7 +251,10 @@ def _check_not_source(source: object, out: str) -> None:
         return
     src, dst = os.path.realpath(os.fspath(source)), os.path.realpath(out)
     if src == dst or src.startswith(dst.rstrip(os.sep) + os.sep):
-        raise DctDataError(f"{out}: expected an OUT path outside the source. Got the source {os.fspath(source)} itself or a directory holding it")
+        raise DctDataError(
+            f"{out}: expected an OUT path outside the source. Got the source {os.fspath(source)} itself or a directory "
+            "holding it"
+        )
 
 
 def partial_dir(out: str) -> str:
@@ -262,7 +298,10 @@ def pack(
         parse_number(target_psnr, "--target-psnr", above=0, expected="a positive number of dB", type_error=DctDataError)
     parse_optional_int(workers, "--workers", minimum=1, expected="a positive int", type_error=DctDataError)
     if workers not in (None, 1) and scheduler is not None:
-        raise DctDataError(f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got workers={workers} scheduler={scheduler!r}")
+        raise DctDataError(
+            f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got workers={workers} "
+            f"scheduler={scheduler!r}"
+        )
     if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
         raise DctDataError(f"--scheduler: expected a Dask scheduler address such as tcp://host:8786. Got {scheduler!r}")
     parallel = (workers or 1) > 1 or scheduler is not None
@@ -276,15 +315,26 @@ def pack(
     _check_not_source(source, out)
     url = is_url(out)
     if resume and url:
-        raise DctDataError(f"--resume: expected a local OUT directory (the progress journal lives in its temporary sibling). Got {out}")
+        raise DctDataError(
+            f"--resume: expected a local OUT directory (the progress journal lives in its temporary sibling). Got {out}"
+        )
     options = dict(writer_options or {})
     if url:
         options["storage_options"] = storage_options
     settings = {
-        "source": os.fspath(source), "format": format, "cf": cf, "mask": mask, "quant": quant, "target_psnr": target_psnr,
-        "fields": overrides, "key": key, "channels_last": bool(channels_last), "nan": "error" if nan_fill is None else f"fill={nan_fill}",
-        "codec": codec, "writer_options": dict(writer_options or {}),
-    }  # fmt: skip
+        "source": os.fspath(source),
+        "format": format,
+        "cf": cf,
+        "mask": mask,
+        "quant": quant,
+        "target_psnr": target_psnr,
+        "fields": overrides,
+        "key": key,
+        "channels_last": bool(channels_last),
+        "nan": "error" if nan_fill is None else f"fill={nan_fill}",
+        "codec": codec,
+        "writer_options": dict(writer_options or {}),
+    }
 
     src = open_source(source, key=key, channels_last=channels_last)
     root = out if url else partial_dir(out)
@@ -308,9 +358,15 @@ def pack(
             log.warning("%s: --resume: no unfinished pack to resume; starting from the beginning", out)
         if specs is None:
             specs = plan_fields(
-                src, cf=cf, mask=mask, quant=None if quant is None else QUANT_TO_DTYPE[quant], target_psnr=target_psnr,
-                overrides=overrides, codec=codec, nan_fill=nan_fill,
-            )  # fmt: skip
+                src,
+                cf=cf,
+                mask=mask,
+                quant=None if quant is None else QUANT_TO_DTYPE[quant],
+                target_psnr=target_psnr,
+                overrides=overrides,
+                codec=codec,
+                nan_fill=nan_fill,
+            )
             if url:
                 _remove_manifest(out, storage_options)  # an --overwrite target stops being a dataset now
             else:
@@ -323,10 +379,23 @@ def pack(
         results: dict[int, dict] = journal.verified(parts) if journal is not None else {}
         if results:
             log.info("resuming: %d of %d parts already done and verified", len(results), len(parts))
-        job = PartJob(os.fspath(source), key, bool(channels_last), specs, nan_fill, bool(strict), writer, root, n, threads=1)
+        job = PartJob(
+            os.fspath(source), key, bool(channels_last), specs, nan_fill, bool(strict), writer, root, n, threads=1
+        )
         todo = [(i, a, b) for i, (a, b) in enumerate(parts) if i not in results]
         keep_partial = not url  # from here on an interruption leaves resumable work
-        _run(job, todo, results, journal, src=src, workers=workers, scheduler=scheduler, quiet=quiet, total=len(parts), done=len(results))
+        _run(
+            job,
+            todo,
+            results,
+            journal,
+            src=src,
+            workers=workers,
+            scheduler=scheduler,
+            quiet=quiet,
+            total=len(parts),
+            done=len(results),
+        )
         ordered = [results[i] for i in range(len(parts))]
         stats = _combine_stats(specs, ordered)
         result = writer.finish(root, specs, n, ordered)
@@ -389,11 +458,15 @@ def _commit(tmp: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _run(job: "PartJob", todo, results: dict, journal, *, src, workers, scheduler, quiet: bool, total: int, done: int) -> None:
+def _run(
+    job: "PartJob", todo, results: dict, journal, *, src, workers, scheduler, quiet: bool, total: int, done: int
+) -> None:
     """Run the parts in `todo` (serially here, or on Dask), journaling each as it finishes."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, initial=done, unit="part", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False)
+    bar = tqdm(
+        total=total, initial=done, unit="part", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False
+    )
 
     def finished(res: dict) -> None:
         results[res["index"]] = res
@@ -423,7 +496,9 @@ def _combine_stats(specs, parts: list[dict]) -> dict:
             err = max(p["stats"]["max_error"][f.name] for p in parts)
             over = sum(p["stats"]["overflow"][f.name] for p in parts)
             # no scores: every sample was constant (PSNR undefined); max error still says how close
-            stats[f.name] = FieldStats(min(scores) if scores else None, statistics.median(scores) if scores else None, err, over)
+            stats[f.name] = FieldStats(
+                min(scores) if scores else None, statistics.median(scores) if scores else None, err, over
+            )
         else:
             stats[f.name] = FieldStats(math.inf, math.inf, 0.0, 0)
     stats["__nan_filled__"] = sum(p["stats"]["nan_filled"] for p in parts)

@@ -44,7 +44,9 @@ def run_parts(job, todo, *, workers: int | None, scheduler: str | None, on_done)
             try:
                 client = Client(scheduler, timeout="30s")
             except (OSError, TimeoutError) as exc:
-                raise DctDataError(f"--scheduler {scheduler}: expected a reachable Dask scheduler. Got {type(exc).__name__}: {exc}") from exc
+                raise DctDataError(
+                    f"--scheduler {scheduler}: expected a reachable Dask scheduler. Got {type(exc).__name__}: {exc}"
+                ) from exc
         else:
             import dask
 
@@ -53,12 +55,18 @@ def run_parts(job, todo, *, workers: int | None, scheduler: str | None, on_done)
             # than the encoding (measured: 3x slower tasks). Pack tasks reuse a few large buffers.
             with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
                 cluster = LocalCluster(
-                    n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+                    n_workers=workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
                 )
             client = Client(cluster)
         token = uuid.uuid4().hex[:8]
         with client:
-            futures = [client.submit(run_part, job, i, a, b, key=f"dctdata-part-{token}-{i}", pure=False) for i, a, b in todo]
+            futures = [
+                client.submit(run_part, job, i, a, b, key=f"dctdata-part-{token}-{i}", pure=False) for i, a, b in todo
+            ]
             try:
                 for fut in as_completed(futures):
                     on_done(fut.result())

@@ -22,8 +22,8 @@ from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.layer import Decompress
 from dctdata.metrics import item_errors, psnr_from_mse
-from dctdata.quantize import F32_SAFE_MAX, encode
 from dctdata.preprocess.sources import Source, open_source
+from dctdata.quantize import F32_SAFE_MAX, encode
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 _SOURCES: dict[tuple, Source] = {}  # per-process cache: a worker opens each source once
@@ -72,8 +72,10 @@ def check_finite(x: np.ndarray, name: str, nan_fill: float | None, where) -> np.
     if (peak > F32_SAFE_MAX).any():  # the 8x8 DCT would overflow float32 to inf
         j = int(np.argmax(peak > F32_SAFE_MAX))
         raise DctDataError(
-            f"{where(j)}: field {name!r}: expected |x| <= {F32_SAFE_MAX:.3g} in a dct field (float32 max / 8: the 8x8 DCT "
-            f"multiplies by up to 8). Got max |x| = {float(peak[j]):.3g} (rescale the data, or use --field {name}=array)"
+            f"{where(j)}: field {name!r}: expected |x| <= {F32_SAFE_MAX:.3g} in a dct field (float32 max / 8: the 8x8 "
+            "DCT "
+            f"multiplies by up to 8). Got max |x| = {float(peak[j]):.3g} (rescale the data, or use --field "
+            f"{name}=array)"
         )
     return x
 
@@ -95,7 +97,9 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
     return {"index": index, "start": start, "stop": stop, "stats": stats, **out}
 
 
-def _encoded(job: PartJob, src: Source, start: int, stop: int, stats: dict, layers: dict) -> Iterator[dict[str, np.ndarray]]:
+def _encoded(
+    job: PartJob, src: Source, start: int, stop: int, stats: dict, layers: dict
+) -> Iterator[dict[str, np.ndarray]]:
     by_name = {f.name: f for f in job.specs}
     seen = start
     with torch.inference_mode():
@@ -111,11 +115,14 @@ def _encoded(job: PartJob, src: Source, start: int, stop: int, stats: dict, laye
                 expect = f.shape if not f.is_dct or x.ndim - 1 == 3 else f.shape[1:]
                 if tuple(x.shape[1:]) != tuple(expect):
                     raise DctDataError(
-                        f"{where(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} (ragged samples)"
+                        f"{where(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got "
+                        f"{tuple(x.shape[1:])} (ragged samples)"
                     )
                 if not f.is_dct:
                     if x.dtype.name != f.dtype:
-                        raise DctDataError(f"{where(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}")
+                        raise DctDataError(
+                            f"{where(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}"
+                        )
                     stored[name] = np.ascontiguousarray(x)
                     continue
                 xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
@@ -128,7 +135,8 @@ def _encoded(job: PartJob, src: Source, start: int, stop: int, stats: dict, laye
                     stats["overflow"][name] += over
                     if job.strict:
                         raise OverflowCountError(
-                            f"{where(0)}..{a + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
+                            f"{where(0)}..{a + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow "
+                            "(--strict). "
                             f"Got {over} clamped coefficients"
                         )
                 scores, err = _figures(xt, layers[name](q))
@@ -138,7 +146,9 @@ def _encoded(job: PartJob, src: Source, start: int, stop: int, stats: dict, laye
             seen += b
             yield stored
     if seen != stop:
-        raise DctDataError(f"{src.description}: expected samples {start}..{stop - 1}. Got {seen - start} (the source ended early)")
+        raise DctDataError(
+            f"{src.description}: expected samples {start}..{stop - 1}. Got {seen - start} (the source ended early)"
+        )
 
 
 def _figures(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[list[float], float]:

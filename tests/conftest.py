@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from sample_fields import labelled_npz
 
 

@@ -21,7 +21,9 @@ def reference_decode(spec: dctdata.CodecSpec, q: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def check_decompress(spec: dctdata.CodecSpec, q: torch.Tensor, dtype: torch.dtype = torch.float32, atol: float = 1e-4) -> torch.Tensor:
+def check_decompress(
+    spec: dctdata.CodecSpec, q: torch.Tensor, dtype: torch.dtype = torch.float32, atol: float = 1e-4
+) -> torch.Tensor:
     layer = dctdata.Decompress(spec, dtype=dtype)
     out = layer(q)
     lead = tuple(q.shape[:-4])

@@ -28,7 +28,9 @@ def labelled_npz(directory) -> str:
     """N smooth 24x24 fields with noise (`image`) and their index (`label`) in an .npz."""
     rng = np.random.default_rng(0)
     y = np.linspace(0, 6, 24, dtype=np.float32)
-    image = (np.sin(y)[None, :, None] * np.cos(y)[None, None, :] + 0.1 * rng.standard_normal((N, 24, 24))).astype(np.float32)
+    image = (np.sin(y)[None, :, None] * np.cos(y)[None, None, :] + 0.1 * rng.standard_normal((N, 24, 24))).astype(
+        np.float32
+    )
     path = os.path.join(os.fspath(directory), "d.npz")
     np.savez(path, image=image, label=np.arange(N, dtype=np.int64))
     return path

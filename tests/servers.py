@@ -27,7 +27,9 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         with open(path, "rb") as fh:
             data = fh.read()
         a, _, b = rng.removeprefix("bytes=").partition("-")
-        start, stop = (len(data) - int(b), len(data)) if a == "" else (int(a), min(len(data), int(b) + 1 if b else len(data)))
+        start, stop = (
+            (len(data) - int(b), len(data)) if a == "" else (int(a), min(len(data), int(b) + 1 if b else len(data)))
+        )
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
         self.send_header("Content-Length", str(stop - start))
@@ -38,7 +40,9 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 @contextlib.contextmanager
 def serve(directory) -> Iterator[str]:
     """Serve `directory` on 127.0.0.1; yields its base URL. `server.requests` lists the paths asked."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(directory)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(directory))
+    )
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

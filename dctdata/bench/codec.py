@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from dctdata.spec import CodecSpec
 from dctdata.layer import Decompress
+from dctdata.spec import CodecSpec
 from dctdata.transform import BLOCK, dct_matrix
 
 
@@ -38,7 +38,9 @@ def _time(fn, repeat: int) -> float:
     return best
 
 
-def run_codec_bench(sizes=(256, 1024), cfs=(2, 4, 6, 8), paper_sizes=(512, 1024), batch_pixels=2**21, repeat=10, threads=1):
+def run_codec_bench(
+    sizes=(256, 1024), cfs=(2, 4, 6, 8), paper_sizes=(512, 1024), batch_pixels=2**21, repeat=10, threads=1
+):
     """Rows of dicts: size, cf, batch, decode ms, GB/s of decoded float32, ratio to copy, ratio to paper."""
     torch.set_num_threads(threads)
     rows = []
@@ -51,8 +53,8 @@ def run_codec_bench(sizes=(256, 1024), cfs=(2, 4, 6, 8), paper_sizes=(512, 1024)
             src = torch.randn(batch, 1, size, size)
             dst = torch.empty_like(src)
             with torch.inference_mode():
-                t_dec = _time(lambda: layer(coeffs), repeat)
-                t_copy = _time(lambda: dst.copy_(src), repeat)
+                t_dec = _time(lambda layer=layer, coeffs=coeffs: layer(coeffs), repeat)
+                t_copy = _time(lambda dst=dst, src=src: dst.copy_(src), repeat)
                 row = {
                     "size": size,
                     "cf": cf,
@@ -67,7 +69,9 @@ def run_codec_bench(sizes=(256, 1024), cfs=(2, 4, 6, 8), paper_sizes=(512, 1024)
                     lhs, rhs = paper_dense_operators(size, size, cf)
                     a = torch.randn(batch, cf * size // BLOCK, cf * size // BLOCK)
                     lt, rt = lhs.T.contiguous(), rhs.T.contiguous()
-                    t_paper = _time(lambda: torch.matmul(torch.matmul(lt, a), rt), max(2, repeat // 3))
+                    t_paper = _time(
+                        lambda lt=lt, a=a, rt=rt: torch.matmul(torch.matmul(lt, a), rt), max(2, repeat // 3)
+                    )
                     row["paper_ms"] = 1e3 * t_paper / batch
                     row["speedup_vs_paper"] = t_paper / t_dec
             rows.append(row)

@@ -77,9 +77,13 @@ def _time_loader(ds, to_input, batch, workers, epochs) -> float:
     best = 0.0
     for e in range(epochs):
         loader = torch.utils.data.DataLoader(
-            ds, batch_size=batch, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(e),
+            ds,
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            generator=torch.Generator().manual_seed(e),
             persistent_workers=False,
-        )  # fmt: skip
+        )
         n, t0 = 0, time.perf_counter()
         with torch.inference_mode():
             for b in loader:
@@ -118,16 +122,28 @@ def run_loader_bench(n=512, size=256, target_psnr=40.0, batch=32, workers=2, epo
         raw = os.path.join(tmp, "raw.zarr")
         arr = zarr.create_array(raw, shape=x.shape, chunks=(1, 1, size, size), dtype="float32", compressors=None)
         arr[:] = x
-        rows.append({"pipeline": "raw float32 zarr", "sps": _time_loader(_RawZarr(raw), lambda b: b.float(), batch, workers, epochs),
-                     "bytes": _dir_bytes(raw) / n, "psnr": float("inf")})  # fmt: skip
+        rows.append(
+            {
+                "pipeline": "raw float32 zarr",
+                "sps": _time_loader(_RawZarr(raw), lambda b: b.float(), batch, workers, epochs),
+                "bytes": _dir_bytes(raw) / n,
+                "psnr": float("inf"),
+            }
+        )
         u8 = x[:, 0].astype(np.uint8)
         png_dir = os.path.join(tmp, "png")
         os.makedirs(png_dir)
         png = [os.path.join(png_dir, f"{i:05d}.png") for i in range(n)]
         for f, im in zip(png, u8):
             Image.fromarray(im).save(f)
-        rows.append({"pipeline": "PNG + torchvision decode_png", "sps": _time_loader(_Files(png, "png"), lambda b: b.float(), batch, workers, epochs),
-                     "bytes": _dir_bytes(png_dir) / n, "psnr": float("inf")})  # fmt: skip
+        rows.append(
+            {
+                "pipeline": "PNG + torchvision decode_png",
+                "sps": _time_loader(_Files(png, "png"), lambda b: b.float(), batch, workers, epochs),
+                "bytes": _dir_bytes(png_dir) / n,
+                "psnr": float("inf"),
+            }
+        )
         jpg_dir = os.path.join(tmp, "jpg")
         os.makedirs(jpg_dir)
         for q in (75, 85, 90, 95, 98, 100):
@@ -138,8 +154,14 @@ def run_loader_bench(n=512, size=256, target_psnr=40.0, batch=32, workers=2, epo
             jp = float(statistics.median(psnr(xt[:64, 0], torch.from_numpy(dec)).tolist()))
             if jp >= dct_psnr:
                 break
-        rows.append({"pipeline": f"JPEG q={q} + torchvision decode_jpeg", "sps": _time_loader(_Files(jpg, "jpeg"), lambda b: b.float(), batch, workers, epochs),
-                     "bytes": _dir_bytes(jpg_dir) / n, "psnr": jp})  # fmt: skip
+        rows.append(
+            {
+                "pipeline": f"JPEG q={q} + torchvision decode_jpeg",
+                "sps": _time_loader(_Files(jpg, "jpeg"), lambda b: b.float(), batch, workers, epochs),
+                "bytes": _dir_bytes(jpg_dir) / n,
+                "psnr": jp,
+            }
+        )
     return rows
 
 

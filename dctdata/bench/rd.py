@@ -128,7 +128,9 @@ def target_spec(ds: Dataset, target: float, calib: int, **kw) -> CodecSpec:
     return calibrate_report(sub, quant=None, target_psnr=target, value_range=ds.value_range, **kw).spec
 
 
-def spec_for_ratio(ds: Dataset, ratio: float, calib: int, lo: float = 15.0, hi: float = 90.0, iters: int = 7) -> CodecSpec:
+def spec_for_ratio(
+    ds: Dataset, ratio: float, calib: int, lo: float = 15.0, hi: float = 90.0, iters: int = 7
+) -> CodecSpec:
     """The highest-PSNR calibrated spec whose stored ratio (calibration subset, vs float32) is >= ratio."""
     sub = calibration_subset(ds.x, calib)
     best = None
@@ -157,7 +159,9 @@ def zfp_available() -> bool:
     return True
 
 
-def _per_plane(ds: Dataset, enc: Callable[[np.ndarray, float], bytes], param_of: Callable[[int, int], float], method: str) -> Result:
+def _per_plane(
+    ds: Dataset, enc: Callable[[np.ndarray, float], bytes], param_of: Callable[[int, int], float], method: str
+) -> Result:
     import zfpy
 
     n, c = ds.x.shape[:2]
@@ -173,7 +177,9 @@ def _per_plane(ds: Dataset, enc: Callable[[np.ndarray, float], bytes], param_of:
 def run_zfp_rate(ds: Dataset, rate: float) -> Result:
     import zfpy
 
-    return _per_plane(ds, lambda a, r: zfpy.compress_numpy(a, rate=r), lambda i, j: rate, f"ZFP fixed-rate {rate:g} bit")
+    return _per_plane(
+        ds, lambda a, r: zfpy.compress_numpy(a, rate=r), lambda i, j: rate, f"ZFP fixed-rate {rate:g} bit"
+    )
 
 
 def _ranges(ds: Dataset) -> np.ndarray:
@@ -187,7 +193,10 @@ def run_zfp_accuracy(ds: Dataset, rel_tol: float) -> Result:
 
     rng = _ranges(ds)
     return _per_plane(
-        ds, lambda a, t: zfpy.compress_numpy(a, tolerance=t), lambda i, j: rel_tol * rng[i, j], f"ZFP fixed-accuracy {rel_tol:g}·range"
+        ds,
+        lambda a, t: zfpy.compress_numpy(a, tolerance=t),
+        lambda i, j: rel_tol * rng[i, j],
+        f"ZFP fixed-accuracy {rel_tol:g}·range",
     )
 
 
@@ -223,7 +232,10 @@ def run_zfp_matched(ds: Dataset, target_db: np.ndarray, iters: int = 14) -> Resu
         w = 0.0 if p1 == p0 or not math.isfinite(p1) else (p1 - target_db[i]) / (p1 - p0)
         interp[i] = math.exp((1 - w) * math.log(b1) + w * math.log(max(b0, 1)))
     res = _per_plane(
-        ds, lambda a, t: zfpy.compress_numpy(a, tolerance=t), lambda i, j: tols[i] * rng[i, j], "ZFP fixed-accuracy, PSNR matched"
+        ds,
+        lambda a, t: zfpy.compress_numpy(a, tolerance=t),
+        lambda i, j: tols[i] * rng[i, j],
+        "ZFP fixed-accuracy, PSNR matched",
     )
     res.interpolated = interp
     return res
@@ -302,7 +314,9 @@ def summarize(group: str, results: list[tuple[Dataset, Result]]) -> dict:
         "decode_MBps": raw / dec / 1e6,
         "per_sample_bytes": np.concatenate([res.stored for _, res in results]),
         "per_sample_db": np.array(samples_db),
-        "interpolated": None if results[0][1].interpolated is None else np.concatenate([res.interpolated for _, res in results]),
+        "interpolated": None
+        if results[0][1].interpolated is None
+        else np.concatenate([res.interpolated for _, res in results]),
         "note": "; ".join(notes[:3]) + (" ..." if len(notes) > 3 else ""),
     }
 
@@ -329,11 +343,19 @@ def run_rd(
         rows.append(row)
         return row
 
-    paper = {cf: add("paper: fp32 DCT+Chop", lambda ds, cf=cf: run_dctdata(ds, paper_spec(ds, cf), f"fp32 CF={cf}")) for cf in paper_cfs}
+    paper = {
+        cf: add("paper: fp32 DCT+Chop", lambda ds, cf=cf: run_dctdata(ds, paper_spec(ds, cf), f"fp32 CF={cf}"))
+        for cf in paper_cfs
+    }
     tgt = {}
     for t in targets:
-        tgt[t] = add("dctdata --target-psnr", lambda ds, t=t: run_dctdata(ds, target_spec(ds, t, calib), f"target {t:g} dB"))
-    at_ratio = add("dctdata at a ratio", lambda ds: run_dctdata(ds, spec_for_ratio(ds, ratio, calib), f"stored CR>={ratio:g} (calibrated)"))
+        tgt[t] = add(
+            "dctdata --target-psnr", lambda ds, t=t: run_dctdata(ds, target_spec(ds, t, calib), f"target {t:g} dB")
+        )
+    at_ratio = add(
+        "dctdata at a ratio",
+        lambda ds: run_dctdata(ds, spec_for_ratio(ds, ratio, calib), f"stored CR>={ratio:g} (calibrated)"),
+    )
     if zfp_available():
         for r in zfp_rates:
             add("ZFP fixed-rate", lambda ds, r=r: run_zfp_rate(ds, r))
@@ -344,12 +366,15 @@ def run_rd(
             offsets = np.cumsum([0] + [len(ds.x) for ds in datasets])
             zm = add(
                 "ZFP fixed-accuracy",
-                lambda ds: run_zfp_matched(ds, ref["per_sample_db"][offsets[datasets.index(ds)] : offsets[datasets.index(ds) + 1]]),
+                lambda ds: run_zfp_matched(
+                    ds, ref["per_sample_db"][offsets[datasets.index(ds)] : offsets[datasets.index(ds) + 1]]
+                ),
             )
             size_ratio = float(np.exp(np.mean(np.log(zm["per_sample_bytes"] / ref["per_sample_bytes"]))))
             interp_ratio = float(np.exp(np.mean(np.log(zm["interpolated"] / ref["per_sample_bytes"]))))
             lines.append(
-                f"ZFP fixed-accuracy at no less per-sample PSNR than dctdata --target-psnr {match_target:g}: ZFP stores "
+                f"ZFP fixed-accuracy at no less per-sample PSNR than dctdata --target-psnr {match_target:g}: ZFP "
+                "stores "
                 f"{size_ratio:.2f}x the bytes of dctdata; interpolated to exactly equal PSNR {interp_ratio:.2f}x "
                 "(geometric means over samples; >1 means dctdata is smaller)"
             )
@@ -363,11 +388,14 @@ def run_rd(
             offsets = np.cumsum([0] + [len(ds.x) for ds in datasets])
             jm = add(
                 "JPEG 4:2:0",
-                lambda ds: run_jpeg_matched(ds, ref["per_sample_bytes"][offsets[datasets.index(ds)] : offsets[datasets.index(ds) + 1]]),
+                lambda ds: run_jpeg_matched(
+                    ds, ref["per_sample_bytes"][offsets[datasets.index(ds)] : offsets[datasets.index(ds) + 1]]
+                ),
             )
             lines.append(
                 f"JPEG 4:2:0 at no more bytes than dctdata --target-psnr {match_target:g}: dataset PSNR "
-                f"{jm['psnr_dataset']:.2f} dB vs dctdata {ref['psnr_dataset']:.2f} dB (median item {jm['psnr_median']:.2f} vs {ref['psnr_median']:.2f})"
+                f"{jm['psnr_dataset']:.2f} dB vs dctdata {ref['psnr_dataset']:.2f} dB (median item "
+                f"{jm['psnr_median']:.2f} vs {ref['psnr_median']:.2f})"
             )
     if ratio and paper_cfs and 2 in paper:
         lines.append(
@@ -388,8 +416,10 @@ def format_rows(rows: list[dict]) -> str:
     for r in rows:
         tr = "1 (host)" if r["transfer"] is None else f"{r['transfer']:.1f}"
         out.append(
-            f"| {r['group']} | {r['method']} | {r['ratio_f32']:.1f} | {r['ratio_src']:.1f} | {tr} | {r['psnr_min']:.1f} | "
-            f"{r['psnr_median']:.1f} | {r['psnr_dataset']:.1f} | {r['encode_MBps']:.0f} | {r['decode_MBps']:.0f} | {r['note']} |"
+            f"| {r['group']} | {r['method']} | {r['ratio_f32']:.1f} | {r['ratio_src']:.1f} | {tr} | "
+            f"{r['psnr_min']:.1f} | "
+            f"{r['psnr_median']:.1f} | {r['psnr_dataset']:.1f} | {r['encode_MBps']:.0f} | {r['decode_MBps']:.0f} | "
+            f"{r['note']} |"
         )
     return "\n".join(out)
 

@@ -49,7 +49,11 @@ def _raw_dataset(root: str):
         return torch.from_numpy(np.load(io.BytesIO(sample["x.npy"]), allow_pickle=False))
 
     return wds.DataPipeline(
-        wds.SimpleShardList(urls, seed=0), wds.split_by_worker, wds.tarfile_to_samples(), wds.shuffle(256, 64), wds.map(load)
+        wds.SimpleShardList(urls, seed=0),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.shuffle(256, 64),
+        wds.map(load),
     )
 
 
@@ -71,7 +75,9 @@ def _stored_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f != "manifest.json")
 
 
-def run_stream_bench(n=512, size=256, samples_per_shard=64, workers=2, batch=32, epochs=2, quant="int8", target_psnr=40.0, threads=1):
+def run_stream_bench(
+    n=512, size=256, samples_per_shard=64, workers=2, batch=32, epochs=2, quant="int8", target_psnr=40.0, threads=1
+):
     """Rows of dicts: name, samples, samples_s, bytes_per_sample, sha_share (None where not verified)."""
     import dctdata
     from dctdata.loaders.wds_dataset import DCTWebDataset
@@ -84,7 +90,13 @@ def run_stream_bench(n=512, size=256, samples_per_shard=64, workers=2, batch=32,
         src = os.path.join(d, "src.npy")
         np.save(src, x)
         common = dict(quant=quant, target_psnr=target_psnr, quiet=True)
-        m = dctdata.pack(src, os.path.join(d, "wds"), format="webdataset", writer_options={"samples_per_shard": samples_per_shard}, **common)
+        m = dctdata.pack(
+            src,
+            os.path.join(d, "wds"),
+            format="webdataset",
+            writer_options={"samples_per_shard": samples_per_shard},
+            **common,
+        )
         dctdata.pack(src, os.path.join(d, "zarr"), format="zarr", **common)
         _raw_shards(x, os.path.join(d, "raw"), samples_per_shard)
         blob = os.urandom(64 << 20)
@@ -92,7 +104,9 @@ def run_stream_bench(n=512, size=256, samples_per_shard=64, workers=2, batch=32,
         hashlib.sha256(blob).hexdigest()
         sha_rate = len(blob) / (time.perf_counter() - t0)
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=os.path.join(d, "wds")))
+        server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(_Quiet, directory=os.path.join(d, "wds"))
+        )
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -102,13 +116,42 @@ def run_stream_bench(n=512, size=256, samples_per_shard=64, workers=2, batch=32,
             layer = wds_local.decompressor()
             decode = lambda b: layer(b[0])  # noqa: E731
             cases.append(("dctdata webdataset, local", wds_local, decode, {}, os.path.join(d, "wds"), True))
-            cases.append(("dctdata webdataset, HTTP loopback", DCTWebDataset(url, buffer_size=256), decode, {}, os.path.join(d, "wds"), True))
+            cases.append(
+                (
+                    "dctdata webdataset, HTTP loopback",
+                    DCTWebDataset(url, buffer_size=256),
+                    decode,
+                    {},
+                    os.path.join(d, "wds"),
+                    True,
+                )
+            )
             zds = DCTZarrDataset(os.path.join(d, "zarr"))
             zlayer = zds.decompressor()
-            cases.append(("dctdata zarr (map-style, shuffled)", zds, lambda b: zlayer(b[0]), {"shuffle": True}, os.path.join(d, "zarr"), False))
-            cases.append(("raw float32 .npy shards (webdataset)", _raw_dataset(os.path.join(d, "raw")), lambda b: b, {}, os.path.join(d, "raw"), False))
+            cases.append(
+                (
+                    "dctdata zarr (map-style, shuffled)",
+                    zds,
+                    lambda b: zlayer(b[0]),
+                    {"shuffle": True},
+                    os.path.join(d, "zarr"),
+                    False,
+                )
+            )
+            cases.append(
+                (
+                    "raw float32 .npy shards (webdataset)",
+                    _raw_dataset(os.path.join(d, "raw")),
+                    lambda b: b,
+                    {},
+                    os.path.join(d, "raw"),
+                    False,
+                )
+            )
             for name, ds, to_model, kw, root, verified in cases:
-                loader = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0, **kw)
+                loader = torch.utils.data.DataLoader(
+                    ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0, **kw
+                )
                 best, count = float("inf"), 0
                 for e in range(epochs):
                     if hasattr(ds, "set_epoch"):
@@ -130,13 +173,24 @@ def run_stream_bench(n=512, size=256, samples_per_shard=64, workers=2, batch=32,
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
-    meta = {"n": n, "size": size, "codec": m.fields[0].codec, "sha_GBps": sha_rate / 1e9, "shards": len(m.layout["shards"])}
+    meta = {
+        "n": n,
+        "size": size,
+        "codec": m.fields[0].codec,
+        "sha_GBps": sha_rate / 1e9,
+        "shards": len(m.layout["shards"]),
+    }
     return rows, meta
 
 
 def format_rows(rows) -> str:
-    lines = ["| source | samples/epoch | samples/s | stored KiB/sample | sha256 share of epoch |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| source | samples/epoch | samples/s | stored KiB/sample | sha256 share of epoch |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in rows:
         share = "-" if r["sha_share"] is None else f"{100 * r['sha_share']:.1f}%"
-        lines.append(f"| {r['name']} | {r['samples']} | {r['samples_s']:.0f} | {r['bytes_per_sample'] / 1024:.1f} | {share} |")
+        lines.append(
+            f"| {r['name']} | {r['samples']} | {r['samples_s']:.0f} | {r['bytes_per_sample'] / 1024:.1f} | {share} |"
+        )
     return "\n".join(lines)

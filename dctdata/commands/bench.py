@@ -8,27 +8,40 @@ import warnings
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="throughput and rate-distortion benchmarks", description="Throughput and rate-distortion benchmarks.")
+    p = sub.add_parser(
+        "bench",
+        help="throughput and rate-distortion benchmarks",
+        description="Throughput and rate-distortion benchmarks.",
+    )
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     c = kinds.add_parser(
-        "codec", formatter_class=fmt, help="decode throughput vs memory copy and the paper's dense formulation",
-        description="Single-image decode time of Decompress against a copy of its output and the paper's dense matmuls.",
-    )  # fmt: skip
+        "codec",
+        formatter_class=fmt,
+        help="decode throughput vs memory copy and the paper's dense formulation",
+        description="Single-image decode time of Decompress against a copy of its output and the paper's "
+        "dense matmuls.",
+    )
     c.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="square image sides")
     c.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
-    c.add_argument("--paper-sizes", type=int, nargs="+", default=[512, 1024], help="sides for the paper's dense baseline")
+    c.add_argument(
+        "--paper-sizes", type=int, nargs="+", default=[512, 1024], help="sides for the paper's dense baseline"
+    )
     c.add_argument("--repeat", type=int, default=10, help="timing repeats (best is kept)")
     c.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     c.set_defaults(func=_codec)
 
     r = kinds.add_parser(
-        "rd", formatter_class=fmt, help="rate-distortion and speed table: dctdata settings vs ZFP and JPEG",
+        "rd",
+        formatter_class=fmt,
+        help="rate-distortion and speed table: dctdata settings vs ZFP and JPEG",
         description="Stored ratio, PSNR and speed of dctdata settings against ZFP and JPEG on a data source.",
-    )  # fmt: skip
+    )
     r.add_argument("source", metavar="SOURCE", help="'samples', 'fields' or a .npy file (N, [C,] H, W)")
-    r.add_argument("--targets", type=float, nargs="+", default=[30.0, 40.0, 50.0], help="--target-psnr settings to show")
+    r.add_argument(
+        "--targets", type=float, nargs="+", default=[30.0, 40.0, 50.0], help="--target-psnr settings to show"
+    )
     r.add_argument("--paper-cf", type=int, nargs="+", default=[2, 3, 4], help="fp32 DCT+Chop chop factors")
     r.add_argument("--ratio", type=float, default=16.0, help="also show dctdata calibrated to this stored ratio")
     r.add_argument("--count", type=int, default=16, help="samples per field kind ('fields') or read from a .npy")
@@ -39,9 +52,12 @@ def register(sub) -> None:
     r.set_defaults(func=_rd)
 
     lo = kinds.add_parser(
-        "loader", formatter_class=fmt, help="DataLoader samples/s: dctdata zarr vs raw float32 zarr vs PNG/JPEG + torchvision",
-        description="DataLoader samples/s of a dctdata zarr pack against raw float32 zarr and PNG/JPEG files decoded by torchvision.",
-    )  # fmt: skip
+        "loader",
+        formatter_class=fmt,
+        help="DataLoader samples/s: dctdata zarr vs raw float32 zarr vs PNG/JPEG + torchvision",
+        description="DataLoader samples/s of a dctdata zarr pack against raw float32 zarr and PNG/JPEG files "
+        "decoded by torchvision.",
+    )
     lo.add_argument("--samples", type=int, default=512, help="samples generated and packed")
     lo.add_argument("--size", type=int, default=256, help="image side")
     lo.add_argument("--target-psnr", type=float, default=40.0, help="pack target PSNR in dB")
@@ -51,9 +67,12 @@ def register(sub) -> None:
     lo.set_defaults(func=_loader)
 
     s = kinds.add_parser(
-        "stream", formatter_class=fmt, help="samples/s streaming webdataset shards (local, loopback HTTP) vs zarr and raw float32 shards",
-        description="Samples/s streaming webdataset shards from disk and a loopback HTTP server, against zarr and raw float32 shards.",
-    )  # fmt: skip
+        "stream",
+        formatter_class=fmt,
+        help="samples/s streaming webdataset shards (local, loopback HTTP) vs zarr and raw float32 shards",
+        description="Samples/s streaming webdataset shards from disk and a loopback HTTP server, against zarr "
+        "and raw float32 shards.",
+    )
     s.add_argument("--samples", type=int, default=512, help="samples generated and packed")
     s.add_argument("--size", type=int, default=256, help="image side")
     s.add_argument("--samples-per-shard", type=int, default=64, help="webdataset samples per shard")
@@ -84,7 +103,14 @@ def _rd(args) -> int:
     from dctdata.lossless import DEFAULT_CODEC
 
     datasets = load_source(args.source, n=args.count, size=args.size)
-    rows, lines = run_rd(datasets, targets=tuple(args.targets), paper_cfs=tuple(args.paper_cf), calib=args.calib, ratio=args.ratio, threads=args.threads)
+    rows, lines = run_rd(
+        datasets,
+        targets=tuple(args.targets),
+        paper_cfs=tuple(args.paper_cf),
+        calib=args.calib,
+        ratio=args.ratio,
+        threads=args.threads,
+    )
     items = sum(d.x.shape[0] * d.x.shape[1] for d in datasets)
     print(
         f"{args.source}: {len(datasets)} dataset(s), {sum(len(d.x) for d in datasets)} samples, {items} items; "
@@ -105,7 +131,8 @@ def _loader(args) -> int:
     rows = run_loader_bench(args.samples, args.size, args.target_psnr, args.batch, args.workers, args.epochs)
     print(
         f"{args.samples} samples of 1x{args.size}x{args.size} (8-bit range), DataLoader(num_workers={args.workers}, "
-        f"batch_size={args.batch}, shuffle) to float32 model input; best of {args.epochs} epochs; torch threads=1 in main"
+        f"batch_size={args.batch}, shuffle) to float32 model input; best of {args.epochs} epochs; torch threads=1 in "
+        "main"
     )
     print(format_rows(rows))
     return 0
@@ -118,12 +145,22 @@ def _stream(args) -> int:
 
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
     rows, meta = run_stream_bench(
-        args.samples, args.size, args.samples_per_shard, args.workers, args.batch, args.epochs, args.quant, args.target_psnr, args.threads
+        args.samples,
+        args.size,
+        args.samples_per_shard,
+        args.workers,
+        args.batch,
+        args.epochs,
+        args.quant,
+        args.target_psnr,
+        args.threads,
     )
     c = meta["codec"]
     print(
-        f"torch {torch.__version__}; {meta['n']} samples of 1x{meta['size']}x{meta['size']} float32; cf={c.cf} {c.mask} {c.dtype}; "
-        f"{meta['shards']} shards; DataLoader(num_workers={args.workers}, batch_size={args.batch}, persistent_workers) -> Decompress "
+        f"torch {torch.__version__}; {meta['n']} samples of 1x{meta['size']}x{meta['size']} float32; cf={c.cf} "
+        f"{c.mask} {c.dtype}; "
+        f"{meta['shards']} shards; DataLoader(num_workers={args.workers}, batch_size={args.batch}, persistent_workers) "
+        "-> Decompress "
         f"in the main process ({args.threads} thread); best of {args.epochs} epochs; sha256 {meta['sha_GBps']:.2f} GB/s"
     )
     print(format_rows(rows))

@@ -7,8 +7,6 @@ from __future__ import annotations
 import sys
 
 
-
-
 def register(sub) -> None:
     from dctdata.demo.pipeline import DemoSettings
 
@@ -19,15 +17,23 @@ def register(sub) -> None:
         description="Generate a small em_denoise-like set, pack it (zarr and webdataset), train a small denoiser whose "
         "first layer is Decompress on it and the same denoiser on the raw float32 arrays, and print one table.",
     )
-    p.add_argument("--out", metavar="DIR", help="keep the source, both packs and results.md/json here (a new or empty directory)")
+    p.add_argument(
+        "--out", metavar="DIR", help="keep the source, both packs and results.md/json here (a new or empty directory)"
+    )
     p.add_argument("--n", type=int, default=d.n, help=f"training pairs to generate and pack (default {d.n})")
     p.add_argument("--test", type=int, default=d.test, help=f"held-out raw pairs for the test MSE (default {d.test})")
     p.add_argument("--size", type=int, default=d.size, help=f"image side, multiple of 8 (default {d.size})")
     p.add_argument("--crop", type=int, default=d.crop, help=f"training crop side, multiple of 8 (default {d.crop})")
     p.add_argument("--epochs", type=int, default=d.epochs, help=f"training epochs per network (default {d.epochs})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"DataLoader batch size (default {d.batch_size})")
-    p.add_argument("--target-psnr", type=float, default=d.target_psnr, help=f"pack target PSNR in dB (default {d.target_psnr:g})")
-    p.add_argument("--quant", default=d.quant, choices=["int8", "int16"], help=f"coefficient wire dtype (default {d.quant})")
+    p.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help=f"DataLoader batch size (default {d.batch_size})"
+    )
+    p.add_argument(
+        "--target-psnr", type=float, default=d.target_psnr, help=f"pack target PSNR in dB (default {d.target_psnr:g})"
+    )
+    p.add_argument(
+        "--quant", default=d.quant, choices=["int8", "int16"], help=f"coefficient wire dtype (default {d.quant})"
+    )
     p.add_argument("--width", type=int, default=d.width, help=f"denoiser channels (default {d.width})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -38,9 +44,17 @@ def _main(args) -> int:
     from dctdata.demo import DemoSettings, format_table, run_demo
 
     s = DemoSettings(
-        n=args.n, test=args.test, size=args.size, crop=args.crop, epochs=args.epochs, batch_size=args.batch_size,
-        target_psnr=args.target_psnr, quant=args.quant, width=args.width, seed=args.seed,
-    )  # fmt: skip
+        n=args.n,
+        test=args.test,
+        size=args.size,
+        crop=args.crop,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        target_psnr=args.target_psnr,
+        quant=args.quant,
+        width=args.width,
+        seed=args.seed,
+    )
     result = run_demo(s, out=args.out, quiet=args.quiet)
     rows = result["rows"]
     packed = {r["data"]: r for r in rows[1:]}
@@ -49,7 +63,8 @@ def _main(args) -> int:
         f"dctdata demo: {s.n} em_denoise-like training pairs (noisy, clean) of 1x{s.size}x{s.size} float32, "
         f"packed with --target-psnr {s.target_psnr:g} --quant {s.quant} ("
         + ", ".join(f"{k}: {v}" for k, v in settings.items())
-        + f"); denoiser trained {s.epochs} epochs on {s.crop}x{s.crop} crops, batch {s.batch_size}, CPU threads {_threads()}"
+        + f"); denoiser trained {s.epochs} epochs on {s.crop}x{s.crop} crops, batch {s.batch_size}, CPU threads "
+        f"{_threads()}"
     )
     print()
     print(format_table(rows))

@@ -20,7 +20,8 @@ def _main(args) -> int:
     print("pack settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     print()
     print(
-        "| field | kind | shape | dtype | stored as | codec | stored MB | ratio vs f32 | ratio vs source | transfer ratio "
+        "| field | kind | shape | dtype | stored as | codec | stored MB | ratio vs f32 | ratio vs source | transfer "
+        "ratio "
         "| PSNR min dB | PSNR median dB | max error | overflow |"
     )
     print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -29,8 +30,10 @@ def _main(args) -> int:
         codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "lossless"
         stored = None if r["stored"] is None else r["stored"] / 1e6
         print(
-            f"| {f.name} | {f.kind} | {list(f.shape)} | {f.dtype} | {list(f.stored_shape)} {f.stored_dtype} | {codec} | "
+            f"| {f.name} | {f.kind} | {list(f.shape)} | {f.dtype} | {list(f.stored_shape)} {f.stored_dtype} | {codec} "
+            "| "
             f"{num(stored, '{:.3f}')} | {num(r['ratio_f32'])} | {num(r['ratio_src'])} | {num(r['transfer'])} | "
-            f"{num(s and s.psnr_min)} | {num(s and s.psnr_median)} | {num(s and s.max_abs_error, '{:.4g}')} | {s.overflow if s else '-'} |"
+            f"{num(s and s.psnr_min)} | {num(s and s.psnr_median)} | {num(s and s.max_abs_error, '{:.4g}')} | "
+            f"{s.overflow if s else '-'} |"
         )
     return 0

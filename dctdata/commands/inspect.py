@@ -12,7 +12,9 @@ def register(sub) -> None:
     p.add_argument("--field", default=None, help="dct field to show (default: the only dct field)")
     p.add_argument("--samples", type=int, default=3, help="how many samples (evenly spaced)")
     p.add_argument("--channels", type=int, default=1, help="channels shown per sample")
-    p.add_argument("--original", default=None, metavar="SOURCE", help="read originals from this source instead of the manifest's")
+    p.add_argument(
+        "--original", default=None, metavar="SOURCE", help="read originals from this source instead of the manifest's"
+    )
     p.add_argument("--png", default=None, help="output PNG (default: OUT/inspect.png, or ./inspect.png for URLs)")
     p.set_defaults(func=_main)
 
@@ -26,5 +28,8 @@ def _main(args) -> int:
     path, shown = inspect_dataset(args.out, png, args.field, args.samples, args.channels, args.original)
     print(f"wrote {path}")
     if not shown:
-        print("originals not available (source missing or not matching; pass --original): reconstruction and spectrum only")
+        print(
+            "originals not available (source missing or not matching; pass --original): reconstruction and spectrum "
+            "only"
+        )
     return 0

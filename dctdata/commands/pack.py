@@ -7,35 +7,90 @@ from dctdata.spec import QUANT_TO_DTYPE
 
 def register(sub) -> None:
     p = sub.add_parser("pack", help="pack .npy/.npz/HDF5/image folders/module:callable datasets into a dctdata dataset")
-    p.add_argument("source", metavar="SOURCE", help=".npy, .npz, HDF5, a directory (per-sample .npy/.npz or images), or module:callable")
-    p.add_argument("out", metavar="OUT", help="output directory or fsspec URL prefix (s3://bucket/x; must not hold a dataset unless --overwrite)")
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help=".npy, .npz, HDF5, a directory (per-sample .npy/.npz or images), or module:callable",
+    )
+    p.add_argument(
+        "out",
+        metavar="OUT",
+        help="output directory or fsspec URL prefix (s3://bucket/x; must not hold a dataset unless --overwrite)",
+    )
     p.add_argument("--format", default="zarr", help="zarr (random access, default) or webdataset (streaming shards)")
     p.add_argument("--cf", type=int, default=None, help="chop factor 1..8 (default 4 without --target-psnr)")
     p.add_argument("--mask", default=None, choices=["square", "triangle"], help="kept-frequency mask (default square)")
-    p.add_argument("--quant", default=None, choices=list(QUANT_TO_DTYPE), help="coefficient dtype (default none = fp32)")
-    p.add_argument("--target-psnr", type=float, default=None, metavar="DB", help="calibrate steps (and free knobs) to reach this PSNR")
-    p.add_argument("--field", action="append", default=[], metavar="NAME=KIND", help="override a field's kind (dct|array|label)")
+    p.add_argument(
+        "--quant", default=None, choices=list(QUANT_TO_DTYPE), help="coefficient dtype (default none = fp32)"
+    )
+    p.add_argument(
+        "--target-psnr",
+        type=float,
+        default=None,
+        metavar="DB",
+        help="calibrate steps (and free knobs) to reach this PSNR",
+    )
+    p.add_argument(
+        "--field", action="append", default=[], metavar="NAME=KIND", help="override a field's kind (dct|array|label)"
+    )
     p.add_argument("--key", action="append", default=None, help="HDF5 dataset(s) to pack (repeat or comma-separate)")
     p.add_argument("--channels-last", action="store_true", help="per-sample arrays are (H, W, C): move C first")
-    p.add_argument("--nan", default="error", metavar="error|fill=VALUE", help="NaN/Inf in dct fields: error (default) or fill")
+    p.add_argument(
+        "--nan", default="error", metavar="error|fill=VALUE", help="NaN/Inf in dct fields: error (default) or fill"
+    )
     p.add_argument("--strict", action="store_true", help="fail on any quantization overflow")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT (only once the new one is complete)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing OUT (only once the new one is complete)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="pack on a local Dask cluster of N processes (needs dctdata[dask])")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="pack on an existing Dask cluster (tcp://host:8786); workers must see SOURCE and OUT")
-    p.add_argument("--resume", action="store_true", help="finish an interrupted pack of the same settings (redo only unfinished parts)")
-    p.add_argument("--max-shard-size", type=int, default=None, metavar="BYTES", help="webdataset: cap on each .tar shard (default 256 MiB)")
-    p.add_argument("--samples-per-shard", type=int, default=None, metavar="N", help="webdataset: cap on samples per shard (default none)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pack on a local Dask cluster of N processes (needs dctdata[dask])",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="pack on an existing Dask cluster (tcp://host:8786); workers must see SOURCE and OUT",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted pack of the same settings (redo only unfinished parts)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="webdataset: cap on each .tar shard (default 256 MiB)",
+    )
+    p.add_argument(
+        "--samples-per-shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="webdataset: cap on samples per shard (default none)",
+    )
     p.set_defaults(func=_main)
 
 
 def _writer_options(args) -> dict:
     """Shard caps go to the webdataset writer; refused for other formats rather than ignored."""
-    opts = {k: v for k, v in (("max_shard_size", args.max_shard_size), ("samples_per_shard", args.samples_per_shard)) if v is not None}
+    opts = {
+        k: v
+        for k, v in (("max_shard_size", args.max_shard_size), ("samples_per_shard", args.samples_per_shard))
+        if v is not None
+    }
     if opts and args.format != "webdataset":
         from dctdata.errors import DctDataError
 
-        raise DctDataError(f"--max-shard-size/--samples-per-shard: expected --format webdataset. Got --format {args.format}")
+        raise DctDataError(
+            f"--max-shard-size/--samples-per-shard: expected --format webdataset. Got --format {args.format}"
+        )
     return opts
 
 

@@ -22,6 +22,8 @@ def _main(args) -> int:
     if problems:
         print(f"dctdata verify: {len(problems)} problem(s) in {args.dataset}")
         return 1
-    decoded = "" if summary["decoded"] is None else f", {summary['decoded']} samples x {summary['fields']} fields decoded"
+    decoded = (
+        "" if summary["decoded"] is None else f", {summary['decoded']} samples x {summary['fields']} fields decoded"
+    )
     print(f"OK {args.dataset}: {summary['samples']} samples, {summary['files']} files checksummed{decoded}")
     return 0

@@ -43,7 +43,23 @@ FACTORIES: dict[str, Callable[..., SyntheticDataset]] = {
 }
 
 __all__ = [
-    "FACTORIES", "OPTICAL_SHAPE", "CifarLike", "EMDenoise", "OpticalDamage", "SLSTRCloud", "SyntheticDataset", "beam_profile",
-    "cifar_image", "cifar_like", "cloud_field", "em_denoise", "em_pair", "fractal_noise", "lattice_field", "noisy_observation",
-    "optical_damage", "slstr_cloud", "speckle_beam",
-]  # fmt: skip
+    "FACTORIES",
+    "OPTICAL_SHAPE",
+    "CifarLike",
+    "EMDenoise",
+    "OpticalDamage",
+    "SLSTRCloud",
+    "SyntheticDataset",
+    "beam_profile",
+    "cifar_image",
+    "cifar_like",
+    "cloud_field",
+    "em_denoise",
+    "em_pair",
+    "fractal_noise",
+    "lattice_field",
+    "noisy_observation",
+    "optical_damage",
+    "slstr_cloud",
+    "speckle_beam",
+]

@@ -52,7 +52,9 @@ def as_fraction(name: str, value: object) -> float:
 
 def check_rng(rng: object) -> np.random.Generator:
     if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)). Got {type(rng).__name__}")
+        raise TypeError(
+            f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)). Got {type(rng).__name__}"
+        )
     return rng
 
 
@@ -82,7 +84,6 @@ def grid(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Pixel-centre coordinates (y, x) as float32, broadcastable (H, 1) and (1, W)."""
     h, w = shape
     return np.arange(h, dtype=np.float32)[:, None], np.arange(w, dtype=np.float32)[None, :]
-
 
 
 # Datasets ------------------------------------------------------------------------------------------

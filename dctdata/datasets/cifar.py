@@ -1,5 +1,4 @@
-"""CIFAR-10-like stand-in: uint8 (3, 32, 32) images whose class sets shape, texture and (loosely) colour.
-"""
+"""CIFAR-10-like stand-in: uint8 (3, 32, 32) images whose class sets shape, texture and (loosely) colour."""
 
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ def cifar_image(rng: np.random.Generator, label: int) -> np.ndarray:
     elif label == 6:  # vertical stripes
         m = np.broadcast_to(np.cos(2 * np.pi * x / period + ph) > 0, (n, n))
     elif label == 7:  # checkerboard
-        m = (np.cos(2 * np.pi * y / period + ph) * np.cos(2 * np.pi * x / period) > 0)
+        m = np.cos(2 * np.pi * y / period + ph) * np.cos(2 * np.pi * x / period) > 0
     elif label == 8:  # diagonal bar
         sgn = 1.0 if rng.random() < 0.5 else -1.0
         m = (np.abs(dy - sgn * dx) < 0.35) & (rad < 1.4)
@@ -64,7 +63,9 @@ def cifar_image(rng: np.random.Generator, label: int) -> np.ndarray:
     fg = _hsv_to_rgb((_CLASS_HUES[label] + rng.normal(0.0, 0.1)) % 1.0, rng.uniform(0.5, 1.0), rng.uniform(0.6, 1.0))
     bg0 = _hsv_to_rgb(rng.random(), rng.uniform(0.0, 0.5), rng.uniform(0.1, 0.6))
     bg1 = _hsv_to_rgb(rng.random(), rng.uniform(0.0, 0.5), rng.uniform(0.1, 0.6))
-    t = np.clip((np.cos(rng.uniform(0, 2 * np.pi)) * (x - 16) + np.sin(rng.uniform(0, 2 * np.pi)) * (y - 16)) / 32 + 0.5, 0, 1)
+    t = np.clip(
+        (np.cos(rng.uniform(0, 2 * np.pi)) * (x - 16) + np.sin(rng.uniform(0, 2 * np.pi)) * (y - 16)) / 32 + 0.5, 0, 1
+    )
     bg = bg0[:, None, None] * (1 - t) + bg1[:, None, None] * t
     img = bg * (1 - m) + fg[:, None, None] * m + rng.normal(0.0, 0.04, (3, n, n))
     return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)

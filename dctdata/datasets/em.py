@@ -114,7 +114,9 @@ def noisy_observation(
             raise DctDataError(f"beam: expected shape {clean.shape} (the clean image's). Got {beam.shape}")
         lam *= beam
     if (lam < 0).any() or not np.isfinite(lam).all():
-        raise DctDataError("clean: expected finite intensities >= 0 for Poisson noise. Got negative or non-finite values")
+        raise DctDataError(
+            "clean: expected finite intensities >= 0 for Poisson noise. Got negative or non-finite values"
+        )
     noisy = (rng.poisson(lam) / dose).astype(np.float32)
     if dead_fraction > 0:
         noisy[rng.random(noisy.shape) < dead_fraction] = 0.0

@@ -1,6 +1,7 @@
 """Synthetic SciML-like fields for the rate-distortion bench and tests, as (N, 1, S, S) float32 stacks.
 
-A thin adapter over the SciML stand-ins of `dctdata.datasets` (one generator per stand-in), picking the three kinds whose statistics stress a transform coder differently:
+A thin adapter over the SciML stand-ins of `dctdata.datasets` (one generator per stand-in), picking
+the three kinds whose statistics stress a transform coder differently:
 - "atoms": graphene lattice imaged with Poisson (shot) noise and dead pixels (an electron micrograph);
 - "beam": a speckled laser beam, 16-bit camera counts (optics);
 - "clouds": the 3.7 um brightness-temperature channel of an SLSTR-like scene, ~220-310 K (huge
@@ -33,7 +34,9 @@ def _clouds(rng: np.random.Generator, s: int) -> np.ndarray:
     return image[6]
 
 
-def synthetic_fields(n: int = 16, size: int = 128, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> dict[str, np.ndarray]:
+def synthetic_fields(
+    n: int = 16, size: int = 128, seed: int = 0, kinds: tuple[str, ...] = KINDS
+) -> dict[str, np.ndarray]:
     """kind -> float32 (n, 1, size, size). Same (n, size, seed) gives the same arrays."""
     makers = {"atoms": _atoms, "beam": _beam, "clouds": _clouds}
     out = {}

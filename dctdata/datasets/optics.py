@@ -19,6 +19,7 @@ from dctdata.datasets.base import (
 
 OPTICAL_SHAPE = (492, 656)
 
+
 # optical_damage ------------------------------------------------------------------------------------
 def _fft_size(n: int) -> int:
     """Smallest m >= n whose prime factors are 2, 3, 5, 7."""
@@ -99,7 +100,9 @@ class OpticalDamage(SyntheticDataset):
     kind = "optical_damage"
     fields = {"image": "dct", "label": "label"}
 
-    def __init__(self, n: int = 32, shape: int | tuple[int, int] = OPTICAL_SHAPE, seed: int = 0, damaged: float = 0.5) -> None:
+    def __init__(
+        self, n: int = 32, shape: int | tuple[int, int] = OPTICAL_SHAPE, seed: int = 0, damaged: float = 0.5
+    ) -> None:
         super().__init__(n, seed)
         self.shape = as_shape("shape", shape)
         self.damaged = as_fraction("damaged", damaged)
@@ -107,12 +110,17 @@ class OpticalDamage(SyntheticDataset):
     def sample(self, rng, index):
         bad = bool(rng.random() < self.damaged)
         spots = int(rng.integers(1, 5)) if bad else 0
-        return {"image": speckle_beam(rng, self.shape, damage_spots=spots)[None], "label": np.asarray(int(bad), dtype=np.int64)}
+        return {
+            "image": speckle_beam(rng, self.shape, damage_spots=spots)[None],
+            "label": np.asarray(int(bad), dtype=np.int64),
+        }
 
     def _params(self):
         return {"shape": self.shape, "damaged": self.damaged}
 
 
-def optical_damage(n: int = 32, shape: int | tuple[int, int] = OPTICAL_SHAPE, seed: int = 0, damaged: float = 0.5) -> OpticalDamage:
+def optical_damage(
+    n: int = 32, shape: int | tuple[int, int] = OPTICAL_SHAPE, seed: int = 0, damaged: float = 0.5
+) -> OpticalDamage:
     """`dctdata pack dctdata.datasets:optical_damage OUT --field image=dct`."""
     return OpticalDamage(n=n, shape=shape, seed=seed, damaged=damaged)

@@ -14,7 +14,18 @@ from dctdata.datasets.base import (
     grid,
 )
 
-SLSTR_CHANNELS = ("S1 0.55um", "S2 0.66um", "S3 0.87um", "S4 1.375um", "S5 1.61um", "S6 2.25um", "S7 3.7um", "S8 10.8um", "S9 12um")
+SLSTR_CHANNELS = (
+    "S1 0.55um",
+    "S2 0.66um",
+    "S3 0.87um",
+    "S4 1.375um",
+    "S5 1.61um",
+    "S6 2.25um",
+    "S7 3.7um",
+    "S8 10.8um",
+    "S9 12um",
+)
+
 
 # slstr_cloud ---------------------------------------------------------------------------------------
 def cloud_field(

@@ -67,7 +67,13 @@ class DemoSettings:
 
     def check(self) -> None:
         for name in ("n", "test", "size", "crop", "epochs", "batch_size", "width"):
-            parse_int(getattr(self, name), f"--{name.replace('_', '-')}", minimum=1, expected="an integer >= 1", type_error=DctDataError)
+            parse_int(
+                getattr(self, name),
+                f"--{name.replace('_', '-')}",
+                minimum=1,
+                expected="an integer >= 1",
+                type_error=DctDataError,
+            )
         if self.size % 8 or self.size < 16:
             raise DctDataError(f"--size: expected a multiple of 8, at least 16. Got {self.size}")
         if self.crop % 8 or self.crop > self.size:
@@ -82,11 +88,14 @@ class Denoiser(nn.Module):
     def __init__(self, width: int = 16, channels: int = 1) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(width, width, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(channels, width, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.ReLU(inplace=True),
             nn.Conv2d(width, channels, 3, padding=1),
-        )  # fmt: skip
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x - self.body(x)
@@ -230,7 +239,9 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
             bar.update()
 
         # DataLoaders: raw arrays in memory vs the two packs, same batch size, no workers.
-        raw_ds = torch.utils.data.TensorDataset(torch.from_numpy(train_np["noisy"]), torch.from_numpy(train_np["clean"]))
+        raw_ds = torch.utils.data.TensorDataset(
+            torch.from_numpy(train_np["noisy"]), torch.from_numpy(train_np["clean"])
+        )
         zarr_ds = dctdata.open_dataset(packs["zarr"][0])
         wds_ds = dctdata.open_dataset(packs["webdataset"][0], seed=s.seed)
 
@@ -250,7 +261,7 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
             return lambda batch: [decoders[kind][f](q) for f, q in zip(FIELDS, batch)]
 
         speed = {}
-        for kind, label in (("raw", "raw"), ("zarr", "zarr"), ("webdataset", "webdataset")):
+        for kind in ("raw", "zarr", "webdataset"):
             stage(f"loader {kind}")
             speed[kind] = loader_speed(loader(kind), None if kind == "raw" else decode_all(kind))
             bar.update()
@@ -307,7 +318,9 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
         row.update(loader_sps=speed[kind][0], decode_sps=speed[kind][1], **runs[kind])
         rows.append(row)
     with torch.no_grad():
-        noisy_mse = float(nn.functional.mse_loss(torch.from_numpy(test_np["noisy"]), torch.from_numpy(test_np["clean"])))
+        noisy_mse = float(
+            nn.functional.mse_loss(torch.from_numpy(test_np["noisy"]), torch.from_numpy(test_np["clean"]))
+        )
     result = {
         "settings": dataclasses.asdict(s),
         "rows": rows,
@@ -335,7 +348,10 @@ def _num(v: float, fmt: str, missing: str = "—") -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The demo's one markdown table (columns: RESULT_COLUMNS)."""
-    lines = ["| " + " | ".join(RESULT_COLUMNS) + " |", "|" + "|".join([":--"] + ["--:"] * (len(RESULT_COLUMNS) - 1)) + "|"]
+    lines = [
+        "| " + " | ".join(RESULT_COLUMNS) + " |",
+        "|" + "|".join([":--"] + ["--:"] * (len(RESULT_COLUMNS) - 1)) + "|",
+    ]
     for r in rows:
         psnr = "exact" if math.isinf(r["psnr_min"]) else f"{r['psnr_min']:.1f} / {r['psnr_median']:.1f}"
         cells = [

@@ -16,8 +16,16 @@ from dctdata.format.base import PartWriter, Writer
 from dctdata.format.fields import SAMPLE_DTYPES, FieldSpec
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
 from dctdata.format.manifest import (
-    FORMAT_NAME, FORMAT_VERSION, STORAGES, FieldStats, Manifest, parse_manifest, read_manifest, write_manifest, write_manifest_url,
-)  # fmt: skip
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    STORAGES,
+    FieldStats,
+    Manifest,
+    parse_manifest,
+    read_manifest,
+    write_manifest,
+    write_manifest_url,
+)
 from dctdata.kinds import FIELD_KINDS, FieldKind
 
 
@@ -35,7 +43,25 @@ def make_writer(storage: str, options: Mapping[str, Any] | None = None) -> PartW
 
 
 __all__ = [
-    "FIELD_KINDS", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "SAMPLE_DTYPES", "STORAGES", "FieldKind", "FieldSpec",
-    "FieldStats", "Manifest", "PartWriter", "Writer", "check_relative_path", "is_url", "join", "make_writer",
-    "manifest_location", "parse_manifest", "read_manifest", "write_manifest", "write_manifest_url",
-]  # fmt: skip
+    "FIELD_KINDS",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "SAMPLE_DTYPES",
+    "STORAGES",
+    "FieldKind",
+    "FieldSpec",
+    "FieldStats",
+    "Manifest",
+    "PartWriter",
+    "Writer",
+    "check_relative_path",
+    "is_url",
+    "join",
+    "make_writer",
+    "manifest_location",
+    "parse_manifest",
+    "read_manifest",
+    "write_manifest",
+    "write_manifest_url",
+]

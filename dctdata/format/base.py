@@ -37,7 +37,14 @@ class Writer(Protocol):
     def open(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None: ...
 
     def write_part(
-        self, root: str, fields: tuple[FieldSpec, ...], n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
+        self,
+        root: str,
+        fields: tuple[FieldSpec, ...],
+        n: int,
+        index: int,
+        start: int,
+        stop: int,
+        batches: Iterable[Batch],
     ) -> dict[str, Any]: ...
 
     def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict[str, Any]: ...
@@ -79,12 +86,16 @@ class PartWriter:
         if len(set(sizes.values())) != 1:
             raise DctDataError(f"samples {start}..: expected the same number of samples in every field. Got {sizes}")
         b = sizes[names[0]]
-        arrays = {f.name: f.to_stored(batch[f.name]) if isinstance(batch[f.name], torch.Tensor) else np.asarray(batch[f.name]) for f in self._fields}
+        arrays = {
+            f.name: f.to_stored(batch[f.name]) if isinstance(batch[f.name], torch.Tensor) else np.asarray(batch[f.name])
+            for f in self._fields
+        }
         for f in self._fields:
             arr = arrays[f.name]
             if arr.dtype.name != f.stored_dtype or tuple(arr.shape[1:]) != f.stored_shape:
                 raise DctDataError(
-                    f"samples {start}..{start + b - 1} field {f.name!r}: expected stored {f.stored_dtype} {f.stored_shape}. "
+                    f"samples {start}..{start + b - 1} field {f.name!r}: expected stored {f.stored_dtype} "
+                    f"{f.stored_shape}. "
                     f"Got {arr.dtype.name} {tuple(arr.shape[1:])}"
                 )
         for i in range(b):

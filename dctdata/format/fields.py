@@ -28,11 +28,27 @@ from dctdata.spec import CodecSpec
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Sample dtypes a field may hold (numpy names); no objects/strings: never pickle.
 SAMPLE_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
-)  # fmt: skip
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
 # Coefficient dtype (CodecSpec.dtype) -> numpy dtype used on disk.
-_CODEC_STORAGE_DTYPE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "int8": "int8", "int16": "int16"}
+_CODEC_STORAGE_DTYPE = {
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "uint16",
+    "int8": "int8",
+    "int16": "int16",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +85,17 @@ class FieldSpec:
             if not isinstance(self.codec, CodecSpec):
                 raise DctDataError(f"{where}: codec: expected a CodecSpec for a dct field. Got {self.codec!r}")
             if self.codec.sample_shape != self.shape:
-                raise DctDataError(f"{where}: codec sample shape: expected {self.shape} (C, H, W). Got {self.codec.sample_shape}")
+                raise DctDataError(
+                    f"{where}: codec sample shape: expected {self.shape} (C, H, W). Got {self.codec.sample_shape}"
+                )
             if dtype == "bool":
                 raise DctDataError(f"{where}: dtype: expected a numeric dtype for a dct field. Got 'bool'")
         elif self.codec is not None:
             raise DctDataError(f"{where}: codec: expected None for a {kind} field. Got {self.codec!r}")
         if kind is FieldKind.LABEL and self.shape != ():
-            raise DctDataError(f"{where}: shape: expected () for a label field (one scalar per sample). Got {self.shape}")
+            raise DctDataError(
+                f"{where}: shape: expected () for a label field (one scalar per sample). Got {self.shape}"
+            )
 
     @property
     def is_dct(self) -> bool:

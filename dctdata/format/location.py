@@ -32,7 +32,8 @@ def check_relative_path(where: str, path: object) -> str:
     parts = path.split("/") if isinstance(path, str) else []
     if not parts or any(p in ("", ".", "..") or "\\" in p or ":" in p or "\x00" in p for p in parts):
         raise FormatError(
-            f"{where}: expected a relative path inside the dataset ('/'-separated names, no '..', no absolute path). Got {path!r}"
+            f"{where}: expected a relative path inside the dataset ('/'-separated names, no '..', no absolute path). "
+            f"Got {path!r}"
         )
     return path
 
@@ -50,7 +51,9 @@ def manifest_location(path_or_url: str | os.PathLike) -> tuple[str, str]:
     return s, join(s, MANIFEST_NAME)
 
 
-def open_file(path_or_url: str, mode: str = "rb", storage_options: Mapping[str, Any] | None = None, streaming: bool = False):
+def open_file(
+    path_or_url: str, mode: str = "rb", storage_options: Mapping[str, Any] | None = None, streaming: bool = False
+):
     """Open a local file or an fsspec URL. `streaming=True` reads http(s) bodies sequentially instead of
     issuing a range request per block."""
     if is_url(path_or_url):

@@ -29,7 +29,18 @@ FORMAT_NAME = "dctdata"
 FORMAT_VERSION = 1
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_MANIFEST_KEYS = {"format", "version", "dctdata_version", "storage", "samples", "fields", "pack", "stats", "checksums", "layout"}
+_MANIFEST_KEYS = {
+    "format",
+    "version",
+    "dctdata_version",
+    "storage",
+    "samples",
+    "fields",
+    "pack",
+    "stats",
+    "checksums",
+    "layout",
+}
 
 
 def _count(where: str, v: object, minimum: int = 0) -> int:
@@ -164,7 +175,8 @@ class Manifest:
         matches = [f for f in self.fields if kind is None or f.kind == kind]
         if len(matches) != 1:
             raise DctDataError(
-                f"field: expected a field name; this dataset has {len(matches)} {str(kind) + ' ' if kind else ''}fields "
+                f"field: expected a field name; this dataset has {len(matches)} "
+                f"{str(kind) + ' ' if kind else ''}fields "
                 f"{[f.name for f in matches]}"
             )
         return matches[0]
@@ -225,7 +237,14 @@ class Manifest:
 
 
 def _check_version(version: object, where: str = "manifest") -> int:
-    v = parse_int(version, f"{where}: version", minimum=1, expected=f"an int in 1..{FORMAT_VERSION}", type_error=FormatError, range_error=FormatError)
+    v = parse_int(
+        version,
+        f"{where}: version",
+        minimum=1,
+        expected=f"an int in 1..{FORMAT_VERSION}",
+        type_error=FormatError,
+        range_error=FormatError,
+    )
     if v > FORMAT_VERSION:
         raise FormatError(
             f"{where}: version: expected <= {FORMAT_VERSION} (the newest this dctdata reads). Got {v}: "
@@ -269,7 +288,9 @@ def parse_manifest(raw: bytes, where: str = "manifest") -> Manifest:
         d = json.loads(bytes(raw).decode("utf-8"))
     # ValueError: numbers past Python's int-digit limit; RecursionError: absurdly deep nesting.
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise FormatError(f"{where}: expected a JSON manifest. Got unreadable JSON: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        raise FormatError(
+            f"{where}: expected a JSON manifest. Got unreadable JSON: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from exc
     return Manifest.from_dict(d, where=where)
 
 

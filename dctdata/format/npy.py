@@ -18,7 +18,10 @@ import numpy as np
 from dctdata.errors import IntegrityError
 
 _NPY_MAGIC = b"\x93NUMPY"
-_NPY_HEADER_RE = re.compile(r"\{'descr': '([<>|=][biuf][0-9]{1,2})', 'fortran_order': (False|True), 'shape': \(((?:[0-9]+, )*[0-9]+,?|)\), \} *\n")
+_NPY_HEADER_RE = re.compile(
+    r"\{'descr': '([<>|=][biuf][0-9]{1,2})', 'fortran_order': (False|True), "
+    r"'shape': \(((?:[0-9]+, )*[0-9]+,?|)\), \} *\n"
+)
 
 
 def encode_npy(arr: np.ndarray) -> bytes:
@@ -46,13 +49,17 @@ def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
     m = _NPY_HEADER_RE.fullmatch(header)
     if m is None:
         if "'descr': '|O'" in header:
-            raise IntegrityError(f"{where}: expected a numeric .npy array. Got an object array, which only pickle could load")
+            raise IntegrityError(
+                f"{where}: expected a numeric .npy array. Got an object array, which only pickle could load"
+            )
         raise IntegrityError(f"{where}: expected a numeric .npy header as numpy writes it. Got {header[:80]!r}")
     dtype = np.dtype(m.group(1))
     shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
     count = math.prod(shape)
     data = b[start + hlen :]
     if len(data) != count * dtype.itemsize:
-        raise IntegrityError(f"{where}: expected {count * dtype.itemsize} data bytes for {dtype} {shape}. Got {len(data)}")
+        raise IntegrityError(
+            f"{where}: expected {count * dtype.itemsize} data bytes for {dtype} {shape}. Got {len(data)}"
+        )
     order = "F" if m.group(2) == "True" else "C"
     return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")

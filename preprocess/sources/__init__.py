@@ -25,7 +25,6 @@ Kinds (`open_source`):
 images (image folders, PIL items) are `dct` even though they are 8/16-bit integers.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -38,7 +37,9 @@ from dctdata.preprocess.sources.hdf5 import HDF5_SUFFIXES, hdf5_source
 from dctdata.preprocess.sources.images import IMAGE_SUFFIXES, directory_source, read_image
 
 
-def open_source(source: str | os.PathLike, *, key: str | list[str] | None = None, channels_last: bool = False) -> Source:
+def open_source(
+    source: str | os.PathLike, *, key: str | list[str] | None = None, channels_last: bool = False
+) -> Source:
     """Open any supported source (see the module docstring); errors name the path."""
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source: expected a path or module:callable string. Got {type(source).__name__}")
@@ -66,6 +67,16 @@ def open_source(source: str | os.PathLike, *, key: str | list[str] | None = None
 
 
 __all__ = [
-    "HDF5_SUFFIXES", "IMAGE_SUFFIXES", "ArraySource", "ChannelsLast", "NpzSource", "Source", "field_name", "hdf5_source",
-    "load_npy", "npy_source", "open_source", "read_image",
-]  # fmt: skip
+    "HDF5_SUFFIXES",
+    "IMAGE_SUFFIXES",
+    "ArraySource",
+    "ChannelsLast",
+    "NpzSource",
+    "Source",
+    "field_name",
+    "hdf5_source",
+    "load_npy",
+    "npy_source",
+    "open_source",
+    "read_image",
+]

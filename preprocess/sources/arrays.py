@@ -24,7 +24,8 @@ def _npy_header(fh, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
         raise DctDataError(f"{where}: expected a .npy array. Got an unreadable header ({exc})") from exc
     if dtype.hasobject or dtype.kind in "OUSVMm":
         raise DctDataError(
-            f"{where}: expected a numeric array. Got dtype {dtype} (object/pickle, string or structured arrays are never loaded)"
+            f"{where}: expected a numeric array. Got dtype {dtype} (object/pickle, string or structured arrays are "
+            "never loaded)"
         )
     return tuple(shape), fortran, dtype
 
@@ -37,7 +38,9 @@ def load_npy(path: str, mmap: bool = True) -> np.ndarray:
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     size = os.path.getsize(path)
     if size < need:
-        raise DctDataError(f"{path}: expected {need} bytes for a {dtype} array of shape {shape}. Got {size} (truncated file)")
+        raise DctDataError(
+            f"{path}: expected {need} bytes for a {dtype} array of shape {shape}. Got {size} (truncated file)"
+        )
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError) as exc:
@@ -100,7 +103,9 @@ class NpzSource(Source):
                     with zf.open(m) as fh:
                         shape, fortran, dtype = _npy_header(fh, f"{path}[{m[:-4]}]")
                     if fortran and len(shape) > 1:
-                        raise DctDataError(f"{path}[{m[:-4]}]: expected a C-order array (streamed by rows). Got Fortran order")
+                        raise DctDataError(
+                            f"{path}[{m[:-4]}]: expected a C-order array (streamed by rows). Got Fortran order"
+                        )
                     if not shape:
                         raise DctDataError(f"{path}[{m[:-4]}]: expected samples on the first axis. Got a 0-d array")
                     self.headers[m] = (shape, dtype)

@@ -60,7 +60,9 @@ class Source:
             out[name] = np.stack([s[name] for s in samples])
         return out
 
-    def batches(self, batch_size: int, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    def batches(
+        self, batch_size: int, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         stop = len(self) if stop is None else min(stop, len(self))
         for a in range(start, stop, batch_size):
             yield a, self.read_batch(a, min(a + batch_size, stop))

@@ -18,6 +18,7 @@ from dctdata.preprocess.sources.base import Source, field_name
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
+
 # module:callable ---------------------------------------------------------------------------------
 def _to_array(value: Any, where: str) -> tuple[np.ndarray, bool]:
     """(array, is_decoded_image)."""
@@ -36,7 +37,10 @@ def _to_array(value: Any, where: str) -> tuple[np.ndarray, bool]:
         value = value.numpy()
     arr = np.asarray(value)
     if arr.dtype.hasobject or arr.dtype.kind in "OUSVMm":
-        raise DctDataError(f"{where}: expected numeric arrays, tensors, numbers or PIL images. Got {type(value).__name__} ({arr.dtype})")
+        raise DctDataError(
+            f"{where}: expected numeric arrays, tensors, numbers or PIL images. Got {type(value).__name__} "
+            f"({arr.dtype})"
+        )
     return arr, False
 
 
@@ -64,7 +68,9 @@ class DatasetSource(Source):
         try:
             dataset = obj()
         except Exception as exc:  # noqa: BLE001 - user code: one line naming it (--debug shows the traceback)
-            raise DctDataError(f"{target}: expected the callable to return a dataset. Got {type(exc).__name__}: {exc}") from exc
+            raise DctDataError(
+                f"{target}: expected the callable to return a dataset. Got {type(exc).__name__}: {exc}"
+            ) from exc
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise DctDataError(
                 f"{target}: expected a map-style dataset (__len__ and __getitem__). Got {type(dataset).__name__}"
@@ -78,7 +84,9 @@ class DatasetSource(Source):
         try:
             n = len(self.dataset)
         except Exception as exc:  # noqa: BLE001 - user code
-            raise DctDataError(f"{self.description}: expected len(dataset) to work. Got {type(exc).__name__}: {exc}") from exc
+            raise DctDataError(
+                f"{self.description}: expected len(dataset) to work. Got {type(exc).__name__}: {exc}"
+            ) from exc
         return n
 
     def sample(self, index):
@@ -86,7 +94,9 @@ class DatasetSource(Source):
         try:
             item = self.dataset[index]
         except Exception as exc:  # noqa: BLE001 - user code: name the sample instead of a traceback
-            raise DctDataError(f"{where}: expected dataset[{index}] to return a sample. Got {type(exc).__name__}: {exc}") from exc
+            raise DctDataError(
+                f"{where}: expected dataset[{index}] to return a sample. Got {type(exc).__name__}: {exc}"
+            ) from exc
         if isinstance(item, dict):
             named = [(field_name(str(k)), v) for k, v in item.items()]
         elif isinstance(item, (tuple, list)):

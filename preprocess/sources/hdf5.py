@@ -1,5 +1,4 @@
-"""HDF5 files: each dataset one field (nested names joined with `_`); `key=` picks some.
-"""
+"""HDF5 files: each dataset one field (nested names joined with `_`); `key=` picks some."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from dctdata.preprocess.sources.arrays import ArraySource
 from dctdata.preprocess.sources.base import field_name
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
 
 # HDF5 --------------------------------------------------------------------------------------------
 def hdf5_source(path: str, key: str | list[str] | None = None) -> ArraySource:
@@ -40,6 +40,8 @@ def hdf5_source(path: str, key: str | list[str] | None = None) -> ArraySource:
     for name, ds in found.items():
         if ds.dtype.hasobject or ds.dtype.kind in "OUSVMm":
             fh.close()
-            raise DctDataError(f"{path}[{name}]: expected a numeric dataset. Got dtype {ds.dtype} (use --key to pick datasets)")
+            raise DctDataError(
+                f"{path}[{name}]: expected a numeric dataset. Got dtype {ds.dtype} (use --key to pick datasets)"
+            )
         arrays[field_name(name)] = ds
     return ArraySource(path, arrays, owner=fh)

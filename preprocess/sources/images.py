@@ -14,6 +14,7 @@ from dctdata.preprocess.sources.base import Source
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
+
 # Image folders -----------------------------------------------------------------------------------
 def read_image(path: str) -> np.ndarray:
     """One image file -> (C, H, W) array in its native depth (uint8, uint16, int32 or float32)."""
@@ -87,6 +88,7 @@ def directory_source(path: str) -> Source:
                     labels.append(label)
     if not files:
         raise DctDataError(
-            f"{path}: expected per-sample .npy/.npz files or PNG/JPEG/TIFF images (optionally in class subfolders). Got none"
+            f"{path}: expected per-sample .npy/.npz files or PNG/JPEG/TIFF images (optionally in class subfolders). "
+            "Got none"
         )
     return ImageFolderSource(path, files, labels, subdirs)

@@ -5,8 +5,8 @@ import pytest
 
 import dctdata
 from dctdata.bench import rd
-from dctdata.datasets.fields import KINDS, synthetic_fields
 from dctdata.cli import main
+from dctdata.datasets.fields import KINDS, synthetic_fields
 
 
 def test_synthetic_fields_are_deterministic_and_scaled():
@@ -43,10 +43,14 @@ def test_photos_get_jpeg_rows():
 
     img = sample_images(("camera",), include_sklearn=False)["camera"][:128, :128]
     ds = [rd.Dataset("camera", (img.astype(np.float32) / 255)[None, None], 1, img[None])]
-    rows, lines = rd.run_rd(ds, targets=(40.0,), paper_cfs=(2,), zfp_rates=(), zfp_tols=(), jpeg_qualities=(75,), calib=1)
+    rows, lines = rd.run_rd(
+        ds, targets=(40.0,), paper_cfs=(2,), zfp_rates=(), zfp_tols=(), jpeg_qualities=(75,), calib=1
+    )
     methods = [r["method"] for r in rows]
     assert "JPEG 4:2:0 q75" in methods and "JPEG 4:2:0, size matched" in methods
-    assert rows[methods.index("target 40 dB")]["ratio_src"] == pytest.approx(rows[methods.index("target 40 dB")]["ratio_f32"] / 4)
+    assert rows[methods.index("target 40 dB")]["ratio_src"] == pytest.approx(
+        rows[methods.index("target 40 dB")]["ratio_f32"] / 4
+    )
     assert any("JPEG 4:2:0 at no more bytes" in line for line in lines)
 
 
@@ -54,7 +58,21 @@ def test_cli_on_npy_with_plot(tmp_path, capsys):
     x = synthetic_fields(n=4, size=32)["clouds"][:, 0]
     np.save(tmp_path / "f.npy", x)
     png = tmp_path / "rd.png"
-    rc = main(["bench", "rd", str(tmp_path / "f.npy"), "--targets", "40", "--paper-cf", "2", "--calib", "2", "--plot", str(png)])
+    rc = main(
+        [
+            "bench",
+            "rd",
+            str(tmp_path / "f.npy"),
+            "--targets",
+            "40",
+            "--paper-cf",
+            "2",
+            "--calib",
+            "2",
+            "--plot",
+            str(png),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "| dctdata --target-psnr | target 40 dB |" in out
     from PIL import Image

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 import torch
+from sample_fields import poisson_fields as fields
 
 import dctdata
 import dctdata.metrics
-from sample_fields import poisson_fields as fields
 from dctdata.cli import main
 
 
@@ -95,7 +94,17 @@ def test_hdf5_channels_last_and_key(tmp_path, capsys):
         fh["grp/other"] = np.arange(6, dtype=np.int32)
         fh["ignored"] = np.zeros((3,))  # different length, not picked
     rc, _, err = run(
-        ["pack", tmp_path / "d.h5", tmp_path / "out", "--key", "images,grp/other", "--channels-last", "--cf", "8", "--quiet"],
+        [
+            "pack",
+            tmp_path / "d.h5",
+            tmp_path / "out",
+            "--key",
+            "images,grp/other",
+            "--channels-last",
+            "--cf",
+            "8",
+            "--quiet",
+        ],
         capsys,
     )
     assert rc == 0, err
@@ -210,7 +219,9 @@ def test_overwrite_replaces_only_when_complete(tmp_path, capsys):
 # Bad input -----------------------------------------------------------------------------------------
 def _bad(tmp_path, capsys, args, match):
     out = tmp_path / "out"
-    rc, stdout, err = run(["pack", *args, out] if "OUT_GIVEN" not in args else ["pack", *[a for a in args if a != "OUT_GIVEN"]], capsys)
+    rc, stdout, err = run(
+        ["pack", *args, out] if "OUT_GIVEN" not in args else ["pack", *[a for a in args if a != "OUT_GIVEN"]], capsys
+    )
     assert rc == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -291,7 +302,12 @@ def test_cf_out_of_range(tmp_path, capsys):
 
 def test_unknown_format_and_source_kind(tmp_path, capsys):
     np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
-    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--format", "parquet"], r"--format: expected one of \('zarr', 'webdataset'\)\. Got 'parquet'")
+    _bad(
+        tmp_path,
+        capsys,
+        [tmp_path / "x.npy", "--format", "parquet"],
+        r"--format: expected one of \('zarr', 'webdataset'\)\. Got 'parquet'",
+    )
     (tmp_path / "x.csv").write_text("1,2\n")
     _bad(tmp_path, capsys, [tmp_path / "x.csv"], r"x\.csv: expected a \.npy, \.npz.*unknown source kind")
     assert leftovers(tmp_path) == []
@@ -307,8 +323,18 @@ def test_existing_out_is_refused(tmp_path, capsys):
 
 def test_bad_settings(tmp_path, capsys):
     np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
-    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "nope=array"], r"--field nope: expected one of the source's fields \['image'\]")
-    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "image=jpeg"], r"--field image: expected kind dct, array or label")
+    _bad(
+        tmp_path,
+        capsys,
+        [tmp_path / "x.npy", "--field", "nope=array"],
+        r"--field nope: expected one of the source's fields \['image'\]",
+    )
+    _bad(
+        tmp_path,
+        capsys,
+        [tmp_path / "x.npy", "--field", "image=jpeg"],
+        r"--field image: expected kind dct, array or label",
+    )
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--nan", "zero"], r"nan: expected 'error' or 'fill=VALUE'")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--workers", "0"], r"--workers: expected a positive int. Got 0")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--key", "a"], r"--key: expected an HDF5 source")
@@ -328,7 +354,12 @@ def test_strict_overflow(tmp_path, capsys):
     x = fields(4, 1, 8, 8)
     x[3] *= 1e5  # far outside the fp16 range after the DCT
     np.save(tmp_path / "x.npy", x)
-    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--quant", "fp16", "--cf", "2", "--strict"], r"field 'image': expected no float16 overflow \(--strict\)")
+    _bad(
+        tmp_path,
+        capsys,
+        [tmp_path / "x.npy", "--quant", "fp16", "--cf", "2", "--strict"],
+        r"field 'image': expected no float16 overflow \(--strict\)",
+    )
     assert leftovers(tmp_path) == []
     rc, _, _ = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--quant", "fp16", "--cf", "2", "--quiet"], capsys)
     assert rc == 0 and dctdata.format.read_manifest(tmp_path / "out").stats["image"].overflow > 0
@@ -337,7 +368,9 @@ def test_strict_overflow(tmp_path, capsys):
 def test_calibrated_int8(tmp_path, capsys):
     x = fields(12, 2, 16, 24, seed=7)
     np.save(tmp_path / "x.npy", x)
-    rc, _, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--quant", "int8", "--target-psnr", "35", "--quiet"], capsys)
+    rc, _, err = run(
+        ["pack", tmp_path / "x.npy", tmp_path / "out", "--quant", "int8", "--target-psnr", "35", "--quiet"], capsys
+    )
     assert rc == 0, err
     ds = dctdata.open_dataset(tmp_path / "out")
     f = ds.manifest.field("image")
@@ -361,8 +394,8 @@ def test_python_api_errors_are_typed(tmp_path):
 def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp_path):
     """Tiny samples: a fixed 64-sample subset missed the tails, so int8 'reached' 40 dB on the subset and
     then clamped hundreds of coefficients of unseen samples. Now the subset is sized by values."""
-    from dctdata.preprocess import pack as pack_mod
     from dctdata.datasets import cifar_like
+    from dctdata.preprocess import pack as pack_mod
 
     ds = cifar_like(n=400, seed=3)
     src = tmp_path / "cifar.npz"
@@ -370,11 +403,15 @@ def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp
     assert len(pack_mod.calibration_indices(400, 3 * 32 * 32)) == 400  # all of them fit the value budget
     assert len(pack_mod.calibration_indices(10_000, 256 * 256)) == pack_mod.CALIBRATION_SAMPLES
     # int8 cannot hold 40 dB on every one of these images: say so instead of clamping silently
-    with pytest.raises(dctdata.DctDataError, match=r"target_psnr: expected a target these settings .*quant=int8.* can reach"):
+    with pytest.raises(
+        dctdata.DctDataError, match=r"target_psnr: expected a target these settings .*quant=int8.* can reach"
+    ):
         dctdata.pack(str(src), str(tmp_path / "a"), fields={"image": "dct"}, quant="int8", target_psnr=40.0, quiet=True)
     assert not (tmp_path / "a").exists()
     for out, quant, target in (("b", None, 40.0), ("c", "int8", 35.0)):
-        manifest = dctdata.pack(str(src), str(tmp_path / out), fields={"image": "dct"}, quant=quant, target_psnr=target, quiet=True)
+        manifest = dctdata.pack(
+            str(src), str(tmp_path / out), fields={"image": "dct"}, quant=quant, target_psnr=target, quiet=True
+        )
         stats = manifest.stats["image"]
         assert stats.overflow == 0
         assert stats.psnr_min >= target - 1.0

@@ -23,7 +23,22 @@ def _load(name, monkeypatch):
 
 CASES = {
     "classify": ["--n", "64", "--test", "40", "--epochs", "3", "--batch-size", "16", "--width", "4"],
-    "em_denoise": ["--n", "8", "--test", "2", "--size", "64", "--crop", "32", "--epochs", "3", "--batch-size", "4", "--width", "4"],
+    "em_denoise": [
+        "--n",
+        "8",
+        "--test",
+        "2",
+        "--size",
+        "64",
+        "--crop",
+        "32",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+    ],
     "optical_damage": ["--n", "6", "--test", "2", "--crop", "64", "--epochs", "3", "--batch-size", "3", "--width", "4"],
     "slstr_cloud": ["--n", "8", "--test", "2", "--size", "32", "--epochs", "3", "--batch-size", "4", "--width", "4"],
 }
@@ -57,7 +72,9 @@ def test_example_runs_and_learns(name, tmp_path, monkeypatch, capsys):
 def test_bad_setting_is_a_one_line_error(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     common = importlib.import_module("_common")
-    with pytest.raises(common.dctdata.DctDataError, match=r"--settings 'cf=4\+speed=9': expected tokens cf\|mask\|quant\|psnr=VALUE"):
+    with pytest.raises(
+        common.dctdata.DctDataError, match=r"--settings 'cf=4\+speed=9': expected tokens cf\|mask\|quant\|psnr=VALUE"
+    ):
         common.parse_setting("cf=4+speed=9")
     with pytest.raises(common.dctdata.DctDataError, match=r"expected a number for cf. Got 'x'"):
         common.parse_setting("cf=x")
@@ -69,5 +86,9 @@ def test_bad_setting_is_a_one_line_error(tmp_path, monkeypatch):
 
 def test_batch_larger_than_the_set_is_refused(tmp_path, monkeypatch):
     module = _load("classify", monkeypatch)
-    with pytest.raises(module._common.dctdata.DctDataError, match=r"--batch-size: expected at most --n \(8\) samples per batch. Got 16"):
-        module.main(["--n", "8", "--test", "4", "--batch-size", "16", "--settings", "cf=4", "--out", str(tmp_path / "x")])
+    with pytest.raises(
+        module._common.dctdata.DctDataError, match=r"--batch-size: expected at most --n \(8\) samples per batch. Got 16"
+    ):
+        module.main(
+            ["--n", "8", "--test", "4", "--batch-size", "16", "--settings", "cf=4", "--out", str(tmp_path / "x")]
+        )

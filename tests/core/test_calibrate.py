@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import dctdata
-from dctdata.datasets.fields import synthetic_fields
 from dctdata.calibrate import calibrate, calibrate_report, dataset_psnr
+from dctdata.datasets.fields import synthetic_fields
+from dctdata.datasets.images import sample_images, to_chw_float
 from dctdata.lossless import DEFAULT_CODEC, get_codec
 from dctdata.metrics import psnr
-from dctdata.datasets.images import sample_images, to_chw_float
 
 
 def roundtrip(x, spec):
@@ -21,7 +21,12 @@ def roundtrip(x, spec):
     q, overflow = dctdata.encode(x, spec)
     q = q.contiguous()
     blobs = [codec.encode(s.numpy()) for s in q]
-    back = torch.stack([torch.from_numpy(np.frombuffer(codec.decode(b), dtype=q.numpy().dtype).reshape(spec.coeff_shape).copy()) for b in blobs])
+    back = torch.stack(
+        [
+            torch.from_numpy(np.frombuffer(codec.decode(b), dtype=q.numpy().dtype).reshape(spec.coeff_shape).copy())
+            for b in blobs
+        ]
+    )
     return dctdata.Decompress(spec)(back), sum(map(len, blobs)), overflow
 
 

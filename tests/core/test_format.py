@@ -43,8 +43,15 @@ def regen() -> None:  # pragma: no cover - run by hand
         np.savez(src, **golden_source())
         shutil.rmtree(GOLDEN, ignore_errors=True)
         os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
-        dctdata.pack(src, GOLDEN, cf=3, quant="int8", fields={"mask": "array"}, quiet=True,
-                     writer_options={"chunk_samples": 2, "shard_samples": 4})  # fmt: skip
+        dctdata.pack(
+            src,
+            GOLDEN,
+            cf=3,
+            quant="int8",
+            fields={"mask": "array"},
+            quiet=True,
+            writer_options={"chunk_samples": 2, "shard_samples": 4},
+        )
     m = json.load(open(os.path.join(GOLDEN, "manifest.json")))
     m["pack"]["source"] = "golden_v1.npz"  # no temporary path in the fixture
     with open(os.path.join(GOLDEN, "manifest.json"), "w") as fh:
@@ -103,13 +110,19 @@ def test_newer_version_refused(tmp_path):
         (lambda d: d.update(samples=-1), r"samples: expected an int >= 0\. Got -1"),
         (lambda d: d.update(storage="tar"), r"storage: expected one of \('zarr', 'webdataset'\)\. Got 'tar'"),
         (lambda d: d["fields"][0].update(kind="jpeg"), r"field 'image': kind: expected one of"),
-        (lambda d: d["fields"][0].update(shape=[2, 11, 12]), r"codec sample shape: expected \(2, 11, 12\).*Got \(2, 11, 13\)"),
+        (
+            lambda d: d["fields"][0].update(shape=[2, 11, 12]),
+            r"codec sample shape: expected \(2, 11, 12\).*Got \(2, 11, 13\)",
+        ),
         (lambda d: d["fields"][0]["codec"].update(cf=9), r"field 'image': codec: cf: expected an int in 1\.\.8"),
         (lambda d: d["fields"][1].update(dtype="object"), r"field 'mask': dtype: expected one of"),
         (lambda d: d["fields"][2].update(shape=[3]), r"field 'label': shape: expected \(\) for a label field"),
         (lambda d: d["fields"][1].update(name="a/b"), r"field name: expected a plain identifier"),
         (lambda d: d["fields"].append(dict(d["fields"][2])), r"fields: expected unique names"),
-        (lambda d: d["stats"].update(ghost=d["stats"]["image"]), r"stats: expected entries for fields .*Got unknown \['ghost'\]"),
+        (
+            lambda d: d["stats"].update(ghost=d["stats"]["image"]),
+            r"stats: expected entries for fields .*Got unknown \['ghost'\]",
+        ),
         (lambda d: d["checksums"].update({"x": {"sha256": "zz", "bytes": 1}}), r"sha256: expected 64 lowercase hex"),
         (lambda d: d["fields"][2].update(lossless={"id": "nope"}), r"codec: numcodecs cannot build"),
     ],
@@ -191,9 +204,15 @@ def test_to_tensor_keeps_scalar_labels_zero_dimensional():
 
 @pytest.mark.parametrize(
     "arr",
-    [np.arange(12, dtype=np.int8).reshape(3, 4), np.zeros((1, 2, 3, 4), np.float16), np.array(7, np.int64), np.arange(5, dtype=">u2"),
-     np.ones((2, 3), np.float32, order="F"), np.array([True, False])],
-)  # fmt: skip
+    [
+        np.arange(12, dtype=np.int8).reshape(3, 4),
+        np.zeros((1, 2, 3, 4), np.float16),
+        np.array(7, np.int64),
+        np.arange(5, dtype=">u2"),
+        np.ones((2, 3), np.float32, order="F"),
+        np.array([True, False]),
+    ],
+)
 def test_decode_npy_reads_what_numpy_writes(arr):
     import io
 
@@ -212,7 +231,10 @@ def test_decode_npy_reads_what_numpy_writes(arr):
         (lambda b: b"PK" + b[2:], r"x: expected \.npy bytes\. Got no \.npy magic"),
         (lambda b: b[:-1], r"x: expected 24 data bytes for int32 \(2, 3\)\. Got 23"),
         (lambda b: b[:6] + bytes([9]) + b[7:], r"x: expected \.npy format version 1, 2 or 3\. Got 9"),
-        (lambda b: b.replace(b"'shape': (2, 3)", b"'shape': ((((2))))"), r"x: expected a numeric \.npy header as numpy writes it"),
+        (
+            lambda b: b.replace(b"'shape': (2, 3)", b"'shape': ((((2))))"),
+            r"x: expected a numeric \.npy header as numpy writes it",
+        ),
         (lambda b: b.replace(b"<i4", b"<U4"), r"x: expected a numeric \.npy header"),
     ],
 )

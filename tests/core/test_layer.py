@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from decode_checks import check_decompress
 
 import dctdata
 from dctdata import CodecSpec, Decompress
-from decode_checks import check_decompress
 
 
 def make_spec(dtype="float32", cf=4, mask="square", channels=2, height=29, width=43, quantized=True, normalized=False):
@@ -108,9 +108,35 @@ def test_torch_export_uses_only_matmul_class_ops():
     _, q = batch(spec)
     exported = torch.export.export(Decompress(spec), (q,))
     ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
-    allowed = ("matmul", "mm", "bmm", "view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze",
-               "cat", "stack", "new_zeros", "zeros", "ones", "full", "add", "slice", "clone", "contiguous", "_to_copy", "to", "alias", "unsafe_view",
-               "_assert", "sym_size", "copy")
+    allowed = (
+        "matmul",
+        "mm",
+        "bmm",
+        "view",
+        "reshape",
+        "transpose",
+        "permute",
+        "expand",
+        "unsqueeze",
+        "squeeze",
+        "cat",
+        "stack",
+        "new_zeros",
+        "zeros",
+        "ones",
+        "full",
+        "add",
+        "slice",
+        "clone",
+        "contiguous",
+        "_to_copy",
+        "to",
+        "alias",
+        "unsafe_view",
+        "_assert",
+        "sym_size",
+        "copy",
+    )
     assert ops, "export produced no ops"
     bad = [op for op in ops if not any(a in op for a in allowed)]
     assert not bad, bad
@@ -181,5 +207,7 @@ def test_decompressor_from_a_packed_dataset_and_non_dct_fields(tmp_path):
     layer = ds.decompressor()
     assert isinstance(layer, Decompress) and layer.spec.cf == 3 and layer.spec.sample_shape == (1, 12, 20)
     assert ds.decompressor("image").spec == layer.spec
-    with pytest.raises(dctdata.DctDataError, match=r"field 'label': expected a dct field for decompressor\(\)\. Got kind 'label'"):
+    with pytest.raises(
+        dctdata.DctDataError, match=r"field 'label': expected a dct field for decompressor\(\)\. Got kind 'label'"
+    ):
         ds.decompressor("label")

@@ -21,7 +21,12 @@ def quantized():
 
 @pytest.mark.parametrize(
     "config",
-    [DEFAULT_CODEC, {"id": "zstd", "level": 1}, {"id": "blosc", "cname": "zstd", "clevel": 5, "shuffle": 2}, {"id": "zlib", "level": 6}],
+    [
+        DEFAULT_CODEC,
+        {"id": "zstd", "level": 1},
+        {"id": "blosc", "cname": "zstd", "clevel": 5, "shuffle": 2},
+        {"id": "zlib", "level": 6},
+    ],
 )
 def test_codecs_round_trip_exactly_and_compress(config):
     q = quantized()
@@ -45,7 +50,13 @@ def test_default_is_zstd_and_maps_to_the_zarr_spec_codec():
 
 def test_zarr_array_with_default_codec_round_trips(tmp_path):
     q = quantized()
-    a = zarr.create_array(tmp_path / "a.zarr", shape=q.shape, dtype=q.dtype, chunks=(1, *q.shape[1:]), compressors=zarr_compressors(DEFAULT_CODEC))
+    a = zarr.create_array(
+        tmp_path / "a.zarr",
+        shape=q.shape,
+        dtype=q.dtype,
+        chunks=(1, *q.shape[1:]),
+        compressors=zarr_compressors(DEFAULT_CODEC),
+    )
     a[:] = q
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr")[:], q)
 

@@ -2,13 +2,12 @@
 
 import pytest
 import torch
+from decode_checks import check_decompress
 
 import dctdata
 from dctdata.calibrate import calibrate
 from dctdata.metrics import psnr
 from dctdata.quantize import dequantize, encode, quantize
-
-from decode_checks import check_decompress
 
 
 def field(n=2, c=1, h=40, w=56, offset=0.0, seed=0):

@@ -10,8 +10,16 @@ from dctdata import CodecSpec
 
 def full_spec():
     return CodecSpec(
-        cf=3, mask="triangle", channels=2, height=61, width=77, dtype="int8",
-        steps=[[0.5] * 6, [0.25] * 6], offsets=[[1.0] + [0.0] * 5, [2.0] + [0.0] * 5], mean=[0.5, 1.5], std=[2.0, 3.0],
+        cf=3,
+        mask="triangle",
+        channels=2,
+        height=61,
+        width=77,
+        dtype="int8",
+        steps=[[0.5] * 6, [0.25] * 6],
+        offsets=[[1.0] + [0.0] * 5, [2.0] + [0.0] * 5],
+        mean=[0.5, 1.5],
+        std=[2.0, 3.0],
     )
 
 
@@ -34,7 +42,9 @@ def test_derived_shapes_and_transfer_ratio():
     assert CodecSpec(cf=4, height=64, width=64).transfer_ratio == pytest.approx(64 / 16)
 
 
-@pytest.mark.parametrize("alias, name", [("none", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"), ("float16", "float16")])
+@pytest.mark.parametrize(
+    "alias, name", [("none", "float32"), ("fp16", "float16"), ("bf16", "bfloat16"), ("float16", "float16")]
+)
 def test_quant_aliases_normalize_to_wire_dtypes(alias, name):
     assert CodecSpec(cf=2, height=8, width=8, dtype=alias).dtype == name
 

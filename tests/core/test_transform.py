@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import dctdata
 from dctdata.metrics import psnr
-from dctdata.transform import BLOCK, dct_matrix, grid_shape, kept_frequencies, num_kept
+from dctdata.transform import dct_matrix, grid_shape, kept_frequencies, num_kept
 
 ODD_SHAPES = [(1, 1), (7, 13), (61, 77), (492, 656), (3, 2, 9, 17), (2, 1, 8, 8)]
 
@@ -96,7 +96,9 @@ def test_cost_is_per_block_batched_equals_unbatched():
     y = dctdata.compress(x, cf=5, mask="triangle")
     for b in range(4):
         torch.testing.assert_close(y[b], dctdata.compress(x[b], cf=5, mask="triangle"))
-    torch.testing.assert_close(dctdata.decompress(y, 5, (20, 28), "triangle")[2, 1], dctdata.decompress(y[2, 1], 5, (20, 28), "triangle"))
+    torch.testing.assert_close(
+        dctdata.decompress(y, 5, (20, 28), "triangle")[2, 1], dctdata.decompress(y[2, 1], 5, (20, 28), "triangle")
+    )
 
 
 def test_padding_is_edge_replication():
@@ -111,7 +113,14 @@ shapes = st.tuples(st.integers(1, 40), st.integers(1, 40))
 
 
 @settings(max_examples=40, deadline=None)
-@given(hw=shapes, cf=st.integers(1, 8), mask=st.sampled_from(["square", "triangle"]), seed=st.integers(0, 10_000), a=st.floats(-3, 3), b=st.floats(-3, 3))
+@given(
+    hw=shapes,
+    cf=st.integers(1, 8),
+    mask=st.sampled_from(["square", "triangle"]),
+    seed=st.integers(0, 10_000),
+    a=st.floats(-3, 3),
+    b=st.floats(-3, 3),
+)
 def test_compress_and_decompress_are_linear(hw, cf, mask, seed, a, b):
     x1 = smooth_field(hw, seed)
     x2 = smooth_field(hw, seed + 1)
@@ -135,7 +144,11 @@ def test_parseval_energy_is_preserved_at_cf8(hb, wb, seed):
 
 
 @settings(max_examples=25, deadline=None)
-@given(hw=st.tuples(st.integers(8, 48), st.integers(8, 48)), seed=st.integers(0, 10_000), mask=st.sampled_from(["square", "triangle"]))
+@given(
+    hw=st.tuples(st.integers(8, 48), st.integers(8, 48)),
+    seed=st.integers(0, 10_000),
+    mask=st.sampled_from(["square", "triangle"]),
+)
 def test_psnr_is_non_decreasing_in_cf(hw, seed, mask):
     x = smooth_field(hw, seed) + 0.3 * torch.randn(*hw, generator=torch.Generator().manual_seed(seed))
     scores = [float(psnr(x, dctdata.decompress(dctdata.compress(x, cf, mask), cf, hw, mask))) for cf in range(1, 9)]
@@ -177,7 +190,10 @@ def test_non_tensor_input_is_a_type_error():
 
 def test_size_smaller_than_coefficient_grid_is_a_clear_error():
     y = dctdata.compress(torch.zeros(24, 24), cf=2)  # grid 3 x 3
-    with pytest.raises(dctdata.DctDataError, match=r"expected shape \(\.\.\., Hb, K, Wb\) = \(\.\.\., 2, 4, 3\) .* size \(16, 24\)\. Got \(3, 4, 3\)"):
+    with pytest.raises(
+        dctdata.DctDataError,
+        match=r"expected shape \(\.\.\., Hb, K, Wb\) = \(\.\.\., 2, 4, 3\) .* size \(16, 24\)\. Got \(3, 4, 3\)",
+    ):
         dctdata.decompress(y, 2, (16, 24))
 
 
@@ -187,7 +203,10 @@ def test_wrong_kept_count_is_a_clear_error():
         dctdata.decompress(y, 2, (16, 16))
 
 
-@pytest.mark.parametrize("size, err, msg", [((0, 4), dctdata.DctDataError, "H >= 1"), ((4,), TypeError, "pair"), ((4.0, 4), TypeError, "integer H")])
+@pytest.mark.parametrize(
+    "size, err, msg",
+    [((0, 4), dctdata.DctDataError, "H >= 1"), ((4,), TypeError, "pair"), ((4.0, 4), TypeError, "integer H")],
+)
 def test_bad_size_is_a_clear_error(size, err, msg):
     with pytest.raises(err, match=msg):
         dctdata.decompress(torch.zeros(1, 4, 1), 2, size)

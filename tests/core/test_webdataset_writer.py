@@ -10,6 +10,7 @@ import tarfile
 
 import numpy as np
 import pytest
+from sample_fields import poisson_fields
 
 import dctdata
 from dctdata.cli import main
@@ -17,7 +18,6 @@ from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec, read_manifest
 from dctdata.format.webdataset import sample_key
 from dctdata.format.webdataset.writer import WebDatasetWriter
-from sample_fields import poisson_fields
 
 
 def fields(n, h=24, w=40, seed=0):
@@ -35,7 +35,9 @@ def source(tmp_path_factory):
 
 
 def pack(source, out, **writer_options):
-    return dctdata.pack(source, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options=writer_options)
+    return dctdata.pack(
+        source, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options=writer_options
+    )
 
 
 def test_shards_are_byte_identical_across_packs(source, tmp_path):
@@ -74,8 +76,12 @@ def test_tar_members_are_pinned_and_in_sample_order(source, tmp_path):
     with tarfile.open(tmp_path / "a" / "shard-000001.tar") as tf:
         members = tf.getmembers()
         names = [t.name for t in members]
-        assert names == [f"{sample_key(i)}.{f}" for i in range(7, 14) for f in ("image.npy.zst", "label.npy.zst", "mask.npy.zst")]
-        assert {(t.mtime, t.uid, t.gid, t.uname, t.gname, t.mode) for t in members} == {(0, 0, 0, "dctdata", "dctdata", 0o444)}
+        assert names == [
+            f"{sample_key(i)}.{f}" for i in range(7, 14) for f in ("image.npy.zst", "label.npy.zst", "mask.npy.zst")
+        ]
+        assert {(t.mtime, t.uid, t.gid, t.uname, t.gname, t.mode) for t in members} == {
+            (0, 0, 0, "dctdata", "dctdata", 0o444)
+        }
         assert not any(t.pax_headers for t in members)
         codec = dctdata.lossless.get_codec(m.field("label").lossless)
         raw = codec.decode(tf.extractfile(f"{sample_key(9)}.label.npy.zst").read())
@@ -120,7 +126,9 @@ def test_existing_out_refused(source, tmp_path):
 
 def test_overwrite_replaces(source, tmp_path):
     pack(source, tmp_path / "a")
-    dctdata.pack(source, tmp_path / "a", format="webdataset", quiet=True, overwrite=True, writer_options={"samples_per_shard": 5})
+    dctdata.pack(
+        source, tmp_path / "a", format="webdataset", quiet=True, overwrite=True, writer_options={"samples_per_shard": 5}
+    )
     assert len(read_manifest(tmp_path / "a").layout["shards"]) == 6
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
 
@@ -166,7 +174,18 @@ def test_open_errors(tmp_path):
 
 
 def test_cli_shard_caps(source, tmp_path, capsys):
-    args = ["pack", str(source), str(tmp_path / "a"), "--format", "webdataset", "--quiet", "--samples-per-shard", "8", "--max-shard-size", "1000000"]
+    args = [
+        "pack",
+        str(source),
+        str(tmp_path / "a"),
+        "--format",
+        "webdataset",
+        "--quiet",
+        "--samples-per-shard",
+        "8",
+        "--max-shard-size",
+        "1000000",
+    ]
     assert main(args) == 0
     m = read_manifest(tmp_path / "a")
     assert [s["samples"] for s in m.layout["shards"]] == [8, 8, 8, 6] and m.layout["max_shard_size"] == 1000000

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torchvision.transforms import v2
 
 import dctdata
-from dctdata import CodecSpec, Decompress, DctDataError
+from dctdata import CodecSpec, DctDataError, Decompress
 from dctdata.loaders.device import AugmentOnDevice, DevicePrefetcher, pin, resolve_device, to_device, with_decompress
 
 cuda = pytest.mark.cuda  # skipped without a CUDA device (conftest.py)
@@ -78,7 +78,9 @@ def test_resolve_device():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is missing")
 def test_cuda_requested_without_cuda():
-    with pytest.raises(DctDataError, match="device: expected an available device. Got 'cuda' but CUDA is not available"):
+    with pytest.raises(
+        DctDataError, match="device: expected an available device. Got 'cuda' but CUDA is not available"
+    ):
         DevicePrefetcher([torch.ones(1)], "cuda")
 
 
@@ -189,7 +191,9 @@ def test_with_decompress_trains_through_prefetcher():
     y = (x.mean(dim=(1, 2, 3)) > 0.5).long()
     q, _ = dctdata.encode(x, spec)
     loader = DataLoader(TensorDataset(q, y), batch_size=8, shuffle=True)
-    net = with_decompress(Decompress(spec), nn.Sequential(nn.Flatten(), nn.Linear(256, 2)), transforms=v2.Normalize([0.5], [0.3]))
+    net = with_decompress(
+        Decompress(spec), nn.Sequential(nn.Flatten(), nn.Linear(256, 2)), transforms=v2.Normalize([0.5], [0.3])
+    )
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     grads = []
     for coeffs, label in DevicePrefetcher(loader, "cpu"):
@@ -204,11 +208,15 @@ def test_with_decompress_trains_through_prefetcher():
 
 def test_with_decompress_errors():
     spec = CodecSpec(cf=2, height=8, width=8)
-    with pytest.raises(TypeError, match="decompressor: expected an nn.Module such as dctdata.Decompress. Got CodecSpec"):
+    with pytest.raises(
+        TypeError, match="decompressor: expected an nn.Module such as dctdata.Decompress. Got CodecSpec"
+    ):
         with_decompress(spec, nn.Identity())
     with pytest.raises(TypeError, match="model: expected an nn.Module. Got function"):
         with_decompress(Decompress(spec), lambda x: x)
-    with pytest.raises(TypeError, match="transforms: expected a callable such as a torchvision.transforms.v2 transform. Got str"):
+    with pytest.raises(
+        TypeError, match="transforms: expected a callable such as a torchvision.transforms.v2 transform. Got str"
+    ):
         with_decompress(Decompress(spec), nn.Identity(), transforms="normalize")
 
 
@@ -223,7 +231,7 @@ def test_prefetcher_cuda_matches_cpu_and_overlaps():
     pf = DevicePrefetcher(loader, "cuda")
     for _ in range(2):
         got = []
-        for coeffs, label in pf:
+        for coeffs, _label in pf:
             assert coeffs.is_cuda and coeffs.dtype == torch.int8
             got.append((coeffs.float() * 2).to(torch.int32))  # work on the default stream right away
         torch.cuda.synchronize()
@@ -261,7 +269,9 @@ def test_device_pipeline_example_runs(capsys):
     spec = importlib.util.spec_from_file_location("device_pipeline_example", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    acc = module.main(["--device", "cpu", "--train", "128", "--test", "64", "--epochs", "2", "--batch-size", "32", "--cf", "4"])
+    acc = module.main(
+        ["--device", "cpu", "--train", "128", "--test", "64", "--epochs", "2", "--batch-size", "32", "--cf", "4"]
+    )
     out = capsys.readouterr().out
     assert "transfer ratio" in out and "epoch 2: train loss" in out and "on cpu" in out
     assert 0.0 <= acc <= 1.0

@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from sample_fields import OPTS, N
 
 import dctdata
-from sample_fields import N, OPTS
-
 
 DDP_SCRIPT = """
 import json, os, sys
@@ -42,8 +41,21 @@ def test_torchrun_every_sample_once_per_epoch(labelled_source, tmp_path):
     dctdata.pack(labelled_source, tmp_path / "zarr", quiet=True, writer_options=OPTS["zarr"])
     dctdata.pack(labelled_source, tmp_path / "wds", format="webdataset", quiet=True, writer_options=OPTS["webdataset"])
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(tmp_path / "ddp.py"), str(tmp_path)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(tmp_path / "ddp.py"),
+        str(tmp_path),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]

@@ -4,11 +4,11 @@ is refused; both formats read over HTTP with range requests."""
 from __future__ import annotations
 
 import pytest
+from sample_fields import OPTS, N
+from servers import serve
 
 import dctdata
 from dctdata.errors import DctDataError
-from servers import serve
-from sample_fields import N, OPTS
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,11 @@ def s3():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "eu-west-1"}}
+    opts = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": f"http://{host}:{port}", "region_name": "eu-west-1"},
+    }
     import s3fs
 
     fs = s3fs.S3FileSystem(**opts)
@@ -33,8 +37,12 @@ def test_pack_to_s3_and_read_back(labelled_source, tmp_path, s3, fmt):
     import s3fs
 
     url = f"s3://dctdata-test/{fmt}"
-    m = dctdata.pack(labelled_source, url, format=fmt, quant="int8", cf=6, quiet=True, writer_options=OPTS[fmt], storage_options=s3)
-    local = dctdata.pack(labelled_source, tmp_path / "local", format=fmt, quant="int8", cf=6, quiet=True, writer_options=OPTS[fmt])
+    m = dctdata.pack(
+        labelled_source, url, format=fmt, quant="int8", cf=6, quiet=True, writer_options=OPTS[fmt], storage_options=s3
+    )
+    local = dctdata.pack(
+        labelled_source, tmp_path / "local", format=fmt, quant="int8", cf=6, quiet=True, writer_options=OPTS[fmt]
+    )
     assert m.checksums == local.checksums  # same bytes as a local pack
     fs = s3fs.S3FileSystem(**s3)
     fs.invalidate_cache()
@@ -54,7 +62,9 @@ def test_s3_prefix_without_manifest_is_refused(s3):
 
     fs = s3fs.S3FileSystem(**s3)
     fs.pipe("dctdata-test/half/shard-000000.tar", b"x" * 10)  # data written, manifest (the commit) not yet
-    with pytest.raises(FormatError, match=r"half/manifest.json: expected a dctdata manifest \(manifest.json\). Got no such file"):
+    with pytest.raises(
+        FormatError, match=r"half/manifest.json: expected a dctdata manifest \(manifest.json\). Got no such file"
+    ):
         dctdata.open_dataset("s3://dctdata-test/half", storage_options=s3)
 
 

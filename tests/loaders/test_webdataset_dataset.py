@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import io
 import json
 import os
 import shutil
 import tarfile
-import threading
 
 import numpy as np
 import pytest
 import torch
+from sample_fields import poisson_fields as fields
+from servers import serve
 
 import dctdata
 from dctdata.api import open_dataset
-from servers import serve
-from sample_fields import poisson_fields as fields
 from dctdata.cli import main
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.loaders.wds_dataset import DCTWebDataset
@@ -38,7 +35,9 @@ def src(tmp_path_factory):
 @pytest.fixture(scope="module")
 def packed(src, tmp_path_factory):
     out = tmp_path_factory.mktemp("packs") / "wds"
-    dctdata.pack(src, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options={"samples_per_shard": 4})
+    dctdata.pack(
+        src, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options={"samples_per_shard": 4}
+    )
     return out
 
 
@@ -275,5 +274,7 @@ def test_zarr_pack_refused(src, tmp_path):
 
 
 def test_open_dataset_refuses_pipe_urls_with_the_explicit_message():
-    with pytest.raises(dctdata.DctDataError, match=r"Got a shell 'pipe:' URL, which runs a command \(pass allow_pipe=True to opt in\)"):
+    with pytest.raises(
+        dctdata.DctDataError, match=r"Got a shell 'pipe:' URL, which runs a command \(pass allow_pipe=True to opt in\)"
+    ):
         dctdata.open_dataset("pipe:cat /tmp/x/{}")

@@ -20,7 +20,9 @@ def make(tmp_path, n=23, chunk=2, shard=4):
     labels = np.arange(n) * 3
     np.savez(tmp_path / "d.npz", image=x, label=labels)
     out = tmp_path / "ds"
-    dctdata.pack(tmp_path / "d.npz", out, cf=8, quiet=True, writer_options={"chunk_samples": chunk, "shard_samples": shard})
+    dctdata.pack(
+        tmp_path / "d.npz", out, cf=8, quiet=True, writer_options={"chunk_samples": chunk, "shard_samples": shard}
+    )
     return out, x, labels
 
 
@@ -57,7 +59,12 @@ def test_dataloader_workers(tmp_path, method):
     ds = dctdata.open_dataset(out)
     ds[0]  # open zarr in the parent first: a forked child must not reuse it
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=5, shuffle=True, num_workers=2, multiprocessing_context=method, generator=torch.Generator().manual_seed(0)
+        ds,
+        batch_size=5,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=method,
+        generator=torch.Generator().manual_seed(0),
     )
     layer = ds.decompressor()
     seen = {}
@@ -79,7 +86,9 @@ def test_fsspec_url(tmp_path):
         assert [int(ds[i][1]) for i in range(len(ds))] == labels.tolist()
         np.testing.assert_allclose(ds.decompressor()(ds[7][0]).numpy(), x[7], atol=1e-4)
         fs.rm("/dctdata_test_ds/image/c.3.0.0.0.0")
-        with pytest.raises(IntegrityError, match=r"image/c\.3\.0\.0\.0\.0: field 'image' samples 12\.\.15: expected a shard file"):
+        with pytest.raises(
+            IntegrityError, match=r"image/c\.3\.0\.0\.0\.0: field 'image' samples 12\.\.15: expected a shard file"
+        ):
             dctdata.open_dataset("memory://dctdata_test_ds")[13]
     finally:
         fs.rm("/dctdata_test_ds", recursive=True)
@@ -97,7 +106,9 @@ def test_corrupted_chunk_fails_verify_and_read(tmp_path, capsys):
     assert "OK" in capsys.readouterr().out
     _flip(out / "image" / "c.2.0.0.0.0")
     ds = dctdata.open_dataset(out)
-    with pytest.raises(IntegrityError, match=r"c\.2\.0\.0\.0\.0: field 'image' samples 8\.\.9 \(chunk 4\): expected intact stored data"):
+    with pytest.raises(
+        IntegrityError, match=r"c\.2\.0\.0\.0\.0: field 'image' samples 8\.\.9 \(chunk 4\): expected intact stored data"
+    ):
         ds[8]
     assert int(ds[2][1]) == 6  # other shards still read
     assert main(["verify", str(out)]) == 1
@@ -115,7 +126,10 @@ def test_missing_shard_is_not_fill_value(tmp_path, capsys):
     with pytest.raises(IntegrityError, match=r"samples 20\.\.22: expected a shard file\. Got none \(missing\)"):
         ds[21]
     assert main(["verify", str(out)]) == 1
-    assert "c.5.0.0.0.0: expected a stored file. Got none (missing) (field 'image', samples 20..22)" in capsys.readouterr().out
+    assert (
+        "c.5.0.0.0.0: expected a stored file. Got none (missing) (field 'image', samples 20..22)"
+        in capsys.readouterr().out
+    )
 
 
 def test_verify_and_info_on_non_datasets(tmp_path, capsys):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dctdata import DctDataError
 import dctdata.datasets as S
+from dctdata import DctDataError
 
 FACTORY_CASES = {
     "em_denoise": dict(n=3, size=64),
@@ -205,7 +205,9 @@ def test_determinism_across_processes_and_pickle():
 
 
 def test_dataset_kinds_do_not_share_streams():
-    assert not np.array_equal(S.em_denoise(n=1, size=32, seed=0).rng(0).random(4), S.slstr_cloud(n=1, seed=0).rng(0).random(4))
+    assert not np.array_equal(
+        S.em_denoise(n=1, size=32, seed=0).rng(0).random(4), S.slstr_cloud(n=1, seed=0).rng(0).random(4)
+    )
 
 
 def test_factory_accepts_cli_strings():

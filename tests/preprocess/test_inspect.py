@@ -5,8 +5,8 @@ import pytest
 from PIL import Image
 
 import dctdata
-from dctdata.datasets.fields import synthetic_fields
 from dctdata.cli import main
+from dctdata.datasets.fields import synthetic_fields
 from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spectrum
 
 

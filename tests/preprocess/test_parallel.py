@@ -5,11 +5,11 @@ from __future__ import annotations
 import builtins
 
 import pytest
+from sample_fields import OPTS, N, files
 
 import dctdata
 from dctdata.cli import main
 from dctdata.errors import DctDataError
-from sample_fields import N, OPTS, files
 
 
 @pytest.mark.slow
@@ -36,7 +36,10 @@ def test_parallel_needs_dask(labelled_source, tmp_path, monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_dask)
-    with pytest.raises(DctDataError, match=r"--workers N>1/--scheduler: expected dask.distributed to be installed \(pip install 'dctdata\[dask\]'\)"):
+    with pytest.raises(
+        DctDataError,
+        match=r"--workers N>1/--scheduler: expected dask.distributed to be installed \(pip install 'dctdata\[dask\]'\)",
+    ):
         dctdata.pack(labelled_source, tmp_path / "a", workers=2, quiet=True)
     assert not (tmp_path / "a").exists()
 

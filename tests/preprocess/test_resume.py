@@ -11,12 +11,12 @@ import sys
 import time
 
 import pytest
+from sample_fields import OPTS, N, files
 
 import dctdata
 from dctdata.errors import DctDataError
 from dctdata.preprocess.journal import JOURNAL_NAME
 from dctdata.preprocess.pack import partial_dir
-from sample_fields import N, OPTS, files
 
 
 def journal_parts(out):
@@ -87,7 +87,19 @@ def _reference(tmp_path, fmt):
 @pytest.mark.slow
 def test_kill9_then_resume_cli_webdataset(tmp_path):
     def cmd(out, resume):
-        c = [sys.executable, "-m", "dctdata", "pack", "slow_src:make", str(out), "--format", "webdataset", "--samples-per-shard", "8", "--quiet"]
+        c = [
+            sys.executable,
+            "-m",
+            "dctdata",
+            "pack",
+            "slow_src:make",
+            str(out),
+            "--format",
+            "webdataset",
+            "--samples-per-shard",
+            "8",
+            "--quiet",
+        ]
         return c + (["--resume"] if resume else [])
 
     out = _kill_then_resume(tmp_path, cmd)
@@ -98,8 +110,8 @@ def test_kill9_then_resume_cli_webdataset(tmp_path):
 def test_kill9_then_resume_zarr(tmp_path):
     def cmd(out, resume):
         code = (
-            "import dctdata; dctdata.pack('slow_src:make', %r, quiet=True, resume=%r, writer_options={'shard_samples': 8})"
-            % (str(out), resume)
+            "import dctdata; dctdata.pack('slow_src:make', %r, quiet=True, resume=%r, writer_options={'shard_samples': "
+            "8})" % (str(out), resume)
         )
         return [sys.executable, "-c", code]
 
@@ -113,7 +125,9 @@ def test_resume_refuses_other_settings_and_keeps_the_partial(labelled_source, tm
     os.makedirs(part)
     with open(os.path.join(part, JOURNAL_NAME), "w") as fh:
         fh.write(json.dumps({"kind": "header", "settings": {"source": "other.npz"}, "fields": []}) + "\n")
-    with pytest.raises(DctDataError, match=r"--resume: expected the settings of the interrupted pack. Got different .*source"):
+    with pytest.raises(
+        DctDataError, match=r"--resume: expected the settings of the interrupted pack. Got different .*source"
+    ):
         dctdata.pack(labelled_source, out, resume=True, quiet=True)
     assert os.path.isdir(part)
     os.remove(os.path.join(part, JOURNAL_NAME))
@@ -124,6 +138,10 @@ def test_resume_refuses_other_settings_and_keeps_the_partial(labelled_source, tm
 
 
 def test_resume_of_nothing_is_a_fresh_pack(labelled_source, tmp_path):
-    m = dctdata.pack(labelled_source, tmp_path / "a", resume=True, quiet=True, format="webdataset", writer_options=OPTS["webdataset"])
-    ref = dctdata.pack(labelled_source, tmp_path / "b", quiet=True, format="webdataset", writer_options=OPTS["webdataset"])
+    m = dctdata.pack(
+        labelled_source, tmp_path / "a", resume=True, quiet=True, format="webdataset", writer_options=OPTS["webdataset"]
+    )
+    ref = dctdata.pack(
+        labelled_source, tmp_path / "b", quiet=True, format="webdataset", writer_options=OPTS["webdataset"]
+    )
     assert files(tmp_path / "a") == files(tmp_path / "b") and m == ref

@@ -66,7 +66,11 @@ def fields(n, c=1, h=16, w=16, seed=0, offset=20.0, amp=10.0):
     for i in range(n):
         for ch in range(c):
             a, b, p = rng.uniform(1, 4, 3)
-            out[i, ch] = offset + amp * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy) + rng.normal(0, 0.1 * amp / 10, (h, w))
+            out[i, ch] = (
+                offset
+                + amp * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)
+                + rng.normal(0, 0.1 * amp / 10, (h, w))
+            )
     return out
 
 
@@ -161,7 +165,9 @@ def _(t):
 
 @case("pack .npy", "int64 images as dct", check=_check_kind("dct", 3))
 def _(t):
-    return pack_args(npy(t, (np.arange(3 * 64, dtype=np.int64) * 1000).reshape(3, 8, 8)), t / "out", "--field", "image=dct")
+    return pack_args(
+        npy(t, (np.arange(3 * 64, dtype=np.int64) * 1000).reshape(3, 8, 8)), t / "out", "--field", "image=dct"
+    )
 
 
 @case("pack .npy", "zero samples", r"x\.npy: expected at least one sample\. Got 0")
@@ -196,7 +202,9 @@ def _check_huge(t, _):
 
 @case("pack .npy", "huge single sample 1x4096x4096", check=_check_huge)
 def _(t):
-    yy, xx = np.meshgrid(np.linspace(0, 1, 4096, dtype=np.float32), np.linspace(0, 1, 4096, dtype=np.float32), indexing="ij")
+    yy, xx = np.meshgrid(
+        np.linspace(0, 1, 4096, dtype=np.float32), np.linspace(0, 1, 4096, dtype=np.float32), indexing="ij"
+    )
     return pack_args(npy(t, (np.sin(9 * xx) * np.cos(7 * yy))[None]), t / "out", "--cf", "4", "--quant", "fp16")
 
 
@@ -207,7 +215,9 @@ def _(t):
     return pack_args(npy(t, x), t / "out")
 
 
-@case("pack .npy", "Inf in the calibration subset", r"x\.npy sample 1: field 'image': expected finite values.*Got NaN/Inf")
+@case(
+    "pack .npy", "Inf in the calibration subset", r"x\.npy sample 1: field 'image': expected finite values.*Got NaN/Inf"
+)
 def _(t):
     x = fields(4)
     x[1, 0, 0, 0] = -np.inf
@@ -233,7 +243,11 @@ def _(t):
     return pack_args(npy(t, np.full((4, 16, 16), 5.0, np.float32)), t / "out")
 
 
-@case("pack .npy", "constant images with --target-psnr", r"expected at least one item .* with max > min\. Got only constant items")
+@case(
+    "pack .npy",
+    "constant images with --target-psnr",
+    r"expected at least one item .* with max > min\. Got only constant items",
+)
 def _(t):
     return pack_args(npy(t, np.full((4, 16, 16), 5.0, np.float32)), t / "out", "--quant", "int8", "--target-psnr", "40")
 
@@ -250,14 +264,20 @@ def _(t):
     return pack_args(npy(t, x), t / "out", "--quant", "int8", "--target-psnr", "40")
 
 
-@case("pack .npy", "values near float32 max", r"x\.npy sample 1: field 'image': expected \|x\| <= 4\.25e\+37 .*Got max \|x\| = 3e\+38")
+@case(
+    "pack .npy",
+    "values near float32 max",
+    r"x\.npy sample 1: field 'image': expected \|x\| <= 4\.25e\+37 .*Got max \|x\| = 3e\+38",
+)
 def _(t):
     x = fields(3)
     x[1, 0, 0, 0] = 3e38
     return pack_args(npy(t, x), t / "out")
 
 
-@case("pack .npy", "values near float32 max, calibrated", r"x\.npy sample 0: field 'image': expected \|x\| <= 4\.25e\+37")
+@case(
+    "pack .npy", "values near float32 max, calibrated", r"x\.npy sample 0: field 'image': expected \|x\| <= 4\.25e\+37"
+)
 def _(t):
     return pack_args(npy(t, fields(3) * 1e37), t / "out", "--quant", "int8", "--target-psnr", "40")
 
@@ -272,7 +292,11 @@ def _(t):
     return pack_args(npy(t, fields(3) * 1e36), t / "out", "--cf", "8")
 
 
-@case("pack .npy", "subnormal values with --target-psnr", r"target_psnr: expected 40\.0 dB on the calibration subset\. Got [\d.]+ dB")
+@case(
+    "pack .npy",
+    "subnormal values with --target-psnr",
+    r"target_psnr: expected 40\.0 dB on the calibration subset\. Got [\d.]+ dB",
+)
 def _(t):
     return pack_args(npy(t, fields(3, offset=0) * 1e-40), t / "out", "--quant", "int8", "--target-psnr", "40")
 
@@ -318,7 +342,11 @@ def _(t):
     return pack_args(npy(t, fields(2)), t / "out", "--target-psnr", "500")
 
 
-@case("pack settings", "unreachable target for --cf 1 --quant int8", r"target_psnr: expected a target these settings .*can reach.*lower the target")
+@case(
+    "pack settings",
+    "unreachable target for --cf 1 --quant int8",
+    r"target_psnr: expected a target these settings .*can reach.*lower the target",
+)
 def _(t):
     return pack_args(npy(t, fields(4)), t / "out", "--cf", "1", "--quant", "int8", "--target-psnr", "90")
 
@@ -339,7 +367,9 @@ def _(t):
     return pack_args(npy(t, fields(2)), t / "out", "--field", "image")
 
 
-@case("pack settings", "--max-shard-size with zarr", r"--max-shard-size/--samples-per-shard: expected --format webdataset")
+@case(
+    "pack settings", "--max-shard-size with zarr", r"--max-shard-size/--samples-per-shard: expected --format webdataset"
+)
 def _(t):
     return pack_args(npy(t, fields(2)), t / "out", "--max-shard-size", "100000")
 
@@ -521,7 +551,11 @@ def _(t):
     return pack_args(t / "imgs", t / "out")
 
 
-@case("pack images", "images both at top level and in class folders", r"imgs: expected images either at the top level or in class subfolders")
+@case(
+    "pack images",
+    "images both at top level and in class folders",
+    r"imgs: expected images either at the top level or in class subfolders",
+)
 def _(t):
     from PIL import Image
 
@@ -566,7 +600,9 @@ def _(t):
     return pack_args("nomodule_xyz:make", t / "out")
 
 
-@case("pack module:callable", "attribute missing", r"expected badmod_\d+ to define nothing\. Got no attribute 'nothing'")
+@case(
+    "pack module:callable", "attribute missing", r"expected badmod_\d+ to define nothing\. Got no attribute 'nothing'"
+)
 def _(t):
     return _module(t, "nothing")
 
@@ -576,17 +612,29 @@ def _(t):
     return _module(t, "value")
 
 
-@case("pack module:callable", "callable raises", r"expected the callable to return a dataset\. Got RuntimeError: cannot open dataset")
+@case(
+    "pack module:callable",
+    "callable raises",
+    r"expected the callable to return a dataset\. Got RuntimeError: cannot open dataset",
+)
 def _(t):
     return _module(t, "broken")
 
 
-@case("pack module:callable", "returns a non-dataset", r"expected a map-style dataset \(__len__ and __getitem__\)\. Got int")
+@case(
+    "pack module:callable",
+    "returns a non-dataset",
+    r"expected a map-style dataset \(__len__ and __getitem__\)\. Got int",
+)
 def _(t):
     return _module(t, "notds")
 
 
-@case("pack module:callable", "__getitem__ raises", r"sample 1: expected dataset\[1\] to return a sample\. Got KeyError: 'boom'")
+@case(
+    "pack module:callable",
+    "__getitem__ raises",
+    r"sample 1: expected dataset\[1\] to return a sample\. Got KeyError: 'boom'",
+)
 def _(t):
     return _module(t, "raising")
 
@@ -596,7 +644,11 @@ def _(t):
     return _module(t, "ragged")
 
 
-@case("pack module:callable", "item holds a dict (object)", r"field 'meta': expected numeric arrays, tensors, numbers or PIL images\. Got dict")
+@case(
+    "pack module:callable",
+    "item holds a dict (object)",
+    r"field 'meta': expected numeric arrays, tensors, numbers or PIL images\. Got dict",
+)
 def _(t):
     return _module(t, "objects")
 
@@ -609,7 +661,11 @@ def _(t):
     return pack_args(npy(t, fields(2)), t / "out")
 
 
-@case("pack OUT", "a file in the way (OUT is a file)", r"out: expected an OUT path that does not exist\. Got an existing path")
+@case(
+    "pack OUT",
+    "a file in the way (OUT is a file)",
+    r"out: expected an OUT path that does not exist\. Got an existing path",
+)
 def _(t):
     (t / "out").write_text("mine")
     return pack_args(npy(t, fields(2)), t / "out")
@@ -621,13 +677,21 @@ def _(t):
     return pack_args(npy(t, fields(2)), t / "f" / "out")
 
 
-@case("pack OUT", "OUT deep under a regular file", r"expected an existing parent directory\. Got a file in the way at .*/f/a")
+@case(
+    "pack OUT",
+    "OUT deep under a regular file",
+    r"expected an existing parent directory\. Got a file in the way at .*/f/a",
+)
 def _(t):
     (t / "f").write_text("x")
     return pack_args(npy(t, fields(2)), t / "f" / "a" / "out")
 
 
-@case("pack OUT", "parent directory missing", r"expected an existing parent directory\. Got a missing directory at .*/nodir")
+@case(
+    "pack OUT",
+    "parent directory missing",
+    r"expected an existing parent directory\. Got a missing directory at .*/nodir",
+)
 def _(t):
     return pack_args(npy(t, fields(2)), t / "nodir" / "out")
 
@@ -683,6 +747,7 @@ def _first(ds):
 
 def _manifest_case(problem, match, setup, readers=tuple(_READERS), fmt="zarr"):
     for r in readers:
+
         def build(t, setup=setup, r=r):
             root = packed(t, fmt)
             setup(root)
@@ -691,35 +756,101 @@ def _manifest_case(problem, match, setup, readers=tuple(_READERS), fmt="zarr"):
         CASES.append(Case(r, f"{problem} ({fmt})", build, match))
 
 
-_manifest_case("no dataset", r"expected a dctdata manifest \(manifest\.json\)\. Got no such file", lambda r: shutil.rmtree(r))
-_manifest_case("manifest deleted", r"expected a dctdata manifest \(manifest\.json\)\. Got no such file", lambda r: (r / "manifest.json").unlink())
-_manifest_case("manifest is a directory", r"manifest\.json: expected a readable dctdata manifest\. Got IsADirectoryError",
-               lambda r: ((r / "manifest.json").unlink(), (r / "manifest.json").mkdir()))
-_manifest_case("manifest truncated", r"expected a JSON manifest\. Got unreadable JSON",
-               lambda r: (r / "manifest.json").write_bytes((r / "manifest.json").read_bytes()[:100]))
-_manifest_case("manifest not UTF-8", r"expected a JSON manifest\. Got unreadable JSON", lambda r: (r / "manifest.json").write_bytes(b"\xff\xfe{}"))
-_manifest_case("manifest of a newer format version", r"version: expected <= 1 .*upgrade dctdata", lambda r: edit_manifest(r, lambda d: d.update(version=2)))
-_manifest_case("manifest missing a key", r"Got missing keys \['fields'\]", lambda r: edit_manifest(r, lambda d: d.pop("fields")))
-_manifest_case("manifest samples is a string", r"samples: expected an int >= 0\. Got '6'", lambda r: edit_manifest(r, lambda d: d.update(samples="6")))
-_manifest_case("manifest codec cf is a float", r"field 'image': codec: cf: expected an int in 1\.\.8\. Got 4\.0",
-               lambda r: edit_manifest(r, lambda d: d["fields"][0]["codec"].update(cf=4.0)))
-_manifest_case("manifest checksum path escapes the dataset", r"checksums\['\.\./\.\./etc/passwd'\]: expected a relative path inside the dataset",
-               lambda r: edit_manifest(r, lambda d: d["checksums"].update({"../../etc/passwd": {"sha256": "0" * 64, "bytes": 1}})))
-_manifest_case("manifest layout path escapes the dataset", r"layout\.arrays\['image'\]\.path: expected a plain identifier",
-               lambda r: edit_manifest(r, lambda d: d["layout"]["arrays"]["image"].update(path="../x")), readers=("verify", "inspect", "open_dataset"))
-_manifest_case("manifest shapes disagree with the arrays", r"field 'image': expected zarr array \(6, 1, 3, 16, 2\) int8\. Got \(6, 1, 2, 16, 2\)",
-               lambda r: edit_manifest(r, lambda d: (d["fields"][0].update(shape=[1, 24, 16]), d["fields"][0]["codec"].update(height=24))),
-               readers=("verify", "inspect", "open_dataset"))
-_manifest_case("manifest sample count disagrees with the arrays", r"expected zarr array \(8, ",
-               lambda r: edit_manifest(r, lambda d: d.update(samples=8)), readers=("verify", "inspect", "open_dataset"))
-_manifest_case("manifest of a newer format version", r"version: expected <= 1 .*upgrade dctdata", lambda r: edit_manifest(r, lambda d: d.update(version=2)), fmt="webdataset")
-_manifest_case("manifest shard name escapes the dataset", r"expected a (plain '\.tar' file name|relative path inside the dataset)",
-               lambda r: edit_manifest(r, lambda d: (d["layout"]["shards"][0].update(name="../evil.tar"))), readers=("verify", "open_dataset"), fmt="webdataset")
-_manifest_case("manifest sample count disagrees with the shards", r"layout\.shards: expected sample counts summing to 7\. Got 6",
-               lambda r: edit_manifest(r, lambda d: d.update(samples=7)), readers=("verify", "open_dataset"), fmt="webdataset")
-_manifest_case("manifest shapes disagree with the shards", r"sample \d+ field 'image': expected int8 \(1, 3, 16, 2\)\. Got int8 \(1, 2, 16, 2\)",
-               lambda r: edit_manifest(r, lambda d: (d["fields"][0].update(shape=[1, 24, 16]), d["fields"][0]["codec"].update(height=24))),
-               readers=("verify", "open_dataset"), fmt="webdataset")
+_manifest_case(
+    "no dataset", r"expected a dctdata manifest \(manifest\.json\)\. Got no such file", lambda r: shutil.rmtree(r)
+)
+_manifest_case(
+    "manifest deleted",
+    r"expected a dctdata manifest \(manifest\.json\)\. Got no such file",
+    lambda r: (r / "manifest.json").unlink(),
+)
+_manifest_case(
+    "manifest is a directory",
+    r"manifest\.json: expected a readable dctdata manifest\. Got IsADirectoryError",
+    lambda r: ((r / "manifest.json").unlink(), (r / "manifest.json").mkdir()),
+)
+_manifest_case(
+    "manifest truncated",
+    r"expected a JSON manifest\. Got unreadable JSON",
+    lambda r: (r / "manifest.json").write_bytes((r / "manifest.json").read_bytes()[:100]),
+)
+_manifest_case(
+    "manifest not UTF-8",
+    r"expected a JSON manifest\. Got unreadable JSON",
+    lambda r: (r / "manifest.json").write_bytes(b"\xff\xfe{}"),
+)
+_manifest_case(
+    "manifest of a newer format version",
+    r"version: expected <= 1 .*upgrade dctdata",
+    lambda r: edit_manifest(r, lambda d: d.update(version=2)),
+)
+_manifest_case(
+    "manifest missing a key", r"Got missing keys \['fields'\]", lambda r: edit_manifest(r, lambda d: d.pop("fields"))
+)
+_manifest_case(
+    "manifest samples is a string",
+    r"samples: expected an int >= 0\. Got '6'",
+    lambda r: edit_manifest(r, lambda d: d.update(samples="6")),
+)
+_manifest_case(
+    "manifest codec cf is a float",
+    r"field 'image': codec: cf: expected an int in 1\.\.8\. Got 4\.0",
+    lambda r: edit_manifest(r, lambda d: d["fields"][0]["codec"].update(cf=4.0)),
+)
+_manifest_case(
+    "manifest checksum path escapes the dataset",
+    r"checksums\['\.\./\.\./etc/passwd'\]: expected a relative path inside the dataset",
+    lambda r: edit_manifest(r, lambda d: d["checksums"].update({"../../etc/passwd": {"sha256": "0" * 64, "bytes": 1}})),
+)
+_manifest_case(
+    "manifest layout path escapes the dataset",
+    r"layout\.arrays\['image'\]\.path: expected a plain identifier",
+    lambda r: edit_manifest(r, lambda d: d["layout"]["arrays"]["image"].update(path="../x")),
+    readers=("verify", "inspect", "open_dataset"),
+)
+_manifest_case(
+    "manifest shapes disagree with the arrays",
+    r"field 'image': expected zarr array \(6, 1, 3, 16, 2\) int8\. Got \(6, 1, 2, 16, 2\)",
+    lambda r: edit_manifest(
+        r, lambda d: (d["fields"][0].update(shape=[1, 24, 16]), d["fields"][0]["codec"].update(height=24))
+    ),
+    readers=("verify", "inspect", "open_dataset"),
+)
+_manifest_case(
+    "manifest sample count disagrees with the arrays",
+    r"expected zarr array \(8, ",
+    lambda r: edit_manifest(r, lambda d: d.update(samples=8)),
+    readers=("verify", "inspect", "open_dataset"),
+)
+_manifest_case(
+    "manifest of a newer format version",
+    r"version: expected <= 1 .*upgrade dctdata",
+    lambda r: edit_manifest(r, lambda d: d.update(version=2)),
+    fmt="webdataset",
+)
+_manifest_case(
+    "manifest shard name escapes the dataset",
+    r"expected a (plain '\.tar' file name|relative path inside the dataset)",
+    lambda r: edit_manifest(r, lambda d: d["layout"]["shards"][0].update(name="../evil.tar")),
+    readers=("verify", "open_dataset"),
+    fmt="webdataset",
+)
+_manifest_case(
+    "manifest sample count disagrees with the shards",
+    r"layout\.shards: expected sample counts summing to 7\. Got 6",
+    lambda r: edit_manifest(r, lambda d: d.update(samples=7)),
+    readers=("verify", "open_dataset"),
+    fmt="webdataset",
+)
+_manifest_case(
+    "manifest shapes disagree with the shards",
+    r"sample \d+ field 'image': expected int8 \(1, 3, 16, 2\)\. Got int8 \(1, 2, 16, 2\)",
+    lambda r: edit_manifest(
+        r, lambda d: (d["fields"][0].update(shape=[1, 24, 16]), d["fields"][0]["codec"].update(height=24))
+    ),
+    readers=("verify", "open_dataset"),
+    fmt="webdataset",
+)
 
 
 @case("inspect", "--field on a non-dct field", r"label")
@@ -757,26 +888,105 @@ def _api(entry, problem, match, fn):
     CASES.append(Case(entry, problem, lambda t, fn=fn: fn, match))
 
 
-_api("compress", "complex tensor", r"x: expected a floating tensor .*Got torch\.complex64", lambda: dctdata.compress(torch.ones(8, 8, dtype=torch.complex64), cf=4))
-_api("compress", "int64 tensor", r"x: expected a floating tensor .*Got torch\.int64", lambda: dctdata.compress(torch.ones(8, 8, dtype=torch.int64), cf=4))
-_api("compress", "bool tensor", r"x: expected a floating tensor .*Got torch\.bool", lambda: dctdata.compress(torch.ones(8, 8, dtype=torch.bool), cf=4))
-_api("compress", "numpy array", r"x: expected a torch\.Tensor", lambda: dctdata.compress(np.ones((8, 8), np.float32), cf=4))
+_api(
+    "compress",
+    "complex tensor",
+    r"x: expected a floating tensor .*Got torch\.complex64",
+    lambda: dctdata.compress(torch.ones(8, 8, dtype=torch.complex64), cf=4),
+)
+_api(
+    "compress",
+    "int64 tensor",
+    r"x: expected a floating tensor .*Got torch\.int64",
+    lambda: dctdata.compress(torch.ones(8, 8, dtype=torch.int64), cf=4),
+)
+_api(
+    "compress",
+    "bool tensor",
+    r"x: expected a floating tensor .*Got torch\.bool",
+    lambda: dctdata.compress(torch.ones(8, 8, dtype=torch.bool), cf=4),
+)
+_api(
+    "compress",
+    "numpy array",
+    r"x: expected a torch\.Tensor",
+    lambda: dctdata.compress(np.ones((8, 8), np.float32), cf=4),
+)
 _api("compress", "1-D tensor", r"x: expected rank >= 2", lambda: dctdata.compress(torch.ones(8), cf=4))
-_api("compress", "empty image", r"x: expected H, W >= 1\. Got shape \(0, 8\)", lambda: dctdata.compress(torch.ones(0, 8), cf=4))
-_api("compress", "cf as a string", r"cf: expected an int in 1\.\.8\. Got '4'", lambda: dctdata.compress(torch.ones(8, 8), cf="4"))
-_api("compress", "unknown mask", r"mask: expected one of \('square', 'triangle'\)", lambda: dctdata.compress(torch.ones(8, 8), cf=4, mask="circle"))
-_api("decompress", "size disagrees with coefficients", r"coeffs: expected shape .*size \(16, 8\)\. Got \(1, 4, 1\)",
-     lambda: dctdata.decompress(torch.ones(1, 4, 1), cf=2, size=(16, 8)))
-_api("decompress", "negative size", r"size: expected H >= 1\. Got -8", lambda: dctdata.decompress(torch.ones(1, 4, 1), cf=2, size=(-8, 8)))
-_api("Decompress", "a dict instead of a CodecSpec", r"spec: expected a dctdata\.CodecSpec\. Got dict", lambda: dctdata.Decompress(dict(_SPEC)))
-_api("Decompress", "numpy input", r"coeffs: expected a torch\.Tensor\. Got ndarray", lambda: dctdata.Decompress(dctdata.CodecSpec(**_SPEC))(np.ones((1, 1, 1, 4, 1))))
-_api("Decompress", "wrong coefficient shape", r"coeffs: expected shape \(B, 1, 1, 4, 1\)", lambda: dctdata.Decompress(dctdata.CodecSpec(**_SPEC))(torch.ones(2, 1, 1, 9, 1)))
-_api("Decompress", "complex coefficients", r"coeffs: expected an integer or floating tensor", lambda: dctdata.Decompress(dctdata.CodecSpec(**_SPEC))(torch.ones(1, 1, 1, 4, 1, dtype=torch.complex64)))
-_api("encode", "NaN with an int8 wire dtype", r"coefficients: expected finite values\. Got 4 NaN/Inf",
-     lambda: dctdata.encode(torch.full((1, 8, 8), float("nan")), dctdata.CodecSpec(**_SPEC, dtype="int8", steps=[[1.0] * 4])))
-_api("encode", "|x| beyond float32 max / 8", r"coefficients: expected finite values\. Got \d+ NaN/Inf .*float32 max / 8",
-     lambda: dctdata.encode(torch.full((1, 8, 8), 3e38), dctdata.CodecSpec(**_SPEC)))
-_api("encode", "sample shape disagrees with the spec", r"sample: expected shape \(\.\.\., 1, 8, 8\)", lambda: dctdata.encode(torch.ones(1, 8, 9), dctdata.CodecSpec(**_SPEC)))
+_api(
+    "compress",
+    "empty image",
+    r"x: expected H, W >= 1\. Got shape \(0, 8\)",
+    lambda: dctdata.compress(torch.ones(0, 8), cf=4),
+)
+_api(
+    "compress",
+    "cf as a string",
+    r"cf: expected an int in 1\.\.8\. Got '4'",
+    lambda: dctdata.compress(torch.ones(8, 8), cf="4"),
+)
+_api(
+    "compress",
+    "unknown mask",
+    r"mask: expected one of \('square', 'triangle'\)",
+    lambda: dctdata.compress(torch.ones(8, 8), cf=4, mask="circle"),
+)
+_api(
+    "decompress",
+    "size disagrees with coefficients",
+    r"coeffs: expected shape .*size \(16, 8\)\. Got \(1, 4, 1\)",
+    lambda: dctdata.decompress(torch.ones(1, 4, 1), cf=2, size=(16, 8)),
+)
+_api(
+    "decompress",
+    "negative size",
+    r"size: expected H >= 1\. Got -8",
+    lambda: dctdata.decompress(torch.ones(1, 4, 1), cf=2, size=(-8, 8)),
+)
+_api(
+    "Decompress",
+    "a dict instead of a CodecSpec",
+    r"spec: expected a dctdata\.CodecSpec\. Got dict",
+    lambda: dctdata.Decompress(dict(_SPEC)),
+)
+_api(
+    "Decompress",
+    "numpy input",
+    r"coeffs: expected a torch\.Tensor\. Got ndarray",
+    lambda: dctdata.Decompress(dctdata.CodecSpec(**_SPEC))(np.ones((1, 1, 1, 4, 1))),
+)
+_api(
+    "Decompress",
+    "wrong coefficient shape",
+    r"coeffs: expected shape \(B, 1, 1, 4, 1\)",
+    lambda: dctdata.Decompress(dctdata.CodecSpec(**_SPEC))(torch.ones(2, 1, 1, 9, 1)),
+)
+_api(
+    "Decompress",
+    "complex coefficients",
+    r"coeffs: expected an integer or floating tensor",
+    lambda: dctdata.Decompress(dctdata.CodecSpec(**_SPEC))(torch.ones(1, 1, 1, 4, 1, dtype=torch.complex64)),
+)
+_api(
+    "encode",
+    "NaN with an int8 wire dtype",
+    r"coefficients: expected finite values\. Got 4 NaN/Inf",
+    lambda: dctdata.encode(
+        torch.full((1, 8, 8), float("nan")), dctdata.CodecSpec(**_SPEC, dtype="int8", steps=[[1.0] * 4])
+    ),
+)
+_api(
+    "encode",
+    "|x| beyond float32 max / 8",
+    r"coefficients: expected finite values\. Got \d+ NaN/Inf .*float32 max / 8",
+    lambda: dctdata.encode(torch.full((1, 8, 8), 3e38), dctdata.CodecSpec(**_SPEC)),
+)
+_api(
+    "encode",
+    "sample shape disagrees with the spec",
+    r"sample: expected shape \(\.\.\., 1, 8, 8\)",
+    lambda: dctdata.encode(torch.ones(1, 8, 9), dctdata.CodecSpec(**_SPEC)),
+)
 for _cfg, _match in [
     ({**_SPEC, "cf": "2"}, r"cf: expected an int in 1\.\.8\. Got '2'"),
     ({**_SPEC, "height": 0}, r"height: expected a positive int\. Got 0"),
@@ -800,13 +1010,20 @@ for _cfg, _match in [
 for _raw, _match in [
     (b"", r"expected a JSON manifest"),
     (b"[" * 100000, r"expected a JSON manifest\. Got unreadable JSON: RecursionError"),
-    (b'{"format": "dctdata", "version": ' + b"9" * 5000 + b"}", r"expected a JSON manifest\. Got unreadable JSON: ValueError"),
+    (
+        b'{"format": "dctdata", "version": ' + b"9" * 5000 + b"}",
+        r"expected a JSON manifest\. Got unreadable JSON: ValueError",
+    ),
     (b'{"format": "dctdata", "version": 1}', r"Got missing keys"),
     (b'{"format": "dctdata", "version": true}', r"version: expected an int in 1\.\.1\. Got True"),
     (b'"manifest"', r"expected a JSON object"),
 ]:
-    _api("Manifest parsing", _raw[:40].decode(errors="replace") + ("..." if len(_raw) > 40 else ""), _match,
-         lambda r=_raw: dctdata.format.parse_manifest(r))
+    _api(
+        "Manifest parsing",
+        _raw[:40].decode(errors="replace") + ("..." if len(_raw) > 40 else ""),
+        _match,
+        lambda r=_raw: dctdata.format.parse_manifest(r),
+    )
 
 
 # The harness -----------------------------------------------------------------------------------
@@ -865,7 +1082,9 @@ def run_case(c: Case, tmp: Path) -> tuple[bool, str]:
             return False, "traceback printed"
         if argv[0] == "verify" and rc == 1 and not err.strip():
             text = out  # verify: one FAIL line per problem, then a summary line
-            ok = re.search(c.match, text) and all(l.startswith(("FAIL ", "dctdata verify: ")) for l in text.strip().splitlines())
+            ok = re.search(c.match, text) and all(
+                line.startswith(("FAIL ", "dctdata verify: ")) for line in text.strip().splitlines()
+            )
         else:
             lines = err.strip().splitlines()
             argparse_error = rc == 2 and lines and lines[0].startswith("usage:")
@@ -890,8 +1109,19 @@ def test_matrix(c, tmp_path):
 
 def test_matrix_covers_every_entry_point():
     entries = {c.entry.split(" ")[0] for c in CASES}
-    assert {"pack", "info", "verify", "inspect", "open_dataset", "compress", "decompress", "Decompress", "encode",
-            "CodecSpec.from_dict", "Manifest"} <= entries
+    assert {
+        "pack",
+        "info",
+        "verify",
+        "inspect",
+        "open_dataset",
+        "compress",
+        "decompress",
+        "Decompress",
+        "encode",
+        "CodecSpec.from_dict",
+        "Manifest",
+    } <= entries
 
 
 def table() -> str:

@@ -39,7 +39,9 @@ def source(tmp: Path, zeros_first: bool = False) -> Path:
 def packs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("packs")
     src = source(tmp)
-    dctdata.pack(src, tmp / "zarr", cf=4, quant="int8", quiet=True, writer_options={"chunk_samples": 2, "shard_samples": 4})
+    dctdata.pack(
+        src, tmp / "zarr", cf=4, quant="int8", quiet=True, writer_options={"chunk_samples": 2, "shard_samples": 4}
+    )
     dctdata.pack(src, tmp / "wds", format="webdataset", cf=4, quiet=True, writer_options={"samples_per_shard": 4})
     return tmp
 
@@ -155,7 +157,11 @@ def test_missing_chunk_inside_a_shard_is_not_fill_value(zcopy, capsys):
     empty_chunk_entry(zcopy / "image" / "c.1.0.0.0.0", chunk=1, chunks_per_shard=2)  # samples 6..7
     assert not zarr.open_array(zcopy / "image", mode="r")[6:8].any()  # what plain zarr gives: silent zeros
     ds = dctdata.open_dataset(zcopy)
-    with pytest.raises(IntegrityError, match=r"image/c\.1\.0\.0\.0\.0: field 'image' samples 6\.\.7 \(chunk 3\): expected a stored chunk\. Got an empty shard-index entry"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"image/c\.1\.0\.0\.0\.0: field 'image' samples 6\.\.7 \(chunk 3\): expected a stored chunk\. "
+        r"Got an empty shard-index entry",
+    ):
         ds[6]
     skip = dctdata.open_dataset(zcopy, on_error="skip")
     assert len(skip.__getitems__(list(range(N)))) == N - 4 and skip.skipped == 4  # the shard is unusable as a whole
@@ -171,7 +177,9 @@ def test_chunk_entry_pointing_past_the_file_is_truncation(zcopy):
     index[0:8] = (len(raw) + 100).to_bytes(8, "little")
     raw[-36:] = bytes(index) + google_crc32c.value(bytes(index)).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
-    with pytest.raises(IntegrityError, match=r"samples 0\.\.1 \(chunk 0\): expected a chunk inside the shard's \d+ bytes"):
+    with pytest.raises(
+        IntegrityError, match=r"samples 0\.\.1 \(chunk 0\): expected a chunk inside the shard's \d+ bytes"
+    ):
         dctdata.open_dataset(zcopy)[0]
 
 
@@ -193,7 +201,10 @@ def test_layout_disagreeing_with_zarr_metadata(zcopy):
     m = json.loads((zcopy / "manifest.json").read_text())
     m["layout"]["arrays"]["image"]["shard"] = 8
     (zcopy / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(IntegrityError, match=r"image/zarr\.json: field 'image': expected shards of 8 and chunks of 2 samples .*Got shard shape \(4,"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"image/zarr\.json: field 'image': expected shards of 8 and chunks of 2 samples .*Got shard shape \(4,",
+    ):
         dctdata.open_dataset(zcopy)[0]
 
 
@@ -209,7 +220,14 @@ def bench(n: int = 4096, size: int = 64, repeats: int = 5) -> None:  # pragma: n
         tmp = Path(tmp)
         x = (np.random.default_rng(0).standard_normal((n, 1, size, size)) + 20).astype(np.float32)
         np.save(tmp / "x.npy", x)
-        dctdata.pack(tmp / "x.npy", tmp / "z", cf=4, quant="int8", quiet=True, writer_options={"chunk_samples": 16, "shard_samples": 64})
+        dctdata.pack(
+            tmp / "x.npy",
+            tmp / "z",
+            cf=4,
+            quant="int8",
+            quiet=True,
+            writer_options={"chunk_samples": 16, "shard_samples": 64},
+        )
 
         def one_pass():
             ds = dctdata.open_dataset(tmp / "z")
@@ -227,7 +245,9 @@ def bench(n: int = 4096, size: int = 64, repeats: int = 5) -> None:  # pragma: n
             finally:
                 ZarrReader._check_shard_index = original
             rows.append((label, rates[len(rates) // 2]))
-        print(f"{n} samples 1x{size}x{size} int8 cf=4, {n // 64} shards, batches of 64, median of {repeats} fresh passes")
+        print(
+            f"{n} samples 1x{size}x{size} int8 cf=4, {n // 64} shards, batches of 64, median of {repeats} fresh passes"
+        )
         for label, rate in rows:
             print(f"| {label} | {rate:,.0f} samples/s |")
         print(f"overhead: {100 * (rows[1][1] / rows[0][1] - 1):+.1f}%")

@@ -42,7 +42,11 @@ EXAMPLES = int(os.environ.get("DCTDATA_FUZZ_EXAMPLES", "0")) or None
 
 
 def fuzz_settings(ci: int):
-    return settings(max_examples=EXAMPLES or ci, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    return settings(
+        max_examples=EXAMPLES or ci,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +63,18 @@ def packs():
 
 # Manifest parser ---------------------------------------------------------------------------------
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.sampled_from(["", "inf", "-inf", "nan", "dctdata", "zarr", "webdataset", "dct", "int8", "../x", "0" * 64, "image"])
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(
+        ["", "inf", "-inf", "nan", "dctdata", "zarr", "webdataset", "dct", "int8", "../x", "0" * 64, "image"]
+    )
     | st.text(max_size=8),
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6) | st.sampled_from(["id", "name", "shape"]), c, max_size=4),
+    lambda c: (
+        st.lists(c, max_size=4)
+        | st.dictionaries(st.text(max_size=6) | st.sampled_from(["id", "name", "shape"]), c, max_size=4)
+    ),
     max_leaves=6,
 )
 
@@ -139,7 +151,10 @@ def test_fuzz_manifest_byte_mutations(packs):
     raw = (packs / "zarr" / "manifest.json").read_bytes()
 
     @fuzz_settings(150)
-    @given(edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=1, max_size=4), cut=st.integers(0, len(raw)))
+    @given(
+        edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+        cut=st.integers(0, len(raw)),
+    )
     def run(edits, cut):
         b = bytearray(raw)
         for at, v in edits:
@@ -218,13 +233,19 @@ _REL_ERR = {"float32": 2**-23, "float16": 2**-11, "bfloat16": 2**-8}
 
 @fuzz_settings(150)
 @given(
-    b=st.integers(1, 3), c=st.integers(1, 3), h=st.integers(1, 24), w=st.integers(1, 24),
-    cf=st.integers(1, 8), mask=st.sampled_from(["square", "triangle"]),
+    b=st.integers(1, 3),
+    c=st.integers(1, 3),
+    h=st.integers(1, 24),
+    w=st.integers(1, 24),
+    cf=st.integers(1, 8),
+    mask=st.sampled_from(["square", "triangle"]),
     wire=st.sampled_from(["float32", "float16", "bfloat16", "int8", "int16"]),
     in_dtype=st.sampled_from([torch.float16, torch.float32, torch.float64]),
-    scale=st.sampled_from([1e-3, 1.0, 100.0, 1e4]), offset=st.sampled_from([0.0, 1.0, 300.0]),
-    step=st.floats(1e-3, 10.0), seed=st.integers(0, 2**16),
-)  # fmt: skip
+    scale=st.sampled_from([1e-3, 1.0, 100.0, 1e4]),
+    offset=st.sampled_from([0.0, 1.0, 300.0]),
+    step=st.floats(1e-3, 10.0),
+    seed=st.integers(0, 2**16),
+)
 def test_fuzz_codec(b, c, h, w, cf, mask, wire, in_dtype, scale, offset, step, seed):
     g = torch.Generator().manual_seed(seed)
     x = (offset + scale * torch.randn(b, c, h, w, generator=g, dtype=torch.float64)).to(in_dtype)
@@ -256,6 +277,8 @@ def test_fuzz_codec(b, c, h, w, cf, mask, wire, in_dtype, scale, offset, step, s
             q_err += float((kept.abs() * _REL_ERR[wire] * 2).pow(2).sum().sqrt())
     else:
         q_err = float((kept.abs() * _REL_ERR[wire]).pow(2).sum().sqrt())
-    slack = 1e-5 * float(x64.abs().max() + 1) * math.sqrt(x.numel()) + 2e-6 * float(kept.abs().max() + 1) * math.sqrt(kept.numel())
+    slack = 1e-5 * float(x64.abs().max() + 1) * math.sqrt(x.numel()) + 2e-6 * float(kept.abs().max() + 1) * math.sqrt(
+        kept.numel()
+    )
     err = float((x64 - x_hat).pow(2).sum().sqrt())
     assert err <= dropped + q_err + slack, (err, dropped, q_err, slack)

@@ -25,7 +25,9 @@ def smooth(n, h, w, seed, detail=0.0):
     out = np.empty((n, h, w))
     for i in range(n):
         a, b, p, q = rng.uniform(1, 5, 4)
-        out[i] = 0.6 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy + q) + 0.4 * np.sin((a + b) * np.pi * (xx + yy))
+        out[i] = 0.6 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy + q) + 0.4 * np.sin(
+            (a + b) * np.pi * (xx + yy)
+        )
         out[i] += detail * rng.standard_normal((h, w))
     return out
 
@@ -38,8 +40,14 @@ def channels(kind: str) -> np.ndarray:
     if kind == "tiny":  # values ~1e-6 in magnitude and range
         return (1e-6 * smooth(N, H, W, 4, detail=0.05))[:, None]
     if kind == "mixed":  # one sample = temperature, a 0..1 fraction, a 1e-6-scale field
-        return np.stack([300 + 2 * smooth(N, H, W, 5, detail=0.005), 0.5 + 0.5 * smooth(N, H, W, 6, detail=0.02),
-                         1e-6 * smooth(N, H, W, 7, detail=0.05)], axis=1)  # fmt: skip
+        return np.stack(
+            [
+                300 + 2 * smooth(N, H, W, 5, detail=0.005),
+                0.5 + 0.5 * smooth(N, H, W, 6, detail=0.02),
+                1e-6 * smooth(N, H, W, 7, detail=0.05),
+            ],
+            axis=1,
+        )
     raise AssertionError(kind)
 
 
@@ -73,13 +81,43 @@ def test_unrepresentable_detail_is_refused_not_missed(tmp_path, capsys):
     a 1e-6 range cannot be met in float32. Pack must say so instead of reporting a lower PSNR."""
     x = (1.0 + 1e-6 * smooth(8, H, W, 9, detail=0.05)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    assert main(["pack", str(tmp_path / "x.npy"), str(tmp_path / "out"), "--quant", "int16", "--target-psnr", "40", "--quiet"]) == 1
+    assert (
+        main(
+            [
+                "pack",
+                str(tmp_path / "x.npy"),
+                str(tmp_path / "out"),
+                "--quant",
+                "int16",
+                "--target-psnr",
+                "40",
+                "--quiet",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
-    assert "target_psnr: expected 40.0 dB on the calibration subset. Got" in err and "subtract an offset or rescale" in err
+    assert (
+        "target_psnr: expected 40.0 dB on the calibration subset. Got" in err and "subtract an offset or rescale" in err
+    )
     assert not (tmp_path / "out").exists()
     # after subtracting the offset the same data packs and keeps the target
     np.save(tmp_path / "y.npy", (x.astype(np.float64) - 1.0).astype(np.float32))
-    assert main(["pack", str(tmp_path / "y.npy"), str(tmp_path / "out"), "--quant", "int16", "--target-psnr", "40", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "pack",
+                str(tmp_path / "y.npy"),
+                str(tmp_path / "out"),
+                "--quant",
+                "int16",
+                "--target-psnr",
+                "40",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
 
 
 def test_constant_channel_next_to_a_varying_one(tmp_path):

@@ -45,7 +45,9 @@ def scan(path: pathlib.Path) -> list[str]:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [f"{path}:{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] in BANNED_MODULES]
+            out += [
+                f"{path}:{node.lineno}: import {a.name}" for a in node.names if a.name.split(".")[0] in BANNED_MODULES
+            ]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in BANNED_MODULES:
             out.append(f"{path}:{node.lineno}: from {node.module} import")
     for node, name, owner, bare in _calls(tree):
@@ -118,7 +120,14 @@ def test_pickled_npy_source_is_refused_and_never_runs(tmp_path, capsys, layout):
 def wds(tmp_path):
     x = (np.random.default_rng(0).standard_normal((8, 1, 8, 8)) + 5).astype(np.float32)
     np.savez(tmp_path / "src.npz", image=x, label=np.arange(8, dtype=np.int64))
-    dctdata.pack(tmp_path / "src.npz", tmp_path / "wds", format="webdataset", codec={}, quiet=True, writer_options={"samples_per_shard": 4})
+    dctdata.pack(
+        tmp_path / "src.npz",
+        tmp_path / "wds",
+        format="webdataset",
+        codec={},
+        quiet=True,
+        writer_options={"samples_per_shard": 4},
+    )
     return tmp_path / "wds"
 
 
@@ -154,16 +163,34 @@ def seal(root, name, data):
 def test_pickled_webdataset_member_is_refused_and_never_runs(wds, tmp_path, capsys):
     marker = tmp_path / "PWNED"
     rewrite_shard(wds, "shard-000000.tar", replace={"000000001.label.npy": pickled_npy(marker)})
-    with pytest.raises(IntegrityError, match=r"shard-000000\.tar: sample 1 field 'label': expected a numeric \.npy array\. Got an object array, which only pickle could load"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"shard-000000\.tar: sample 1 field 'label': expected a numeric \.npy array\. "
+        r"Got an object array, which only pickle could load",
+    ):
         list(dctdata.open_dataset(wds, shuffle=False))
     skip = dctdata.open_dataset(wds, shuffle=False, on_error="skip")
     assert [int(s[1]) for s in skip] == [0, 4, 5, 6, 7] and skip.stats["samples_skipped"] == 3
-    assert main(["verify", str(wds)]) == 1 and "Got an object array, which only pickle could load" in capsys.readouterr().out
+    assert (
+        main(["verify", str(wds)]) == 1
+        and "Got an object array, which only pickle could load" in capsys.readouterr().out
+    )
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("member", ["000000000.model.pth", "000000000.state.pickle", "000000000.ext.pyd", "000000000.image.pyd",
-                                    "000000000.x.pkl", "../../outside.npy", "/etc/cron.d/x.npy", "000000000.image.npy/../../x"])
+@pytest.mark.parametrize(
+    "member",
+    [
+        "000000000.model.pth",
+        "000000000.state.pickle",
+        "000000000.ext.pyd",
+        "000000000.image.pyd",
+        "000000000.x.pkl",
+        "../../outside.npy",
+        "/etc/cron.d/x.npy",
+        "000000000.image.npy/../../x",
+    ],
+)
 def test_code_like_and_escaping_members_are_refused(wds, tmp_path, member):
     marker = tmp_path / "PWNED"
     rewrite_shard(wds, "shard-000000.tar", extra=[(member, pickled_npy(marker))])

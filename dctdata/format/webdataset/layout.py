@@ -56,13 +56,21 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
     """The manifest's validated shard entries with their first sample index added (`start`)."""
     shards = m.layout.get("shards") if isinstance(m.layout, Mapping) else None
     if not isinstance(shards, list):
-        raise FormatError(f"{where}: layout.shards: expected a list of {{name, samples, bytes, sha256}}. Got {shards!r}")
+        raise FormatError(
+            f"{where}: layout.shards: expected a list of {{name, samples, bytes, sha256}}. Got {shards!r}"
+        )
     out, start = [], 0
     for i, s in enumerate(shards):
         if not isinstance(s, Mapping) or not {"name", "samples", "bytes", "sha256"} <= set(s):
             raise FormatError(f"{where}: layout.shards[{i}]: expected {{name, samples, bytes, sha256}}. Got {s!r}")
         name = s["name"]
-        if not isinstance(name, str) or "/" in name or "\\" in name or name in ("", ".", "..") or not name.endswith(".tar"):
+        if (
+            not isinstance(name, str)
+            or "/" in name
+            or "\\" in name
+            or name in ("", ".", "..")
+            or not name.endswith(".tar")
+        ):
             raise FormatError(f"{where}: layout.shards[{i}].name: expected a plain '.tar' file name. Got {name!r}")
         n = s["samples"]
         if not is_int(n) or n < 0 or not is_int(s["bytes"]):

@@ -87,7 +87,9 @@ def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
 class ShardReader:
     """A shard read whole and verified (size, sha256, member names, keys, fields) before use."""
 
-    def __init__(self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict | None = None) -> None:
+    def __init__(
+        self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict | None = None
+    ) -> None:
         self.entry, self.fields = entry, fields
         self.codecs = codecs_for(fields) if codecs is None else codecs
         self.where = files.location(entry["name"])
@@ -107,13 +109,20 @@ class ShardReader:
         except FileNotFoundError as exc:
             raise IntegrityError(f"{self.where}: expected a shard ({self.span}). Got no such file") from exc
         except OSError as exc:
-            raise IntegrityError(f"{self.where}: expected a readable shard ({self.span}). Got {type(exc).__name__}: {exc}") from exc
+            raise IntegrityError(
+                f"{self.where}: expected a readable shard ({self.span}). Got {type(exc).__name__}: {exc}"
+            ) from exc
         n = len(data)
         if n != expected:
             what = "truncated" if n < expected else "too long"
-            raise IntegrityError(f"{self.where}: expected {expected} bytes ({self.span}). Got {n}{'+' if n > expected else ''} bytes ({what})")
+            raise IntegrityError(
+                f"{self.where}: expected {expected} bytes ({self.span}). Got {n}{'+' if n > expected else ''} bytes "
+                f"({what})"
+            )
         if digest != self.entry["sha256"]:
-            raise IntegrityError(f"{self.where}: expected sha256 {self.entry['sha256']} ({self.span}). Got {digest} (corrupted)")
+            raise IntegrityError(
+                f"{self.where}: expected sha256 {self.entry['sha256']} ({self.span}). Got {digest} (corrupted)"
+            )
         return memoryview(data)
 
     def _index(self) -> list[dict[str, tuple[int, int]]]:
@@ -125,22 +134,40 @@ class ShardReader:
             with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:") as tf:
                 for m in tf:
                     name = m.name
-                    if name.startswith("/") or os.path.isabs(name) or ".." in re.split(r"[/\\]", name) or "/" in name or "\\" in name:
-                        raise IntegrityError(f"{self.where}: tar member {name!r}: expected a plain file name. Got an absolute path, '..' or a directory part")
+                    if (
+                        name.startswith("/")
+                        or os.path.isabs(name)
+                        or ".." in re.split(r"[/\\]", name)
+                        or "/" in name
+                        or "\\" in name
+                    ):
+                        raise IntegrityError(
+                            f"{self.where}: tar member {name!r}: expected a plain file name. Got an absolute path, "
+                            "'..' or a directory part"
+                        )
                     if not m.isreg():
-                        raise IntegrityError(f"{self.where}: tar member {name!r}: expected a regular file. Got tar type {m.type!r}")
+                        raise IntegrityError(
+                            f"{self.where}: tar member {name!r}: expected a regular file. Got tar type {m.type!r}"
+                        )
                     match = MEMBER_RE.match(name)
                     if not match or match.group(2) not in want:
-                        raise IntegrityError(f"{self.where}: tar member {name!r}: expected '<key>.<field entry>' with entries {sorted(want)}")
+                        raise IntegrityError(
+                            f"{self.where}: tar member {name!r}: expected '<key>.<field entry>' with entries "
+                            f"{sorted(want)}"
+                        )
                     key, suffix = match.groups()
                     if not keys or keys[-1] != key:
                         keys.append(key)
                         samples.append({})
                     if suffix in samples[-1]:
-                        raise IntegrityError(f"{self.where}: sample key {key}: expected one {suffix!r}. Got a duplicate")
+                        raise IntegrityError(
+                            f"{self.where}: sample key {key}: expected one {suffix!r}. Got a duplicate"
+                        )
                     samples[-1][suffix] = (m.offset_data, m.size)
         except tarfile.TarError as exc:
-            raise IntegrityError(f"{self.where}: expected a readable tar ({self.span}). Got {type(exc).__name__}: {exc}") from exc
+            raise IntegrityError(
+                f"{self.where}: expected a readable tar ({self.span}). Got {type(exc).__name__}: {exc}"
+            ) from exc
         expected = [sample_key(self.entry["start"] + j) for j in range(self.entry["samples"])]
         if keys != expected:
             raise IntegrityError(
@@ -149,7 +176,9 @@ class ShardReader:
             )
         for key, s in zip(keys, samples):
             if set(s) != want:
-                raise IntegrityError(f"{self.where}: sample key {key}: expected entries {sorted(want)}. Got {sorted(s)}")
+                raise IntegrityError(
+                    f"{self.where}: sample key {key}: expected entries {sorted(want)}. Got {sorted(s)}"
+                )
         return samples
 
     def decode(self, j: int) -> list[torch.Tensor]:
@@ -164,10 +193,13 @@ class ShardReader:
                 raw = codec.decode(raw) if codec is not None else raw
             except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample
                 raise IntegrityError(
-                    f"{where}: expected {f.lossless.get('id')}-compressed .npy bytes. Got undecodable bytes ({type(exc).__name__}: {exc})"
+                    f"{where}: expected {f.lossless.get('id')}-compressed .npy bytes. Got undecodable bytes "
+                    f"({type(exc).__name__}: {exc})"
                 ) from exc
             arr = decode_npy(raw, where)
             if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
-                raise IntegrityError(f"{where}: expected {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}")
+                raise IntegrityError(
+                    f"{where}: expected {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}"
+                )
             out.append(f.to_tensor(arr))
         return out

@@ -29,8 +29,16 @@ from dctdata.format.fields import FieldSpec
 from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy
 from dctdata.format.webdataset.layout import (
-    BLOCK, RECORD, SHARD_PATTERN, TAR_META, USTAR_NAME_MAX, archive_bytes, entry_name, member_bytes, sample_key,
-)  # fmt: skip
+    BLOCK,
+    RECORD,
+    SHARD_PATTERN,
+    TAR_META,
+    USTAR_NAME_MAX,
+    archive_bytes,
+    entry_name,
+    member_bytes,
+    sample_key,
+)
 from dctdata.lossless import get_codec
 from dctdata.parse import parse_int, parse_optional_int
 
@@ -51,7 +59,9 @@ def _bound(raw: int, codec: Any) -> int:
     return raw + raw // 16 + 1024
 
 
-def samples_per_shard_for(fields: tuple[FieldSpec, ...], max_shard_size: int, samples_per_shard: int | None = None) -> int:
+def samples_per_shard_for(
+    fields: tuple[FieldSpec, ...], max_shard_size: int, samples_per_shard: int | None = None
+) -> int:
     """Fixed samples per shard: as many as fit the cap even if nothing compresses (so the cap is a
     real upper bound), at most `samples_per_shard`; at least 1."""
     per = 0
@@ -72,10 +82,25 @@ class WebDatasetWriter(PartWriter):
     storage = "webdataset"
     options = ("max_shard_size", "samples_per_shard", "storage_options")
 
-    def __init__(self, max_shard_size: int = DEFAULT_MAX_SHARD_SIZE, samples_per_shard: int | None = None, storage_options: dict | None = None) -> None:
-        self.max_shard_size = parse_int(max_shard_size, "max_shard_size", minimum=RECORD, expected=f"an int >= {RECORD} bytes", type_error=DctDataError)
+    def __init__(
+        self,
+        max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+        samples_per_shard: int | None = None,
+        storage_options: dict | None = None,
+    ) -> None:
+        self.max_shard_size = parse_int(
+            max_shard_size,
+            "max_shard_size",
+            minimum=RECORD,
+            expected=f"an int >= {RECORD} bytes",
+            type_error=DctDataError,
+        )
         self.samples_per_shard = parse_optional_int(
-            samples_per_shard, "samples_per_shard", minimum=1, expected="a positive int or None", type_error=DctDataError
+            samples_per_shard,
+            "samples_per_shard",
+            minimum=1,
+            expected="a positive int or None",
+            type_error=DctDataError,
         )
         self.storage_options = dict(storage_options or {})
 
@@ -94,11 +119,22 @@ class WebDatasetWriter(PartWriter):
         for f in fields:
             longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, bool(f.lossless))}"
             if len(longest) > USTAR_NAME_MAX:
-                raise DctDataError(f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got {longest!r}")
+                raise DctDataError(
+                    f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got "
+                    f"{longest!r}"
+                )
         self._begin(os.fspath(root), fields, n)
 
-    def write_part(self, root: str, fields: tuple[FieldSpec, ...], n: int, index: int, start: int, stop: int,
-                   batches: Iterable[Batch]) -> dict[str, Any]:  # fmt: skip
+    def write_part(
+        self,
+        root: str,
+        fields: tuple[FieldSpec, ...],
+        n: int,
+        index: int,
+        start: int,
+        stop: int,
+        batches: Iterable[Batch],
+    ) -> dict[str, Any]:
         """Write shard `index` (samples [start, stop)) from stored batches; returns its entry."""
         from webdataset import TarWriter
 
@@ -112,10 +148,19 @@ class WebDatasetWriter(PartWriter):
             for batch in batches:
                 b = len(next(iter(batch.values())))
                 for i in range(b):
-                    members = {entry_name(f.name, bool(f.lossless)): self._encode(f, batch[f.name][i], count, codecs) for f in fields}
+                    members = {
+                        entry_name(f.name, bool(f.lossless)): self._encode(f, batch[f.name][i], count, codecs)
+                        for f in fields
+                    }
                     size = sum(member_bytes(len(v)) for v in members.values())
                     if archive_bytes(size) > self.max_shard_size:
-                        log.warning("sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s", count, size, self.max_shard_size, name)
+                        log.warning(
+                            "sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s",
+                            count,
+                            size,
+                            self.max_shard_size,
+                            name,
+                        )
                     tar.write({"__key__": sample_key(count), **members})
                     members_total += size
                     count += 1
@@ -144,7 +189,10 @@ class WebDatasetWriter(PartWriter):
     def _encode(self, f: FieldSpec, value: Any, index: int, codecs: dict) -> bytes:
         arr = f.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
         if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
-            raise DctDataError(f"sample {index} field {f.name!r}: expected stored {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}")
+            raise DctDataError(
+                f"sample {index} field {f.name!r}: expected stored {f.stored_dtype} {f.stored_shape}. Got "
+                f"{arr.dtype.name} {tuple(arr.shape)}"
+            )
         raw = encode_npy(arr)
         codec = codecs[f.name]
         return raw if codec is None else bytes(codec.encode(raw))

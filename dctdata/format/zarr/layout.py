@@ -40,7 +40,9 @@ def _pow2_ceil(x: int) -> int:
     return 1 << (max(1, int(x)) - 1).bit_length()
 
 
-def chunking(fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None) -> tuple[int, dict[str, int]]:
+def chunking(
+    fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None
+) -> tuple[int, dict[str, int]]:
     """(samples per shard shared by all fields, {field: samples per inner chunk}); chunks divide the shard."""
     biggest = max(max(1, f.stored_sample_bytes) for f in fields)
     source = sum(max(1, f.source_sample_bytes) for f in fields)
@@ -62,7 +64,9 @@ def shard_key(field: str, shard_index: int, ndim: int) -> str:
     return f"{field}/c." + ".".join([str(shard_index)] + ["0"] * (ndim - 1))
 
 
-def layout_entry(fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None) -> dict[str, Any]:
+def layout_entry(
+    fields: tuple[FieldSpec, ...], n: int, chunk: int | None = None, shard: int | None = None
+) -> dict[str, Any]:
     """The manifest's `layout` for a zarr pack."""
     shard, chunks = chunking(fields, n, chunk, shard)
     return {"arrays": {f.name: {"path": f.name, "chunk": chunks[f.name], "shard": shard} for f in fields}}
@@ -73,7 +77,9 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
     field name (a plain identifier, so it cannot point outside the dataset) and shard a multiple of chunk."""
     arrays = m.layout.get("arrays") if isinstance(m.layout, Mapping) else None
     if not isinstance(arrays, Mapping):
-        raise FormatError(f"{where}: layout.arrays: expected an object {{field: {{path, chunk, shard}}}}. Got {arrays!r}")
+        raise FormatError(
+            f"{where}: layout.arrays: expected an object {{field: {{path, chunk, shard}}}}. Got {arrays!r}"
+        )
     out = {}
     for f in m.fields if fields is None else fields:
         w = f"{where}: layout.arrays[{f.name!r}]"
@@ -81,7 +87,9 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
             raise FormatError(f"{w}: expected an entry for field {f.name!r}. Got entries {sorted(arrays)}")
         e = parse_object(arrays[f.name], w, {"path", "chunk", "shard"}, error=FormatError)
         if not isinstance(e["path"], str) or not NAME_RE.match(e["path"]):
-            raise FormatError(f"{w}.path: expected a plain identifier (the array's name in the group). Got {e['path']!r}")
+            raise FormatError(
+                f"{w}.path: expected a plain identifier (the array's name in the group). Got {e['path']!r}"
+            )
         chunk = parse_int(e["chunk"], f"{w}.chunk", minimum=1, type_error=FormatError, range_error=FormatError)
         shard = parse_int(e["shard"], f"{w}.shard", minimum=1, type_error=FormatError, range_error=FormatError)
         if shard % chunk:
@@ -111,7 +119,16 @@ def index_bytes(chunks_per_shard: int) -> int:
 
 
 def check_shard_index(
-    tail: bytes, size: int, *, chunks_per_shard: int, index_at_end: bool, first: int, chunk: int, samples: int, where: str, key_where: str
+    tail: bytes,
+    size: int,
+    *,
+    chunks_per_shard: int,
+    index_at_end: bool,
+    first: int,
+    chunk: int,
+    samples: int,
+    where: str,
+    key_where: str,
 ) -> None:
     """Check a shard's index (its last or first `index_bytes` bytes): crc32c, and an in-file entry for
     every chunk that holds samples. zarr would read a missing shard or an empty entry as zeros.
@@ -120,10 +137,14 @@ def check_shard_index(
 
     need = index_bytes(chunks_per_shard)
     if len(tail) < need:
-        raise IntegrityError(f"{where}: expected a shard of at least {need} bytes (its index). Got {size} bytes (truncated)")
+        raise IntegrityError(
+            f"{where}: expected a shard of at least {need} bytes (its index). Got {size} bytes (truncated)"
+        )
     body, crc = bytes(tail[:-CRC_BYTES]), int.from_bytes(tail[-CRC_BYTES:], "little")
     if google_crc32c.value(body) != crc:
-        raise IntegrityError(f"{where}: expected a shard index with a valid crc32c. Got a damaged index (corrupted or truncated shard)")
+        raise IntegrityError(
+            f"{where}: expected a shard index with a valid crc32c. Got a damaged index (corrupted or truncated shard)"
+        )
     entries = np.frombuffer(body, dtype="<u8").reshape(chunks_per_shard, 2)
     data_end = size - need if index_at_end else size
     data_start = 0 if index_at_end else need
@@ -132,6 +153,12 @@ def check_shard_index(
         c_lo, c_hi = first + c * chunk, min(first + (c + 1) * chunk, samples) - 1
         at = f"{key_where} samples {c_lo}..{c_hi} (chunk {c_lo // chunk})"
         if off == nbytes == MISSING:
-            raise IntegrityError(f"{at}: expected a stored chunk. Got an empty shard-index entry (missing chunk; zarr would read fill values)")
+            raise IntegrityError(
+                f"{at}: expected a stored chunk. Got an empty shard-index entry (missing chunk; zarr would read fill "
+                "values)"
+            )
         if off < data_start or off + nbytes > data_end:
-            raise IntegrityError(f"{at}: expected a chunk inside the shard's {size} bytes. Got bytes {off}..{off + nbytes} (truncated shard)")
+            raise IntegrityError(
+                f"{at}: expected a chunk inside the shard's {size} bytes. Got bytes {off}..{off + nbytes} (truncated "
+                "shard)"
+            )

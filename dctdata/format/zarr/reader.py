@@ -39,7 +39,11 @@ class ZarrReader:
     """Stored samples of a zarr pack's fields, integrity-checked (see the module docstring)."""
 
     def __init__(
-        self, root: str, manifest: Manifest, fields: tuple[FieldSpec, ...] | None = None, storage_options: Mapping[str, Any] | None = None
+        self,
+        root: str,
+        manifest: Manifest,
+        fields: tuple[FieldSpec, ...] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.root = root
         self.manifest = manifest
@@ -63,9 +67,16 @@ class ZarrReader:
             warnings.simplefilter("ignore")  # numcodecs-in-zarr-v3 notice
             try:
                 options = self.storage_options or None
-                group = zarr.open_group(self.root, mode="r", storage_options=options) if is_url(self.root) else zarr.open_group(self.root, mode="r")
+                group = (
+                    zarr.open_group(self.root, mode="r", storage_options=options)
+                    if is_url(self.root)
+                    else zarr.open_group(self.root, mode="r")
+                )
             except Exception as exc:  # noqa: BLE001 - zarr raises many types on missing/damaged metadata
-                raise IntegrityError(f"{join(self.root, 'zarr.json')}: expected readable zarr v3 group metadata. Got {type(exc).__name__}: {exc}") from exc
+                raise IntegrityError(
+                    f"{join(self.root, 'zarr.json')}: expected readable zarr v3 group metadata. Got "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             arrays = {}
             for f in self.fields:
                 path = self.layout[f.name]["path"]
@@ -75,14 +86,22 @@ class ZarrReader:
                 except KeyError as exc:
                     raise IntegrityError(f"{meta}: field {f.name!r}: expected zarr array {path!r}. Got none") from exc
                 except Exception as exc:  # noqa: BLE001
-                    raise IntegrityError(f"{meta}: field {f.name!r}: expected readable zarr array metadata. Got {type(exc).__name__}: {exc}") from exc
+                    raise IntegrityError(
+                        f"{meta}: field {f.name!r}: expected readable zarr array metadata. Got {type(exc).__name__}: "
+                        f"{exc}"
+                    ) from exc
         for f in self.fields:
             arr = arrays[f.name]
             expect = (self.manifest.samples, *f.stored_shape)
             if tuple(arr.shape) != expect or arr.dtype != np.dtype(f.stored_dtype):
-                raise IntegrityError(f"{self.root}: field {f.name!r}: expected zarr array {expect} {f.stored_dtype}. Got {arr.shape} {arr.dtype}")
+                raise IntegrityError(
+                    f"{self.root}: field {f.name!r}: expected zarr array {expect} {f.stored_dtype}. Got {arr.shape} "
+                    f"{arr.dtype}"
+                )
         self._arrays = arrays
-        self._index_specs = {f.name: _shard_index_spec(arrays[f.name], f, self.layout[f.name], self.root) for f in self.fields}
+        self._index_specs = {
+            f.name: _shard_index_spec(arrays[f.name], f, self.layout[f.name], self.root) for f in self.fields
+        }
         if is_url(self.root):
             import fsspec
 
@@ -127,9 +146,16 @@ class ZarrReader:
         except OSError as exc:
             raise IntegrityError(f"{where}: expected a readable shard file. Got {type(exc).__name__}: {exc}") from exc
         check_shard_index(
-            tail, size, chunks_per_shard=per_shard, index_at_end=at_end, first=lo, chunk=chunk, samples=n,
-            where=where, key_where=f"{join(self.root, key)}: field {f.name!r}",
-        )  # fmt: skip
+            tail,
+            size,
+            chunks_per_shard=per_shard,
+            index_at_end=at_end,
+            first=lo,
+            chunk=chunk,
+            samples=n,
+            where=where,
+            key_where=f"{join(self.root, key)}: field {f.name!r}",
+        )
 
     # Reading -------------------------------------------------------------------------------------
     def read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
@@ -180,7 +206,9 @@ def _shard_index_spec(arr, f: FieldSpec, layout: dict, root: str) -> tuple[int, 
     sharding = codecs[0] if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) else None
     where = join(root, layout["path"], "zarr.json")
     if sharding is None or not any(isinstance(c, Crc32cCodec) for c in sharding.index_codecs):
-        raise IntegrityError(f"{where}: field {f.name!r}: expected a sharded array with a crc32c shard index. Got codecs {codecs!r}")
+        raise IntegrityError(
+            f"{where}: field {f.name!r}: expected a sharded array with a crc32c shard index. Got codecs {codecs!r}"
+        )
     shard_shape = tuple(arr.metadata.chunk_grid.chunk_shape)
     chunk_shape = tuple(sharding.chunk_shape)
     if shard_shape[0] != layout["shard"] or chunk_shape[0] != layout["chunk"] or shard_shape[1:] != chunk_shape[1:]:
@@ -188,4 +216,6 @@ def _shard_index_spec(arr, f: FieldSpec, layout: dict, root: str) -> tuple[int, 
             f"{where}: field {f.name!r}: expected shards of {layout['shard']} and chunks of {layout['chunk']} samples "
             f"(manifest layout). Got shard shape {shard_shape} and chunk shape {chunk_shape}"
         )
-    return layout["shard"] // layout["chunk"], str(getattr(sharding.index_location, "value", sharding.index_location)) == "end"
+    return layout["shard"] // layout["chunk"], str(
+        getattr(sharding.index_location, "value", sharding.index_location)
+    ) == "end"

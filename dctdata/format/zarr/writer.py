@@ -31,9 +31,15 @@ class ZarrWriter(PartWriter):
     storage = "zarr"
     options = ("chunk_samples", "shard_samples", "storage_options")
 
-    def __init__(self, chunk_samples: int | None = None, shard_samples: int | None = None, storage_options: dict | None = None) -> None:
-        self.chunk_samples = parse_optional_int(chunk_samples, "chunk_samples", minimum=1, expected="a positive int", type_error=DctDataError)
-        self.shard_samples = parse_optional_int(shard_samples, "shard_samples", minimum=1, expected="a positive int", type_error=DctDataError)
+    def __init__(
+        self, chunk_samples: int | None = None, shard_samples: int | None = None, storage_options: dict | None = None
+    ) -> None:
+        self.chunk_samples = parse_optional_int(
+            chunk_samples, "chunk_samples", minimum=1, expected="a positive int", type_error=DctDataError
+        )
+        self.shard_samples = parse_optional_int(
+            shard_samples, "shard_samples", minimum=1, expected="a positive int", type_error=DctDataError
+        )
         self.storage_options = dict(storage_options or {})
 
     def _group(self, root: str, mode: str):
@@ -85,11 +91,22 @@ class ZarrWriter(PartWriter):
             checksums[rel] = {"sha256": sha, "bytes": size}
         for p in parts:
             checksums.update(p["files"])
-        return {"layout": layout_entry(fields, n, self.chunk_samples, self.shard_samples), "checksums": dict(sorted(checksums.items()))}
+        return {
+            "layout": layout_entry(fields, n, self.chunk_samples, self.shard_samples),
+            "checksums": dict(sorted(checksums.items())),
+        }
 
     # Worker side ---------------------------------------------------------------------------------
-    def write_part(self, root: str, fields: tuple[FieldSpec, ...], n: int, index: int, start: int, stop: int,
-                   batches: Iterable[Batch]) -> dict[str, Any]:  # fmt: skip
+    def write_part(
+        self,
+        root: str,
+        fields: tuple[FieldSpec, ...],
+        n: int,
+        index: int,
+        start: int,
+        stop: int,
+        batches: Iterable[Batch],
+    ) -> dict[str, Any]:
         """Write shard `index` of every field from the stored batches of samples [start, stop)."""
         import zarr
 
@@ -98,7 +115,10 @@ class ZarrWriter(PartWriter):
             for f in fields:
                 x = batch[f.name]
                 if tuple(x.shape[1:]) != f.stored_shape or x.dtype != np.dtype(f.stored_dtype):
-                    raise DctDataError(f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got {x.shape} {x.dtype}")
+                    raise DctDataError(
+                        f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got "
+                        f"{x.shape} {x.dtype}"
+                    )
                 buffers[f.name].append(x)
         files = {}
         with warnings.catch_warnings():
@@ -106,11 +126,15 @@ class ZarrWriter(PartWriter):
             for f in fields:
                 data = np.concatenate(buffers.pop(f.name))
                 if len(data) != stop - start:
-                    raise DctDataError(f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {len(data)}")
+                    raise DctDataError(
+                        f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {len(data)}"
+                    )
                 where = join(root, f.name)
                 options = {"storage_options": self.storage_options or None} if is_url(root) else {}
                 arr = zarr.open_array(where, mode="r+", **options)
-                arr = arr.with_config({"write_empty_chunks": True})  # runtime config is not stored: all-zero chunks must still be written
+                arr = arr.with_config(
+                    {"write_empty_chunks": True}
+                )  # runtime config is not stored: all-zero chunks must still be written
                 rel = shard_key(f.name, index, 1 + len(f.stored_shape))
                 self._remove(join(root, *rel.split("/")))  # a redone part: zarr would merge into the old file
                 arr[start:stop] = data

@@ -1,0 +1,163 @@
+"""The import direction is a contract: preprocess -> core <- loaders, and only the umbrella `dctdata.api`
+and the CLI join them. Checked on the source, function-level imports included, so a lazy import
+cannot hide an upward edge or a cycle."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FOLDERS = {"dctdata": "dctdata", "preprocess": "dctdata.preprocess", "loaders": "dctdata.loaders"}
+# Not core: they may join the rooms (the package facade and the umbrella API, the CLI, and what only
+# the CLI runs).
+JOINERS = (
+    "dctdata",
+    "dctdata.api",
+    "dctdata.cli",
+    "dctdata.__main__",
+    "dctdata.commands",
+    "dctdata.bench",
+    "dctdata.demo",
+)
+UPPER = (
+    "dctdata.preprocess",
+    "dctdata.loaders",
+    "dctdata.cli",
+    "dctdata.commands",
+    "dctdata.bench",
+    "dctdata.demo",
+    "dctdata.api",
+)
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([package, *parts])
+            if package == "dctdata" and parts and parts[0] in ("preprocess", "loaders"):
+                continue
+            out[name] = path
+    return out
+
+
+def imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """Every dctdata module `path` imports, anywhere in the file (module level or inside functions)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rsplit(".", 1)[0] if "." in t else ""
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports(name, path, known) for name, path in mods.items()}
+
+
+def is_core(name: str) -> bool:
+    return name.startswith("dctdata") and not name.startswith(UPPER + ("dctdata.datasets",)) and name not in JOINERS
+
+
+def test_the_graph_sees_function_level_imports():
+    g = graph()
+    assert "dctdata.preprocess.pack" in g["dctdata.api"]  # imported inside pack()
+    assert "dctdata.loaders.zarr_dataset" in g["dctdata.api"]  # imported inside open_dataset()
+    assert len(g) > 50
+
+
+def test_core_never_imports_upward():
+    upward = {
+        (a, b)
+        for a, deps in graph().items()
+        if is_core(a)
+        for b in deps
+        if b.startswith(UPPER) or b.startswith("dctdata.datasets")
+    }
+    assert not upward, f"core modules reaching up: {sorted(upward)}"
+
+
+def test_preprocess_and_loaders_never_import_each_other():
+    g = graph()
+    bad = {
+        (a, b)
+        for a, deps in g.items()
+        for b in deps
+        if (a.startswith("dctdata.preprocess") and b.startswith("dctdata.loaders"))
+        or (a.startswith("dctdata.loaders") and b.startswith("dctdata.preprocess"))
+    }
+    assert not bad, sorted(bad)
+
+
+def test_no_cycles():
+    g = graph()
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_version_module_has_no_imports():
+    tree = ast.parse((ROOT / "dctdata" / "_version.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+@pytest.mark.parametrize(
+    "source, bad",
+    [
+        ("def f():\n    from dctdata.loaders import zarr_dataset\n", "dctdata.loaders.zarr_dataset"),
+        ("import dctdata.preprocess.pack as p\n", "dctdata.preprocess.pack"),
+    ],
+)
+def test_the_checker_catches_a_lazy_upward_import(tmp_path, source, bad):
+    path = tmp_path / "x.py"
+    path.write_text(source)
+    known = set(modules())
+    found = imports("dctdata.transform", path, known)
+    assert bad in found and is_core("dctdata.transform")
