@@ -34,18 +34,22 @@ def _bounds(minimum, maximum) -> str:
     return f" <= {maximum}" if maximum is not None else ""
 
 
-def parse_int(
-    value: object,
-    name: str,
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-    expected: str | None = None,
-    type_error: type[Exception] = TypeError,
-    range_error: type[Exception] = DctDataError,
-) -> int:
-    """An int (never a bool) in [minimum, maximum]; `expected` overrides the wording of the message."""
-    what = expected or f"an int{_bounds(minimum, maximum)}"
+def _messages(messages: dict[str, Any], what: str) -> tuple[str, type[Exception], type[Exception]]:
+    """(wording, exception for a wrong type, exception for a wrong value) from a parser's keywords:
+    `expected=` rewords the message, `type_error=`/`range_error=` choose the exceptions."""
+    unknown = set(messages) - {"expected", "type_error", "range_error"}
+    if unknown:
+        raise TypeError(f"unexpected keywords {sorted(unknown)}")
+    return (
+        messages.get("expected") or what,
+        messages.get("type_error", TypeError),
+        messages.get("range_error", DctDataError),
+    )
+
+
+def parse_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None, **messages) -> int:
+    """An int (never a bool) in [minimum, maximum]."""
+    what, type_error, range_error = _messages(messages, f"an int{_bounds(minimum, maximum)}")
     if not is_int(value):
         raise type_error(f"{name}: expected {what}. Got {value!r}")
     v = int(value)
@@ -58,33 +62,23 @@ def parse_optional_int(value: object, name: str, **kwargs: Any) -> int | None:
     return None if value is None else parse_int(value, name, **kwargs)
 
 
-def parse_number(
-    value: object,
-    name: str,
-    *,
-    above: float | None = None,
-    below: float | None = None,
-    minimum: float | None = None,
-    expected: str | None = None,
-    type_error: type[Exception] = TypeError,
-    range_error: type[Exception] = DctDataError,
-) -> float:
+def parse_number(value: object, name: str, *, above: float | None = None, below: float | None = None,
+                 minimum: float | None = None, **messages) -> float:  # fmt: skip
     """A finite real number (never a bool), optionally > above, < below, >= minimum."""
-    parts = [
-        f"> {above}" if above is not None else "",
-        f"< {below}" if below is not None else "",
-        f">= {minimum}" if minimum is not None else "",
+    limits = [
+        f"> {above}" * (above is not None),
+        f"< {below}" * (below is not None),
+        f">= {minimum}" * (minimum is not None),
     ]
-    what = expected or "a finite number" + (" " + " and ".join(p for p in parts if p) if any(parts) else "")
+    limits = [p for p in limits if p]
+    what, type_error, range_error = _messages(
+        messages, "a finite number" + (" " + " and ".join(limits) if limits else "")
+    )
     if not is_number(value):
         raise type_error(f"{name}: expected {what}. Got {value!r}")
     v = float(value)
-    if (
-        not math.isfinite(v)
-        or (above is not None and not v > above)
-        or (below is not None and not v < below)
-        or (minimum is not None and not v >= minimum)
-    ):
+    low_ok = (above is None or v > above) and (minimum is None or v >= minimum)
+    if not math.isfinite(v) or not low_ok or (below is not None and not v < below):
         raise range_error(f"{name}: expected {what}. Got {value!r}")
     return v
 

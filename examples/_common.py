@@ -63,6 +63,29 @@ def parse_setting(text: str) -> dict[str, Any]:
     return kw
 
 
+def main(
+    name: str,
+    make_task: Callable[[argparse.Namespace], Task],
+    doc: str,
+    argv: list[str] | None,
+    defaults: dict[str, Any],
+    options: dict[str, tuple[type | None, Any, str]],
+    check: Callable[[argparse.Namespace], str | None] = lambda args: None,
+) -> list[dict[str, Any]]:
+    """An example's command line: the shared flags (`defaults`: n, test, epochs, batch_size, lr and
+    optionally settings), its own `options` ({flag: (type, default, help)}), then the study.
+    `check(args)` returns a one-line problem with the flags, or None."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_arguments(p, **defaults)
+    for flag, (kind, default, text) in options.items():
+        p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+    args = p.parse_args(argv)
+    problem = check(args)
+    if problem:
+        raise SystemExit(f"{name}.py: {problem}")
+    return run_study(make_task(args), args)
+
+
 def add_arguments(
     p: argparse.ArgumentParser,
     *,
@@ -90,6 +113,15 @@ def add_arguments(
 
 
 # The task ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """The test metric: its name, `fn(net, data) -> float`, and which way is better."""
+
+    name: str
+    fn: Callable[[nn.Module, dict[str, torch.Tensor]], float]
+    higher_is_better: bool
+
+
 @dataclasses.dataclass
 class Task:
     """What an example supplies. Arrays are (N, ...) in the source dtype; `kinds` says how each field
@@ -102,9 +134,7 @@ class Task:
     kinds: dict[str, str]
     make_net: Callable[[], nn.Module]
     loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
-    metric: Callable[[nn.Module, dict[str, torch.Tensor]], float]
-    metric_name: str
-    higher_is_better: bool
+    metric: "Metric"
     crop: int | None = None  # random training crop (pixels) of every image field, same place for all
     targets: tuple[str, ...] = ()  # dct fields that are targets: kept raw in the (coded) evaluation
     description: str = ""
@@ -195,7 +225,7 @@ def coded(task: Task, manifest) -> dict[str, torch.Tensor]:
 def evaluate(task: Task, net: nn.Module, data: dict[str, torch.Tensor]) -> float:
     net.eval()
     with torch.no_grad():
-        return float(task.metric(net, data))
+        return float(task.metric.fn(net, data))
 
 
 # The study -----------------------------------------------------------------------------------------
@@ -302,7 +332,7 @@ COLUMNS = (
 
 
 def table(task: Task, rows: list[dict[str, Any]]) -> str:
-    cols = (*COLUMNS, f"test {task.metric_name} (raw)", f"test {task.metric_name} (coded)", "Δ vs raw")
+    cols = (*COLUMNS, f"test {task.metric.name} (raw)", f"test {task.metric.name} (coded)", "Δ vs raw")
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join([":--", ":--"] + ["--:"] * (len(cols) - 2)) + "|"]
     base = rows[0]["metric_raw"]
     for r in rows:
@@ -327,11 +357,11 @@ def table(task: Task, rows: list[dict[str, Any]]) -> str:
 
 def write_results(task: Task, rows: list[dict[str, Any]], out: str, args) -> None:
     text = table(task, rows)
-    better = "higher" if task.higher_is_better else "lower"
+    better = "higher" if task.metric.higher_is_better else "lower"
     header = (
         f"{task.name}: {task.description} {args.n} training / {args.test} test samples, {args.epochs} epochs, batch "
         f"{args.batch_size}, "
-        f"lr {args.lr:g}, seed {args.seed}; {task.metric_name}: {better} is better. Stored ratio: uncompressed float32 "
+        f"lr {args.lr:g}, seed {args.seed}; {task.metric.name}: {better} is better. Stored ratio: uncompressed float32 "
         "bytes / the "
         "stored files the manifest lists (raw row: the source arrays uncompressed). (raw) = scored on the raw held-out "
         "arrays, (coded) = on held-out "
@@ -344,8 +374,8 @@ def write_results(task: Task, rows: list[dict[str, Any]], out: str, args) -> Non
     _atomic_write(md, header + "\n\n" + text + "\n")
     payload = {
         "task": task.name,
-        "metric": task.metric_name,
-        "higher_is_better": task.higher_is_better,
+        "metric": task.metric.name,
+        "higher_is_better": task.metric.higher_is_better,
         "args": vars(args),
         "rows": rows,
     }
@@ -392,10 +422,10 @@ def plot(task: Task, rows: list[dict[str, Any]], path: str, size: tuple[int, int
         d.line([left - 5, yy, left, yy], fill="black")
         d.text((5, yy - 6), f"{y:.4g}", fill="black", font=font)
     d.text((w // 2 - 120, h - 25), "stored ratio vs float32 (log scale)", fill="black", font=font)
-    better = "higher" if task.higher_is_better else "lower"
+    better = "higher" if task.metric.higher_is_better else "lower"
     d.text(
         (left, 10),
-        f"{task.name}: test {task.metric_name} ({better} is better) vs stored ratio",
+        f"{task.name}: test {task.metric.name} ({better} is better) vs stored ratio",
         fill="black",
         font=font,
     )

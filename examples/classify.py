@@ -12,7 +12,6 @@ images. The paper reports accuracy within 3% of the baseline at CR 2.6 (CF 5, fl
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -122,22 +121,22 @@ def make_task(args) -> _common.Task:
         kinds={"image": "dct", "label": "label"},
         make_net=lambda: resnet(args.width),
         loss=loss,
-        metric=accuracy,
-        metric_name="accuracy",
-        higher_is_better=True,
+        metric=_common.Metric("accuracy", accuracy, higher_is_better=True),
         description=f"ResNet-{args.width} on a {what}",
     )
 
 
+# int8 cannot hold 40 dB on every 8-bit image (calibration refuses rather than clamp): int16 there
+SETTINGS = ("cf=3", "cf=5", "cf=7", "psnr=30", "psnr=35", "psnr=40+quant=int16")
+DEFAULTS = dict(n=2000, test=1000, epochs=4, batch_size=64, lr=3e-3, settings=SETTINGS)
+OPTIONS = {
+    "--width": (int, 16, "ResNet base width"),
+    "--cifar-root": (None, None, "directory holding torchvision's CIFAR-10 (download=False)"),
+}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # int8 cannot hold 40 dB on every 8-bit image (calibration refuses rather than clamp): int16 there
-    settings = ("cf=3", "cf=5", "cf=7", "psnr=30", "psnr=35", "psnr=40+quant=int16")
-    _common.add_arguments(p, n=2000, test=1000, epochs=4, batch_size=64, lr=3e-3, settings=settings)
-    p.add_argument("--width", type=int, default=16, help="ResNet base width (default 16)")
-    p.add_argument("--cifar-root", default=None, help="directory holding torchvision's CIFAR-10 (download=False)")
-    args = p.parse_args(argv)
-    return _common.run_study(make_task(args), args)
+    return _common.main("classify", make_task, __doc__, argv, DEFAULTS, OPTIONS)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ the same ones for every run. The paper reports equal-or-better loss than the raw
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -59,9 +58,7 @@ def make_task(args) -> _common.Task:
         kinds={"noisy": "dct", "clean": "dct"},
         make_net=lambda: ResidualUNet(args.width),
         loss=loss,
-        metric=mse,
-        metric_name="MSE",
-        higher_is_better=False,
+        metric=_common.Metric("MSE", mse, higher_is_better=False),
         crop=args.crop,
         targets=("clean",),
         description=f"residual U-Net-{args.width} on em_denoise-like pairs (float32 1x{args.size}x{args.size}), "
@@ -69,19 +66,22 @@ def make_task(args) -> _common.Task:
     )
 
 
+DEFAULTS = dict(n=64, test=8, epochs=6, batch_size=8, lr=2e-3)
+OPTIONS = {
+    "--size": (int, 256, "image side"),
+    "--crop": (int, 64, "training crop side, multiple of 4"),
+    "--width": (int, 8, "U-Net base width"),
+}
+
+
+def check(a) -> str | None:
+    if a.crop % 4 or a.crop > a.size or a.size % 4:
+        return f"--crop/--size: expected multiples of 4 with crop <= size. Got crop {a.crop}, size {a.size}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_arguments(p, n=64, test=8, epochs=6, batch_size=8, lr=2e-3)
-    p.add_argument("--size", type=int, default=256, help="image side (default 256)")
-    p.add_argument("--crop", type=int, default=64, help="training crop side, multiple of 4 (default 64)")
-    p.add_argument("--width", type=int, default=8, help="U-Net base width (default 8)")
-    args = p.parse_args(argv)
-    if args.crop % 4 or args.crop > args.size or args.size % 4:
-        raise SystemExit(
-            f"em_denoise.py: --crop/--size: expected multiples of 4 with crop <= size. Got crop {args.crop}, size "
-            f"{args.size}"
-        )
-    return _common.run_study(make_task(args), args)
+    return _common.main("em_denoise", make_task, __doc__, argv, DEFAULTS, OPTIONS, check)
 
 
 if __name__ == "__main__":

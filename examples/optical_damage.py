@@ -12,7 +12,6 @@ multiple of 8). The damage label is packed exactly (kind `label`) but not used b
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -75,23 +74,24 @@ def make_task(args) -> _common.Task:
         kinds={"image": "dct", "label": "label"},
         make_net=lambda: autoencoder(args.width),
         loss=loss,
-        metric=mse,
-        metric_name="reconstruction MSE",
-        higher_is_better=False,
+        metric=_common.Metric("reconstruction MSE", mse, higher_is_better=False),
         crop=args.crop,
         description=f"autoencoder-{args.width} on optical_damage-like frames (uint16 1x492x656), {args.crop}px crops;",
     )
 
 
+DEFAULTS = dict(n=32, test=8, epochs=8, batch_size=8, lr=2e-3)
+OPTIONS = {"--crop": (int, 128, "training crop side, multiple of 8"), "--width": (int, 16, "autoencoder base width")}
+
+
+def check(a) -> str | None:
+    return (
+        None if a.crop % 8 == 0 and 8 <= a.crop <= 488 else f"--crop: expected a multiple of 8 in 8..488. Got {a.crop}"
+    )
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_arguments(p, n=32, test=8, epochs=8, batch_size=8, lr=2e-3)
-    p.add_argument("--crop", type=int, default=128, help="training crop side, multiple of 8 (default 128)")
-    p.add_argument("--width", type=int, default=16, help="autoencoder base width (default 16)")
-    args = p.parse_args(argv)
-    if args.crop % 8 or not 8 <= args.crop <= 488:
-        raise SystemExit(f"optical_damage.py: --crop: expected a multiple of 8 in 8..488. Got {args.crop}")
-    return _common.run_study(make_task(args), args)
+    return _common.main("optical_damage", make_task, __doc__, argv, DEFAULTS, OPTIONS, check)
 
 
 if __name__ == "__main__":

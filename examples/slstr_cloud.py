@@ -16,7 +16,6 @@ matter to training. Test metric: cloud IoU over the valid pixels of held-out sce
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -78,23 +77,22 @@ def make_task(args) -> _common.Task:
         kinds={"refs": "dct", "bts": "dct", "bayes": "array", "valid": "array"},
         make_net=lambda: UNet(9, 1, args.width),
         loss=loss,
-        metric=iou,
-        metric_name="cloud IoU",
-        higher_is_better=True,
+        metric=_common.Metric("cloud IoU", iou, higher_is_better=True),
         description=f"U-Net-{args.width} on slstr_cloud-like scenes (9x{args.size}x{args.size}, NaN swath edge filled "
         "+ valid mask);",
     )
 
 
+DEFAULTS = dict(n=32, test=8, epochs=10, batch_size=8, lr=3e-3)
+OPTIONS = {"--size": (int, 128, "scene side, multiple of 4"), "--width": (int, 8, "U-Net base width")}
+
+
+def check(a) -> str | None:
+    return None if a.size % 4 == 0 else f"--size: expected a multiple of 4. Got {a.size}"
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    _common.add_arguments(p, n=32, test=8, epochs=10, batch_size=8, lr=3e-3)
-    p.add_argument("--size", type=int, default=128, help="scene side, multiple of 4 (default 128)")
-    p.add_argument("--width", type=int, default=8, help="U-Net base width (default 8)")
-    args = p.parse_args(argv)
-    if args.size % 4:
-        raise SystemExit(f"slstr_cloud.py: --size: expected a multiple of 4. Got {args.size}")
-    return _common.run_study(make_task(args), args)
+    return _common.main("slstr_cloud", make_task, __doc__, argv, DEFAULTS, OPTIONS, check)
 
 
 if __name__ == "__main__":

@@ -11,17 +11,26 @@ N = 64
 OPTS = {"zarr": {"shard_samples": 8}, "webdataset": {"samples_per_shard": 8}}
 
 
-def poisson_fields(n: int, c: int = 1, h: int = 24, w: int = 40, seed: int = 0) -> np.ndarray:
-    """Smooth random fields + Poisson noise, float32 (N, C, H, W)."""
+def smooth_fields(n: int, c: int = 1, h: int = 24, w: int = 40, seed: int = 0, offset: float = 20.0,
+                  amp: float = 10.0, noise: str = "poisson") -> np.ndarray:  # fmt: skip
+    """Smooth random fields (offset + amp * a product of sines) with Poisson counts (at 4 per unit) or
+    Gaussian noise of std amp / 100, float32 (N, C, H, W)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
     out = np.empty((n, c, h, w), np.float32)
     for i in range(n):
         for ch in range(c):
             a, b, p = rng.uniform(1, 4, 3)
-            smooth = 20 + 10 * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)
-            out[i, ch] = rng.poisson(smooth * 4) / 4.0
+            smooth = offset + amp * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)
+            out[i, ch] = (
+                rng.poisson(smooth * 4) / 4.0 if noise == "poisson" else smooth + rng.normal(0, amp / 100, (h, w))
+            )
     return out
+
+
+def poisson_fields(n: int, c: int = 1, h: int = 24, w: int = 40, seed: int = 0) -> np.ndarray:
+    """Smooth random fields + Poisson noise, float32 (N, C, H, W)."""
+    return smooth_fields(n, c, h, w, seed)
 
 
 def labelled_npz(directory) -> str:

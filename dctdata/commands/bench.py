@@ -14,29 +14,25 @@ def register(sub) -> None:
         description="Throughput and rate-distortion benchmarks.",
     )
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    c = kinds.add_parser(
+    c = _kind(
+        kinds,
         "codec",
-        formatter_class=fmt,
-        help="decode throughput vs memory copy and the paper's dense formulation",
-        description="Single-image decode time of Decompress against a copy of its output and the paper's "
-        "dense matmuls.",
+        "decode throughput vs memory copy and the paper's dense formulation",
+        "Single-image decode time of Decompress against a copy of its output and the paper's dense matmuls.",
     )
     c.add_argument("--sizes", type=int, nargs="+", default=[256, 1024], help="square image sides")
     c.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
-    c.add_argument(
-        "--paper-sizes", type=int, nargs="+", default=[512, 1024], help="sides for the paper's dense baseline"
-    )
+    c.add_argument("--paper-sizes", type=int, nargs="+", default=[512, 1024], help="sides for the paper's baseline")
     c.add_argument("--repeat", type=int, default=10, help="timing repeats (best is kept)")
     c.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     c.set_defaults(func=_codec)
 
-    r = kinds.add_parser(
+    r = _kind(
+        kinds,
         "rd",
-        formatter_class=fmt,
-        help="rate-distortion and speed table: dctdata settings vs ZFP and JPEG",
-        description="Stored ratio, PSNR and speed of dctdata settings against ZFP and JPEG on a data source.",
+        "rate-distortion and speed table: dctdata settings vs ZFP and JPEG",
+        "Stored ratio, PSNR and speed of dctdata settings against ZFP and JPEG on a data source.",
     )
     r.add_argument("source", metavar="SOURCE", help="'samples', 'fields' or a .npy file (N, [C,] H, W)")
     r.add_argument(
@@ -51,38 +47,35 @@ def register(sub) -> None:
     r.add_argument("--plot", metavar="PNG", help="also draw PSNR vs stored ratio to this PNG")
     r.set_defaults(func=_rd)
 
-    lo = kinds.add_parser(
-        "loader",
-        formatter_class=fmt,
-        help="DataLoader samples/s: dctdata zarr vs raw float32 zarr vs PNG/JPEG + torchvision",
-        description="DataLoader samples/s of a dctdata zarr pack against raw float32 zarr and PNG/JPEG files "
-        "decoded by torchvision.",
-    )
-    lo.add_argument("--samples", type=int, default=512, help="samples generated and packed")
-    lo.add_argument("--size", type=int, default=256, help="image side")
-    lo.add_argument("--target-psnr", type=float, default=40.0, help="pack target PSNR in dB")
-    lo.add_argument("--batch", type=int, default=32, help="DataLoader batch size")
-    lo.add_argument("--workers", type=int, default=2, help="DataLoader workers")
-    lo.add_argument("--epochs", type=int, default=2, help="epochs timed (best is kept)")
+    what = "DataLoader samples/s of a dctdata zarr pack against raw float32 zarr and PNG/JPEG decoded by torchvision."
+    lo = _kind(kinds, "loader", "DataLoader samples/s: dctdata zarr vs raw float32 zarr vs PNG/JPEG", what)
+    _pipeline_options(lo)
     lo.set_defaults(func=_loader)
 
-    s = kinds.add_parser(
-        "stream",
-        formatter_class=fmt,
-        help="samples/s streaming webdataset shards (local, loopback HTTP) vs zarr and raw float32 shards",
-        description="Samples/s streaming webdataset shards from disk and a loopback HTTP server, against zarr "
-        "and raw float32 shards.",
-    )
-    s.add_argument("--samples", type=int, default=512, help="samples generated and packed")
-    s.add_argument("--size", type=int, default=256, help="image side")
+    what = "Samples/s streaming webdataset shards from disk and loopback HTTP, against zarr and raw float32 shards."
+    s = _kind(kinds, "stream", "samples/s streaming webdataset shards vs zarr and raw float32 shards", what)
+    _pipeline_options(s)
     s.add_argument("--samples-per-shard", type=int, default=64, help="webdataset samples per shard")
-    s.add_argument("--workers", type=int, default=2, help="DataLoader workers")
-    s.add_argument("--batch", type=int, default=32, help="DataLoader batch size")
-    s.add_argument("--epochs", type=int, default=2, help="epochs timed (best is kept)")
     s.add_argument("--quant", default="int8", help="coefficient dtype")
-    s.add_argument("--target-psnr", type=float, default=40.0, help="pack target PSNR in dB")
     s.add_argument("--threads", type=int, default=1, help="torch intra-op threads in the main process")
     s.set_defaults(func=_stream)
+
+
+def _kind(kinds, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """One benchmark's parser; --help shows every default."""
+    return kinds.add_parser(
+        name, help=help, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+
+
+def _pipeline_options(p: argparse.ArgumentParser) -> None:
+    """The data and DataLoader flags the loader benchmarks share."""
+    p.add_argument("--samples", type=int, default=512, help="samples generated and packed")
+    p.add_argument("--size", type=int, default=256, help="image side")
+    p.add_argument("--target-psnr", type=float, default=40.0, help="pack target PSNR in dB")
+    p.add_argument("--batch", type=int, default=32, help="DataLoader batch size")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    p.add_argument("--epochs", type=int, default=2, help="epochs timed (best is kept)")
 
 
 def _codec(args) -> int:

@@ -26,28 +26,22 @@ from dctdata.errors import DctDataError
 from dctdata.format.fields import FieldSpec
 
 Batch = Mapping[str, np.ndarray]
+Fields = tuple[FieldSpec, ...]
 
 
 @runtime_checkable
 class Writer(Protocol):
     storage: str
 
-    def plan(self, fields: tuple[FieldSpec, ...], n: int) -> list[tuple[int, int]]: ...
+    def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]: ...
 
-    def open(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None: ...
+    def open(self, root: str, fields: Fields, n: int) -> None: ...
 
     def write_part(
-        self,
-        root: str,
-        fields: tuple[FieldSpec, ...],
-        n: int,
-        index: int,
-        start: int,
-        stop: int,
-        batches: Iterable[Batch],
-    ) -> dict[str, Any]: ...
+        self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
+    ) -> dict: ...
 
-    def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict[str, Any]: ...
+    def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]: ...
 
 
 class PartWriter:
@@ -64,7 +58,7 @@ class PartWriter:
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
-    def _begin(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None:
+    def _begin(self, root: str, fields: Fields, n: int) -> None:
         self._root, self._fields, self._n = root, tuple(fields), n
         self._plan = self.plan(self._fields, n)
         self._parts: list[dict] = []

@@ -58,21 +58,7 @@ def test_cli_on_npy_with_plot(tmp_path, capsys):
     x = synthetic_fields(n=4, size=32)["clouds"][:, 0]
     np.save(tmp_path / "f.npy", x)
     png = tmp_path / "rd.png"
-    rc = main(
-        [
-            "bench",
-            "rd",
-            str(tmp_path / "f.npy"),
-            "--targets",
-            "40",
-            "--paper-cf",
-            "2",
-            "--calib",
-            "2",
-            "--plot",
-            str(png),
-        ]
-    )
+    rc = main(["bench", "rd", str(tmp_path / "f.npy"), *"--targets 40 --paper-cf 2 --calib 2 --plot".split(), str(png)])
     out = capsys.readouterr().out
     assert rc == 0 and "| dctdata --target-psnr | target 40 dB |" in out
     from PIL import Image

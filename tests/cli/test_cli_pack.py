@@ -94,17 +94,7 @@ def test_hdf5_channels_last_and_key(tmp_path, capsys):
         fh["grp/other"] = np.arange(6, dtype=np.int32)
         fh["ignored"] = np.zeros((3,))  # different length, not picked
     rc, _, err = run(
-        [
-            "pack",
-            tmp_path / "d.h5",
-            tmp_path / "out",
-            "--key",
-            "images,grp/other",
-            "--channels-last",
-            "--cf",
-            "8",
-            "--quiet",
-        ],
+        ["pack", tmp_path / "d.h5", tmp_path / "out", *"--key images,grp/other --channels-last --cf 8 --quiet".split()],
         capsys,
     )
     assert rc == 0, err
@@ -302,12 +292,8 @@ def test_cf_out_of_range(tmp_path, capsys):
 
 def test_unknown_format_and_source_kind(tmp_path, capsys):
     np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
-    _bad(
-        tmp_path,
-        capsys,
-        [tmp_path / "x.npy", "--format", "parquet"],
-        r"--format: expected one of \('zarr', 'webdataset'\)\. Got 'parquet'",
-    )
+    match = r"--format: expected one of \('zarr', 'webdataset'\)\. Got 'parquet'"
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--format", "parquet"], match)
     (tmp_path / "x.csv").write_text("1,2\n")
     _bad(tmp_path, capsys, [tmp_path / "x.csv"], r"x\.csv: expected a \.npy, \.npz.*unknown source kind")
     assert leftovers(tmp_path) == []
@@ -323,18 +309,10 @@ def test_existing_out_is_refused(tmp_path, capsys):
 
 def test_bad_settings(tmp_path, capsys):
     np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
-    _bad(
-        tmp_path,
-        capsys,
-        [tmp_path / "x.npy", "--field", "nope=array"],
-        r"--field nope: expected one of the source's fields \['image'\]",
-    )
-    _bad(
-        tmp_path,
-        capsys,
-        [tmp_path / "x.npy", "--field", "image=jpeg"],
-        r"--field image: expected kind dct, array or label",
-    )
+    match = r"--field nope: expected one of the source's fields \['image'\]"
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "nope=array"], match)
+    match = r"--field image: expected kind dct, array or label"
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--field", "image=jpeg"], match)
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--nan", "zero"], r"nan: expected 'error' or 'fill=VALUE'")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--workers", "0"], r"--workers: expected a positive int. Got 0")
     _bad(tmp_path, capsys, [tmp_path / "x.npy", "--key", "a"], r"--key: expected an HDF5 source")
@@ -354,12 +332,8 @@ def test_strict_overflow(tmp_path, capsys):
     x = fields(4, 1, 8, 8)
     x[3] *= 1e5  # far outside the fp16 range after the DCT
     np.save(tmp_path / "x.npy", x)
-    _bad(
-        tmp_path,
-        capsys,
-        [tmp_path / "x.npy", "--quant", "fp16", "--cf", "2", "--strict"],
-        r"field 'image': expected no float16 overflow \(--strict\)",
-    )
+    match = r"field 'image': expected no float16 overflow \(--strict\)"
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--quant", "fp16", "--cf", "2", "--strict"], match)
     assert leftovers(tmp_path) == []
     rc, _, _ = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--quant", "fp16", "--cf", "2", "--quiet"], capsys)
     assert rc == 0 and dctdata.format.read_manifest(tmp_path / "out").stats["image"].overflow > 0

@@ -178,13 +178,7 @@ def test_cli_shard_caps(source, tmp_path, capsys):
         "pack",
         str(source),
         str(tmp_path / "a"),
-        "--format",
-        "webdataset",
-        "--quiet",
-        "--samples-per-shard",
-        "8",
-        "--max-shard-size",
-        "1000000",
+        *"--format webdataset --quiet --samples-per-shard 8 --max-shard-size 1000000".split(),
     ]
     assert main(args) == 0
     m = read_manifest(tmp_path / "a")

@@ -48,11 +48,7 @@ def test_torchrun_every_sample_once_per_epoch(labelled_source, tmp_path):
     }
     cmd = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
+        *"-m torch.distributed.run --standalone --nproc_per_node 2".split(),
         str(tmp_path / "ddp.py"),
         str(tmp_path),
     ]

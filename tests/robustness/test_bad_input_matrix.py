@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
+from sample_fields import smooth_fields
 
 import dctdata
 from dctdata.cli import main
@@ -60,18 +61,7 @@ def case(entry, problem, match=None, check=None):
 
 # Data ------------------------------------------------------------------------------------------
 def fields(n, c=1, h=16, w=16, seed=0, offset=20.0, amp=10.0):
-    rng = np.random.default_rng(seed)
-    yy, xx = np.meshgrid(np.linspace(0, 1, h), np.linspace(0, 1, w), indexing="ij")
-    out = np.empty((n, c, h, w), np.float32)
-    for i in range(n):
-        for ch in range(c):
-            a, b, p = rng.uniform(1, 4, 3)
-            out[i, ch] = (
-                offset
-                + amp * np.sin(a * np.pi * xx + p) * np.cos(b * np.pi * yy)
-                + rng.normal(0, 0.1 * amp / 10, (h, w))
-            )
-    return out
+    return smooth_fields(n, c, h, w, seed, offset, amp, noise="normal")
 
 
 def npy(tmp, arr, name="x.npy", **kw):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.format.base import Batch, PartWriter
+from dctdata.format.base import Batch, Fields, PartWriter
 from dctdata.format.checksum import HashingWriter
 from dctdata.format.fields import FieldSpec
 from dctdata.format.location import is_url, join, open_file
@@ -59,9 +59,7 @@ def _bound(raw: int, codec: Any) -> int:
     return raw + raw // 16 + 1024
 
 
-def samples_per_shard_for(
-    fields: tuple[FieldSpec, ...], max_shard_size: int, samples_per_shard: int | None = None
-) -> int:
+def samples_per_shard_for(fields: Fields, max_shard_size: int, samples_per_shard: int | None = None) -> int:
     """Fixed samples per shard: as many as fit the cap even if nothing compresses (so the cap is a
     real upper bound), at most `samples_per_shard`; at least 1."""
     per = 0
@@ -105,11 +103,11 @@ class WebDatasetWriter(PartWriter):
         self.storage_options = dict(storage_options or {})
 
     # Part API ------------------------------------------------------------------------------------
-    def plan(self, fields: tuple[FieldSpec, ...], n: int) -> list[tuple[int, int]]:
+    def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]:
         k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
         return [(a, min(a + k, n)) for a in range(0, n, k)]
 
-    def open(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None:
+    def open(self, root: str, fields: Fields, n: int) -> None:
         """Check the fields fit tar member names and the directory exists (tar needs no metadata file)."""
         fields = tuple(fields)
         if not fields or not all(isinstance(f, FieldSpec) for f in fields):
@@ -126,15 +124,8 @@ class WebDatasetWriter(PartWriter):
         self._begin(os.fspath(root), fields, n)
 
     def write_part(
-        self,
-        root: str,
-        fields: tuple[FieldSpec, ...],
-        n: int,
-        index: int,
-        start: int,
-        stop: int,
-        batches: Iterable[Batch],
-    ) -> dict[str, Any]:
+        self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
+    ) -> dict:
         """Write shard `index` (samples [start, stop)) from stored batches; returns its entry."""
         from webdataset import TarWriter
 
@@ -177,7 +168,7 @@ class WebDatasetWriter(PartWriter):
         entry = {"name": name, "samples": stop - start, **hfile.entry()}
         return {"files": {name: hfile.entry()}, "shard": entry}
 
-    def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict[str, Any]:
+    def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         layout = {
             "shards": [dict(p["shard"]) for p in parts],
             "max_shard_size": self.max_shard_size,

@@ -16,9 +16,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from dctdata.errors import DctDataError
-from dctdata.format.base import Batch, PartWriter
+from dctdata.format.base import Batch, Fields, PartWriter
 from dctdata.format.checksum import sha256_file
-from dctdata.format.fields import FieldSpec
 from dctdata.format.location import is_url, join
 from dctdata.format.zarr.layout import chunking, layout_entry, shard_key
 from dctdata.parse import parse_optional_int
@@ -52,12 +51,12 @@ class ZarrWriter(PartWriter):
             return zarr.open_group(root, mode=mode, zarr_format=3)
 
     # Client side ---------------------------------------------------------------------------------
-    def plan(self, fields: tuple[FieldSpec, ...], n: int) -> list[tuple[int, int]]:
+    def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]:
         """Part ranges: one shard of every field each."""
         shard, _ = chunking(fields, n, self.chunk_samples, self.shard_samples)
         return [(a, min(a + shard, n)) for a in range(0, n, shard)]
 
-    def open(self, root: str, fields: tuple[FieldSpec, ...], n: int) -> None:
+    def open(self, root: str, fields: Fields, n: int) -> None:
         """Create the group and array metadata (zarr.json files); rerunning gives the same bytes."""
         import zarr.codecs as zc
 
@@ -83,7 +82,7 @@ class ZarrWriter(PartWriter):
                 )
         self._begin(root, fields, n)
 
-    def finish(self, root: str, fields: tuple[FieldSpec, ...], n: int, parts: list[dict]) -> dict[str, Any]:
+    def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         """{"layout", "checksums"} from the finished parts plus the metadata files."""
         checksums = {}
         for rel in ["zarr.json", *(f"{f.name}/zarr.json" for f in fields)]:
@@ -98,15 +97,8 @@ class ZarrWriter(PartWriter):
 
     # Worker side ---------------------------------------------------------------------------------
     def write_part(
-        self,
-        root: str,
-        fields: tuple[FieldSpec, ...],
-        n: int,
-        index: int,
-        start: int,
-        stop: int,
-        batches: Iterable[Batch],
-    ) -> dict[str, Any]:
+        self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
+    ) -> dict:
         """Write shard `index` of every field from the stored batches of samples [start, stop)."""
         import zarr
 
