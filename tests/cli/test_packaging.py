@@ -6,7 +6,11 @@ import subprocess
 import sys
 
 import pytest
-import tomllib
+
+try:  # Python 3.11+; the dev extra installs tomli on 3.10
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAPPING = {"dctdata": "dctdata", "preprocess": "dctdata.preprocess", "loaders": "dctdata.loaders"}

@@ -1,0 +1,68 @@
+"""dctdata.preprocess.pack's planning: field kinds, the calibration subset, the settings parsers and the
+atomic commit, tested on their own (the whole pack runs through the CLI tests)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from dctdata.errors import DctDataError
+from dctdata.kinds import FieldKind
+from dctdata.preprocess.pack import (
+    CALIBRATION_SAMPLES, calibration_indices, default_kind, parse_field_overrides, parse_nan, partial_dir, plan_fields,
+)  # fmt: skip
+from dctdata.preprocess.sources import open_source
+from sample_fields import poisson_fields
+
+
+def test_default_kinds():
+    assert default_kind((8, 8), np.dtype("float32")) is FieldKind.DCT
+    assert default_kind((), np.dtype("int64")) is FieldKind.LABEL
+    assert default_kind((8, 8), np.dtype("uint8")) is FieldKind.ARRAY  # masks stay exact
+    assert default_kind((5,), np.dtype("float64")) is FieldKind.ARRAY
+
+
+def test_calibration_subset_is_evenly_spaced_and_sized_by_values():
+    small = calibration_indices(10_000, 32 * 32)
+    assert len(small) == (1 << 22) // (32 * 32) and small[0] == 0 and small[-1] == 9_999
+    big = calibration_indices(10_000, 1024 * 1024)
+    assert len(big) == CALIBRATION_SAMPLES and np.all(np.diff(big) > 0)
+    assert calibration_indices(5, 16) == [0, 1, 2, 3, 4]
+
+
+def test_plan_fields_kinds_overrides_and_specs(tmp_path):
+    np.savez(
+        tmp_path / "s.npz", image=poisson_fields(8, 2, 16, 16), mask=np.ones((8, 16, 16), np.uint8), y=np.arange(8)
+    )
+    src = open_source(tmp_path / "s.npz")
+    common = dict(cf=None, mask=None, quant=None, target_psnr=None, codec={"id": "zstd", "level": 9}, nan_fill=None)
+    specs = {f.name: f for f in plan_fields(src, overrides={}, **common)}
+    assert (specs["image"].kind, specs["mask"].kind, specs["y"].kind) == ("dct", "array", "label")
+    assert (
+        specs["image"].codec.cf == 4 and specs["image"].codec.dtype == "float32" and specs["image"].shape == (2, 16, 16)
+    )
+    forced = {
+        f.name: f for f in plan_fields(src, overrides={"mask": FieldKind.ARRAY, "image": FieldKind.ARRAY}, **common)
+    }
+    assert forced["image"].kind is FieldKind.ARRAY and forced["image"].codec is None
+    with pytest.raises(DctDataError, match=r"--field nope: expected one of the source's fields"):
+        plan_fields(src, overrides={"nope": FieldKind.DCT}, **common)
+
+
+def test_settings_parsers():
+    assert parse_nan("error") is None and parse_nan("fill=-1.5") == -1.5 and parse_nan(0) == 0.0
+    for bad in ("zero", "fill=nan", "fill=x"):
+        with pytest.raises(DctDataError, match="nan: expected"):
+            parse_nan(bad)
+    assert parse_field_overrides(["a=array", "b=dct"]) == {"a": FieldKind.ARRAY, "b": FieldKind.DCT}
+    with pytest.raises(DctDataError, match=r"--field a: expected kind dct, array or label\. Got 'jpeg'"):
+        parse_field_overrides({"a": "jpeg"})
+    with pytest.raises(DctDataError, match=r"--field: expected NAME=dct\|array\|label\. Got 'a'"):
+        parse_field_overrides(["a"])
+
+
+def test_partial_dir_is_a_hidden_sibling(tmp_path):
+    out = str(tmp_path / "out.dct")
+    assert partial_dir(out) == os.path.join(str(tmp_path), ".out.dct.partial")

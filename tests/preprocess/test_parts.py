@@ -1,0 +1,64 @@
+"""dctdata.preprocess.parts: one part encodes its samples with the shared specs, measures what it stored,
+and hands the writer stored arrays; data problems name the samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dctdata.errors import DctDataError, OverflowCountError
+from dctdata.format import FieldSpec
+from dctdata.preprocess.parts import PartJob, check_finite, run_part
+from dctdata.spec import CodecSpec
+from sample_fields import poisson_fields
+
+
+class Recorder:
+    """A writer that keeps what it is given."""
+
+    def write_part(self, root, fields, n, index, start, stop, batches):
+        self.batches = [dict(b) for b in batches]
+        return {"files": {}}
+
+
+def job(tmp_path, x, spec, **kw):
+    np.savez(tmp_path / "s.npz", image=x, label=np.arange(len(x), dtype=np.int64))
+    specs = (FieldSpec("image", "dct", x.shape[1:], "float32", spec), FieldSpec("label", "label", (), "int64"))
+    args = dict(nan_fill=None, strict=False, writer=Recorder(), root=str(tmp_path), samples=len(x))
+    args.update(kw)
+    return PartJob(str(tmp_path / "s.npz"), None, False, specs, **args)
+
+
+def test_a_part_stores_coefficients_and_measures_them(tmp_path):
+    x = poisson_fields(10, 1, 16, 24)
+    j = job(tmp_path, x, CodecSpec(cf=4, height=16, width=24, dtype="float32"))
+    res = run_part(j, 1, 2, 9)
+    assert (res["index"], res["start"], res["stop"]) == (1, 2, 9)
+    stored = np.concatenate([b["image"] for b in j.writer.batches])
+    assert stored.shape == (7, 1, 2, 16, 3) and stored.dtype == np.float32
+    assert np.concatenate([b["label"] for b in j.writer.batches]).tolist() == list(range(2, 9))
+    psnr = res["stats"]["psnr"]["image"]
+    assert len(psnr) == 7 and all(20 < p < 80 for p in psnr) and res["stats"]["max_error"]["image"] > 0
+
+
+def test_overflow_is_counted_or_refused_with_strict(tmp_path):
+    x = poisson_fields(4, 1, 8, 8)
+    spec = CodecSpec(cf=2, height=8, width=8, dtype="int8", steps=[[0.01] * 4])  # far too fine for int8
+    assert run_part(job(tmp_path, x, spec), 0, 0, 4)["stats"]["overflow"]["image"] > 0
+    with pytest.raises(OverflowCountError, match=r"s\.npz sample 0\.\.3: field 'image': expected no int8 overflow"):
+        run_part(job(tmp_path, x, spec, strict=True), 0, 0, 4)
+
+
+def test_nan_is_filled_only_when_asked(tmp_path):
+    x = poisson_fields(3, 1, 8, 8)
+    x[1, 0, 2, 2] = np.nan
+    spec = CodecSpec(cf=8, height=8, width=8)
+    with pytest.raises(DctDataError, match=r"s\.npz sample 1: field 'image': expected finite values"):
+        run_part(job(tmp_path, x, spec), 0, 0, 3)
+    assert run_part(job(tmp_path, x, spec, nan_fill=0.0), 0, 0, 3)["stats"]["nan_filled"] == 1
+
+
+def test_check_finite_refuses_values_the_dct_would_overflow():
+    x = np.full((2, 1, 8, 8), 1e38, np.float32)
+    with pytest.raises(DctDataError, match=r"sample 0: field 'f': expected \|x\| <= .* Got max \|x\| = 1e\+38"):
+        check_finite(x, "f", None, lambda j: f"sample {j}")
