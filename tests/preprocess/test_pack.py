@@ -7,14 +7,20 @@ import os
 
 import numpy as np
 import pytest
+from sample_fields import poisson_fields
 
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.preprocess.pack import (
-    CALIBRATION_SAMPLES, calibration_indices, default_kind, parse_field_overrides, parse_nan, partial_dir, plan_fields,
-)  # fmt: skip
+    CALIBRATION_SAMPLES,
+    calibration_indices,
+    default_kind,
+    parse_field_overrides,
+    parse_nan,
+    partial_dir,
+    plan_fields,
+)
 from dctdata.preprocess.sources import open_source
-from sample_fields import poisson_fields
 
 
 def test_default_kinds():

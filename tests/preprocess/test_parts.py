@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sample_fields import poisson_fields
 
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.preprocess.parts import PartJob, check_finite, run_part
 from dctdata.spec import CodecSpec
-from sample_fields import poisson_fields
 
 
 class Recorder:

@@ -7,10 +7,10 @@ import h5py
 import numpy as np
 import pytest
 from PIL import Image
+from sample_fields import poisson_fields
 
 from dctdata.errors import DctDataError
 from dctdata.preprocess.sources import ChannelsLast, field_name, open_source
-from sample_fields import poisson_fields
 
 X = poisson_fields(7, 2, 10, 12)
 LABELS = np.arange(7, dtype=np.int64) * 3
