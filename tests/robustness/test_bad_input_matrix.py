@@ -29,7 +29,10 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from sample_fields import smooth_fields
+
+if __name__ == "__main__":  # run as a script (prints the table): find the helpers beside conftest.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sample_fields import smooth_fields  # noqa: E402
 
 import dctdata
 from dctdata.cli import main
