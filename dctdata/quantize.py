@@ -1,8 +1,17 @@
-"""Quantize/dequantize kept coefficients as a CodecSpec says (q = round((coef - offset) / step)).
+"""Apply a CodecSpec: samples -> quantized coefficients (`encode`) and back (`decode_reference`).
+
+Encoding, in order (each step only where the spec asks for it):
+1. per-sample side information (spec.side == "range_mid"): each sample channel is coded as
+   (x - mid) / range, so every item is quantized against its own range (the project's PSNR);
+2. channel rotation (spec.rotation, an orthonormal C x C matrix) mixes the channels before the DCT;
+3. padding to whole blocks (spec.pad) and the block DCT of the kept frequencies;
+4. quantization q = round((coef - offset) / step): plain rounding (v1), or dead-zone rounding
+   sign(v) floor(|v| + theta) when spec.theta is set.
 
 Overflow is never silent: values outside the wire dtype's range are clamped *and counted*; callers
 report the count and `--strict` turns any into an error. Choosing the steps from data (calibration)
-lives elsewhere; this module only applies them.
+lives in dctdata.calibrate; this module only applies them. `Decompress` (dctdata.layer) is the fast
+decoder; `decode_reference` is the plain one it is tested against.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.spec import INTEGER_DTYPES, CodecSpec
-from dctdata.transform import compress
+from dctdata.transform import compress, decompress
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
 # Largest |x| whose 8x8 orthonormal DCT stays finite in float32 (a coefficient is at most 8 max|x|).
@@ -24,7 +33,7 @@ def _table(values, spec: CodecSpec, device) -> torch.Tensor:
 
 
 def check_coeff_shape(coeffs: torch.Tensor, spec: CodecSpec, name: str = "coefficients") -> None:
-    """Raise unless coeffs end in the spec's (C, K, Hb, Wb)."""
+    """Raise unless coeffs end in the spec's (C, Hb, K, Wb)."""
     if tuple(coeffs.shape[-4:]) != spec.coeff_shape or coeffs.dim() < 4:
         raise DctDataError(
             f"{name}: expected shape (..., {', '.join(map(str, spec.coeff_shape))}) = (..., C, Hb, K, Wb) "
@@ -32,8 +41,49 @@ def check_coeff_shape(coeffs: torch.Tensor, spec: CodecSpec, name: str = "coeffi
         )
 
 
+# Per-sample side information and channel rotation ------------------------------------------------
+def item_side(x: torch.Tensor) -> torch.Tensor:
+    """(..., C, H, W) -> (..., C, 2) float32 [range, mid] of every item (range 1 for a constant item)."""
+    flat = x.detach().to(torch.float64).flatten(-2)
+    lo, hi = flat.amin(-1), flat.amax(-1)
+    rng = hi - lo
+    rng = torch.where(rng > 0, rng, torch.ones_like(rng))
+    return torch.stack([rng, (hi + lo) / 2], -1).to(torch.float32)
+
+
+def normalize(x: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
+    """(x - mid) / range per item, computed in float64 (a 300 K field with 0.01 K detail keeps it)."""
+    rng, mid = side[..., 0, None, None].double(), side[..., 1, None, None].double()
+    return ((x.to(torch.float64) - mid) / rng).to(torch.float32)
+
+
+def rotate(x: torch.Tensor, rotation, transpose: bool = False) -> torch.Tensor:
+    """Mix the channel axis (-3) of (..., C, H, W) with a C x C matrix (or its transpose)."""
+    r = torch.as_tensor(rotation, dtype=torch.float32, device=x.device)
+    return torch.einsum("oc,...ohw->...chw" if transpose else "oc,...chw->...ohw", r, x.to(torch.float32))
+
+
+def coded_coefficients(
+    x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Samples (..., C, H, W) -> (float32 coefficients in the coded domain, side info or None)."""
+    if spec.side is not None:
+        side = item_side(x) if side is None else side
+        x = normalize(x, side)
+    if spec.rotation is not None:
+        x = rotate(x, spec.rotation)
+    return compress(x, spec.cf, spec.mask, spec.pad), side
+
+
+# Quantization ------------------------------------------------------------------------------------
 def quantize(coeffs: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, int]:
     """float32 (..., C, Hb, K, Wb) -> (wire-dtype tensor, number of clamped values)."""
+    q, clamped = quantize_per_sample(coeffs, spec)
+    return q, int(clamped.sum())
+
+
+def quantize_per_sample(coeffs: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like `quantize`, with the clamped count of every sample (the leading dims)."""
     check_coeff_shape(coeffs, spec)
     c = coeffs.to(torch.float32)
     bad = int((~torch.isfinite(c)).sum())
@@ -46,21 +96,24 @@ def quantize(coeffs: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, int]:
         c = c - _table(spec.offsets, spec, c.device)
     if spec.steps is not None:
         c = c / _table(spec.steps, spec, c.device)
+    lead = c.shape[:-4]
     if spec.dtype in INTEGER_DTYPES:
         info = torch.iinfo(spec.torch_dtype)
-        q = torch.round(c)
-        overflow = int(((q < info.min) | (q > info.max)).sum())
-        return q.clamp_(info.min, info.max).to(spec.torch_dtype), overflow
+        q = torch.round(c) if spec.theta is None else torch.sign(c) * torch.floor(c.abs() + spec.theta)
+        over = ((q < info.min) | (q > info.max)).reshape(*lead, -1).sum(-1)
+        return q.clamp_(info.min, info.max).to(spec.torch_dtype), over
     if spec.dtype == "float16":
-        overflow = int((c.abs() > _FP16_MAX).sum())
-        return c.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16), overflow
-    return c.to(spec.torch_dtype), 0
+        over = (c.abs() > _FP16_MAX).reshape(*lead, -1).sum(-1)
+        return c.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16), over
+    return c.to(spec.torch_dtype), torch.zeros(lead, dtype=torch.int64)
 
 
 def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
-    """Wire-dtype coefficients -> float32 coefficients (reference; `Decompress` folds this)."""
+    """Wire-dtype coefficients -> float32 coefficients: step * (q - recon * sign(q)) + offset."""
     check_coeff_shape(q, spec)
     c = q.to(torch.float32)
+    if spec.recon is not None:
+        c = c - _table(spec.recon, spec, c.device) * torch.sign(c)
     if spec.steps is not None:
         c = c * _table(spec.steps, spec, c.device)
     if spec.offsets is not None:
@@ -68,11 +121,54 @@ def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
     return c
 
 
-def encode(x: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, int]:
-    """(..., C, H, W) float samples -> (quantized (..., C, Hb, K, Wb), overflow count)."""
+# Whole samples -----------------------------------------------------------------------------------
+def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None):
+    """(..., C, H, W) float samples -> (wire value, overflow count).
+
+    The wire value is what a packed dataset stores and yields for the field: the quantized coefficients
+    (..., C, Hb, K, Wb), or the pair (coefficients, side) when the spec carries per-sample side
+    information (side (..., C, 2) float32 = [range, mid]; computed from x unless given).
+    """
     if isinstance(x, torch.Tensor) and tuple(x.shape[-3:]) != spec.sample_shape:
         raise DctDataError(
-            f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). "
-            f"Got {tuple(x.shape)}"
+            f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). Got {tuple(x.shape)}"
         )
-    return quantize(compress(x, spec.cf, spec.mask), spec)
+    coeffs, side = coded_coefficients(x, spec, side)
+    q, overflow = quantize(coeffs, spec)
+    return ((q, side) if spec.side is not None else q), overflow
+
+
+def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(coefficients, side or None) from a field's wire value, checking it has the spec's form."""
+    if spec.side is None:
+        if not isinstance(wire, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor. Got {type(wire).__name__}")
+        return wire, None
+    if not isinstance(wire, (tuple, list)) or len(wire) != 2 or not all(isinstance(t, torch.Tensor) for t in wire):
+        raise TypeError(
+            f"{name}: expected the pair (coefficients, side) of torch.Tensors the field yields (its spec has "
+            f"per-sample side information). Got {type(wire).__name__}"
+        )
+    q, side = wire
+    if tuple(side.shape[-2:]) != (spec.channels, 2) or tuple(side.shape[:-2]) != tuple(q.shape[:-4]):
+        raise DctDataError(
+            f"side: expected shape (..., {spec.channels}, 2) matching coefficients {tuple(q.shape)}. Got {tuple(side.shape)}"
+        )
+    return q, side
+
+
+def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
+    """The plain decoder, step by step in float64 where it matters: dequantize -> inverse DCT ->
+    inverse rotation -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
+    q, side = split_wire(wire, spec)
+    coeffs = dequantize(q, spec)
+    x = decompress(coeffs, spec.cf, (spec.height, spec.width), spec.mask).to(torch.float64)
+    if spec.rotation is not None:
+        x = torch.einsum("oc,...ohw->...chw", torch.tensor(spec.rotation, dtype=torch.float64), x)
+    if side is not None:
+        x = x * side[..., 0, None, None].double() + side[..., 1, None, None].double()
+    if spec.mean is not None:
+        mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(-1, 1, 1)
+        std = torch.tensor(spec.std, dtype=torch.float64).reshape(-1, 1, 1)
+        x = (x - mean) / std
+    return x
