@@ -27,9 +27,9 @@ from torch import nn
 
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
-from dctdata.quantize import split_wire
 from dctdata.spec import CodecSpec
 from dctdata.transform import BLOCK, augment_bias, fold_basis, synthesize
+from dctdata.wire import split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

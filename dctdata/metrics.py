@@ -54,3 +54,33 @@ def psnr(
 
 def max_abs_error(reference: torch.Tensor, estimate: torch.Tensor) -> float:
     return float((reference.detach().to(torch.float64) - estimate.detach().to(torch.float64)).abs().max())
+
+
+def item_nmse(
+    reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MSE / range^2 of every item (leading dims), which items have a range) over the last two dims,
+    counting only `valid` pixels (a bool mask broadcastable to the reference) when given, and each
+    item's range over its valid pixels. float64."""
+    ref = reference.detach().to(torch.float64)
+    err = (estimate.detach().to(torch.float64) - ref).square().flatten(-2)
+    flat = ref.flatten(-2)
+    if valid is None:
+        mse, lo, hi = err.mean(-1), flat.amin(-1), flat.amax(-1)
+    else:
+        ok = torch.broadcast_to(valid, ref.shape).flatten(-2)
+        count = ok.sum(-1)
+        mse = err.masked_fill(~ok, 0).sum(-1) / count.clamp(min=1)
+        lo = flat.masked_fill(~ok, math.inf).amin(-1)
+        hi = flat.masked_fill(~ok, -math.inf).amax(-1)
+    rng = (hi - lo).nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    has = rng > 0
+    return torch.where(has, mse / torch.where(has, rng, torch.ones_like(rng)).square(), torch.zeros_like(mse)), has
+
+
+def channel_nmse(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """(C,) mean over the items of each channel (axis -3) of MSE / range^2: the dataset-level figure a
+    target PSNR promises per channel. Items without a range are left out."""
+    nm, has = item_nmse(reference, estimate, valid)
+    nm, has = nm.reshape(-1, nm.shape[-1]), has.reshape(-1, has.shape[-1])
+    return (nm * has).sum(0) / has.sum(0).clamp(min=1)

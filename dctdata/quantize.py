@@ -16,11 +16,14 @@ decoder; `decode_reference` is the plain one it is tested against.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dctdata.errors import DctDataError
 from dctdata.spec import INTEGER_DTYPES, CodecSpec
 from dctdata.transform import compress, decompress
+from dctdata.wire import split_wire
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
 # Largest |x| whose 8x8 orthonormal DCT stays finite in float32 (a coefficient is at most 8 max|x|).
@@ -42,10 +45,18 @@ def check_coeff_shape(coeffs: torch.Tensor, spec: CodecSpec, name: str = "coeffi
 
 
 # Per-sample side information and channel rotation ------------------------------------------------
-def item_side(x: torch.Tensor) -> torch.Tensor:
-    """(..., C, H, W) -> (..., C, 2) float32 [range, mid] of every item (range 1 for a constant item)."""
+def item_side(x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., C, H, W) -> (..., C, 2) float32 [range, mid] of every item over its valid pixels (range 1
+    for a constant item or one with no valid pixel)."""
     flat = x.detach().to(torch.float64).flatten(-2)
-    lo, hi = flat.amin(-1), flat.amax(-1)
+    if valid is None:
+        lo, hi = flat.amin(-1), flat.amax(-1)
+    else:
+        ok = torch.broadcast_to(valid, x.shape).flatten(-2)
+        lo = flat.masked_fill(~ok, math.inf).amin(-1)
+        hi = flat.masked_fill(~ok, -math.inf).amax(-1)
+        empty = ~ok.any(-1)
+        lo, hi = lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
     rng = hi - lo
     rng = torch.where(rng > 0, rng, torch.ones_like(rng))
     return torch.stack([rng, (hi + lo) / 2], -1).to(torch.float32)
@@ -64,11 +75,11 @@ def rotate(x: torch.Tensor, rotation, transpose: bool = False) -> torch.Tensor:
 
 
 def coded_coefficients(
-    x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None
+    x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Samples (..., C, H, W) -> (float32 coefficients in the coded domain, side info or None)."""
     if spec.side is not None:
-        side = item_side(x) if side is None else side
+        side = item_side(x, valid) if side is None else side
         x = normalize(x, side)
     if spec.rotation is not None:
         x = rotate(x, spec.rotation)
@@ -122,39 +133,54 @@ def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
 
 
 # Whole samples -----------------------------------------------------------------------------------
-def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None):
+def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, valid: torch.Tensor | None = None):
     """(..., C, H, W) float samples -> (wire value, overflow count).
 
-    The wire value is what a packed dataset stores and yields for the field: the quantized coefficients
-    (..., C, Hb, K, Wb), or the pair (coefficients, side) when the spec carries per-sample side
-    information (side (..., C, 2) float32 = [range, mid]; computed from x unless given).
+    The wire value is what a packed dataset stores and yields for the field (`dctdata.wire`): the
+    quantized coefficients (..., C, Hb, K, Wb), or the pair (coefficients, side) when the spec carries
+    per-sample side information (computed from x over its `valid` pixels unless given). With
+    spec.min_psnr, any item (channel of a sample) that would decode below it is coded again with a
+    finer effective step (its stored range shrinks by g < 1, the decoder is unchanged), so every sample,
+    seen at calibration or not, keeps the floor.
     """
     if isinstance(x, torch.Tensor) and tuple(x.shape[-3:]) != spec.sample_shape:
         raise DctDataError(
-            f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). Got {tuple(x.shape)}"
+            f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). Got "
+            f"{tuple(x.shape)}"
         )
-    coeffs, side = coded_coefficients(x, spec, side)
-    q, overflow = quantize(coeffs, spec)
-    return ((q, side) if spec.side is not None else q), overflow
+    coeffs, side = coded_coefficients(x, spec, side, valid)
+    q, over = quantize_per_sample(coeffs, spec)
+    if spec.min_psnr is not None and spec.side is not None and x.dim() == 4:
+        q, side, over = _keep_floor(x, spec, q, side.clone(), over, valid)
+    return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
-def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(coefficients, side or None) from a field's wire value, checking it has the spec's form."""
-    if spec.side is None:
-        if not isinstance(wire, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor. Got {type(wire).__name__}")
-        return wire, None
-    if not isinstance(wire, (tuple, list)) or len(wire) != 2 or not all(isinstance(t, torch.Tensor) for t in wire):
-        raise TypeError(
-            f"{name}: expected the pair (coefficients, side) of torch.Tensors the field yields (its spec has "
-            f"per-sample side information). Got {type(wire).__name__}"
-        )
-    q, side = wire
-    if tuple(side.shape[-2:]) != (spec.channels, 2) or tuple(side.shape[:-2]) != tuple(q.shape[:-4]):
-        raise DctDataError(
-            f"side: expected shape (..., {spec.channels}, 2) matching coefficients {tuple(q.shape)}. Got {tuple(side.shape)}"
-        )
-    return q, side
+def _keep_floor(x, spec: CodecSpec, q, side, over, valid, rounds: int = 4):
+    """Re-code the items below spec.min_psnr with a smaller stored range (a finer effective step)."""
+    from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
+    from dctdata.metrics import item_nmse
+
+    cap = 10.0 ** (-spec.min_psnr / 10.0)
+    layer = Decompress(spec, normalize=False)
+    for _ in range(rounds):
+        with torch.inference_mode():
+            x_hat = layer((q, side))
+        nm, ok = item_nmse(x, x_hat, valid)
+        low = ok & (nm > cap)
+        bad = low.any(1)
+        if not bool(bad.any()):
+            break
+        g = torch.where(low, (cap / nm.clamp(min=1e-300)).sqrt() * 0.99, torch.ones_like(nm)).clamp(max=1.0)
+        trial = side[bad].clone()
+        trial[..., 0] = trial[..., 0] * g[bad].to(torch.float32)
+        cb, _ = coded_coefficients(x[bad], spec, trial)
+        qb, ob = quantize_per_sample(cb, spec)
+        keep = ob <= over[bad]  # never trade the floor for integer overflow: such samples stay as they were
+        rows = bad.nonzero().flatten()[keep]
+        side[rows], q[rows], over[rows] = trial[keep], qb[keep], ob[keep]
+        if not bool(keep.any()):
+            break
+    return q, side, over
 
 
 def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:

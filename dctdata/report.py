@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
 
@@ -14,8 +15,9 @@ def field_rows(m: Manifest) -> list[dict[str, Any]]:
     """Per field: stored bytes (files under `<field>/`; None when fields share files, as in webdataset
     shards), ratio vs float32 and vs the source dtype, transfer ratio, error figures."""
     rows = []
-    for f in m.fields:
-        stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(f.name + "/")) or None
+    for f in user_fields(m.fields):
+        own = (f.name + "/", f.name + SIDE_SUFFIX + "/")  # a dct field's side partner is part of it
+        stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(own)) or None
         n_values = math.prod(f.shape) * m.samples
         rows.append(
             {
@@ -36,7 +38,7 @@ def pack_summary(m: Manifest) -> dict[str, Any]:
     """Stored size, ratios, transfer ratio and PSNR of a whole packed dataset, from its manifest."""
     stored = m.stored_bytes
     f32 = src = coeff = 0.0
-    for f in m.fields:
+    for f in user_fields(m.fields):
         numel = math.prod(f.shape)
         f32 += 4 * numel
         src += f.source_sample_bytes

@@ -136,6 +136,7 @@ class CodecSpec:
     recon: tuple | None = None
     rotation: tuple | None = None
     side: str | None = None
+    min_psnr: float | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -183,6 +184,12 @@ class CodecSpec:
         object.__setattr__(self, "rotation", rotation)
         if self.side is not None:
             parse_choice(self.side, "side", SIDES)
+        if self.min_psnr is not None:
+            if self.side is None:
+                raise DctDataError(
+                    "min_psnr: expected side information (side='range_mid') to enforce it with. Got none"
+                )
+            object.__setattr__(self, "min_psnr", f32(parse_number(self.min_psnr, "min_psnr", above=0, below=200)))
 
     # Derived sizes -------------------------------------------------------------------------------
     @property
@@ -218,13 +225,14 @@ class CodecSpec:
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
         raw = self.channels * self.height * self.width * 32
-        return raw / (math.prod(self.coeff_shape) * self.bits)
+        side = 0 if self.side is None else self.channels * 2 * 32  # (range, mid) per channel, float32
+        return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------
     @property
     def version(self) -> int:
         """1 when the spec only uses what a v1 reader knows (edge padding, plain rounding), else 2."""
-        v2 = (self.pad != "edge", self.theta, self.recon, self.rotation, self.side)
+        v2 = (self.pad != "edge", self.theta, self.recon, self.rotation, self.side, self.min_psnr)
         return 2 if any(v not in (False, None) for v in v2) else 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -241,7 +249,7 @@ class CodecSpec:
                 d["dc_offset"] = [row[0] for row in self.offsets]
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
-        for name in ("mean", "std", "theta", "side"):
+        for name in ("mean", "std", "theta", "side", "min_psnr"):
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):

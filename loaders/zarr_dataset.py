@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format.fields import with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
 from dctdata.format.zarr.reader import ZarrReader
@@ -53,7 +54,9 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
                 "dctdata.open_dataset)"
             )
         names = self.manifest.names if fields is None else tuple(fields)
-        self.fields = tuple(self.manifest.field(n) for n in names)
+        for n in names:
+            self.manifest.field(n)  # unknown names fail here, naming the choices
+        self.fields = with_partners(self.manifest.fields, names)
         self.as_dict = bool(as_dict)
         self.on_error = on_error
         self.skipped = 0

@@ -58,6 +58,7 @@ from dctdata.format import (
     write_manifest,
     write_manifest_url,
 )
+from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.kinds import FIELD_KINDS, FieldKind
 from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
 from dctdata.parse import parse_number, parse_optional_int
@@ -204,6 +205,8 @@ def plan_fields(
             else:
                 spec = CodecSpec(cf=cf, height=h, width=w, channels=c, mask=mask, dtype=quant)
         specs.append(FieldSpec(name, kind, shape, dtype.name, spec, codec))
+        if has_side(specs[-1]):
+            specs.append(side_field(specs[-1]))
     return tuple(specs)
 
 
@@ -490,7 +493,7 @@ def _run(
 
 def _combine_stats(specs, parts: list[dict]) -> dict:
     stats: dict[str, Any] = {}
-    for f in specs:
+    for f in user_fields(specs):
         if f.is_dct:
             scores = [v for p in parts for v in p["stats"]["psnr"][f.name]]
             err = max(p["stats"]["max_error"][f.name] for p in parts)

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, OverflowCountError
-from dctdata.format import FieldSpec
+from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, user_fields
 from dctdata.layer import Decompress
 from dctdata.metrics import item_errors, psnr_from_mse
 from dctdata.preprocess.sources import Source, open_source
 from dctdata.quantize import F32_SAFE_MAX, encode
+from dctdata.wire import split_wire
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 _SOURCES: dict[tuple, Source] = {}  # per-process cache: a worker opens each source once
@@ -100,7 +101,7 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
 def _encoded(
     job: PartJob, src: Source, start: int, stop: int, stats: dict, layers: dict
 ) -> Iterator[dict[str, np.ndarray]]:
-    by_name = {f.name: f for f in job.specs}
+    by_name = {f.name: f for f in user_fields(job.specs)}  # side partners are made here, not read
     seen = start
     with torch.inference_mode():
         for a, batch in src.batches(batch_size(job.specs), start, stop):
@@ -130,7 +131,7 @@ def _encoded(
                     stats["nan_filled"] += int((~np.isfinite(xf)).sum())
                 xf = check_finite(xf, name, job.nan_fill, where)
                 xt = torch.from_numpy(np.ascontiguousarray(xf))
-                q, over = encode(xt, f.codec)
+                wire, over = encode(xt, f.codec)
                 if over:
                     stats["overflow"][name] += over
                     if job.strict:
@@ -139,10 +140,13 @@ def _encoded(
                             "(--strict). "
                             f"Got {over} clamped coefficients"
                         )
-                scores, err = _figures(xt, layers[name](q))
+                scores, err = _figures(xt, layers[name](wire))
                 stats["psnr"][name].extend(scores)
                 stats["max_error"][name] = max(stats["max_error"][name], err)
+                q, side = split_wire(wire, f.codec)
                 stored[name] = f.to_stored(q)
+                if side is not None:
+                    stored[name + SIDE_SUFFIX] = side.numpy()
             seen += b
             yield stored
     if seen != stop:

@@ -102,7 +102,8 @@ def run_dctdata(ds: Dataset, spec: CodecSpec, method: str, codec=DEFAULT_CODEC) 
     c = get_codec(codec)
     x = torch.from_numpy(ds.x)
     t0 = time.perf_counter()
-    q, overflow = encode(x, spec)
+    wire, overflow = encode(x, spec)
+    q, side = wire if isinstance(wire, tuple) else (wire, None)
     qn = q.view(torch.int16).numpy() if q.dtype == torch.bfloat16 else q.numpy()
     blobs = [c.encode(np.ascontiguousarray(s)) if c else np.ascontiguousarray(s).tobytes() for s in qn]
     t1 = time.perf_counter()
@@ -112,7 +113,7 @@ def run_dctdata(ds: Dataset, spec: CodecSpec, method: str, codec=DEFAULT_CODEC) 
     if q.dtype == torch.bfloat16:
         batch = batch.view(torch.bfloat16)
     with torch.inference_mode():
-        recon = Decompress(spec)(batch)
+        recon = Decompress(spec)(batch if side is None else (batch, side))
     t2 = time.perf_counter()
     note = f"cf={spec.cf}{spec.mask[0]} {spec.dtype}" + (f" overflow={overflow}" if overflow else "")
     return Result(method, np.array([len(b) for b in blobs]), recon.numpy(), t1 - t0, t2 - t1, spec.transfer_ratio, note)
@@ -125,7 +126,7 @@ def paper_spec(ds: Dataset, cf: int) -> CodecSpec:
 
 def target_spec(ds: Dataset, target: float, calib: int, **kw) -> CodecSpec:
     sub = calibration_subset(ds.x, calib)
-    return calibrate_report(sub, quant=None, target_psnr=target, value_range=ds.value_range, **kw).spec
+    return calibrate_report(sub, quant=None, target_psnr=target, **kw).spec
 
 
 def spec_for_ratio(
@@ -137,7 +138,7 @@ def spec_for_ratio(
     for _ in range(iters):
         mid = (lo + hi) / 2
         try:
-            rep = calibrate_report(sub, quant=None, target_psnr=mid, margin_db=0.0, value_range=ds.value_range)
+            rep = calibrate_report(sub, quant=None, target_psnr=mid)
         except DctDataError:
             hi = mid
             continue
@@ -146,7 +147,7 @@ def spec_for_ratio(
         else:
             hi = mid
     if best is None:
-        best = calibrate_report(sub, quant=None, target_psnr=lo, margin_db=0.0, value_range=ds.value_range).spec
+        best = calibrate_report(sub, quant=None, target_psnr=lo).spec
     return best
 
 

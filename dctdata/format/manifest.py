@@ -20,13 +20,15 @@ import numpy as np
 
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 1
+# 1: the first format. 2: codec v2 (CodecSpec pad/theta/recon/rotation/side/min_psnr, `<field>__side`
+# partner fields, compact JSON). A reader refuses versions above the newest it knows.
+FORMAT_VERSION = 2
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -137,6 +139,19 @@ class Manifest:
         if len(set(names)) != len(names):
             raise DctDataError(f"fields: expected unique names. Got {names}")
         object.__setattr__(self, "fields", fields)
+        for f in fields:
+            if f.name.endswith(SIDE_SUFFIX) and f.name[: -len(SIDE_SUFFIX)] not in {
+                g.name for g in fields if has_side(g)
+            }:
+                raise DctDataError(
+                    f"fields: expected {f.name!r} to be the side partner of a dct field. Got no such field"
+                )
+            if has_side(f) and side_field(f) not in fields:
+                raise DctDataError(
+                    f"fields: expected the side partner {f.name + SIDE_SUFFIX!r} ((C, 2) float32) of dct field "
+                    f"{f.name!r}. "
+                    "Got none or another shape"
+                )
         unknown = sorted(set(self.stats) - set(names))
         if unknown:
             raise DctDataError(f"stats: expected entries for fields {names}. Got unknown {unknown}")
@@ -163,7 +178,8 @@ class Manifest:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        """The user's field names, in sample order (stored side partners are part of their dct field)."""
+        return tuple(f.name for f in user_fields(self.fields))
 
     def field(self, name: str | None = None, kind: FieldKind | str | None = None) -> FieldSpec:
         """The named field; with name=None, the only field of `kind` (error if zero or several)."""
@@ -172,7 +188,7 @@ class Manifest:
                 if f.name == name:
                     return f
             raise DctDataError(f"field: expected one of {list(self.names)}. Got {name!r}")
-        matches = [f for f in self.fields if kind is None or f.kind == kind]
+        matches = [f for f in user_fields(self.fields) if kind is None or f.kind == kind]
         if len(matches) != 1:
             raise DctDataError(
                 f"field: expected a field name; this dataset has {len(matches)} "
@@ -196,7 +212,7 @@ class Manifest:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, d: object, where: str = "manifest") -> "Manifest":

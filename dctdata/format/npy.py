@@ -35,6 +35,17 @@ def encode_npy(arr: np.ndarray) -> bytes:
 def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
     """`.npy` bytes -> a writable numeric array. Strict: the header form numpy writes, numeric dtypes
     only, and exactly the data bytes the header promises."""
+    arr, rest = split_npy(raw, where)
+    if len(rest):
+        raise IntegrityError(
+            f"{where}: expected {arr.nbytes} data bytes for {arr.dtype} {arr.shape}. Got {arr.nbytes + len(rest)}"
+        )
+    return arr
+
+
+def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[np.ndarray, memoryview]:
+    """The first `.npy` of `raw` (strictly, as `decode_npy`) and the bytes after it: a member may hold
+    two arrays back to back (a dct field's coefficients, then its per-sample side information)."""
     b = memoryview(raw).cast("B")
     if len(b) < 10 or bytes(b[:6]) != _NPY_MAGIC:
         raise IntegrityError(f"{where}: expected .npy bytes. Got no .npy magic")
@@ -56,10 +67,10 @@ def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
     dtype = np.dtype(m.group(1))
     shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
     count = math.prod(shape)
+    need = count * dtype.itemsize
     data = b[start + hlen :]
-    if len(data) != count * dtype.itemsize:
-        raise IntegrityError(
-            f"{where}: expected {count * dtype.itemsize} data bytes for {dtype} {shape}. Got {len(data)}"
-        )
+    if len(data) < need:
+        raise IntegrityError(f"{where}: expected {need} data bytes for {dtype} {shape}. Got {len(data)}")
     order = "F" if m.group(2) == "True" else "C"
-    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")
+    arr = np.frombuffer(data[:need], dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")
+    return arr, data[need:]

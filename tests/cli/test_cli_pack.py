@@ -348,8 +348,9 @@ def test_calibrated_int8(tmp_path, capsys):
     assert rc == 0, err
     ds = dctdata.open_dataset(tmp_path / "out")
     f = ds.manifest.field("image")
-    assert f.codec.dtype == "int8" and ds[0][0].dtype == torch.int8
-    got = ds.decompressor()(torch.stack([ds[i][0] for i in range(12)]))
+    q, side = ds[0][0]
+    assert f.codec.dtype == "int8" and q.dtype == torch.int8 and side.shape == (2, 2)
+    got = ds.decompressor()(torch.utils.data.default_collate([ds[i][0] for i in range(12)]))
     scores = dctdata.metrics.psnr(torch.from_numpy(x), got, dims=3)
     assert float(scores.min()) == pytest.approx(ds.manifest.stats["image"].psnr_min, abs=1e-3)
 
@@ -367,7 +368,8 @@ def test_python_api_errors_are_typed(tmp_path):
 
 def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp_path):
     """Tiny samples: a fixed 64-sample subset missed the tails, so int8 'reached' 40 dB on the subset and
-    then clamped hundreds of coefficients of unseen samples. Now the subset is sized by values."""
+    then clamped hundreds of coefficients of unseen samples. Now the subset is sized by values, and every
+    sample is coded against its own range, so int8 holds 40 dB without clamping."""
     from dctdata.datasets import cifar_like
     from dctdata.preprocess import pack as pack_mod
 
@@ -376,16 +378,10 @@ def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp
     np.savez(src, image=np.stack([ds[i]["image"] for i in range(400)]), label=np.arange(400) % 10)
     assert len(pack_mod.calibration_indices(400, 3 * 32 * 32)) == 400  # all of them fit the value budget
     assert len(pack_mod.calibration_indices(10_000, 256 * 256)) == pack_mod.CALIBRATION_SAMPLES
-    # int8 cannot hold 40 dB on every one of these images: say so instead of clamping silently
-    with pytest.raises(
-        dctdata.DctDataError, match=r"target_psnr: expected a target these settings .*quant=int8.* can reach"
-    ):
-        dctdata.pack(str(src), str(tmp_path / "a"), fields={"image": "dct"}, quant="int8", target_psnr=40.0, quiet=True)
-    assert not (tmp_path / "a").exists()
-    for out, quant, target in (("b", None, 40.0), ("c", "int8", 35.0)):
+    for out, quant, target in (("a", "int8", 40.0), ("b", None, 40.0), ("c", "int8", 35.0)):
         manifest = dctdata.pack(
             str(src), str(tmp_path / out), fields={"image": "dct"}, quant=quant, target_psnr=target, quiet=True
         )
         stats = manifest.stats["image"]
         assert stats.overflow == 0
-        assert stats.psnr_min >= target - 1.0
+        assert stats.psnr_min >= target - 0.4 - 1e-3  # the per-sample floor

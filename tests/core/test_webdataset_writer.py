@@ -77,7 +77,9 @@ def test_tar_members_are_pinned_and_in_sample_order(source, tmp_path):
         members = tf.getmembers()
         names = [t.name for t in members]
         assert names == [
-            f"{sample_key(i)}.{f}" for i in range(7, 14) for f in ("image.npy.zst", "label.npy.zst", "mask.npy.zst")
+            f"{sample_key(i)}.{f}"
+            for i in range(7, 14)
+            for f in ("image.npy.zst", "label.npy.zst", "mask.npy.zst")  # image's side rides in its member
         ]
         assert {(t.mtime, t.uid, t.gid, t.uname, t.gname, t.mode) for t in members} == {
             (0, 0, 0, "dctdata", "dctdata", 0o444)

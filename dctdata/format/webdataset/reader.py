@@ -23,10 +23,10 @@ import torch
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.checksum import read_expected
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, join, open_file
 from dctdata.format.manifest import Manifest, parse_manifest
-from dctdata.format.npy import decode_npy
+from dctdata.format.npy import decode_npy, split_npy
 from dctdata.format.webdataset.layout import MEMBER_RE, entry_name, sample_key
 from dctdata.lossless import get_codec
 
@@ -127,7 +127,7 @@ class ShardReader:
 
     def _index(self) -> list[dict[str, tuple[int, int]]]:
         """[{entry suffix: (offset, size)}] per sample, after checking every member header."""
-        want = {entry_name(f.name, bool(f.lossless)) for f in self.fields}
+        want = {entry_name(f.name, bool(f.lossless)) for f in user_fields(self.fields)}
         samples: list[dict[str, tuple[int, int]]] = []
         keys: list[str] = []
         try:
@@ -182,9 +182,10 @@ class ShardReader:
         return samples
 
     def decode(self, j: int) -> list[torch.Tensor]:
-        """Tensors of sample j of this shard, in field order."""
-        out = []
-        for f in self.fields:
+        """Tensors of sample j of this shard, in field order (a side partner comes out of its dct
+        field's member)."""
+        values: dict[str, torch.Tensor] = {}
+        for f in user_fields(self.fields):
             off, size = self.samples[j][entry_name(f.name, bool(f.lossless))]
             raw = self.data[off : off + size]
             where = f"{self.where}: sample {self.entry['start'] + j} field {f.name!r}"
@@ -196,10 +197,15 @@ class ShardReader:
                     f"{where}: expected {f.lossless.get('id')}-compressed .npy bytes. Got undecodable bytes "
                     f"({type(exc).__name__}: {exc})"
                 ) from exc
-            arr = decode_npy(raw, where)
-            if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
-                raise IntegrityError(
-                    f"{where}: expected {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}"
-                )
-            out.append(f.to_tensor(arr))
-        return out
+            parts = [f, side_field(f)] if has_side(f) else [f]
+            for k, g in enumerate(parts):
+                if k == len(parts) - 1:
+                    arr, raw = decode_npy(raw, where), b""
+                else:
+                    arr, raw = split_npy(raw, where)
+                if arr.dtype.name != g.stored_dtype or tuple(arr.shape) != g.stored_shape:
+                    raise IntegrityError(
+                        f"{where}: expected {g.stored_dtype} {g.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}"
+                    )
+                values[g.name] = g.to_tensor(arr)
+        return [values[f.name] for f in self.fields]
