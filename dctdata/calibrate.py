@@ -31,6 +31,7 @@ PSNR here is always against each item's own value range (`dctdata.metrics`). "Da
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import statistics
@@ -42,7 +43,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
-from dctdata.lossless import DEFAULT_CODEC, get_codec
+from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
 from dctdata.metrics import channel_nmse, item_nmse
 from dctdata.parse import is_number, parse_number
 from dctdata.quantize import F32_SAFE_MAX, encode, item_side, normalize, rotate
@@ -94,7 +95,7 @@ class Calibration:
     overflow: int
     stored_bytes_per_sample: float
     raw_bytes_per_sample: int
-    codec: dict
+    codec: dict  # the lossless stage chosen for the field (the fitted entropy coder's config, or zstd)
     stats: dict
     candidates: tuple[Candidate, ...] = ()
     seconds: float = 0.0
@@ -286,17 +287,40 @@ def fit_recon(v: torch.Tensor, q: torch.Tensor, dims) -> torch.Tensor:
     return (torch.round(delta * 100) / 100).clamp(-0.99, 0.99)
 
 
-def _sizer(codec: Mapping[str, Any] | None) -> Callable[[torch.Tensor, str], int]:
-    """Bytes of quantized planes after the lossless stage (the search compares settings by this)."""
-    c = get_codec(codec)
+def _sizer(codec: Mapping[str, Any] | str | None) -> Callable[[torch.Tensor, str, int, str], int]:
+    """Bytes of quantized planes (R, C, K, Wb) after the lossless stage: the search compares settings by
+    this. With "auto" (or the entropy coder), integer planes are sized by the entropy coder's one-pass
+    estimate (each block row a sample of one row: the cheapest consistent proxy)."""
+    entropy = codec == AUTO or is_entropy(codec if isinstance(codec, Mapping) else None)
+    c = get_codec(DEFAULT_CODEC if codec == AUTO else codec) if not entropy else get_codec(ZSTD_MAX)
 
-    def size(q: torch.Tensor, dtype: str) -> int:
+    def size(q: torch.Tensor, dtype: str, cf: int, mask: str) -> int:
         raw = q.to(COEFF_DTYPES[dtype][0]).contiguous()
+        if entropy and dtype in INTEGER_DTYPES:
+            from dctdata.entropy import CtxCodec
+
+            return int(CtxCodec.estimate_bytes(raw.unsqueeze(2).numpy(), cf, mask))
         raw = raw.view(torch.int16) if raw.dtype == torch.bfloat16 else raw
-        data = raw.numpy().tobytes()
-        return len(c.encode(data)) if c is not None else len(data)
+        return len(encode_array(c, raw.numpy()))
 
     return size
+
+
+def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The lossless stage config of a dct field from its quantized calibration coefficients: with "auto",
+    the entropy coder fitted on them, unless zstd-19 stores them in fewer bytes (periodic textures that
+    long matches catch); else `codec` as given."""
+    if codec != AUTO:
+        return dict(codec or {})
+    if spec.dtype not in INTEGER_DTYPES:
+        return dict(DEFAULT_CODEC)
+    from dctdata.entropy import CtxCodec
+
+    coder = CtxCodec.fit(q, spec.cf, spec.mask)
+    config = coder.get_config()
+    sub = q[: max(1, SUB_VALUES // max(1, q[0].size))]  # zstd-19 encodes slowly: compare on a bounded share
+    ctx = len(encode_array(coder, sub)) + len(json.dumps(config)) * len(sub) / len(q)  # the model is in the manifest
+    return config if ctx < len(encode_array(get_codec(ZSTD_MAX), sub)) else dict(ZSTD_MAX)
 
 
 # Entry points ------------------------------------------------------------------------------------
@@ -309,7 +333,7 @@ def calibrate_report(
     target_psnr: float | None = None,
     min_psnr: float | None = None,
     valid: torch.Tensor | None = None,
-    codec: Mapping[str, Any] | None = DEFAULT_CODEC,
+    codec: Mapping[str, Any] | str | None = AUTO,
     normalize: bool = False,
     rotation: bool | None = None,
     progress: Callable[[int, float], None] | None = None,
@@ -413,7 +437,7 @@ def _search(x, valid, side, target, min_psnr, cf, mask, dtype, codec, rotation, 
                         continue  # int16 only pays where an int8 floor binds
                     s, slope, q = setting.land(goal, math.sqrt(12 * budget) * 1.4)
                     d, q, _ = setting.subsample(s)
-                size = size_of(q, dt)
+                size = size_of(q, dt, cc, mm)
                 candidates.append(Candidate(cc, mm, dt, rot is not None, db(d), size))
                 if db(d) < goal - 0.3:
                     continue  # this setting cannot reach the target (its floors or precision cap the PSNR)
@@ -528,7 +552,9 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, seconds, evalua
     nm, ok = item_nmse(x, x_hat, valid)
     per_item = [db(v) for v in nm[ok].tolist()]
     q = wire[0] if isinstance(wire, tuple) else wire
-    nbytes = _sizer(codec)(q, spec.dtype) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
+    qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
+    stage = choose_stage(qn, spec, codec)
+    nbytes = len(encode_array(get_codec(stage), qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
     diff = (x.double() - x_hat.double()).abs()
     if valid is not None:
         diff = diff.masked_fill(~valid, 0)
@@ -544,7 +570,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, seconds, evalua
         overflow=overflow,
         stored_bytes_per_sample=nbytes / x.shape[0],
         raw_bytes_per_sample=int(np.prod(x.shape[1:])) * 4,
-        codec=dict(codec or {}),
+        codec=stage,
         stats=stats,
         candidates=tuple(candidates),
         seconds=seconds,

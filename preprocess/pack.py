@@ -60,7 +60,7 @@ from dctdata.format import (
 )
 from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
+from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
 from dctdata.parse import parse_number, parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.journal import Journal
@@ -145,10 +145,25 @@ def calibration_indices(n: int, sample_values: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n - 1, k)})
 
 
-def _calibrate(x: torch.Tensor, cf, mask, quant, target_psnr) -> CodecSpec:
-    from dctdata.calibrate import calibrate
+def _calibrate(x: torch.Tensor, name: str, cf, mask, quant, target_psnr, codec, quiet: bool) -> tuple[CodecSpec, dict]:
+    """(spec, lossless stage) of one dct field, with a progress bar while the search runs."""
+    from tqdm.auto import tqdm
 
-    return calibrate(x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr)
+    from dctdata.calibrate import calibrate_report
+
+    bar = tqdm(desc=f"calibrate {name}", unit="eval", disable=quiet or not sys.stderr.isatty(), leave=False)
+    try:
+
+        def progress(evaluation: int, psnr_db: float) -> None:
+            bar.update(1)
+            bar.set_postfix_str(f"{psnr_db:.2f} dB")
+
+        report = calibrate_report(
+            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, codec=codec, progress=progress
+        )
+    finally:
+        bar.close()
+    return report.spec, report.codec
 
 
 def plan_fields(
@@ -159,9 +174,13 @@ def plan_fields(
     quant: str | None,
     target_psnr: float | None,
     overrides: dict[str, str],
-    codec: dict,
+    codec: dict | str,
     nan_fill: float | None,
+    quiet: bool = True,
 ) -> tuple[FieldSpec, ...]:
+    """The fields of a pack: kinds, shapes, and for dct fields the calibrated spec and lossless stage
+    (`codec` "auto": the entropy coder or zstd-19 for integer coefficients, zstd-9 for the rest)."""
+    default_stage = DEFAULT_CODEC if codec == AUTO else codec
     probe = source.probe()
     unknown = sorted(set(overrides) - set(probe))
     if unknown:
@@ -184,7 +203,7 @@ def plan_fields(
                 f"{source.description}: field {name!r}: expected one scalar per sample for kind label. Got shape "
                 f"{shape}"
             )
-        spec = None
+        spec, stage = None, default_stage
         if kind is FieldKind.DCT:
             if dtype.kind == "b":
                 raise DctDataError(
@@ -197,14 +216,14 @@ def plan_fields(
                 idx = calibration_indices(n, c * h * w)
                 x = source.take(idx)[name].reshape(len(idx), c, h, w).astype(np.float32)
                 x = _check_finite(x, name, nan_fill, lambda j, idx=idx: source.where(idx[j]))
-                spec = _calibrate(torch.from_numpy(x), cf, mask, quant, target_psnr)
+                spec, stage = _calibrate(torch.from_numpy(x), name, cf, mask, quant, target_psnr, codec, quiet)
                 if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
                     raise DctDataError(
                         f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}"
                     )
             else:
                 spec = CodecSpec(cf=cf, height=h, width=w, channels=c, mask=mask, dtype=quant)
-        specs.append(FieldSpec(name, kind, shape, dtype.name, spec, codec))
+        specs.append(FieldSpec(name, kind, shape, dtype.name, spec, stage))
         if has_side(specs[-1]):
             specs.append(side_field(specs[-1]))
     return tuple(specs)
@@ -284,7 +303,7 @@ def pack(
     workers: int | None = None,
     scheduler: str | None = None,
     resume: bool = False,
-    codec: Mapping[str, Any] | None = DEFAULT_CODEC,
+    codec: Mapping[str, Any] | str | None = AUTO,
     writer_options: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
@@ -312,7 +331,7 @@ def pack(
         parallel_mod.require_dask()
     nan_fill = parse_nan(nan)
     overrides = parse_field_overrides(fields)
-    codec = parse_codec_config(codec)
+    codec = codec if codec == AUTO else parse_codec_config(codec)
     storage_options = dict(storage_options or {})
     out = _check_out(out, overwrite, storage_options)
     _check_not_source(source, out)
@@ -369,6 +388,7 @@ def pack(
                 overrides=overrides,
                 codec=codec,
                 nan_fill=nan_fill,
+                quiet=quiet,
             )
             if url:
                 _remove_manifest(out, storage_options)  # an --overwrite target stops being a dataset now

@@ -9,6 +9,7 @@ never pickle).
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -22,6 +23,16 @@ _NPY_HEADER_RE = re.compile(
     r"\{'descr': '([<>|=][biuf][0-9]{1,2})', 'fortran_order': (False|True), "
     r"'shape': \(((?:[0-9]+, )*[0-9]+,?|)\), \} *\n"
 )
+
+
+@functools.lru_cache(maxsize=256)
+def npy_size(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of the .npy of an array of this shape and dtype (numpy's header length is fixed by them)."""
+    dt = np.dtype(dtype)
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": tuple(shape)}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return len(buf.getvalue()) + math.prod(shape) * dt.itemsize
 
 
 def encode_npy(arr: np.ndarray) -> bytes:

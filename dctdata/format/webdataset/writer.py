@@ -39,7 +39,7 @@ from dctdata.format.webdataset.layout import (
     member_bytes,
     sample_key,
 )
-from dctdata.lossless import get_codec
+from dctdata.lossless import encode_array, get_codec, is_entropy
 from dctdata.parse import parse_int, parse_optional_int
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class WebDatasetWriter(PartWriter):
         if not is_url(root) and not os.path.isdir(root):
             raise DctDataError(f"{root}: expected an existing empty directory. Got none")
         for f in user_fields(fields):
-            longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, bool(f.lossless))}"
+            longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, f.lossless)}"
             if len(longest) > USTAR_NAME_MAX:
                 raise DctDataError(
                     f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got "
@@ -141,7 +141,7 @@ class WebDatasetWriter(PartWriter):
                 b = len(next(iter(batch.values())))
                 for i in range(b):
                     members = {
-                        entry_name(f.name, bool(f.lossless)): self._encode(f, batch, i, count, codecs)
+                        entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
                         for f in user_fields(fields)
                     }
                     size = sum(member_bytes(len(v)) for v in members.values())
@@ -179,11 +179,12 @@ class WebDatasetWriter(PartWriter):
         return {"layout": layout, "checksums": checksums}
 
     def _encode(self, f: FieldSpec, batch: Batch, i: int, index: int, codecs: dict) -> bytes:
-        """One member: the field's .npy bytes (a dct field with side information: its coefficients' .npy,
-        then its side's, in one member, so tiny samples do not pay a tar header per part), through the
-        field's lossless stage."""
+        """One member. With a bytes codec: the field's .npy bytes through it (a dct field with side
+        information: its coefficients' .npy then its side's, in one member, so tiny samples do not pay a
+        tar header per part). With the entropy coder: the side's raw float32 bytes (if any), then the
+        coefficients' stream (`member_parts` reads it back)."""
         parts = [f, side_field(f)] if has_side(f) else [f]
-        raw = b""
+        arrays = []
         for g in parts:
             value = batch[g.name][i]
             arr = g.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
@@ -192,6 +193,10 @@ class WebDatasetWriter(PartWriter):
                     f"sample {index} field {g.name!r}: expected stored {g.stored_dtype} {g.stored_shape}. Got "
                     f"{arr.dtype.name} {tuple(arr.shape)}"
                 )
-            raw += encode_npy(arr)
+            arrays.append(arr)
         codec = codecs[f.name]
+        if is_entropy(f.lossless):
+            side = b"".join(a.astype("<f4").tobytes() for a in arrays[1:])
+            return side + encode_array(codec, arrays[0][None])
+        raw = b"".join(encode_npy(a) for a in arrays)
         return raw if codec is None else bytes(codec.encode(raw))
