@@ -1,9 +1,9 @@
 """Rate-distortion points and the equal-PSNR comparison.
 
-Every codec gives (stored bytes, dataset PSNR) points from a sweep of its knob. Between two points
-that bracket a PSNR level, log(bytes) (so log CR) is interpolated linearly in PSNR; where several
-segments of a non-monotone sweep bracket it the smallest size wins (the codec's best setting there);
-outside the swept range the size is unknown (NaN), never extrapolated. Ratios of compression ratios
+Every codec gives (stored bytes, dataset PSNR) points from a sweep of its knob. Settings another setting
+beats (more bytes for less PSNR) are dropped; between the two remaining points that bracket a PSNR
+level, log(bytes) (so log CR) is interpolated linearly in PSNR; outside the swept range the size is
+unknown (NaN), never extrapolated. Ratios of compression ratios
 are then summarized by geometric means over packs.
 """
 
@@ -36,19 +36,29 @@ def pack_psnr(x: np.ndarray, reconstruction: np.ndarray) -> float:
     return dataset_psnr(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(reconstruction)))
 
 
+def pareto(points: list[Point]) -> list[tuple[float, int]]:
+    """(PSNR, bytes) of the settings no other setting beats (as many or fewer bytes for as much or more
+    PSNR), by rising PSNR: the sizes a user of the codec can actually get, so both rise together."""
+    pts = sorted(
+        ((p.psnr, p.bytes) for p in points if p.bytes and p.psnr is not None and math.isfinite(p.psnr)),
+        key=lambda pb: (-pb[0], pb[1]),
+    )
+    front: list[tuple[float, int]] = []
+    for psnr, size in pts:  # from the highest PSNR down, keep a point only if it is smaller than all kept
+        if not front or size < front[-1][1]:
+            front.append((psnr, size))
+    return front[::-1]
+
+
 def bytes_at(points: list[Point], level: float) -> float:
-    """Stored bytes at exactly `level` dB: log-linear in PSNR between bracketing points, NaN if none."""
-    pts = sorted((p.psnr, p.bytes) for p in points if p.bytes and p.psnr is not None and math.isfinite(p.psnr))
-    best = math.nan
-    for (p0, b0), (p1, b1) in zip(pts, pts[1:]):
-        if p0 <= level <= p1 and p1 > p0:
+    """Stored bytes at exactly `level` dB: log-linear in PSNR between the two Pareto points that bracket it,
+    NaN outside the swept range (never extrapolated)."""
+    front = pareto(points)
+    for (p0, b0), (p1, b1) in zip(front, front[1:]):
+        if p0 <= level <= p1:
             w = (level - p0) / (p1 - p0)
-            value = math.exp((1 - w) * math.log(b0) + w * math.log(b1))
-            best = value if math.isnan(best) else min(best, value)
-    for p, b in pts:  # a point exactly on the level needs no neighbour
-        if p == level:
-            best = b if math.isnan(best) else min(best, b)
-    return best
+            return math.exp((1 - w) * math.log(b0) + w * math.log(b1))
+    return float(front[0][1]) if len(front) == 1 and front[0][0] == level else math.nan
 
 
 def cr_at(points: list[Point], raw_bytes: int, level: float) -> float:

@@ -10,6 +10,7 @@ and format are, without knowing their internals.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -21,8 +22,9 @@ from dctdata.bench.curves import Point, pack_psnr
 from dctdata.errors import DctDataError
 from dctdata.format import MANIFEST_NAME
 
-# Enough to bracket 35, 40 and 45 dB even when packs land a few dB above their target.
-TARGETS = (31.0, 33.5, 36.0, 38.5, 41.0, 43.5, 46.0, 48.5)
+# Wide enough to bracket 35, 40 and 45 dB both when packs land on their target and when they land up
+# to 5 dB above it (calibration margins on small packs).
+TARGETS = tuple(26.0 + 2.5 * k for k in range(10))  # 26 .. 48.5 dB
 
 
 def read_back(path: str, name: str) -> tuple[np.ndarray, float, float]:
@@ -41,31 +43,39 @@ def stored_size(path: str, manifest) -> int:
     return int(manifest.stored_bytes) + os.path.getsize(os.path.join(path, MANIFEST_NAME))
 
 
-def dctdata_points(x: np.ndarray, targets: tuple[float, ...] = TARGETS) -> list[Point]:
-    """One point per target; a target the pack refuses (DctDataError) becomes a failed point with its reason."""
+def dctdata_points(x: np.ndarray, targets: tuple[float, ...] = TARGETS, workdir: str | None = None) -> list[Point]:
+    """One point per target; a target the pack refuses (DctDataError) becomes a failed point with its reason.
+
+    The packs are written under `workdir` (a new temporary folder by default) and removed. The manifest
+    records the source path, so its length counts in the size (a few tens of bytes)."""
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="dctdata-bench-rd-") as tmp:
+            return dctdata_points(x, targets, tmp)
+    source = os.path.join(workdir, "source.npy")
+    np.save(source, np.ascontiguousarray(x, dtype=np.float32))
     points = []
-    with tempfile.TemporaryDirectory(prefix="dctdata-bench-rd-") as tmp:
-        source = os.path.join(tmp, "source.npy")
-        np.save(source, np.ascontiguousarray(x, dtype=np.float32))
-        for target in targets:
-            out = os.path.join(tmp, f"pack-{target:g}")
-            setting = f"--target-psnr {target:g}"
-            t0 = time.perf_counter()
-            try:
-                manifest = dctdata.pack(source, out, target_psnr=target, quiet=True)
-            except DctDataError as exc:
-                points.append(Point(setting, None, None, note=str(exc)))
-                continue
-            encode_s = time.perf_counter() - t0
-            rec, read_s, decompress_s = read_back(out, manifest.field(kind="dct").name)
-            points.append(
-                Point(
-                    setting,
-                    stored_size(out, manifest),
-                    pack_psnr(x, rec),
-                    encode_s,
-                    read_s + decompress_s,
-                    note=f"read {read_s:.3f} s, Decompress {decompress_s:.3f} s",
-                )
+    for target in targets:
+        out = os.path.join(workdir, f"pack-{target:g}")
+        setting = f"--target-psnr {target:g}"
+        t0 = time.perf_counter()
+        try:
+            manifest = dctdata.pack(source, out, target_psnr=target, quiet=True)
+        except DctDataError as exc:
+            points.append(Point(setting, None, None, note=str(exc)))
+            continue
+        encode_s = time.perf_counter() - t0
+        rec, read_s, decompress_s = read_back(out, manifest.field(kind="dct").name)
+        size = stored_size(out, manifest)
+        shutil.rmtree(out)
+        points.append(
+            Point(
+                setting,
+                size,
+                pack_psnr(x, rec),
+                encode_s,
+                read_s + decompress_s,
+                note=f"read {read_s:.3f} s, Decompress {decompress_s:.3f} s",
             )
+        )
+    os.remove(source)
     return points
