@@ -23,6 +23,7 @@ A peer whose library is missing is skipped with one line (`missing`).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import time
 from typing import Callable
@@ -43,7 +44,7 @@ class Peer:
     def missing(self) -> str | None:
         """Why this peer cannot run here (one line), or None."""
         try:
-            module = __import__(self.module)
+            module = importlib.import_module(self.module)
         except ImportError:
             return f"{self.label} skipped: {self.module} is not installed (pip install 'dctdata[bench]')"
         if self.codec is not None and not getattr(getattr(module, self.codec, None), "available", False):

@@ -76,14 +76,14 @@ def mri_slice() -> np.ndarray:
 
 def elevation_model() -> np.ndarray:
     """matplotlib's Jacksboro fault DEM: elevations in metres, int16 (344, 403)."""
-    with np.load(_mpl_sample("jacksboro_fault_dem.npz")) as data:
+    with np.load(_mpl_sample("jacksboro_fault_dem.npz"), allow_pickle=False) as data:
         return np.asarray(data["elevation"])
 
 
 def motorcycle_disparity() -> np.ndarray:
     """scikit-image's Middlebury motorcycle disparity map, float32 (500, 741). About 7% of the pixels are
     unknown (inf); they are set to the smallest known disparity (background), so the map is finite."""
-    with np.load(package_file("skimage", "data", "motorcycle_disp.npz")) as data:
+    with np.load(package_file("skimage", "data", "motorcycle_disp.npz"), allow_pickle=False) as data:
         d = np.asarray(data["arr_0"], dtype=np.float32)
     known = np.isfinite(d)
     return np.where(known, d, d[known].min()).astype(np.float32)

@@ -289,7 +289,7 @@ def test_package_shipped_scientific_arrays():
     assert disp.shape == (500, 741) and disp.dtype == np.float32 and np.isfinite(disp).all()
     import skimage
 
-    raw = np.load(f"{skimage.__path__[0]}/data/motorcycle_disp.npz")["arr_0"]
+    raw = np.load(f"{skimage.__path__[0]}/data/motorcycle_disp.npz", allow_pickle=False)["arr_0"]
     unknown = ~np.isfinite(raw)
     assert unknown.any() and (disp[unknown] == raw[~unknown].min()).all()  # unknown -> background disparity
     np.testing.assert_array_equal(disp[~unknown], raw[~unknown])
@@ -305,3 +305,18 @@ def test_package_files_are_never_fetched(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ModuleNotFoundError):
         images.mri_slice()
+
+
+def test_synthetic_fields_are_deterministic_and_scaled():
+    from dctdata.datasets.fields import KINDS, synthetic_fields
+
+    a = synthetic_fields(n=2, size=48, seed=5)
+    b = synthetic_fields(n=2, size=48, seed=5)
+    assert set(a) == set(KINDS)
+    for k in KINDS:
+        assert a[k].shape == (2, 1, 48, 48) and a[k].dtype == np.float32
+        np.testing.assert_array_equal(a[k], b[k])
+    assert 220 < float(a["clouds"].mean()) < 320  # brightness temperatures in K: a huge offset
+    assert float(a["atoms"].min()) >= 0  # counts
+    with pytest.raises(DctDataError, match="kind: expected one of"):
+        synthetic_fields(kinds=("nope",))
