@@ -11,6 +11,7 @@ from typing import Any
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, read_manifest
+from dctdata.format.location import shard_selection
 
 
 def pack(source: str | os.PathLike, out: str | os.PathLike, **kwargs: Any) -> Manifest:
@@ -22,19 +23,28 @@ def pack(source: str | os.PathLike, out: str | os.PathLike, **kwargs: Any) -> Ma
     return _pack(source, out, **kwargs)
 
 
-def open_dataset(path_or_url: str | os.PathLike, **kwargs: Any):
+def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     """Open a packed dataset: a map-style `DCTZarrDataset` for zarr storage, the iterable
-    `DCTWebDataset` for webdataset storage. Keywords go to that class (e.g. as_dict, on_error,
-    storage_options). A shell `pipe:` URL can only be a webdataset stream and is refused there unless
-    the caller passes allow_pipe=True."""
-    if str(path_or_url).startswith("pipe:"):
+    `DCTWebDataset` for webdataset storage. `path_or_url` is the pack's directory or URL, its
+    manifest.json, or (webdataset) a list or brace expression of its shard files, e.g.
+    `.../shard-{000000..000015}.tar`, with the manifest beside them. Keywords go to that class (e.g.
+    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). A shell `pipe:` URL
+    can only be a webdataset stream and is refused there unless the caller passes allow_pipe=True."""
+    if isinstance(path_or_url, (str, os.PathLike)) and os.fspath(path_or_url).startswith("pipe:"):
         from dctdata.loaders.wds_dataset import DCTWebDataset
 
         return DCTWebDataset(path_or_url, **kwargs)
-    manifest = read_manifest(path_or_url, storage_options=kwargs.get("storage_options"))
+    root, shards = shard_selection(path_or_url)
+    manifest = read_manifest(root, storage_options=kwargs.get("storage_options"))
     if manifest.storage == "zarr":
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
+        if shards is not None or "cache_dir" in kwargs:
+            what = "a list of shard files" if shards is not None else "cache_dir"
+            raise DctDataError(
+                f"{root}: {what}: expected a webdataset pack (tar shards). Got a zarr pack, which is opened by its "
+                "directory or URL and read by byte range"
+            )
         return DCTZarrDataset(path_or_url, manifest=manifest, **kwargs)
     if manifest.storage == "webdataset":
         try:
@@ -44,7 +54,7 @@ def open_dataset(path_or_url: str | os.PathLike, **kwargs: Any):
                 f"{path_or_url}: expected a loader for storage 'webdataset'. Got none in this build "
                 "(dctdata.loaders.wds_dataset is missing)"
             ) from exc
-        return DCTWebDataset(path_or_url, **kwargs)
+        return DCTWebDataset(path_or_url, manifest=manifest, **kwargs)
     raise DctDataError(
         f"{path_or_url}: expected storage 'zarr' or 'webdataset'. Got {manifest.storage!r}"
     )  # pragma: no cover

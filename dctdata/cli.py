@@ -27,6 +27,10 @@ COMMAND_MODULES = (
 )
 
 
+# Third-party loggers whose DEBUG output floods `--debug` (PIL logs every TIFF tag it reads).
+QUIET_LOGGERS = ("PIL", "fsspec", "asyncio", "urllib3", "numcodecs")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dctdata._version import __version__
 
@@ -47,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    for name in QUIET_LOGGERS:  # --debug is for dctdata's own log, not a line per TIFF tag
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         return int(args.func(args) or 0)
     except (DctDataError, OSError) as exc:  # OSError: missing/unwritable paths, read-only or full disks

@@ -9,6 +9,7 @@ manifest field of the wrong type is a format problem, not a programming error).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -79,6 +80,32 @@ def parse_number(value: object, name: str, *, above: float | None = None, below:
     v = float(value)
     low_ok = (above is None or v > above) and (minimum is None or v >= minimum)
     if not math.isfinite(v) or not low_ok or (below is not None and not v < below):
+        raise range_error(f"{name}: expected {what}. Got {value!r}")
+    return v
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: object, name: str, *, minimum: int | None = None, **messages) -> int:
+    """A byte count: an int, or a string with an optional unit, as `--help` shows sizes: "4096",
+    "256 MiB", "1MiB", "1.5 GB", "64k" (K/M/G/T/P; "i" or a bare letter is binary, "KB"/"MB"/... decimal).
+    Written by hand because the rule is one regular expression; no dependency parses both spellings."""
+    what, type_error, range_error = _messages(
+        messages, "a size in bytes such as 4096, '256 MiB' or '1.5 GB'" + _bounds(minimum, None)
+    )
+    if is_int(value):
+        v = int(value)
+    elif isinstance(value, str) and (match := _SIZE_RE.match(value)):
+        number, unit, binary = match.groups()
+        explicit_decimal = bool(unit) and not binary and value.strip()[-1:].lower() == "b"
+        base = 1000 if explicit_decimal else 1024
+        v = int(float(number) * base ** ("kmgtp".index(unit.lower()) + 1) + 0.5) if unit else int(float(number))
+    elif isinstance(value, str):
+        raise range_error(f"{name}: expected {what}. Got {value!r}")
+    else:
+        raise type_error(f"{name}: expected {what}. Got {value!r}")
+    if minimum is not None and v < minimum or v < 0:
         raise range_error(f"{name}: expected {what}. Got {value!r}")
     return v
 

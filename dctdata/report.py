@@ -13,19 +13,23 @@ from dctdata.kinds import FieldKind
 
 def field_rows(m: Manifest) -> list[dict[str, Any]]:
     """Per field: stored bytes (files under `<field>/`; None when fields share files, as in webdataset
-    shards), ratio vs float32 and vs the source dtype, transfer ratio, error figures."""
+    shards), ratio vs float32 and vs the source dtype, transfer ratio, error figures. Label fields get
+    no ratios (None): a scalar per sample against its chunk and index overhead means nothing."""
     rows = []
     for f in user_fields(m.fields):
         own = (f.name + "/", f.name + SIDE_SUFFIX + "/")  # a dct field's side partner is part of it
         stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(own)) or None
         n_values = math.prod(f.shape) * m.samples
+        ratios = bool(stored) and f.kind is not FieldKind.LABEL
         rows.append(
             {
                 "field": f,
                 "stored": stored,
-                "ratio_f32": None if not stored else 4 * n_values / stored,
-                "ratio_src": None if not stored else f.source_sample_bytes * m.samples / stored,
-                "transfer": f.codec.transfer_ratio
+                "ratio_f32": 4 * n_values / stored if ratios else None,
+                "ratio_src": f.source_sample_bytes * m.samples / stored if ratios else None,
+                "transfer": None
+                if f.kind is FieldKind.LABEL
+                else f.codec.transfer_ratio
                 if f.is_dct
                 else 4 * math.prod(f.shape) / max(1, f.stored_sample_bytes),
                 "stats": m.stats.get(f.name),
@@ -43,14 +47,14 @@ def pack_summary(m: Manifest) -> dict[str, Any]:
         f32 += 4 * numel
         src += f.source_sample_bytes
         coeff += 4 * numel / f.codec.transfer_ratio if f.is_dct else f.source_sample_bytes
-    dct = [m.stats[f.name] for f in m.fields if f.kind is FieldKind.DCT]
+    dct = [m.stats[f.name] for f in m.fields if f.kind is FieldKind.DCT and f.name in m.stats]
     return {
         "stored_bytes": stored,
-        "ratio_f32": m.samples * f32 / stored,
-        "ratio_src": m.samples * src / stored,
+        "ratio_f32": m.samples * f32 / stored if stored else None,
+        "ratio_src": m.samples * src / stored if stored else None,
         "transfer": f32 / coeff,
-        "psnr_min": min(s.psnr_min for s in dct),
-        "psnr_median": min(s.psnr_median for s in dct),
+        "psnr_min": min((s.psnr_min for s in dct), default=None),
+        "psnr_median": min((s.psnr_median for s in dct), default=None),
         "settings": {f.name: f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" for f in m.fields if f.is_dct},
     }
 

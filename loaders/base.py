@@ -1,27 +1,109 @@
-"""What both dataset kinds share: the first layer for a field, the sample container, the repr."""
+"""What both dataset kinds share: the first layer for a field (optionally clamped to the source's
+range), the class names a source gave, the sample container, the pack's fingerprint and the repr."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Sequence
 
+import numpy as np
 import torch
+from torch import nn
 
+from dctdata.errors import DctDataError, FormatError
 from dctdata.format.fields import FieldSpec, assemble, user_fields
 from dctdata.format.manifest import Manifest
+from dctdata.kinds import FieldKind
 from dctdata.layer import Decompress
 
 
+class ClampToRange(nn.Module):
+    """Clamp decoded values to per-channel [low, high] (C,) bounds: quantization error can push an
+    integer source's values past its range (a uint16 frame decoding to -1025)."""
+
+    def __init__(self, low: Sequence[float], high: Sequence[float]) -> None:
+        super().__init__()
+        self.register_buffer("low", torch.tensor(low, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+        self.register_buffer("high", torch.tensor(high, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x, self.low.to(x), self.high.to(x))
+
+    def extra_repr(self) -> str:
+        return f"low={self.low.flatten().tolist()}, high={self.high.flatten().tolist()}"
+
+
 class PackedDataset:
-    """Mixin over a manifest: `decompressor()`, samples as tuples or dicts, and a readable repr."""
+    """Mixin over a manifest: `decompressor()`, `classes`, samples as tuples or dicts, a fingerprint
+    (what a loader's state_dict is checked against) and a readable repr."""
 
     manifest: Manifest
     fields: tuple[FieldSpec, ...]
     root: str
     as_dict: bool
 
-    def decompressor(self, field: str | None = None, **kwargs: Any) -> Decompress:
-        """The `Decompress` layer for a dct field (the only one when `field` is None)."""
-        return Decompress.from_manifest(self.manifest, field, **kwargs)
+    def decompressor(
+        self, field: str | None = None, clamp: bool | tuple[float, float] = False, **kwargs: Any
+    ) -> nn.Module:
+        """The `Decompress` layer for a dct field (the only one when `field` is None).
+
+        clamp=True also clamps its output to the range of an integer source dtype (uint16: 0..65535);
+        clamp=(low, high) to that range in source units. Either way the result is
+        `nn.Sequential(Decompress, ClampToRange)`, with the bounds normalized like the output when the
+        codec normalizes."""
+        layer = Decompress.from_manifest(self.manifest, field, **kwargs)
+        if clamp is False or clamp is None:
+            return layer
+        f = self.manifest.field(field, kind=FieldKind.DCT) if field is None else self.manifest.field(field)
+        if clamp is True:
+            if not np.issubdtype(np.dtype(f.dtype), np.integer):
+                raise DctDataError(
+                    f"clamp=True: expected a field with an integer source dtype to take the range from. Got field "
+                    f"{f.name!r} of {f.dtype} (pass clamp=(low, high))"
+                )
+            info = np.iinfo(np.dtype(f.dtype))
+            low, high = float(info.min), float(info.max)
+        elif isinstance(clamp, (tuple, list)) and len(clamp) == 2 and all(isinstance(v, (int, float)) for v in clamp):
+            low, high = float(clamp[0]), float(clamp[1])
+            if not low <= high:
+                raise DctDataError(f"clamp: expected low <= high. Got {tuple(clamp)}")
+        else:
+            raise TypeError(f"clamp: expected True, False or a (low, high) pair of numbers. Got {clamp!r}")
+        channels = f.codec.channels
+        mean, std = f.codec.mean, f.codec.std
+        if mean is not None and layer.normalize:
+            lows = [(low - m) / s for m, s in zip(mean, std)]
+            highs = [(high - m) / s for m, s in zip(mean, std)]
+        else:
+            lows, highs = [low] * channels, [high] * channels
+        return nn.Sequential(layer, ClampToRange(lows, highs))
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names the source gave (image-folder subfolders, a torchvision dataset's `classes`), in
+        label order; None when it gave none."""
+        info = self.manifest.pack.get("source_info") or {}
+        classes = info.get("classes") if isinstance(info, dict) else None
+        if classes is None:
+            return None
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise FormatError(f"{self.root}: pack.source_info.classes: expected a list of names. Got {classes!r}")
+        return list(classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """{class name: label}, as torchvision's ImageFolder has it; None without class names."""
+        classes = self.classes
+        return None if classes is None else {c: i for i, c in enumerate(classes)}
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the manifest (and of the shards opened): two datasets with the same
+        fingerprint yield the same samples in the same order for the same settings."""
+        h = hashlib.sha256(self.manifest.to_json().encode())
+        for entry in getattr(self, "shards", ()):
+            h.update(entry["name"].encode())
+        return h.hexdigest()[:16]
 
     def _make(self, values: Sequence[torch.Tensor]):
         """A sample for the user from the stored values of `self.fields` (a dct field with side information

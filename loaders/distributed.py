@@ -10,18 +10,28 @@ and DataLoader workers.
         set_epoch(loader, epoch)
         for batch in loader: ...
 
+- The loader is a `PackLoader` (`dctdata.loaders.stateful`): torchdata's `StatefulDataLoader`, so
+  `loader.state_dict()` / `loader.load_state_dict(state)` resume mid-epoch exactly once (workers and
+  ranks included), and `len(loader)` is the number of batches it yields.
+- `shuffle` and `seed` apply to either kind; left as None they mean the dataset's own setting for a
+  webdataset pack (`open_dataset(..., shuffle=False)` stays unshuffled) and shuffle=True, seed=0 for
+  zarr. `shuffle=False` yields the manifest's order (one rank), whatever the worker count.
 - Map-style `DCTZarrDataset`: a `DistributedSampler` (shuffle with `seed`, reshuffled by `set_epoch`)
   gives each rank `ceil(N / world)` indices; batches are read with `__getitems__`. When N is not a
   multiple of the world size, DistributedSampler repeats a few samples so ranks stay in step
   (`drop_last=True` drops them instead): exactly once holds when world divides N.
-- Iterable `DCTWebDataset`: splits whole shards by rank (from torch.distributed or RANK/WORLD_SIZE)
-  and then by DataLoader worker itself, so it needs no sampler; pack with enough shards
-  (>= world x workers; `--samples-per-shard`) and, for equal steps per rank, a shard count that the
-  world size divides.
+- Iterable `DCTWebDataset`: splits by rank (from `rank=`/`world_size=`, torch.distributed or
+  RANK/WORLD_SIZE) and by DataLoader worker itself, so it needs no sampler. The loader works on a
+  shallow copy that knows the batch size and the settings above (epoch and counters stay shared with
+  `ds`). With at least world x workers shards each shard is read once per epoch; with fewer, a warning
+  says so and the split falls back to batches of the rank's stream (still exactly once; see
+  `dctdata.loaders.wds_plan`). For equal steps per rank, pack a shard count the world size divides.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 from typing import Any
 
 import torch
@@ -29,7 +39,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from dctdata.errors import DctDataError
+from dctdata.loaders.stateful import PackLoader
 from dctdata.parse import parse_int
+
+log = logging.getLogger(__name__)
 
 
 def _world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -47,31 +60,74 @@ def make_loader(
     batch_size: int,
     *,
     num_workers: int = 0,
-    shuffle: bool = True,
-    seed: int = 0,
+    shuffle: bool | None = None,
+    seed: int | None = None,
     drop_last: bool = False,
     rank: int | None = None,
     world_size: int | None = None,
     **loader_kwargs: Any,
-) -> DataLoader:
-    """A DataLoader that gives this rank its share of `dataset` (see the module docstring)."""
+) -> PackLoader:
+    """A stateful DataLoader that gives this rank its share of `dataset` (see the module docstring)."""
     parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
+    parse_int(num_workers, "num_workers", minimum=0, type_error=DctDataError)
     if isinstance(dataset, IterableDataset):
-        if rank is not None or world_size is not None:
-            raise DctDataError(
-                "rank/world_size: expected them on the DCTWebDataset itself (it splits by rank). Got them for "
-                "make_loader"
-            )
-        return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, drop_last=drop_last, **loader_kwargs)
+        dataset = _configured(dataset, batch_size, shuffle, seed, rank, world_size)
+        if message := dataset.fallback_warning(num_workers):
+            log.warning(message)
+        dataset._warned = True
+        r, w = dataset._node()
+        split = dict(rank=r, world_size=w, shuffle=dataset.shuffle, seed=dataset.seed)
+        return PackLoader(
+            dataset,
+            split={**split, "num_workers": num_workers, "batch_size": batch_size, "drop_last": drop_last},
+            batch_size=batch_size,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            **loader_kwargs,
+        )
     r, w = _world(rank, world_size)
+    shuffle = True if shuffle is None else bool(shuffle)
+    seed = 0 if seed is None else parse_int(seed, "seed", minimum=0)
     sampler = DistributedSampler(dataset, num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
-    return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last, **loader_kwargs
+    split = dict(rank=r, world_size=w, num_workers=num_workers, batch_size=batch_size, drop_last=drop_last)
+    return PackLoader(
+        dataset,
+        split={**split, "shuffle": shuffle, "seed": seed},
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        **loader_kwargs,
     )
+
+
+def _configured(dataset: Any, batch_size: int, shuffle, seed, rank, world_size) -> Any:
+    """A shallow copy of an iterable dctdata dataset with this loader's settings (the epoch and the
+    stats counters live in shared tensors, so `set_epoch` and `ds.stats` still reach both)."""
+    if not hasattr(dataset, "split"):
+        raise TypeError(f"dataset: expected a dctdata dataset (open_dataset). Got {type(dataset).__name__}")
+    if (rank is None) != (world_size is None):
+        raise DctDataError(f"rank/world_size: expected both or neither. Got rank={rank!r} world_size={world_size!r}")
+    out = copy.copy(dataset)
+    out.batch_size = batch_size
+    if shuffle is not None:
+        out.shuffle = bool(shuffle)
+    if seed is not None:
+        out.seed = parse_int(seed, "seed", minimum=0)
+    if rank is not None:
+        if not 0 <= parse_int(rank, "rank", minimum=0) < parse_int(world_size, "world_size", minimum=1):
+            raise DctDataError(
+                f"rank/world_size: expected 0 <= rank < world_size. Got rank={rank} world_size={world_size}"
+            )
+        out.rank, out.world_size = int(rank), int(world_size)
+    return out
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:
     """Make the next epoch's order a function of (seed, epoch) for either dataset kind."""
+    if isinstance(loader, PackLoader):
+        loader.set_epoch(epoch)
+        return
     if hasattr(loader.sampler, "set_epoch"):
         loader.sampler.set_epoch(epoch)
     if hasattr(loader.dataset, "set_epoch"):

@@ -5,54 +5,65 @@ Samples are tuples of tensors in manifest field order (`as_dict=True`: a dict), 
 (bfloat16 viewed back from its uint16 bits), `array` fields as stored, labels as 0-d tensors. Decode
 on the device with `ds.decompressor()`.
 
-Order and splitting (every sample exactly once per epoch):
-- The shard list of the manifest is permuted by a generator seeded with (seed, epoch) - the same
-  permutation in every rank and worker - then dealt round-robin to ranks (`perm[rank::world]`) and,
-  within a rank, to DataLoader workers (`[worker::num_workers]`). Each worker streams its shards and
-  mixes their samples in a shuffle buffer (`webdataset.shuffle`, `buffer_size` samples) seeded with
-  (seed, epoch, rank, worker). So for a fixed world size and worker count the order is a pure
-  function of (seed, epoch). Call `ds.set_epoch(e)` before each epoch (as with DistributedSampler;
-  without it every epoch repeats epoch 0's order). The epoch lives in shared memory, so it also
-  reaches `persistent_workers=True` workers.
-- rank/world size come from the `rank=`/`world_size=` arguments, else webdataset's
-  `pytorch_worker_info` (RANK/WORLD_SIZE env or an initialized torch.distributed). `split_by_node=False`
-  gives every rank all shards.
-- Fewer shards than ranks x workers is an error (whole shards are the unit of work, so some workers
-  would get nothing and the split could not be balanced): repack with smaller shards or use fewer
-  workers. A sample-level split was not chosen because it would make every worker read every shard.
-- `len(ds)` is the number of samples *this rank* yields in the current epoch: the manifest count on
-  one rank; with several ranks the sum over the shards dealt to this rank, which can differ between
-  ranks by up to about one shard (DDP users: `torch.distributed.algorithms.Join`, or repack with
-  `--samples-per-shard` so shard counts divide evenly).
+Order and splitting (every sample exactly once per epoch; `dctdata.loaders.wds_plan` has the rules):
+- Training path: the shard list is permuted by a generator seeded with (seed, epoch), dealt
+  round-robin to ranks and then to DataLoader workers, and each worker mixes its shards' samples in a
+  shuffle buffer (`buffer_size` samples) seeded with (seed, epoch, rank, worker). Each shard is read
+  once per epoch.
+- `shuffle=False` through `make_loader` (which tells the dataset its batch size), or fewer shards
+  than ranks x workers: the rank's stream (the manifest's order, or buffer-shuffled) is cut into
+  batches dealt to workers in the order the DataLoader collects them, so the loader yields the stream
+  in order and never fails for want of shards; a worker then reads every shard it has a batch in (a
+  warning says so when shuffling).
+- Call `ds.set_epoch(e)` before each epoch (as with DistributedSampler); the order is a pure function
+  of (seed, epoch) for a fixed world size, worker count and batch size. The epoch lives in shared
+  memory, so it also reaches `persistent_workers=True` workers.
+- rank/world size come from `rank=`/`world_size=`, else webdataset's `pytorch_worker_info`
+  (RANK/WORLD_SIZE env or an initialized torch.distributed). `split_by_node=False` gives every rank
+  all shards.
+- `len(ds)` is the number of samples *this rank* yields per epoch; ranks can differ by up to about
+  one shard (DDP users: `torch.distributed.algorithms.Join`, or `--samples-per-shard` so shard counts
+  divide evenly).
+
+Resume: `iter(ds)` returns a torchdata-`Stateful` iterator whose state is its position in the
+worker's planned order; loading it fast-forwards without reading (deterministic replay), so
+`torchdata.stateful_dataloader.StatefulDataLoader` (what `make_loader` returns) resumes mid-epoch
+exactly once. Shards are read when the first sample they must yield enters the worker's stream, and
+dropped once their last one has entered the buffer.
 
 Integrity (verify, then yield): each shard is read whole and verified by
 `dctdata.format.webdataset.ShardReader` (size, sha256, tar structure, keys) before its first sample is
-yielded (one shard per worker in memory at a time). With `on_error="raise"` (default) a bad shard
-raises `IntegrityError` naming it; with `on_error="skip"` it is skipped, logged and counted in
-`ds.stats` (shared across workers); a sample that fails to decode drops the rest of its shard.
+yielded (a worker holds about one shard's bytes, plus its shuffle buffer's decoded samples). With
+`on_error="raise"` (default) a bad shard raises `IntegrityError` naming it; with `on_error="skip"` it
+is skipped, logged and counted in `ds.stats` (shared across workers); a sample that fails to decode
+drops the rest of its shard.
 
 Sources: a local directory or a URL prefix opened with fsspec (http(s)://, s3://, ...; pass
-`storage_options`). Shell `pipe:` URLs are refused unless `allow_pipe=True`; then `pipe:CMD` must
-contain `{}`, replaced by the file name relative to the dataset (`manifest.json`, `shard-000000.tar`).
+`storage_options`), its manifest.json, or a list / brace expression of its shards (the manifest is read
+beside them; the dataset is then those shards). `cache_dir=` keeps fetched shards in a bounded local
+cache (`dctdata.format.cache`, `cache_limit` bytes, sha256-checked on reuse). Shell `pipe:` URLs are
+refused unless `allow_pipe=True`; then `pipe:CMD` must contain `{}`, replaced by the file name
+relative to the dataset (`manifest.json`, `shard-000000.tar`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import random
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
-import webdataset as wds
 from webdataset.utils import pytorch_worker_info
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format.location import MANIFEST_NAME, manifest_location
+from dctdata.format.cache import DEFAULT_CACHE_LIMIT, ShardCache
+from dctdata.format.location import MANIFEST_NAME, shard_selection
 from dctdata.format.manifest import Manifest
-from dctdata.format.webdataset.layout import shard_list
+from dctdata.format.webdataset.layout import select_shards, shard_list
 from dctdata.format.webdataset.reader import Files, ShardReader, check_location, codecs_for
+from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import is_int, parse_int
 
@@ -67,7 +78,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        path_or_url: str | os.PathLike,
+        path_or_url: str | os.PathLike | list,
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -81,6 +92,8 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         storage_options: Mapping[str, Any] | None = None,
         allow_pipe: bool = False,
         manifest: Manifest | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str = DEFAULT_CACHE_LIMIT,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -98,8 +111,11 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
                 raise DctDataError(
                     f"rank/world_size: expected 0 <= rank < world_size. Got rank={rank} world_size={world_size}"
                 )
-        s = check_location(path_or_url, allow_pipe)
-        self.root = s if s.startswith("pipe:") else manifest_location(s)[0]
+        if isinstance(path_or_url, (list, tuple)):
+            self.root, names = shard_selection(path_or_url)
+        else:
+            s = check_location(path_or_url, allow_pipe)
+            self.root, names = (s, None) if s.startswith("pipe:") else shard_selection(s)
         self._files = Files(self.root, storage_options)
         self.manifest = manifest if manifest is not None else self._files.manifest()
         if self.manifest.storage != "webdataset":
@@ -107,15 +123,22 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
                 f"{self.root}: expected a webdataset dataset. Got storage {self.manifest.storage!r} (use "
                 "dctdata.open_dataset)"
             )
-        self.shards = shard_list(self.manifest, self._files.location(MANIFEST_NAME))
+        where = self._files.location(MANIFEST_NAME)
+        all_shards = shard_list(self.manifest, where)
+        self.shards = select_shards(all_shards, names, where)
+        if cache_dir is not None:
+            largest = max((e["bytes"] for e in self.shards), default=0)
+            self._files.cache = ShardCache(cache_dir, cache_limit, largest=largest)
         self.fields = self.manifest.fields
         self.shuffle, self.seed, self.buffer_size = bool(shuffle), seed, buffer_size
         self.initial = min(buffer_size, 100) if initial is None else initial
         self.as_dict, self.on_error, self.split_by_node = bool(as_dict), on_error, bool(split_by_node)
         self.rank, self.world_size = rank, world_size
+        self.batch_size: int | None = None  # make_loader's batch size (see wds_plan)
+        self._warned = False
         # Shared memory: set_epoch reaches persistent workers, and workers' counts reach ds.stats.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._counts = torch.zeros(len(self.shards), 4, dtype=torch.int64).share_memory_()
+        self._counts = torch.zeros(len(all_shards), 4, dtype=torch.int64).share_memory_()
 
     # Epochs and splitting ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -126,6 +149,11 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
     def epoch(self) -> int:
         return int(self._epoch[0])
 
+    @property
+    def samples(self) -> int:
+        """Samples of the (selected) shards, over all ranks."""
+        return sum(e["samples"] for e in self.shards)
+
     def _node(self) -> tuple[int, int]:
         if not self.split_by_node:
             return 0, 1
@@ -134,88 +162,80 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         rank, world, _, _ = pytorch_worker_info()
         return rank, world
 
-    def _permutation(self, epoch: int) -> list[int]:
-        order = list(range(len(self.shards)))
-        if self.shuffle:
-            np.random.default_rng([self.seed, epoch]).shuffle(order)
-        return order
+    def split(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> wds_plan.Split:
+        """What the order of one (rank, worker) in `epoch` depends on (see `wds_plan`)."""
+        return wds_plan.Split(
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            buffer_size=self.buffer_size,
+            initial=self.initial,
+            rank=rank,
+            world=world_size,
+            worker=worker,
+            workers=max(1, num_workers),
+            batch=self.batch_size,
+        )
 
-    def shards_for(
-        self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1
-    ) -> list[dict[str, Any]]:
-        """The shard entries one (rank, worker) reads in `epoch`, in reading order."""
-        n = len(self.shards)
-        if 0 < n < world_size * num_workers:
-            raise DctDataError(
-                f"{self.root}: expected at least {world_size * num_workers} shards for {world_size} rank(s) x "
-                f"{num_workers} "
-                f"DataLoader worker(s) (whole shards are split between them). Got {n} shards "
-                "(repack with a smaller --max-shard-size or --samples-per-shard, or use fewer workers)"
-            )
-        return [self.shards[i] for i in self._permutation(epoch)[rank::world_size][worker::num_workers]]
+    def indices_for(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> list[int]:
+        """The sample indices one (rank, worker) yields in `epoch`, in order (no data is read)."""
+        split = self.split(epoch, rank, world_size, worker, num_workers)
+        return wds_plan.worker_indices(self._sizes(), self._starts(), split).tolist()
+
+    def _sizes(self) -> list[int]:
+        return [e["samples"] for e in self.shards]
+
+    def _starts(self) -> list[int]:
+        return [e["start"] for e in self.shards]
 
     def __len__(self) -> int:
         rank, world = self._node()
-        if world == 1:
-            return self.manifest.samples
-        return sum(s["samples"] for s in self.shards_for(self.epoch, rank, world))
+        return wds_plan.rank_size(self._sizes(), self.split(self.epoch, rank, world))
+
+    def batches(self, batch_size: int | None, num_workers: int, drop_last: bool = False) -> int:
+        """Batches a DataLoader of `num_workers` workers yields from this rank in the current epoch
+        (each worker batches its own samples, so this can exceed ceil(len(ds) / batch_size))."""
+        rank, world = self._node()
+        split = self.split(self.epoch, rank, world, 0, num_workers)
+        split = dataclasses.replace(split, batch=batch_size) if batch_size else split
+        return wds_plan.batches(self._sizes(), split, drop_last) if batch_size else len(self)
+
+    def fallback_warning(self, num_workers: int) -> str | None:
+        """The warning for a split that cannot give every worker whole shards of its own, else None."""
+        rank, world = self._node()
+        split = self.split(self.epoch, rank, world, 0, num_workers)
+        if not self.shuffle or wds_plan.whole_shards(len(self.shards), split):
+            return None
+        readers = split.world * split.workers
+        per = self.samples // readers
+        fix = (
+            f"repack with --samples-per-shard {per} for one read per shard"
+            if per
+            else f"there are fewer samples ({self.samples}) than that: use fewer DataLoader workers"
+        )
+        return (
+            f"{self.root}: {len(self.shards)} shards for {split.world} rank(s) x {split.workers} DataLoader worker(s): "
+            "each worker reads every shard it has a batch in instead of whole shards of its own (every sample is "
+            f"still seen exactly once); {fix}"
+        )
 
     # Iteration -----------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> "_Stream":
         rank, world = self._node()
         _, _, worker, num_workers = pytorch_worker_info()
         info = torch.utils.data.get_worker_info()
         if info is not None:
             worker, num_workers = info.id, info.num_workers
-        epoch = self.epoch
-        shards = self.shards_for(epoch, rank, world, worker, num_workers)
-        stages = [lambda: iter(shards), self._samples]
-        if self.shuffle:
-            state = np.random.SeedSequence([self.seed, epoch, rank, worker]).generate_state(2)
-            rng = random.Random(int(state[0]) << 32 | int(state[1]))
-            stages.append(wds.shuffle(self.buffer_size, self.initial, rng=rng))
-        stages.append(self._containers)
-        return iter(wds.DataPipeline(*stages))
-
-    def _skip(self, entry: Mapping[str, Any], exc: Exception, done: int = 0) -> None:
-        self._counts[entry["index"], _STAT_SKIPPED] += 1
-        self._counts[entry["index"], _STAT_LOST] += entry["samples"] - done
-        log.warning("skipping shard %s: %s", entry["name"], exc)
-
-    def _samples(self, shards) -> Iterator[list[torch.Tensor]]:
-        codecs = codecs_for(self.fields)
-        for entry in shards:
-            try:
-                shard = ShardReader(self._files, entry, self.fields, codecs)
-            except DctDataError as exc:
-                if self.on_error == "raise":
-                    raise
-                self._skip(entry, exc)
-                continue
-            done = 0
-            try:
-                for j in range(entry["samples"]):
-                    values = shard.decode(j)
-                    done += 1
-                    yield values
-            except IntegrityError as exc:
-                if self.on_error == "raise":
-                    raise
-                self._skip(entry, exc, done)
-            else:
-                self._counts[entry["index"], _STAT_OK] += 1
-            finally:
-                self._counts[entry["index"], _STAT_SAMPLES] += done
-            del shard
-
-    def _containers(self, samples):
-        for values in samples:
-            yield self._make(values)
+        if worker == 0 and not self._warned and (message := self.fallback_warning(num_workers)):
+            log.warning(message)
+        split = self.split(self.epoch, rank, world, worker, num_workers)
+        return _Stream(self, split, *wds_plan.worker_plan(self._sizes(), self._starts(), split))
 
     # Reporting and decoding ----------------------------------------------------------------------
     @property
     def stats(self) -> dict[str, Any]:
-        """Counts since creation, summed over this process and its DataLoader workers."""
+        """Counts since creation, summed over this process and its DataLoader workers (a shard that
+        several workers read counts once per read)."""
         c = self._counts
         skipped = c[:, _STAT_SKIPPED] > 0
         return {
@@ -228,3 +248,99 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         return self._describe(shards=len(self.shards))
+
+
+# One worker's pass -------------------------------------------------------------------------------
+class _Stream:
+    """One (rank, worker)'s pass over its plan (`wds_plan.worker_plan`): `order` is the yield order,
+    `entry` the same samples in stream order, as they would enter a shuffle buffer. Samples are decoded
+    in entry order, just ahead of being needed, so a worker holds about one shard's bytes and at most a
+    buffer of decoded samples, as webdataset's own shuffle stage would. torchdata `Stateful`:
+    `state_dict()` is the yield position; `load_state_dict()` fast-forwards to it without reading, and
+    shards whose remaining samples were all yielded before it are never fetched."""
+
+    def __init__(self, ds: DCTWebDataset, split: wds_plan.Split, order: np.ndarray, entry: np.ndarray) -> None:
+        self.ds, self.split, self.order, self.entry = ds, split, order, entry
+        starts = np.array(ds._starts(), dtype=np.int64)
+        self.shard_of = np.searchsorted(starts, entry, side="right") - 1  # per entry position
+        by_value = np.argsort(order, kind="stable")
+        self.entry_pos = np.empty(len(order), np.int64)  # yield position -> entry position
+        self.entry_pos[by_value] = np.argsort(entry, kind="stable")
+        self.yield_pos = np.empty(len(order), np.int64)  # entry position -> yield position
+        self.yield_pos[self.entry_pos] = np.arange(len(order))
+        self.last_entry = np.full(len(ds.shards), -1, np.int64)
+        np.maximum.at(self.last_entry, self.shard_of, np.arange(len(entry)))
+        self.position = 0  # next yield position
+        self._floor = 0  # yield positions below it were yielded before a resume
+        self._next_entry = 0
+        self._decoded: dict[int, list[torch.Tensor]] = {}
+        self._open: dict[int, ShardReader] = {}
+        self._bad: set[int] = set()
+        self._codecs = codecs_for(ds.fields)
+        self._counts = ds._counts.numpy()  # a view of the shared counters: ~1 us a count, not ~20 us
+
+    def __iter__(self) -> "_Stream":
+        return self
+
+    def __next__(self):
+        while self.position < len(self.order):
+            p = self.position
+            self.position += 1
+            while self._next_entry <= self.entry_pos[p]:
+                self._enter(self._next_entry)
+                self._next_entry += 1
+            i = int(self.order[p])
+            values = self._decoded.pop(i, None)
+            s = int(self.shard_of[self.entry_pos[p]])
+            if values is None:  # its shard was skipped (on_error="skip")
+                self._counts[self.ds.shards[s]["index"], _STAT_LOST] += 1
+                continue
+            self._counts[self.ds.shards[s]["index"], _STAT_SAMPLES] += 1
+            return self.ds._make(values)
+        for s in list(self._open):
+            self._release(s)
+        raise StopIteration
+
+    def _enter(self, k: int) -> None:
+        """Decode the sample at entry position k (unless yielded before a resume or in a bad shard)."""
+        s, ds = int(self.shard_of[k]), self.ds
+        if self.yield_pos[k] >= self._floor and s not in self._bad:
+            entry = ds.shards[s]
+            try:
+                reader = self._open.get(s)
+                if reader is None:
+                    reader = self._open[s] = ShardReader(ds._files, entry, ds.fields, self._codecs)
+                i = int(self.entry[k])
+                self._decoded[i] = reader.decode(i - entry["start"])
+            except IntegrityError as exc:
+                if ds.on_error == "raise":
+                    raise
+                self._bad.add(s)
+                self._counts[entry["index"], _STAT_SKIPPED] += 1
+                self._open.pop(s, None)
+                log.warning("skipping shard %s: %s", entry["name"], exc)
+        if k == self.last_entry[s]:
+            self._release(s)
+
+    def _release(self, s: int) -> None:
+        if self._open.pop(s, None) is not None:
+            self._counts[self.ds.shards[s]["index"], _STAT_OK] += 1
+
+    # torchdata Stateful --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, int]:
+        sp = self.split
+        where = {"epoch": sp.epoch, "rank": sp.rank, "worker": sp.worker, "workers": sp.workers}
+        return {**where, "position": self.position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        sp = self.split
+        expected = {"epoch": sp.epoch, "rank": sp.rank, "worker": sp.worker, "workers": sp.workers}
+        got = {k: state.get(k) for k in expected} if isinstance(state, Mapping) else state
+        if got != expected:
+            raise DctDataError(f"{self.ds.root}: worker state: expected {expected}. Got {got}")
+        position = parse_int(state.get("position"), "worker state position", minimum=0, maximum=len(self.order),
+                             type_error=DctDataError)  # fmt: skip
+        self.position = self._floor = position
+        self._next_entry = 0
+        self._decoded.clear()
+        self._open.clear()

@@ -3,7 +3,8 @@
 `ds[i]` is a tuple of tensors in manifest field order (`as_dict=True`: a dict); `dct` fields come
 out as their stored coefficients (C, Hb, K, Wb) in the wire dtype, to be decoded on the device by
 `ds.decompressor()` (the model's first layer). `__getitems__` serves a DataLoader batch with one
-read per run of consecutive indices per field.
+read per run of consecutive indices per field. `ds[a:b]` (any slice) is a batch: each field's samples
+stacked on a new first axis, as a DataLoader collates them, ready for `ds.decompressor()`.
 
 Reading, per-process opening (fork and spawn safe) and every integrity check are the job of
 `dctdata.format.zarr.ZarrReader`; this class is the torch Dataset over it. A missing shard or chunk,
@@ -18,6 +19,7 @@ import logging
 import os
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
@@ -66,7 +68,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         if isinstance(i, torch.Tensor):
             i = i.item()
         if not is_int(i):
-            raise TypeError(f"index: expected an int. Got {type(i).__name__}")
+            raise TypeError(f"index: expected an int or a slice. Got {type(i).__name__}")
         n = self.manifest.samples
         j = int(i) + n if i < 0 else int(i)
         if not 0 <= j < n:
@@ -92,8 +94,19 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         return self.manifest.samples
 
     def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self._batch(range(*i.indices(self.manifest.samples)))
         j = self._index(i)
         return self._make(self._read_runs([j])[j])
+
+    def _batch(self, indices: range):
+        """Samples `indices` collated: every field stacked on a new first axis (empty slices too)."""
+        samples = [tuple(s.values()) if self.as_dict else s for s in self.__getitems__(list(indices))]
+        stacked = [
+            torch.stack(column) if column else f.to_tensor(np.zeros((0, *f.stored_shape), dtype=f.stored_dtype))
+            for f, column in zip(self.fields, zip(*samples) if samples else [()] * len(self.fields))
+        ]
+        return self._make(stacked)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         idx = [self._index(i) for i in indices]

@@ -37,9 +37,15 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         return io.BytesIO(data[start:stop])
 
 
+class ServedURL(str):
+    """The base URL of a running server; `.requests` lists the paths it was asked for, in order."""
+
+    requests: list[str]
+
+
 @contextlib.contextmanager
-def serve(directory) -> Iterator[str]:
-    """Serve `directory` on 127.0.0.1; yields its base URL. `server.requests` lists the paths asked."""
+def serve(directory) -> Iterator[ServedURL]:
+    """Serve `directory` on 127.0.0.1; yields its base URL, whose `.requests` lists the paths asked."""
     server = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(directory))
     )
@@ -47,7 +53,9 @@ def serve(directory) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        url = ServedURL(f"http://127.0.0.1:{server.server_address[1]}")
+        url.requests = server.requests
+        yield url
     finally:
         server.shutdown()
         server.server_close()

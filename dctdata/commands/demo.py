@@ -41,7 +41,7 @@ def register(sub) -> None:
 
 
 def _main(args) -> int:
-    from dctdata.demo import DemoSettings, format_table, run_demo
+    from dctdata.demo import DemoSettings, format_table, run_demo, table_notes
 
     s = DemoSettings(
         n=args.n,
@@ -69,11 +69,8 @@ def _main(args) -> int:
     print()
     print(format_table(rows))
     print()
-    print(
-        f"test MSE: on {s.test} held-out raw pairs (the noisy input itself scores {result['noisy_mse']:.5f}); "
-        "loader samples/s: DataLoader only (raw: float32 tensors in memory), decode: Decompress of both fields on CPU; "
-        "PSNR: worst field's min / median from the manifest."
-    )
+    for line in table_notes(result):
+        print(line)
     where = f"artifacts kept in {result['work']}" if args.out else "artifacts removed (use --out DIR to keep them)"
     print(f"wall time {result['seconds']:.1f} s; {where}", file=sys.stdout)
     return 0

@@ -15,7 +15,9 @@ def register(sub) -> None:
     p.add_argument(
         "--original", default=None, metavar="SOURCE", help="read originals from this source instead of the manifest's"
     )
-    p.add_argument("--png", default=None, help="output PNG (default: OUT/inspect.png, or ./inspect.png for URLs)")
+    p.add_argument(
+        "--png", default=None, help="output PNG (default: ./<OUT name>-inspect.png; the pack is never written to)"
+    )
     p.set_defaults(func=_main)
 
 
@@ -23,8 +25,11 @@ def _main(args) -> int:
     from dctdata.preprocess.inspect import inspect_dataset
 
     png = args.png
-    if png is None:
-        png = os.path.join(args.out, "inspect.png") if os.path.isdir(args.out) else "inspect.png"
+    if png is None:  # in the current directory: a pack is read-only data (and may be a URL)
+        from dctdata.format.location import manifest_location
+
+        name = os.path.basename(manifest_location(args.out)[0].rstrip("/"))
+        png = f"{name if name not in ('', '.', '..') else 'pack'}-inspect.png"
     path, shown = inspect_dataset(args.out, png, args.field, args.samples, args.channels, args.original)
     print(f"wrote {path}")
     if not shown:

@@ -63,31 +63,29 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--max-shard-size",
-        type=int,
         default=None,
-        metavar="BYTES",
-        help="webdataset: cap on each .tar shard (default 256 MiB)",
+        metavar="SIZE",
+        help="webdataset: cap on each .tar shard, in bytes or with a unit: 64MiB, '1.5 GB' (default 256 MiB)",
     )
     p.add_argument(
         "--samples-per-shard",
         type=int,
         default=None,
         metavar="N",
-        help="webdataset: cap on samples per shard (default none)",
+        help="webdataset: samples per shard (default: as many as fit the cap, and at least 16 shards for a set of "
+        "16 samples or more, so ranks x DataLoader workers each get whole shards)",
     )
     p.set_defaults(func=_main)
 
 
 def _writer_options(args) -> dict:
     """Shard caps go to the webdataset writer; refused for other formats rather than ignored."""
-    opts = {
-        k: v
-        for k, v in (("max_shard_size", args.max_shard_size), ("samples_per_shard", args.samples_per_shard))
-        if v is not None
-    }
-    if opts and args.format != "webdataset":
-        from dctdata.errors import DctDataError
+    from dctdata.errors import DctDataError
+    from dctdata.parse import parse_size
 
+    size = None if args.max_shard_size is None else parse_size(args.max_shard_size, "--max-shard-size")
+    opts = {k: v for k, v in (("max_shard_size", size), ("samples_per_shard", args.samples_per_shard)) if v is not None}
+    if opts and args.format != "webdataset":
         raise DctDataError(
             f"--max-shard-size/--samples-per-shard: expected --format webdataset. Got --format {args.format}"
         )
@@ -96,7 +94,7 @@ def _writer_options(args) -> dict:
 
 def _main(args) -> int:
     from dctdata.api import pack
-    from dctdata.report import num
+    from dctdata.report import num, pack_summary
 
     manifest = pack(
         args.source,
@@ -119,7 +117,14 @@ def _main(args) -> int:
         writer_options=_writer_options(args),
     )
     if not args.quiet:
-        print(f"packed {manifest.samples} samples into {args.out} ({manifest.storage})")
+        shards = manifest.layout.get("shards") if manifest.storage == "webdataset" else None
+        files = f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
+        t = pack_summary(manifest)
+        print(
+            f"packed {manifest.samples} samples into {args.out} ({manifest.storage}, {files}): stored "
+            f"{t['stored_bytes'] / 1e6:.3f} MB, ratio {num(t['ratio_f32'])}x vs float32 and {num(t['ratio_src'])}x vs "
+            f"the source, transfer ratio {num(t['transfer'])}x (float32 bytes / bytes sent to the device)"
+        )
         for f in manifest.fields:
             s = manifest.stats[f.name]
             extra = ""

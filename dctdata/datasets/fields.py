@@ -1,4 +1,4 @@
-"""Synthetic SciML-like fields for the rate-distortion bench and tests, as (N, 1, S, S) float32 stacks.
+"""Synthetic SciML-like fields for tests, as (N, 1, S, S) float32 stacks.
 
 A thin adapter over the SciML stand-ins of `dctdata.datasets` (one generator per stand-in), picking
 the three kinds whose statistics stress a transform coder differently:

@@ -51,6 +51,58 @@ def manifest_location(path_or_url: str | os.PathLike) -> tuple[str, str]:
     return s, join(s, MANIFEST_NAME)
 
 
+def _is_path(value: object) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+def shard_selection(path_or_url: object) -> tuple[str, tuple[str, ...] | None]:
+    """(dataset root, shard file names or None for all shards) of what a user points a loader at: the
+    pack's directory or URL, its manifest.json, or - as webdataset users do - a list of its shard
+    files or a brace expression of them (`.../shard-{000000..000015}.tar`, expanded with
+    `braceexpand`, webdataset's own). The shards must sit in one directory, beside the manifest."""
+    if isinstance(path_or_url, (list, tuple)):
+        items = [os.fspath(p) if _is_path(p) else p for p in path_or_url]
+        if not items:
+            raise _error("shards: expected at least one shard file. Got an empty list")
+        bad = [p for p in items if not isinstance(p, str)]
+        if bad:
+            raise TypeError(f"shards: expected path or URL strings. Got {type(bad[0]).__name__}")
+    elif _is_path(path_or_url):
+        s = os.fspath(path_or_url)
+        if "{" not in s and not s.rstrip("/").endswith(".tar"):
+            return manifest_location(s)[0], None
+        from braceexpand import braceexpand
+
+        try:
+            items = list(braceexpand(s))
+        except Exception as exc:  # noqa: BLE001 - braceexpand raises on malformed ranges
+            raise _error(f"{s}: expected a brace expression of shard files. Got {type(exc).__name__}: {exc}") from exc
+    else:
+        raise TypeError(f"path_or_url: expected a path or URL string, or a list of shard files. Got "
+                        f"{type(path_or_url).__name__}")  # fmt: skip
+    roots, names = [], []
+    for item in items:
+        s = item[len("file://") :] if item.startswith("file://") else item
+        root, _, name = s.rpartition("/") if is_url(s) else (os.path.dirname(s) or ".", "", os.path.basename(s))
+        if not name.endswith(".tar"):
+            raise _error(f"{item}: expected a '.tar' shard file of a webdataset pack. Got another name")
+        roots.append(root)
+        if name not in names:
+            names.append(name)
+    if len(set(roots)) != 1:
+        raise _error(
+            f"shards: expected shard files of one pack (one directory, beside its manifest.json). Got files in "
+            f"{sorted(set(roots))[:2]}"
+        )
+    return roots[0], tuple(names)
+
+
+def _error(message: str):
+    from dctdata.errors import DctDataError
+
+    return DctDataError(message)
+
+
 def open_file(
     path_or_url: str, mode: str = "rb", storage_options: Mapping[str, Any] | None = None, streaming: bool = False
 ):

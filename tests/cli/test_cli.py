@@ -29,3 +29,17 @@ def test_library_errors_become_one_line_without_traceback(capsys):
     assert main(["bench", "codec", "--sizes", "64", "--paper-sizes", "64", "--cf", "9", "--repeat", "1"]) == 1
     err = capsys.readouterr().err
     assert re.fullmatch(r"dctdata bench: error: cf: expected an int in 1\.\.8\. Got 9\n", err)
+
+
+@pytest.mark.parametrize("kind", ["codec", "rd", "loader", "stream"])
+def test_bench_help_has_a_description_and_every_default(kind, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", kind, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    usage, description = out.split("\n\n")[:2]
+    assert usage.startswith(f"usage: dctdata bench {kind}") and len(description.split()) >= 5
+    blocks = re.split(r"\n(?=  --)", out.split("options:", 1)[1])[1:]  # one per option, help lines included
+    assert len(blocks) >= 4
+    for block in blocks:
+        assert "(default:" in block, f"{block.split()[0]} shows no default"

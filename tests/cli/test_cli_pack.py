@@ -180,11 +180,48 @@ def test_info_and_summary(tmp_path, capsys):
     np.save(tmp_path / "x.npy", fields(4, 1, 16, 16))
     rc, out, _ = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--cf", "3"], capsys)
     assert rc == 0 and "PSNR min" in out
+    m = dctdata.format.read_manifest(tmp_path / "out")
+    stored, f32 = m.stored_bytes, 4 * 4 * 16 * 16
+    assert (
+        f"({m.storage}, {len(m.checksums)} files): stored {stored / 1e6:.3f} MB, ratio {f32 / stored:.2f}x vs " in out
+    )
+    assert f"transfer ratio {64 / 9:.2f}x" in out
     rc, out, _ = run(["info", tmp_path / "out"], capsys)
     assert rc == 0
     assert "| image | dct | [1, 16, 16] | float32 |" in out and "cf=3 square float32" in out
-    m = dctdata.format.read_manifest(tmp_path / "out")
     assert f"{m.stats['image'].psnr_min:.2f}" in out
+
+
+def test_pack_summary_names_the_shards_and_info_gives_labels_no_ratios(tmp_path, capsys):
+    np.savez(tmp_path / "d.npz", image=fields(32, 1, 16, 16), label=np.arange(32))
+    rc, out, _ = run(["pack", tmp_path / "d.npz", tmp_path / "w", "--format", "webdataset", "--quant", "int8"], capsys)
+    assert rc == 0
+    assert "packed 32 samples into" in out and "(webdataset, 16 shards): stored " in out and "x vs the source" in out
+    rc, out, _ = run(["pack", tmp_path / "d.npz", tmp_path / "z", "--quant", "int8"], capsys)
+    rc, out, _ = run(["info", tmp_path / "z"], capsys)
+    label_row = next(line for line in out.splitlines() if line.startswith("| label |"))
+    cells = [c.strip() for c in label_row.strip("|").split("|")]
+    assert cells[7:10] == ["-", "-", "-"]  # ratios vs float32 and source, transfer ratio: meaningless for labels
+    image_row = next(line for line in out.splitlines() if line.startswith("| image |"))
+    assert float(image_row.split("|")[8]) > 1  # the dct field keeps its ratios
+
+
+def test_debug_does_not_flood_with_pil_tiff_tags(tmp_path, capsys, caplog):
+    from PIL import Image
+
+    (tmp_path / "tif").mkdir()
+    for i in range(2):
+        Image.fromarray((fields(1, 1, 16, 16, seed=i)[0, 0] * 100).astype(np.uint16)).save(
+            tmp_path / "tif" / f"{i}.tif"
+        )
+    with caplog.at_level("DEBUG"):
+        rc, _, err = run(
+            ["--debug", "pack", tmp_path / "tif", tmp_path / "out", "--cf", "8", "--format", "webdataset", "--quiet"],
+            capsys,
+        )
+    assert rc == 0, err
+    assert not [r for r in caplog.records if r.name.startswith("PIL")]
+    assert any(r.name.startswith("dctdata") and r.levelname == "DEBUG" for r in caplog.records)  # ours still show
 
 
 def test_nan_fill_is_explicit(tmp_path, capsys):

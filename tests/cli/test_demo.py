@@ -25,13 +25,19 @@ def test_demo_prints_one_table_and_packed_losses_decrease(capsys, tmp_path):
     assert list(rows) == ["raw float32", "dctdata zarr", "dctdata webdataset"]
     for name in ("dctdata zarr", "dctdata webdataset"):
         r = dict(zip(RESULT_COLUMNS, rows[name]))
-        assert float(r["ratio vs float32"]) > 1.5  # int8 coefficients + zstd
+        # int8 coefficients + zstd; the webdataset pack of 8 tiny samples is 8 one-sample shards (the loader rule:
+        # >= 16 shards or one per sample), each padded to a 10 KiB tar record, so only zarr is compared with 1.5
+        assert float(r["stored ratio vs float32"]) > (1.5 if "zarr" in name else 0.5)
         assert float(r["transfer ratio"]) >= 4.0 - 1e-9  # int8 is 4x smaller than float32 at any CF
         lo, med = (float(v) for v in r["PSNR min/median dB"].split("/"))
         assert 30 < lo <= med
         first, final = (float(v) for v in r["train loss first → final"].split("→"))
         assert final < first
-    assert rows["raw float32"][1:6] == ["0.07", "1.00", "1.00", "1.00", "exact"]  # 8 pairs of 2x32x32 float32
+    assert rows["raw float32"][1:5] == ["0.07", "1.00", "1.00", "exact"]  # 8 pairs of 2x32x32 float32
+    # every ratio column is defined, and the zarr-vs-webdataset gap is called what it is: training noise
+    assert "transfer ratio: float32 bytes of the model input / bytes the DataLoader moves" in out
+    gap = abs(float(rows["dctdata zarr"][-1]) - float(rows["dctdata webdataset"][-1]))
+    assert re.search(rf"test-MSE gap \({gap:.5f}\) is the run-to-run noise", out)
     # --out keeps the artifacts and the same numbers as JSON
     kept = {p.name for p in (tmp_path / "demo").iterdir()}
     assert {"em_train.npz", "em.zarr", "em.wds", "results.md", "results.json"} <= kept

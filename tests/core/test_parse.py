@@ -9,7 +9,16 @@ import pytest
 
 from dctdata.errors import DctDataError, FormatError
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.parse import is_int, is_number, parse_choice, parse_int, parse_number, parse_object, parse_optional_int
+from dctdata.parse import (
+    is_int,
+    is_number,
+    parse_choice,
+    parse_int,
+    parse_number,
+    parse_object,
+    parse_optional_int,
+    parse_size,
+)
 
 
 def test_ints_are_never_bools():
@@ -60,3 +69,22 @@ def test_field_kind_is_one_type_that_reads_and_writes_its_name():
     assert json.dumps({"kind": FieldKind.DCT}) == '{"kind": "dct"}'
     with pytest.raises(DctDataError, match=r"kind: expected one of \('dct', 'array', 'label'\)\. Got 'jpeg'"):
         FieldKind.parse("jpeg")
+
+
+@pytest.mark.parametrize(
+    "text, n",
+    [(4096, 4096), ("4096", 4096), ("1MiB", 1 << 20), ("256 MiB", 256 << 20), ("64k", 65536), ("2G", 2 << 30),
+     ("1.5 GB", 1_500_000_000), ("2KB", 2000), ("10b", 10), (" 3 kib ", 3072)],
+)  # fmt: skip
+def test_parse_size_reads_units_as_help_writes_them(text, n):
+    assert parse_size(text, "--max-shard-size") == n
+
+
+def test_parse_size_errors():
+    for bad in ("lots", "1 XB", "-1", "", "1.2.3", "MiB"):
+        with pytest.raises(DctDataError, match=r"--max-shard-size: expected a size in bytes such as 4096"):
+            parse_size(bad, "--max-shard-size")
+    with pytest.raises(TypeError, match="cache_limit: expected a size"):
+        parse_size(1.5, "cache_limit")
+    with pytest.raises(DctDataError, match=r"cache_limit: expected a size .* >= 1. Got '0'"):
+        parse_size("0", "cache_limit", minimum=1)

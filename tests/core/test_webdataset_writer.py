@@ -71,6 +71,16 @@ def test_size_cap_is_a_real_upper_bound(source, tmp_path):
     assert m.layout["max_shard_size"] == cap
 
 
+@pytest.mark.parametrize("n, expected", [(64, [4] * 16), (50, [3] * 16 + [2]), (16, [1] * 16), (5, [1] * 5)])
+def test_small_sets_get_enough_shards_for_ranks_times_workers(n, expected):
+    """The rule: at least 16 shards (2 ranks x 8 workers) once a set has 16 samples, however small."""
+    f = FieldSpec("x", "array", (8,), "float32")
+    assert [b - a for a, b in WebDatasetWriter().plan((f,), n)] == expected
+    assert [b - a for a, b in WebDatasetWriter(samples_per_shard=32).plan((f,), n)][0] == min(32, n)  # as given
+    big = FieldSpec("x", "array", (1 << 20,), "float32")  # 4 MiB samples: the size cap still decides
+    assert len(WebDatasetWriter(max_shard_size=16 << 20).plan((big,), 64)) == 22
+
+
 def test_tar_members_are_pinned_and_in_sample_order(source, tmp_path):
     m = pack(source, tmp_path / "a", samples_per_shard=7)
     with tarfile.open(tmp_path / "a" / "shard-000001.tar") as tf:
@@ -189,3 +199,12 @@ def test_cli_shard_caps(source, tmp_path, capsys):
     assert "expected --format webdataset. Got --format zarr" in capsys.readouterr().err
     assert main(["pack", str(source), str(tmp_path / "b"), "--format", "webdataset", "--max-shard-size", "5"]) == 1
     assert "max_shard_size: expected an int >= 10240" in capsys.readouterr().err
+    # sizes as --help writes them
+    assert main(["pack", str(source), str(tmp_path / "c"), "--format", "webdataset", "--max-shard-size", "1MiB"]) == 0
+    assert read_manifest(tmp_path / "c").layout["max_shard_size"] == 1 << 20
+    assert "packed 30 samples" in capsys.readouterr().out
+    assert main(["pack", str(source), str(tmp_path / "d"), "--format", "webdataset", "--max-shard-size", "1 MB"]) == 0
+    assert read_manifest(tmp_path / "d").layout["max_shard_size"] == 1000000
+    assert main(["pack", str(source), str(tmp_path / "e"), "--format", "webdataset", "--max-shard-size", "lots"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-shard-size: expected a size in bytes such as 4096, '256 MiB'" in err

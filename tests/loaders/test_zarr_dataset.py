@@ -39,7 +39,7 @@ def test_indexing_and_batches(tmp_path):
     np.testing.assert_allclose(dec.numpy(), x[[5, 3, 4, 20, 5]], atol=1e-4)
     with pytest.raises(IndexError, match="out of range"):
         ds[23]
-    with pytest.raises(TypeError, match="index: expected an int"):
+    with pytest.raises(TypeError, match="index: expected an int or a slice. Got str"):
         ds["a"]
     with pytest.raises(dctdata.DctDataError, match="expected a dct field"):
         ds.decompressor("label")
@@ -49,6 +49,20 @@ def test_indexing_and_batches(tmp_path):
         dctdata.open_dataset(out, on_error="ignore")
     d = dctdata.open_dataset(out, as_dict=True, fields=["label"])
     assert d[2] == {"label": torch.tensor(6)}
+
+
+def test_slices_are_collated_batches(tmp_path):
+    out, x, labels = make(tmp_path)
+    ds = dctdata.open_dataset(out)
+    coeffs, lab = ds[0:4]  # a batch, as a DataLoader collates it: straight into the decompressor
+    assert coeffs.shape == (4, *ds.manifest.field("image").stored_shape) and lab.tolist() == list(labels[:4])
+    np.testing.assert_allclose(ds.decompressor()(coeffs).numpy(), x[:4], atol=1e-4)
+    assert ds[-3:].__getitem__(1).tolist() == list(labels[-3:])
+    assert ds[20:2:-6][1].tolist() == [60, 42, 24]
+    empty = ds[5:5]
+    assert empty[0].shape == (0, *coeffs.shape[1:]) and empty[0].dtype == coeffs.dtype and empty[1].shape == (0,)
+    d = dctdata.open_dataset(out, as_dict=True)[1:3]
+    assert set(d) == {"image", "label"} and d["label"].tolist() == [3, 6]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

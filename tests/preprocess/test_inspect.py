@@ -32,14 +32,17 @@ def test_figure_layout_with_and_without_originals(tmp_path):
         inspect_figure(None, y, tmp_path / "c.png", titles=["a"])
 
 
-def test_cli_on_packed_dataset(tmp_path, capsys):
+def test_cli_on_packed_dataset(tmp_path, capsys, monkeypatch):
     src = tmp_path / "f.npy"
     np.save(src, synthetic_fields(n=6, size=32)["clouds"][:, 0])
     dctdata.pack(str(src), str(tmp_path / "out"), target_psnr=40, quiet=True)
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    monkeypatch.chdir(tmp_path)
     assert main(["inspect", str(tmp_path / "out"), "--samples", "2"]) == 0
     out = capsys.readouterr().out
-    assert "wrote" in out and "originals not available" not in out
-    assert Image.open(tmp_path / "out" / "inspect.png").size[0] > 900  # four columns
+    assert "wrote out-inspect.png" in out and "originals not available" not in out
+    assert Image.open(tmp_path / "out-inspect.png").size[0] > 900  # four columns, in the current directory
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before  # the pack is not written to
     src.unlink()  # the source is gone: reconstruction and spectrum only, and say so
     png = tmp_path / "r.png"
     assert main(["inspect", str(tmp_path / "out"), "--png", str(png)]) == 0

@@ -853,7 +853,7 @@ def _(t):
     return ["inspect", packed(t), "--field", "label", "--png", t / "x.png"]
 
 
-@case("open_dataset", "not a path", r"path_or_url: expected a path or URL string\. Got int")
+@case("open_dataset", "not a path", r"path_or_url: expected a path or URL string, or a list of shard files\. Got int")
 def _(t):
     return lambda: dctdata.open_dataset(3)
 
@@ -873,6 +873,107 @@ def _(t):
 def _(t):
     root = packed(t)
     return lambda: dctdata.open_dataset(root)[6]
+
+
+@case("open_dataset", "brace list matching no shard", r"expected shard names of this pack .*Got 100 listed, none")
+def _(t):
+    root = packed(t, "webdataset")
+    return lambda: dctdata.open_dataset(f"{root}/shard-{{000100..000199}}.tar")
+
+
+@case("open_dataset", "empty shard list", r"shards: expected at least one shard file\. Got an empty list")
+def _(t):
+    return lambda: dctdata.open_dataset([])
+
+
+@case("open_dataset", "shard list of a zarr pack", r"a list of shard files: expected a webdataset pack")
+def _(t):
+    root = packed(t)
+    return lambda: dctdata.open_dataset([root / "shard-000000.tar"])
+
+
+@case("open_dataset", "cache_dir not writable", r"cache_dir .*/file/c: expected a writable directory\. Got ")
+def _(t):
+    root = packed(t, "webdataset")
+    (t / "file").write_text("x")
+    return lambda: dctdata.open_dataset(root, cache_dir=t / "file" / "c")
+
+
+@case("open_dataset", "cache_limit below the largest shard", r"cache_limit: expected at least the largest shard")
+def _(t):
+    root = packed(t, "webdataset")
+    return lambda: dctdata.open_dataset(root, cache_dir=t / "c", cache_limit="1KiB")
+
+
+def _check_slice(t, batch):
+    assert batch[0].shape[0] == 2 and batch[1].tolist() == [1, 2]
+
+
+@case("open_dataset", "ds[1:3] (a slice)", check=_check_slice)
+def _(t):
+    root = packed(t)
+    return lambda: dctdata.open_dataset(root)[1:3]
+
+
+# make_loader and its state_dict -------------------------------------------------------------------
+def _loader(root, **kw):
+    from dctdata.loaders.distributed import make_loader
+
+    return make_loader(dctdata.open_dataset(root), batch_size=2, **kw)
+
+
+def _state(root, epoch=1, **kw):
+    from dctdata.loaders.distributed import set_epoch
+
+    loader = _loader(root, **kw)
+    set_epoch(loader, epoch)
+    next(iter(loader))
+    return loader.state_dict()
+
+
+@case("make_loader", "batch_size 0", r"batch_size: expected a positive int\. Got 0")
+def _(t):
+    from dctdata.loaders.distributed import make_loader
+
+    root = packed(t)
+    return lambda: make_loader(dctdata.open_dataset(root), batch_size=0)
+
+
+@case("make_loader", "state_dict of another pack", r"state_dict: expected a state of the pack at .*another pack")
+def _(t):
+    state = _state(packed(t, "webdataset", name="a"))
+    other = packed(t, "webdataset", n=8, name="b")
+    return lambda: _loader(other).load_state_dict(state)
+
+
+@case("make_loader", "state_dict then another epoch", r"set_epoch\(4\): expected epoch 1, the epoch of the loaded")
+def _(t):
+    from dctdata.loaders.distributed import set_epoch
+
+    root = packed(t, "webdataset")
+    state = _state(root)
+
+    def resume():
+        loader = _loader(root)
+        loader.load_state_dict(state)
+        set_epoch(loader, 4)
+
+    return resume
+
+
+@case("make_loader", "state_dict of another batch size", r"Got batch_size=2 \(here 3\)")
+def _(t):
+    from dctdata.loaders.distributed import make_loader
+
+    root = packed(t)
+    state = _state(root)
+    return lambda: make_loader(dctdata.open_dataset(root), batch_size=3).load_state_dict(state)
+
+
+@case("make_loader", "state_dict that is not one", r"state_dict: expected the state_dict\(\) of a dctdata make_loader")
+def _(t):
+    root = packed(t)
+    return lambda: _loader(root).load_state_dict({"epoch": 3})
 
 
 # Codec API -------------------------------------------------------------------------------------
@@ -1110,6 +1211,7 @@ def test_matrix_covers_every_entry_point():
         "verify",
         "inspect",
         "open_dataset",
+        "make_loader",
         "compress",
         "decompress",
         "Decompress",

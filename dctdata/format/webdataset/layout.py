@@ -6,6 +6,11 @@ Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order; s
 lossless stage (`entry_name`). Tar metadata is pinned (mtime 0, uid/gid 0, uname/gname "dctdata",
 mode 0o444, USTAR), so the same input gives byte-identical shards.
 
+Shards that fit the loader: whole shards are the unit a rank or DataLoader worker reads, so a pack
+has at least `MIN_SHARDS` shards (16: 2 ranks x 8 workers, or 4 x 4, each get one) whenever it has that
+many samples, however small it is; a larger set is cut by the size cap as before. An explicit
+`--samples-per-shard` is taken as given.
+
 Shard sizes are computed exactly from entry sizes (`member_bytes`, `archive_bytes`), so a size cap is
 a real upper bound and the shard list is known before any data is encoded. The manifest's
 `layout.shards` lists each shard with its sample count, bytes and sha256.
@@ -22,6 +27,7 @@ from dctdata.parse import is_int
 
 SAMPLE_KEY_DIGITS = 9
 SHARD_PATTERN = "shard-{:06d}.tar"
+MIN_SHARDS = 16  # a pack of >= 16 samples gets >= 16 shards unless --samples-per-shard says otherwise
 BLOCK = 512  # tar block
 RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
 USTAR_NAME_MAX = 100
@@ -83,6 +89,24 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
     if start != m.samples:
         raise FormatError(f"{where}: layout.shards: expected sample counts summing to {m.samples}. Got {start}")
     return out
+
+
+def select_shards(shards: list[dict[str, Any]], names: tuple[str, ...] | None, where: str) -> list[dict[str, Any]]:
+    """The entries of `shards` (from `shard_list`) that `names` lists, in manifest order; every listed
+    name must be one of the pack's shards (a brace expression matching none is an error, not an empty
+    epoch)."""
+    if names is None:
+        return shards
+    known = {s["name"]: s for s in shards}
+    missing = [n for n in names if n not in known]
+    if missing:
+        span = f"{shards[0]['name']}..{shards[-1]['name']}" if shards else "none"
+        got = "none of them" if len(missing) == len(names) else f"{len(missing)} that are not: {missing[:3]}"
+        raise FormatError(
+            f"{where}: expected shard names of this pack ({len(shards)} shards, {span}). Got {len(names)} listed, {got}"
+        )
+    chosen = set(names)
+    return [s for s in shards if s["name"] in chosen]
 
 
 def samples_of_file(m, rel: str) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.format.cache import ShardCache
 from dctdata.format.checksum import read_expected
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, join, open_file
@@ -49,11 +50,13 @@ def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
 
 
 class Files:
-    """Opens files of one dataset by relative name: local, fsspec URL, or an opted-in pipe: command."""
+    """Opens files of one dataset by relative name: local, fsspec URL, or an opted-in pipe: command;
+    whole shard reads go through an optional local `ShardCache`."""
 
-    def __init__(self, root: str, storage_options: Mapping[str, Any] | None) -> None:
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None, cache: ShardCache | None = None) -> None:
         self.root = root
         self.storage_options = dict(storage_options or {})
+        self.cache = cache
 
     def location(self, rel: str) -> str:
         if self.root.startswith("pipe:"):
@@ -67,6 +70,19 @@ class Files:
 
             return wds.gopen(loc, "rb")
         return open_file(loc, "rb", self.storage_options, streaming=True)
+
+    def read(self, rel: str, expected_bytes: int, sha256: str) -> tuple[bytes, str]:
+        """(bytes, sha256 hex) of a whole file whose size and hash the manifest gives: from the cache
+        when it holds a good copy, else from the source (and then into the cache if it checks out)."""
+        if self.cache is not None:
+            data = self.cache.get(sha256, expected_bytes)
+            if data is not None:
+                return data, sha256
+        with self.open(rel) as fh:
+            data, digest = read_expected(fh, expected_bytes)
+        if self.cache is not None and digest == sha256 and len(data) == expected_bytes:
+            self.cache.put(sha256, data)
+        return data, digest
 
     def manifest(self) -> Manifest:
         loc = self.location(MANIFEST_NAME)
@@ -105,8 +121,7 @@ class ShardReader:
     def _read(self, files: Files) -> memoryview:
         expected = self.entry["bytes"]
         try:
-            with files.open(self.entry["name"]) as fh:
-                data, digest = read_expected(fh, expected)
+            data, digest = files.read(self.entry["name"], expected, self.entry["sha256"])
         except FileNotFoundError as exc:
             raise IntegrityError(f"{self.where}: expected a shard ({self.span}). Got no such file") from exc
         except OSError as exc:

@@ -10,7 +10,9 @@ end-of-archive blocks and record padding is computed from each entry's worst-cas
 a real upper bound and the shard list is known before encoding: shards are independent parts that
 Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided
 by the compression ratio. `samples_per_shard` lowers the count. A sample larger than the cap gets a
-shard of its own (a sample is never split) and a warning is logged.
+shard of its own (a sample is never split) and a warning is logged. Without `samples_per_shard`, a
+set of at least `layout.MIN_SHARDS` samples gets at least that many shards, so the README's loader
+gives every rank and worker whole shards of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy
 from dctdata.format.webdataset.layout import (
     BLOCK,
+    MIN_SHARDS,
     RECORD,
     SHARD_PATTERN,
     TAR_META,
@@ -106,6 +109,8 @@ class WebDatasetWriter(PartWriter):
     # Part API ------------------------------------------------------------------------------------
     def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]:
         k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
+        if self.samples_per_shard is None:
+            k = min(k, max(1, n // MIN_SHARDS))  # >= MIN_SHARDS shards when n >= MIN_SHARDS (layout.MIN_SHARDS)
         return [(a, min(a + k, n)) for a in range(0, n, k)]
 
     def open(self, root: str, fields: Fields, n: int) -> None:

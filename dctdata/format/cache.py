@@ -1,0 +1,139 @@
+"""A bounded local disk cache of remote shard files, opt-in by a path (`cache_dir=`).
+
+LitData and MosaicML Streaming keep remote shards on local disk so the second epoch does not download
+them again; this is that, for dctdata's whole-file reads of webdataset shards.
+
+- **Content-addressed.** A shard is stored as `<cache_dir>/<sha256>.tar`, the sha256 its manifest
+  records, so packs and URLs that share a shard share one copy, and a changed pack can never be served
+  a stale file under an old name.
+- **Checked on reuse.** A cached copy is read whole and hashed; one whose size or sha256 no longer
+  matches (bit rot, truncation, a hand edit) is deleted, logged and fetched again.
+- **Bounded (LRU).** After each new file, the least recently used files (modification time, refreshed
+  on every hit) are deleted until the cache holds at most `limit` bytes.
+- **Safe to share.** DataLoader workers and ranks on one machine may share a directory: files are
+  written to a temporary name and renamed into place, so a reader sees a whole file or none.
+- **Errors.** A directory that cannot be created or written, a disk without room for the largest
+  shard, or a write that runs out of space raises one `DctDataError` naming the directory.
+
+Written by hand: fsspec's `filecache::` has no size bound and no content check, and the cache has to
+sit under the sha256 check every shard read already does.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+
+from dctdata.errors import DctDataError
+from dctdata.parse import parse_size
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_LIMIT = 50 << 30
+SUFFIX = ".tar"
+
+
+class ShardCache:
+    """Shard bytes by sha256 in a local directory of at most `limit` bytes (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike, limit: int | str = DEFAULT_CACHE_LIMIT, largest: int = 0) -> None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"cache_dir: expected a local directory path. Got {type(directory).__name__}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.limit = parse_size(limit, "cache_limit", minimum=1, type_error=DctDataError)
+        if largest > self.limit:
+            raise DctDataError(
+                f"cache_limit: expected at least the largest shard ({largest} bytes) so a shard fits. Got {self.limit}"
+            )
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".probe-"):
+                pass
+            free = shutil.disk_usage(self.directory).free
+        except OSError as exc:
+            raise DctDataError(
+                f"cache_dir {self.directory}: expected a writable directory. Got {type(exc).__name__}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        if free < largest:
+            raise DctDataError(
+                f"cache_dir {self.directory}: expected room for the largest shard ({largest} bytes). Got {free} bytes "
+                "free (cache is full: free space or choose another cache_dir)"
+            )
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.directory!r}, limit={self.limit})"
+
+    def path(self, sha256: str) -> str:
+        return os.path.join(self.directory, sha256 + SUFFIX)
+
+    def get(self, sha256: str, size: int) -> bytes | None:
+        """The cached bytes of the shard with this sha256 and size, or None (a bad copy is dropped)."""
+        path = self.path(sha256)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(size + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cache: cannot read %s (%s): fetching it again", path, exc)
+            return None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            log.warning("cache: %s fails its size or sha256 check: fetching it again", path)
+            self._remove(path)
+            return None
+        try:
+            os.utime(path)  # most recently used
+        except OSError:  # evicted by another worker meanwhile: the bytes read are still good
+            pass
+        return data
+
+    def put(self, sha256: str, data: bytes) -> None:
+        """Store checked shard bytes, then evict least recently used files down to the limit."""
+        path = self.path(sha256)
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".part-", suffix=SUFFIX)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as exc:
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise DctDataError(
+                f"cache_dir {self.directory}: expected room to write {os.path.basename(path)} ({len(data)} bytes). "
+                f"Got {type(exc).__name__}: {exc.strerror or exc}" + (" (cache disk is full)" if full else "")
+            ) from exc
+        finally:
+            if tmp is not None:
+                self._remove(tmp)
+        self._evict(keep=path)
+
+    def _evict(self, keep: str) -> None:
+        entries = []
+        with os.scandir(self.directory) as it:
+            for e in it:
+                if e.name.endswith(SUFFIX) and not e.name.startswith("."):
+                    try:
+                        st = e.stat()
+                    except FileNotFoundError:
+                        continue
+                    entries.append((st.st_mtime, e.path, st.st_size))
+        total = sum(size for _, _, size in entries)
+        for _, path, size in sorted(entries):
+            if total <= self.limit:
+                break
+            if path != keep:
+                self._remove(path)
+                total -= size
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
