@@ -22,6 +22,7 @@ and DataLoader workers.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from dctdata.errors import DctDataError
+from dctdata.loaders.threads import worker_init
 from dctdata.parse import parse_int
 
 
@@ -54,8 +56,10 @@ def make_loader(
     world_size: int | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader:
-    """A DataLoader that gives this rank its share of `dataset` (see the module docstring)."""
+    """A DataLoader that gives this rank its share of `dataset` (see the module docstring). Workers run
+    one thread each (`dctdata.loaders.threads.worker_init`, before any `worker_init_fn` given)."""
     parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
+    loader_kwargs["worker_init_fn"] = functools.partial(worker_init, then=loader_kwargs.get("worker_init_fn"))
     if isinstance(dataset, IterableDataset):
         if rank is not None or world_size is not None:
             raise DctDataError(

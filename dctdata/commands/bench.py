@@ -25,7 +25,9 @@ def register(sub) -> None:
     c.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
     c.add_argument("--paper-sizes", type=int, nargs="+", default=[512, 1024], help="sides for the paper's baseline")
     c.add_argument("--repeat", type=int, default=10, help="timing repeats (best is kept)")
-    c.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    c.add_argument(
+        "--threads", type=int, nargs="+", default=None, help="torch intra-op thread counts (default: 1 and all cores)"
+    )
     c.set_defaults(func=_codec)
 
     r = _kind(
@@ -82,9 +84,15 @@ def _codec(args) -> int:
     import torch
 
     from dctdata.bench.codec import format_rows, run_codec_bench
+    from dctdata.loaders.threads import available_cores
 
-    rows = run_codec_bench(args.sizes, args.cf, args.paper_sizes, repeat=args.repeat, threads=args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, best of {args.repeat}")
+    threads = args.threads or sorted({1, available_cores()})
+    rows = run_codec_bench(args.sizes, args.cf, args.paper_sizes, repeat=args.repeat, threads=threads)
+    print(
+        f"torch {torch.__version__}, threads {', '.join(map(str, threads))}, float32 output, best of {args.repeat} "
+        "(outputs of at least 64 MB: best of a third as many); x copy: decode time over the time to copy the same "
+        "output bytes into a preallocated buffer"
+    )
     print(format_rows(rows))
     return 0
 
