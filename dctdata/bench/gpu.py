@@ -106,7 +106,7 @@ class _Rows(torch.utils.data.Dataset):
 
     def __init__(self, path: str) -> None:
         self.path, self._x, self._pid = path, None, None
-        self.n = len(np.load(path, mmap_mode="r"))
+        self.n = len(np.load(path, mmap_mode="r", allow_pickle=False))
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_x": None, "_pid": None}
@@ -116,7 +116,7 @@ class _Rows(torch.utils.data.Dataset):
 
     def __getitems__(self, idx):
         if self._pid != os.getpid():
-            self._x, self._pid = np.load(self.path, mmap_mode="r"), os.getpid()
+            self._x, self._pid = np.load(self.path, mmap_mode="r", allow_pickle=False), os.getpid()
         return [torch.from_numpy(np.array(self._x[i])) for i in idx]
 
     def __getitem__(self, i):

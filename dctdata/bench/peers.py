@@ -137,7 +137,7 @@ def _ts_open(root: str):
 # LitData and MosaicML Streaming ---------------------------------------------------------------------
 def _litdata_item(i_and_path):
     i, path = i_and_path
-    return np.load(path, mmap_mode="r")[i].copy()
+    return np.load(path, mmap_mode="r", allow_pickle=False)[i].copy()
 
 
 def _write_litdata(x: np.ndarray, out: str, per_shard: int) -> None:

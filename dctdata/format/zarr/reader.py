@@ -300,7 +300,11 @@ class _FieldPlan:
             raise IntegrityError(f"{where}: expected intact stored data. Got a chunk failing its crc32c (corrupted)")
         try:
             raw = body if self.codec is None else self.codec.decode(body)
-            raw = ensure_contiguous_ndarray(raw).view(np.uint8)
+            raw = (
+                np.frombuffer(raw, np.uint8)
+                if isinstance(raw, bytes)
+                else ensure_contiguous_ndarray(raw).view(np.uint8)
+            )
         except Exception as exc:  # noqa: BLE001 - codecs raise many types on bad bytes
             raise IntegrityError(
                 f"{where}: expected intact stored data. Got {type(exc).__name__} from the lossless codec: {exc}"
