@@ -18,6 +18,7 @@ the workers leave free), to show what oversubscription costs.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import time
@@ -91,6 +92,8 @@ def run_stream_bench(
     from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    warnings.filterwarnings("ignore", message=".*NumPy array is not writable.*")  # the peers' read-only arrays
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # aiohttp sessions closed at exit, not errors
     default_threads = torch.get_num_threads()
     rows = []
     with tempfile.TemporaryDirectory() as d:
