@@ -31,6 +31,7 @@ and DataLoader workers.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from typing import Any
 
@@ -40,6 +41,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from dctdata.errors import DctDataError
 from dctdata.loaders.stateful import PackLoader
+from dctdata.loaders.threads import worker_init
 from dctdata.parse import parse_int
 
 log = logging.getLogger(__name__)
@@ -67,9 +69,11 @@ def make_loader(
     world_size: int | None = None,
     **loader_kwargs: Any,
 ) -> PackLoader:
-    """A stateful DataLoader that gives this rank its share of `dataset` (see the module docstring)."""
+    """A stateful DataLoader that gives this rank its share of `dataset` (see the module docstring). Workers
+    run one thread each (`dctdata.loaders.threads.worker_init`, before any `worker_init_fn` given)."""
     parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
     parse_int(num_workers, "num_workers", minimum=0, type_error=DctDataError)
+    loader_kwargs["worker_init_fn"] = functools.partial(worker_init, then=loader_kwargs.get("worker_init_fn"))
     if isinstance(dataset, IterableDataset):
         dataset = _configured(dataset, batch_size, shuffle, seed, rank, world_size)
         if message := dataset.fallback_warning(num_workers):

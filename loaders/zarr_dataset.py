@@ -3,8 +3,9 @@
 `ds[i]` is a tuple of tensors in manifest field order (`as_dict=True`: a dict); `dct` fields come
 out as their stored coefficients (C, Hb, K, Wb) in the wire dtype, to be decoded on the device by
 `ds.decompressor()` (the model's first layer). `__getitems__` serves a DataLoader batch with one
-read per run of consecutive indices per field. `ds[a:b]` (any slice) is a batch: each field's samples
-stacked on a new first axis, as a DataLoader collates them, ready for `ds.decompressor()`.
+batched read: the byte ranges of every chunk the batch needs, fetched together. `ds[a:b]` (any slice) is
+a batch: each field's samples stacked on a new first axis, as a DataLoader collates them, ready for
+`ds.decompressor()`.
 
 Reading, per-process opening (fork and spawn safe) and every integrity check are the job of
 `dctdata.format.zarr.ZarrReader`; this class is the torch Dataset over it. A missing shard or chunk,
@@ -77,18 +78,9 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
 
     def _read_runs(self, idx: list[int]) -> dict[int, list[torch.Tensor]]:
         order = sorted(set(idx))
-        runs, start = [], 0
-        for k in range(1, len(order) + 1):
-            if k == len(order) or order[k] != order[k - 1] + 1:
-                runs.append((order[start], order[k - 1] + 1))
-                start = k
-        out: dict[int, list[torch.Tensor]] = {i: [] for i in order}
-        for a, b in runs:
-            for f in self.fields:
-                t = f.to_tensor(self.reader.read(f, a, b))
-                for j in range(a, b):
-                    out[j].append(t[j - a])
-        return out
+        arrays = self.reader.read_samples(self.fields, order)  # every chunk of the batch in one batched read
+        tensors = [f.to_tensor(arrays[f.name]) for f in self.fields]
+        return {j: [t[k] for t in tensors] for k, j in enumerate(order)}
 
     def __len__(self) -> int:
         return self.manifest.samples

@@ -9,6 +9,9 @@ tensor a model consumes:
 - PNG files -> torchvision.io.decode_png in the workers -> float;
 - JPEG files (quality chosen so its median PSNR reaches dctdata's) -> torchvision.io.decode_jpeg.
 Reported: samples/s (best of `--epochs`), stored bytes read per sample, median PSNR.
+
+`run_batch_bench` times the read path alone: one batch of random stored samples to arrays, the
+dctdata zarr reader against tensorstore and zarr-python on the same pack and on raw float32 zarr.
 """
 
 from __future__ import annotations
@@ -93,6 +96,93 @@ def _time_loader(ds, to_input, batch, workers, epochs) -> float:
     return best
 
 
+def jpeg_files(u8: np.ndarray, directory: str, target_psnr: float, qualities=(75, 85, 90, 95, 98, 100)):
+    """JPEG files of uint8 images (N, H, W) at the first quality whose median PSNR on the first 64
+    reaches `target_psnr`: (quality, paths, that median PSNR)."""
+    from PIL import Image
+
+    os.makedirs(directory, exist_ok=True)
+    ref = torch.from_numpy(u8[:64].astype(np.float32))
+    for q in qualities:
+        paths = [os.path.join(directory, f"{i:05d}.jpg") for i in range(len(u8))]
+        for f, im in zip(paths, u8):
+            Image.fromarray(im).save(f, quality=q)
+        dec = np.stack([np.asarray(Image.open(f)) for f in paths[:64]]).astype(np.float32)
+        got = float(statistics.median(psnr(ref, torch.from_numpy(dec)).tolist()))
+        if got >= target_psnr:
+            break
+    return q, paths, got
+
+
+def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batches=20, workdir=None):
+    """Milliseconds to turn one batch of `batch` random stored samples into arrays (median over
+    `batches` batches, best of `rounds` interleaved rounds), single-threaded, from a local pack:
+    the dctdata zarr reader (coefficients), tensorstore and zarr-python on the same pack, and both on
+    raw float32 zarr of the same samples. Rows: name, ms, bytes_per_sample."""
+    import tensorstore as ts
+    import zarr
+
+    import dctdata
+
+    torch.set_num_threads(1)
+    x = synthetic(n, size)
+    rng = np.random.default_rng(0)
+    picks = [np.sort(rng.choice(n, batch, replace=False)) for _ in range(batches)]
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        np.save(os.path.join(tmp, "x.npy"), x)
+        out, raw = os.path.join(tmp, "dct"), os.path.join(tmp, "raw.zarr")
+        dctdata.pack(os.path.join(tmp, "x.npy"), out, quant="int8", target_psnr=target_psnr, quiet=True)
+        zarr.create_array(raw, shape=x.shape, chunks=(1, *x.shape[1:]), dtype="float32", compressors=None)[:] = x
+        ds = dctdata.open_dataset(out)
+        layer = ds.decompressor()
+
+        def ts_array(path):
+            return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, read=True).result()
+
+        ts_dct, ts_raw = ts_array(os.path.join(out, "image")), ts_array(raw)
+        z_dct, z_raw = zarr.open_array(os.path.join(out, "image"), mode="r"), zarr.open_array(raw, mode="r")
+        cases = {
+            "dctdata zarr reader (coefficients)": (lambda i: ds.__getitems__(i.tolist()), out),
+            "dctdata zarr reader + Decompress (1 thread)": (
+                lambda i: layer(torch.stack([s[0] for s in ds.__getitems__(i.tolist())])),
+                out,
+            ),
+            "tensorstore, same dctdata pack (no missing-chunk check)": (
+                lambda i: ts_dct.oindex[i].read().result(),
+                out,
+            ),
+            "zarr-python, same dctdata pack (no missing-chunk check)": (
+                lambda i: z_dct.get_orthogonal_selection((i,)),
+                out,
+            ),
+            "tensorstore, raw float32 zarr": (lambda i: ts_raw.oindex[i].read().result(), raw),
+            "zarr-python, raw float32 zarr": (lambda i: z_raw.get_orthogonal_selection((i,)), raw),
+        }
+        best = {name: float("inf") for name in cases}
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for name, (fn, _) in cases.items():
+                    fn(picks[0])
+                    times = []
+                    for i in picks:
+                        t0 = time.perf_counter()
+                        fn(i)
+                        times.append(time.perf_counter() - t0)
+                    best[name] = min(best[name], float(np.median(times)))
+        return [
+            {"name": name, "ms": 1e3 * best[name], "bytes_per_sample": _dir_bytes(root) / n}
+            for name, (_, root) in cases.items()
+        ]
+
+
+def format_batch_rows(rows) -> str:
+    base = next(r["ms"] for r in rows if r["name"].startswith("tensorstore, raw"))
+    lines = ["| read path | ms per batch | vs tensorstore raw float32 | stored bytes/sample |", "|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['ms']:.2f} | {r['ms'] / base:.2f}x | {r['bytes_per_sample']:.0f} |")
+    return "\n".join(lines)
+
+
 def run_loader_bench(n=512, size=256, target_psnr=40.0, batch=32, workers=2, epochs=2, workdir=None):
     import zarr
     from PIL import Image
@@ -101,7 +191,6 @@ def run_loader_bench(n=512, size=256, target_psnr=40.0, batch=32, workers=2, epo
 
     torch.set_num_threads(1)
     x = synthetic(n, size)
-    xt = torch.from_numpy(x)
     rows = []
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         np.save(os.path.join(tmp, "x.npy"), x)
@@ -145,15 +234,7 @@ def run_loader_bench(n=512, size=256, target_psnr=40.0, batch=32, workers=2, epo
             }
         )
         jpg_dir = os.path.join(tmp, "jpg")
-        os.makedirs(jpg_dir)
-        for q in (75, 85, 90, 95, 98, 100):
-            jpg = [os.path.join(jpg_dir, f"{i:05d}.jpg") for i in range(n)]
-            for f, im in zip(jpg, u8):
-                Image.fromarray(im).save(f, quality=q)
-            dec = np.stack([np.asarray(Image.open(f)) for f in jpg[:64]]).astype(np.float32)
-            jp = float(statistics.median(psnr(xt[:64, 0], torch.from_numpy(dec)).tolist()))
-            if jp >= dct_psnr:
-                break
+        q, jpg, jp = jpeg_files(u8, jpg_dir, dct_psnr)
         rows.append(
             {
                 "pipeline": f"JPEG q={q} + torchvision decode_jpeg",

@@ -1,89 +1,100 @@
-"""`dctdata bench stream`: samples/s streaming webdataset shards through DataLoader into Decompress.
+"""`dctdata bench stream`: DataLoader samples/s of dctdata packs against the peers, from a local
+directory and from a loopback HTTP server throttled to a bandwidth (a stand-in for an object store).
 
-One synthetic set (`dctdata.bench.loader.synthetic`, float32 (1, S, S)) stored four ways and read for one
-epoch each through `DataLoader(num_workers=W, batch_size=B)`, every batch turned into the float32
-(B, 1, S, S) tensor a model consumes (in the main process):
-- dctdata webdataset shards, local directory (DCTWebDataset: sha256-verified, shuffled) -> Decompress;
-- the same shards over a loopback HTTP server (http.server on 127.0.0.1, fsspec streaming);
-- dctdata zarr (DCTZarrDataset, shuffled sampler) -> Decompress;
-- raw float32 `.npy` shards (webdataset's own WebDataset pipeline, shard+sample shuffle, np.load).
-Reported per row: samples/s (best of --epochs), stored bytes per sample, and sha256's share of a
-verified epoch (hashing rate measured here on the same bytes).
+One synthetic set (`dctdata.bench.loader.synthetic`, float32 (1, S, S)) is stored as a dctdata
+webdataset pack, a dctdata zarr pack (calibrated int8 at a target PSNR) and, raw float32, by each peer
+of `dctdata.bench.loader_peers` (webdataset .npy shards, zarr via tensorstore and zarr-python, LitData and
+MosaicML Streaming where installed). Each is read for `epochs` shuffled epochs through
+`DataLoader(num_workers=W, batch_size=B)`; rows report the best epoch's samples/s locally and over
+HTTP (peers without an HTTP reader: "-"), the stored bytes per sample and the body bytes the server
+sent per sample delivered.
+
+"coefficients only" rows stop at what the loader yields: coefficients for dctdata, float32 arrays for
+the peers (the device's side is excluded). The "+ Decompress" rows also decode on the CPU in the main
+process, once with torch's default thread count there and once with `balance_threads(W)` (the cores
+the workers leave free), to show what oversubscription costs.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
-import io
+import logging
 import os
 import tempfile
-import threading
 import time
+import warnings
+from typing import Callable
 
 import numpy as np
 import torch
 
 from dctdata.bench.loader import synthetic  # one generator for both loader benches
+from dctdata.bench.loader_peers import peers
+from dctdata.bench.loopback import LoopbackServer
 
 
-def _raw_shards(x: np.ndarray, out: str, per_shard: int) -> None:
-    from webdataset import TarWriter
-
-    os.makedirs(out)
-    for s, a in enumerate(range(0, len(x), per_shard)):
-        with TarWriter(os.path.join(out, f"raw-{s:06d}.tar"), encoder=False, mtime=0) as tw:
-            for i in range(a, min(a + per_shard, len(x))):
-                buf = io.BytesIO()
-                np.save(buf, x[i], allow_pickle=False)
-                tw.write({"__key__": f"{i:09d}", "x.npy": buf.getvalue()})
+def _first_tensor(batch) -> torch.Tensor:
+    while not isinstance(batch, torch.Tensor):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return batch
 
 
-def _raw_dataset(root: str):
-    import webdataset as wds
-
-    urls = sorted(os.path.join(root, f) for f in os.listdir(root))
-
-    def load(sample):
-        return torch.from_numpy(np.load(io.BytesIO(sample["x.npy"]), allow_pickle=False))
-
-    return wds.DataPipeline(
-        wds.SimpleShardList(urls, seed=0),
-        wds.split_by_worker,
-        wds.tarfile_to_samples(),
-        wds.shuffle(256, 64),
-        wds.map(load),
-    )
-
-
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-def _epoch(loader, to_model) -> tuple[int, float]:
+def _epoch(loader, to_output: Callable) -> tuple[int, float]:
     n, t0 = 0, time.perf_counter()
     with torch.inference_mode():
         for batch in loader:
-            x = to_model(batch)
-            n += x.shape[0]
+            n += to_output(batch).shape[0]
     return n, time.perf_counter() - t0
 
 
 def _stored_bytes(root: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f != "manifest.json")
+    skip = {"manifest.json", "shards.txt"}
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f not in skip)
+
+
+def _time(make_loader: Callable, to_output: Callable, epochs: int, server: LoopbackServer | None):
+    """(samples per epoch, best samples/s, server bytes per sample delivered or None)."""
+    loader = make_loader()
+    best, count, sent = float("inf"), 0, None
+    for e in range(epochs):
+        for target in (loader.dataset, loader.sampler):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(e)
+        if server is not None:
+            server.reset()
+        count, dt = _epoch(loader, to_output)
+        if server is not None and count:
+            sent = server.bytes_sent / count
+        best = min(best, dt)
+    return count, count / best if count else 0.0, sent
 
 
 def run_stream_bench(
-    n=512, size=256, samples_per_shard=64, workers=2, batch=32, epochs=2, quant="int8", target_psnr=40.0, threads=1
+    n=512,
+    size=256,
+    samples_per_shard=64,
+    workers=2,
+    batch=32,
+    epochs=2,
+    quant="int8",
+    target_psnr=40.0,
+    rate=25e6,
+    decode=True,
+    only=None,
 ):
-    """Rows of dicts: name, samples, samples_s, bytes_per_sample, sha_share (None where not verified)."""
+    """Rows of dicts: name, samples, local_sps, http_sps, stored_per_sample, http_per_sample (bytes);
+    and a dict of facts (codec, threads, sha256 rate). `rate` caps the HTTP server in bytes/s; `only`
+    keeps the rows whose name contains one of its strings."""
     import dctdata
+    from dctdata.loaders.distributed import make_loader
+    from dctdata.loaders.threads import balance_threads
     from dctdata.loaders.wds_dataset import DCTWebDataset
     from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
-    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    warnings.filterwarnings("ignore", message=".*NumPy array is not writable.*")  # the peers' read-only arrays
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # aiohttp sessions closed at exit, not errors
+    default_threads = torch.get_num_threads()
     rows = []
     with tempfile.TemporaryDirectory() as d:
         x = synthetic(n, size)
@@ -98,99 +109,114 @@ def run_stream_bench(
             **common,
         )
         dctdata.pack(src, os.path.join(d, "zarr"), format="zarr", **common)
-        _raw_shards(x, os.path.join(d, "raw"), samples_per_shard)
-        blob = os.urandom(64 << 20)
-        t0 = time.perf_counter()
-        hashlib.sha256(blob).hexdigest()
-        sha_rate = len(blob) / (time.perf_counter() - t0)
+        cases = []  # (name, directory under d, open(root) -> loader factory, to_output, http?)
 
-        server = http.server.ThreadingHTTPServer(
-            ("127.0.0.1", 0), functools.partial(_Quiet, directory=os.path.join(d, "wds"))
+        def loader_for(ds, map_style):
+            if map_style:
+                return lambda: make_loader(ds, batch, num_workers=workers, persistent_workers=workers > 0)
+            return lambda: torch.utils.data.DataLoader(
+                ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0
+            )
+
+        coeffs = lambda b: b[0]  # noqa: E731
+        cases.append(
+            ("dctdata webdataset", "wds", lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False), coeffs, True)
         )
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        try:
-            cases = []
-            wds_local = DCTWebDataset(os.path.join(d, "wds"), buffer_size=256)
-            layer = wds_local.decompressor()
-            decode = lambda b: layer(b[0])  # noqa: E731
-            cases.append(("dctdata webdataset, local", wds_local, decode, {}, os.path.join(d, "wds"), True))
+        cases.append(("dctdata zarr", "zarr", lambda r: loader_for(DCTZarrDataset(r), True), coeffs, True))
+        for p in peers():
+            if only and not any(o in p.name for o in only):
+                continue
+            out = os.path.join(d, p.name.split()[-1].strip("()").lower())
+            p.write(x, out, samples_per_shard)
             cases.append(
                 (
-                    "dctdata webdataset, HTTP loopback",
-                    DCTWebDataset(url, buffer_size=256),
-                    decode,
-                    {},
-                    os.path.join(d, "wds"),
-                    True,
+                    p.name,
+                    os.path.relpath(out, d),
+                    lambda r, p=p: loader_for(p.open(r, batch), p.map_style),
+                    _first_tensor,
+                    p.http,
                 )
             )
-            zds = DCTZarrDataset(os.path.join(d, "zarr"))
-            zlayer = zds.decompressor()
-            cases.append(
-                (
-                    "dctdata zarr (map-style, shuffled)",
-                    zds,
-                    lambda b: zlayer(b[0]),
-                    {"shuffle": True},
-                    os.path.join(d, "zarr"),
-                    False,
-                )
+        for name, rel, open_loader, to_output, http in cases:
+            root = os.path.join(d, rel)
+            count, local_sps, _ = _time(open_loader(root), to_output, epochs, None)
+            http_sps = sent = None
+            if http and rate is not None:
+                with LoopbackServer(d, rate=rate) as server:  # one per case: no connection outlives its case
+                    _, http_sps, sent = _time(open_loader(f"{server.url}/{rel}"), to_output, epochs, server)
+            rows.append(
+                {
+                    "name": name + (" (coefficients)" if name.startswith("dctdata") else ""),
+                    "samples": count,
+                    "local_sps": local_sps,
+                    "http_sps": http_sps,
+                    "stored_per_sample": _stored_bytes(root) / n,
+                    "http_per_sample": sent,
+                }
             )
-            cases.append(
-                (
-                    "raw float32 .npy shards (webdataset)",
-                    _raw_dataset(os.path.join(d, "raw")),
-                    lambda b: b,
-                    {},
-                    os.path.join(d, "raw"),
-                    False,
+        if decode:  # the CPU decode in the main process, with the default and the balanced thread count
+            for threads_label, set_threads in (
+                (f"torch default, {default_threads}", lambda: torch.set_num_threads(default_threads)),
+                ("balance_threads", lambda: balance_threads(workers)),
+            ):
+                set_threads()
+                label = (
+                    f"{threads_label} thread(s)"
+                    if "default" in threads_label
+                    else f"{torch.get_num_threads()} thread(s), balance_threads({workers})"
                 )
-            )
-            for name, ds, to_model, kw, root, verified in cases:
-                loader = torch.utils.data.DataLoader(
-                    ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0, **kw
-                )
-                best, count = float("inf"), 0
-                for e in range(epochs):
-                    if hasattr(ds, "set_epoch"):
-                        ds.set_epoch(e)
-                    count, dt = _epoch(loader, to_model)
-                    best = min(best, dt)
-                stored = _stored_bytes(root)
-                rows.append(
-                    {
-                        "name": name,
-                        "samples": count,
-                        "samples_s": count / best,
-                        "bytes_per_sample": stored / n,
-                        # sha256 work per epoch, spread over the workers, as a share of the epoch time
-                        "sha_share": (stored / sha_rate / workers) / best if verified else None,
-                    }
-                )
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
+                for name, rel, ds in (
+                    ("dctdata webdataset", "wds", DCTWebDataset(os.path.join(d, "wds"), buffer_size=256)),
+                    ("dctdata zarr", "zarr", DCTZarrDataset(os.path.join(d, "zarr"))),
+                ):
+                    layer = ds.decompressor()
+                    count, sps, _ = _time(
+                        loader_for(ds, rel == "zarr"), lambda b, layer=layer: layer(b[0]), epochs, None
+                    )
+                    rows.append(
+                        {
+                            "name": f"{name} + Decompress on CPU (main: {label})",
+                            "samples": count,
+                            "local_sps": sps,
+                            "http_sps": None,
+                            "stored_per_sample": _stored_bytes(os.path.join(d, rel)) / n,
+                            "http_per_sample": None,
+                        }
+                    )
+            torch.set_num_threads(default_threads)
+    blob = os.urandom(32 << 20)
+    t0 = time.perf_counter()
+    hashlib.sha256(blob).hexdigest()
     meta = {
         "n": n,
         "size": size,
         "codec": m.fields[0].codec,
-        "sha_GBps": sha_rate / 1e9,
         "shards": len(m.layout["shards"]),
+        "default_threads": default_threads,
+        "sha_GBps": len(blob) / (time.perf_counter() - t0) / 1e9,
     }
     return rows, meta
 
 
-def format_rows(rows) -> str:
+def format_rows(rows, rate=25e6) -> str:
+    base = next((r for r in rows if r["name"].startswith("raw float32 .npy shards")), None)
+    http = f"HTTP {rate / 1e6:g} MB/s" if rate else "HTTP"
     lines = [
-        "| source | samples/epoch | samples/s | stored KiB/sample | sha256 share of epoch |",
-        "|---|---:|---:|---:|---:|",
+        f"| source | samples/epoch | local samples/s | vs raw webdataset | {http} samples/s | vs raw webdataset | "
+        f"stored KiB/sample | {http}: KiB sent/sample |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def ratio(r, key):
+        if base is None or r[key] is None or not base[key]:
+            return "-"
+        return f"{r[key] / base[key]:.2f}x"
+
     for r in rows:
-        share = "-" if r["sha_share"] is None else f"{100 * r['sha_share']:.1f}%"
+        hs = "-" if r["http_sps"] is None else f"{r['http_sps']:.0f}"
+        sent = "-" if r["http_per_sample"] is None else f"{r['http_per_sample'] / 1024:.1f}"
         lines.append(
-            f"| {r['name']} | {r['samples']} | {r['samples_s']:.0f} | {r['bytes_per_sample'] / 1024:.1f} | {share} |"
+            f"| {r['name']} | {r['samples']} | {r['local_sps']:.0f} | {ratio(r, 'local_sps')} | {hs} | "
+            f"{ratio(r, 'http_sps')} | {r['stored_per_sample'] / 1024:.1f} | {sent} |"
         )
     return "\n".join(lines)

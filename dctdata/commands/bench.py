@@ -4,7 +4,6 @@ benchmark runs, except the rd bench's light option defaults)."""
 from __future__ import annotations
 
 import argparse
-import warnings
 
 
 def register(sub) -> None:
@@ -30,7 +29,9 @@ def register(sub) -> None:
     c.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
     c.add_argument("--paper-sizes", type=int, nargs="+", default=[512, 1024], help="sides for the paper's baseline")
     c.add_argument("--repeat", type=int, default=10, help="timing repeats (best is kept)")
-    c.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    c.add_argument(
+        "--threads", type=int, nargs="+", default=None, help="torch intra-op thread counts (default: 1 and all cores)"
+    )
     c.set_defaults(func=_codec)
 
     r = _kind(
@@ -59,13 +60,37 @@ def register(sub) -> None:
     _pipeline_options(lo)
     lo.set_defaults(func=_loader)
 
-    what = "Samples/s streaming webdataset shards from disk and loopback HTTP, against zarr and raw float32 shards."
-    s = _kind(kinds, "stream", "samples/s streaming webdataset shards vs zarr and raw float32 shards", what)
+    what = (
+        "DataLoader samples/s of dctdata webdataset and zarr packs against raw float32 peers (webdataset, tensorstore, "
+        "zarr-python, LitData, MosaicML Streaming), locally and over a bandwidth-throttled loopback HTTP server."
+    )
+    s = _kind(kinds, "stream", "samples/s of dctdata packs vs raw float32 peers, local and throttled HTTP", what)
     _pipeline_options(s)
     s.add_argument("--samples-per-shard", type=int, default=64, help="webdataset samples per shard")
     s.add_argument("--quant", default="int8", help="coefficient dtype")
-    s.add_argument("--threads", type=int, default=1, help="torch intra-op threads in the main process")
+    s.add_argument("--rate-mbps", type=float, default=25.0, help="HTTP server bandwidth cap in MB/s (0: unthrottled)")
+    s.add_argument("--only", nargs="+", metavar="TEXT", help="peers whose name contains TEXT (dctdata rows always run)")
+    s.add_argument("--no-decode", action="store_true", help="skip the '+ Decompress' rows (two thread settings)")
     s.set_defaults(func=_stream)
+
+    _register_gpu(kinds)
+
+
+def _register_gpu(kinds) -> None:
+    what = (
+        "Decompress GB/s on a CUDA device (CF x size x float32/bfloat16), and loader -> DevicePrefetcher -> model "
+        "input "
+        "samples/s against raw float32 host-to-device copies and torchvision decode_jpeg on the device at equal PSNR. "
+        "Without CUDA it prints one line and exits 0."
+    )
+    g = _kind(kinds, "gpu", "Decompress and the loader path on a CUDA device (skips without one)", what)
+    g.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048], help="square image sides")
+    g.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
+    g.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    g.add_argument("--repeat", type=int, default=20, help="timed calls per row (best is kept)")
+    g.add_argument("--device", default="cuda", help="torch device (cpu runs the same tables, for a check)")
+    _pipeline_options(g)
+    g.set_defaults(func=_gpu, samples=2048, workers=4)
 
 
 def _kind(kinds, name: str, help: str, description: str) -> argparse.ArgumentParser:
@@ -89,9 +114,15 @@ def _codec(args) -> int:
     import torch
 
     from dctdata.bench.codec import format_rows, run_codec_bench
+    from dctdata.loaders.threads import available_cores
 
-    rows = run_codec_bench(args.sizes, args.cf, args.paper_sizes, repeat=args.repeat, threads=args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, best of {args.repeat}")
+    threads = args.threads or sorted({1, available_cores()})
+    rows = run_codec_bench(args.sizes, args.cf, args.paper_sizes, repeat=args.repeat, threads=threads)
+    print(
+        f"torch {torch.__version__}, threads {', '.join(map(str, threads))}, float32 output, best of {args.repeat} "
+        "(outputs of at least 64 MB: best of a third as many); x copy: decode time over the time to copy the same "
+        "output bytes into a preallocated buffer"
+    )
     print(format_rows(rows))
     return 0
 
@@ -108,8 +139,15 @@ def _rd(args) -> int:
 
 
 def _loader(args) -> int:
-    from dctdata.bench.loader import format_rows, run_loader_bench
+    from dctdata.bench.loader import format_batch_rows, format_rows, run_batch_bench, run_loader_bench
 
+    batch_rows = run_batch_bench(args.samples, args.size, args.batch, args.target_psnr)
+    print(
+        f"read path: one batch of {args.batch} random samples of 1x{args.size}x{args.size} from {args.samples} stored "
+        "(local, page cache), median of 20 batches, best of 3 rounds, 1 thread"
+    )
+    print(format_batch_rows(batch_rows))
+    print()
     rows = run_loader_bench(args.samples, args.size, args.target_psnr, args.batch, args.workers, args.epochs)
     print(
         f"{args.samples} samples of 1x{args.size}x{args.size} (8-bit range), DataLoader(num_workers={args.workers}, "
@@ -120,12 +158,38 @@ def _loader(args) -> int:
     return 0
 
 
+def _gpu(args) -> int:
+    import torch
+
+    from dctdata.bench import gpu
+
+    reason = gpu.skip_reason(args.device)
+    if reason:
+        print(f"bench gpu: skipped: {reason}")
+        return 0
+    dev = torch.device(args.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(f"{name}; torch {torch.__version__}; Decompress, int8 coefficients in, batches of about 64 MB of output")
+    print(gpu.format_decode_rows(gpu.decode_rows(args.device, args.sizes, args.cf, args.dtypes, args.repeat)))
+    print()
+    print(
+        f"{args.samples} samples of 1x{args.size}x{args.size} (8-bit range); make_loader(batch_size={args.batch}, "
+        f"num_workers={args.workers}, pin_memory) -> DevicePrefetcher -> float32 model input on {dev}; best of "
+        f"{args.epochs} epochs"
+    )
+    rows = gpu.pipeline_rows(
+        args.device, args.samples, args.size, args.batch, args.workers, args.epochs, args.target_psnr
+    )
+    print(gpu.format_pipeline_rows(rows))
+    return 0
+
+
 def _stream(args) -> int:
     import torch
 
     from dctdata.bench.stream import format_rows, run_stream_bench
 
-    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    rate = None if args.rate_mbps <= 0 else args.rate_mbps * 1e6
     rows, meta = run_stream_bench(
         args.samples,
         args.size,
@@ -135,15 +199,17 @@ def _stream(args) -> int:
         args.epochs,
         args.quant,
         args.target_psnr,
-        args.threads,
+        rate=rate,
+        decode=not args.no_decode,
+        only=args.only,
     )
     c = meta["codec"]
     print(
-        f"torch {torch.__version__}; {meta['n']} samples of 1x{meta['size']}x{meta['size']} float32; cf={c.cf} "
-        f"{c.mask} {c.dtype}; "
-        f"{meta['shards']} shards; DataLoader(num_workers={args.workers}, batch_size={args.batch}, persistent_workers) "
-        "-> Decompress "
-        f"in the main process ({args.threads} thread); best of {args.epochs} epochs; sha256 {meta['sha_GBps']:.2f} GB/s"
+        f"torch {torch.__version__}; {meta['n']} samples of 1x{meta['size']}x{meta['size']} float32; dctdata cf={c.cf} "
+        f"{c.mask} {c.dtype}, {meta['shards']} webdataset shards; DataLoader(num_workers={args.workers}, "
+        f"batch_size={args.batch}, shuffled, persistent_workers); best of {args.epochs} epochs; HTTP: loopback server "
+        f"{'unthrottled' if rate is None else f'throttled to {args.rate_mbps:g} MB/s'}; "
+        f"sha256 {meta['sha_GBps']:.2f} GB/s"
     )
-    print(format_rows(rows))
+    print(format_rows(rows, rate))
     return 0

@@ -7,14 +7,30 @@ import pytest
 from dctdata.cli import main
 
 
-def test_codec_bench_reports_ratios_against_copy_and_paper(capsys):
-    assert main(["bench", "codec", "--sizes", "64", "--paper-sizes", "64", "--cf", "2", "8", "--repeat", "1"]) == 0
+def test_codec_bench_reports_ratios_against_copy_in_and_out_of_cache_and_paper(capsys):
+    args = [
+        "bench",
+        "codec",
+        "--sizes",
+        "64",
+        "--paper-sizes",
+        "64",
+        "--cf",
+        "2",
+        "8",
+        "--repeat",
+        "1",
+        "--threads",
+        "1",
+    ]
+    assert main(args) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| 64²")]
-    assert len(rows) == 2
+    rows = [line for line in out.splitlines() if line.startswith("| 1 | 64²")]
+    assert len(rows) == 2 and "x copy (in cache)" in out and "x copy (out of cache)" in out
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert float(cells[3]) > 0 and cells[5].endswith("x") and cells[7].endswith("x")
+        assert float(cells[4]) > 0 and cells[6].endswith("x") and cells[9].endswith("x") and cells[11].endswith("x")
+        assert cells[7] == "4096 (67 MB)"  # at least 64 MiB of float32 output per call
 
 
 def test_unknown_command_exits_with_usage(capsys):

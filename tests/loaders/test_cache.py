@@ -47,11 +47,11 @@ def test_second_epoch_is_served_from_disk_without_http(url, tmp_path, workers):
     assert epoch(ds, workers, 0) == list(range(N))
     assert len({p for p in shard_requests(url)}) == 16
     assert len(os.listdir(tmp_path / "cache")) == 16
-    url.requests.clear()
+    url.clear()
     assert epoch(ds, workers, 1) == list(range(N))
     assert url.requests == []  # not one request: every shard came from the cache
     again = dctdata.open_dataset(url, cache_dir=tmp_path / "cache")  # a new job reuses it too
-    url.requests.clear()
+    url.clear()
     assert epoch(again, workers, 2) == list(range(N)) and shard_requests(url) == []
 
 
@@ -64,7 +64,7 @@ def test_cache_is_bounded_least_recently_used_first(url, pack, tmp_path):
     assert len(kept) == 5 and sum(os.path.getsize(tmp_path / "c" / k) for k in kept) <= limit
     shas = [e["sha256"] for e in dctdata.format.read_manifest(pack).layout["shards"]]
     assert kept == sorted(f"{s}.tar" for s in shas[-5:])  # the last five read are the ones kept
-    url.requests.clear()
+    url.clear()
     assert epoch(ds) == list(range(N))
     assert len({p for p in shard_requests(url)}) == 16  # a full pass through a too-small cache refetches
     assert sum(os.path.getsize(tmp_path / "c" / k) for k in os.listdir(tmp_path / "c")) <= limit
@@ -78,7 +78,7 @@ def test_damaged_cached_copy_is_fetched_again(url, tmp_path, caplog):
     data = bytearray(good)
     data[700] ^= 0xFF
     victim.write_bytes(bytes(data))
-    url.requests.clear()
+    url.clear()
     with caplog.at_level("WARNING"):
         assert epoch(ds, e=1) == list(range(N))
     assert "fails its size or sha256 check" in caplog.text

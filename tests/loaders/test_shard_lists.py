@@ -43,7 +43,7 @@ def test_manifest_path_and_url_open_the_pack(pack):
     assert labels(dctdata.open_dataset(pack / "manifest.json")) == list(range(N))
     with serve(pack) as url:
         assert labels(dctdata.open_dataset(f"{url}/manifest.json")) == list(range(N))
-        url.requests.clear()
+        url.clear()
         ds = dctdata.open_dataset(f"{url}/shard-{{000000..000003}}.tar")
         assert labels(ds) == list(range(16))
         assert not any("shard-000004" in p for p in url.requests)  # unlisted shards are never fetched

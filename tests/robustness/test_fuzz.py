@@ -7,6 +7,10 @@ Properties:
   re-sealed around it (so the structural checks, not the hash, must catch it), either raises
   DctDataError or yields arrays of exactly the stored shape and dtype; without re-sealing, any change
   raises IntegrityError.
+- zarr shards: any byte mutation/truncation of a shard read through the batched reader raises
+  IntegrityError or gives back exactly the stored values; with every crc32c re-sealed around the
+  mutation (so the structural checks and the codec must catch it), it raises IntegrityError or gives
+  arrays of exactly the stored shape and dtype.
 - codec: random shapes, input dtypes, CFs, masks, wire dtypes and steps through encode -> Decompress
   give (B, C, H, W) finite output within the error the DCT's orthonormality allows.
 
@@ -219,6 +223,67 @@ def test_fuzz_shard_reader(packs, reseal):
         for sample in values:  # garbage never leaves: exact stored shapes and dtypes
             for f, t in zip(m.fields, sample):
                 assert tuple(t.shape) == f.stored_shape and t.dtype == f.tensor_dtype
+
+    try:
+        run()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert counts["rejected"] > 0
+
+
+def _reseal_zarr_shard(b: bytearray, chunks_per_shard: int) -> None:
+    """Recompute every chunk's crc32c (where its index entry points inside the file) and the index's."""
+    import google_crc32c
+
+    n = 16 * chunks_per_shard
+    entries = np.frombuffer(bytes(b[-n - 4 : -4]), "<u8").reshape(-1, 2)
+    for off, nbytes in entries.tolist():
+        if 4 <= nbytes and off + nbytes <= len(b) - n - 4:
+            b[off + nbytes - 4 : off + nbytes] = google_crc32c.value(bytes(b[off : off + nbytes - 4])).to_bytes(
+                4, "little"
+            )
+    b[-4:] = google_crc32c.value(bytes(b[-n - 4 : -4])).to_bytes(4, "little")
+
+
+@pytest.mark.parametrize("reseal", [True, False])
+def test_fuzz_zarr_shard_reader(packs, reseal):
+    from dctdata.format.zarr import ZarrReader
+
+    root = packs / "zarr"
+    m = dctdata.format.read_manifest(root)
+    f = m.field("image")
+    rel = "image/c.0.0.0.0.0"
+    raw = (root / rel).read_bytes()
+    want = ZarrReader(str(root), m, (f,)).read(f, 0, 4)
+    work = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-zarr-"))
+    shutil.copytree(root, work / "z")
+    counts = {"rejected": 0, "read": 0}
+
+    @fuzz_settings(100)
+    @given(
+        edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=1, max_size=6),
+        cut=st.integers(0, len(raw)),
+        truncate=st.booleans(),
+    )
+    def run(edits, cut, truncate):
+        b = bytearray(raw)
+        for at, v in edits:
+            b[at] = v
+        if reseal:
+            _reseal_zarr_shard(b, 2)
+        data = bytes(b[:cut] if truncate and not reseal else b)
+        assume(data != raw)
+        (work / "z" / rel).write_bytes(data)
+        try:
+            got = ZarrReader(str(work / "z"), m, (f,)).read(f, 0, 4)
+        except DctDataError as exc:
+            assert isinstance(exc, IntegrityError), exc
+            counts["rejected"] += 1
+            return
+        counts["read"] += 1
+        assert got.shape == want.shape and got.dtype == want.dtype
+        if not reseal:
+            assert got.tobytes() == want.tobytes()  # what was read was intact (crc32c-checked)
 
     try:
         run()

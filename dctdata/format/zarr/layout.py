@@ -22,7 +22,10 @@ from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.fields import NAME_RE, FieldSpec
 from dctdata.parse import parse_int, parse_object
 
-CHUNK_BYTES = 128 << 10
+# Inner chunks of at most this many stored bytes (at least one sample): a random read decodes and, over
+# HTTP, moves about what it asks for. zstd-9 stored no more than with the former 128 KiB chunks: -0.2% on
+# the em stand-in at 256^2 (1 sample per chunk), -1.8% on cifar_like (4 samples).
+CHUNK_BYTES = 16 << 10
 SHARD_BYTES = 32 << 20
 # A shard is also a unit of parallel work: at most this much *source* data per shard, so a pack
 # spreads over workers (and a task's memory stays small) even when compression is strong.
@@ -129,10 +132,11 @@ def check_shard_index(
     samples: int,
     where: str,
     key_where: str,
-) -> None:
+) -> np.ndarray:
     """Check a shard's index (its last or first `index_bytes` bytes): crc32c, and an in-file entry for
     every chunk that holds samples. zarr would read a missing shard or an empty entry as zeros.
-    `first` is the shard's first sample; `samples` the pack's sample count."""
+    `first` is the shard's first sample; `samples` the pack's sample count. Returns the entries,
+    (chunks_per_shard, 2) uint64 (offset, nbytes)."""
     import google_crc32c
 
     need = index_bytes(chunks_per_shard)
@@ -162,3 +166,4 @@ def check_shard_index(
                 f"{at}: expected a chunk inside the shard's {size} bytes. Got bytes {off}..{off + nbytes} (truncated "
                 "shard)"
             )
+    return entries

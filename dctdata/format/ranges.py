@@ -1,0 +1,148 @@
+"""Byte ranges of a dataset's stored files, many in one call: the I/O under the zarr reader.
+
+The reader decodes chunks itself (crc32c, then the field's lossless codec), so all it needs from
+storage is "these byte ranges of these files". Asking for a whole batch at once is what lets the
+I/O overlap:
+- local files: `posix_fadvise(WILLNEED)` for every range first, so a cold disk or network file
+  system sees all requests at once, then positional reads (`os.pread`), no threads;
+- URLs: fsspec's `cat_ranges`, which runs the requests concurrently on async filesystems (HTTP,
+  S3, GCS) and one after another on the others (memory://, ...).
+Adjacent ranges of one file are merged into one request first, so consecutive samples cost one
+request per shard.
+
+Chosen by measurement (README, Performance): tensorstore's kvstore read the same ranges 3x slower
+locally (0.7 ms against 0.2 ms for 32 ranges in page cache) and no faster over loopback HTTP, and
+tensorstore does not survive `fork` (google/tensorstore#206), which DataLoader workers use by
+default. The reader keeps its own per-process state, so this class is opened lazily in each
+process (file descriptors and the fsspec filesystem are dropped when pickled or forked).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+from dctdata.format.location import is_url
+
+MAX_OPEN_FILES = 64  # local file descriptors kept open per process (least recently used are closed)
+
+
+class RangeSource:
+    """Read byte ranges of files under `root` (a local directory or an fsspec URL prefix)."""
+
+    def __init__(self, root: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.root = root
+        self.storage_options = dict(storage_options or {})
+        self.remote = is_url(root)
+        self.requests = 0  # requests issued and bytes received by this process (for benchmarks and tests)
+        self.bytes = 0
+        self._pid: int | None = None
+
+    def __getstate__(self) -> dict:
+        return {
+            "root": self.root,
+            "storage_options": self.storage_options,
+            "remote": self.remote,
+            "requests": 0,
+            "bytes": 0,
+            "_pid": None,
+        }
+
+    def _open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        self._fds: OrderedDict[str, int] = OrderedDict()  # this process's own descriptors
+        if self.remote:
+            import fsspec
+
+            self._fs, self._fs_root = fsspec.core.url_to_fs(self.root, **self.storage_options)
+        self._pid = os.getpid()
+
+    def _path(self, rel: str) -> str:
+        if self.remote:
+            return self._fs_root.rstrip("/") + "/" + rel
+        return os.path.join(self.root, *rel.split("/"))
+
+    def _fd(self, rel: str) -> int:
+        fd = self._fds.get(rel)
+        if fd is None:
+            fd = os.open(self._path(rel), os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            self._fds[rel] = fd
+            while len(self._fds) > MAX_OPEN_FILES:
+                os.close(self._fds.popitem(last=False)[1])
+        else:
+            self._fds.move_to_end(rel)
+        return fd
+
+    def size(self, rel: str) -> int:
+        """Size in bytes of a stored file; FileNotFoundError when it is missing."""
+        self._open()
+        if self.remote:
+            return int(self._fs.size(self._path(rel)))
+        return os.fstat(self._fd(rel)).st_size
+
+    def fetch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | Exception]:
+        """The bytes [start, stop) of each (relative path, start, stop), in order. A failed read gives
+        its exception in its slot (FileNotFoundError for a missing file); a short read gives fewer
+        bytes (the caller checks lengths)."""
+        self._open()
+        merged: list[tuple[str, int, int]] = []  # (rel, start, stop) after merging touching ranges
+        where: list[tuple[int, int]] = []  # each request: (merged index, offset inside it)
+        for i in sorted(range(len(requests)), key=lambda i: requests[i][:2]):
+            rel, start, stop = requests[i]
+            if merged and merged[-1][0] == rel and merged[-1][1] <= start <= merged[-1][2]:
+                merged[-1] = (rel, merged[-1][1], max(merged[-1][2], stop))
+            else:
+                merged.append((rel, start, stop))
+            where.append((i, len(merged) - 1))
+        got = self._fetch_remote(merged) if self.remote else self._fetch_local(merged)
+        self.requests += len(merged)
+        self.bytes += sum(len(g) for g in got if not isinstance(g, Exception))
+        out: list[bytes | Exception] = [b""] * len(requests)
+        for i, m in where:
+            data = got[m]
+            if isinstance(data, Exception):
+                out[i] = data
+            else:
+                rel, start, stop = requests[i]
+                at = start - merged[m][1]
+                out[i] = data if at == 0 and stop - start == len(data) else data[at : at + stop - start]
+        return out
+
+    def _fetch_local(self, ranges: list[tuple[str, int, int]]) -> list[bytes | Exception]:
+        fds: list[int | Exception] = []
+        for rel, start, stop in ranges:
+            try:
+                fd = self._fd(rel)
+            except OSError as exc:
+                fds.append(exc)
+                continue
+            fds.append(fd)
+            if hasattr(os, "posix_fadvise") and len(ranges) > 1:
+                os.posix_fadvise(fd, start, stop - start, os.POSIX_FADV_WILLNEED)
+        out: list[bytes | Exception] = []
+        for fd, (_, start, stop) in zip(fds, ranges):
+            if isinstance(fd, Exception):
+                out.append(fd)
+                continue
+            try:
+                out.append(os.pread(fd, stop - start, start))
+            except OSError as exc:
+                out.append(exc)
+        return out
+
+    def _fetch_remote(self, ranges: list[tuple[str, int, int]]) -> list[bytes | Exception]:
+        paths = [self._path(rel) for rel, _, _ in ranges]
+        try:
+            got = self._fs.cat_ranges(paths, [s for _, s, _ in ranges], [e for _, _, e in ranges], on_error="return")
+        except Exception as exc:  # noqa: BLE001 - a filesystem that fails the whole call: every slot fails
+            return [exc] * len(ranges)
+        return [g if isinstance(g, Exception) else bytes(g) for g in got]
+
+    def close(self) -> None:
+        """Close this process's file descriptors (they are also closed when the process ends)."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

@@ -1,0 +1,73 @@
+"""The throughput benchmarks' table code, run small on the CPU: `bench gpu` (which skips without
+CUDA), the read-path table of `bench loader` and the peers of `bench stream`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dctdata.bench import gpu
+from dctdata.cli import main
+
+
+def test_gpu_bench_skips_in_one_line_without_cuda(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "gpu"]) == 0
+    assert capsys.readouterr().out == "bench gpu: skipped: no CUDA device (torch.cuda.is_available() is False)\n"
+
+
+def test_gpu_decode_table_on_the_cpu():
+    rows = gpu.decode_rows(
+        "cpu", sizes=(16, 24), cfs=(2, 8), dtypes=("float32", "bfloat16"), repeat=1, batch_bytes=1 << 16
+    )
+    assert [(r["size"], r["cf"], r["dtype"]) for r in rows][:4] == [
+        (16, 2, "float32"), (16, 2, "bfloat16"), (16, 8, "float32"), (16, 8, "bfloat16")
+    ]  # fmt: skip
+    for r in rows:
+        item = 4 if r["dtype"] == "float32" else 2
+        assert r["batch"] == (1 << 16) // (r["size"] ** 2 * item)
+        assert r["GBps"] == pytest.approx(r["batch"] * r["size"] ** 2 * item / (r["ms"] / 1e3) / 1e9)
+        assert r["Gpix"] == pytest.approx(r["GBps"] / item)
+    table = gpu.format_decode_rows(rows)
+    assert table.splitlines()[2].startswith("| 16² | 2 | float32 | 64 |") and len(table.splitlines()) == 10
+
+
+def test_gpu_pipeline_table_on_the_cpu():
+    rows = gpu.pipeline_rows("cpu", n=16, size=32, batch=8, workers=0, epochs=1, target_psnr=35)
+    names = [r["pipeline"] for r in rows]
+    assert names[0] == "dctdata zarr (int8) -> Decompress" and names[1] == "raw float32 -> host-to-device copy"
+    assert names[2].startswith("JPEG q=") and names[2].endswith("decode_jpeg(device)")
+    assert all(r["sps"] > 0 for r in rows) and rows[1]["bytes"] == 32 * 32 * 4
+    assert rows[2]["psnr"] >= rows[0]["psnr"] or "q=100" in names[2]  # JPEG at no lower PSNR than dctdata
+    table = gpu.format_pipeline_rows(rows)
+    assert "| 1.00x |" in table.splitlines()[2] and "lossless" in table.splitlines()[3]
+
+
+def test_read_path_table():
+    from dctdata.bench.loader import format_batch_rows, run_batch_bench
+
+    rows = run_batch_bench(n=48, size=32, batch=8, target_psnr=35, rounds=1, batches=2)
+    names = [r["name"] for r in rows]
+    assert names[0] == "dctdata zarr reader (coefficients)" and "tensorstore, raw float32 zarr" in names
+    assert all(r["ms"] > 0 for r in rows)
+    raw = next(r for r in rows if r["name"] == "zarr-python, raw float32 zarr")
+    assert raw["bytes_per_sample"] > 32 * 32 * 4  # raw float32 plus zarr metadata
+    assert "| 1.00x |" in format_batch_rows(rows)
+
+
+def test_stream_table_counts_http_bytes(tmp_path):
+    from dctdata.bench.stream import format_rows, run_stream_bench
+
+    rows, meta = run_stream_bench(
+        n=32, size=32, samples_per_shard=8, workers=0, batch=8, epochs=1, rate=100e6, decode=False, only=["webdataset"]
+    )
+    by = {r["name"]: r for r in rows}
+    assert set(by) == {
+        "dctdata webdataset (coefficients)",
+        "dctdata zarr (coefficients)",
+        "raw float32 .npy shards (webdataset)",
+    }
+    assert all(r["samples"] == 32 and r["local_sps"] > 0 and r["http_sps"] > 0 for r in rows)
+    wds = by["dctdata webdataset (coefficients)"]
+    assert wds["http_per_sample"] == pytest.approx(wds["stored_per_sample"], rel=0.01)  # whole shards, once
+    assert "| 1.00x |" in format_rows(rows, 100e6)

@@ -1,0 +1,123 @@
+"""The batched zarr read path: every batch is one set of byte-range reads that the reader decodes
+itself. It must give exactly what zarr-python reads, fetch only the chunks a batch needs (counted on
+a loopback HTTP server), and keep every integrity check over URLs as well as locally."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from sample_fields import smooth_fields
+from servers import LoopbackServer
+
+import dctdata
+from dctdata.errors import IntegrityError
+from dctdata.format.ranges import RangeSource
+
+
+def pack(tmp_path, name="ds", n=37, size=(20, 28), channels=2, **kw):
+    x = smooth_fields(n, channels, *size, seed=1)
+    rng = np.random.default_rng(1)
+    src = tmp_path / f"{name}.npz"
+    np.savez(src, image=x, mask=rng.integers(0, 5, (n, 3, 4)).astype(np.int16), label=np.arange(n) * 7)
+    dctdata.pack(src, tmp_path / name, quiet=True, **kw)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"quant": "int8", "target_psnr": 35},  # one sample per chunk (the default for large samples)
+        {"quant": "bf16", "cf": 5, "writer_options": {"chunk_samples": 4, "shard_samples": 8}},  # partial last chunk
+        {"quant": "int16", "cf": 3, "mask": "triangle", "writer_options": {"chunk_samples": 2, "shard_samples": 16}},
+    ],
+)
+def test_batched_reads_equal_zarr_python_bit_for_bit(tmp_path, settings):
+    root = pack(tmp_path, **settings)
+    ds = dctdata.open_dataset(root)
+    reference = {f.name: zarr.open_array(root / f.name, mode="r")[:] for f in ds.fields}
+    rng = np.random.default_rng(0)
+    for size in (1, 5, 32, len(ds)):
+        idx = rng.choice(len(ds), size, replace=False).tolist()
+        got = ds.__getitems__(idx)
+        for k, f in enumerate(ds.fields):
+            stored = np.stack([f.to_stored(s[k]) for s in got])
+            assert stored.dtype == reference[f.name].dtype
+            assert stored.tobytes() == reference[f.name][idx].tobytes(), (f.name, idx)
+    arrays = ds.reader.read_samples(ds.fields, [9, 3, 9, 36])  # any order, repeats allowed
+    assert arrays["label"].tolist() == [63, 21, 63, 252]
+
+
+def test_a_batch_fetches_only_its_chunks_over_http(tmp_path):
+    root = pack(tmp_path, n=40, size=(64, 64), channels=1, cf=8, writer_options={"shard_samples": 16})
+    ds_local = dctdata.open_dataset(root)
+    assert ds_local.reader.layout["image"]["chunk"] == 1  # 16 KiB of float32 coefficients per sample
+    with LoopbackServer(tmp_path) as srv:
+        ds = dctdata.open_dataset(f"{srv.url}/ds", fields=["image"])
+        ds.__getitems__([0, 16, 32])  # opens the metadata and reads the three shards' indexes
+        srv.reset()
+        batch = [3, 4, 5, 20, 7, 38]
+        got = ds.__getitems__(batch)
+        # consecutive samples of a shard are one request: 3..5, 7, 20, 38
+        assert len(srv.requests) == 4 and all(r[0] == "GET" and r[2] for r in srv.requests)
+        plan = ds_local.reader
+        plan.ensure_open()
+        index = plan._load_indexes([(ds.fields[0], s) for s in range(3)])
+        want = sum(int(index[("image", i // 16)][i % 16][1]) for i in batch)
+        assert srv.bytes_sent == want  # exactly the stored chunks, nothing around them
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(got, ds_local.__getitems__(batch)))
+
+
+def test_http_bytes_per_sample_stay_near_the_stored_bytes(tmp_path):
+    root = pack(tmp_path, n=64, size=(64, 64), channels=1, cf=8, writer_options={"shard_samples": 32})
+    m = dctdata.open_dataset(root).manifest
+    stored = sum(e["bytes"] for rel, e in m.checksums.items() if rel.startswith("image/c.")) / m.samples
+    with LoopbackServer(tmp_path) as srv:
+        ds = dctdata.open_dataset(f"{srv.url}/ds", fields=["image"])
+        order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
+        seen = [len(ds.__getitems__(order[a : a + 8])) for a in range(0, len(order), 8)]
+        moved = srv.bytes_sent / sum(seen)  # everything: metadata, shard indexes, chunks
+    assert sum(seen) == 64 and moved <= 1.2 * stored, (moved, stored)
+
+
+def test_remote_integrity_checks(tmp_path):
+    root = pack(tmp_path, n=24, writer_options={"chunk_samples": 2, "shard_samples": 8})
+    shard = root / "image" / "c.1.0.0.0.0"
+    data = shard.read_bytes()
+    with LoopbackServer(tmp_path) as srv:
+        url = f"{srv.url}/ds"
+        assert dctdata.open_dataset(url)[9][0].shape == dctdata.open_dataset(root)[9][0].shape
+        shard.write_bytes(data[: len(data) // 2])
+        with pytest.raises(IntegrityError, match=r"ds/image/c\.1\.0\.0\.0\.0: field 'image' samples 8\.\.15: .*trunc"):
+            dctdata.open_dataset(url)[9]
+        shard.unlink()
+        with pytest.raises(
+            IntegrityError, match=r"image/c\.1\.0\.0\.0\.0: field 'image' samples 8\.\.15: expected a shard"
+        ):
+            dctdata.open_dataset(url)[9]
+        shard.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+        skip = dctdata.open_dataset(url, on_error="skip")
+        got = skip.__getitems__(list(range(24)))
+        assert skip.skipped == 2 and [int(s[2]) // 7 for s in got] == [i for i in range(24) if i not in (8, 9)]
+
+
+def test_chunk_codecs_must_match_the_manifest(tmp_path):
+    import json
+
+    root = pack(tmp_path, n=8)
+    m = json.loads((root / "manifest.json").read_text())
+    m["fields"][0]["lossless"] = {"id": "zstd", "level": 3}
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IntegrityError, match=r"image/zarr\.json: field 'image': expected chunk codecs bytes -> "):
+        dctdata.open_dataset(root)[0]
+
+
+def test_range_source_merges_touching_ranges_and_keeps_order(tmp_path):
+    (tmp_path / "a").write_bytes(bytes(range(100)))
+    src = RangeSource(str(tmp_path))
+    got = src.fetch([("a", 50, 60), ("a", 0, 10), ("a", 10, 20), ("a", 55, 58), ("b", 0, 1)])
+    assert got[:4] == [bytes(range(50, 60)), bytes(range(10)), bytes(range(10, 20)), bytes(range(55, 58))]
+    assert isinstance(got[4], FileNotFoundError)
+    assert src.requests == 3 and src.bytes == 30  # 0..20 and 50..60 are one request each; b failed
+    assert src.fetch([("a", 95, 105)]) == [bytes(range(95, 100))]  # a short read is the caller's to judge
