@@ -71,6 +71,7 @@ import torch
 from dctdata.bench.curves import Point, bytes_at, geomean
 from dctdata.bench.items import MAX_TILES, MODES, load_items, packs_of
 from dctdata.calibrate import INT_LIMITS, calibrate_report, choose_stage, dataset_psnr, fit_recon, worst_case_amax
+from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field
 from dctdata.layer import Decompress
@@ -504,8 +505,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     packs = packs_of(items, args.modes, args.max_tiles)
     results = []
     for i, pack in enumerate(packs):
-        results.append(run_pack(pack, args.levels, args.before_python, args.threads))
+        try:
+            results.append(run_pack(pack, args.levels, args.before_python, args.threads))
+        except DctDataError as exc:  # a pack the product refuses is reported, not fatal to a long run
+            skipped.append(f"{pack.name} skipped: {exc}")
+            continue
         print(f"[{i + 1}/{len(packs)}] {pack.name}: {results[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+        if args.json:  # keep what has been measured if a long run is interrupted
+            _write(args.json, {"packs": _clean(results), "partial": True})
     summ = summary(results, args.levels)
     land = landing_summary(results)
     seconds = time.perf_counter() - t0
@@ -537,10 +544,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
     )
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(payload, fh, indent=1)
-            fh.write("\n")
+        _write(args.json, payload)
     return payload
+
+
+def _write(path: str, payload: dict[str, Any]) -> None:
+    """Write atomically (a temporary sibling, then rename)."""
+    with open(path + ".partial", "w") as fh:
+        json.dump(payload, fh, indent=1)
+        fh.write("\n")
+    os.replace(path + ".partial", path)
 
 
 if __name__ == "__main__":
