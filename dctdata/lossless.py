@@ -99,11 +99,12 @@ def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str) -> np.nd
             return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
         if getattr(codec, "codec_id", None) == CTX_ID:
             return codec.decode(buf, tuple(shape), dtype)
+        declared = declared_size(codec, buf)
+        if declared != size:
+            said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
+            raise IntegrityError(f"{where}: expected a stream of {size} decoded bytes. Got {said}")
         out = np.empty(size, np.uint8)
-        got = codec.decode(buf, out=out)
-        n = np.asarray(got).nbytes if got is not None else size
-        if n != size:
-            raise IntegrityError(f"{where}: expected {size} decoded bytes. Got {n}")
+        codec.decode(buf, out=out)  # more than `size` bytes is an error; fewer cannot pass the check above
         return out.view(dtype).reshape(shape)
     except IntegrityError as exc:
         if str(exc).startswith(where):
@@ -116,51 +117,45 @@ def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str) -> np.nd
         ) from exc
 
 
+def decode_bounded(codec, buf, limit: int, where: str) -> memoryview:
+    """The bytes of a stream declaring at most `limit` decoded bytes (a member whose contents say their
+    own shape, like .npy, is checked by its parser afterwards); more is an IntegrityError, never decoded."""
+    declared = declared_size(codec, buf) if codec is not None else len(memoryview(buf).cast("B"))
+    if declared is None or declared > limit:
+        said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
+        raise IntegrityError(f"{where}: expected a stream of at most {limit} decoded bytes. Got {said}")
+    if codec is None:
+        return memoryview(buf).cast("B")
+    return memoryview(decode_array(codec, buf, (declared,), np.uint8, where))
+
+
+def declared_size(codec, buf) -> int | None:
+    """The decoded size a zstd or blosc stream declares in its header (None when it declares none).
+
+    Why by hand: numcodecs decodes a stream shorter than the output buffer without complaint, so the
+    reader checks the header first. zstd (RFC 8878, section 3.1.1): the first frame's Frame_Content_Size;
+    the writer makes one frame, and a second frame would overflow the exact-size output buffer. blosc:
+    the header's nbytes (numcodecs' own parser), when its compressed size is the buffer's."""
+    data = memoryview(buf).cast("B")
+    name = getattr(codec, "codec_id", None)
+    if name == "blosc":
+        from numcodecs.blosc import _cbuffer_sizes
+
+        if len(data) < 16:
+            return None
+        nbytes, cbytes, _ = _cbuffer_sizes(data)
+        return int(nbytes) if cbytes == len(data) else None  # blosc reads `cbytes` whatever the buffer holds
+    if name != "zstd" or len(data) < 5 or int.from_bytes(data[:4], "little") != 0xFD2FB528:
+        return None
+    fhd = data[4]
+    fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
+    width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if width == 0 or len(data) < at + width:
+        return None
+    value = int.from_bytes(data[at : at + width], "little")
+    return value + 256 if width == 2 else value
+
+
 def _name(codec) -> str:
     return "raw" if codec is None else f"{getattr(codec, 'codec_id', type(codec).__name__)}-coded"
-
-
-_BLOSC_SHUFFLE = {-1: None, 0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
-
-
-def _zarr_native(config: dict[str, Any]):
-    """The zarr v3 spec codec equal to a numcodecs config (same bytes on disk), or None."""
-    import zarr.codecs as zc
-
-    name, opts = config["id"], {k: v for k, v in config.items() if k != "id"}
-    if name == "zstd" and set(opts) <= {"level", "checksum"}:
-        return zc.ZstdCodec(level=int(opts.get("level", 0)), checksum=bool(opts.get("checksum", False)))
-    if name == "gzip" and set(opts) <= {"level"}:
-        return zc.GzipCodec(level=int(opts.get("level", 1)))
-    if name == "blosc" and set(opts) <= {"cname", "clevel", "shuffle", "blocksize", "typesize"}:
-        shuffle = _BLOSC_SHUFFLE.get(int(opts.get("shuffle", 1)))
-        if shuffle is None:  # AUTOSHUFFLE has no spec equivalent
-            return None
-        kw = {
-            "cname": opts.get("cname", "lz4"),
-            "clevel": int(opts.get("clevel", 5)),
-            "shuffle": shuffle,
-            "blocksize": int(opts.get("blocksize", 0)),
-        }
-        if "typesize" in opts:
-            kw["typesize"] = int(opts["typesize"])
-        return zc.BloscCodec(**kw)
-    return None
-
-
-def zarr_compressors(config: Mapping[str, Any] | None) -> tuple:
-    """The same codec as zarr v3 `compressors=`: a zarr spec codec (zstd, gzip, blosc) where one
-    matches, so other zarr readers need no numcodecs extension; else zarr's numcodecs wrapper."""
-    config = parse_codec_config(config)
-    if not config:
-        return ()
-    native = _zarr_native(config)
-    if native is not None:
-        return (native,)
-    import zarr.codecs.numcodecs as zn
-
-    name = config["id"]
-    cls = {c.lower(): getattr(zn, c) for c in dir(zn) if not c.startswith("_")}.get(name.replace("_", ""))
-    if cls is None:
-        raise DctDataError(f"codec: no zarr v3 wrapper for numcodecs id {name!r}")
-    return (cls(**{k: v for k, v in config.items() if k != "id"}),)

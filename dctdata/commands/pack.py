@@ -94,6 +94,7 @@ def _writer_options(args) -> dict:
 
 def _main(args) -> int:
     from dctdata.api import pack
+    from dctdata.format.fields import user_fields
     from dctdata.report import num, pack_summary
 
     manifest = pack(
@@ -125,14 +126,15 @@ def _main(args) -> int:
             f"{t['stored_bytes'] / 1e6:.3f} MB, ratio {num(t['ratio_f32'])}x vs float32 and {num(t['ratio_src'])}x vs "
             f"the source, transfer ratio {num(t['transfer'])}x (float32 bytes / bytes sent to the device)"
         )
-        for f in manifest.fields:
+        for f in user_fields(manifest.fields):
             s = manifest.stats[f.name]
             extra = ""
             if f.is_dct:
                 c = f.codec
+                stage = (f.lossless or {}).get("id", "raw")
                 extra = (
-                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR min {num(s.psnr_min)} / median {num(s.psnr_median)} dB, "
-                    f"max error {s.max_abs_error:.4g}, overflow {s.overflow}"
+                    f" cf={c.cf} {c.mask} {c.dtype} {stage}: PSNR min {num(s.psnr_min)} / median "
+                    f"{num(s.psnr_median)} dB, max error {s.max_abs_error:.4g}, overflow {s.overflow}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
     return 0

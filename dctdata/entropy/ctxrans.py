@@ -56,7 +56,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dctdata.entropy import _ctxrans
+import dctdata.entropy._ctxrans as _ctxrans
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.transform import kept_frequencies as _kept_frequencies
 

@@ -906,7 +906,8 @@ def _(t):
 
 
 def _check_slice(t, batch):
-    assert batch[0].shape[0] == 2 and batch[1].tolist() == [1, 2]
+    coefficients, side = batch[0]  # the dct field: a (coefficients, side) pair, each stacked
+    assert coefficients.shape[0] == side.shape[0] == 2 and batch[1].tolist() == [1, 2]
 
 
 @case("open_dataset", "ds[1:3] (a slice)", check=_check_slice)

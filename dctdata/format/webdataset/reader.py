@@ -30,7 +30,7 @@ from dctdata.format.location import MANIFEST_NAME, join, open_file
 from dctdata.format.manifest import Manifest, parse_manifest
 from dctdata.format.npy import decode_npy, npy_size, split_npy
 from dctdata.format.webdataset.layout import MEMBER_RE, entry_name, sample_key
-from dctdata.lossless import decode_array, get_codec, is_entropy
+from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
 
 
 def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
@@ -225,9 +225,9 @@ def member_arrays(parts: list[FieldSpec], codec, raw: memoryview, where: str) ->
             out.append(np.frombuffer(raw[at : at + n], "<f4").reshape(g.stored_shape).astype(np.float32))
             at += n
         return out
-    if codec is not None:  # bounded: the .npy bytes of known shapes have a known length
+    if codec is not None:  # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
         size = sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts)
-        raw = memoryview(decode_array(codec, raw, (size,), np.uint8, where))
+        raw = decode_bounded(codec, raw, size, where)
     out = []
     for k, g in enumerate(parts):
         if k == len(parts) - 1:
