@@ -37,6 +37,7 @@ from sample_fields import smooth_fields  # noqa: E402
 import dctdata
 from dctdata.cli import main
 from dctdata.errors import DctDataError
+from dctdata.format import FORMAT_VERSION
 
 CASES: list["Case"] = []
 
@@ -774,8 +775,8 @@ _manifest_case(
 )
 _manifest_case(
     "manifest of a newer format version",
-    r"version: expected <= 1 .*upgrade dctdata",
-    lambda r: edit_manifest(r, lambda d: d.update(version=2)),
+    rf"version: expected <= {FORMAT_VERSION} .*upgrade dctdata",
+    lambda r: edit_manifest(r, lambda d: d.update(version=FORMAT_VERSION + 1)),
 )
 _manifest_case(
     "manifest missing a key", r"Got missing keys \['fields'\]", lambda r: edit_manifest(r, lambda d: d.pop("fields"))
@@ -817,8 +818,8 @@ _manifest_case(
 )
 _manifest_case(
     "manifest of a newer format version",
-    r"version: expected <= 1 .*upgrade dctdata",
-    lambda r: edit_manifest(r, lambda d: d.update(version=2)),
+    rf"version: expected <= {FORMAT_VERSION} .*upgrade dctdata",
+    lambda r: edit_manifest(r, lambda d: d.update(version=FORMAT_VERSION + 1)),
     fmt="webdataset",
 )
 _manifest_case(
@@ -1008,7 +1009,7 @@ for _raw, _match in [
         r"expected a JSON manifest\. Got unreadable JSON: ValueError",
     ),
     (b'{"format": "dctdata", "version": 1}', r"Got missing keys"),
-    (b'{"format": "dctdata", "version": true}', r"version: expected an int in 1\.\.1\. Got True"),
+    (b'{"format": "dctdata", "version": true}', rf"version: expected an int in 1\.\.{FORMAT_VERSION}\. Got True"),
     (b'"manifest"', r"expected a JSON object"),
 ]:
     _api(

@@ -56,7 +56,10 @@ class ZarrWriter(PartWriter):
         shard, _ = chunking(fields, n, self.chunk_samples, self.shard_samples)
         return [(a, min(a + shard, n)) for a in range(0, n, shard)]
 
-    def open(self, root: str, fields: Fields, n: int) -> None:
+    def part_samples(self, fields: Fields) -> int:
+        return chunking(fields, 1 << 62, self.chunk_samples, self.shard_samples)[0]
+
+    def create(self, root: str, fields: Fields, n: int) -> None:
         """Create the group and array metadata (zarr.json files); rerunning gives the same bytes."""
         import zarr.codecs as zc
 
@@ -80,7 +83,16 @@ class ZarrWriter(PartWriter):
                     attributes={"dctdata_field": f.kind.value},
                     overwrite=True,
                 )
-        self._begin(root, fields, n)
+
+    def resize(self, root: str, fields: Fields, n: int) -> None:
+        """Set every field array's sample count (metadata only; the shards already written stay)."""
+        import zarr
+
+        options = {"storage_options": self.storage_options or None} if is_url(root) else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for f in fields:
+                zarr.open_array(join(root, f.name), mode="r+", **options).resize((n, *f.stored_shape))
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         """{"layout", "checksums"} from the finished parts plus the metadata files."""
