@@ -102,7 +102,10 @@ def open_source(
             )
         return ChannelsLast(src) if channels_last else src
     s = os.fspath(source)
-    if wants_xarray or is_xarray_path(s) or (is_url(s) and s.rstrip("/").lower().endswith(".zarr")):
+    xarray_path = is_xarray_path(s) or (is_url(s) and s.rstrip("/").lower().endswith(".zarr"))
+    if wants_xarray and not xarray_path and (os.path.exists(s) or CALLABLE_RE.match(s)):
+        raise DctDataError(f"--sample-dim/--variables/--stack: expected a NetCDF file or zarr store. Got {s}")
+    if wants_xarray or xarray_path:
         if key is not None:
             raise DctDataError(f"--key: expected an HDF5 source ({', '.join(HDF5_SUFFIXES)}). Got {s}")
         src = XarraySource(s, **xarray_opts)

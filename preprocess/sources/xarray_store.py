@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -81,7 +82,9 @@ def open_xarray(source: Any) -> tuple[Any, str]:
         raise DctDataError(f"{s}: expected an existing NetCDF file or zarr store. Got no such path")
     try:
         if zarr_like:
-            return xr.open_zarr(s, chunks={}), s
+            with warnings.catch_warnings():  # a store without consolidated metadata is fine, only slower to open
+                warnings.filterwarnings("ignore", message="Failed to open Zarr store with consolidated metadata")
+                return xr.open_zarr(s, chunks={}), s
         if is_url(s):
             import fsspec
 
@@ -91,7 +94,8 @@ def open_xarray(source: Any) -> tuple[Any, str]:
         raise
     except Exception as exc:  # noqa: BLE001 - netCDF4/h5netcdf/zarr raise many types for unreadable stores
         what = "zarr store" if zarr_like else "NetCDF file"
-        raise DctDataError(f"{s}: expected a readable {what}. Got {type(exc).__name__}: {exc}") from exc
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DctDataError(f"{s}: expected a readable {what}. Got {type(exc).__name__}: {first}") from exc
 
 
 def _split(value: str | list[str] | tuple[str, ...] | None) -> list[str] | None:
@@ -244,8 +248,9 @@ class XarraySource(Source):
         try:
             part = part.transpose(self.sample_dim, ...).compute()  # one dask pass for every variable
         except Exception as exc:  # noqa: BLE001 - backends raise many types for unreadable chunks
+            first = (str(exc).strip().splitlines() or [""])[0]
             raise DctDataError(
-                f"{self.where(start)}..{stop - 1}: expected readable values. Got {type(exc).__name__}: {exc}"
+                f"{self.where(start)}..{stop - 1}: expected readable values. Got {type(exc).__name__}: {first}"
             ) from exc
         out = {}
         for name, vs in self.fields.items():
