@@ -45,31 +45,38 @@ def item_range(x: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
     return torch.where(fv.any(-1), hi - lo, torch.zeros_like(hi))
 
 
-def item_errors(
+def item_figures(
     reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(per-item MSE, per-item value range, max abs error) over the last `dims` dims, in float64.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-item MSE, per-item value range, per-item max abs error) over the last `dims` dims, in
+    float64, from one float64 error tensor (the pack computes these per batch).
 
-    With `valid`, over valid pixels only (an item without valid pixels: MSE NaN, range 0). One
-    float64 error tensor serves all three (the pack computes these per batch), instead of converting
-    reference and estimate separately.
+    With `valid`, over valid pixels only (an item without valid pixels: MSE NaN, range 0, max error 0).
     """
     ref = reference.detach()
-    err = estimate.detach().to(torch.float64) - ref  # a new float64 tensor (type promotion)
-    sq = err.square_()
+    sq = (estimate.detach().to(torch.float64) - ref).square_()  # a new float64 tensor (type promotion)
     v = _valid(valid, ref)
     if v is None:
         flat = _flat(ref, dims)
         rng = flat.amax(-1).to(torch.float64) - flat.amin(-1).to(torch.float64)
-        mse = _flat(sq, dims).mean(-1)
-        max_abs = math.sqrt(float(sq.max())) if sq.numel() else 0.0  # sqrt(x^2) == |x| exactly in IEEE arithmetic
-        return mse, rng, max_abs
-    sq = torch.where(v, sq, torch.zeros_like(sq))  # invalid pixels may hold anything (NaN included)
-    count = _flat(v, dims).sum(-1)
-    mse = _flat(sq, dims).sum(-1) / count  # NaN where an item has no valid pixel
-    rng = item_range(ref, dims, v)
-    max_abs = math.sqrt(float(sq.max())) if sq.numel() else 0.0
-    return mse, rng, max_abs
+        sq_flat = _flat(sq, dims)
+        mse = sq_flat.mean(-1)
+    else:
+        sq = sq.masked_fill_(~v, 0.0)  # invalid pixels may hold anything (NaN included)
+        sq_flat = _flat(sq, dims)
+        mse = sq_flat.sum(-1) / _flat(v, dims).sum(-1)  # NaN where an item has no valid pixel
+        rng = item_range(ref, dims, v)
+    peak = sq_flat.amax(-1).sqrt_() if sq_flat.shape[-1] else torch.zeros_like(mse)  # sqrt(x^2) == |x| in IEEE
+    return mse, rng, peak
+
+
+def item_errors(
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(per-item MSE, per-item value range, max abs error) over the last `dims` dims, in float64; with
+    `valid`, over valid pixels only (see `item_figures`)."""
+    mse, rng, peak = item_figures(reference, estimate, dims, valid)
+    return mse, rng, float(peak.max()) if peak.numel() else 0.0
 
 
 def psnr_from_mse(mse: torch.Tensor, value_range: torch.Tensor) -> torch.Tensor:

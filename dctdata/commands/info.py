@@ -38,9 +38,11 @@ def _main(args) -> int:
             f"{dataset} | {num(s and s.psnr_min)} | {num(s and s.psnr_median)} | "
             f"{num(s and s.max_abs_error, '{:.4g}')} | {s.overflow if s else '-'} | {valid} |"
         )
+        names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
         for i, ch in enumerate(s.channels if s is not None and s.channels and len(s.channels) > 1 else ()):
             print(
-                f"| {f.name}[{i}] | channel | | | | | | | | | {num(ch.psnr_dataset)} | {num(ch.psnr_min)} | "
+                f"| {f.name}[{i}] | channel{' ' + str(names[i]) if i < len(names) else ''} | | | | | | | | | "
+                f"{num(ch.psnr_dataset)} | {num(ch.psnr_min)} | "
                 f"{num(ch.psnr_median)} | {num(ch.max_abs_error, '{:.4g}')} | | |"
             )
     for f in m.fields:

@@ -166,13 +166,15 @@ def _main(args) -> int:
                 c = f.codec
                 valid = f", {100 * s.valid_fraction:.1f}% valid pixels" if s.valid_fraction is not None else ""
                 extra = (
-                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR dataset {num(s.psnr_dataset)} / min {num(s.psnr_min)} / "
-                    f"median {num(s.psnr_median)} dB, max error {s.max_abs_error:.4g}, overflow {s.overflow}{valid}"
+                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR min {num(s.psnr_min)} / median {num(s.psnr_median)} / "
+                    f"dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}, overflow {s.overflow}{valid}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
+            names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
+            label = lambda i, names=names: f" ({names[i]})" if i < len(names) else ""  # noqa: E731
             for i, ch in enumerate((s.channels or ()) if len(s.channels or ()) > 1 else ()):
                 print(
-                    f"    channel {i}: PSNR dataset {num(ch.psnr_dataset)} / min {num(ch.psnr_min)} / median "
-                    f"{num(ch.psnr_median)} dB, max error {num(ch.max_abs_error, '{:.4g}')}"
+                    f"    channel {i}{label(i)}: PSNR min {num(ch.psnr_min)} / median {num(ch.psnr_median)} / dataset "
+                    f"{num(ch.psnr_dataset)} dB, max error {num(ch.max_abs_error, '{:.4g}')}"
                 )
     return 0
