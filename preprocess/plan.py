@@ -109,25 +109,30 @@ def parse_targets(target_psnr: object) -> Targets:
     return Targets(default, fields)
 
 
+def _name_pairs(value: object, flag: str, expected: str, what: str) -> list[tuple[str, str]]:
+    """A mapping, or a list of 'A=B' strings (repeated CLI flags), as (A, B) pairs."""
+    if isinstance(value, Mapping):
+        return [(str(k), v) for k, v in value.items()]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what}: expected a mapping or a list of '{expected}'. Got {type(value).__name__}")
+    pairs = []
+    for item in value:
+        if not isinstance(item, str) or "=" not in item:
+            raise DctDataError(f"{flag}: expected {expected}. Got {item!r}")
+        a, _, b = item.partition("=")
+        pairs.append((a.strip(), b.strip()))
+    return pairs
+
+
 def parse_field_overrides(fields: object) -> dict[str, FieldKind]:
     """{'name': 'kind'} or ['name=kind', ...] -> {'name': FieldKind}."""
     if fields is None:
         return {}
-    if isinstance(fields, Mapping):
-        items = list(fields.items())
-    elif isinstance(fields, (list, tuple)):
-        items = []
-        for f in fields:
-            if not isinstance(f, str) or "=" not in f:
-                raise DctDataError(f"--field: expected NAME=dct|array|label. Got {f!r}")
-            items.append(tuple(f.split("=", 1)))
-    else:
-        raise TypeError(f"fields: expected a mapping or a list of 'NAME=KIND'. Got {type(fields).__name__}")
     out = {}
-    for name, kind in items:
+    for name, kind in _name_pairs(fields, "--field", "NAME=dct|array|label", "fields"):
         if kind not in FIELD_KINDS:
             raise DctDataError(f"--field {name}: expected kind dct, array or label. Got {kind!r}")
-        out[str(name)] = FieldKind(kind)
+        out[name] = FieldKind(kind)
     return out
 
 
@@ -135,18 +140,9 @@ def parse_valid(valid: object) -> dict[str, str]:
     """Explicit validity masks: {'field': 'maskfield'} or ['field=maskfield', ...]."""
     if valid is None:
         return {}
-    if isinstance(valid, Mapping):
-        items = list(valid.items())
-    elif isinstance(valid, (list, tuple)):
-        items = []
-        for v in valid:
-            if not isinstance(v, str) or "=" not in v:
-                raise DctDataError(f"--valid: expected FIELD=MASKFIELD. Got {v!r}")
-            items.append(tuple(p.strip() for p in v.split("=", 1)))
-    else:
-        raise TypeError(f"valid: expected a mapping or a list of 'FIELD=MASKFIELD'. Got {type(valid).__name__}")
+    items = _name_pairs(valid, "--valid", "FIELD=MASKFIELD", "valid")
     for name, m in items:
-        if not isinstance(name, str) or not isinstance(m, str) or not name or not m or name == m:
+        if not isinstance(m, str) or not name or not m or name == m:
             raise DctDataError(f"--valid: expected FIELD=MASKFIELD naming two different fields. Got {name!r}={m!r}")
     return dict(items)
 

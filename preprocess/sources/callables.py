@@ -32,14 +32,7 @@ def _to_array(value: Any, where: str) -> tuple[np.ndarray, bool]:
             return (arr[None] if arr.ndim == 2 else np.ascontiguousarray(np.moveaxis(arr, -1, 0))), True
     except ImportError:  # pragma: no cover
         pass
-    if isinstance(value, np.ma.MaskedArray):
-        value = masked_to_nan(value)
-    if hasattr(value, "detach") and hasattr(value, "numpy"):
-        value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            value = value.float()
-        value = value.numpy()
-    arr = np.asarray(value)
+    arr = np.asarray(tensor_to_numpy(value))
     if arr.dtype.hasobject or arr.dtype.kind in "OUSVMm":
         raise DctDataError(
             f"{where}: expected numeric arrays, tensors, numbers or PIL images. Got {type(value).__name__} "
@@ -66,6 +59,17 @@ def sample_dict(item: Any, where: str) -> tuple[dict[str, np.ndarray], list[str]
             images.append(name)
         out[name] = arr
     return out, images
+
+
+def tensor_to_numpy(value: Any) -> Any:
+    """A torch tensor as a NumPy array (on the CPU; bfloat16 as float32), a masked array with NaN at its
+    masked entries; anything else unchanged."""
+    if isinstance(value, np.ma.MaskedArray):
+        return masked_to_nan(value)
+    if hasattr(value, "detach") and hasattr(value, "numpy"):
+        t = value.detach().cpu()
+        return (t.float() if str(t.dtype) == "torch.bfloat16" else t).numpy()
+    return value
 
 
 def masked_to_nan(value: np.ma.MaskedArray) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 from dctdata.errors import DctDataError
 from dctdata.preprocess.sources.arrays import ArraySource
 from dctdata.preprocess.sources.base import Source, field_name
-from dctdata.preprocess.sources.callables import masked_to_nan
+from dctdata.preprocess.sources.callables import tensor_to_numpy
 
 
 def is_array(obj: object) -> bool:
@@ -24,13 +24,7 @@ def is_array(obj: object) -> bool:
 
 
 def _as_numpy(value: Any, where: str) -> np.ndarray:
-    if isinstance(value, np.ma.MaskedArray):
-        value = masked_to_nan(value)
-    elif hasattr(value, "detach") and hasattr(value, "numpy"):
-        t = value.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":
-            t = t.float()
-        value = t.numpy()
+    value = tensor_to_numpy(value)
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{where}: expected a NumPy array or torch tensor. Got {type(value).__name__}")
     if value.dtype.hasobject or value.dtype.kind in "OUSVMm":

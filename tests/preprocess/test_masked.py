@@ -75,6 +75,9 @@ def test_six_channel_masked_set_reports_valid_pixel_psnr_and_meets_the_target(ma
     assert np.all(np.abs(reported - mine) < 0.2), (reported, mine)
     assert np.all(reported >= 40) and m.stats["image"].psnr_dataset >= 40  # every channel meets the target
     assert m.stats["image"].valid_fraction == pytest.approx(np.isfinite(x).mean())
+    from dctdata.verify import verify_dataset
+
+    assert verify_dataset(tmp / "mask") == ([], {"samples": 12, "fields": 2, "decoded": 12, "files": len(m.checksums)})
     # the per-item figures too: min over channels of samples, over valid pixels
     items = dctdata.metrics.psnr(
         torch.from_numpy(np.nan_to_num(x)), torch.from_numpy(x_hat), valid=torch.from_numpy(np.isfinite(x))
@@ -82,17 +85,19 @@ def test_six_channel_masked_set_reports_valid_pixel_psnr_and_meets_the_target(ma
     assert float(items.min()) == pytest.approx(m.stats["image"].psnr_min, abs=1e-3)
 
 
-def test_a_constant_fill_is_reported_honestly(masked_pack, tmp_path):
-    """The issue's command (`--nan fill=0`): figures are over valid pixels now, so the temperature
-    channels show what they really get instead of a PSNR against the 0..300 K range the fill made."""
+def test_a_constant_fill_is_measured_on_valid_pixels_and_costs_bits(masked_pack, tmp_path):
+    """The issue's command (`--nan fill=0`): figures and the target are over valid pixels now, not against
+    the 0..300 K range the fill made, so the temperatures get their 40 dB, and the 300 K step at every
+    swath edge makes the pack much larger than with `--nan mask`."""
     src, x = masked_pack
     m = dctdata.pack(src / "s6.npy", tmp_path / "fill0", nan="fill=0", target_psnr=40, quiet=True)
     ds = dctdata.open_dataset(tmp_path / "fill0")
     x_hat = ds.decompressor()(torch.stack([ds[i][0] for i in range(len(x))])).numpy()
     reported = np.array([c.psnr_dataset for c in m.stats["image"].channels])
-    assert np.all(np.abs(reported - independent_psnr(x, x_hat)) < 0.2)
-    assert reported[3:].max() < 38  # temperatures: far below the target, and said so
+    assert np.all(np.abs(reported - independent_psnr(x, x_hat)) < 0.2) and np.all(reported >= 40)
     assert m.field("image").valid is None and m.pack["nan_filled"] == int((~np.isfinite(x)).sum())
+    masked = dctdata.format.read_manifest(src / "mask")
+    assert m.stored_bytes > 1.4 * masked.stored_bytes
 
 
 def test_fill_keeps_valid_pixels_stays_in_range_and_is_smooth():
