@@ -140,8 +140,8 @@ class Writer:
 
     def _add(self, d: dict[str, np.ndarray], images: list[str]) -> None:
         try:
+            self._images.update(images)  # decoded images are dct fields: known before sizing the window
             self._check_sample(d)
-            self._images.update(images)
             if self.samples is not None and self.count >= self.samples:
                 raise DctDataError(f"{self._where(self.count)}: expected {self.samples} samples (samples=). Got more")
             self.count += 1
@@ -184,7 +184,7 @@ class Writer:
         s = self.settings
         if self._calibration is not None:
             return 1
-        explicit = {k for k, v in s.overrides.items() if v is FieldKind.DCT}
+        explicit = {k for k, v in s.overrides.items() if v is FieldKind.DCT} | self._images
         candidates = [
             math.prod(shape)
             for k, (shape, dtype) in self._ref.items()

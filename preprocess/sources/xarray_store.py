@@ -221,9 +221,10 @@ class XarraySource(Source):
             if stack is None:
                 self.field_attrs[name] = {**clean_attrs(ds[vs[0]].attrs), "variable": vs[0], "dims": dims}
             else:
+                levels = ds.sizes[dims[0]] if len(dims) == 3 else None
                 self.field_attrs[name] = {
-                    "dims": (["variable"] if len(dims) == 2 else []) + dims,
-                    "channels": vs,
+                    "dims": (["variable"] if levels is None else ["variable*" + dims[0]]) + dims[-2:],
+                    "channels": vs if levels is None else [f"{v}[{i}]" for v in vs for i in range(levels)],
                     "variables": {v: clean_attrs(ds[v].attrs) for v in vs},
                 }
         self.coords = self._coords(ds, names, per)

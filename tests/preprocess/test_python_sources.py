@@ -215,3 +215,17 @@ def test_two_zarr_packs_pair_by_index(tmp_path):
     (n,), (c,) = pair[3]
     dec = dctdata.open_dataset(tmp_path / "clean").decompressor()
     assert torch.allclose(dec(n[None]) - dec(c[None]), torch.ones(1, 1, 16, 16), atol=1e-3)
+
+
+def test_the_writer_calibrates_decoded_images_on_a_window(tmp_path, monkeypatch):
+    """PIL images are dct fields, so a target makes the Writer buffer a calibration window for them."""
+    from PIL import Image
+
+    from dctdata.preprocess import plan
+
+    monkeypatch.setattr(plan, "CALIBRATION_VALUES", 1)
+    rgb = (np.random.default_rng(0).random((70, 16, 16, 3)) * 255).astype(np.uint8)
+    with dctdata.Writer(tmp_path / "o", target_psnr=30, quant="int8", cf=8) as w:
+        for i, a in enumerate(rgb):
+            w.write(Image.fromarray(a))
+            assert (w.specs is None) == (i < plan.CALIBRATION_SAMPLES - 1)

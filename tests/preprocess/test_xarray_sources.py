@@ -156,3 +156,18 @@ def test_a_store_larger_than_the_memory_allowed_packs_in_constant_memory(tmp_pat
     grew_mib = (got["peak_kib"] - got["base_kib"]) / 1024
     assert got["samples"] == t
     assert grew_mib < 384, f"peak RSS grew by {grew_mib:.0f} MiB packing a 512 MiB store"
+
+
+def test_stacked_variables_with_levels_are_channels_of_each_level(tmp_path):
+    x = smooth_fields(4 * 3, 1, 16, 24, noise="normal")[:, 0].reshape(4, 3, 16, 24)
+    ds = xr.Dataset(
+        {"t": (("time", "level", "lat", "lon"), x), "q": (("time", "level", "lat", "lon"), x + 1)},
+        coords={"level": [850, 500, 250]},
+    )
+    m = dctdata.pack(ds, tmp_path / "o", stack="tq", cf=8, quiet=True)
+    f = m.field("tq")
+    assert f.shape == (6, 16, 24) and f.attrs["channels"] == ["t[0]", "t[1]", "t[2]", "q[0]", "q[1]", "q[2]"]
+    assert f.attrs["dims"] == ["variable*level", "lat", "lon"] and m.coords["level"]["values"] == [850, 500, 250]
+    back = dctdata.open_dataset(tmp_path / "o")
+    x_hat = back.decompressor()(back[2][0][None])[0].numpy()
+    assert np.allclose(x_hat[:3], x[2], atol=1e-3) and np.allclose(x_hat[3:], x[2] + 1, atol=1e-3)
