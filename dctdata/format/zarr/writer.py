@@ -56,7 +56,10 @@ class ZarrWriter(PartWriter):
         shard, _ = chunking(fields, n, self.chunk_samples, self.shard_samples)
         return [(a, min(a + shard, n)) for a in range(0, n, shard)]
 
-    def open(self, root: str, fields: Fields, n: int) -> None:
+    def part_samples(self, fields: Fields) -> int:
+        return chunking(fields, 1 << 62, self.chunk_samples, self.shard_samples)[0]
+
+    def create(self, root: str, fields: Fields, n: int) -> None:
         """Create the group and array metadata (zarr.json files); rerunning gives the same bytes."""
         import zarr.codecs as zc
 
@@ -80,7 +83,16 @@ class ZarrWriter(PartWriter):
                     attributes={"dctdata_field": f.kind.value},
                     overwrite=True,
                 )
-        self._begin(root, fields, n)
+
+    def resize(self, root: str, fields: Fields, n: int) -> None:
+        """Set every field array's sample count (metadata only; the shards already written stay)."""
+        import zarr
+
+        options = {"storage_options": self.storage_options or None} if is_url(root) else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for f in fields:
+                zarr.open_array(join(root, f.name), mode="r+", **options).resize((n, *f.stored_shape))
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         """{"layout", "checksums"} from the finished parts plus the metadata files."""
@@ -102,8 +114,12 @@ class ZarrWriter(PartWriter):
         """Write shard `index` of every field from the stored batches of samples [start, stop)."""
         import zarr
 
-        buffers: dict[str, list[np.ndarray]] = {f.name: [] for f in fields}
+        # One preallocated buffer per field, filled batch by batch (not a list then a concatenated copy:
+        # a shard's worth of memory once, not twice).
+        buffers = {f.name: np.empty((stop - start, *f.stored_shape), f.stored_dtype) for f in fields}
+        filled = 0
         for batch in batches:
+            b = len(next(iter(batch.values())))
             for f in fields:
                 x = batch[f.name]
                 if tuple(x.shape[1:]) != f.stored_shape or x.dtype != np.dtype(f.stored_dtype):
@@ -111,15 +127,20 @@ class ZarrWriter(PartWriter):
                         f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got "
                         f"{x.shape} {x.dtype}"
                     )
-                buffers[f.name].append(x)
+                if filled + b > stop - start or len(x) != b:
+                    raise DctDataError(
+                        f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got more"
+                    )
+                buffers[f.name][filled : filled + b] = x
+            filled += b
         files = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for f in fields:
-                data = np.concatenate(buffers.pop(f.name))
-                if len(data) != stop - start:
+                data = buffers.pop(f.name)
+                if filled != stop - start:
                     raise DctDataError(
-                        f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {len(data)}"
+                        f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {filled}"
                     )
                 where = join(root, f.name)
                 options = {"storage_options": self.storage_options or None} if is_url(root) else {}
