@@ -5,6 +5,7 @@ the on-disk format (`dctdata.format`). `dctdata.preprocess` packs datasets offli
 streams them; `dctdata.api` joins the two behind `pack` and `open_dataset`.
 """
 
+from dctdata import api as _api
 from dctdata._version import __version__
 from dctdata.api import open_dataset, pack
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
@@ -20,6 +21,7 @@ __all__ = [
     "FormatError",
     "IntegrityError",
     "OverflowCountError",
+    "Writer",
     "__version__",
     "basis",
     "compress",
@@ -33,3 +35,10 @@ __all__ = [
     "pack",
     "quantize",
 ]
+
+
+def __getattr__(name: str):
+    """`dctdata.Writer` (the incremental writer) is imported on first use, through `dctdata.api`."""
+    if name == "Writer":
+        return _api.Writer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,8 @@
-"""Top-level Python API mirroring the CLI: `dctdata.pack(...)` and `dctdata.open_dataset(...)`.
+"""Top-level Python API mirroring the CLI: `dctdata.pack(...)`, `dctdata.Writer(...)` and
+`dctdata.open_dataset(...)`.
 
-Both import their implementation lazily, so `import dctdata` stays light and the core never imports
-`dctdata.preprocess`/`dctdata.loaders` at import time.
+All import their implementation lazily (`Writer` through the module `__getattr__`), so `import
+dctdata` stays light and the core never imports `dctdata.preprocess`/`dctdata.loaders` at import time.
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ from dctdata.format import Manifest, read_manifest
 from dctdata.format.location import shard_selection
 
 
-def pack(source: str | os.PathLike, out: str | os.PathLike, **kwargs: Any) -> Manifest:
-    """Pack SOURCE into a dataset at OUT (see `dctdata.preprocess.pack.pack` for the keywords:
-    format, cf, mask, quant, target_psnr, fields, key, channels_last, nan, strict, overwrite, quiet).
-    Returns the manifest written."""
+def pack(source: Any, out: str | os.PathLike, **kwargs: Any) -> Manifest:
+    """Pack SOURCE into a dataset at OUT; returns the manifest written.
+
+    SOURCE: a path or URL (.npy, .npz, HDF5, NetCDF, zarr store, a directory of per-sample files or
+    images), a module:callable, or a Python object: a NumPy array or torch tensor (samples first), a
+    dict of arrays (a field each), an xarray.Dataset, a map-style dataset, or an iterable/generator of
+    samples (dicts, tuples or arrays; `length=` when known). Keywords are the CLI's flags in snake_case
+    (see `dctdata.preprocess.pack.pack`): format, cf, mask, quant, target_psnr (a number or
+    {field: dB}), fields, key, channels_last, nan ('error', 'mask', 'fill=V'), valid, sample_dim,
+    variables, stack, calibration, strict, overwrite, quiet, workers, scheduler, resume, ..."""
     from dctdata.preprocess.pack import pack as _pack
 
     return _pack(source, out, **kwargs)
@@ -58,3 +65,11 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     raise DctDataError(
         f"{path_or_url}: expected storage 'zarr' or 'webdataset'. Got {manifest.storage!r}"
     )  # pragma: no cover
+
+
+def __getattr__(name: str):
+    if name == "Writer":  # the incremental writer: `with dctdata.Writer(out, **settings) as w: w.write(sample)`
+        from dctdata.preprocess.writer import Writer
+
+        return Writer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

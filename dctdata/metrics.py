@@ -1,5 +1,16 @@
-"""Error figures used everywhere (pack reports, bench tables, tests): PSNR against each item's value
-range, and max absolute error. One definition so every number in the project means the same."""
+"""Error figures used everywhere (pack reports, calibration, bench tables, inspect, tests): PSNR against
+each item's value range, and max absolute error. One definition so every number in the project means
+the same.
+
+An *item* is what the last `dims` dimensions hold: one channel of one sample with dims=2 (what pack,
+info and the manifest report), a whole sample with dims=3.
+
+Masked data: every function takes an optional `valid` mask (bool, broadcastable to the reference).
+Then only valid pixels count: the MSE is their mean squared error, the range is max - min of the
+valid reference values, and the max error is over valid pixels. An item with no valid pixel has no
+figure (MSE NaN, range 0); a constant item (zero range) has no PSNR against its range either, so
+callers keep only items with `range > 0`.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +19,64 @@ import math
 import torch
 
 
-def item_range(x: torch.Tensor, dims: int = 2) -> torch.Tensor:
-    """max - min over the last `dims` dimensions (per item), in float64."""
-    flat = x.detach().to(torch.float64).flatten(start_dim=x.dim() - dims)
-    return flat.amax(-1) - flat.amin(-1)
+def _flat(t: torch.Tensor, dims: int) -> torch.Tensor:
+    return t.flatten(start_dim=t.dim() - dims)
+
+
+def _valid(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    if valid is None:
+        return None
+    v = torch.as_tensor(valid, device=like.device)
+    if v.dtype != torch.bool:
+        v = v != 0
+    return v.expand_as(like)
+
+
+def item_range(x: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """max - min over the last `dims` dimensions (per item), in float64; over valid pixels when
+    `valid` is given (0 for an item without any)."""
+    flat = _flat(x.detach().to(torch.float64), dims)
+    v = _valid(valid, x)
+    if v is None:
+        return flat.amax(-1) - flat.amin(-1)
+    fv = _flat(v, dims)
+    hi = torch.where(fv, flat, torch.full_like(flat, -math.inf)).amax(-1)
+    lo = torch.where(fv, flat, torch.full_like(flat, math.inf)).amin(-1)
+    return torch.where(fv.any(-1), hi - lo, torch.zeros_like(hi))
+
+
+def item_figures(
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-item MSE, per-item value range, per-item max abs error) over the last `dims` dims, in
+    float64, from one float64 error tensor (the pack computes these per batch).
+
+    With `valid`, over valid pixels only (an item without valid pixels: MSE NaN, range 0, max error 0).
+    """
+    ref = reference.detach()
+    sq = (estimate.detach().to(torch.float64) - ref).square_()  # a new float64 tensor (type promotion)
+    v = _valid(valid, ref)
+    if v is None:
+        flat = _flat(ref, dims)
+        rng = flat.amax(-1).to(torch.float64) - flat.amin(-1).to(torch.float64)
+        sq_flat = _flat(sq, dims)
+        mse = sq_flat.mean(-1)
+    else:
+        sq = sq.masked_fill_(~v, 0.0)  # invalid pixels may hold anything (NaN included)
+        sq_flat = _flat(sq, dims)
+        mse = sq_flat.sum(-1) / _flat(v, dims).sum(-1)  # NaN where an item has no valid pixel
+        rng = item_range(ref, dims, v)
+    peak = sq_flat.amax(-1).sqrt_() if sq_flat.shape[-1] else torch.zeros_like(mse)  # sqrt(x^2) == |x| in IEEE
+    return mse, rng, peak
 
 
 def item_errors(
-    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(per-item MSE, per-item value range, max abs error) over the last `dims` dims, in float64.
-
-    One float64 error tensor serves all three (the pack computes these per batch), instead of
-    converting reference and estimate separately.
-    """
-    ref = reference.detach()
-    err = estimate.detach().to(torch.float64) - ref  # a new float64 tensor (type promotion)
-    flat = ref.flatten(start_dim=ref.dim() - dims)
-    rng = flat.amax(-1).to(torch.float64) - flat.amin(-1).to(torch.float64)
-    sq = err.square_()
-    mse = sq.flatten(start_dim=sq.dim() - dims).mean(-1)
-    max_abs = math.sqrt(float(sq.max())) if sq.numel() else 0.0  # sqrt(x^2) == |x| exactly in IEEE arithmetic
-    return mse, rng, max_abs
+    """(per-item MSE, per-item value range, max abs error) over the last `dims` dims, in float64; with
+    `valid`, over valid pixels only (see `item_figures`)."""
+    mse, rng, peak = item_figures(reference, estimate, dims, valid)
+    return mse, rng, float(peak.max()) if peak.numel() else 0.0
 
 
 def psnr_from_mse(mse: torch.Tensor, value_range: torch.Tensor) -> torch.Tensor:
@@ -39,48 +86,58 @@ def psnr_from_mse(mse: torch.Tensor, value_range: torch.Tensor) -> torch.Tensor:
 
 
 def psnr(
-    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, data_range: float | None = None
+    reference: torch.Tensor,
+    estimate: torch.Tensor,
+    dims: int = 2,
+    data_range: float | None = None,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PSNR in dB per item over the last `dims` dims: 10 log10(range^2 / MSE).
 
-    range is each reference item's max - min unless `data_range` is given. A perfect reconstruction
-    gives +inf; a constant item (zero range) with any error gives -inf.
+    range is each reference item's max - min (over its valid pixels when `valid` is given) unless
+    `data_range` is given. A perfect reconstruction gives +inf; a constant item (zero range) with any
+    error gives -inf; an item without valid pixels gives NaN.
     """
-    mse, rng, _ = item_errors(reference, estimate, dims)
+    mse, rng, _ = item_errors(reference, estimate, dims, valid)
     if data_range is not None:
         rng = torch.full_like(mse, float(data_range))
     return psnr_from_mse(mse, rng)
 
 
-def max_abs_error(reference: torch.Tensor, estimate: torch.Tensor) -> float:
-    return float((reference.detach().to(torch.float64) - estimate.detach().to(torch.float64)).abs().max())
+def pooled_psnr(scores: "list[float] | torch.Tensor") -> float | None:
+    """Dataset-level PSNR of items given their PSNRs: 10 log10(1 / mean_i(MSE_i / range_i^2)), the
+    PSNR of the mean range-normalised MSE (what `--target-psnr` promises, per channel). Never above the
+    mean of the item PSNRs. None for no items; +inf when every item is exact."""
+    s = torch.as_tensor(scores, dtype=torch.float64).flatten()
+    s = s[~torch.isnan(s)]
+    if s.numel() == 0:
+        return None
+    nmse = float(torch.pow(10.0, -s / 10.0).mean())
+    return math.inf if nmse == 0 else -10.0 * math.log10(nmse)
+
+
+def max_abs_error(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None) -> float:
+    """Largest |estimate - reference| (over valid pixels when `valid` is given)."""
+    err = (reference.detach().to(torch.float64) - estimate.detach().to(torch.float64)).abs()
+    v = _valid(valid, err)
+    if v is not None:
+        err = torch.where(v, err, torch.zeros_like(err))
+    return float(err.max()) if err.numel() else 0.0
 
 
 def item_nmse(
     reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(MSE / range^2 of every item (leading dims), which items have a range) over the last two dims,
-    counting only `valid` pixels (a bool mask broadcastable to the reference) when given, and each
-    item's range over its valid pixels. float64."""
-    ref = reference.detach().to(torch.float64)
-    err = (estimate.detach().to(torch.float64) - ref).square().flatten(-2)
-    flat = ref.flatten(-2)
-    if valid is None:
-        mse, lo, hi = err.mean(-1), flat.amin(-1), flat.amax(-1)
-    else:
-        ok = torch.broadcast_to(valid, ref.shape).flatten(-2)
-        count = ok.sum(-1)
-        mse = err.masked_fill(~ok, 0).sum(-1) / count.clamp(min=1)
-        lo = flat.masked_fill(~ok, math.inf).amin(-1)
-        hi = flat.masked_fill(~ok, -math.inf).amax(-1)
-    rng = (hi - lo).nan_to_num(0.0, posinf=0.0, neginf=0.0)
-    has = rng > 0
+    """(MSE / range^2 of every item (one channel of one sample), which items have a figure): the
+    quantity calibration drives. Items without a range or without valid pixels get 0 and False."""
+    mse, rng, _ = item_figures(reference, estimate, 2, valid)
+    has = (rng > 0) & torch.isfinite(mse)
     return torch.where(has, mse / torch.where(has, rng, torch.ones_like(rng)).square(), torch.zeros_like(mse)), has
 
 
 def channel_nmse(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """(C,) mean over the items of each channel (axis -3) of MSE / range^2: the dataset-level figure a
-    target PSNR promises per channel. Items without a range are left out."""
+    target PSNR promises per channel. Items without a figure are left out."""
     nm, has = item_nmse(reference, estimate, valid)
     nm, has = nm.reshape(-1, nm.shape[-1]), has.reshape(-1, has.shape[-1])
     return (nm * has).sum(0) / has.sum(0).clamp(min=1)

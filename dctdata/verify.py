@@ -126,7 +126,7 @@ def verify_dataset(
         root, _ = manifest_location(s)
         files = Files(root, storage_options)
         m = read_manifest(s, storage_options)
-    summary = {"samples": m.samples, "fields": len(m.fields), "decoded": None}
+    summary = {"samples": m.samples, "fields": len(m.names), "decoded": None}
     if m.storage == "webdataset":
         problems, summary["files"], decoded = check_webdataset(files, m, decode)
         summary["decoded"] = decoded if decode else None

@@ -44,7 +44,7 @@ import torch
 
 from dctdata.calibrate import dataset_psnr
 from dctdata.datasets import OPTICAL_SHAPE, optical_damage
-from dctdata.preprocess.pack import calibration_indices
+from dctdata.preprocess.plan import calibration_indices
 
 SEARCH = r"""
 import json, sys, time

@@ -1,5 +1,6 @@
 """What both dataset kinds share: the first layer for a field (optionally clamped to the source's
-range), the class names a source gave, the sample container, the pack's fingerprint and the repr."""
+range), the class names a source gave, the sample container, the source's metadata (coordinates, field
+attributes, validity masks), the pack's fingerprint and the repr."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from dctdata.errors import DctDataError, FormatError
+from dctdata.format.coords import decode_coord
 from dctdata.format.fields import FieldSpec, assemble, user_fields
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
@@ -104,6 +106,25 @@ class PackedDataset:
         for entry in getattr(self, "shards", ()):
             h.update(entry["name"].encode())
         return h.hexdigest()[:16]
+
+    @property
+    def coords(self) -> dict[str, np.ndarray]:
+        """The source's 1-D coordinates (e.g. of a NetCDF/zarr store): name -> numpy array (datetime64 for
+        times). A coordinate along the sample axis has one value per sample in pack order, so for a
+        map-style dataset `ds.coords["time"][i]` is sample i's time; a webdataset stream yields samples
+        shuffled, so pair them by index only through a field packed with them."""
+        return {name: decode_coord(entry) for name, entry in self.manifest.coords.items()}
+
+    def attrs(self, field: str | None = None) -> dict[str, Any]:
+        """What the source said about a field (units, long_name, its dims; a stacked field: its channels
+        and each variable's attributes); the only dct field when `field` is None."""
+        f = self.manifest.field(field, kind="dct" if field is None else None)
+        return dict(f.attrs)
+
+    def valid_field(self, field: str | None = None) -> str | None:
+        """Name of the field holding the validity mask of a dct field (True/nonzero = valid), or None when
+        every pixel is valid. Its values come with each sample, like any field."""
+        return self.manifest.field(field, kind="dct" if field is None else None).valid
 
     def _make(self, values: Sequence[torch.Tensor]):
         """A sample for the user from the stored values of `self.fields` (a dct field with side information

@@ -2,8 +2,15 @@
 packed dataset's `dct` field, as one PNG.
 
 The manifest keeps no originals: they are read back from the recorded source (or `original=`) through
-the same source readers `pack` uses, in the pack's layout (`--key`, `--channels-last`). When the source
-is gone or does not match, the figure shows the reconstruction and its spectrum only, and says so.
+the same source readers `pack` uses, in the pack's layout (`--key`, `--channels-last`, `--sample-dim`,
+`--variables`, `--stack`): .npy/.npz, HDF5, image folders, NetCDF/zarr stores, and, when the caller
+passes them as `original=`, a module:callable or a Python object (array, dict, xarray.Dataset,
+map-style dataset). When the source is gone or does not match, the figure shows the reconstruction
+and its spectrum only, and says so.
+
+Masked fields: pixels outside the validity mask (the pack's mask field, and non-finite originals) are
+drawn in a flat colour, left out of the error map, and the PSNR in each row is over valid pixels
+against their range, as everywhere else.
 """
 
 from __future__ import annotations
@@ -20,45 +27,57 @@ from dctdata.format.peek import peek
 from dctdata.kinds import FieldKind
 from dctdata.layer import Decompress
 from dctdata.preprocess.inspect_figure import inspect_figure
-from dctdata.preprocess.sources import open_source
+from dctdata.preprocess.parts import mask_batch
+from dctdata.preprocess.sources import is_path, open_source
 
 log = logging.getLogger(__name__)
 
 
+SOURCE_OPTIONS = ("key", "channels_last", "sample_dim", "variables", "stack")
+
+
 def read_originals(
-    source: str, field: str, indices: list[int], shape: tuple[int, ...], key, channels_last: bool
+    source: object, field: str, indices: list[int], shape: tuple[int, ...], options: dict
 ) -> np.ndarray | None:
-    """Originals (n, C, H, W) float64 from a source, or None when they cannot be matched."""
-    if not isinstance(source, str):
+    """Originals (n, C, H, W) float64 from a source opened with the pack's source options, or None when
+    they cannot be matched."""
+    if source is None:
         return None
+    name = source if is_path(source) else type(source).__name__
     try:
-        src = open_source(source, key=key, channels_last=channels_last)
-    except (DctDataError, OSError, ImportError) as exc:
-        log.warning("originals not readable from %s: %s", source, exc)
+        src = open_source(source, **options)
+    except (DctDataError, OSError, ImportError, TypeError) as exc:
+        log.warning("originals not readable from %s: %s", name, exc)
         return None
     try:
         if len(src) <= max(indices) or field not in src.probe():
             return None
         x = np.asarray(src.take(indices)[field], dtype=np.float64)
     except (DctDataError, OSError) as exc:
-        log.warning("originals not readable from %s: %s", source, exc)
+        log.warning("originals not readable from %s: %s", name, exc)
         return None
     finally:
         src.close()
     if x.ndim == 3:
         x = x[:, None]
     if tuple(x.shape[1:]) != tuple(shape):
-        log.warning(
-            "originals in %s have per-sample shape %s, not the field's %s: not shown", source, x.shape[1:], shape
-        )
+        log.warning("originals in %s have per-sample shape %s, not the field's %s: not shown", name, x.shape[1:], shape)
         return None
     return x
 
 
+def _followable(source: object) -> bool:
+    """The manifest's source is only followed to an existing local path: a module:callable runs code,
+    and a downloaded pack's manifest must never choose code to run (nor a URL to fetch)."""
+    return isinstance(source, str) and os.path.exists(source)
+
+
 def inspect_dataset(
-    out: str, png: str, field: str | None = None, samples: int = 3, channels: int = 1, original: str | None = None
+    out: str, png: str, field: str | None = None, samples: int = 3, channels: int = 1, original: object = None
 ) -> tuple[str, bool]:
-    """Decode a few samples of a packed dataset and draw the figure. Returns (png path, originals shown)."""
+    """Decode a few samples of a packed dataset and draw the figure. Returns (png path, originals shown).
+    `original`: where the originals are (a path, URL, module:callable or Python object) when not at the
+    recorded source."""
     if samples < 1 or channels < 1:
         raise DctDataError(f"--samples/--channels: expected >= 1. Got {samples}/{channels}")
     manifest = read_manifest(out)
@@ -68,17 +87,29 @@ def inspect_dataset(
     indices, coeffs = peek(out, manifest, f, samples)
     with torch.inference_mode():
         rec = Decompress(f.codec, normalize=False)(coeffs).numpy()
-    # The manifest's source is only followed to an existing path: a module:callable runs code, and a
-    # downloaded pack's manifest must never choose code to run. The user may name one with `original`.
+    valid = None
+    if f.valid is not None:
+        mask_indices, masks = peek(out, manifest, manifest.field(f.valid), samples)
+        if mask_indices == indices:
+            valid = mask_batch(masks.numpy(), f.shape)
     src = original if original is not None else manifest.pack.get("source")
-    if original is None and not (isinstance(src, str) and os.path.exists(src)):
+    if original is None and not _followable(src):
         src = None
-    org = read_originals(
-        src, f.name, indices, f.shape, manifest.pack.get("key"), bool(manifest.pack.get("channels_last"))
-    )
+    options = {k: manifest.pack.get(k) for k in SOURCE_OPTIONS}
+    options["channels_last"] = bool(options["channels_last"])
+    org = read_originals(src, f.name, indices, f.shape, options)
+    if org is not None and not np.isfinite(org).all():
+        finite = np.isfinite(org)
+        valid = finite if valid is None else valid & finite
     c = min(channels, rec.shape[1])
     items_rec = rec[:, :c].reshape(-1, *rec.shape[2:])
     items_org = None if org is None else org[:, :c].reshape(-1, *org.shape[2:])
-    titles = [f"{f.name} sample {i} channel {ch}" for i in indices for ch in range(c)]
-    path = inspect_figure(items_org, items_rec, png, titles)
+    items_valid = None if valid is None else np.ascontiguousarray(valid[:, :c]).reshape(-1, *rec.shape[2:])
+    names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else None
+    titles = [
+        f"{f.name} sample {i} channel {ch}" + (f" ({names[ch]})" if names and ch < len(names) else "")
+        for i in indices
+        for ch in range(c)
+    ]
+    path = inspect_figure(items_org, items_rec, png, titles, valid=items_valid)
     return path, org is not None

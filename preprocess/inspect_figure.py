@@ -3,7 +3,9 @@
 One row per item (one channel of one sample): original | reconstruction | |error| map | radially
 averaged power spectrum of both (log power vs spatial frequency), so a scientist can see what the
 low-pass and the quantizer did to their data: the spectrum shows where the reconstruction falls off.
-Without originals a row is reconstruction | spectrum.
+Without originals a row is reconstruction | spectrum. With a validity mask, invalid pixels are drawn
+in a flat blue-grey, left out of the error map, the grey scale and the PSNR (valid pixels against
+their range), and the spectra use the fill the pack stored (originals' holes take the reconstruction).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dctdata.metrics import psnr
 
 TILE = 224
 PAD = 24
+INVALID_RGB = (70, 80, 110)
 
 
 def radial_power_spectrum(img: np.ndarray, bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -38,11 +41,12 @@ def radial_power_spectrum(img: np.ndarray, bins: int | None = None) -> tuple[np.
     return (edges[:-1] + edges[1:]) / 2, np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray"):
+def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray", valid: np.ndarray | None = None):
     from PIL import Image
 
     scale = 255.0 / (hi - lo) if hi > lo else 0.0
-    u8 = np.clip((np.asarray(a, dtype=np.float64) - lo) * scale, 0, 255).astype(np.uint8)
+    a = np.asarray(a, dtype=np.float64)
+    u8 = np.clip(np.nan_to_num((a - lo) * scale, nan=0.0), 0, 255).astype(np.uint8)
     if cmap == "heat":  # black -> red -> yellow -> white, for error maps
         rgb = np.stack(
             [
@@ -55,6 +59,10 @@ def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray"):
         im = Image.fromarray(rgb.astype(np.uint8), "RGB")
     else:
         im = Image.fromarray(u8, "L").convert("RGB")
+    if valid is not None and not valid.all():
+        rgb = np.array(im)
+        rgb[~valid] = INVALID_RGB
+        im = Image.fromarray(rgb, "RGB")
     h, w = u8.shape
     s = TILE / max(h, w)
     return im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.NEAREST)
@@ -92,11 +100,13 @@ def inspect_figure(
     reconstructions: np.ndarray,
     path: str | os.PathLike,
     titles: list[str] | None = None,
+    valid: np.ndarray | None = None,
 ) -> str:
     """Write the figure for items (S, H, W) to `path` (PNG); returns the path.
 
     originals may be None (reconstruction and its spectrum only). Error maps share one colour scale
     per row: 0 -> black, the row's max |error| -> white; titles give each row's PSNR when originals exist.
+    valid: bool (S, H, W), True where a pixel counts (None: all).
     """
     from PIL import Image, ImageDraw
 
@@ -110,6 +120,10 @@ def inspect_figure(
             raise DctDataError(f"originals: expected the reconstructions' shape {rec.shape}. Got {org.shape}")
     if titles is not None and len(titles) != rec.shape[0]:
         raise DctDataError(f"titles: expected {rec.shape[0]} titles (one per item). Got {len(titles)}")
+    if valid is not None:
+        valid = np.asarray(valid, dtype=bool)
+        if valid.shape != rec.shape:
+            raise DctDataError(f"valid: expected the reconstructions' shape {rec.shape}. Got {valid.shape}")
     cols = (
         ["original", "reconstruction", "|error|", "radial power spectrum"]
         if org is not None
@@ -124,20 +138,33 @@ def inspect_figure(
     for i in range(rec.shape[0]):
         y = PAD + i * (TILE + 2 * PAD) + PAD
         r = rec[i]
+        v = None if valid is None else valid[i]
         ref = org[i] if org is not None else r
-        lo, hi = float(ref.min()), float(ref.max())
+        shown = ref if v is None else ref[v]
+        lo, hi = (float(shown.min()), float(shown.max())) if shown.size else (0.0, 1.0)
         tiles = []
         label = titles[i] if titles else f"item {i}"
         if org is not None:
-            err = np.abs(org[i] - r)
-            db = float(psnr(torch.as_tensor(org[i], dtype=torch.float64), torch.as_tensor(r, dtype=torch.float64)))
-            label += f"   PSNR {db:.1f} dB, max |error| {err.max():.3g}"
-            tiles += [_to_tile(org[i], lo, hi), _to_tile(r, lo, hi), _to_tile(err, 0.0, float(err.max()), "heat")]
-            f, p_org = radial_power_spectrum(org[i])
+            o = org[i] if v is None else np.where(v, org[i], r)  # holes: the stored fill (no NaN in the FFT)
+            err = np.abs(o - r)
+            db = float(
+                psnr(
+                    torch.as_tensor(o, dtype=torch.float64),
+                    torch.as_tensor(r, dtype=torch.float64),
+                    valid=None if v is None else torch.as_tensor(v),
+                )
+            )
+            label += f"   PSNR {db:.1f} dB, max |error| {err.max():.3g}" + ("" if v is None else " (valid pixels)")
+            tiles += [
+                _to_tile(org[i], lo, hi, valid=v),
+                _to_tile(r, lo, hi, valid=v),
+                _to_tile(err, 0.0, float(err.max()), "heat", valid=v),
+            ]
+            f, p_org = radial_power_spectrum(o)
             _, p_rec = radial_power_spectrum(r)
             curves = [("original", f, p_org, "#1f77b4"), ("reconstr.", f, p_rec, "#d62728")]
         else:
-            tiles.append(_to_tile(r, lo, hi))
+            tiles.append(_to_tile(r, lo, hi, valid=v))
             f, p_rec = radial_power_spectrum(r)
             curves = [("reconstr.", f, p_rec, "#d62728")]
         tiles.append(_spectrum_tile(curves))

@@ -26,16 +26,21 @@ JOURNAL_NAME = ".dctdata-journal.jsonl"
 
 
 class Journal:
-    def __init__(self, root: str, specs: tuple[FieldSpec, ...], parts: dict[int, dict]) -> None:
+    def __init__(
+        self, root: str, specs: tuple[FieldSpec, ...], parts: dict[int, dict], derived: tuple[str, ...] = ()
+    ) -> None:
         self.root = root
         self.path = os.path.join(root, JOURNAL_NAME)
         self.specs = specs
         self.parts = parts
+        self.derived = tuple(derived)  # mask fields the pack makes (nan="mask")
 
     @classmethod
-    def start(cls, root: str, settings: dict, specs: tuple[FieldSpec, ...]) -> "Journal":
-        j = cls(root, specs, {})
-        j._append({"kind": "header", "settings": settings, "fields": [f.to_dict() for f in specs]})
+    def start(cls, root: str, settings: dict, specs: tuple[FieldSpec, ...], derived: tuple[str, ...] = ()) -> "Journal":
+        j = cls(root, specs, {}, derived)
+        j._append(
+            {"kind": "header", "settings": settings, "fields": [f.to_dict() for f in specs], "derived": list(derived)}
+        )
         return j
 
     @classmethod
@@ -66,7 +71,7 @@ class Journal:
             )
         specs = tuple(FieldSpec.from_dict(d) for d in header["fields"])
         parts = {int(d["result"]["index"]): d["result"] for d in lines[1:] if d.get("kind") == "part"}
-        return cls(root, specs, parts)
+        return cls(root, specs, parts, tuple(header.get("derived", ())))
 
     def _append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:

@@ -3,9 +3,14 @@
 A part is the unit of parallel work (a Dask task), of progress (a `--resume` journal line) and of
 output files (a zarr shard of every field, or one webdataset tar): parts never share a file, and a
 part's bytes depend only on its samples and the shared CodecSpecs, so any execution order gives the
-same dataset. `PartJob` is what every task gets: the source *name* (each process opens the source
-itself; data never travels through the scheduler), the field specs chosen once by the client
-(calibration included), and the writer (options only).
+same dataset. `PartJob` is what every task gets: the source *name* and its options (each process
+opens the source itself; data never travels through the scheduler), the field specs chosen once by
+the client (calibration included), and the writer (options only).
+
+`Encoder` is the one place samples become stored arrays and error figures: it checks shapes and
+dtypes, applies the NaN/mask policy (`dctdata.preprocess.masking`), encodes `dct` fields, decodes them
+again to measure PSNR per channel of each sample over its valid pixels, counts overflows, and makes
+the automatic `<field>_valid` masks. Pack parts and the incremental `Writer` both use it.
 """
 
 from __future__ import annotations
@@ -19,28 +24,34 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, OverflowCountError
-from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, user_fields
+from dctdata.format import FieldSpec
+from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.layer import Decompress
-from dctdata.metrics import item_errors, psnr_from_mse
+from dctdata.metrics import item_figures, psnr_from_mse
+from dctdata.preprocess.masking import NanPolicy, check_items_have_valid, fill_invalid
 from dctdata.preprocess.sources import Source, open_source
 from dctdata.quantize import F32_SAFE_MAX, encode
 from dctdata.wire import split_wire
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
+# Decoding again for the figures runs in float64 with a few full-size temporaries: done in slices of
+# this many float64 bytes so a batch's temporaries stay small (measured: 130 -> 45 MiB peak for a
+# 16 MiB batch of 256x256 samples).
+FIGURE_BYTES = 4 << 20
 _SOURCES: dict[tuple, Source] = {}  # per-process cache: a worker opens each source once
 
 
 @dataclasses.dataclass(frozen=True)
 class PartJob:
-    source: str
-    key: Any
-    channels_last: bool
+    source: Any  # a path/URL/module:callable (reopened in each process) or an in-memory object (serial packs)
+    source_options: dict  # keywords of open_source: key, channels_last, sample_dim, variables, stack
     specs: tuple[FieldSpec, ...]
-    nan_fill: float | None
+    nan: NanPolicy
     strict: bool
     writer: Any
     root: str
     samples: int
+    derived: tuple[str, ...] = ()  # mask fields the encoder makes (nan="mask"), not read from the source
     # torch intra-op threads while encoding: 1. Measured on 2 cores: the per-batch ops are small and
     # memory-bound, and torch's thread pool fighting zarr's/zstd's threads made a serial pack 2.3x
     # slower (29 s -> 12.8 s for 1 GiB); parallelism comes from Dask workers instead.
@@ -53,22 +64,28 @@ def batch_size(specs: tuple[FieldSpec, ...]) -> int:
 
 
 def _source(job: PartJob) -> Source:
-    k = (job.source, repr(job.key), job.channels_last, os.getpid())
+    k = (repr(job.source), repr(sorted(job.source_options.items())), os.getpid())
     if k not in _SOURCES:
-        _SOURCES[k] = open_source(job.source, key=job.key, channels_last=job.channels_last)
+        _SOURCES[k] = open_source(job.source, **job.source_options)
     return _SOURCES[k]
 
 
 def check_finite(x: np.ndarray, name: str, nan_fill: float | None, where) -> np.ndarray:
+    """Non-finite values are an error (nan_fill None) or become `nan_fill`; then the float32 DCT bound."""
     bad = ~np.isfinite(x)
     if bad.any():
         j = int(np.argmax(bad.reshape(len(x), -1).any(axis=1)))
         if nan_fill is None:
             raise DctDataError(
                 f"{where(j)}: field {name!r}: expected finite values in a dct field. Got NaN/Inf "
-                "(use --nan fill=VALUE, or store a mask field)"
+                "(use --nan mask to store a validity mask, or --valid FIELD=MASKFIELD)"
             )
         x = np.where(bad, np.float32(nan_fill), x)
+    check_magnitude(x, name, where)
+    return x
+
+
+def check_magnitude(x: np.ndarray, name: str, where) -> None:
     peak = np.abs(x).reshape(len(x), -1).max(axis=1) if x.size else np.zeros(len(x))
     if (peak > F32_SAFE_MAX).any():  # the 8x8 DCT would overflow float32 to inf
         j = int(np.argmax(peak > F32_SAFE_MAX))
@@ -78,7 +95,148 @@ def check_finite(x: np.ndarray, name: str, nan_fill: float | None, where) -> np.
             f"multiplies by up to 8). Got max |x| = {float(peak[j]):.3g} (rescale the data, or use --field "
             f"{name}=array)"
         )
-    return x
+
+
+def mask_batch(m: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A batch of explicit masks (B, *mask_shape) -> bool (B, C, H, W) (nonzero = valid)."""
+    b = len(m)
+    per = tuple(m.shape[1:])
+    m = np.asarray(m).reshape(b, *([1] * (3 - len(per))), *per) != 0
+    return np.broadcast_to(m, (b, *shape))
+
+
+def prepare_dct(
+    x: np.ndarray,
+    name: str,
+    shape: tuple[int, int, int],
+    nan: NanPolicy,
+    mask: np.ndarray | None,
+    mask_name: str | None,
+    where,
+) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """A dct batch (B, C, H, W) float32 ready to encode: (filled values, validity or None when every
+    pixel is valid, how many pixels were filled). `mask`: the explicit mask batch (field `mask_name`)."""
+    finite = np.isfinite(x)
+    if mask is not None:
+        valid = mask_batch(mask, shape)
+        bad = ~finite & valid
+        if bad.any():
+            j = int(np.argmax(bad.reshape(len(x), -1).any(axis=1)))
+            raise DctDataError(
+                f"{where(j)}: field {name!r}: expected finite values where the mask {mask_name!r} says valid. Got "
+                "NaN/Inf (fix the mask, or use --nan mask without --valid)"
+            )
+    elif finite.all():
+        check_magnitude(x, name, where)
+        return x, None, 0
+    elif nan.mode == "error":
+        check_finite(x, name, None, where)
+        raise AssertionError("unreachable")  # pragma: no cover
+    else:
+        valid = finite
+    if valid.all():
+        check_magnitude(x, name, where)
+        return x, None, 0
+    check_items_have_valid(valid, name, where)
+    holes = int((~valid).sum())
+    if nan.mode == "fill" and mask is None:
+        x = np.where(valid, x, np.float32(nan.value))
+    else:
+        x = fill_invalid(x, valid)
+    check_magnitude(x, name, where)
+    return x, np.ascontiguousarray(valid), holes
+
+
+def new_stats(specs: tuple[FieldSpec, ...]) -> dict:
+    """Per-part error figures (JSON, journaled): per dct field and channel, the PSNR of every item
+    that has one and the max error; overflow; filled pixels; valid pixel counts of masked fields."""
+    dct = [f for f in specs if f.is_dct]
+    return {
+        "psnr": {f.name: [[] for _ in range(f.shape[0])] for f in dct},
+        "max_error": {f.name: [0.0] * f.shape[0] for f in dct},
+        "overflow": {f.name: 0 for f in dct},
+        "nan_filled": 0,
+        "valid": {f.name: [0, 0] for f in dct if f.valid is not None},
+    }
+
+
+class Encoder:
+    """Samples -> stored arrays + error figures, for one part or one incremental Writer."""
+
+    def __init__(
+        self, specs: tuple[FieldSpec, ...], nan: NanPolicy, strict: bool, derived: tuple[str, ...] = ()
+    ) -> None:
+        self.specs = tuple(specs)
+        self.by_name = {f.name: f for f in user_fields(self.specs)}  # side partners are made here, not read
+        self.nan, self.strict, self.derived = nan, bool(strict), tuple(derived)
+        self.layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in specs if f.is_dct}
+        self.stats = new_stats(self.specs)
+
+    def encode(self, batch: dict[str, np.ndarray], first: int, where) -> dict[str, np.ndarray]:
+        """Stored arrays of a batch of samples (first index `first`; where(i) names sample i)."""
+        missing = sorted(set(self.by_name) - set(batch) - set(self.derived))
+        if missing:
+            raise DctDataError(f"{where(first)}: expected fields {list(self.by_name)}. Got no field {missing[0]!r}")
+        b = len(next(iter(batch.values())))
+        at = lambda j: where(first + j)  # noqa: E731
+        stored: dict[str, np.ndarray] = {}
+        for name, f in self.by_name.items():
+            if name in self.derived:
+                continue
+            x = batch[name]
+            expect = f.shape if not f.is_dct or x.ndim - 1 == 3 else f.shape[1:]
+            if tuple(x.shape[1:]) != tuple(expect):
+                raise DctDataError(
+                    f"{at(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} "
+                    "(ragged samples)"
+                )
+            if not f.is_dct:
+                if x.dtype.name != f.dtype:
+                    raise DctDataError(
+                        f"{at(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}"
+                    )
+                stored[name] = np.ascontiguousarray(x)
+                continue
+            explicit = batch[f.valid] if f.valid is not None and f.valid not in self.derived else None
+            xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
+            xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
+            self.stats["nan_filled"] += holes
+            xt = torch.from_numpy(np.ascontiguousarray(xf))
+            wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
+            if over:
+                self.stats["overflow"][name] += over
+                if self.strict:
+                    raise OverflowCountError(
+                        f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
+                        f"Got {over} clamped coefficients"
+                    )
+            self._figures(f, xt, wire, valid)
+            q, side = split_wire(wire, f.codec)
+            stored[name] = f.to_stored(q)
+            if side is not None:
+                stored[name + SIDE_SUFFIX] = side.numpy()
+            if f.valid is not None:
+                counts = self.stats["valid"][name]
+                counts[0] += int(valid.sum()) if valid is not None else xf.size
+                counts[1] += xf.size
+                if f.valid in self.derived:
+                    stored[f.valid] = valid if valid is not None else np.ones(xf.shape, bool)
+        return stored
+
+    def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None) -> None:
+        """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
+        from a float64 decode of the stored coefficients (in slices, see FIGURE_BYTES)."""
+        step = max(1, FIGURE_BYTES // (8 * math.prod(f.shape)))
+        for a in range(0, len(x), step):
+            v = None if valid is None else torch.from_numpy(valid[a : a + step])
+            part = tuple(w[a : a + step] for w in wire) if isinstance(wire, tuple) else wire[a : a + step]
+            mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](part), dims=2, valid=v)
+            scores = psnr_from_mse(mse, rng)
+            per_channel = peak.amax(0).tolist()
+            for c in range(f.shape[0]):
+                # A constant item (zero range) has no PSNR against its range: left out, not reported as -inf/NaN.
+                self.stats["psnr"][f.name][c].extend(scores[:, c][rng[:, c] > 0].tolist())
+                self.stats["max_error"][f.name][c] = max(self.stats["max_error"][f.name][c], per_channel[c])
 
 
 def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None = None) -> dict:
@@ -86,77 +244,20 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
     if job.threads is not None:
         torch.set_num_threads(job.threads)
     src = src if src is not None else _source(job)
-    stats = {
-        "psnr": {f.name: [] for f in job.specs if f.is_dct},
-        "max_error": {f.name: 0.0 for f in job.specs if f.is_dct},
-        "overflow": {f.name: 0 for f in job.specs if f.is_dct},
-        "nan_filled": 0,
-    }
-    layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in job.specs if f.is_dct}
-    batches = _encoded(job, src, start, stop, stats, layers)
+    encoder = Encoder(job.specs, job.nan, job.strict, job.derived)
+    batches = _encoded(job, src, start, stop, encoder)
     out = job.writer.write_part(job.root, job.specs, job.samples, index, start, stop, batches)
-    return {"index": index, "start": start, "stop": stop, "stats": stats, **out}
+    return {"index": index, "start": start, "stop": stop, "stats": encoder.stats, **out}
 
 
-def _encoded(
-    job: PartJob, src: Source, start: int, stop: int, stats: dict, layers: dict
-) -> Iterator[dict[str, np.ndarray]]:
-    by_name = {f.name: f for f in user_fields(job.specs)}  # side partners are made here, not read
+def _encoded(job: PartJob, src: Source, start: int, stop: int, encoder: Encoder) -> Iterator[dict[str, np.ndarray]]:
     seen = start
     with torch.inference_mode():
         for a, batch in src.batches(batch_size(job.specs), start, stop):
             b = len(next(iter(batch.values())))
-            missing = sorted(set(by_name) - set(batch))
-            if missing:
-                raise DctDataError(f"{src.where(a)}: expected fields {list(by_name)}. Got no field {missing[0]!r}")
-            stored = {}
-            for name, f in by_name.items():
-                x = batch[name]
-                where = lambda j, s=a: src.where(s + j)  # noqa: E731
-                expect = f.shape if not f.is_dct or x.ndim - 1 == 3 else f.shape[1:]
-                if tuple(x.shape[1:]) != tuple(expect):
-                    raise DctDataError(
-                        f"{where(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got "
-                        f"{tuple(x.shape[1:])} (ragged samples)"
-                    )
-                if not f.is_dct:
-                    if x.dtype.name != f.dtype:
-                        raise DctDataError(
-                            f"{where(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}"
-                        )
-                    stored[name] = np.ascontiguousarray(x)
-                    continue
-                xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
-                if job.nan_fill is not None:
-                    stats["nan_filled"] += int((~np.isfinite(xf)).sum())
-                xf = check_finite(xf, name, job.nan_fill, where)
-                xt = torch.from_numpy(np.ascontiguousarray(xf))
-                wire, over = encode(xt, f.codec)
-                if over:
-                    stats["overflow"][name] += over
-                    if job.strict:
-                        raise OverflowCountError(
-                            f"{where(0)}..{a + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow "
-                            "(--strict). "
-                            f"Got {over} clamped coefficients"
-                        )
-                scores, err = _figures(xt, layers[name](wire))
-                stats["psnr"][name].extend(scores)
-                stats["max_error"][name] = max(stats["max_error"][name], err)
-                q, side = split_wire(wire, f.codec)
-                stored[name] = f.to_stored(q)
-                if side is not None:
-                    stored[name + SIDE_SUFFIX] = side.numpy()
+            yield encoder.encode(batch, a, src.where)
             seen += b
-            yield stored
     if seen != stop:
         raise DctDataError(
             f"{src.description}: expected samples {start}..{stop - 1}. Got {seen - start} (the source ended early)"
         )
-
-
-def _figures(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[list[float], float]:
-    """Per-sample PSNR against each sample's value range, and the max abs error."""
-    mse, rng, max_err = item_errors(x, x_hat, dims=3)
-    # A constant sample (zero range) has no PSNR against its range: left out, not reported as -inf/NaN.
-    return psnr_from_mse(mse, rng)[rng > 0].tolist(), max_err

@@ -1,4 +1,6 @@
-"""`dctdata info OUT`: fields, sizes, stored and transfer ratios, achieved PSNR of a packed dataset."""
+"""`dctdata info OUT`: fields, sizes, stored and transfer ratios, achieved PSNR of a packed dataset (per
+channel of each sample, over valid pixels; one row per channel below a multi-channel field), its
+coordinates and field attributes."""
 
 from __future__ import annotations
 
@@ -21,19 +23,37 @@ def _main(args) -> int:
     print()
     print(
         "| field | kind | shape | dtype | stored as | codec | stored MB | ratio vs f32 | ratio vs source | transfer "
-        "ratio "
-        "| PSNR min dB | PSNR median dB | max error | overflow |"
+        "ratio | PSNR dataset dB | PSNR min dB | PSNR median dB | max error | overflow | valid |"
     )
-    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in field_rows(m):
         f, s = r["field"], r["stats"]
         codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "lossless"
         stored = None if r["stored"] is None else r["stored"] / 1e6
+        valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"
+        dataset = num(s.psnr_dataset) if s is not None and f.is_dct else "-" if s is None else num(s.psnr_min)
         print(
             f"| {f.name} | {f.kind} | {list(f.shape)} | {f.dtype} | {list(f.stored_shape)} {f.stored_dtype} | {codec} "
-            "| "
-            f"{num(stored, '{:.3f}')} | {num(r['ratio_f32'])} | {num(r['ratio_src'])} | {num(r['transfer'])} | "
-            f"{num(s and s.psnr_min)} | {num(s and s.psnr_median)} | {num(s and s.max_abs_error, '{:.4g}')} | "
-            f"{s.overflow if s else '-'} |"
+            f"| {num(stored, '{:.3f}')} | {num(r['ratio_f32'])} | {num(r['ratio_src'])} | {num(r['transfer'])} | "
+            f"{dataset} | {num(s and s.psnr_min)} | {num(s and s.psnr_median)} | "
+            f"{num(s and s.max_abs_error, '{:.4g}')} | {s.overflow if s else '-'} | {valid} |"
+        )
+        names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
+        for i, ch in enumerate(s.channels if s is not None and s.channels and len(s.channels) > 1 else ()):
+            print(
+                f"| {f.name}[{i}] | channel{' ' + str(names[i]) if i < len(names) else ''} | | | | | | | | | "
+                f"{num(ch.psnr_dataset)} | {num(ch.psnr_min)} | "
+                f"{num(ch.psnr_median)} | {num(ch.max_abs_error, '{:.4g}')} | | |"
+            )
+    for f in m.fields:
+        if f.attrs:
+            print(f"{f.name} attrs: " + ", ".join(f"{k}={v}" for k, v in f.attrs.items()))
+    for name, c in m.coords.items():
+        values = c["values"]
+        span = f"{values[0]} .. {values[-1]}" if values else "empty"
+        units = c["attrs"].get("units")
+        print(
+            f"coordinate {name} ({c['dim']}{', per sample' if c['sample'] else ''}): {len(values)} values {span}"
+            + (f" [{units}]" if units else "")
         )
     return 0

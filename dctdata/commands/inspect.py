@@ -13,7 +13,11 @@ def register(sub) -> None:
     p.add_argument("--samples", type=int, default=3, help="how many samples (evenly spaced)")
     p.add_argument("--channels", type=int, default=1, help="channels shown per sample")
     p.add_argument(
-        "--original", default=None, metavar="SOURCE", help="read originals from this source instead of the manifest's"
+        "--original",
+        default=None,
+        metavar="SOURCE",
+        help="read originals from this source (path, URL or module:callable) instead of the manifest's; a recorded "
+        "module:callable is only run when named here",
     )
     p.add_argument(
         "--png", default=None, help="output PNG (default: ./<OUT name>-inspect.png; the pack is never written to)"

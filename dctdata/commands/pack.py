@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+
 from dctdata.spec import QUANT_TO_DTYPE
 
 
 def register(sub) -> None:
-    p = sub.add_parser("pack", help="pack .npy/.npz/HDF5/image folders/module:callable datasets into a dctdata dataset")
+    p = sub.add_parser(
+        "pack",
+        help="pack .npy/.npz/HDF5/NetCDF/zarr stores/image folders/module:callable datasets into a dctdata dataset",
+    )
     p.add_argument(
         "source",
         metavar="SOURCE",
-        help=".npy, .npz, HDF5, a directory (per-sample .npy/.npz or images), or module:callable",
+        help=".npy, .npz, HDF5, NetCDF (.nc), a zarr store (path or URL), a directory (per-sample .npy/.npz or "
+        "images), or module:callable",
     )
     p.add_argument(
         "out",
@@ -25,18 +31,47 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--target-psnr",
-        type=float,
         default=None,
-        metavar="DB",
-        help="calibrate steps (and free knobs) to reach this PSNR",
+        metavar="DB|NAME=DB,...",
+        help="calibrate steps (and free knobs) to reach this PSNR (per channel, over valid pixels); per field: "
+        "noisy=40,clean=45 (a bare DB sets the fields not named)",
     )
     p.add_argument(
         "--field", action="append", default=[], metavar="NAME=KIND", help="override a field's kind (dct|array|label)"
     )
     p.add_argument("--key", action="append", default=None, help="HDF5 dataset(s) to pack (repeat or comma-separate)")
-    p.add_argument("--channels-last", action="store_true", help="per-sample arrays are (H, W, C): move C first")
     p.add_argument(
-        "--nan", default="error", metavar="error|fill=VALUE", help="NaN/Inf in dct fields: error (default) or fill"
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-sample arrays are (H, W, C): move C first (--no-channels-last: keep a layout that looks "
+        "channels-last as it is)",
+    )
+    p.add_argument(
+        "--nan",
+        default="error",
+        metavar="error|mask|fill=VALUE",
+        help="NaN/Inf in dct fields: error (default); mask: fill smoothly and store the validity mask as "
+        "FIELD_valid; fill=VALUE: a constant, no mask",
+    )
+    p.add_argument(
+        "--valid",
+        action="append",
+        default=None,
+        metavar="FIELD=MASKFIELD",
+        help="the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields)",
+    )
+    p.add_argument(
+        "--sample-dim", default=None, metavar="DIM", help="NetCDF/zarr: the dimension that becomes samples (e.g. time)"
+    )
+    p.add_argument(
+        "--variables", default=None, metavar="A,B,...", help="NetCDF/zarr: data variables to pack (default: all)"
+    )
+    p.add_argument(
+        "--stack",
+        default=None,
+        metavar="NAME",
+        help="NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each)",
     )
     p.add_argument("--strict", action="store_true", help="fail on any quantization overflow")
     p.add_argument(
@@ -109,6 +144,10 @@ def _main(args) -> int:
         key=args.key,
         channels_last=args.channels_last,
         nan=args.nan,
+        valid=args.valid,
+        sample_dim=args.sample_dim,
+        variables=args.variables,
+        stack=args.stack,
         strict=args.strict,
         overwrite=args.overwrite,
         quiet=args.quiet,
@@ -131,10 +170,19 @@ def _main(args) -> int:
             extra = ""
             if f.is_dct:
                 c = f.codec
+                valid = f", {100 * s.valid_fraction:.1f}% valid pixels" if s.valid_fraction is not None else ""
                 stage = (f.lossless or {}).get("id", "raw")
                 extra = (
                     f" cf={c.cf} {c.mask} {c.dtype} {stage}: PSNR min {num(s.psnr_min)} / median "
-                    f"{num(s.psnr_median)} dB, max error {s.max_abs_error:.4g}, overflow {s.overflow}"
+                    f"{num(s.psnr_median)} / dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}, "
+                    f"overflow {s.overflow}{valid}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
+            names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
+            label = lambda i, names=names: f" ({names[i]})" if i < len(names) else ""  # noqa: E731
+            for i, ch in enumerate((s.channels or ()) if len(s.channels or ()) > 1 else ()):
+                print(
+                    f"    channel {i}{label(i)}: PSNR min {num(ch.psnr_min)} / median {num(ch.psnr_median)} / dataset "
+                    f"{num(ch.psnr_dataset)} dB, max error {num(ch.max_abs_error, '{:.4g}')}"
+                )
     return 0

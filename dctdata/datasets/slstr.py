@@ -109,5 +109,5 @@ class SLSTRCloud(SyntheticDataset):
 
 
 def slstr_cloud(n: int = 16, size: int | tuple[int, int] = 256, seed: int = 0, nan_border: bool = True) -> SLSTRCloud:
-    """`dctdata pack dctdata.datasets:slstr_cloud OUT --nan fill=0`."""
+    """`dctdata pack dctdata.datasets:slstr_cloud OUT --nan mask --field bayes=array`."""
     return SLSTRCloud(n=n, size=size, seed=seed, nan_border=nan_border)

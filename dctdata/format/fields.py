@@ -6,6 +6,10 @@ Conventions both sides rely on:
 - Sample axis first: storage of a field holds (N, *stored_shape).
 - bfloat16 has no numpy dtype: such coefficients are stored as their uint16 bit patterns and viewed
   back as torch.bfloat16 (`to_tensor`).
+- Masked data (format version 2): a `dct` field may name the field holding its validity mask
+  (`valid`: an exact `array` field of bool or integers, nonzero = valid, broadcastable to the field's
+  (C, H, W)); error figures of the field count only valid pixels. `attrs` carries what the source said
+  about the field (units, long_name, the source's dimension names), as JSON.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ class FieldSpec:
 
     name: plain identifier. kind: a `FieldKind` (or its name). shape: per-sample shape ((C, H, W) for
     dct, () for label). dtype: numpy name of the source samples. codec: the CodecSpec (dct only; its
-    shape must be `shape`). lossless: numcodecs config of the lossless stage ({} for none).
+    shape must be `shape`). lossless: numcodecs config of the lossless stage ({} for none). valid: name
+    of the field holding this dct field's validity mask (None: every pixel is valid). attrs: JSON
+    metadata from the source (units, ...).
     """
 
     name: str
@@ -69,6 +75,8 @@ class FieldSpec:
     dtype: str
     codec: CodecSpec | None = None
     lossless: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CODEC))
+    valid: str | None = None
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
@@ -99,6 +107,12 @@ class FieldSpec:
             raise DctDataError(
                 f"{where}: shape: expected () for a label field (one scalar per sample). Got {self.shape}"
             )
+        if self.valid is not None:
+            if kind is not FieldKind.DCT:
+                raise DctDataError(f"{where}: valid: expected None for a {kind} field. Got {self.valid!r}")
+            if not isinstance(self.valid, str) or not NAME_RE.match(self.valid) or self.valid == self.name:
+                raise DctDataError(f"{where}: valid: expected the name of another field. Got {self.valid!r}")
+        object.__setattr__(self, "attrs", check_attrs(self.attrs, f"{where}: attrs"))
 
     @property
     def is_dct(self) -> bool:
@@ -145,8 +159,24 @@ class FieldSpec:
             return t.numpy().view(np.uint16)
         return t.numpy()
 
+    def check_valid_field(self, mask: "FieldSpec") -> None:
+        """`mask` can be this dct field's validity mask: exact, bool/integer, broadcastable to (C, H, W)."""
+        where = f"field {self.name!r}: valid field {mask.name!r}"
+        if mask.kind is not FieldKind.ARRAY or mask.dtype.startswith("float"):
+            raise DctDataError(f"{where}: expected an array field of bool or integers. Got {mask.kind} {mask.dtype}")
+        try:
+            np.broadcast_shapes(mask.shape, self.shape)
+            ok = len(mask.shape) <= 3 and np.broadcast_shapes(mask.shape, self.shape) == self.shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise DctDataError(
+                f"{where}: expected a per-sample shape broadcastable to {self.shape} ((C, H, W), (1, H, W) or (H, W)). "
+                f"Got {mask.shape}"
+            )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "kind": self.kind.value,
             "shape": list(self.shape),
@@ -154,10 +184,17 @@ class FieldSpec:
             "codec": None if self.codec is None else self.codec.to_dict(),
             "lossless": dict(self.lossless),
         }
+        if self.valid is not None:
+            out["valid"] = self.valid
+        if self.attrs:
+            out["attrs"] = json_copy(self.attrs)
+        return out
 
     @classmethod
-    def from_dict(cls, d: object, where: str = "field") -> "FieldSpec":
-        d = parse_object(d, where, {"name", "kind", "shape", "dtype", "codec", "lossless"}, error=FormatError)
+    def from_dict(cls, d: object, where: str = "field", version: int = 2) -> "FieldSpec":
+        """From a manifest's JSON; `version` is the manifest's (keys `valid`/`attrs` exist from version 2)."""
+        optional = {"valid", "attrs"} if version >= 2 else set()
+        d = parse_object(d, where, {"name", "kind", "shape", "dtype", "codec", "lossless"}, optional, error=FormatError)
         where = f"field {d['name']!r}" if isinstance(d["name"], str) else where
         if not isinstance(d["shape"], list):
             raise FormatError(f"{where}: shape: expected a list of ints. Got {d['shape']!r}")
@@ -168,7 +205,16 @@ class FieldSpec:
             except (DctDataError, TypeError) as exc:
                 raise FormatError(f"{where}: codec: {exc}") from exc
         try:
-            return cls(d["name"], d["kind"], tuple(d["shape"]), d["dtype"], codec, d["lossless"])
+            return cls(
+                d["name"],
+                d["kind"],
+                tuple(d["shape"]),
+                d["dtype"],
+                codec,
+                d["lossless"],
+                d.get("valid"),
+                d.get("attrs"),
+            )
         except (DctDataError, TypeError) as exc:
             raise FormatError(str(exc)) from exc
 
@@ -210,3 +256,50 @@ def assemble(fields: tuple[FieldSpec, ...], values: Sequence[Any]) -> list[Any]:
         (by_name[f.name], by_name[f.name + SIDE_SUFFIX]) if has_side(f) else by_name[f.name]
         for f in user_fields(fields)
     ]
+
+
+# Metadata: JSON values (what a source says about a field or coordinate) -----------------------------
+ATTRS_MAX_DEPTH = 8
+
+
+def check_attrs(attrs: object, where: str) -> dict[str, Any]:
+    """A JSON object of metadata: string keys; values null, bool, finite numbers, strings, lists or
+    objects of those (at most ATTRS_MAX_DEPTH deep). Returned as a plain copy."""
+    if attrs is None:
+        return {}
+    if not isinstance(attrs, Mapping):
+        raise DctDataError(f"{where}: expected a JSON object (a mapping). Got {type(attrs).__name__}")
+    _check_json(attrs, where, 0)
+    return json_copy(attrs)
+
+
+def _check_json(v: object, where: str, depth: int) -> None:
+    if depth > ATTRS_MAX_DEPTH:
+        raise DctDataError(f"{where}: expected at most {ATTRS_MAX_DEPTH} levels of nesting. Got deeper")
+    if v is None or isinstance(v, (bool, str)) or (isinstance(v, int) and not isinstance(v, bool)):
+        return
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise DctDataError(f"{where}: expected finite numbers. Got {v!r}")
+        return
+    if isinstance(v, Mapping):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise DctDataError(f"{where}: expected string keys. Got {k!r}")
+            _check_json(x, f"{where}.{k}", depth + 1)
+        return
+    if isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _check_json(x, f"{where}[{i}]", depth + 1)
+        return
+    raise DctDataError(
+        f"{where}: expected JSON values (null, bool, number, string, list, object). Got {type(v).__name__}"
+    )
+
+
+def json_copy(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: json_copy(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_copy(x) for x in v]
+    return v

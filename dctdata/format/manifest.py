@@ -5,6 +5,18 @@ dctdata version that wrote it, the sample count, the fields in sample order and,
 stored. It also records the pack settings, the error figures achieved per field, overflow counts,
 checksums of every stored file, and a free `layout` dict for storage-specific entries (zarr chunking,
 the webdataset shard list). JSON has no infinities: +/-inf error figures are written as "inf"/"-inf".
+
+Versions (a reader reads every version up to FORMAT_VERSION, each with its own strict key set):
+- 1: the first format.
+- 2: codec v2, masked data and source metadata, compact JSON.
+  - Codec: CodecSpec `pad`, `theta`, `recon`, `rotation`, `side`, `min_psnr` (`dctdata.spec`), steps
+    stored (C,) when constant per channel, tables at float32 precision; a dct field whose codec has
+    side information has a stored partner field `<name>__side` ((C, 2) float32 per sample).
+  - Masks and metadata: a field's `valid` (the field holding its validity mask) and `attrs` (units,
+    ...); a field's stats `psnr_dataset`, `channels` (per-channel figures) and `valid_fraction`; the
+    manifest's `coords` (1-D coordinates of the source, e.g. the time of every sample;
+    `dctdata.format.coords`). Error figures are per channel of each sample over its valid pixels
+    (version 1 packs reported one figure per sample).
 """
 
 from __future__ import annotations
@@ -20,14 +32,13 @@ import numpy as np
 
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError
+from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-# 1: the first format. 2: codec v2 (CodecSpec pad/theta/recon/rotation/side/min_psnr, `<field>__side`
-# partner fields, compact JSON). A reader refuses versions above the newest it knows.
 FORMAT_VERSION = 2
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -43,6 +54,7 @@ _MANIFEST_KEYS = {
     "checksums",
     "layout",
 }
+_MANIFEST_KEYS_V2 = {"coords"}
 
 
 def _count(where: str, v: object, minimum: int = 0) -> int:
@@ -79,30 +91,87 @@ def _json_ready(v: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChannelStats:
+    """Achieved fidelity of one channel of a dct field over all samples (valid pixels only)."""
+
+    psnr_min: float | None = None
+    psnr_median: float | None = None
+    psnr_dataset: float | None = None
+    max_abs_error: float | None = None
+
+    _KEYS = ("psnr_min", "psnr_median", "psnr_dataset", "max_abs_error")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _float_out(getattr(self, k)) for k in self._KEYS}
+
+    @classmethod
+    def from_dict(cls, d: object, where: str) -> "ChannelStats":
+        d = parse_object(d, where, cls._KEYS, error=FormatError)
+        return cls(*(_float_in(f"{where}: {k}", d[k]) for k in cls._KEYS))
+
+
+@dataclasses.dataclass(frozen=True)
 class FieldStats:
-    """Achieved fidelity of one field over all samples (PSNR against each sample's value range)."""
+    """Achieved fidelity of one field over all samples. An item is one channel of one sample; its PSNR
+    is against its own value range, over its valid pixels (version 1 packs: one item per sample).
+
+    psnr_min/psnr_median: over all items. psnr_dataset: the dataset-level PSNR of the worst channel
+    (10 log10(1 / mean MSE/range^2) over that channel's items: what `--target-psnr` promises per
+    channel). channels: the same figures per channel. valid_fraction: share of valid pixels (None for
+    fields without a validity mask).
+    """
 
     psnr_min: float | None = None
     psnr_median: float | None = None
     max_abs_error: float | None = None
     overflow: int = 0
+    psnr_dataset: float | None = None
+    channels: tuple[ChannelStats, ...] | None = None
+    valid_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.channels is not None:
+            object.__setattr__(self, "channels", tuple(self.channels))
+            if not all(isinstance(c, ChannelStats) for c in self.channels):
+                raise DctDataError(f"channels: expected ChannelStats. Got {self.channels!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "psnr_min": _float_out(self.psnr_min),
             "psnr_median": _float_out(self.psnr_median),
             "max_abs_error": _float_out(self.max_abs_error),
             "overflow": self.overflow,
         }
+        if self.psnr_dataset is not None:
+            out["psnr_dataset"] = _float_out(self.psnr_dataset)
+        if self.channels is not None:
+            out["channels"] = [c.to_dict() for c in self.channels]
+        if self.valid_fraction is not None:
+            out["valid_fraction"] = self.valid_fraction
+        return out
 
     @classmethod
-    def from_dict(cls, d: object, where: str) -> "FieldStats":
-        d = parse_object(d, where, {"psnr_min", "psnr_median", "max_abs_error", "overflow"}, error=FormatError)
+    def from_dict(cls, d: object, where: str, version: int = FORMAT_VERSION) -> "FieldStats":
+        optional = {"psnr_dataset", "channels", "valid_fraction"} if version >= 2 else ()
+        d = parse_object(
+            d, where, {"psnr_min", "psnr_median", "max_abs_error", "overflow"}, optional, error=FormatError
+        )
+        channels = d.get("channels")
+        if channels is not None:
+            if not isinstance(channels, list):
+                raise FormatError(f"{where}: channels: expected a list. Got {channels!r}")
+            channels = tuple(ChannelStats.from_dict(c, f"{where}: channels[{i}]") for i, c in enumerate(channels))
+        fraction = _float_in(f"{where}: valid_fraction", d.get("valid_fraction"))
+        if fraction is not None and not 0 <= fraction <= 1:
+            raise FormatError(f"{where}: valid_fraction: expected a number in 0..1. Got {fraction!r}")
         return cls(
             _float_in(f"{where}: psnr_min", d["psnr_min"]),
             _float_in(f"{where}: psnr_median", d["psnr_median"]),
             _float_in(f"{where}: max_abs_error", d["max_abs_error"]),
             _count(f"{where}: overflow", d["overflow"]),
+            _float_in(f"{where}: psnr_dataset", d.get("psnr_dataset")),
+            channels,
+            fraction,
         )
 
 
@@ -112,6 +181,8 @@ class Manifest:
 
     checksums: relative file path -> {"sha256": hex, "bytes": n} for every stored data file.
     layout: storage-specific entries (zarr chunking, webdataset shard list).
+    coords: 1-D coordinates of the source (`dctdata.format.coords`): name -> {dim, sample, dtype,
+    values, attrs}; a sample coordinate has one value per sample.
     """
 
     storage: str
@@ -121,6 +192,7 @@ class Manifest:
     stats: Mapping[str, FieldStats] = dataclasses.field(default_factory=dict)
     checksums: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     layout: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    coords: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
     dctdata_version: str = __version__
@@ -169,6 +241,15 @@ class Manifest:
             object.__setattr__(self, name, _json_ready(dict(getattr(self, name))))
         object.__setattr__(self, "stats", dict(self.stats))
         object.__setattr__(self, "checksums", {k: dict(v) for k, v in self.checksums.items()})
+        by_name = {f.name: f for f in fields}
+        for f in fields:
+            if f.valid is not None:
+                if f.valid not in by_name:
+                    raise DctDataError(f"field {f.name!r}: valid: expected one of the fields {names}. Got {f.valid!r}")
+                f.check_valid_field(by_name[f.valid])
+        if self.coords and self.version < 2:
+            raise DctDataError(f"coords: expected none in a version {self.version} manifest. Got {sorted(self.coords)}")
+        object.__setattr__(self, "coords", check_coords(self.coords, self.samples))
 
     # Convenience ---------------------------------------------------------------------------------
     @property
@@ -209,6 +290,7 @@ class Manifest:
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             "checksums": {k: dict(v) for k, v in self.checksums.items()},
             "layout": _json_ready(dict(self.layout)),
+            **({"coords": {k: dict(v) for k, v in self.coords.items()}} if self.coords else {}),
         }
 
     def to_json(self) -> str:
@@ -221,14 +303,14 @@ class Manifest:
         # Format and version first, so a newer file is refused with the right message.
         if d.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: format: expected {FORMAT_NAME!r}. Got {d.get('format')!r}")
-        _check_version(d.get("version"), where)
-        d = parse_object(d, where, _MANIFEST_KEYS, error=FormatError)
+        version = _check_version(d.get("version"), where)
+        d = parse_object(d, where, _MANIFEST_KEYS, _MANIFEST_KEYS_V2 if version >= 2 else (), error=FormatError)
         if not isinstance(d["fields"], list):
             raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
-        fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]") for i, f in enumerate(d["fields"]))
+        fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]", version) for i, f in enumerate(d["fields"]))
         if not isinstance(d["stats"], Mapping):
             raise FormatError(f"{where}: stats: expected a JSON object. Got {d['stats']!r}")
-        stats = {k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]") for k, v in d["stats"].items()}
+        stats = {k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]", version) for k, v in d["stats"].items()}
         if not isinstance(d["dctdata_version"], str):
             raise FormatError(f"{where}: dctdata_version: expected a string. Got {d['dctdata_version']!r}")
         if not isinstance(d["checksums"], Mapping):
@@ -242,6 +324,7 @@ class Manifest:
                 stats=stats,
                 checksums=d["checksums"],
                 layout=d["layout"],
+                coords=d.get("coords") or {},
                 format=d["format"],
                 version=d["version"],
                 dctdata_version=d["dctdata_version"],

@@ -17,6 +17,12 @@ Kinds (`open_source`):
   torchvision datasets included. Items may be a dict (its keys name the fields), a tuple/list (named
   `image`, then `label` if a scalar else `target`, then `field2`, ...) or a single value (`image`).
   PIL images become (C, H, W) arrays.
+- NetCDF files (`.nc`, ...) and zarr stores (a `.zarr` path or URL, or a directory with zarr
+  metadata), through xarray: `sample_dim`, `variables`, `stack` (`sources.xarray_store`).
+- Python objects (`dctdata.pack(obj, ...)`): a NumPy array or torch tensor (samples first, field
+  `image`), a dict of them (a field each), an `xarray.Dataset`, or a map-style dataset (a list of
+  samples included). Iterables without random access (generators) go through the incremental
+  `Writer` instead (`sources.iterables`).
 
 `channels_last=True` moves the last axis of every 3-D per-sample array to the front ((H, W, C) ->
 (C, H, W)), e.g. for SciML-Bench em_graphene_sim's (N, 256, 256, 1).
@@ -28,24 +34,83 @@ images (image folders, PIL items) are `dct` even though they are 8/16-bit intege
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 from dctdata.errors import DctDataError
+from dctdata.format.location import is_url
 from dctdata.preprocess.sources.arrays import ArraySource, NpzSource, load_npy, npy_source
 from dctdata.preprocess.sources.base import ChannelsLast, Source, field_name
-from dctdata.preprocess.sources.callables import CALLABLE_RE, DatasetSource
+from dctdata.preprocess.sources.callables import CALLABLE_RE, DatasetSource, sample_dict
 from dctdata.preprocess.sources.hdf5 import HDF5_SUFFIXES, hdf5_source
 from dctdata.preprocess.sources.images import IMAGE_SUFFIXES, directory_source, read_image
+from dctdata.preprocess.sources.iterables import IterableSource, is_sample_iterable
+from dctdata.preprocess.sources.objects import SampleListSource, array_source, is_array
+from dctdata.preprocess.sources.xarray_store import XarraySource, is_xarray_object, is_xarray_path
+
+
+def is_path(source: object) -> bool:
+    return isinstance(source, (str, os.PathLike))
+
+
+def describe(source: object) -> str:
+    """What the manifest records as the source: the path, URL or module:callable; for a Python object a
+    description in angle brackets (never followed by `inspect`)."""
+    if is_path(source):
+        return os.fspath(source)
+    try:
+        shape = f" {tuple(source.shape)}" if hasattr(source, "shape") else f" of {len(source)}"
+    except TypeError:
+        shape = ""
+    return f"<{type(source).__name__}{shape}>"
 
 
 def open_source(
-    source: str | os.PathLike, *, key: str | list[str] | None = None, channels_last: bool = False
+    source: object,
+    *,
+    key: str | list[str] | None = None,
+    channels_last: bool = False,
+    sample_dim: str | None = None,
+    variables: str | list[str] | None = None,
+    stack: str | None = None,
 ) -> Source:
     """Open any supported source (see the module docstring); errors name the path."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"source: expected a path or module:callable string. Got {type(source).__name__}")
+    xarray_opts = {"sample_dim": sample_dim, "variables": variables, "stack": stack}
+    wants_xarray = any(v is not None for v in xarray_opts.values())
+    if not is_path(source):
+        if is_xarray_object(source):
+            src: Source = XarraySource(source, **xarray_opts)
+        elif wants_xarray:
+            raise DctDataError(
+                f"--sample-dim/--variables/--stack: expected a NetCDF/zarr source or an xarray.Dataset. Got "
+                f"{describe(source)}"
+            )
+        elif key is not None:
+            raise DctDataError(f"--key: expected an HDF5 source ({', '.join(HDF5_SUFFIXES)}). Got {describe(source)}")
+        elif is_array(source) or isinstance(source, Mapping):
+            src = array_source(source)
+        elif hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+            src = DatasetSource(source, describe(source))
+        elif is_sample_iterable(source):
+            raise DctDataError(
+                f"source: expected random access here. Got an iterable {describe(source)} (dctdata.pack packs "
+                "iterables through dctdata.Writer)"
+            )
+        else:
+            raise TypeError(
+                "source: expected a path, URL or module:callable string, a NumPy array or tensor, a dict of arrays, an "
+                f"xarray.Dataset, a map-style dataset or an iterable of samples. Got {type(source).__name__}"
+            )
+        return ChannelsLast(src) if channels_last else src
     s = os.fspath(source)
-    if not os.path.exists(s) and CALLABLE_RE.match(s):
-        src: Source = DatasetSource(s)
+    xarray_path = is_xarray_path(s) or (is_url(s) and s.rstrip("/").lower().endswith(".zarr"))
+    if wants_xarray and not xarray_path and (os.path.exists(s) or CALLABLE_RE.match(s)):
+        raise DctDataError(f"--sample-dim/--variables/--stack: expected a NetCDF file or zarr store. Got {s}")
+    if wants_xarray or xarray_path:
+        if key is not None:
+            raise DctDataError(f"--key: expected an HDF5 source ({', '.join(HDF5_SUFFIXES)}). Got {s}")
+        src = XarraySource(s, **xarray_opts)
+    elif not os.path.exists(s) and CALLABLE_RE.match(s):
+        src = DatasetSource.from_target(s)
     elif not os.path.exists(s):
         raise DctDataError(f"{s}: expected an existing file or directory (or module:callable). Got no such path")
     elif key is not None and not s.lower().endswith(HDF5_SUFFIXES):
@@ -71,9 +136,17 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "ArraySource",
     "ChannelsLast",
+    "DatasetSource",
+    "IterableSource",
     "NpzSource",
+    "SampleListSource",
     "Source",
+    "XarraySource",
+    "describe",
     "field_name",
+    "is_path",
+    "is_sample_iterable",
+    "sample_dict",
     "hdf5_source",
     "load_npy",
     "npy_source",

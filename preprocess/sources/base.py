@@ -25,6 +25,8 @@ class Source:
     random_access = True
     default_kinds: dict[str, str] = {}
     info: dict[str, Any] = {}
+    coords: dict[str, Any] = {}  # manifest coordinate entries (dctdata.format.coords), e.g. xarray's time
+    field_attrs: dict[str, dict[str, Any]] = {}  # per field: JSON metadata (units, ...)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -94,6 +96,8 @@ class ChannelsLast(Source):
         self.random_access = inner.random_access
         self.default_kinds = inner.default_kinds
         self.info = inner.info
+        self.coords = inner.coords
+        self.field_attrs = inner.field_attrs
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -114,6 +118,12 @@ class ChannelsLast(Source):
 
     def take(self, indices):
         return self._fix(self.inner.take(indices))
+
+    def probe(self):
+        return {
+            k: ((shape[-1], *shape[:-1]) if len(shape) == 3 else shape, dtype)
+            for k, (shape, dtype) in self.inner.probe().items()
+        }
 
     def close(self):
         self.inner.close()

@@ -256,3 +256,112 @@ def test_decode_npy_is_strict_and_never_uses_ast(monkeypatch, mutate, msg):
     np.testing.assert_array_equal(decode_npy(buf.getvalue(), "x"), np.arange(6).reshape(2, 3))
     with pytest.raises(IntegrityError, match=msg):
         decode_npy(mutate(buf.getvalue()), "x")
+
+
+# Format version 2: validity masks, source metadata, per-channel figures --------------------------
+def manifest_v2(**kw):
+    from dctdata.format import ChannelStats
+    from dctdata.format.coords import encode_coord
+
+    fields = (
+        FieldSpec(
+            "image",
+            "dct",
+            (2, 11, 13),
+            "float32",
+            spec(),
+            valid="image_valid",
+            attrs={"units": "K", "dims": ["lat", "lon"]},
+        ),
+        FieldSpec("image_valid", "array", (2, 11, 13), "bool"),
+    )
+    times = np.datetime64("2020-01-01T00", "ns") + np.arange(6) * np.timedelta64(6, "h")
+    ch = ChannelStats(30.0, 31.0, 30.5, 0.25)
+    args = dict(
+        storage="zarr",
+        samples=6,
+        fields=fields,
+        stats={"image": FieldStats(30.0, 31.0, 0.25, 0, 30.5, (ch, ch), 0.75)},
+        coords={
+            "time": encode_coord(times, "time", True, {"calendar": "proleptic_gregorian"}),
+            "lat": encode_coord(np.array([1.5, np.nan, np.inf], np.float32), "lat", False),
+            "lead": encode_coord(np.arange(3).astype("timedelta64[h]"), "lead", False),
+            "name": encode_coord(np.array(["a", "b"]), "name", False),
+        },
+    )
+    args.update(kw)
+    return Manifest(**args)
+
+
+def test_v2_round_trip_and_coordinates(tmp_path):
+    from dctdata.format.coords import decode_coord
+
+    m = manifest_v2()
+    write_manifest(m, tmp_path)
+    back = read_manifest(tmp_path)
+    assert back == m and back.version == FORMAT_VERSION
+    assert back.field("image").valid == "image_valid" and back.field("image").attrs["units"] == "K"
+    assert back.stats["image"].channels[1].psnr_dataset == 30.5 and back.stats["image"].valid_fraction == 0.75
+    t = decode_coord(back.coords["time"])
+    assert t.dtype == np.dtype("datetime64[ns]") and t[1] == np.datetime64("2020-01-01T06", "ns")
+    lat = decode_coord(back.coords["lat"])
+    assert lat.dtype == np.float32 and lat[0] == 1.5 and np.isnan(lat[1]) and lat[2] == np.inf
+    assert decode_coord(back.coords["lead"]).tolist() == np.arange(3).astype("timedelta64[h]").tolist()
+    assert decode_coord(back.coords["name"]).tolist() == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d["fields"][0].update(valid="nope"), r"field 'image': valid: expected one of the fields"),
+        (
+            lambda d: d["fields"][1].update(dtype="float32"),
+            r"valid field 'image_valid': expected an array field of bool",
+        ),
+        (lambda d: d["fields"][1].update(shape=[3, 11, 13]), r"valid field 'image_valid': expected a per-sample shape"),
+        (lambda d: d["fields"][1].update(valid="image"), r"field 'image_valid': valid: expected None for a array"),
+        (lambda d: d["fields"][0].update(attrs={"units": float("nan")}), r"attrs\.units: expected finite numbers|JSON"),
+        (lambda d: d["coords"]["time"]["values"].pop(), r"coords\['time'\]: values: expected one per sample \(6\)"),
+        (lambda d: d["coords"]["time"].update(dtype="object"), r"coords\['time'\]: dtype: expected a numeric"),
+        (
+            lambda d: d["coords"]["lat"]["values"].__setitem__(0, "x"),
+            r"coords\['lat'\]: values\[0\]: expected a float32",
+        ),
+        (lambda d: d["coords"]["time"]["values"].__setitem__(0, "yesterday"), r"coords\['time'\]: values: expected"),
+        (lambda d: d["coords"].update(x=[]), r"coords\['x'\]: expected a JSON object"),
+        (lambda d: d["stats"]["image"].update(valid_fraction=2), r"valid_fraction: expected a number in 0\.\.1"),
+        (lambda d: d["stats"]["image"]["channels"][0].pop("psnr_dataset"), r"channels\[0\]: expected keys"),
+        # a version 1 manifest has none of the version 2 keys
+        (lambda d: d.update(version=1), r"expected keys .*Got unknown keys \['coords'\]"),
+        (
+            lambda d: (d.pop("coords"), d.update(version=1)),
+            r"fields\[0\]: expected keys .*Got unknown keys \['attrs', 'valid'\]",
+        ),
+        (
+            lambda d: (d.pop("coords"), d["fields"][0].pop("valid"), d["fields"][0].pop("attrs"), d.update(version=1)),
+            r"stats\['image'\]: expected keys .*Got unknown keys \['channels', 'psnr_dataset', 'valid_fraction'\]",
+        ),
+    ],
+)
+def test_v2_strict_validation(tmp_path, edit, match):
+    d = manifest_v2().to_dict()
+    edit(d)
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=match):
+        read_manifest(tmp_path)
+
+
+def test_datasets_return_coords_attrs_and_masks(tmp_path):
+    x = np.random.default_rng(0).random((5, 2, 8, 8)).astype(np.float32)
+    x[1, :, :2] = np.nan
+    for fmt in ("zarr", "webdataset"):
+        with dctdata.Writer(tmp_path / fmt, format=fmt, nan="mask", cf=8, attrs={"image": {"units": "K"}},
+                            coords={"time": np.arange(5).astype("datetime64[D]")}) as w:  # fmt: skip
+            for s in x:
+                w.write(s)
+        ds = dctdata.open_dataset(tmp_path / fmt, as_dict=True)
+        assert ds.attrs() == {"units": "K"} and ds.attrs("image_valid") == {} and ds.valid_field() == "image_valid"
+        assert ds.coords["time"].tolist() == np.arange(5).astype("datetime64[D]").tolist()
+        got = {int(s["image_valid"].sum()) for s in ds}
+        assert got == {2 * 64, 2 * 48}
+    assert read_manifest(GOLDEN).coords == {} and dctdata.open_dataset(GOLDEN).coords == {}  # version 1 reads

@@ -7,6 +7,7 @@ from PIL import Image
 import dctdata
 from dctdata.cli import main
 from dctdata.datasets.fields import synthetic_fields
+from dctdata.preprocess.inspect import inspect_dataset
 from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spectrum
 
 
@@ -51,3 +52,58 @@ def test_cli_on_packed_dataset(tmp_path, capsys, monkeypatch):
     assert main(["inspect", str(tmp_path / "out"), "--field", "nope"]) == 1
     assert "field: expected one of" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "out"), "--samples", "0"]) == 1
+
+
+# Originals through the pack's own source readers, for every source kind ---------------------------
+def _pack_and_inspect(tmp_path, source, original=None, **pack_kw):
+    out = tmp_path / "out"
+    dctdata.pack(source, out, cf=6, quiet=True, **pack_kw)
+    return inspect_dataset(str(out), str(tmp_path / "i.png"), samples=2, original=original)
+
+
+def test_originals_from_hdf5_in_the_packs_layout(tmp_path):
+    import h5py
+
+    x = synthetic_fields(n=4, size=32)["clouds"]  # (4, 1, 32, 32)
+    with h5py.File(tmp_path / "d.h5", "w") as fh:
+        fh["images"] = np.moveaxis(x, 1, -1)  # (N, 32, 32, 1) as SciML-Bench stores it
+    assert _pack_and_inspect(tmp_path, tmp_path / "d.h5", key="images", channels_last=True)[1]
+
+
+def test_originals_from_an_image_folder(tmp_path):
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray((rng.random((20, 28, 3)) * 255).astype(np.uint8)).save(tmp_path / "imgs" / "a" / f"{i}.png")
+    assert _pack_and_inspect(tmp_path, tmp_path / "imgs")[1]
+
+
+def test_originals_from_python_objects_only_when_passed(tmp_path):
+    x = synthetic_fields(n=4, size=32)["clouds"]
+    path, shown = _pack_and_inspect(tmp_path, x)
+    assert not shown  # the manifest records "<ndarray ...>": nothing to follow
+    assert inspect_dataset(str(tmp_path / "out"), str(tmp_path / "j.png"), original=x)[1]
+
+
+def test_a_recorded_module_callable_is_never_run(tmp_path, monkeypatch):
+    """A manifest (maybe downloaded) names a module:callable as its source: inspect does not import it;
+    the user may pass it explicitly."""
+    (tmp_path / "evilmod.py").write_text(
+        "import numpy as np, pathlib\n"
+        "pathlib.Path(__file__).with_name('ran').write_text('imported')\n"
+        "class D:\n"
+        "    def __len__(self): return 4\n"
+        "    def __getitem__(self, i): return np.full((16, 16), float(i), np.float32) + np.eye(16, dtype=np.float32)\n"
+        "def make(): return D()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    dctdata.pack("evilmod:make", tmp_path / "out", cf=4, quiet=True)
+    (tmp_path / "ran").unlink()
+    import sys
+
+    sys.modules.pop("evilmod", None)
+    assert main(["inspect", str(tmp_path / "out"), "--png", str(tmp_path / "a.png")]) == 0
+    assert not (tmp_path / "ran").exists()  # not imported, not run
+    assert inspect_dataset(str(tmp_path / "out"), str(tmp_path / "b.png"), original="evilmod:make")[1]
+    assert (tmp_path / "ran").exists()  # run because the user asked

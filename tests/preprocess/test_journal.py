@@ -37,7 +37,7 @@ def test_round_trip_of_specs_and_parts(tmp_path):
     for i in range(3):
         j.record(part(str(tmp_path), i, bytes([i]) * 10))
     back = Journal.resume(str(tmp_path), dict(SETTINGS))
-    assert back.specs == SPECS
+    assert back.specs == SPECS and back.derived == ()
     assert sorted(back.verified([(0, 4), (4, 8), (8, 12)])) == [0, 1, 2]
 
 
@@ -75,3 +75,13 @@ def test_journal_lines_are_json(tmp_path):
     Journal.start(str(tmp_path), SETTINGS, SPECS).record(part(str(tmp_path), 0, b"x"))
     lines = [json.loads(line) for line in (tmp_path / JOURNAL_NAME).read_text().splitlines()]
     assert [d["kind"] for d in lines] == ["header", "part"] and lines[0]["fields"][0]["codec"]["dtype"] == "int8"
+
+
+def test_the_mask_fields_a_pack_makes_are_journaled(tmp_path):
+    specs = (
+        FieldSpec("image", "dct", (1, 8, 8), "float32", SPECS[0].codec, valid="image_valid"),
+        FieldSpec("image_valid", "array", (1, 8, 8), "bool"),
+    )
+    Journal.start(str(tmp_path), SETTINGS, specs, ("image_valid",))
+    back = Journal.resume(str(tmp_path), dict(SETTINGS))
+    assert back.specs == specs and back.derived == ("image_valid",)

@@ -1,5 +1,5 @@
-"""dctdata.preprocess.pack's planning: field kinds, the calibration subset, the settings parsers and the
-atomic commit, tested on their own (the whole pack runs through the CLI tests)."""
+"""A pack's planning (dctdata.preprocess.plan): field kinds, the calibration subset, the settings parsers,
+and the atomic commit's temporary sibling, tested on their own (the whole pack runs through the CLI tests)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from sample_fields import poisson_fields
 
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
-from dctdata.preprocess.pack import (
+from dctdata.preprocess.commit import partial_dir
+from dctdata.preprocess.masking import NanPolicy
+from dctdata.preprocess.plan import (
     CALIBRATION_SAMPLES,
     calibration_indices,
     default_kind,
     parse_field_overrides,
     parse_nan,
-    partial_dir,
     plan_fields,
 )
 from dctdata.preprocess.sources import open_source
@@ -43,14 +44,14 @@ def test_plan_fields_kinds_overrides_and_specs(tmp_path):
         tmp_path / "s.npz", image=poisson_fields(8, 2, 16, 16), mask=np.ones((8, 16, 16), np.uint8), y=np.arange(8)
     )
     src = open_source(tmp_path / "s.npz")
-    common = dict(cf=None, mask=None, quant=None, target_psnr=None, codec={"id": "zstd", "level": 9}, nan_fill=None)
-    specs = {f.name: f for f in plan_fields(src, overrides={}, **common)}
+    common = dict(cf=None, mask=None, quant=None, target_psnr=None, codec={"id": "zstd", "level": 9})
+    specs = {f.name: f for f in plan_fields(src, overrides={}, **common)[0]}
     assert (specs["image"].kind, specs["mask"].kind, specs["y"].kind) == ("dct", "array", "label")
     assert (
         specs["image"].codec.cf == 4 and specs["image"].codec.dtype == "float32" and specs["image"].shape == (2, 16, 16)
     )
     forced = {
-        f.name: f for f in plan_fields(src, overrides={"mask": FieldKind.ARRAY, "image": FieldKind.ARRAY}, **common)
+        f.name: f for f in plan_fields(src, overrides={"mask": FieldKind.ARRAY, "image": FieldKind.ARRAY}, **common)[0]
     }
     assert forced["image"].kind is FieldKind.ARRAY and forced["image"].codec is None
     with pytest.raises(DctDataError, match=r"--field nope: expected one of the source's fields"):
@@ -58,7 +59,8 @@ def test_plan_fields_kinds_overrides_and_specs(tmp_path):
 
 
 def test_settings_parsers():
-    assert parse_nan("error") is None and parse_nan("fill=-1.5") == -1.5 and parse_nan(0) == 0.0
+    assert parse_nan("error") == NanPolicy("error") and parse_nan("mask") == NanPolicy("mask")
+    assert parse_nan("fill=-1.5") == NanPolicy("fill", -1.5) and parse_nan(0) == NanPolicy("fill", 0.0)
     for bad in ("zero", "fill=nan", "fill=x"):
         with pytest.raises(DctDataError, match="nan: expected"):
             parse_nan(bad)

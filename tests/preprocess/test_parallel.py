@@ -51,3 +51,19 @@ def test_bad_parallel_settings(labelled_source, tmp_path):
         dctdata.pack(labelled_source, tmp_path / "a", workers=2, scheduler="tcp://127.0.0.1:1")
     with pytest.raises(DctDataError, match="--resume: expected a local OUT directory"):
         dctdata.pack(labelled_source, "memory://bucket/x", resume=True)
+
+
+@pytest.mark.slow
+def test_dask_pack_of_masked_data_is_byte_identical_to_serial(tmp_path):
+    """The mask fields the pack makes (nan="mask") travel with the job to the workers."""
+    import numpy as np
+    from sample_fields import smooth_fields
+
+    x = smooth_fields(N, 2, 24, 24, noise="normal")
+    x[::3, :, :, :5] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    kw = dict(nan="mask", cf=6, quant="int8", quiet=True, writer_options=OPTS["zarr"])
+    m1 = dctdata.pack(tmp_path / "x.npy", tmp_path / "serial", **kw)
+    m2 = dctdata.pack(tmp_path / "x.npy", tmp_path / "dask", workers=2, **kw)
+    assert m1.names == ("image", "image_valid") and m1.to_json() == m2.to_json()
+    assert files(tmp_path / "serial") == files(tmp_path / "dask")

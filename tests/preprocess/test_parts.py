@@ -9,6 +9,7 @@ from sample_fields import poisson_fields
 
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
+from dctdata.preprocess.masking import NanPolicy
 from dctdata.preprocess.parts import PartJob, check_finite, run_part
 from dctdata.spec import CodecSpec
 
@@ -24,9 +25,9 @@ class Recorder:
 def job(tmp_path, x, spec, **kw):
     np.savez(tmp_path / "s.npz", image=x, label=np.arange(len(x), dtype=np.int64))
     specs = (FieldSpec("image", "dct", x.shape[1:], "float32", spec), FieldSpec("label", "label", (), "int64"))
-    args = dict(nan_fill=None, strict=False, writer=Recorder(), root=str(tmp_path), samples=len(x))
+    args = dict(nan=NanPolicy(), strict=False, writer=Recorder(), root=str(tmp_path), samples=len(x))
     args.update(kw)
-    return PartJob(str(tmp_path / "s.npz"), None, False, specs, **args)
+    return PartJob(str(tmp_path / "s.npz"), {}, specs, **args)
 
 
 def test_a_part_stores_coefficients_and_measures_them(tmp_path):
@@ -37,8 +38,8 @@ def test_a_part_stores_coefficients_and_measures_them(tmp_path):
     stored = np.concatenate([b["image"] for b in j.writer.batches])
     assert stored.shape == (7, 1, 2, 16, 3) and stored.dtype == np.float32
     assert np.concatenate([b["label"] for b in j.writer.batches]).tolist() == list(range(2, 9))
-    psnr = res["stats"]["psnr"]["image"]
-    assert len(psnr) == 7 and all(20 < p < 80 for p in psnr) and res["stats"]["max_error"]["image"] > 0
+    (psnr,) = res["stats"]["psnr"]["image"]  # one channel: a PSNR per sample
+    assert len(psnr) == 7 and all(20 < p < 80 for p in psnr) and res["stats"]["max_error"]["image"][0] > 0
 
 
 def test_overflow_is_counted_or_refused_with_strict(tmp_path):
@@ -55,7 +56,7 @@ def test_nan_is_filled_only_when_asked(tmp_path):
     spec = CodecSpec(cf=8, height=8, width=8)
     with pytest.raises(DctDataError, match=r"s\.npz sample 1: field 'image': expected finite values"):
         run_part(job(tmp_path, x, spec), 0, 0, 3)
-    assert run_part(job(tmp_path, x, spec, nan_fill=0.0), 0, 0, 3)["stats"]["nan_filled"] == 1
+    assert run_part(job(tmp_path, x, spec, nan=NanPolicy("fill", 0.0)), 0, 0, 3)["stats"]["nan_filled"] == 1
 
 
 def test_check_finite_refuses_values_the_dct_would_overflow():

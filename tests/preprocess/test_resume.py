@@ -15,8 +15,8 @@ from sample_fields import OPTS, N, files
 
 import dctdata
 from dctdata.errors import DctDataError
+from dctdata.preprocess.commit import partial_dir
 from dctdata.preprocess.journal import JOURNAL_NAME
-from dctdata.preprocess.pack import partial_dir
 
 
 def journal_parts(out):

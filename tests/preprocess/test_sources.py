@@ -100,5 +100,5 @@ def test_unknown_kinds_and_misplaced_key_are_named(tmp_path):
         open_source(tmp_path / "x.npy", key="a")
     with pytest.raises(DctDataError, match=r"nope\.npy: expected an existing file or directory"):
         open_source(tmp_path / "nope.npy")
-    with pytest.raises(TypeError, match="source: expected a path or module:callable string"):
+    with pytest.raises(TypeError, match="source: expected a path, URL or module:callable string, a NumPy array"):
         open_source(3)

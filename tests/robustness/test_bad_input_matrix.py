@@ -228,7 +228,7 @@ def _check_constant(t, _):
     s = m.stats["image"]
     assert s.psnr_min is None and s.psnr_median is None and s.max_abs_error < 1e-4  # no -inf/NaN PSNR
     ds = dctdata.open_dataset(t / "out")
-    x_hat = ds.decompressor()(torch.stack([ds[i][0] for i in range(len(ds))]))
+    x_hat = ds.decompressor()(ds[0 : len(ds)][0])
     assert torch.allclose(x_hat, torch.full_like(x_hat, 5.0), atol=1e-4)
 
 
@@ -514,6 +514,173 @@ def _(t):
     with h5py.File(t / "d.h5", "w") as fh:
         fh["a"] = fields(2)
     return pack_args(t / "d.h5", t / "out", "--key", "b")
+
+
+@case(
+    "pack HDF5",
+    "(N, 32, 32, 1) without --channels-last",
+    r"field 'images': expected \(C, H, W\) per sample .*Got \(32, 32, 1\).*use --channels-last",
+)
+def _(t):
+    import h5py
+
+    with h5py.File(t / "d.h5", "w") as fh:
+        fh["images"] = np.moveaxis(fields(3, 1, 32, 32), 1, -1)
+    return pack_args(t / "d.h5", t / "out")
+
+
+def _check_layout(shape):
+    def check(t, _):
+        assert dctdata.format.read_manifest(t / "out").field("images").shape == shape
+
+    return check
+
+
+@case("pack HDF5", "(N, 32, 32, 1) with --channels-last", check=_check_layout((1, 32, 32)))
+def _(t):
+    import h5py
+
+    with h5py.File(t / "d.h5", "w") as fh:
+        fh["images"] = np.moveaxis(fields(3, 1, 32, 32), 1, -1)
+    return pack_args(t / "d.h5", t / "out", "--channels-last")
+
+
+@case("pack HDF5", "(N, 32, 32, 1) kept as it is with --no-channels-last", check=_check_layout((32, 32, 1)))
+def _(t):
+    import h5py
+
+    with h5py.File(t / "d.h5", "w") as fh:
+        fh["images"] = np.moveaxis(fields(3, 1, 32, 32), 1, -1)
+    return pack_args(t / "d.h5", t / "out", "--no-channels-last")
+
+
+# NetCDF and zarr stores (xarray)
+def _store(t, kind="nc", **variables):
+    import xarray as xr
+
+    n = 4
+    data = variables or {"t2m": (("time", "lat", "lon"), fields(n, 1, 16, 24)[:, 0])}
+    ds = xr.Dataset(data, coords={"time": np.arange(n).astype("datetime64[h]")})
+    if kind == "nc":
+        ds.to_netcdf(t / "era.nc", engine="h5netcdf")
+        return t / "era.nc"
+    ds.to_zarr(t / "era.zarr", mode="w", consolidated=False)
+    return t / "era.zarr"
+
+
+@case("pack NetCDF", "unknown variable", r"era\.nc: --variables 'z500': expected one of the data variables \['t2m'\]")
+def _(t):
+    return pack_args(_store(t), t / "out", "--variables", "t2m,z500")
+
+
+@case("pack NetCDF", "unknown sample dimension", r"era\.nc: --sample-dim 'tme': expected one of the dimensions")
+def _(t):
+    return pack_args(_store(t), t / "out", "--sample-dim", "tme")
+
+
+@case(
+    "pack NetCDF",
+    "variable without the sample dimension",
+    r"variable 'lsm': expected dimension 'time' \(--sample-dim\)\. Got dims \['lat', 'lon'\]",
+)
+def _(t):
+    x = fields(4, 1, 16, 24)[:, 0]
+    return pack_args(
+        _store(t, t2m=(("time", "lat", "lon"), x), lsm=(("lat", "lon"), x[0])),
+        t / "out",
+        *("--variables", "t2m,lsm", "--sample-dim", "time"),
+    )
+
+
+@case(
+    "pack zarr store",
+    "--stack of variables with different shapes",
+    r"--stack x: expected variables with the same per-sample dims and sizes\. Got .*sst \('lat2', 'lon2'\) \(8, 12\)",
+)
+def _(t):
+    return pack_args(
+        _store(
+            t,
+            "zarr",
+            t2m=(("time", "lat", "lon"), fields(4, 1, 16, 24)[:, 0]),
+            sst=(("time", "lat2", "lon2"), fields(4, 1, 8, 12)[:, 0]),
+        ),
+        t / "out",
+        "--stack",
+        "x",
+    )
+
+
+@case("pack zarr store", "unreadable store", r"bad\.zarr: expected a readable zarr store")
+def _(t):
+    (t / "bad.zarr").mkdir()
+    (t / "bad.zarr" / "zarr.json").write_text("{not json")
+    return pack_args(t / "bad.zarr", t / "out")
+
+
+@case(
+    "pack .npy",
+    "--variables on a .npy",
+    r"--sample-dim/--variables/--stack: expected a NetCDF file or zarr store\. Got .*x\.npy",
+)
+def _(t):
+    return pack_args(npy(t, fields(2)), t / "out", "--variables", "a")
+
+
+@case("pack NetCDF", "all-NaN sample with --nan mask", r"sample 2 .*field 't2m' channel 0: expected at least one valid")
+def _(t):
+    x = fields(4, 1, 16, 24)[:, 0]
+    x[2] = np.nan
+    return pack_args(_store(t, t2m=(("time", "lat", "lon"), x)), t / "out", "--nan", "mask")
+
+
+# masked data and per-field targets
+@case("pack .npz", "NaN where the explicit mask says valid", r"field 'image': expected finite values where the mask")
+def _(t):
+    x = fields(3)
+    x[1, 0, 3, 3] = np.nan
+    np.savez(t / "m.npz", image=x, ok=np.ones((3, 16, 16), np.uint8))
+    return pack_args(t / "m.npz", t / "out", "--valid", "image=ok")
+
+
+@case("pack .npz", "--valid names a float mask", r"field 'image': valid field 'ok': expected an array field of bool")
+def _(t):
+    np.savez(t / "m.npz", image=fields(3), ok=np.ones((3, 16, 16), np.float32))
+    return pack_args(t / "m.npz", t / "out", "--valid", "image=ok", "--field", "ok=array")
+
+
+@case("pack .npz", "--valid names no field", r"--valid image=nope: expected a mask field among the source's fields")
+def _(t):
+    np.savez(t / "m.npz", image=fields(3))
+    return pack_args(t / "m.npz", t / "out", "--valid", "image=nope")
+
+
+@case(
+    "pack .npz",
+    "--nan mask with a field already named FIELD_valid",
+    r"field 'image_valid': expected no source field of that name with --nan mask",
+)
+def _(t):
+    np.savez(t / "m.npz", image=fields(3), image_valid=np.ones((3, 16, 16), np.uint8))
+    return pack_args(t / "m.npz", t / "out", "--nan", "mask")
+
+
+@case("pack .npz", "--target-psnr for an unknown field", r"--target-psnr clean: expected one of the source's fields")
+def _(t):
+    np.savez(t / "m.npz", noisy=fields(3), label=np.arange(3))
+    return pack_args(t / "m.npz", t / "out", "--target-psnr", "noisy=40,clean=45")
+
+
+@case("pack .npz", "--target-psnr for a label field", r"--target-psnr label: expected a dct field\. Got kind 'label'")
+def _(t):
+    np.savez(t / "m.npz", noisy=fields(3), label=np.arange(3))
+    return pack_args(t / "m.npz", t / "out", "--target-psnr", "noisy=40,label=45")
+
+
+@case("pack .npz", "--target-psnr that is not a number", r"--target-psnr: expected DB or NAME=DB")
+def _(t):
+    np.savez(t / "m.npz", noisy=fields(3))
+    return pack_args(t / "m.npz", t / "out", "--target-psnr", "noisy=forty")
 
 
 # image folders
@@ -977,6 +1144,140 @@ def _(t):
     return lambda: _loader(root).load_state_dict({"epoch": 3})
 
 
+# Python objects, iterables and the Writer ------------------------------------------------------
+def _obj(entry, problem, match, fn):
+    """An API case: `fn(tmp)` runs the pack (OUT is tmp/out: nothing may be left there)."""
+    CASES.append(Case(entry, problem, lambda t, fn=fn: lambda: fn(t), match))
+
+
+def _ragged():
+    for i in range(6):
+        yield {"image": fields(1, 1, 16, 16 if i < 4 else 17)[0]}
+
+
+_obj(
+    "pack objects",
+    "an int",
+    r"source: expected a path, URL or module:callable string, a NumPy array",
+    lambda t: dctdata.pack(3, t / "out"),
+)
+_obj(
+    "pack objects",
+    "dict with arrays of different lengths",
+    r"expected every field to have the same sample count",
+    lambda t: dctdata.pack({"a": fields(3), "b": np.arange(2)}, t / "out"),
+)
+_obj(
+    "pack objects",
+    "an array with --workers",
+    r"--workers/--scheduler/--resume: expected a path, URL or module:callable source",
+    lambda t: dctdata.pack(fields(3), t / "out", workers=2),
+)
+_obj(
+    "pack objects",
+    "an object dtype array",
+    r"source: expected a numeric array\. Got dtype object",
+    lambda t: dctdata.pack(np.array([None, None]), t / "out"),
+)
+_obj(
+    "pack iterables",
+    "shapes change mid-way",
+    r"sample 4: field 'image': expected shape \(1, 16, 16\) like sample 0\. Got \(1, 16, 17\)",
+    lambda t: dctdata.pack(_ragged(), t / "out", cf=4),
+)
+_obj(
+    "pack iterables",
+    "shapes change mid-way, after the calibration window",
+    r"sample 4: field 'image': expected shape \(1, 16, 16\) like sample 0\. Got \(1, 16, 17\)",
+    lambda t: dctdata.pack(_ragged(), t / "out", target_psnr=35, calibration=fields(8)),
+)
+_obj(
+    "pack iterables",
+    "a field appears mid-way",
+    r"sample 2: expected fields \['image'\] like sample 0\. Got \['extra', 'image'\]",
+    lambda t: dctdata.pack(
+        ({"image": x, **({"extra": x} if i == 2 else {})} for i, x in enumerate(fields(4))), t / "out", cf=4
+    ),
+)
+_obj(
+    "pack iterables",
+    "empty generator",
+    r"out: expected at least one sample\. Got 0",
+    lambda t: dctdata.pack((x for x in []), t / "out"),
+)
+_obj(
+    "pack iterables",
+    "shorter than its length",
+    r"out: expected 5 samples \(samples=\)\. Got 3",
+    lambda t: dctdata.pack((x for x in fields(3)), t / "out", length=5, cf=4),
+)
+_obj(
+    "pack iterables",
+    "an all-NaN sample",
+    r"sample 1: field 'image': expected finite values in a dct field",
+    lambda t: dctdata.pack((x * np.nan if i == 1 else x for i, x in enumerate(fields(3))), t / "out", cf=4),
+)
+_obj(
+    "pack iterables",
+    "strings as samples",
+    r"sample 0: field 'image': expected numeric arrays, tensors, numbers or PIL images\. Got str",
+    lambda t: dctdata.pack(iter(["a", "b"]), t / "out"),
+)
+
+
+def _writer(t, items, **kw):
+    with dctdata.Writer(t / "out", **kw) as w:
+        for s in items:
+            w.write(s)
+    return w.manifest
+
+
+def _raises_inside(t):
+    with dctdata.Writer(t / "out", cf=4) as w:
+        for s in fields(70):  # more than one encoding batch
+            w.write(s)
+        raise DctDataError("user code: stop")
+
+
+_obj(
+    "Writer",
+    "an exception inside the with block",
+    r"user code: stop",
+    _raises_inside,
+)
+_obj(
+    "Writer",
+    "shapes change mid-way",
+    r"sample 4: field 'image': expected shape \(1, 16, 16\) like sample 0",
+    lambda t: _writer(t, _ragged(), cf=4),
+)
+_obj(
+    "Writer",
+    "more samples than samples=",
+    r"sample 3: expected 3 samples \(samples=\)\. Got more",
+    lambda t: _writer(t, fields(4), samples=3, cf=4),
+)
+_obj("Writer", "no samples", r"out: expected at least one sample\. Got 0", lambda t: _writer(t, []))
+_obj(
+    "Writer",
+    "an all-NaN channel with nan='mask'",
+    r"sample 2: field 'image' channel 0: expected at least one valid \(finite, unmasked\) pixel",
+    lambda t: _writer(t, [x if i != 2 else x * np.nan for i, x in enumerate(fields(4))], nan="mask", cf=4),
+)
+_obj(
+    "Writer",
+    "attrs for an unknown field",
+    r"attrs: expected field names \['image'\]\. Got 'nope'",
+    lambda t: _writer(t, fields(2), cf=4, attrs={"nope": {"units": "K"}}),
+)
+_obj(
+    "Writer",
+    "coords of the wrong length",
+    r"coords\['time'\]: values: expected one per sample \(3\)\. Got 2",
+    lambda t: _writer(t, fields(3), cf=4, coords={"time": np.arange(2)}),
+)
+
+
 # Codec API -------------------------------------------------------------------------------------
 _SPEC = dict(cf=2, height=8, width=8)
 
@@ -1219,6 +1520,7 @@ def test_matrix_covers_every_entry_point():
         "encode",
         "CodecSpec.from_dict",
         "Manifest",
+        "Writer",
     } <= entries
 
 

@@ -61,6 +61,13 @@ def packs():
     common = dict(cf=3, quant="int8", quiet=True, fields={"mask": "array"})
     dctdata.pack(tmp / "src.npz", tmp / "zarr", writer_options={"chunk_samples": 2, "shard_samples": 4}, **common)
     dctdata.pack(tmp / "src.npz", tmp / "wds", format="webdataset", writer_options={"samples_per_shard": 3}, **common)
+    # format version 2: a stored validity mask, field attributes, coordinates of every sample
+    x[1, :, :3] = np.nan
+    times = np.datetime64("2020-01-01", "ns") + np.arange(6) * np.timedelta64(1, "h")
+    with dctdata.Writer(tmp / "masked", nan="mask", cf=3, quant="int8", attrs={"image": {"units": "K"}},
+                        coords={"time": times}) as w:  # fmt: skip
+        for s in x:
+            w.write(s)
     yield tmp
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -136,7 +143,7 @@ def _check_parse(raw: bytes) -> Manifest | None:
     return m
 
 
-@pytest.mark.parametrize("fmt", ["zarr", "wds"])
+@pytest.mark.parametrize("fmt", ["zarr", "wds", "masked"])
 def test_fuzz_manifest_json_mutations(packs, fmt):
     base = json.loads((packs / fmt / "manifest.json").read_text())
 

@@ -113,7 +113,13 @@ class WebDatasetWriter(PartWriter):
             k = min(k, max(1, n // MIN_SHARDS))  # >= MIN_SHARDS shards when n >= MIN_SHARDS (layout.MIN_SHARDS)
         return [(a, min(a + k, n)) for a in range(0, n, k)]
 
-    def open(self, root: str, fields: Fields, n: int) -> None:
+    def part_samples(self, fields: Fields) -> int:
+        return samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
+
+    def resize(self, root: str, fields: Fields, n: int) -> None:
+        self.create(root, fields, n)  # tar needs no metadata: only the member-name check depends on n
+
+    def create(self, root: str, fields: Fields, n: int) -> None:
         """Check the fields fit tar member names and the directory exists (tar needs no metadata file)."""
         fields = tuple(fields)
         if not fields or not all(isinstance(f, FieldSpec) for f in fields):
@@ -127,7 +133,6 @@ class WebDatasetWriter(PartWriter):
                     f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got "
                     f"{longest!r}"
                 )
-        self._begin(os.fspath(root), fields, n)
 
     def write_part(
         self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]

@@ -73,13 +73,19 @@ class ZarrWriter(PartWriter):
             )
         return out
 
-    def open(self, root: str, fields: Fields, n: int) -> None:
+    def part_samples(self, fields: Fields) -> int:
+        return chunking(fields, 1 << 62, self.chunk_samples, self.shard_samples)[0]
+
+    def create(self, root: str, fields: Fields, n: int) -> None:
         """Write the group and array metadata (zarr.json files); rerunning gives the same bytes."""
         for rel, data in self._metadata(fields, n).items():
             if not is_url(root):
                 os.makedirs(os.path.dirname(os.path.join(root, *rel.split("/"))), exist_ok=True)
             self._put(join(root, *rel.split("/")), data)
-        self._begin(root, fields, n)
+
+    def resize(self, root: str, fields: Fields, n: int) -> None:
+        """Rewrite the metadata for `n` samples (the shards already written stay)."""
+        self.create(root, fields, n)
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         """{"layout", "checksums"} from the finished parts plus the metadata files."""
@@ -100,8 +106,12 @@ class ZarrWriter(PartWriter):
     ) -> dict:
         """Write shard `index` of every field from the stored batches of samples [start, stop)."""
         shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
-        buffers: dict[str, list[np.ndarray]] = {f.name: [] for f in fields}
+        # One preallocated buffer per field, filled batch by batch (not a list then a concatenated copy:
+        # a shard's worth of memory once, not twice).
+        buffers = {f.name: np.empty((stop - start, *f.stored_shape), f.stored_dtype) for f in fields}
+        filled = 0
         for batch in batches:
+            b = len(next(iter(batch.values())))
             for f in fields:
                 x = np.asarray(batch[f.name])
                 if tuple(x.shape[1:]) != f.stored_shape or x.dtype != np.dtype(f.stored_dtype):
@@ -109,17 +119,18 @@ class ZarrWriter(PartWriter):
                         f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got "
                         f"{x.shape} {x.dtype}"
                     )
-                buffers[f.name].append(x)
+                if filled + b > stop - start or len(x) != b:
+                    raise DctDataError(
+                        f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got more"
+                    )
+                buffers[f.name][filled : filled + b] = x
+            filled += b
         files = {}
         for f in fields:
-            data = (
-                np.concatenate(buffers.pop(f.name))
-                if buffers[f.name]
-                else np.zeros((0, *f.stored_shape), f.stored_dtype)
-            )
-            if len(data) != stop - start:
+            data = buffers.pop(f.name)
+            if filled != stop - start:
                 raise DctDataError(
-                    f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {len(data)}"
+                    f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {filled}"
                 )
             codec = get_codec(f.lossless)
             c = chunks[f.name]

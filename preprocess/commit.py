@@ -1,0 +1,101 @@
+"""Where a pack writes and how it commits: OUT checks, the temporary sibling, the final rename.
+
+A local OUT is written into the temporary sibling `.OUT.partial` and renamed to OUT only when
+everything worked (an old OUT, with `--overwrite`, is replaced only then). An fsspec URL OUT has no
+rename: data files are written in place and the manifest, written last, is the commit (readers refuse
+a prefix without one; `--overwrite` deletes the old manifest first). Shared by `pack` and `Writer`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Mapping
+
+from dctdata.errors import DctDataError
+from dctdata.format import MANIFEST_NAME, Manifest, is_url, write_manifest, write_manifest_url
+
+
+def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | None) -> str:
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out: expected a local directory path or an fsspec URL. Got {type(out).__name__}")
+    out = os.fspath(out)
+    if is_url(out):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
+        if fs.exists(path.rstrip("/") + "/" + MANIFEST_NAME) and not overwrite:
+            raise DctDataError(
+                f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use --overwrite to "
+                "replace it)"
+            )
+        return out.rstrip("/")
+    out = os.path.abspath(out.removeprefix("file://"))
+    if os.path.lexists(out) and not overwrite:
+        raise DctDataError(
+            f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)"
+        )
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        got = (
+            "a file in the way"
+            if os.path.lexists(parent) or any(os.path.isfile(p) for p in _ancestors(parent))
+            else "a missing directory"
+        )
+        raise DctDataError(f"{out}: expected an existing parent directory. Got {got} at {parent}")
+    return out
+
+
+def _ancestors(path: str) -> list[str]:
+    out = []
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
+
+
+def check_not_source(source: object, out: str) -> None:
+    """Refuse an OUT that is the source or contains it: --overwrite would delete the data being packed."""
+    if not isinstance(source, (str, os.PathLike)) or is_url(out) or not os.path.exists(os.fspath(source)):
+        return
+    src, dst = os.path.realpath(os.fspath(source)), os.path.realpath(out)
+    if src == dst or src.startswith(dst.rstrip(os.sep) + os.sep):
+        raise DctDataError(
+            f"{out}: expected an OUT path outside the source. Got the source {os.fspath(source)} itself or a directory "
+            "holding it"
+        )
+
+
+def partial_dir(out: str) -> str:
+    """The temporary sibling a local pack writes into (fixed name, so --resume finds it)."""
+    return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial")
+
+
+def remove_manifest(out: str, storage_options: Mapping[str, Any]) -> None:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(out, **dict(storage_options))
+    loc = path.rstrip("/") + "/" + MANIFEST_NAME
+    if fs.exists(loc):
+        fs.rm(loc)
+
+
+def rename_into_place(tmp: str, out: str) -> None:
+    """Rename the finished temporary directory to OUT (replacing an old OUT only now)."""
+    old = None
+    if os.path.lexists(out):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        os.replace(out, os.path.join(old, "d"))
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def commit(manifest: Manifest, root: str, out: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write the manifest last: into `root` then rename it to OUT (local), or under the URL prefix."""
+    if is_url(out):
+        write_manifest_url(manifest, out, storage_options)  # the commit on an object store
+    else:
+        write_manifest(manifest, root)
+        rename_into_place(root, out)

@@ -1,0 +1,552 @@
+"""What a pack decides before it writes anything, shared by `pack` (random-access sources) and the
+incremental `Writer` (streams): the validated settings, each field's kind and CodecSpec (calibration
+included), and, at the end, the manifest's error figures.
+
+Field kinds: floating arrays with >= 2 dims per sample -> `dct`, integer scalars -> `label`,
+everything else -> `array`; a source may default decoded images to `dct`; `fields={"mask": "array"}`
+overrides. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.calibrate`
+on a calibration subset when quant is int8/int16 or the field has a target PSNR.
+
+Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
+`noisy=40,clean=45` (per field; a bare number is the default of the fields not named). A dct field
+without a target gets the explicit settings, or the defaults (cf=4, square, float32).
+
+Calibration subset: for a random-access source, evenly spaced samples (at least 64, more when they are
+small: up to 4M values; `calibration_indices`); for a stream, its first samples, as many (the
+`Writer`); or an explicit `calibration=` set (any object `pack` takes). Masked fields are calibrated on
+the filled values (`dctdata.preprocess.masking`).
+
+Layout guard: a 3-D per-sample array whose last axis is small next to a large first one ((256, 256, 1),
+(32, 32, 3)) is almost surely (H, W, C) read as (C, H, W): an error naming `--channels-last`, unless
+the caller said `channels_last=False` (`--no-channels-last`) on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics
+import sys
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from dctdata.errors import DctDataError
+from dctdata.format import STORAGES, ChannelStats, FieldSpec, FieldStats, Manifest
+from dctdata.format.fields import has_side, side_field, user_fields
+from dctdata.kinds import FIELD_KINDS, FieldKind
+from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
+from dctdata.metrics import pooled_psnr
+from dctdata.parse import parse_number
+from dctdata.preprocess.masking import NanPolicy, parse_nan, valid_name
+from dctdata.preprocess.parts import prepare_dct
+from dctdata.preprocess.sources import Source
+from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
+from dctdata.transform import parse_cf, parse_mask
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CF = 4
+CALIBRATION_SAMPLES = 64
+CALIBRATION_VALUES = 1 << 22
+
+
+# Settings ----------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """PSNR targets: `default` for every dct field not in `fields`."""
+
+    default: float | None = None
+    fields: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def get(self, name: str) -> float | None:
+        return self.fields.get(name, self.default)
+
+    def record(self) -> float | dict | None:
+        """As the manifest and the journal record it."""
+        if not self.fields:
+            return self.default
+        return {**({"*": self.default} if self.default is not None else {}), **self.fields}
+
+
+def _db(value: object, where: str) -> float:
+    return parse_number(value, where, above=0, expected="a positive number of dB", type_error=DctDataError)
+
+
+def parse_targets(target_psnr: object) -> Targets:
+    """None | 40 | "40" | "noisy=40,clean=45" | "40,clean=45" | {"noisy": 40, "clean": 45} -> Targets."""
+    if target_psnr is None:
+        return Targets()
+    if isinstance(target_psnr, Targets):
+        return target_psnr
+    if isinstance(target_psnr, Mapping):
+        items = list(target_psnr.items())
+    elif isinstance(target_psnr, str):
+        items = []
+        for part in (p.strip() for p in target_psnr.split(",")):
+            if not part:
+                continue
+            name, eq, value = part.rpartition("=")
+            try:
+                items.append((name.strip() if eq else "*", float(value)))
+            except ValueError:
+                raise DctDataError(
+                    f"--target-psnr: expected DB or NAME=DB[,NAME=DB...] (e.g. noisy=40,clean=45). Got {target_psnr!r}"
+                ) from None
+        if not items:
+            raise DctDataError(f"--target-psnr: expected DB or NAME=DB[,NAME=DB...]. Got {target_psnr!r}")
+    else:
+        return Targets(_db(target_psnr, "--target-psnr"))
+    default, fields = None, {}
+    for name, value in items:
+        if not isinstance(name, str):
+            raise TypeError(f"target_psnr: expected field names as keys. Got {name!r}")
+        if name in ("*", ""):
+            default = _db(value, "--target-psnr")
+        else:
+            fields[name] = _db(value, f"--target-psnr {name}")
+    return Targets(default, fields)
+
+
+def _name_pairs(value: object, flag: str, expected: str, what: str) -> list[tuple[str, str]]:
+    """A mapping, or a list of 'A=B' strings (repeated CLI flags), as (A, B) pairs."""
+    if isinstance(value, Mapping):
+        return [(str(k), v) for k, v in value.items()]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{what}: expected a mapping or a list of '{expected}'. Got {type(value).__name__}")
+    pairs = []
+    for item in value:
+        if not isinstance(item, str) or "=" not in item:
+            raise DctDataError(f"{flag}: expected {expected}. Got {item!r}")
+        a, _, b = item.partition("=")
+        pairs.append((a.strip(), b.strip()))
+    return pairs
+
+
+def parse_field_overrides(fields: object) -> dict[str, FieldKind]:
+    """{'name': 'kind'} or ['name=kind', ...] -> {'name': FieldKind}."""
+    if fields is None:
+        return {}
+    out = {}
+    for name, kind in _name_pairs(fields, "--field", "NAME=dct|array|label", "fields"):
+        if kind not in FIELD_KINDS:
+            raise DctDataError(f"--field {name}: expected kind dct, array or label. Got {kind!r}")
+        out[name] = FieldKind(kind)
+    return out
+
+
+def parse_valid(valid: object) -> dict[str, str]:
+    """Explicit validity masks: {'field': 'maskfield'} or ['field=maskfield', ...]."""
+    if valid is None:
+        return {}
+    items = _name_pairs(valid, "--valid", "FIELD=MASKFIELD", "valid")
+    for name, m in items:
+        if not isinstance(m, str) or not name or not m or name == m:
+            raise DctDataError(f"--valid: expected FIELD=MASKFIELD naming two different fields. Got {name!r}={m!r}")
+    return dict(items)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Validated pack settings (the CLI's flags in snake_case)."""
+
+    format: str = "zarr"
+    cf: int | None = None
+    mask: str | None = None
+    quant: str | None = None  # the CLI name (none, int8, ...)
+    targets: Targets = Targets()
+    overrides: Mapping[str, FieldKind] = dataclasses.field(default_factory=dict)
+    nan: NanPolicy = NanPolicy()
+    valid: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    codec: Mapping[str, Any] | str = AUTO  # the lossless stage, or "auto" (see plan_fields)
+    strict: bool = False
+    channels_last: bool | None = None  # None: not said (the layout guard applies)
+    key: Any = None
+    sample_dim: str | None = None
+    variables: Any = None
+    stack: str | None = None
+
+    @property
+    def source_options(self) -> dict[str, Any]:
+        """Keywords of `open_source`."""
+        return {
+            "key": self.key,
+            "channels_last": bool(self.channels_last),
+            "sample_dim": self.sample_dim,
+            "variables": self.variables,
+            "stack": self.stack,
+        }
+
+    @property
+    def dtype(self) -> str | None:
+        return None if self.quant is None else QUANT_TO_DTYPE[self.quant]
+
+    def record(self) -> dict[str, Any]:
+        """The settings as the manifest's `pack` entry and the resume journal record them."""
+        return {
+            "format": self.format,
+            "cf": self.cf,
+            "mask": self.mask,
+            "quant": self.quant,
+            "target_psnr": self.targets.record(),
+            "fields": dict(self.overrides),
+            "key": self.key,
+            "channels_last": bool(self.channels_last),
+            "nan": str(self.nan),
+            "valid": dict(self.valid),
+            "sample_dim": self.sample_dim,
+            "variables": self.variables,
+            "stack": self.stack,
+            "codec": self.codec if self.codec == AUTO else dict(self.codec),
+        }
+
+
+def parse_settings(
+    *,
+    format: str = "zarr",
+    cf: int | None = None,
+    mask: str | None = None,
+    quant: str | None = None,
+    target_psnr: object = None,
+    fields: object = None,
+    nan: object = "error",
+    valid: object = None,
+    codec: Mapping[str, Any] | str | None = AUTO,
+    strict: bool = False,
+    channels_last: bool | None = None,
+    key: Any = None,
+    sample_dim: str | None = None,
+    variables: Any = None,
+    stack: str | None = None,
+) -> Settings:
+    if format not in STORAGES:
+        raise DctDataError(f"--format: expected one of {STORAGES}. Got {format!r}")
+    if cf is not None:
+        parse_cf(cf)
+    if mask is not None:
+        parse_mask(mask)
+    if quant is not None and quant not in QUANT_TO_DTYPE:
+        raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {quant!r}")
+    if channels_last is not None and not isinstance(channels_last, bool):
+        raise TypeError(f"channels_last: expected True, False or None. Got {channels_last!r}")
+    for name, v in (("sample_dim", sample_dim), ("stack", stack)):
+        if v is not None and (not isinstance(v, str) or not v):
+            raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
+    return Settings(
+        format=format,
+        cf=cf,
+        mask=mask,
+        quant=quant,
+        targets=parse_targets(target_psnr),
+        overrides=parse_field_overrides(fields),
+        nan=parse_nan(nan),
+        valid=parse_valid(valid),
+        codec=codec if codec == AUTO else parse_codec_config(codec),
+        strict=bool(strict),
+        channels_last=channels_last,
+        key=key,
+        sample_dim=sample_dim,
+        variables=variables,
+        stack=stack,
+    )
+
+
+# Fields ------------------------------------------------------------------------------------------
+def default_kind(shape: tuple[int, ...], dtype: np.dtype) -> FieldKind:
+    if dtype.kind == "f" and len(shape) >= 2:
+        return FieldKind.DCT
+    if dtype.kind in "iu" and shape == ():
+        return FieldKind.LABEL
+    return FieldKind.ARRAY
+
+
+def looks_channels_last(shape: tuple[int, ...]) -> bool:
+    """(H, W, C) read as (C, H, W): a last axis of at most 4 after a first axis of 16 or more."""
+    return len(shape) == 3 and shape[2] <= 4 and shape[0] >= 16 and shape[0] > 4 * shape[2]
+
+
+def dct_shape(name: str, shape: tuple[int, ...], where: str, channels_last: bool | None = None) -> tuple[int, int, int]:
+    """Per-sample shape of a dct field as (C, H, W); refuses the likely channels-last mistake."""
+    if len(shape) == 2:
+        return (1, *shape)
+    if len(shape) == 3:
+        if channels_last is None and looks_channels_last(shape):
+            raise DctDataError(
+                f"{where}: field {name!r}: expected (C, H, W) per sample for kind dct. Got {shape}, which reads as "
+                f"{shape[0]} channels of {shape[1]} x {shape[2]}: channels-last data? (use --channels-last; "
+                "--no-channels-last / channels_last=False keeps the layout as it is)"
+            )
+        return shape
+    raise DctDataError(
+        f"{where}: field {name!r}: expected 2 or 3 dims per sample for kind dct ((H, W) or (C, H, W)). Got {shape}"
+    )
+
+
+def calibration_count(sample_values: int) -> int:
+    """How many samples a calibration subset holds (before capping at the dataset size)."""
+    return max(CALIBRATION_SAMPLES, CALIBRATION_VALUES // max(1, sample_values))
+
+
+def calibration_indices(n: int, sample_values: int) -> list[int]:
+    """Evenly spaced samples to calibrate on: at least CALIBRATION_SAMPLES, more when samples are
+    small (up to CALIBRATION_VALUES values), since the integer ranges come from the tails."""
+    k = min(n, calibration_count(sample_values))
+    return sorted({int(i) for i in np.linspace(0, n - 1, k)})
+
+
+def _calibrate(
+    x: torch.Tensor, name: str, cf, mask, quant, target_psnr, valid: np.ndarray | None, codec, quiet: bool
+) -> tuple[CodecSpec, dict]:
+    """(spec, lossless stage) of one dct field from its calibration subset (invalid pixels do not count),
+    with a progress bar on a terminal while the search runs."""
+    from tqdm.auto import tqdm
+
+    from dctdata.calibrate import calibrate_report
+
+    v = None if valid is None else torch.from_numpy(np.ascontiguousarray(valid))
+    bar = tqdm(desc=f"calibrate {name}", unit="eval", disable=quiet or not sys.stderr.isatty(), leave=False)
+
+    def progress(evaluation: int, psnr_db: float) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"{psnr_db:.2f} dB")
+
+    try:
+        report = calibrate_report(
+            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress
+        )
+    finally:
+        bar.close()
+    return report.spec, report.codec
+
+
+def plan_fields(
+    source: Source,
+    *,
+    cf: int | None,
+    mask: str | None,
+    quant: str | None,
+    target_psnr: object,
+    overrides: Mapping[str, FieldKind],
+    codec: Mapping[str, Any] | str,
+    nan: NanPolicy | None = None,
+    valid: Mapping[str, str] | None = None,
+    channels_last: bool | None = False,
+    calibration: Source | None = None,
+    quiet: bool = True,
+) -> tuple[tuple[FieldSpec, ...], tuple[str, ...]]:
+    """(field specs in sample order, names of the mask fields the pack makes). `quant` is the codec
+    dtype name; `calibration` replaces the source's own samples for calibration (a stream's window or
+    an explicit set). `codec` is the lossless stage; "auto": for each calibrated dct field the smaller
+    of the entropy coder and zstd-19 on its calibration subset, zstd-9 for everything else. A dct field
+    whose codec has per-sample side information is followed by its stored partner `<name>__side`."""
+    default_stage = dict(DEFAULT_CODEC) if codec == AUTO else codec
+    targets = parse_targets(target_psnr)
+    nan = nan or NanPolicy()
+    valid = dict(valid or {})
+    probe = source.probe()
+    where = source.description
+    for what, names in (("--field", overrides), ("--target-psnr", targets.fields), ("--valid", valid)):
+        unknown = sorted(set(names) - set(probe))
+        if unknown:
+            raise DctDataError(
+                f"{what} {unknown[0]}: expected one of the source's fields {list(probe)}. Got no such field"
+            )
+    for name, m in valid.items():
+        if m not in probe:
+            raise DctDataError(
+                f"--valid {name}={m}: expected a mask field among the source's fields {list(probe)}. Got no such field"
+            )
+    specs: list[FieldSpec] = []
+    derived: list[str] = []
+    masks_used = set(valid.values())
+    cal = calibration if calibration is not None else source
+    cal_probe = cal.probe() if calibration is not None else probe
+    for name, (shape, dtype) in probe.items():
+        default = source.default_kinds.get(name) or default_kind(shape, dtype)
+        kind = FieldKind(overrides.get(name) or (FieldKind.ARRAY if name in masks_used else default))
+        if dtype.kind not in "biuf":
+            raise DctDataError(f"{where}: field {name!r}: expected a numeric dtype. Got {dtype}")
+        if kind is FieldKind.LABEL and shape != ():
+            raise DctDataError(
+                f"{where}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}"
+            )
+        attrs = source.field_attrs.get(name)
+        if kind is not FieldKind.DCT:
+            if name in valid or name in targets.fields:
+                what = "--valid" if name in valid else "--target-psnr"
+                raise DctDataError(f"{what} {name}: expected a dct field. Got kind {kind!r}")
+            specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs))
+            continue
+        if dtype.kind == "b":
+            raise DctDataError(
+                f"{where}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)"
+            )
+        shape = dct_shape(name, shape, where, channels_last)
+        mask_field = valid.get(name)
+        if mask_field is None and nan.stores_mask:
+            mask_field = valid_name(name)
+            if mask_field in probe:
+                raise DctDataError(
+                    f"{where}: field {mask_field!r}: expected no source field of that name with --nan mask (it holds "
+                    f"the validity mask of {name!r}). Got one (rename it, or name it as the mask: --valid "
+                    f"{name}={mask_field})"
+                )
+            derived.append(mask_field)
+        target = targets.get(name)
+        spec, stage = _codec(
+            name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
+        )
+        specs.append(FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs))
+        if has_side(specs[-1]):
+            specs.append(side_field(specs[-1]))
+        if mask_field in derived:
+            specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, default_stage))
+    by_name = {f.name: f for f in specs}
+    for f in specs:
+        if f.valid is not None and f.valid not in derived:
+            f.check_valid_field(by_name[f.valid])
+    return tuple(specs), tuple(derived)
+
+
+def _codec(
+    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
+) -> tuple[CodecSpec, dict]:
+    """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration
+    subset."""
+    c, h, w = shape
+    if target is None and quant not in ("int8", "int16"):
+        spec = CodecSpec(
+            cf=DEFAULT_CF if cf is None else cf, height=h, width=w, channels=c, mask=mask or "square",
+            dtype=quant or "float32",
+        )  # fmt: skip
+        return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
+    if name not in cal_probe:
+        raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
+    idx = calibration_indices(len(cal), c * h * w)
+    batch = cal.take(idx)
+    x = np.asarray(batch[name]).reshape(len(idx), c, h, w).astype(np.float32)
+    explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
+    if explicit is not None:
+        explicit = np.asarray(explicit)
+    x, valid, _ = prepare_dct(x, name, shape, nan, explicit, mask_field, lambda j: cal.where(idx[j]))
+    if target is None:
+        cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
+    x = torch.from_numpy(np.ascontiguousarray(x))
+    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet)
+    if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
+        raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
+    return spec, stage
+
+
+# Figures -----------------------------------------------------------------------------------------
+def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict[str, FieldStats], int]:
+    """({field: FieldStats}, filled pixels) from the parts' figures (`dctdata.preprocess.parts.new_stats`)."""
+    stats: dict[str, FieldStats] = {}
+    for f in user_fields(specs):  # a side partner is part of its dct field
+        if not f.is_dct:
+            stats[f.name] = FieldStats(math.inf, math.inf, 0.0, 0)
+            continue
+        channels = []
+        for c in range(f.shape[0]):
+            scores = [v for p in parts for v in p["stats"]["psnr"][f.name][c]]
+            err = max(p["stats"]["max_error"][f.name][c] for p in parts)
+            channels.append(
+                ChannelStats(
+                    min(scores) if scores else None,
+                    statistics.median(scores) if scores else None,
+                    pooled_psnr(scores),
+                    err,
+                )
+            )
+        every = [v for p in parts for ch in p["stats"]["psnr"][f.name] for v in ch]
+        pooled = [ch.psnr_dataset for ch in channels if ch.psnr_dataset is not None]
+        fraction = None
+        if f.valid is not None:
+            good = sum(p["stats"]["valid"][f.name][0] for p in parts)
+            total = sum(p["stats"]["valid"][f.name][1] for p in parts)
+            fraction = good / total if total else None
+        # no scores: every item was constant (PSNR undefined); max error still says how close
+        stats[f.name] = FieldStats(
+            min(every) if every else None,
+            statistics.median(every) if every else None,
+            max(ch.max_abs_error for ch in channels),
+            sum(p["stats"]["overflow"][f.name] for p in parts),
+            min(pooled) if pooled else None,
+            tuple(channels),
+            fraction,
+        )
+    return stats, sum(p["stats"]["nan_filled"] for p in parts)
+
+
+def plan(src: Source, settings: Settings, calibration: Source | None = None, quiet: bool = True):
+    """(field specs, derived mask fields) of a source under the settings."""
+    return plan_fields(
+        src,
+        cf=settings.cf,
+        mask=settings.mask,
+        quant=settings.dtype,
+        target_psnr=settings.targets,
+        overrides=settings.overrides,
+        codec=settings.codec,
+        nan=settings.nan,
+        valid=settings.valid,
+        channels_last=settings.channels_last,
+        calibration=calibration,
+        quiet=quiet,
+    )
+
+
+def build_manifest(
+    settings: Settings,
+    record: dict,
+    specs: tuple[FieldSpec, ...],
+    parts: list[dict],
+    written: dict,
+    n: int,
+    *,
+    coords: Mapping[str, Any] | None = None,
+    info: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """The manifest of a finished pack: settings, fields, figures, the writer's checksums and layout,
+    and the source's coordinates and info."""
+    stats, filled = combine_stats(specs, parts)
+    pack_entry = {
+        **{k: v for k, v in record.items() if k not in ("codec", "writer_options", "fields", "format", "samples")},
+        "nan_filled": filled,
+        "source_info": dict(info or {}),
+    }
+    return Manifest(
+        storage=settings.format,
+        samples=n,
+        fields=specs,
+        pack=pack_entry,
+        stats=stats,
+        checksums=written.get("checksums", {}),
+        layout=written.get("layout", {}),
+        coords=dict(coords or {}),
+    )
+
+
+__all__ = [
+    "CALIBRATION_SAMPLES",
+    "CALIBRATION_VALUES",
+    "DEFAULT_CF",
+    "Settings",
+    "Targets",
+    "build_manifest",
+    "calibration_count",
+    "calibration_indices",
+    "combine_stats",
+    "default_kind",
+    "dct_shape",
+    "looks_channels_last",
+    "parse_field_overrides",
+    "parse_nan",
+    "parse_settings",
+    "parse_targets",
+    "parse_valid",
+    "plan",
+    "plan_fields",
+]

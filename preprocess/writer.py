@@ -1,0 +1,338 @@
+"""`dctdata.Writer`: pack samples as they come, like MosaicML Streaming's `MDSWriter` or webdataset's
+`ShardWriter`, into the same dataset `dctdata pack` writes, with the same atomic commit.
+
+    with dctdata.Writer("out.dct", target_psnr=40) as w:
+        for sample in stream:          # a dict of arrays, a tuple/list, or one array (field `image`)
+            w.write(sample)
+    w.manifest                         # the committed manifest
+
+Settings are `dctdata.pack`'s (snake_case CLI flags), plus `samples=` (the expected count, when known)
+and `calibration=` (an explicit calibration set: anything `dctdata.pack` takes).
+
+How it works:
+- Calibration. A target PSNR or an integer wire dtype needs samples before the first one can be
+  encoded. Without `calibration=`, the writer keeps a *first window* in memory: as many samples as
+  `dctdata pack` calibrates on (at least 64, more when they are small: up to 4M values of the largest
+  dct field; fewer if `samples=` says the stream is shorter), calibrates on it, then encodes the
+  window and streams the rest. When the whole dataset fits the window (the pack would calibrate on
+  every sample), the result equals `dctdata pack` of the same data byte for byte; otherwise the first
+  samples stand for the stream: shuffle it, or pass `calibration=` with a representative set (then
+  nothing is buffered). Without calibration (fixed cf/quant none|fp16|bf16), the first sample plans
+  the fields and the pack always equals the CLI's.
+- Memory bound: the calibration window (raw samples), one encoding batch (16 MiB of source values),
+  and the samples of one unfinished part, stored (a zarr shard: at most 32 MiB of coefficients per
+  field and 128 MiB of source; a webdataset shard: at most `max_shard_size`, 128 MiB of source).
+- Writing: `dctdata.preprocess.parts.Encoder` (the pack's own encoder: fill, encode, figures) feeds
+  the format writer's streaming part API (`dctdata.format.base.PartWriter`), which writes each part
+  as it fills, also when the count is unknown.
+- Commit: into the temporary sibling `.OUT.partial`, manifest last, renamed to OUT by `close()` (the
+  end of the `with` block). An error inside the block, or in `close()`, removes everything: nothing
+  is left at OUT. An existing OUT is refused unless `overwrite=True`, which replaces it only at the
+  commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import sys
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import torch
+
+from dctdata.errors import DctDataError
+from dctdata.format import Manifest, is_url, make_writer
+from dctdata.format.coords import encode_coord
+from dctdata.kinds import FieldKind
+from dctdata.lossless import AUTO
+from dctdata.parse import parse_optional_int
+from dctdata.preprocess.commit import check_out, commit, partial_dir, remove_manifest
+from dctdata.preprocess.parts import BATCH_BYTES, Encoder
+from dctdata.preprocess.plan import Settings, build_manifest, calibration_count, parse_settings, plan
+from dctdata.preprocess.sources import (
+    ChannelsLast,
+    IterableSource,
+    SampleListSource,
+    describe,
+    open_source,
+    sample_dict,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Writer:
+    """Incremental pack to OUT (see the module docstring)."""
+
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        *,
+        samples: int | None = None,
+        calibration: Any = None,
+        format: str = "zarr",
+        cf: int | None = None,
+        mask: str | None = None,
+        quant: str | None = None,
+        target_psnr: object = None,
+        fields: Mapping[str, str] | list[str] | None = None,
+        nan: object = "error",
+        valid: Mapping[str, str] | list[str] | None = None,
+        channels_last: bool | None = None,
+        strict: bool = False,
+        overwrite: bool = False,
+        codec: Mapping[str, Any] | str | None = AUTO,
+        writer_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Mapping[str, Any]] | None = None,
+        coords: Mapping[str, Any] | None = None,
+        settings: Settings | None = None,
+        description: str = "<Writer>",
+    ) -> None:
+        if settings is None:
+            settings = parse_settings(
+                format=format, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, fields=fields, nan=nan,
+                valid=valid, codec=codec, strict=strict, channels_last=channels_last,
+            )  # fmt: skip
+        self.settings = settings
+        self.samples = parse_optional_int(
+            samples, "samples", minimum=1, expected="a positive int or None", type_error=DctDataError
+        )
+        if attrs is not None and not isinstance(attrs, Mapping):
+            raise TypeError(f"attrs: expected a mapping field -> {{name: value}}. Got {type(attrs).__name__}")
+        if coords is not None and not isinstance(coords, Mapping):
+            raise TypeError(f"coords: expected a mapping name -> 1-D array (one value per sample). Got {coords!r}")
+        self._attrs, self._coords = dict(attrs or {}), dict(coords or {})
+        self.description = description
+        self.storage_options = dict(storage_options or {})
+        self.out = check_out(out, overwrite, self.storage_options)
+        self.url = is_url(self.out)
+        self.root = self.out if self.url else partial_dir(self.out)
+        options = dict(writer_options or {})
+        if self.url:
+            options["storage_options"] = self.storage_options
+        self._writer_options = dict(writer_options or {})
+        self.storage = make_writer(settings.format, options)
+        self._calibration = calibration
+        self._window: list[dict[str, np.ndarray]] = []
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._ref: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        self._images: set[str] = set()
+        self._target = 1
+        self.specs = None
+        self.encoder: Encoder | None = None
+        self.count = 0  # samples accepted
+        self._written = 0  # samples encoded and handed to the storage writer
+        self._owned = False
+        self._done = False
+        self.manifest: Manifest | None = None
+
+    # Samples -------------------------------------------------------------------------------------
+    def write(self, sample: Any) -> None:
+        """Add one sample: a dict of arrays/tensors/numbers, a tuple/list (image, label, ...) or one array."""
+        self._check_open()
+        d, images = sample_dict(sample, self._where(self.count))
+        self._add(d, images)
+
+    def _add(self, d: dict[str, np.ndarray], images: list[str]) -> None:
+        try:
+            self._images.update(images)  # decoded images are dct fields: known before sizing the window
+            self._check_sample(d)
+            if self.samples is not None and self.count >= self.samples:
+                raise DctDataError(f"{self._where(self.count)}: expected {self.samples} samples (samples=). Got more")
+            self.count += 1
+            if self.specs is None:
+                self._window.append(d)
+                if len(self._window) >= self._target:
+                    self._plan()
+                return
+            self._pending.append(d)
+            if len(self._pending) >= self._batch:
+                self._flush()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _where(self, index: int) -> str:
+        return f"{self.description} sample {index}"
+
+    def _check_sample(self, d: dict[str, np.ndarray]) -> None:
+        """Every sample has the first sample's fields and per-sample shapes (caught before any stacking)."""
+        if not d:
+            raise DctDataError(f"{self._where(self.count)}: expected at least one field. Got an empty sample")
+        if self._ref is None:
+            self._ref = {k: (tuple(v.shape), v.dtype) for k, v in d.items()}
+            self._target = self._window_size()
+            return
+        if set(d) != set(self._ref):
+            raise DctDataError(
+                f"{self._where(self.count)}: expected fields {sorted(self._ref)} like sample 0. Got {sorted(d)}"
+            )
+        for k, v in d.items():
+            if tuple(v.shape) != self._ref[k][0]:
+                raise DctDataError(
+                    f"{self._where(self.count)}: field {k!r}: expected shape {self._ref[k][0]} like sample 0. Got "
+                    f"{tuple(v.shape)} (every sample of a field needs one shape)"
+                )
+
+    def _window_size(self) -> int:
+        """Samples to hold before planning: the calibration subset's size when calibration needs them."""
+        s = self.settings
+        if self._calibration is not None:
+            return 1
+        explicit = {k for k, v in s.overrides.items() if v is FieldKind.DCT} | self._images
+        candidates = [
+            math.prod(shape)
+            for k, (shape, dtype) in self._ref.items()
+            if k in explicit or (dtype.kind == "f" and len(shape) >= 2 and s.overrides.get(k) is None)
+        ]
+        calibrates = s.quant in ("int8", "int16") or s.targets.default is not None or bool(s.targets.fields)
+        if not calibrates or not candidates:
+            return 1
+        k = max(calibration_count(v) for v in candidates)
+        return min(k, self.samples) if self.samples is not None else k
+
+    # Planning, encoding, commit ------------------------------------------------------------------
+    def _plan(self) -> None:
+        window = SampleListSource(self._window, self.description)
+        window.default_kinds = {k: "dct" for k in self._images}
+        src = ChannelsLast(window) if self.settings.channels_last else window
+        cal = None
+        if self._calibration is not None:
+            cal = open_source(self._calibration, channels_last=bool(self.settings.channels_last))
+        try:
+            specs, derived = plan(src, self.settings, cal, quiet=False)
+        finally:
+            if cal is not None:
+                cal.close()
+        if self._attrs:
+            unknown = sorted(set(self._attrs) - {f.name for f in specs})
+            if unknown:
+                raise DctDataError(f"attrs: expected field names {[f.name for f in specs]}. Got {unknown[0]!r}")
+            specs = tuple(
+                dataclasses.replace(f, attrs={**f.attrs, **self._attrs[f.name]}) if f.name in self._attrs else f
+                for f in specs
+            )
+        if self.url:
+            remove_manifest(self.out, self.storage_options)
+        else:
+            if os.path.isdir(self.root):
+                log.warning("%s: discarding an unfinished pack", self.root)
+                shutil.rmtree(self.root)
+            os.makedirs(self.root)
+        self._owned = True
+        self.specs, self.derived = specs, derived
+        self.storage.open(self.root, specs, self.samples)
+        self.encoder = Encoder(specs, self.settings.nan, self.settings.strict, derived)
+        per = sum(max(f.source_sample_bytes, 4 * math.prod(f.shape)) for f in specs)
+        self._batch = max(1, min(4096, BATCH_BYTES // max(per, 1)))
+        self._pending, self._window = self._window, []
+        while len(self._pending) >= self._batch:
+            self._flush(self._batch)
+
+    def _flush(self, count: int | None = None) -> None:
+        take = self._pending if count is None else self._pending[:count]
+        self._pending = [] if count is None else self._pending[count:]
+        if not take:
+            return
+        batch = {k: np.stack([s[k] for s in take]) for k in take[0]}
+        if self.settings.channels_last:
+            batch = ChannelsLast._fix(batch)
+        with torch.inference_mode():
+            stored = self.encoder.encode(batch, self._written, self._where)
+        self.storage.write(self._written, stored)
+        self._written += len(take)
+
+    def close(self) -> Manifest:
+        """Encode what is buffered, settle the count, write the manifest last and commit OUT."""
+        if self._done:
+            if self.manifest is None:
+                raise DctDataError(f"{self.out}: expected an open writer. Got one that was aborted")
+            return self.manifest
+        try:
+            if self.count == 0:
+                raise DctDataError(f"{self.out}: expected at least one sample. Got 0 (nothing written)")
+            if self.samples is not None and self.count != self.samples:
+                raise DctDataError(f"{self.out}: expected {self.samples} samples (samples=). Got {self.count}")
+            if self.specs is None:
+                self._plan()
+            self._flush()
+            written = self.storage.close()
+            record = {"source": self.description, **self.settings.record(), "writer_options": self._writer_options}
+            coords = {k: encode_coord(np.asarray(v), k, sample=True) for k, v in self._coords.items()}
+            manifest = build_manifest(
+                self.settings, record, self.specs, [{"stats": self.encoder.stats}], written, self.count, coords=coords
+            )
+            commit(manifest, self.root, self.out, self.storage_options)
+        except BaseException:
+            self.abort()
+            raise
+        self._done, self.manifest = True, manifest
+        return manifest
+
+    def abort(self) -> None:
+        """Drop everything written so far (nothing is left at OUT)."""
+        if self._done:
+            return
+        self._done = True
+        if self.specs is not None:
+            self.storage.abort()
+        self._window, self._pending = [], []
+        if self._owned and not self.url and os.path.isdir(self.root):
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise DctDataError(f"{self.out}: expected an open writer. Got one that is closed or aborted")
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self.abort()
+            return False
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._done else f"{self.count} samples"
+        return f"Writer({self.out!r}, format={self.settings.format!r}, {state})"
+
+
+def pack_iterable(
+    source: Iterable[Any],
+    out: str | os.PathLike,
+    settings: Settings,
+    *,
+    length: int | None = None,
+    calibration: Any = None,
+    overwrite: bool = False,
+    quiet: bool = False,
+    writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """`dctdata.pack` of an iterable/generator of samples, through the Writer (read once, in order)."""
+    from tqdm.auto import tqdm
+
+    if settings.key is not None or settings.sample_dim or settings.variables or settings.stack:
+        raise DctDataError(
+            f"--key/--sample-dim/--variables/--stack: expected an HDF5/NetCDF/zarr source. Got an iterable "
+            f"{describe(source)}"
+        )
+    it = IterableSource(source, length, describe(source))
+    w = Writer(
+        out, samples=it.length, calibration=calibration, overwrite=overwrite, writer_options=writer_options,
+        storage_options=storage_options, settings=settings, description=it.description,
+    )  # fmt: skip
+    bar = tqdm(total=it.length, unit="sample", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False)
+    with bar, w:
+        for _, sample, images in it:
+            w._check_open()
+            w._add(sample, images)
+            bar.update(1)
+    return w.manifest
