@@ -64,7 +64,7 @@ def test_npz_multichannel_with_lossless_mask_and_labels(tmp_path, capsys):
         assert s["mask"].dtype == torch.uint8 and np.array_equal(s["mask"].numpy(), mask[i])  # bit-exact
         assert np.array_equal(s["target"].numpy(), target[i])
         assert int(s["label"]) == labels[i]
-    img = ds.decompressor()(ds[0 : 11]["image"])
+    img = ds.decompressor()(ds[0:11]["image"])
     assert img.shape == (11, 3, 20, 9)
     scores = dctdata.metrics.psnr(torch.from_numpy(x), img, dims=2)  # an item: one channel of one sample
     assert float(scores.min()) == pytest.approx(ds.manifest.stats["image"].psnr_min, abs=1e-3)
@@ -163,7 +163,7 @@ def test_module_callable_and_torchvision(tmp_path, capsys, monkeypatch):
 
     ref = np.stack([mydata.DS()[i]["u"].numpy() for i in range(4)])
     layer = ds.decompressor("u")
-    check_close(layer(ds[0 : 4]["u"]).numpy(), ref)
+    check_close(layer(ds[0:4]["u"]).numpy(), ref)
     assert [int(ds[i]["y"]) for i in range(4)] == [0, 10, 20, 30]
 
     rc, _, err = run(["pack", "mydata:fake", tmp_path / "tv", "--cf", "8", "--quiet"], capsys)

@@ -195,6 +195,6 @@ def test_target_met_on_valid_pixels_when_most_pixels_are_missing(tmp_path):
     assert 0.6 < np.isnan(x).mean() < 0.8
     m = dctdata.pack(x, tmp_path / "o", nan="mask", target_psnr=40, quiet=True)
     ds = dctdata.open_dataset(tmp_path / "o")
-    x_hat = ds.decompressor()(ds[0 : 16][0]).numpy()
+    x_hat = ds.decompressor()(ds[0:16][0]).numpy()
     mine = independent_psnr(x, x_hat)
     assert abs(m.stats["image"].psnr_dataset - mine[0]) < 0.2 and mine[0] >= 40

@@ -157,7 +157,7 @@ def test_writer_takes_tuples_arrays_tensors_and_pil_images(tmp_path):
     assert ds.manifest.field("image").shape == (3, 12, 20) and ds.manifest.field("image").kind == "dct"
     assert [int(ds[i][1]) for i in range(4)] == [0, 1, 2, 3]
     assert ds.attrs("image") == {"units": "counts"} and ds.coords["t"].tolist() == [0.0, 1.0, 2.0, 3.0]
-    rec = ds.decompressor()(ds[0 : 4][0])
+    rec = ds.decompressor()(ds[0:4][0])
     assert torch.allclose(rec, torch.from_numpy(np.moveaxis(rgb, -1, 1)).float(), atol=0.5)
 
 
