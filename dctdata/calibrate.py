@@ -44,9 +44,9 @@ import torch
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
 from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
-from dctdata.metrics import channel_nmse, item_nmse
+from dctdata.metrics import ItemErrors, item_nmse
 from dctdata.parse import is_number, parse_number
-from dctdata.quantize import F32_SAFE_MAX, encode, item_side, normalize, rotate
+from dctdata.quantize import F32_SAFE_MAX, encode, item_side, keep_floor, normalize, quantize_per_sample, rotate
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
@@ -159,8 +159,7 @@ def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.
             raise DctDataError(
                 f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
             ) from exc
-    _, ok = item_nmse(x, x, valid)
-    if not bool(ok.any()):
+    if not bool(item_nmse(x, x, valid)[1].any()):
         raise DctDataError(
             "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
             "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
@@ -369,16 +368,18 @@ def calibrate_report(
     n, c, h, w = x.shape
     side = item_side(x, valid)
     stats = _stats(x, valid)
+    errors = ItemErrors(x, valid)
+    result = None
     if target_psnr is None:
         spec = _untargeted(x, side, cfs, masks or "square", dtype or "float32", min_psnr)
         evaluations, candidates = 0, ()
     else:
-        spec, evaluations, candidates = _search(
-            x, valid, side, target_psnr, min_psnr, cfs, masks, dtype, codec, rotation, progress
+        spec, evaluations, candidates, result = _search(
+            x, side, target_psnr, min_psnr, cfs, masks, dtype, codec, rotation, progress, errors
         )
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
-    return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, time.perf_counter() - t0, evaluations)
+    return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
 
 
 def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]]:
@@ -408,7 +409,7 @@ def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     return CodecSpec(**common, steps=steps.tolist(), side="range_mid")
 
 
-def _search(x, valid, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress):
+def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors):
     n, c, h, w = x.shape
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
@@ -453,8 +454,8 @@ def _search(x, valid, side, target, min_psnr, cf, mask, dtype, codec, rotation, 
             + ("" if reach is None else f" (best reachable {reach:.1f} dB)")
             + "; lower the target or free cf/quant"
         )
-    spec, evaluations = _land(x, valid, side, best, target, min_psnr, progress)
-    return spec, evaluations, tuple(candidates)
+    spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
+    return spec, evaluations, tuple(candidates), result
 
 
 def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: float) -> list[tuple[int, str]]:
@@ -486,12 +487,16 @@ def _spec_for(setting: _Setting, s: float, x_shape, recon: torch.Tensor | None, 
     )  # fmt: skip
 
 
-def _land(x, valid, side, best, target, min_psnr, progress) -> tuple[CodecSpec, int]:
-    """Exact evaluations of the whole subset (encode, with the per-sample floor, then Decompress),
-    regula falsi on log(step) until the worst channel's dataset PSNR is in the window."""
+def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
+    """Exact evaluations of the whole subset, regula falsi on log(step) until the worst channel's dataset
+    PSNR is in the window: (spec, evaluations, (wire, overflow, x_hat, nmse) of the spec returned).
+
+    Each evaluation is what encode + Decompress give (the per-sample floor included), from the subset's
+    coefficients computed once (`_Coded`): quantize, decode, one float32 error pass (`ItemErrors`)."""
     setting, s, slope = best["setting"], best["s"], best["slope"]
     goal = target + MARGIN_DB
     lo_ok, hi_ok = goal - TOL_DB, goal + TOL_DB
+    coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
     above = below = accepted = None
     pts: list[tuple[float, float]] = []
     spec = None
@@ -500,19 +505,25 @@ def _land(x, valid, side, best, target, min_psnr, progress) -> tuple[CodecSpec, 
         if setting.dtype in INTEGER_DTYPES:
             _, _, recon = _full_recon(setting, s)
         spec = _spec_for(setting, s, x.shape, recon, min_psnr)
-        wire, _ = encode(x, spec, side=side, valid=valid)
-        with torch.inference_mode():
-            x_hat = Decompress(spec)(wire)
-        d = db(float(channel_nmse(x, x_hat, valid).max()))
+        q, over = quantize_per_sample(coef, spec)
+        if spec.min_psnr is not None:
+            q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors)
+        else:
+            sd = side
+            with torch.inference_mode():
+                x_hat = Decompress(spec, normalize=False)((q, sd))
+            nm = errors.nmse(x_hat)
+        result = ((q, sd), int(over.sum()), x_hat, nm)
+        d = db(float(errors.channel_nmse(nm).max()))
         if progress is not None:
             progress(evaluation, d)
         if setting.dtype not in INTEGER_DTYPES:
-            return spec, evaluation
+            return spec, evaluation, result
         ls = math.log(s)
         if d >= lo_ok and (accepted is None or d < accepted[1]):
-            accepted = (spec, d)
+            accepted = (spec, d, result)
         if lo_ok <= d <= hi_ok:
-            return spec, evaluation
+            return spec, evaluation, result
         if d > goal:
             above = (ls, d) if above is None or ls > above[0] else above
         else:
@@ -527,7 +538,7 @@ def _land(x, valid, side, best, target, min_psnr, progress) -> tuple[CodecSpec, 
             nxt = ls + max(-1.0, min(1.0, (goal - d) / sl))
         s = math.exp(nxt)
     if accepted is not None:  # never return a spec that misses the target on the calibration set
-        return accepted[0], 8
+        return accepted[0], 8, accepted[2]
     raise DctDataError(
         f"target_psnr: expected {target} dB on the calibration subset. Got {d:.1f} dB after decoding with "
         f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 arithmetic? "
@@ -545,17 +556,21 @@ def _full_recon(setting: _Setting, s: float):
     return v, q, fit_recon(v, q, dims=(0, 2, 4))
 
 
-def _summarize(x, valid, spec, target, codec, stats, candidates, seconds, evaluations) -> Calibration:
-    wire, overflow = encode(x, spec, valid=valid)
-    with torch.inference_mode():
-        x_hat = Decompress(spec, normalize=False)(wire)
-    nm, ok = item_nmse(x, x_hat, valid)
-    per_item = [db(v) for v in nm[ok].tolist()]
+def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations, errors, result=None) -> Calibration:
+    """What the spec achieves on the subset (from the landing's last evaluation when there was one)."""
+    if result is None:
+        wire, overflow = encode(x, spec, valid=valid)
+        with torch.inference_mode():
+            x_hat = Decompress(spec, normalize=False)(wire)
+        nm = errors.nmse(x_hat)
+    else:
+        wire, overflow, x_hat, nm = result
+    per_item = [db(v) for v in nm[errors.ok].tolist()]
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
     nbytes = len(encode_array(get_codec(stage), qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
-    diff = (x.double() - x_hat.double()).abs()
+    diff = (x_hat.to(torch.float32) - x).abs()
     if valid is not None:
         diff = diff.masked_fill(~valid, 0)
     if overflow:
@@ -563,7 +578,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, seconds, evalua
     return Calibration(
         spec=spec,
         target_psnr=target,
-        dataset_psnr=db(float(nm[ok].mean())),
+        dataset_psnr=db(float(nm[errors.ok].mean())),
         psnr_min=min(per_item),
         psnr_median=statistics.median(per_item),
         max_error=float(diff.max()),
@@ -573,7 +588,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, seconds, evalua
         codec=stage,
         stats=stats,
         candidates=tuple(candidates),
-        seconds=seconds,
+        seconds=time.perf_counter() - t0,
         evaluations=evaluations,
     )
 

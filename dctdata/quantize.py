@@ -151,36 +151,57 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
     coeffs, side = coded_coefficients(x, spec, side, valid)
     q, over = quantize_per_sample(coeffs, spec)
     if spec.min_psnr is not None and spec.side is not None and x.dim() == 4:
-        q, side, over = _keep_floor(x, spec, q, side.clone(), over, valid)
+        from dctdata.metrics import ItemErrors
+
+        q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid))
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
-def _keep_floor(x, spec: CodecSpec, q, side, over, valid, rounds: int = 4):
-    """Re-code the items below spec.min_psnr with a smaller stored range (a finer effective step)."""
+def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """The coded coefficients (B, C, Hb, K, Wb) the samples would have with their stored ranges scaled by
+    g (B, C): each channel's normalized values grow by 1/g, mixed by the rotation (y = R n, so
+    y' = R diag(1/g) R^T y); the transform is linear, so no DCT is needed."""
+    inv = (1.0 / g).to(torch.float32)
+    if spec.rotation is None:
+        return coeffs * inv[:, :, None, None, None]
+    r = torch.as_tensor(spec.rotation, dtype=torch.float32, device=coeffs.device)
+    m = torch.einsum("oc,bc,dc->bod", r, inv, r)  # (B, C, C): R diag(1/g_b) R^T
+    return torch.einsum("bod,bdhkw->bohkw", m, coeffs)
+
+
+def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, rounds: int = 8):
+    """Re-code the items below spec.min_psnr with a smaller stored range (a finer effective step; the
+    decoder is unchanged): (q, side, over, x_hat, nmse per item). Only the samples re-coded are decoded
+    again. `errors` is a `dctdata.metrics.ItemErrors` of the samples; `x_hat` their decode, if known."""
     from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
-    from dctdata.metrics import item_nmse
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)
     layer = Decompress(spec, normalize=False)
+    with torch.inference_mode():
+        x_hat = layer((q, side)) if x_hat is None else x_hat
+    nm = errors.nmse(x_hat)
+    g = torch.ones(side.shape[:-1], dtype=torch.float64)
+    base = side[..., 0].to(torch.float64)  # the ranges the coefficients were coded with (g = 1)
     for _ in range(rounds):
-        with torch.inference_mode():
-            x_hat = layer((q, side))
-        nm, ok = item_nmse(x, x_hat, valid)
-        low = ok & (nm > cap)
+        low = errors.ok & (nm > cap)
         bad = low.any(1)
         if not bool(bad.any()):
             break
-        g = torch.where(low, (cap / nm.clamp(min=1e-300)).sqrt() * 0.99, torch.ones_like(nm)).clamp(max=1.0)
-        trial = side[bad].clone()
-        trial[..., 0] = trial[..., 0] * g[bad].to(torch.float32)
-        cb, _ = coded_coefficients(x[bad], spec, trial)
-        qb, ob = quantize_per_sample(cb, spec)
-        keep = ob <= over[bad]  # never trade the floor for integer overflow: such samples stay as they were
-        rows = bad.nonzero().flatten()[keep]
-        side[rows], q[rows], over[rows] = trial[keep], qb[keep], ob[keep]
+        rows = bad.nonzero().flatten()
+        step = torch.where(low[rows], (cap / nm[rows].clamp(min=1e-300)).sqrt() * 0.98, torch.ones_like(nm[rows]))
+        trial_g = (g[rows] * step.clamp(max=1.0)).clamp(max=1.0)
+        qb, ob = quantize_per_sample(rescaled(coeffs[rows], trial_g, spec), spec)
+        keep = ob <= over[rows]  # never trade the floor for integer overflow: such samples stay as they were
         if not bool(keep.any()):
             break
-    return q, side, over
+        rows, trial_g, qb, ob = rows[keep], trial_g[keep], qb[keep], ob[keep]
+        g[rows] = trial_g
+        side[rows, :, 0] = (base[rows] * trial_g).to(side.dtype)
+        q[rows], over[rows] = qb, ob
+        with torch.inference_mode():
+            x_hat[rows] = layer((qb, side[rows]))
+        nm[rows] = errors.nmse(x_hat[rows], rows)
+    return q, side, over, x_hat, nm
 
 
 def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:

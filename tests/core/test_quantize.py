@@ -8,7 +8,7 @@ from decode_checks import check_decompress
 import dctdata
 from dctdata.calibrate import calibrate
 from dctdata.metrics import psnr
-from dctdata.quantize import dequantize, encode, item_side, quantize
+from dctdata.quantize import coded_coefficients, dequantize, encode, item_side, quantize, rescaled
 
 
 def field(n=2, c=1, h=40, w=56, offset=0.0, seed=0):
@@ -99,6 +99,21 @@ def test_the_per_sample_floor_lifts_every_item():
     high = psnr(x, dctdata.Decompress(spec)(floored)).flatten()
     assert float(low.min()) < 45 <= float(high.min())
     assert bool((floored[1][..., 0] <= plain[1][..., 0]).all())  # only the stored range shrinks
+
+
+@pytest.mark.parametrize("rotation", [None, [[0.6, 0.8], [-0.8, 0.6]]])
+def test_rescaled_coefficients_equal_coding_with_scaled_ranges(rotation):
+    """The floor re-codes a sample from its coefficients (no DCT): the same as coding it with its stored
+    ranges scaled by g."""
+    x = field(n=3, c=2, offset=5.0)
+    spec = v1(x, step=0.02).replace(side="range_mid", rotation=rotation)
+    side = item_side(x)
+    g = torch.tensor([[0.5, 1.0], [0.9, 0.7], [1.0, 1.0]], dtype=torch.float64)
+    coeffs, _ = coded_coefficients(x, spec, side)
+    scaled = side.clone()
+    scaled[..., 0] = side[..., 0] * g.float()
+    direct, _ = coded_coefficients(x, spec, scaled)
+    torch.testing.assert_close(rescaled(coeffs, g, spec), direct, atol=2e-4, rtol=1e-4)
 
 
 def test_quantize_rejects_wrong_shape():
