@@ -57,6 +57,7 @@ MARGIN_DB = 0.15  # land at target + margin on the calibration subset ...
 TOL_DB = 0.12  # ... within this tolerance
 FLOOR_BELOW_DB = 0.4  # default min_psnr: no sample more than this below the target
 SUB_VALUES = 1 << 20  # coefficients in the subsample the search runs on
+FIT_VALUES = 1 << 22  # coefficients the entropy coder's model is fitted on (evenly spaced samples)
 DROP_SHARE = 0.15  # a smaller cf may drop at most this share of the error budget
 INT_LIMITS = {"int8": 127.0, "int16": 32767.0}
 
@@ -134,7 +135,7 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 
 
 # Inputs ------------------------------------------------------------------------------------------
-def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
     if samples.dim() != 4 or samples.shape[0] < 1 or samples.numel() == 0:
@@ -159,13 +160,14 @@ def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.
             raise DctDataError(
                 f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
             ) from exc
-    if not bool(item_nmse(x, x, valid)[1].any()):
+    errors = ItemErrors(x, valid)
+    if not bool(errors.ok.any()):
         raise DctDataError(
             "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
             "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
             "and --cf (no --target-psnr), or as --field NAME=array"
         )
-    return x, valid
+    return x, valid, errors
 
 
 def _klt(xn: torch.Tensor) -> torch.Tensor:
@@ -315,7 +317,9 @@ def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str 
         return dict(DEFAULT_CODEC)
     from dctdata.entropy import CtxCodec
 
-    coder = CtxCodec.fit(q, spec.cf, spec.mask)
+    per = max(1, q[0].size)
+    pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
+    coder = CtxCodec.fit(q[pick], spec.cf, spec.mask)  # counts of a few million coefficients fit the model
     config = coder.get_config()
     sub = q[: max(1, SUB_VALUES // max(1, q[0].size))]  # zstd-19 encodes slowly: compare on a bounded share
     ctx = len(encode_array(coder, sub)) + len(json.dumps(config)) * len(sub) / len(q)  # the model is in the manifest
@@ -348,7 +352,7 @@ def calibrate_report(
     the smaller pack decides). progress(evaluation, dB) is called after each exact evaluation.
     """
     t0 = time.perf_counter()
-    x, valid = _check_samples(samples, valid)
+    x, valid, errors = _check_samples(samples, valid)
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
@@ -368,7 +372,6 @@ def calibrate_report(
     n, c, h, w = x.shape
     side = item_side(x, valid)
     stats = _stats(x, valid)
-    errors = ItemErrors(x, valid)
     result = None
     if target_psnr is None:
         spec = _untargeted(x, side, cfs, masks or "square", dtype or "float32", min_psnr)
@@ -501,28 +504,33 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
     pts: list[tuple[float, float]] = []
     spec = None
     for evaluation in range(1, 9):
-        recon = None
-        if setting.dtype in INTEGER_DTYPES:
-            _, _, recon = _full_recon(setting, s)
+        recon = setting.subsample(s)[2] if setting.dtype in INTEGER_DTYPES else None  # offsets: a statistic
         spec = _spec_for(setting, s, x.shape, recon, min_psnr)
-        q, over = quantize_per_sample(coef, spec)
-        if spec.min_psnr is not None:
-            q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors)
-        else:
-            sd = side
-            with torch.inference_mode():
-                x_hat = Decompress(spec, normalize=False)((q, sd))
-            nm = errors.nmse(x_hat)
-        result = ((q, sd), int(over.sum()), x_hat, nm)
+        q, over = quantize_per_sample(coef, spec, checked=True)
+        with torch.inference_mode():
+            x_hat = Decompress(spec, normalize=False)((q, side))
+        nm = errors.nmse(x_hat)
+        sd = side
         d = db(float(errors.channel_nmse(nm).max()))
+        if spec.min_psnr is not None:
+            # the floor lifts the items below it to just under its cap: predicted first, applied (re-coding
+            # those items) only where the prediction is in the window
+            cap = nmse_of(spec.min_psnr)
+            lifted = torch.where(errors.ok & (nm > cap), torch.full_like(nm, 0.95 * cap), nm)
+            d = db(float(errors.channel_nmse(lifted).max()))
+            if lo_ok <= d <= hi_ok:
+                q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
+                d = db(float(errors.channel_nmse(nm).max()))
+        result = ((q, sd), int(over.sum()), x_hat, nm)
         if progress is not None:
             progress(evaluation, d)
         if setting.dtype not in INTEGER_DTYPES:
             return spec, evaluation, result
         ls = math.log(s)
-        if d >= lo_ok and (accepted is None or d < accepted[1]):
+        floored = spec.min_psnr is None or sd is not side
+        if floored and d >= lo_ok and (accepted is None or d < accepted[1]):
             accepted = (spec, d, result)
-        if lo_ok <= d <= hi_ok:
+        if floored and lo_ok <= d <= hi_ok:
             return spec, evaluation, result
         if d > goal:
             above = (ls, d) if above is None or ls > above[0] else above
@@ -544,16 +552,6 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
         f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 arithmetic? "
         "subtract an offset or rescale)"
     )
-
-
-def _full_recon(setting: _Setting, s: float):
-    """Reconstruction offsets fitted on the whole subset (not just the subsample) for step scale s."""
-    coef = setting.coded.coef[:, :, :, setting.idx, :]
-    st = setting.steps(s).to(torch.float32).reshape(1, -1, 1, len(setting.idx), 1)
-    v = coef / st
-    lim = INT_LIMITS[setting.dtype]
-    q = (torch.sign(v) * torch.floor(v.abs() + THETA)).clamp(-lim, lim)
-    return v, q, fit_recon(v, q, dims=(0, 2, 4))
 
 
 def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations, errors, result=None) -> Calibration:
