@@ -457,8 +457,33 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
             + ("" if reach is None else f" (best reachable {reach:.1f} dB)")
             + "; lower the target or free cf/quant"
         )
-    spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
+    try:
+        spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
+    except _Missed as missed:
+        if not (best["dtype"] == "int8" and dtype is None):
+            raise _missed_error(target, missed) from None
+        # the int8 per-sample floor cannot lift some items without overflowing: land int16 instead
+        setting = _Setting(best["setting"].coded, best["setting"].cf, best["setting"].mask, "int16")
+        s, slope, q = setting.land(goal, math.sqrt(12 * budget) * 1.4)
+        best = dict(setting=setting, s=s, slope=slope, size=size_of(q, "int16", setting.cf, setting.mask))
+        try:
+            spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
+        except _Missed as missed16:
+            raise _missed_error(target, missed16) from None
     return spec, evaluations, tuple(candidates), result
+
+
+def _missed_error(target: float, missed: _Missed) -> DctDataError:
+    spec = missed.spec
+    hint = (
+        "some items need finer steps than int8 holds: use quant int16, or leave quant unset"
+        if spec.dtype == "int8"
+        else "values too small or their range too narrow for float32 arithmetic? subtract an offset or rescale"
+    )
+    return DctDataError(
+        f"target_psnr: expected {target} dB on the calibration subset. Got {missed.psnr:.1f} dB after decoding with "
+        f"cf={spec.cf} {spec.mask} {spec.dtype} ({hint})"
+    )
 
 
 def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: float) -> list[tuple[int, str]]:
@@ -500,7 +525,7 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
     goal = target + MARGIN_DB
     lo_ok, hi_ok = goal - TOL_DB, goal + TOL_DB
     coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
-    above = below = accepted = None
+    above = below = accepted = pending = None
     pts: list[tuple[float, float]] = []
     spec = None
     for evaluation in range(1, 9):
@@ -530,6 +555,8 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
         floored = spec.min_psnr is None or sd is not side
         if floored and d >= lo_ok and (accepted is None or d < accepted[1]):
             accepted = (spec, d, result)
+        if not floored and d >= lo_ok and (pending is None or d < pending[1]):
+            pending = (spec, d, q, over, x_hat, nm)  # above target once its floor is applied (it only lifts)
         if floored and lo_ok <= d <= hi_ok:
             return spec, evaluation, result
         if d > goal:
@@ -547,11 +574,21 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
         s = math.exp(nxt)
     if accepted is not None:  # never return a spec that misses the target on the calibration set
         return accepted[0], 8, accepted[2]
-    raise DctDataError(
-        f"target_psnr: expected {target} dB on the calibration subset. Got {d:.1f} dB after decoding with "
-        f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 arithmetic? "
-        "subtract an offset or rescale)"
-    )
+    if pending is not None:  # the lift was predicted outside the window at every step: apply it to the best
+        spec, _, q, over, x_hat, nm = pending
+        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
+        d = db(float(errors.channel_nmse(nm).max()))
+        if d >= lo_ok:  # the floor lifted as predicted (it cannot where lifting would overflow the integers)
+            return spec, 8, ((q, sd), int(over.sum()), x_hat, nm)
+    raise _Missed(spec, d)
+
+
+class _Missed(Exception):
+    """The landing found no spec of its setting that reaches the target (the search tries int16 next)."""
+
+    def __init__(self, spec: CodecSpec, psnr: float) -> None:
+        super().__init__(spec, psnr)
+        self.spec, self.psnr = spec, psnr
 
 
 def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations, errors, result=None) -> Calibration:

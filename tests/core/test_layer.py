@@ -244,6 +244,18 @@ def test_v2_layer_with_side_and_rotation_equals_the_reference():
         Decompress(spec)(wire[0])  # a side codec needs its side
 
 
+@pytest.mark.cuda
+def test_v2_layer_on_cuda_matches_cpu():
+    spec, (q, side) = v2_wire()
+    cpu = Decompress(spec)((q, side))
+    gpu = Decompress(spec).cuda()((q.cuda(), side.cuda()))
+    assert gpu.is_cuda and gpu.shape == cpu.shape
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-5 * float(cpu.abs().max()), rtol=1e-5)
+    half = Decompress(spec, dtype=torch.bfloat16).to("cuda", torch.bfloat16)((q.cuda(), side.cuda()))
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float().cpu(), cpu, atol=2e-2 * float(cpu.abs().max()), rtol=2e-2)
+
+
 def test_v2_layer_exports_and_runs_in_onnxruntime(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
