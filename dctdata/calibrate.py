@@ -528,6 +528,7 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
     above = below = accepted = pending = None
     pts: list[tuple[float, float]] = []
     spec = None
+    blocked = torch.zeros_like(errors.ok)  # items the floor could not lift (int overflow) are not predicted to
     for evaluation in range(1, 9):
         recon = setting.subsample(s)[2] if setting.dtype in INTEGER_DTYPES else None  # offsets: a statistic
         spec = _spec_for(setting, s, x.shape, recon, min_psnr)
@@ -541,11 +542,12 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
             # the floor lifts the items below it to just under its cap: predicted first, applied (re-coding
             # those items) only where the prediction is in the window
             cap = nmse_of(spec.min_psnr)
-            lifted = torch.where(errors.ok & (nm > cap), torch.full_like(nm, 0.95 * cap), nm)
+            lifted = torch.where(errors.ok & (nm > cap) & ~blocked, torch.full_like(nm, 0.95 * cap), nm)
             d = db(float(errors.channel_nmse(lifted).max()))
             if lo_ok <= d <= hi_ok:
                 q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
                 d = db(float(errors.channel_nmse(nm).max()))
+                blocked |= errors.ok & (nm > cap)
         result = ((q, sd), int(over.sum()), x_hat, nm)
         if progress is not None:
             progress(evaluation, d)
@@ -580,6 +582,15 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
         d = db(float(errors.channel_nmse(nm).max()))
         if d >= lo_ok:  # the floor lifted as predicted (it cannot where lifting would overflow the integers)
             return spec, 8, ((q, sd), int(over.sum()), x_hat, nm)
+    if spec.min_psnr is not None and spec.min_psnr < goal:
+        # the integer floors cap every item below the target: a per-sample floor at the goal lifts each
+        # item with its own finer effective step (a smaller stored range), as the encoder will on every sample
+        spec = dataclasses.replace(spec, min_psnr=round(goal, 2))
+        q, over = quantize_per_sample(coef, spec, checked=True)
+        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors)
+        d = db(float(errors.channel_nmse(nm).max()))
+        if d >= lo_ok:
+            return spec, 9, ((q, sd), int(over.sum()), x_hat, nm)
     raise _Missed(spec, d)
 
 

@@ -89,8 +89,13 @@ def write_frames(folder: str, n: int, shape: tuple[int, int]) -> np.ndarray:
     return np.stack(order)
 
 
+THREADS: int | None = None  # --threads: torch/BLAS threads of every child run (None: their defaults)
+
+
 def _python_run(python: str, args: list[str], cwd: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    if THREADS is not None:  # torch reads OMP_NUM_THREADS for its intra-op pool, as the BLAS does
+        env.update(OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), OPENBLAS_NUM_THREADS=str(THREADS))
     return subprocess.run([python, *args], cwd=cwd, capture_output=True, text=True, env=env)
 
 
@@ -226,11 +231,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tty-check", action="store_true", help="also run this version's pack on a pseudo-terminal")
     p.add_argument("--json", help="write every number here")
     p.add_argument("--workdir", help="where the frames and packs go (default: a temporary folder, removed)")
+    p.add_argument("--threads", type=int, help="torch/BLAS threads of both versions' runs (default: theirs)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    global THREADS
+    THREADS = args.threads
     with tempfile.TemporaryDirectory(prefix="calibration-time-", dir=args.workdir) as tmp:
         folder = os.path.join(tmp, "frames")
         frames = write_frames(folder, args.frames, tuple(int(v) for v in args.size.split("x")))
@@ -250,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [
         f"{n} frames {h}x{w} uint16 ({frames.nbytes / 1e6:.1f} MB) as 16-bit TIFFs, `python -m dctdata pack FOLDER OUT "
         f"--target-psnr {args.target_psnr:g}`; settings search = `calibrate_report(x, quant=None, target_psnr="
-        f"{args.target_psnr:g})` on the pack's {len(idx)}-frame calibration subset; {os.cpu_count()} CPU(s)",
+        f"{args.target_psnr:g})` on the pack's {len(idx)}-frame calibration subset; {os.cpu_count()} CPU(s), "
+        f"{'default' if args.threads is None else args.threads} thread(s)",
         "",
         table(rows),
         "",

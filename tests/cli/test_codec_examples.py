@@ -6,6 +6,7 @@ whose `import dctdata` works)."""
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -64,6 +65,7 @@ def test_calibration_time_rows_and_tty(tmp_path, capsys, monkeypatch):
     timing = _load("calibration_time", monkeypatch)
     path = tmp_path / "timing.json"
     argv = ["--before-python", sys.executable, "--frames", "3", "--size", "64x80", "--repeat", "2", "--tty-check"]
+    argv += ["--threads", "1"]
     payload = timing.main([*argv, "--json", str(path), "--workdir", str(tmp_path)])
     out = capsys.readouterr().out
     rows = payload["rows"]
@@ -75,7 +77,7 @@ def test_calibration_time_rows_and_tty(tmp_path, capsys, monkeypatch):
         assert not any("calibrate image" in line for line in r["stderr_lines"])  # no terminal, no bar
     assert payload["tty"]["calibrate_bar"] and payload["tty"]["exit"] == 0  # a terminal shows the bar
     table = [line for line in out.splitlines() if line.startswith("| before") or line.startswith("| current")]
-    assert len(table) == 4
+    assert len(table) == 4 and "2 CPU(s), 1 thread(s)" in out.replace(f"{os.cpu_count()} CPU", "2 CPU")
     assert payload["speedup"]["search_seconds"] > 0
     assert json.loads(path.read_text()) == payload
     assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.json"]  # frames and packs are removed
