@@ -1,72 +1,91 @@
-"""Pack-time calibration: choose CF, mask, wire dtype, steps and offsets from a calibration subset.
+"""Pack-time calibration: choose the codec settings of one `dct` field from a calibration subset.
 
-Why it works: the 8x8 DCT is orthonormal, so the squared error of a decoded block equals the summed
-squared error of its 64 coefficients. A dropped frequency costs its energy; a kept one, quantized
-with step s, costs about s^2/12. So a PSNR target (an MSE budget) maps directly to steps, and the
-error of any candidate setting can be measured exactly in the coefficient domain without decoding.
+With a target PSNR (`calibrate_report(x, target_psnr=T)`) the chosen spec lands the dataset-level PSNR
+of the calibration subset at T + 0.15 dB (within +-0.12), and no sample falls more than 0.4 dB below
+T (`min_psnr`, enforced by the encoder on every sample, seen or not). What it chooses:
 
-PSNR here is always against each item's own value range (item = one channel of one sample, as in
-`dctdata.metrics.psnr`). "Dataset-level PSNR" is 10 log10(1 / mean_i(MSE_i / range_i^2)): the PSNR
-of the mean range-normalised MSE. It is never above the mean of the per-item PSNRs and is what
-`target_psnr` promises for *every channel* separately (the worst channel decides, so a 1e-6-scale
-channel next to a 300 K one keeps the target too), plus `margin_db` for items the calibration subset
-did not see.
+- per-sample side information (range, mid) per channel: every item (channel of a sample) is coded as
+  (x - mid) / range, so one step serves items of any scale (mixed-scale fields, snapshots whose
+  amplitude grows) and each item's error is measured against its own range, as the project's PSNR is;
+- for C > 1, an orthonormal channel rotation (the KLT of the calibration set) when it stores less;
+- half-sample symmetric padding, a dead-zone quantizer (theta 0.4) with per-frequency reconstruction
+  offsets (the centroid shift, fitted on the subset), one step per channel, coarser per-frequency
+  steps only where int8 would overflow ("floors"; int16 when that stores less);
+- cf and mask when left free: the smallest ones whose dropped energy is a small share of the budget,
+  against cf 8 (the stored size decides).
 
-Step model, per channel c and kept frequency k:
-    step[c, k] = max(scale * base[c], floor[c, k])
-`base[c]` makes channels with different value ranges (mixed-scale channels, a 300 K temperature
-next to a 0..1 mask) get the same range-normalised error: base[c] = 1 / sqrt(mean_n 1 / range[n, c]^2),
-the rate-optimal split of one MSE budget over channels. `floor[c, k]` is what an integer dtype needs
-so the calibration coefficients (with `headroom`) fit without clipping; where a floor binds (the DC
-term at int8, strong edges) that frequency gets a coarser step and `scale` shrinks for the others:
-per-frequency steps exactly where they win. The DC term gets an offset (the middle of its range),
-so an int8 covers it symmetrically. `scale` is found by bisection for the target; with no target,
-integer dtypes use the finest step that fits (the floors).
+Why it is fast (one pass over the data, then 1-2 exact evaluations): the DCT is orthonormal, so the
+error of a setting is measured in the coefficient domain on a random subsample of block rows (at most
+SUB_VALUES coefficients) with a secant search on log(step); sizes come from the lossless stage on the
+same subsample. Then the whole subset is encoded and decoded for real (`Decompress`) and the step is
+refined by regula falsi until the decoded PSNR is in the window.
+
+Without a target, cf and quant are taken as given; integer dtypes get the finest steps that cannot
+overflow (a normalized item is bounded, so the bound is exact) and per-sample side information.
+
+PSNR here is always against each item's own value range (`dctdata.metrics`). "Dataset-level PSNR" is
+10 log10(1 / mean_i(MSE_i / range_i^2)) over items, and the target holds for every channel separately
+(the worst channel decides).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import statistics
-from typing import Any, Mapping
+import time
+from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
-from dctdata.lossless import DEFAULT_CODEC, get_codec
-from dctdata.metrics import item_range, psnr
+from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
+from dctdata.metrics import ItemErrors, item_nmse
 from dctdata.parse import is_number, parse_number
-from dctdata.quantize import F32_SAFE_MAX, quantize
+from dctdata.quantize import F32_SAFE_MAX, encode, item_side, keep_floor, normalize, quantize_per_sample, rotate
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
-from dctdata.transform import BLOCK, MASKS, compress, kept_frequencies, parse_cf, parse_mask
+from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
 
-SEARCH_DTYPES = ("int8", "int16", "float16", "bfloat16")
-DEFAULT_MARGIN_DB = 0.5
-DEFAULT_HEADROOM = 1.1
-_BISECT_STEPS = 18
-_Z = 2.0  # one-sided ~97.5% bound for dataset estimates from the calibration subset
+THETA = 0.4  # dead-zone rounding: q = sign(v) floor(|v| + 0.4)
+MARGIN_DB = 0.15  # land at target + margin on the calibration subset ...
+TOL_DB = 0.12  # ... within this tolerance
+FLOOR_BELOW_DB = 0.4  # default min_psnr: no sample more than this below the target
+SUB_VALUES = 1 << 20  # coefficients in the subsample the search runs on
+FIT_VALUES = 1 << 22  # coefficients the entropy coder's model is fitted on (evenly spaced samples)
+DROP_SHARE = 0.15  # a smaller cf may drop at most this share of the error budget
+INT_LIMITS = {"int8": 127.0, "int16": 32767.0}
 
 
+def db(nmse: float) -> float:
+    return math.inf if nmse <= 0 else -10.0 * math.log10(nmse)
+
+
+def nmse_of(db_value: float) -> float:
+    return 10.0 ** (-db_value / 10.0)
+
+
+# Reports -----------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One setting tried by the search, with what it achieved on the calibration subset."""
+    """One setting tried on the subsample, with what it achieved there."""
 
     cf: int
     mask: str
     dtype: str
-    dataset_psnr: float
-    stored_bytes: int
-    feasible: bool
+    rotation: bool
+    subsample_psnr: float
+    subsample_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """What `calibrate_report` chose and what it predicts (measured on the calibration subset)."""
+    """What `calibrate_report` chose and what it achieves on the calibration subset."""
 
     spec: CodecSpec
     target_psnr: float | None
@@ -77,9 +96,11 @@ class Calibration:
     overflow: int
     stored_bytes_per_sample: float
     raw_bytes_per_sample: int
-    codec: dict
+    codec: dict  # the lossless stage chosen for the field (the fitted entropy coder's config, or zstd)
     stats: dict
     candidates: tuple[Candidate, ...] = ()
+    seconds: float = 0.0
+    evaluations: int = 0
 
     @property
     def stored_ratio(self) -> float:
@@ -88,35 +109,33 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary for a manifest's pack report."""
+        keys = (
+            "target_psnr",
+            "dataset_psnr",
+            "psnr_min",
+            "psnr_median",
+            "max_error",
+            "overflow",
+            "stored_bytes_per_sample",
+        )
         return {
-            "target_psnr": self.target_psnr,
-            "dataset_psnr": self.dataset_psnr,
-            "psnr_min": self.psnr_min,
-            "psnr_median": self.psnr_median,
-            "max_error": self.max_error,
-            "overflow": self.overflow,
-            "stored_bytes_per_sample": self.stored_bytes_per_sample,
+            **{k: getattr(self, k) for k in keys},
             "stored_ratio": self.stored_ratio,
-            "transfer_ratio": self.spec.transfer_ratio,
             "codec": self.codec,
             "stats": self.stats,
         }
 
 
-def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor) -> float:
+def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None) -> float:
     """10 log10(1 / mean_i(MSE_i / range_i^2)) over items (last two dims); constant items are skipped."""
-    ref = reference.detach().to(torch.float64)
-    est = estimate.detach().to(torch.float64)
-    mse = (ref - est).pow(2).flatten(start_dim=ref.dim() - 2).mean(-1).flatten()
-    rng = item_range(ref).flatten()
-    ok = rng > 0
+    nm, ok = item_nmse(reference, estimate, valid)
     if not bool(ok.any()):
         raise DctDataError("dataset_psnr: expected at least one item with max > min. Got only constant items")
-    nmse = float((mse[ok] / rng[ok].pow(2)).mean())
-    return math.inf if nmse == 0 else -10.0 * math.log10(nmse)
+    return db(float(nm[ok].mean()))
 
 
-def _check_samples(samples: object) -> torch.Tensor:
+# Inputs ------------------------------------------------------------------------------------------
+def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
     if samples.dim() != 4 or samples.shape[0] < 1 or samples.numel() == 0:
@@ -131,239 +150,183 @@ def _check_samples(samples: object) -> torch.Tensor:
             f"samples: expected |x| <= {F32_SAFE_MAX:.3g} (float32 max / 8: the 8x8 DCT multiplies by up to 8). "
             f"Got max |x| = {peak:.3g}; rescale the data"
         )
-    return samples.detach().to(torch.float32).cpu()
-
-
-class _Problem:
-    """The calibration subset in the coefficient domain, with everything the search reuses.
-
-    Distortion estimates are upper confidence bounds for the whole dataset, not just the subset:
-    mean_i(nmse_i) + Z * std_i(nmse_i) / sqrt(items), because the subset is a sample of items.
-    Integer ranges get the same treatment: per-sample extremes are extrapolated by Z standard
-    deviations and `headroom`, so unseen samples rarely overflow.
-    """
-
-    def __init__(self, samples: torch.Tensor, headroom: float, value_range: tuple[float, float] | None) -> None:
-        n, c, h, w = samples.shape
-        self.samples = samples
-        self.n, self.c, self.h, self.w = n, c, h, w
-        coeffs = compress(samples, 8, "square")  # (N, C, Hb, 64, Wb)
-        hb, wb = coeffs.shape[2], coeffs.shape[4]
-        self.pixels = hb * wb * BLOCK * BLOCK  # padded pixel count: coefficient-domain SSE / pixels = MSE
-        rng = item_range(samples).to(torch.float64)  # (N, C)
-        self.valid = rng > 0
-        if not bool(self.valid.any()):
+    x = samples.detach().to(torch.float32).cpu()
+    if valid is not None:
+        if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
+            raise TypeError(f"valid: expected a bool torch.Tensor. Got {type(valid).__name__}")
+        try:
+            valid = torch.broadcast_to(valid.cpu(), x.shape)
+        except RuntimeError as exc:
             raise DctDataError(
-                "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
-                "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
-                "and --cf (no --target-psnr), or as --field NAME=array"
-            )
-        safe = torch.where(self.valid, rng, torch.ones_like(rng))
-        # per-item factor turning an SSE into MSE / range^2 (the quantity dataset PSNR averages)
-        self.item_scale = (1.0 / (safe.pow(2) * self.pixels))[self.valid]  # (M,)
-        self.item_channel = torch.arange(c).expand(n, c)[self.valid]  # (M,) channel of each item
-        inv_r2 = torch.where(self.valid, 1.0 / safe.pow(2), torch.zeros_like(rng))
-        per_c = inv_r2.sum(0) / self.valid.sum(0).clamp(min=1)
-        self.base = torch.where(per_c > 0, 1.0 / per_c.clamp(min=1e-300).sqrt(), safe.max(0).values)  # (C,)
-        energy = coeffs.to(torch.float64).pow(2).sum(dim=(2, 4))  # (N, C, 64)
-        self.energy = energy[self.valid] * self.item_scale.unsqueeze(-1)  # (M, 64) item nmse if dropped
-        dc = coeffs[:, :, :, 0, :].to(torch.float64)
-        if value_range is not None:  # DC = 8 x block mean, so it lies in 8 x the value range
-            lo = torch.full((c,), BLOCK * float(value_range[0]), dtype=torch.float64)
-            hi = torch.full((c,), BLOCK * float(value_range[1]), dtype=torch.float64)
-            dc_half = (hi - lo) / 2
-        else:
-            lo = _extreme(dc.amin(dim=(2, 3)), -1)
-            hi = _extreme(dc.amax(dim=(2, 3)), 1)
-            dc_half = (hi - lo) / 2 * headroom
-        self.dc_offset = (lo + hi) / 2  # (C,)
-        coeffs[:, :, :, 0, :] -= self.dc_offset.to(torch.float32).reshape(1, c, 1, 1)
-        self.centered = coeffs
-        self.amax = _extreme(coeffs.abs().amax(dim=(2, 4)).to(torch.float64), 1) * headroom  # (C, 64)
-        self.amax[:, 0] = dc_half
-        self._planes: dict[tuple[int, ...], torch.Tensor] = {}
-        flat = samples.to(torch.float64).transpose(0, 1).reshape(c, -1)
-        self.stats = {
-            "min": flat.amin(1).tolist(),
-            "max": flat.amax(1).tolist(),
-            "mean": flat.mean(1).tolist(),
-            "std": flat.std(1, correction=0).tolist(),
-            "range_rms_harmonic": self.base.tolist(),
-        }
-
-    def index(self, cf: int, mask: str) -> list[int]:
-        return [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
-
-    def planes(self, idx: list[int]) -> torch.Tensor:
-        key = tuple(idx)
-        if key not in self._planes:
-            self._planes = {key: self.centered[:, :, :, idx, :].contiguous()}  # keep one: memory stays 1x
-        return self._planes[key]
-
-    def _ucb(self, per_item: torch.Tensor) -> float:
-        """Upper bound of the worst channel's mean item nmse: the target holds for every channel, so a
-        small-range channel next to a large one (mixed scales) is not averaged away."""
-        worst = 0.0
-        for ch in self.item_channel.unique().tolist():
-            v = per_item[self.item_channel == ch]
-            m = v.numel()
-            spread = float(v.std()) / math.sqrt(m) if m > 1 else 0.0
-            bound = float(v.mean()) + _Z * spread
-            if not math.isfinite(bound):  # inf/NaN (a float16 overflow): infeasible, never max()-ed away
-                return math.inf
-            worst = max(worst, bound)
-        return worst
-
-    def dropped_items(self, idx: list[int]) -> torch.Tensor:
-        keep = torch.zeros(64, dtype=torch.bool)
-        keep[idx] = True
-        return self.energy[:, ~keep].sum(-1)
-
-    def dropped(self, idx: list[int]) -> float:
-        return self._ucb(self.dropped_items(idx))
-
-    def floors(self, idx: list[int], dtype: str) -> torch.Tensor:
-        """(C, K) smallest steps that keep the (extrapolated) coefficients inside the integer range."""
-        if dtype not in INTEGER_DTYPES:
-            return torch.zeros(self.c, len(idx), dtype=torch.float64)
-        qmax = torch.iinfo(COEFF_DTYPES[dtype][0]).max - 0.5
-        return (self.amax[:, idx] / qmax).clamp(min=1e-30)
-
-    def steps(self, idx: list[int], dtype: str, scale: float) -> torch.Tensor:
-        return torch.maximum(scale * self.base.unsqueeze(1).expand(self.c, len(idx)), self.floors(idx, dtype))
-
-    def offsets(self, idx: list[int], dtype: str) -> torch.Tensor | None:
-        if dtype == "float32":
-            return None
-        o = torch.zeros(self.c, len(idx), dtype=torch.float64)
-        if 0 in idx:
-            o[:, idx.index(0)] = self.dc_offset
-        return o
-
-    def quantized_error(self, idx: list[int], dtype: str, steps: torch.Tensor | None) -> float:
-        """Upper bound of the dataset-level mean MSE / range^2: kept planes quantized + dropped energy."""
-        x = self.planes(idx)  # (N, C, Hb, K, Wb), DC already centred
-        if dtype == "float32":
-            sse = torch.zeros(self.n, self.c, dtype=torch.float64)
-        else:
-            if steps is None:
-                err = x.to(COEFF_DTYPES[dtype][0]).to(torch.float32) - x
-            else:
-                s = steps.to(torch.float32).reshape(1, self.c, 1, len(idx), 1)
-                y = torch.round(x / s)
-                if dtype in INTEGER_DTYPES:
-                    info = torch.iinfo(COEFF_DTYPES[dtype][0])
-                    y = y.clamp_(info.min, info.max)
-                err = y.mul_(s).sub_(x)
-            sse = err.pow_(2).sum(dim=(2, 3, 4), dtype=torch.float64)  # (N, C)
-        per_item = sse[self.valid] * self.item_scale + self.dropped_items(idx)
-        return self._ucb(per_item)
-
-    def spec(
-        self, cf: int, mask: str, dtype: str, steps: torch.Tensor | None, offsets: torch.Tensor | None
-    ) -> CodecSpec:
-        return CodecSpec(
-            cf=cf,
-            mask=mask,
-            channels=self.c,
-            height=self.h,
-            width=self.w,
-            dtype=dtype,
-            steps=None if steps is None else steps.tolist(),
-            offsets=None if offsets is None else offsets.tolist(),
+                f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
+            ) from exc
+    errors = ItemErrors(x, valid)
+    if not bool(errors.ok.any()):
+        raise DctDataError(
+            "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
+            "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
+            "and --cf (no --target-psnr), or as --field NAME=array"
         )
+    return x, valid, errors
 
 
-def _extreme(per_sample: torch.Tensor, sign: int) -> torch.Tensor:
-    """(N, C[, K]) per-sample extremes -> (C[, K]) dataset extreme, extrapolated by _Z std devs."""
-    if sign > 0:
-        ext = per_sample.amax(0)
-    else:
-        ext = per_sample.amin(0)
-    if per_sample.shape[0] > 1:
-        ext = ext + sign * _Z * per_sample.std(0)
-    return ext
+def _klt(xn: torch.Tensor) -> torch.Tensor:
+    """Orthonormal C x C rotation: rows are the eigenvectors of the channel covariance, largest variance
+    first, each with its largest component positive (so the result is deterministic)."""
+    c = xn.shape[1]
+    v = xn.to(torch.float64).transpose(0, 1).reshape(c, -1)
+    cov = torch.cov(v)
+    evals, evecs = torch.linalg.eigh(cov)
+    r = evecs[:, torch.argsort(evals, descending=True)].T.contiguous()
+    return r * torch.sign(r.gather(1, r.abs().argmax(1, keepdim=True)))
 
 
-def _parse_range(value_range) -> tuple[float, float] | None:
-    if value_range is None:
-        return None
-    try:
-        lo, hi = (float(v) for v in value_range)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"value_range: expected a pair (lo, hi) of numbers. Got {value_range!r}") from exc
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise DctDataError(f"value_range: expected finite lo < hi. Got {value_range!r}")
-    return lo, hi
+def worst_case_amax(cf: int, mask: str, rotation: torch.Tensor | None, channels: int) -> torch.Tensor:
+    """(C, K) the largest |coefficient| an item normalized to [-0.5, 0.5] can have: 0.5 ||b_k||_1 ||R_c||_1."""
+    b = basis(cf, mask, dtype=torch.float64)
+    per_k = 0.5 * b.abs().sum(1)
+    rows = torch.ones(channels, dtype=torch.float64) if rotation is None else rotation.abs().sum(1)
+    return rows[:, None] * per_k[None, :]
 
 
-def _nmse(db: float) -> float:
-    return 10.0 ** (-db / 10.0)
+class _Coded:
+    """The calibration subset in the coded domain (normalized, rotated, all 64 frequencies) and a
+    random subsample of its block rows, for one rotation choice."""
+
+    def __init__(self, x: torch.Tensor, side: torch.Tensor, rotation: torch.Tensor | None) -> None:
+        self.rotation = rotation
+        n, c, h, w = x.shape
+        xn = normalize(x, side)
+        if rotation is not None:
+            xn = rotate(xn, rotation)
+        self.coef = compress(xn, 8, "square", "symmetric")  # (N, C, Hb, 64, Wb)
+        hb, wb = self.coef.shape[2], self.coef.shape[4]
+        rows = n * hb
+        take = min(rows, max(1, SUB_VALUES // (c * 64 * wb)))
+        pick = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:take].sort().values
+        self.sub = self.coef.permute(0, 2, 1, 3, 4).reshape(rows, c, 64, wb)[pick]  # (R, C, 64, Wb)
+        self.amax = self.coef.abs().amax(dim=(0, 2, 4)).double()  # (C, 64)
+        self.pixels = 64 * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
+
+    def energy(self) -> torch.Tensor:
+        """(C, 64) mean squared coefficient per output channel: the nmse of dropping each frequency."""
+        e = self.sub.double().pow(2).sum(dim=(0, 3)) / (self.pixels * self.sub.shape[0])
+        if self.rotation is not None:  # dropped energy spreads over output channels through R^T
+            e = self.rotation.double().pow(2).T @ e
+        return e
 
 
-def _db(nmse: float) -> float:
-    return math.inf if nmse <= 0 else -10.0 * math.log10(nmse)
+# The search --------------------------------------------------------------------------------------
+class _Setting:
+    """One (rotation, cf, mask, dtype) being fitted: its floors and subsample error model."""
 
-
-def _fit(problem: _Problem, cf: int, mask: str, dtype: str, budget: float | None):
-    """(steps, offsets, distortion) for one setting; budget None = finest steps the dtype allows.
-    Returns None when the setting cannot reach the budget."""
-    idx = problem.index(cf, mask)
-    offsets = problem.offsets(idx, dtype)
-    if dtype not in INTEGER_DTYPES:
-        d = problem.quantized_error(idx, dtype, None)
-        return (None, offsets, d) if budget is None or d <= budget else None
-    if budget is None:
-        steps = problem.floors(idx, dtype)
-        return steps, offsets, problem.quantized_error(idx, dtype, steps)
-    if problem.dropped(idx) >= budget:
-        return None
-    finest = problem.floors(idx, dtype)
-    d_min = problem.quantized_error(idx, dtype, finest)
-    if d_min > budget:
-        return None
-    # bisection on log(scale): distortion grows with scale; find the largest scale within budget
-    s0 = math.sqrt(12.0 * budget)  # uniform-quantizer estimate, relative to base[c]
-    lo, hi = math.log(s0) - 8.0, math.log(s0) + 3.0
-    best = (finest, d_min)
-    if problem.quantized_error(idx, dtype, problem.steps(idx, dtype, math.exp(lo))) > budget:
-        return finest, offsets, d_min
-    for _ in range(_BISECT_STEPS):
-        mid = (lo + hi) / 2
-        steps = problem.steps(idx, dtype, math.exp(mid))
-        d = problem.quantized_error(idx, dtype, steps)
-        if d <= budget:
-            lo, best = mid, (steps, d)
+    def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str) -> None:
+        self.coded, self.cf, self.mask, self.dtype = coded, cf, mask, dtype
+        self.idx = [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
+        c = coded.coef.shape[1]
+        if dtype in INTEGER_DTYPES:
+            bound = worst_case_amax(cf, mask, coded.rotation, c)
+            data = coded.amax[:, self.idx] * 1.1
+            self.floors = (torch.minimum(data, bound) / (INT_LIMITS[dtype] - 0.5)).clamp(min=1e-12)
         else:
-            hi = mid
-    return best[0], offsets, best[1]
+            self.floors = torch.zeros(c, len(self.idx), dtype=torch.float64)
+
+    def steps(self, s: float) -> torch.Tensor:
+        return torch.maximum(torch.full_like(self.floors, s), self.floors)
+
+    def subsample(self, s: float) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """(worst output channel's mean nmse on the subsample, quantized planes, recon offsets)."""
+        sub = self.coded.sub
+        st = self.steps(s).to(torch.float32).reshape(1, -1, len(self.idx), 1)
+        kept = sub[:, :, self.idx, :]
+        if self.dtype in INTEGER_DTYPES:
+            v = kept / st
+            q = torch.sign(v) * torch.floor(v.abs() + THETA)
+            lim = INT_LIMITS[self.dtype]
+            q = q.clamp(-lim, lim)
+            delta = fit_recon(v, q, dims=(0, 3))
+            rec = (q - delta.reshape(1, -1, len(self.idx), 1) * torch.sign(q)) * st
+        else:
+            q = kept.to(COEFF_DTYPES[self.dtype][0])
+            rec, delta = q.to(torch.float32), None
+        err = -sub.double()
+        err[:, :, self.idx, :] = (rec - kept).double()
+        if self.coded.rotation is not None:
+            err = torch.einsum("oc,rokw->rckw", self.coded.rotation.double(), err)
+        nm = err.pow(2).sum(dim=(2, 3)) / self.coded.pixels  # (R, C) normalized MSE of each row
+        return float(nm.mean(0).max()), q, delta
+
+    def land(self, goal_db: float, s: float) -> tuple[float, float, torch.Tensor]:
+        """Secant on log(step) until the subsample is at goal_db: (step, slope dB per log-step, q)."""
+        pts: list[tuple[float, float]] = []
+        q = None
+        for _ in range(10):
+            d, q, _ = self.subsample(s)
+            pts.append((math.log(s), db(d)))
+            if abs(pts[-1][1] - goal_db) < 0.03:
+                break
+            slope = _slope(pts)
+            s = math.exp(pts[-1][0] + max(-1.0, min(1.0, (goal_db - pts[-1][1]) / slope)))
+        return s, _slope(pts), q
 
 
-def _stored_bytes(problem: _Problem, spec: CodecSpec, codec: Mapping[str, Any] | None) -> tuple[int, int]:
-    """(bytes after the lossless stage for the whole subset, overflow count)."""
-    q, overflow = quantize(compress(problem.samples, spec.cf, spec.mask), spec)
-    raw = q.contiguous().numpy().tobytes() if q.dtype != torch.bfloat16 else q.view(torch.int16).numpy().tobytes()
-    c = get_codec(codec)
-    return (len(c.encode(raw)) if c is not None else len(raw)), overflow
+def _slope(pts: list[tuple[float, float]]) -> float:
+    """dB per unit of log(step) from the last two points (about -8.7 for a uniform quantizer)."""
+    if len(pts) >= 2:
+        (l0, d0), (l1, d1) = pts[-2], pts[-1]
+        if l1 != l0 and (d1 - d0) / (l1 - l0) < -0.3:
+            return (d1 - d0) / (l1 - l0)
+    return -20.0 / math.log(10.0)
 
 
-def _choices(cf, mask, quant, target_psnr):
-    cfs = range(1, BLOCK + 1) if cf is None else (parse_cf(cf),)
-    if mask is not None:
-        masks = (parse_mask(mask),)
-    else:
-        masks = MASKS if target_psnr is not None else ("square",)
-    dtypes = SEARCH_DTYPES if quant is None else (parse_coeff_dtype(quant),)
-    out = []
-    for c in cfs:
-        for m in masks:
-            if m == "triangle" and c == 1:
-                continue  # same single DC coefficient as square
-            for d in dtypes:
-                out.append((c, m, d))
-    return out
+def fit_recon(v: torch.Tensor, q: torch.Tensor, dims) -> torch.Tensor:
+    """Per (channel, frequency) reconstruction offset in steps: delta = mean(|q| - |v|) over q != 0 (the
+    least-squares centroid shift of the dead zone), rounded to 0.01 step, in (-0.99, 0.99)."""
+    nz = q != 0
+    num = torch.where(nz, q.abs() - v.abs(), torch.zeros_like(v)).sum(dims, dtype=torch.float64)
+    delta = num / nz.sum(dims).clamp(min=1)
+    return (torch.round(delta * 100) / 100).clamp(-0.99, 0.99)
 
 
+def _sizer(codec: Mapping[str, Any] | str | None) -> Callable[[torch.Tensor, str, int, str], int]:
+    """Bytes of quantized planes (R, C, K, Wb) after the lossless stage: the search compares settings by
+    this. With "auto" (or the entropy coder), integer planes are sized by the entropy coder's one-pass
+    estimate (each block row a sample of one row: the cheapest consistent proxy)."""
+    entropy = codec == AUTO or is_entropy(codec if isinstance(codec, Mapping) else None)
+    c = get_codec(DEFAULT_CODEC if codec == AUTO else codec) if not entropy else get_codec(ZSTD_MAX)
+
+    def size(q: torch.Tensor, dtype: str, cf: int, mask: str) -> int:
+        raw = q.to(COEFF_DTYPES[dtype][0]).contiguous()
+        if entropy and dtype in INTEGER_DTYPES:
+            from dctdata.entropy import CtxCodec
+
+            return int(CtxCodec.estimate_bytes(raw.unsqueeze(2).numpy(), cf, mask))
+        raw = raw.view(torch.int16) if raw.dtype == torch.bfloat16 else raw
+        return len(encode_array(c, raw.numpy()))
+
+    return size
+
+
+def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The lossless stage config of a dct field from its quantized calibration coefficients: with "auto",
+    the entropy coder fitted on them, unless zstd-19 stores them in fewer bytes (periodic textures that
+    long matches catch); else `codec` as given."""
+    if codec != AUTO:
+        return dict(codec or {})
+    if spec.dtype not in INTEGER_DTYPES:
+        return dict(DEFAULT_CODEC)
+    from dctdata.entropy import CtxCodec
+
+    per = max(1, q[0].size)
+    pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
+    coder = CtxCodec.fit(q[pick], spec.cf, spec.mask)  # counts of a few million coefficients fit the model
+    config = coder.get_config()
+    sub = q[: max(1, SUB_VALUES // max(1, q[0].size))]  # zstd-19 encodes slowly: compare on a bounded share
+    ctx = len(encode_array(coder, sub)) + len(json.dumps(config)) * len(sub) / len(q)  # the model is in the manifest
+    return config if ctx < len(encode_array(get_codec(ZSTD_MAX), sub)) else dict(ZSTD_MAX)
+
+
+# Entry points ------------------------------------------------------------------------------------
 def calibrate_report(
     samples: torch.Tensor,
     *,
@@ -371,115 +334,308 @@ def calibrate_report(
     mask: str | None = None,
     quant: str | None = "int8",
     target_psnr: float | None = None,
-    margin_db: float = DEFAULT_MARGIN_DB,
-    headroom: float = DEFAULT_HEADROOM,
-    codec: Mapping[str, Any] | None = DEFAULT_CODEC,
+    min_psnr: float | None = None,
+    valid: torch.Tensor | None = None,
+    codec: Mapping[str, Any] | str | None = AUTO,
     normalize: bool = False,
-    value_range: tuple[float, float] | None = None,
+    rotation: bool | None = None,
+    progress: Callable[[int, float], None] | None = None,
 ) -> Calibration:
     """Choose a CodecSpec for one `dct` field from a calibration subset (N, C, H, W) and say what it
-    achieves there. See the module docstring for the model; `calibrate` returns only the spec.
+    achieves there (see the module docstring). `calibrate` returns only the spec.
 
-    target_psnr: dataset-level PSNR (dB) to reach with `margin_db` to spare; free knobs (cf, mask,
-    quant left None) are searched for the smallest stored size after the `codec` lossless stage.
-    Without a target, cf is required and integer dtypes get the finest steps that fit their range.
-    normalize: also store per-channel mean/std so `Decompress` outputs standardised values.
-    value_range: (lo, hi) every value of the field lies in, when the source dtype says so (uint8
-    photos scaled to [0, 1]); it bounds the DC term exactly instead of extrapolating it.
+    target_psnr: dataset-level PSNR in dB; free knobs (cf, mask, quant left None) are searched for the
+    smallest stored size after the `codec` lossless stage. min_psnr: the lowest PSNR any sample may
+    have (default target - 0.4 dB). valid: bool mask broadcastable to the samples; pixels where it is
+    False count nowhere (masked data). normalize: also store per-channel mean/std so `Decompress`
+    outputs standardised values. rotation: for C > 1, True/False forces the channel rotation on/off (None:
+    the smaller pack decides). progress(evaluation, dB) is called after each exact evaluation.
     """
-    x = _check_samples(samples)
+    t0 = time.perf_counter()
+    x, valid, errors = _check_samples(samples, valid)
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
         parse_number(target_psnr, "target_psnr", above=0, below=200, expected="a PSNR in dB between 0 and 200")
+        target_psnr = float(target_psnr)
+        if min_psnr is None:
+            min_psnr = target_psnr - FLOOR_BELOW_DB
     elif cf is None:
         raise DctDataError(
             "calibrate: expected cf or target_psnr. Got neither (nothing to choose the chop factor from)"
         )
-    if not isinstance(margin_db, (int, float)) or margin_db < 0:
-        raise DctDataError(f"margin_db: expected a number >= 0. Got {margin_db!r}")
-    if not isinstance(headroom, (int, float)) or headroom < 1:
-        raise DctDataError(f"headroom: expected a number >= 1. Got {headroom!r}")
-    problem = _Problem(x, float(headroom), _parse_range(value_range))
-    budget = None if target_psnr is None else _nmse(target_psnr + margin_db)
+    if min_psnr is not None:
+        min_psnr = parse_number(min_psnr, "min_psnr", above=0, below=200, expected="a PSNR in dB between 0 and 200")
+    cfs = None if cf is None else parse_cf(cf)
+    masks = None if mask is None else parse_mask(mask)
+    dtype = None if quant is None else parse_coeff_dtype(quant)
+    n, c, h, w = x.shape
+    side = item_side(x, valid)
+    stats = _stats(x, valid)
+    result = None
+    if target_psnr is None:
+        spec = _untargeted(x, side, cfs, masks or "square", dtype or "float32", min_psnr)
+        evaluations, candidates = 0, ()
+    else:
+        spec, evaluations, candidates, result = _search(
+            x, side, target_psnr, min_psnr, cfs, masks, dtype, codec, rotation, progress, errors
+        )
+    if normalize:
+        spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
+    return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
+
+
+def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]]:
+    c = x.shape[1]
+    flat = x.to(torch.float64).transpose(0, 1).reshape(c, -1)
+    if valid is not None:
+        ok = valid.transpose(0, 1).reshape(c, -1)
+        rows = [flat[i][ok[i]] for i in range(c)]
+        rows = [r if r.numel() else torch.zeros(1, dtype=torch.float64) for r in rows]
+    else:
+        rows = list(flat)
+    return {
+        "min": [float(r.min()) for r in rows],
+        "max": [float(r.max()) for r in rows],
+        "mean": [float(r.mean()) for r in rows],
+        "std": [float(r.std(correction=0)) for r in rows],
+    }
+
+
+def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
+    """No target: the given cf and dtype; integer dtypes get the finest steps no item can overflow."""
+    n, c, h, w = x.shape
+    common = dict(cf=cf, mask=mask, channels=c, height=h, width=w, dtype=dtype, pad="symmetric")
+    if dtype not in INTEGER_DTYPES:
+        return CodecSpec(**common)
+    steps = worst_case_amax(cf, mask, None, c) / (INT_LIMITS[dtype] - 0.5)
+    return CodecSpec(**common, steps=steps.tolist(), side="range_mid")
+
+
+def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors):
+    n, c, h, w = x.shape
+    goal = target + MARGIN_DB
+    budget = nmse_of(goal)
+    size_of = _sizer(codec)
+    rotations: list[torch.Tensor | None] = [] if rotation else [None]
+    if c > 1 and rotation in (None, True):
+        rotations.insert(0, _klt(normalize(x, side)).to(torch.float32))
+    dtypes = [dtype] if dtype is not None else ["int8", "int16"]
     candidates, best = [], None
-    for c, m, d in _choices(cf, mask, quant, target_psnr):
-        fit = _fit(problem, c, m, d, budget)
-        if fit is None:
-            candidates.append(Candidate(c, m, d, math.nan, 0, False))
-            continue
-        steps, offsets, dist = fit
-        spec = problem.spec(c, m, d, steps, offsets)
-        nbytes, _ = _stored_bytes(problem, spec, codec)
-        candidates.append(Candidate(c, m, d, _db(dist), nbytes, True))
-        if best is None or nbytes < best[1]:
-            best = (spec, nbytes)
+    for rot in rotations:
+        coded = _Coded(x, side, rot)
+        for cc, mm in _cf_candidates(coded, cf, mask, budget):
+            for dt in dtypes:
+                setting = _Setting(coded, cc, mm, dt)
+                if dt not in INTEGER_DTYPES:
+                    d, q, _ = setting.subsample(1.0)
+                    s, slope = 1.0, _slope([])
+                else:
+                    if (
+                        dt == "int16"
+                        and dtype is None
+                        and best is not None
+                        and best["dtype"] == "int8"
+                        and not best["floors_bind"]
+                    ):
+                        continue  # int16 only pays where an int8 floor binds
+                    s, slope, q = setting.land(goal, math.sqrt(12 * budget) * 1.4)
+                    d, q, _ = setting.subsample(s)
+                size = size_of(q, dt, cc, mm)
+                candidates.append(Candidate(cc, mm, dt, rot is not None, db(d), size))
+                if db(d) < goal - 0.3:
+                    continue  # this setting cannot reach the target (its floors or precision cap the PSNR)
+                floors_bind = bool((setting.floors > s).any())
+                if best is None or size < best["size"]:
+                    best = dict(setting=setting, s=s, slope=slope, size=size, dtype=dt, floors_bind=floors_bind)
     if best is None:
-        reach = max((cand.dataset_psnr for cand in candidates if cand.feasible), default=None)
-        settings = f"cf={cf}, mask={mask}, quant={quant}"
+        reach = max((cand.subsample_psnr for cand in candidates), default=None)
+        settings = f"cf={cf}, mask={mask}, quant={dtype}"
         raise DctDataError(
-            f"target_psnr: expected a target these settings ({settings}) can reach on the calibration subset "
-            f"with a {margin_db} dB margin. Got {target_psnr} dB"
+            f"target_psnr: expected a target these settings ({settings}) can reach on the calibration subset. "
+            f"Got {target} dB"
             + ("" if reach is None else f" (best reachable {reach:.1f} dB)")
             + "; lower the target or free cf/quant"
         )
-    spec, nbytes = _verify(problem, best[0], target_psnr, margin_db)
-    if normalize:
-        spec = spec.replace(mean=problem.stats["mean"], std=[max(s, 1e-12) for s in problem.stats["std"]])
-    return _summarize(problem, spec, target_psnr, codec, candidates)
+    try:
+        spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
+    except _Missed as missed:
+        if not (best["dtype"] == "int8" and dtype is None):
+            raise _missed_error(target, missed) from None
+        # the int8 per-sample floor cannot lift some items without overflowing: land int16 instead
+        setting = _Setting(best["setting"].coded, best["setting"].cf, best["setting"].mask, "int16")
+        s, slope, q = setting.land(goal, math.sqrt(12 * budget) * 1.4)
+        best = dict(setting=setting, s=s, slope=slope, size=size_of(q, "int16", setting.cf, setting.mask))
+        try:
+            spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
+        except _Missed as missed16:
+            raise _missed_error(target, missed16) from None
+    return spec, evaluations, tuple(candidates), result
 
 
-def _verify(problem: _Problem, spec: CodecSpec, target_psnr, margin_db):
-    """Decode the subset for real; if padding made the pixel-domain PSNR miss the target, refine steps."""
-    if target_psnr is None:
-        return spec, None
-    for attempt in range(5):
-        q, _ = quantize(compress(problem.samples, spec.cf, spec.mask), spec)
-        x_hat = Decompress(spec)(q)
-        got = min(  # per channel, as the budget is (see _Problem._ucb)
-            dataset_psnr(problem.samples[:, ch : ch + 1], x_hat[:, ch : ch + 1])
-            for ch in range(problem.c)
-            if bool(problem.valid[:, ch].any())
-        )
-        deficit = target_psnr + margin_db - got
-        if deficit <= 0 or spec.steps is None or attempt == 4:
-            break
-        idx = problem.index(spec.cf, spec.mask)
-        floors = problem.floors(idx, spec.dtype)
-        steps = torch.tensor(spec.steps, dtype=torch.float64) * 10 ** (-(deficit + 0.05) / 20)
-        steps = torch.maximum(steps, floors)
-        spec = spec.replace(steps=steps.tolist())
-    if got < target_psnr:  # the model's promise failed for real (float32 precision, subnormal data): say so
-        raise DctDataError(
-            f"target_psnr: expected {target_psnr} dB on the calibration subset. Got {got:.1f} dB after decoding with "
-            f"cf={spec.cf} {spec.mask} {spec.dtype} (values too small or their range too narrow for float32 "
-            "arithmetic? "
-            f"value range {min(problem.stats['min']):.3g}..{max(problem.stats['max']):.3g}: subtract an offset or "
-            "rescale)"
-        )
-    return spec, None
+def _missed_error(target: float, missed: _Missed) -> DctDataError:
+    spec = missed.spec
+    hint = (
+        "some items need finer steps than int8 holds: use quant int16, or leave quant unset"
+        if spec.dtype == "int8"
+        else "values too small or their range too narrow for float32 arithmetic? subtract an offset or rescale"
+    )
+    return DctDataError(
+        f"target_psnr: expected {target} dB on the calibration subset. Got {missed.psnr:.1f} dB after decoding with "
+        f"cf={spec.cf} {spec.mask} {spec.dtype} ({hint})"
+    )
 
 
-def _summarize(problem: _Problem, spec: CodecSpec, target_psnr, codec, candidates) -> Calibration:
-    q, overflow = quantize(compress(problem.samples, spec.cf, spec.mask), spec)
-    x_hat = Decompress(spec, normalize=False)(q)
-    per_item = psnr(problem.samples, x_hat).flatten()[problem.valid.flatten()].tolist()
-    nbytes, _ = _stored_bytes(problem, spec, codec)
+def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: float) -> list[tuple[int, str]]:
+    """(cf, mask) pairs to try: the given ones, else the smallest whose dropped energy is at most
+    DROP_SHARE of the budget, and cf 8."""
+    if cf is not None:
+        return [(cf, mask or "square")]
+    masks = (mask,) if mask is not None else ("triangle", "square")
+    e = coded.energy()
+    out = [(8, "square")] if mask in (None, "square") else [(8, "triangle")]
+    for cc in range(1, 8):
+        for mm in masks:
+            keep = set(u * BLOCK + v for u, v in kept_frequencies(cc, mm))
+            dropped = float(e[:, [k for k in range(64) if k not in keep]].sum(1).max())
+            if dropped <= DROP_SHARE * budget:
+                return [(cc, mm), *out]
+    return out
+
+
+def _spec_for(setting: _Setting, s: float, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
+    n, c, h, w = x_shape
+    rot = setting.coded.rotation
+    integer = setting.dtype in INTEGER_DTYPES
+    return CodecSpec(
+        cf=setting.cf, mask=setting.mask, channels=c, height=h, width=w, dtype=setting.dtype, pad="symmetric",
+        steps=setting.steps(s).tolist() if integer else None, theta=THETA if integer else None,
+        recon=None if recon is None else recon.tolist(), rotation=None if rot is None else rot.tolist(),
+        side="range_mid", min_psnr=min_psnr if integer else None,
+    )  # fmt: skip
+
+
+def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
+    """Exact evaluations of the whole subset, regula falsi on log(step) until the worst channel's dataset
+    PSNR is in the window: (spec, evaluations, (wire, overflow, x_hat, nmse) of the spec returned).
+
+    Each evaluation is what encode + Decompress give (the per-sample floor included), from the subset's
+    coefficients computed once (`_Coded`): quantize, decode, one float32 error pass (`ItemErrors`)."""
+    setting, s, slope = best["setting"], best["s"], best["slope"]
+    goal = target + MARGIN_DB
+    lo_ok, hi_ok = goal - TOL_DB, goal + TOL_DB
+    coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
+    above = below = accepted = pending = None
+    pts: list[tuple[float, float]] = []
+    spec = None
+    blocked = torch.zeros_like(errors.ok)  # items the floor could not lift (int overflow) are not predicted to
+    for evaluation in range(1, 9):
+        recon = setting.subsample(s)[2] if setting.dtype in INTEGER_DTYPES else None  # offsets: a statistic
+        spec = _spec_for(setting, s, x.shape, recon, min_psnr)
+        q, over = quantize_per_sample(coef, spec, checked=True)
+        with torch.inference_mode():
+            x_hat = Decompress(spec, normalize=False)((q, side))
+        nm = errors.nmse(x_hat)
+        sd = side
+        d = db(float(errors.channel_nmse(nm).max()))
+        if spec.min_psnr is not None:
+            # the floor lifts the items below it to just under its cap: predicted first, applied (re-coding
+            # those items) only where the prediction is in the window
+            cap = nmse_of(spec.min_psnr)
+            lifted = torch.where(errors.ok & (nm > cap) & ~blocked, torch.full_like(nm, 0.95 * cap), nm)
+            d = db(float(errors.channel_nmse(lifted).max()))
+            if lo_ok <= d <= hi_ok:
+                q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
+                d = db(float(errors.channel_nmse(nm).max()))
+                blocked |= errors.ok & (nm > cap)
+        result = ((q, sd), int(over.sum()), x_hat, nm)
+        if progress is not None:
+            progress(evaluation, d)
+        if setting.dtype not in INTEGER_DTYPES:
+            return spec, evaluation, result
+        ls = math.log(s)
+        floored = spec.min_psnr is None or sd is not side
+        if floored and d >= lo_ok and (accepted is None or d < accepted[1]):
+            accepted = (spec, d, result)
+        if not floored and d >= lo_ok and (pending is None or d < pending[1]):
+            pending = (spec, d, q, over, x_hat, nm)  # above target once its floor is applied (it only lifts)
+        if floored and lo_ok <= d <= hi_ok:
+            return spec, evaluation, result
+        if d > goal:
+            above = (ls, d) if above is None or ls > above[0] else above
+        else:
+            below = (ls, d) if below is None or ls < below[0] else below
+        pts.append((ls, d))
+        if above and below:
+            (l0, d0), (l1, d1) = above, below
+            nxt = l0 + (goal - d0) * (l1 - l0) / (d1 - d0)
+            nxt = min(max(nxt, l0 + 0.1 * (l1 - l0)), l1 - 0.1 * (l1 - l0))
+        else:
+            sl = _slope(pts) if len(pts) >= 2 else (slope if slope < -3 else -20 / math.log(10))
+            nxt = ls + max(-1.0, min(1.0, (goal - d) / sl))
+        s = math.exp(nxt)
+    if accepted is not None:  # never return a spec that misses the target on the calibration set
+        return accepted[0], 8, accepted[2]
+    if pending is not None:  # the lift was predicted outside the window at every step: apply it to the best
+        spec, _, q, over, x_hat, nm = pending
+        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
+        d = db(float(errors.channel_nmse(nm).max()))
+        if d >= lo_ok:  # the floor lifted as predicted (it cannot where lifting would overflow the integers)
+            return spec, 8, ((q, sd), int(over.sum()), x_hat, nm)
+    if spec.min_psnr is not None and spec.min_psnr < goal:
+        # the integer floors cap every item below the target: a per-sample floor at the goal lifts each
+        # item with its own finer effective step (a smaller stored range), as the encoder will on every sample
+        spec = dataclasses.replace(spec, min_psnr=round(goal, 2))
+        q, over = quantize_per_sample(coef, spec, checked=True)
+        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors)
+        d = db(float(errors.channel_nmse(nm).max()))
+        if d >= lo_ok:
+            return spec, 9, ((q, sd), int(over.sum()), x_hat, nm)
+    raise _Missed(spec, d)
+
+
+class _Missed(Exception):
+    """The landing found no spec of its setting that reaches the target (the search tries int16 next)."""
+
+    def __init__(self, spec: CodecSpec, psnr: float) -> None:
+        super().__init__(spec, psnr)
+        self.spec, self.psnr = spec, psnr
+
+
+def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations, errors, result=None) -> Calibration:
+    """What the spec achieves on the subset (from the landing's last evaluation when there was one)."""
+    if result is None:
+        wire, overflow = encode(x, spec, valid=valid)
+        with torch.inference_mode():
+            x_hat = Decompress(spec, normalize=False)(wire)
+        nm = errors.nmse(x_hat)
+    else:
+        wire, overflow, x_hat, nm = result
+    per_item = [db(v) for v in nm[errors.ok].tolist()]
+    q = wire[0] if isinstance(wire, tuple) else wire
+    qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
+    stage = choose_stage(qn, spec, codec)
+    nbytes = len(encode_array(get_codec(stage), qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
+    diff = (x_hat.to(torch.float32) - x).abs()
+    if valid is not None:
+        diff = diff.masked_fill(~valid, 0)
     if overflow:
         log.warning("calibration: %d coefficients overflow %s on the calibration subset", overflow, spec.dtype)
     return Calibration(
         spec=spec,
-        target_psnr=target_psnr,
-        dataset_psnr=dataset_psnr(problem.samples, x_hat),
+        target_psnr=target,
+        dataset_psnr=db(float(nm[errors.ok].mean())),
         psnr_min=min(per_item),
         psnr_median=statistics.median(per_item),
-        max_error=float((problem.samples.to(torch.float64) - x_hat.to(torch.float64)).abs().max()),
+        max_error=float(diff.max()),
         overflow=overflow,
-        stored_bytes_per_sample=nbytes / problem.n,
-        raw_bytes_per_sample=problem.c * problem.h * problem.w * 4,
-        codec=dict(codec or {}),
-        stats=problem.stats,
+        stored_bytes_per_sample=nbytes / x.shape[0],
+        raw_bytes_per_sample=int(np.prod(x.shape[1:])) * 4,
+        codec=stage,
+        stats=stats,
         candidates=tuple(candidates),
+        seconds=time.perf_counter() - t0,
+        evaluations=evaluations,
     )
 
 
@@ -492,10 +648,6 @@ def calibrate(
     target_psnr: float | None = None,
     **options: Any,
 ) -> CodecSpec:
-    """CodecSpec for one `dct` field from a calibration subset (N, C, H, W) float32.
-
-    Explicit cf/quant are kept; with `target_psnr` the free ones (None) are searched for the smallest
-    stored size that reaches the target (dataset-level PSNR, see `dataset_psnr`). Options go to
-    `calibrate_report` (margin_db, headroom, codec, normalize).
-    """
+    """CodecSpec for one `dct` field from a calibration subset (N, C, H, W) float32 (see
+    `calibrate_report` for the options: min_psnr, valid, codec, normalize, progress)."""
     return calibrate_report(samples, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, **options).spec

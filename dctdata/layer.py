@@ -1,12 +1,26 @@
-"""`Decompress`: the model's first layer. Dequantize + inverse DCT + crop (+ normalize), as matmuls.
+"""`Decompress`: the model's first layer. Dequantize + inverse DCT + crop (+ per-sample scale, channel
+rotation, normalization), as matmuls.
 
-It takes the coefficient batch exactly as a DataLoader collates it, (B, C, Hb, K, Wb) in the wire
-dtype (integer or float), and returns (B, C, H, W) in `dtype` on the input's device. The steps,
-offsets and normalization are folded into the weights it holds (non-persistent buffers, so model
-checkpoints do not depend on them), so decoding is one pass: two small matmuls per block.
+It takes a field's value exactly as a DataLoader collates it: the coefficient batch (B, C, Hb, K, Wb)
+in the wire dtype (integer or float), or the pair (coefficients, side) when the spec carries
+per-sample side information (side (B, C, 2) = [range, mid]). It returns (B, C, H, W) in `dtype` on
+the input's device.
+
+Two paths, both only matmul/reshape/transpose/cat-class ops plus a few elementwise ones (so they
+export to ONNX):
+- v1 specs (no recon, rotation or side): steps, offsets and normalization are folded into the
+  weights it holds (non-persistent buffers, so model checkpoints do not depend on them), so decoding
+  is one pass: two small matmuls per block.
+- v2 specs: one affine pass over the coefficient tensor (K/64 of the output or smaller):
+  coef = q * S + O - sign(q) * D (dequantization with the dead zone's reconstruction offsets D), the
+  C x C inverse rotation as one small matmul over the channel axis, the per-sample (range, mid) and
+  normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
+  8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -14,9 +28,15 @@ from torch import nn
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec
-from dctdata.transform import augment_bias, fold_basis, synthesize
+from dctdata.transform import BLOCK, augment_bias, fold_basis, synthesize
+from dctdata.wire import split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _table(values, c: int, k: int) -> torch.Tensor:
+    """(C, K) table -> (1, C, 1, K, 1) float64, broadcasting over (B, C, Hb, K, Wb)."""
+    return torch.as_tensor(values, dtype=torch.float64).reshape(1, c, 1, k, 1)
 
 
 class Decompress(nn.Module):
@@ -31,18 +51,39 @@ class Decompress(nn.Module):
         self.spec = spec
         self.dtype = dtype
         self.normalize = normalize
-        wcol, zbias, trows = fold_basis(
-            spec.cf,
-            spec.mask,
-            spec.channels,
-            spec.steps,
-            spec.offsets,
-            spec.mean if normalize else None,
-            spec.std if normalize else None,
-        )
         compute = torch.float64 if dtype == torch.float64 else torch.float32
-        self.bias_row = zbias is not None
-        self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
+        mean = spec.mean if normalize else None
+        std = spec.std if normalize else None
+        self.folded = spec.recon is None and spec.rotation is None and spec.side is None
+        if self.folded:
+            wcol, zbias, trows = fold_basis(spec.cf, spec.mask, spec.channels, spec.steps, spec.offsets, mean, std)
+            self.bias_row = zbias is not None
+            self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
+        else:
+            c, k = spec.channels, spec.kept
+            wcol, _, trows = fold_basis(spec.cf, spec.mask, c)
+            self.bias_row = False
+            self.register_buffer("weight", wcol.to(compute), persistent=False)
+            steps = _table(spec.steps if spec.steps is not None else [[1.0] * k] * c, c, k)
+            self.register_buffer("scale", steps.to(compute), persistent=False)
+            offsets = (
+                _table(spec.offsets, c, k)
+                if spec.offsets is not None
+                else torch.zeros(1, c, 1, k, 1, dtype=torch.float64)
+            )
+            self.register_buffer("shift", offsets.to(compute), persistent=False)
+            recon = None if spec.recon is None else (_table(spec.recon, c, k) * steps).to(compute)
+            self.register_buffer("recon", recon, persistent=False)
+            rot_t = None if spec.rotation is None else torch.tensor(spec.rotation, dtype=torch.float64).T.contiguous()
+            self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
+            # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
+            a = torch.ones(c, dtype=torch.float64) if std is None else 1.0 / torch.tensor(std, dtype=torch.float64)
+            b = torch.zeros(c, dtype=torch.float64) if mean is None else -torch.tensor(mean, dtype=torch.float64) * a
+            self.register_buffer("out_scale", a.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
+            self.register_buffer("out_shift", b.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
+            dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
+            dc[..., 0, :] = math.sqrt(BLOCK * BLOCK)  # DC basis is 1/8 everywhere: a constant b is 8 b on DC
+            self.register_buffer("dc_gain", dc.to(compute), persistent=False)
         self.register_buffer("trows", trows.to(compute), persistent=False)
 
     @classmethod
@@ -53,35 +94,55 @@ class Decompress(nn.Module):
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
         return cls(f.codec, **kwargs)
 
-    def forward(self, coeffs: torch.Tensor) -> torch.Tensor:
-        if not isinstance(coeffs, torch.Tensor):
-            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
-        if coeffs.is_complex() or coeffs.dtype == torch.bool:
-            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {coeffs.dtype}")
+    def forward(self, coeffs) -> torch.Tensor:
         spec = self.spec
+        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
+            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
+        q, side = split_wire(coeffs, spec)
+        if q.is_complex() or q.dtype == torch.bool:
+            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
         expected = spec.coeff_shape
-        if coeffs.dim() not in (4, 5) or tuple(coeffs.shape[-4:]) != expected:
+        if q.dim() not in (4, 5) or tuple(q.shape[-4:]) != expected:
             raise DctDataError(
                 f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, C, Hb, K, Wb) for "
-                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(coeffs.shape)}"
+                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
             )
-        unbatched = coeffs.dim() == 4
-        y = coeffs.unsqueeze(0) if unbatched else coeffs
+        unbatched = q.dim() == 4
+        y = q.unsqueeze(0) if unbatched else q
+        if side is not None and unbatched:
+            side = side.unsqueeze(0)
         compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
-        out = synthesize(
-            y,
-            self.weight.to(device=y.device, dtype=compute),
-            self.trows.to(device=y.device, dtype=compute),
-            spec.mask,
-            (spec.height, spec.width),
-            bias_row=self.bias_row,
-        )
+        weight = self.weight.to(device=y.device, dtype=compute)
+        trows = self.trows.to(device=y.device, dtype=compute)
+        size = (spec.height, spec.width)
+        if self.folded:
+            out = synthesize(y, weight, trows, spec.mask, size, bias_row=self.bias_row)
+        else:
+            out = synthesize(self._coefficients(y, side, compute), weight, trows, spec.mask, size)
         out = out.to(self.dtype)
         return out.squeeze(0) if unbatched else out
 
+    def _coefficients(self, q: torch.Tensor, side: torch.Tensor | None, compute: torch.dtype) -> torch.Tensor:
+        """The v2 affine pass over the coefficient tensor (see the module docstring)."""
+        dev = dict(device=q.device, dtype=compute)
+        y = q.to(compute)
+        coef = y * self.scale.to(**dev) + self.shift.to(**dev)
+        if self.recon is not None:
+            coef = coef - torch.sign(y) * self.recon.to(**dev)
+        b, c, hb, k, wb = coef.shape
+        if self.rotation_t is not None:
+            coef = torch.matmul(self.rotation_t.to(**dev), coef.reshape(b, c, hb * k * wb)).reshape(b, c, hb, k, wb)
+        a, shift = self.out_scale.to(**dev), self.out_shift.to(**dev)
+        if side is not None:
+            rng = side[..., 0].to(compute).reshape(b, c, 1, 1, 1)
+            mid = side[..., 1].to(compute).reshape(b, c, 1, 1, 1)
+            a, shift = a * rng, a * mid + shift
+        return coef * a + shift * self.dc_gain.to(**dev)
+
     def extra_repr(self) -> str:
         s = self.spec
+        extra = "".join(f", {n}" for n in ("recon", "rotation", "side") if getattr(s, n) is not None)
         return (
             f"cf={s.cf}, mask={s.mask!r}, channels={s.channels}, size=({s.height}, {s.width}), "
-            f"wire={s.dtype}, out={str(self.dtype).removeprefix('torch.')}"
+            f"wire={s.dtype}, out={str(self.dtype).removeprefix('torch.')}{extra}"
         )

@@ -1,16 +1,22 @@
-"""The lossless stage: a numcodecs codec described by a JSON config (numcodecs style), shared by the
-zarr writer (as a zarr v3 compressor) and the webdataset writer (on raw .npy bytes).
+"""The lossless stage: what a field's stored arrays go through, described by a JSON config in the
+manifest (numcodecs style), so any reader rebuilds exactly the codec the writer used.
 
-One config format in the manifest, so any reader rebuilds exactly the codec the writer used.
+Two kinds of stage:
+- a bytes codec from numcodecs (zstd, gzip, blosc, ...) over an array's raw bytes: every field kind;
+- the context-modelled entropy coder of `dctdata.entropy` (id "dctdata_ctxrans"), whose fitted model is
+  part of its config: integer DCT coefficients only. It needs the array's shape to decode, which the
+  readers know from the manifest.
 
-Measured on quantized coefficients of the bench sets (3 synthetic field kinds + 7 photos, target
-40 and 50 dB; `dctdata bench rd` + the notes in the README): size after the stage relative to the
-raw coefficients, geometric mean: zstd-1 0.323, zstd-3 0.324, zstd-5 0.320, zstd-7 0.314, zstd-9
-0.310, zstd-12 0.304 (encode 105 MB/s); Blosc(zstd, 5) noshuffle 0.320, byte-shuffle 0.322,
-bit-shuffle 0.338. Reordering to frequency-planar (K, Hb, Wb) before the codec saved only 1.5%, so
-no reorder filter is stored: the stored layout stays (C, Hb, K, Wb). Decode speed is the same for
-every zstd level (~3.7 GB/s of float32 output per core, 10x ZFP's), so the default is zstd-9: the
-smallest level whose encode (~190 MB/s of float32 input per core) does not slow packing much.
+Only codecs on an allow-list may be named: a manifest comes with the data, and numcodecs can build
+codecs whose decoder runs code (`pickle`). Decoding is bounded by the size the reader expects, so a
+small hostile stream cannot make it allocate more (a zstd "bomb" stops at the expected size).
+
+Choice of the defaults (measured on quantized coefficients of package-shipped images and SciML fields,
+README "Lossless stage"): the entropy coder stores about 24% less than zstd-19, encodes faster than
+zstd-9 and decodes at 300-1400 MB/s of float32-equivalent output per core; zstd-19 stores 8.5% less than
+zstd-9 at the same decode speed but encodes about 18x slower. So: integer dct fields get the smaller of
+the fitted entropy coder and zstd-19 ("auto"; zstd-19 wins on periodic textures its long matches catch),
+everything else zstd-9 (packing speed; masks and labels are a small share of a pack).
 """
 
 from __future__ import annotations
@@ -18,73 +24,138 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import numcodecs
+import numpy as np
 
-from dctdata.errors import DctDataError
+from dctdata.errors import DctDataError, IntegrityError
 
-# Measured default; see `dctdata bench rd` for the comparison that chose it.
+# The default stage of array and label fields and of float coefficients.
 DEFAULT_CODEC: dict[str, Any] = {"id": "zstd", "level": 9}
+ZSTD_MAX: dict[str, Any] = {"id": "zstd", "level": 19}
+AUTO = "auto"  # pack setting: per dct field, the smaller of the entropy coder and zstd-19
+CTX_ID = "dctdata_ctxrans"
+# Bytes codecs a manifest may name: compressors whose decoders only produce bytes.
+# (zstd and blosc frames state their size, so a bounded decode refuses a bomb before it inflates)
+ALLOWED_IDS = ("zstd", "blosc", CTX_ID)
 
 
 def parse_codec_config(config: object) -> dict[str, Any]:
-    """Validate a numcodecs config (a mapping with an "id" numcodecs knows); None or {} means no stage."""
+    """Validate a stage config (a mapping with an allowed "id"); None or {} means no stage."""
     if config is None or (isinstance(config, Mapping) and not config):
         return {}
     if not isinstance(config, Mapping) or not isinstance(config.get("id"), str):
         raise DctDataError(f"codec: expected a numcodecs config such as {DEFAULT_CODEC}. Got {config!r}")
-    try:
-        numcodecs.get_codec(dict(config))
-    except (ValueError, TypeError, KeyError) as exc:
-        raise DctDataError(f"codec: numcodecs cannot build {dict(config)!r}: {exc}") from exc
+    if config["id"] not in ALLOWED_IDS:
+        raise DctDataError(
+            f"codec: expected one of {ALLOWED_IDS}. Got {config['id']!r} (a manifest may not name other codecs: "
+            "some decoders run code)"
+        )
+    _build(dict(config))
     return dict(config)
 
 
+def _build(config: dict[str, Any]):
+    if config["id"] == CTX_ID:
+        from dctdata.entropy import CtxCodec  # the C kernel loads only where a pack uses it
+
+        return CtxCodec.from_config(config)
+    try:
+        return numcodecs.get_codec(config)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DctDataError(f"codec: numcodecs cannot build {config!r}: {exc}") from exc
+
+
 def get_codec(config: Mapping[str, Any] | None):
-    """numcodecs codec instance for a config, or None for an empty config."""
+    """The codec instance for a config, or None for an empty config."""
     config = parse_codec_config(config)
-    return numcodecs.get_codec(config) if config else None
+    return _build(config) if config else None
 
 
-_BLOSC_SHUFFLE = {-1: None, 0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
+def is_entropy(config: Mapping[str, Any] | None) -> bool:
+    return bool(config) and config.get("id") == CTX_ID
 
 
-def _zarr_native(config: dict[str, Any]):
-    """The zarr v3 spec codec equal to a numcodecs config (same bytes on disk), or None."""
-    import zarr.codecs as zc
+def encode_array(codec, arr: np.ndarray) -> bytes:
+    """An array's stored bytes: the entropy coder's stream, or a bytes codec over its raw C-order bytes
+    (no codec: the raw bytes)."""
+    arr = np.ascontiguousarray(arr)
+    if codec is None:
+        return arr.tobytes()
+    if getattr(codec, "codec_id", None) == CTX_ID:
+        return codec.encode(arr)
+    return bytes(codec.encode(arr))
 
-    name, opts = config["id"], {k: v for k, v in config.items() if k != "id"}
-    if name == "zstd" and set(opts) <= {"level", "checksum"}:
-        return zc.ZstdCodec(level=int(opts.get("level", 0)), checksum=bool(opts.get("checksum", False)))
-    if name == "gzip" and set(opts) <= {"level"}:
-        return zc.GzipCodec(level=int(opts.get("level", 1)))
-    if name == "blosc" and set(opts) <= {"cname", "clevel", "shuffle", "blocksize", "typesize"}:
-        shuffle = _BLOSC_SHUFFLE.get(int(opts.get("shuffle", 1)))
-        if shuffle is None:  # AUTOSHUFFLE has no spec equivalent
+
+def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str) -> np.ndarray:
+    """The array of `shape` and `dtype` stored in `buf`; anything else (a stream that decodes to another
+    size, truncated or mutated bytes) is an IntegrityError naming `where`. Never allocates more than the
+    expected array."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    try:
+        if codec is None:
+            raw = memoryview(buf).cast("B")
+            if len(raw) != size:
+                raise IntegrityError(f"{where}: expected {size} bytes of {dtype} {tuple(shape)}. Got {len(raw)}")
+            return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        if getattr(codec, "codec_id", None) == CTX_ID:
+            return codec.decode(buf, tuple(shape), dtype)
+        declared = declared_size(codec, buf)
+        if declared != size:
+            said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
+            raise IntegrityError(f"{where}: expected a stream of {size} decoded bytes. Got {said}")
+        out = np.empty(size, np.uint8)
+        codec.decode(buf, out=out)  # more than `size` bytes is an error; fewer cannot pass the check above
+        return out.view(dtype).reshape(shape)
+    except IntegrityError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise IntegrityError(f"{where}: expected {_name(codec)} bytes of {dtype} {tuple(shape)}. Got {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample or chunk
+        raise IntegrityError(
+            f"{where}: expected {_name(codec)} bytes of {dtype} {tuple(shape)}. Got undecodable bytes "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def decode_bounded(codec, buf, limit: int, where: str) -> memoryview:
+    """The bytes of a stream declaring at most `limit` decoded bytes (a member whose contents say their
+    own shape, like .npy, is checked by its parser afterwards); more is an IntegrityError, never decoded."""
+    declared = declared_size(codec, buf) if codec is not None else len(memoryview(buf).cast("B"))
+    if declared is None or declared > limit:
+        said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
+        raise IntegrityError(f"{where}: expected a stream of at most {limit} decoded bytes. Got {said}")
+    if codec is None:
+        return memoryview(buf).cast("B")
+    return memoryview(decode_array(codec, buf, (declared,), np.uint8, where))
+
+
+def declared_size(codec, buf) -> int | None:
+    """The decoded size a zstd or blosc stream declares in its header (None when it declares none).
+
+    Why by hand: numcodecs decodes a stream shorter than the output buffer without complaint, so the
+    reader checks the header first. zstd (RFC 8878, section 3.1.1): the first frame's Frame_Content_Size;
+    the writer makes one frame, and a second frame would overflow the exact-size output buffer. blosc:
+    the header's nbytes (numcodecs' own parser), when its compressed size is the buffer's."""
+    data = memoryview(buf).cast("B")
+    name = getattr(codec, "codec_id", None)
+    if name == "blosc":
+        from numcodecs.blosc import _cbuffer_sizes
+
+        if len(data) < 16:
             return None
-        kw = {
-            "cname": opts.get("cname", "lz4"),
-            "clevel": int(opts.get("clevel", 5)),
-            "shuffle": shuffle,
-            "blocksize": int(opts.get("blocksize", 0)),
-        }
-        if "typesize" in opts:
-            kw["typesize"] = int(opts["typesize"])
-        return zc.BloscCodec(**kw)
-    return None
+        nbytes, cbytes, _ = _cbuffer_sizes(data)
+        return int(nbytes) if cbytes == len(data) else None  # blosc reads `cbytes` whatever the buffer holds
+    if name != "zstd" or len(data) < 5 or int.from_bytes(data[:4], "little") != 0xFD2FB528:
+        return None
+    fhd = data[4]
+    fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
+    width = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if width == 0 or len(data) < at + width:
+        return None
+    value = int.from_bytes(data[at : at + width], "little")
+    return value + 256 if width == 2 else value
 
 
-def zarr_compressors(config: Mapping[str, Any] | None) -> tuple:
-    """The same codec as zarr v3 `compressors=`: a zarr spec codec (zstd, gzip, blosc) where one
-    matches, so other zarr readers need no numcodecs extension; else zarr's numcodecs wrapper."""
-    config = parse_codec_config(config)
-    if not config:
-        return ()
-    native = _zarr_native(config)
-    if native is not None:
-        return (native,)
-    import zarr.codecs.numcodecs as zn
-
-    name = config["id"]
-    cls = {c.lower(): getattr(zn, c) for c in dir(zn) if not c.startswith("_")}.get(name.replace("_", ""))
-    if cls is None:
-        raise DctDataError(f"codec: no zarr v3 wrapper for numcodecs id {name!r}")
-    return (cls(**{k: v for k, v in config.items() if k != "id"}),)
+def _name(codec) -> str:
+    return "raw" if codec is None else f"{getattr(codec, 'codec_id', type(codec).__name__)}-coded"

@@ -123,3 +123,51 @@ def max_abs_error(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.
     if v is not None:
         err = torch.where(v, err, torch.zeros_like(err))
     return float(err.max()) if err.numel() else 0.0
+
+
+class ItemErrors:
+    """MSE / range^2 of every item (channel of a sample) of many estimates of one fixed reference: the
+    ranges, valid-pixel counts and which items have a figure are computed once, and each estimate costs
+    one float32 difference summed in float64 (calibration evaluates dozens of estimates of the same
+    subset). Items without a range or without valid pixels have no figure (`ok` False, nmse 0)."""
+
+    def __init__(self, reference: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        self.reference = reference.detach().to(torch.float32)
+        self.valid = _valid(valid, self.reference)
+        rng = item_range(reference, 2, self.valid)
+        n = reference.shape[-1] * reference.shape[-2]
+        count = torch.full_like(rng, float(n)) if self.valid is None else _flat(self.valid, 2).sum(-1).double()
+        self.ok = (rng > 0) & (count > 0)
+        self._scale = torch.where(self.ok, 1.0 / (count * rng.square()).clamp(min=1e-300), torch.zeros_like(rng))
+
+    def nmse(self, estimate: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """MSE / range^2 per item of `estimate` (of the reference's leading `rows` when given)."""
+        ref = self.reference if rows is None else self.reference[rows]
+        d = estimate.detach().to(torch.float32) - ref
+        if self.valid is not None:
+            d = d.masked_fill(~(self.valid if rows is None else self.valid[rows]), 0.0)
+        sse = d.square().sum((-2, -1), dtype=torch.float64)
+        return sse * (self._scale if rows is None else self._scale[rows])
+
+    def channel_nmse(self, nm: torch.Tensor) -> torch.Tensor:
+        """(C,) mean of the items' nmse per channel (axis -1 of nm), items without a figure left out."""
+        ok = self.ok.reshape(-1, self.ok.shape[-1])
+        return (nm.reshape(ok.shape) * ok).sum(0) / ok.sum(0).clamp(min=1)
+
+
+def item_nmse(
+    reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(MSE / range^2 of every item (one channel of one sample), which items have a figure): the
+    quantity calibration drives. Items without a range or without valid pixels get 0 and False."""
+    mse, rng, _ = item_figures(reference, estimate, 2, valid)
+    has = (rng > 0) & torch.isfinite(mse)
+    return torch.where(has, mse / torch.where(has, rng, torch.ones_like(rng)).square(), torch.zeros_like(mse)), has
+
+
+def channel_nmse(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """(C,) mean over the items of each channel (axis -3) of MSE / range^2: the dataset-level figure a
+    target PSNR promises per channel. Items without a figure are left out."""
+    nm, has = item_nmse(reference, estimate, valid)
+    nm, has = nm.reshape(-1, nm.shape[-1]), has.reshape(-1, has.shape[-1])
+    return (nm * has).sum(0) / has.sum(0).clamp(min=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
 
@@ -15,8 +16,9 @@ def field_rows(m: Manifest) -> list[dict[str, Any]]:
     shards), ratio vs float32 and vs the source dtype, transfer ratio, error figures. Label fields get
     no ratios (None): a scalar per sample against its chunk and index overhead means nothing."""
     rows = []
-    for f in m.fields:
-        stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(f.name + "/")) or None
+    for f in user_fields(m.fields):
+        own = (f.name + "/", f.name + SIDE_SUFFIX + "/")  # a dct field's side partner is part of it
+        stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(own)) or None
         n_values = math.prod(f.shape) * m.samples
         ratios = bool(stored) and f.kind is not FieldKind.LABEL
         rows.append(
@@ -40,7 +42,7 @@ def pack_summary(m: Manifest) -> dict[str, Any]:
     """Stored size, ratios, transfer ratio and PSNR of a whole packed dataset, from its manifest."""
     stored = m.stored_bytes
     f32 = src = coeff = 0.0
-    for f in m.fields:
+    for f in user_fields(m.fields):
         numel = math.prod(f.shape)
         f32 += 4 * numel
         src += f.source_sample_bytes

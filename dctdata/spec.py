@@ -10,11 +10,12 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.parse import parse_int
-from dctdata.transform import BLOCK, grid_shape, num_kept, parse_cf, parse_mask
+from dctdata.parse import parse_choice, parse_int, parse_number
+from dctdata.transform import BLOCK, PADS, grid_shape, num_kept, parse_cf, parse_mask
 
 # Wire dtypes of coefficients, with their torch dtype and bits per value.
 COEFF_DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -47,14 +48,24 @@ def _parse_pos_int(name: str, value: object) -> int:
     return parse_int(value, name, minimum=1, expected="a positive int")
 
 
+def f32(v: float) -> float:
+    """The float64 nearest the shortest decimal that round-trips v through float32: tables are applied
+    in float32, and this value prints as that short decimal in JSON (compact manifests) while
+    float32(value) is exactly the float32 the encoder used."""
+    return float(str(np.float32(v)))
+
+
 def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: bool) -> tuple | None:
-    """Nested sequences of finite floats with an exact shape -> nested tuples (hashable, JSON-ready)."""
+    """Nested sequences of finite floats with an exact shape -> nested tuples of float32-exact floats
+    (hashable, JSON-ready). A (C,) table is accepted for a (C, K) shape: one value per channel."""
     if value is None:
         return None
     try:
         t = torch.as_tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"{name}: expected nested numbers of shape {shape}. Got {value!r}") from exc
+    if len(shape) == 2 and tuple(t.shape) == shape[:1]:
+        t = t.unsqueeze(1).expand(shape)
     if tuple(t.shape) != shape:
         raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
     if not torch.isfinite(t).all():
@@ -62,16 +73,31 @@ def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: boo
     if positive and not (t > 0).all():
         raise DctDataError(f"{name}: expected values > 0. Got {value!r}")
     # Tables are applied in float32: values that overflow it, or positive ones that flush to 0, are bad.
-    f32 = torch.finfo(torch.float32)
-    if (t.abs() > f32.max).any() or (positive and (t < f32.tiny).any()):
+    fi = torch.finfo(torch.float32)
+    if (t.abs() > fi.max).any() or (positive and (t < fi.tiny).any()):
         raise DctDataError(
-            f"{name}: expected values representable in float32 ({f32.tiny:.3g} .. {f32.max:.3g}). Got {value!r}"
+            f"{name}: expected values representable in float32 ({fi.tiny:.3g} .. {fi.max:.3g}). Got {value!r}"
         )
 
     def nest(x: torch.Tensor):
-        return tuple(nest(r) for r in x) if x.dim() else float(x)
+        return tuple(nest(r) for r in x) if x.dim() else f32(float(x))
 
     return nest(t)
+
+
+def _compact(table: tuple | None) -> list | None:
+    """A (C, K) table as JSON: one value per channel when a channel's row is constant."""
+    if table is None:
+        return None
+    if all(len(set(row)) == 1 for row in table):
+        return [row[0] for row in table]
+    return [list(row) for row in table]
+
+
+SIDES = ("range_mid",)
+# Bounds a manifest cannot exceed (a hostile one must not make a reader allocate without limit).
+MAX_CHANNELS = 4096
+MAX_SAMPLE_VALUES = 1 << 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +106,18 @@ class CodecSpec:
 
     cf, mask: which frequencies are kept (K of them). channels, height, width: the decoded sample
     shape (C, H, W). dtype: the coefficient dtype on the wire. steps/offsets (C x K): dequantization,
-    coefficient = q * step + offset (required for integer dtypes, optional otherwise). mean/std (C):
-    optional normalization applied after decoding, (x - mean) / std.
+    coefficient = step * (q - recon * sign(q)) + offset (steps required for integer dtypes; a (C,)
+    steps table means one step per channel). mean/std (C): optional normalization applied after
+    decoding, (x - mean) / std.
+
+    Codec v2 (each default reproduces a v1 pack; v1 manifests have no `pad` key and read as "edge"):
+    pad: how the encoder fills a sample to whole blocks ("symmetric", half-sample mirror, codes cheaper
+    than "edge" replication; the decoder crops either way). theta: dead-zone rounding of the encoder,
+    q = sign(v) floor(|v| + theta) (None: round half to even, as v1). recon (C x K): reconstruction
+    offsets in steps (the centroid shift of the dead zone). rotation (C x C): an orthonormal channel
+    rotation applied before the DCT (the decoder applies its transpose). side: "range_mid" when every
+    sample carries its own (range, mid) per channel, stored beside the coefficients: the encoder codes
+    (x - mid) / range, the first layer applies x = range * y + mid.
     """
 
     cf: int
@@ -95,14 +131,32 @@ class CodecSpec:
     mean: tuple | None = None
     std: tuple | None = None
     block: int = BLOCK
+    pad: str = "symmetric"
+    theta: float | None = None
+    recon: tuple | None = None
+    rotation: tuple | None = None
+    side: str | None = None
+    min_psnr: float | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
             raise DctDataError(f"block: expected {BLOCK}. Got {self.block!r}")
         parse_cf(self.cf)
         parse_mask(self.mask)
-        for name in ("height", "width", "channels"):
+        for name in ("height", "width"):
             _parse_pos_int(name, getattr(self, name))
+        parse_int(
+            self.channels,
+            "channels",
+            minimum=1,
+            maximum=MAX_CHANNELS,
+            expected=f"a positive int (at most {MAX_CHANNELS})",
+        )
+        if self.channels * self.height * self.width > MAX_SAMPLE_VALUES:
+            raise DctDataError(
+                f"sample shape: expected at most {MAX_SAMPLE_VALUES} values per sample. "
+                f"Got {self.channels} x {self.height} x {self.width}"
+            )
         object.__setattr__(self, "dtype", parse_coeff_dtype(self.dtype))
         ck = (self.channels, self.kept)
         object.__setattr__(self, "steps", _parse_table("steps", self.steps, ck, positive=True))
@@ -113,6 +167,29 @@ class CodecSpec:
             raise DctDataError(f"steps: expected a (C x K) table for integer dtype {self.dtype!r}. Got None")
         if (self.mean is None) != (self.std is None):
             raise DctDataError("mean/std: expected both or neither. Got only one")
+        parse_choice(self.pad, "pad", PADS)
+        if self.theta is not None:
+            object.__setattr__(self, "theta", f32(parse_number(self.theta, "theta", above=0, below=1)))
+        recon = _parse_table("recon", self.recon, ck, positive=False)
+        if recon is not None and (self.steps is None or max(abs(v) for row in recon for v in row) >= 1):
+            raise DctDataError(f"recon: expected offsets in (-1, 1) steps with a steps table. Got {self.recon!r}")
+        object.__setattr__(self, "recon", recon)
+        rotation = _parse_table("rotation", self.rotation, (self.channels, self.channels), positive=False)
+        if rotation is not None:
+            r = torch.tensor(rotation, dtype=torch.float64)
+            if not torch.allclose(r @ r.T, torch.eye(self.channels, dtype=torch.float64), atol=1e-5):
+                raise DctDataError(
+                    f"rotation: expected an orthonormal {self.channels}x{self.channels} matrix. Got {self.rotation!r}"
+                )
+        object.__setattr__(self, "rotation", rotation)
+        if self.side is not None:
+            parse_choice(self.side, "side", SIDES)
+        if self.min_psnr is not None:
+            if self.side is None:
+                raise DctDataError(
+                    "min_psnr: expected side information (side='range_mid') to enforce it with. Got none"
+                )
+            object.__setattr__(self, "min_psnr", f32(parse_number(self.min_psnr, "min_psnr", above=0, below=200)))
 
     # Derived sizes -------------------------------------------------------------------------------
     @property
@@ -148,31 +225,64 @@ class CodecSpec:
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
         raw = self.channels * self.height * self.width * 32
-        return raw / (math.prod(self.coeff_shape) * self.bits)
+        side = 0 if self.side is None else self.channels * 2 * 32  # (range, mid) per channel, float32
+        return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """1 when the spec only uses what a v1 reader knows (edge padding, plain rounding), else 2."""
+        v2 = (self.pad != "edge", self.theta, self.recon, self.rotation, self.side, self.min_psnr)
+        return 2 if any(v not in (False, None) for v in v2) else 1
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready config (tuples become lists)."""
-
-        def plain(v):
-            return [plain(x) for x in v] if isinstance(v, tuple) else v
-
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """Compact JSON-ready config: fields at their defaults are left out, a (C, K) table with constant
+        rows becomes one value per channel, offsets that only move the DC term become `dc_offset`."""
+        d: dict[str, Any] = {
+            "cf": self.cf, "height": self.height, "width": self.width, "channels": self.channels,
+            "mask": self.mask, "dtype": self.dtype, "pad": self.pad,
+        }  # fmt: skip
+        if self.steps is not None:
+            d["steps"] = _compact(self.steps)
+        if self.offsets is not None:
+            if all(v == 0 for row in self.offsets for v in row[1:]):
+                d["dc_offset"] = [row[0] for row in self.offsets]
+            else:
+                d["offsets"] = [list(row) for row in self.offsets]
+        for name in ("mean", "std", "theta", "side", "min_psnr"):
+            if getattr(self, name) is not None:
+                d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
+        for name in ("recon", "rotation"):
+            if getattr(self, name) is not None:
+                d[name] = [list(row) for row in getattr(self, name)]
+        return d
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> "CodecSpec":
-        """Inverse of `to_dict`; unknown or missing keys are errors, not silently dropped."""
+        """Inverse of `to_dict` (also reads v1 configs: every key written, no `pad`, which means edge
+        padding); unknown or missing keys are errors, not silently dropped."""
         if not isinstance(config, Mapping):
             raise TypeError(f"CodecSpec config: expected a mapping. Got {type(config).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        unknown = sorted(set(config) - names)
+        unknown = sorted(set(config) - names - {"dc_offset"})
         missing = sorted(required - set(config))
         if unknown:
-            raise DctDataError(f"CodecSpec config: unknown keys {unknown}. Expected a subset of {sorted(names)}")
+            raise DctDataError(
+                f"CodecSpec config: unknown keys {unknown}. Expected a subset of {sorted(names | {'dc_offset'})}"
+            )
         if missing:
             raise DctDataError(f"CodecSpec config: missing keys {missing}")
-        return cls(**dict(config))
+        kw = dict(config)
+        kw.setdefault("pad", "edge")
+        if "dc_offset" in kw:
+            if kw.get("offsets") is not None:
+                raise DctDataError("CodecSpec config: expected offsets or dc_offset. Got both")
+            dc = kw.pop("dc_offset")
+            if not isinstance(dc, (list, tuple)):
+                raise DctDataError(f"dc_offset: expected one number per channel. Got {dc!r}")
+            kw["offsets"] = [[v] + [0.0] * (num_kept(kw["cf"], kw.get("mask", "square")) - 1) for v in dc]
+        return cls(**kw)
 
     def replace(self, **changes: Any) -> "CodecSpec":
         return dataclasses.replace(self, **changes)

@@ -105,23 +105,45 @@ def _check_image(x: object, name: str = "x") -> torch.Tensor:
     return x
 
 
-def to_blocks(x: torch.Tensor) -> torch.Tensor:
-    """(N, H, W) -> (N, Hb*Wb, 64): edge-replicate to a multiple of 8, then one row per block."""
+PADS = ("edge", "symmetric")
+
+
+def _mirror(n: int, m: int, device=None) -> torch.Tensor:
+    """Indices 0..m-1 into an axis of length n, extended half-sample symmetrically (x[n+j] = x[n-1-j])."""
+    i = torch.arange(m, device=device) % (2 * n)
+    return torch.where(i >= n, 2 * n - 1 - i, i)
+
+
+def pad_to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
+    """(N, H, W) -> (N, Hb*8, Wb*8). "symmetric" mirrors the sample (half-sample symmetric, as the DCT-II
+    itself extends a block): the padded blocks stay smooth and code cheaper than "edge" replication,
+    whose constant run makes a step at the border. The decoder crops either way."""
     n, h, w = x.shape
     hb, wb = grid_shape(h, w)
-    ph, pw = hb * BLOCK - h, wb * BLOCK - w
-    if ph or pw:
-        x = F.pad(x.unsqueeze(1), (0, pw, 0, ph), mode="replicate").squeeze(1)
+    if hb * BLOCK == h and wb * BLOCK == w:
+        return x
+    if pad == "edge":
+        return F.pad(x.unsqueeze(1), (0, wb * BLOCK - w, 0, hb * BLOCK - h), mode="replicate").squeeze(1)
+    if pad != "symmetric":
+        raise DctDataError(f"pad: expected one of {PADS}. Got {pad!r}")
+    return x.index_select(-2, _mirror(h, hb * BLOCK, x.device)).index_select(-1, _mirror(w, wb * BLOCK, x.device))
+
+
+def to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
+    """(N, H, W) -> (N, Hb*Wb, 64): pad to a multiple of 8, then one row per block."""
+    n, h, w = x.shape
+    hb, wb = grid_shape(h, w)
+    x = pad_to_blocks(x, pad)
     return x.reshape(n, hb, BLOCK, wb, BLOCK).permute(0, 1, 3, 2, 4).reshape(n, hb * wb, BLOCK * BLOCK)
 
 
-def compress(x: torch.Tensor, cf: int = 8, mask: str = "square") -> torch.Tensor:
+def compress(x: torch.Tensor, cf: int = 8, mask: str = "square", pad: str = "symmetric") -> torch.Tensor:
     """(..., H, W) float -> (..., Hb, K, Wb) float32 DCT coefficients of the kept frequencies."""
     x = _check_image(x)
     m = basis(cf, mask, dtype=torch.float32, device=x.device)
     *lead, h, w = x.shape
     hb, wb = grid_shape(h, w)
-    blocks = to_blocks(x.reshape(-1, h, w).to(torch.float32))
+    blocks = to_blocks(x.reshape(-1, h, w).to(torch.float32), pad)
     coeffs = torch.matmul(blocks, m.T).reshape(-1, hb, wb, m.shape[0])  # (N, Hb, Wb, K)
     return coeffs.transpose(-1, -2).reshape(*lead, hb, m.shape[0], wb)
 

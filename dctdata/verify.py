@@ -14,6 +14,7 @@ import torch
 from dctdata.decode_check import nonfinite_samples
 from dctdata.errors import DctDataError
 from dctdata.format.checksum import sha256_file
+from dctdata.format.fields import assemble, user_fields, with_partners
 from dctdata.format.location import join, manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
 from dctdata.format.webdataset.layout import samples_of_file, shard_list
@@ -25,13 +26,11 @@ from dctdata.layer import Decompress
 DECODE_BATCH = 64
 
 
-def _bad_decodes(layer: Decompress | None, coeffs: list[torch.Tensor], where, first: int) -> list[str]:
-    if layer is None or not coeffs:
+def _bad_decodes(layer: Decompress | None, batch, where, first: int) -> list[str]:
+    """One line per sample of a batched wire value that decodes to NaN/Inf."""
+    if layer is None:
         return []
-    return [
-        f"{where(first + j)}: expected finite decoded values. Got NaN/Inf"
-        for j in nonfinite_samples(layer, torch.stack(coeffs))
-    ]
+    return [f"{where(first + j)}: expected finite decoded values. Got NaN/Inf" for j in nonfinite_samples(layer, batch)]
 
 
 def check_files(root: str, m: Manifest, storage_options: Mapping[str, Any] | None = None) -> tuple[list[str], int]:
@@ -59,8 +58,9 @@ def check_zarr_decode(
     """Read every chunk of every field through the integrity-checking reader; decode dct fields."""
     problems, seen = [], {}
     layout = zarr_layout(m, where=join(root, "manifest.json"))
-    for f in m.fields:
-        reader = ZarrReader(root, m, (f,), storage_options)
+    for f in user_fields(m.fields):
+        fields = with_partners(m.fields, [f.name])  # a dct field and its side partner decode together
+        reader = ZarrReader(root, m, fields, storage_options)
         layer = Decompress(f.codec) if f.is_dct else None
         chunk = layout[f.name]["chunk"]
         seen[f.name] = 0
@@ -72,12 +72,12 @@ def check_zarr_decode(
         for a in range(0, m.samples, chunk):
             b = min(a + chunk, m.samples)
             try:
-                batch = f.to_tensor(reader.read(f, a, b))
+                (batch,) = assemble(fields, [g.to_tensor(reader.read(g, a, b)) for g in fields])
             except DctDataError as exc:
                 problems.append(str(exc))
                 continue
-            seen[f.name] += len(batch)
-            problems += _bad_decodes(layer, list(batch), lambda i, f=f: f"{root}: field {f.name!r} sample {i}", a)
+            seen[f.name] += b - a
+            problems += _bad_decodes(layer, batch, lambda i, f=f: f"{root}: field {f.name!r} sample {i}", a)
     for name, n in seen.items():
         if n != m.samples and not problems:
             problems.append(f"{root}: field {name!r}: expected {m.samples} samples. Got {n}")
@@ -89,6 +89,7 @@ def check_webdataset(files: Files, m: Manifest, decode: bool) -> tuple[list[str]
     shards = shard_list(m, files.location("manifest.json"))
     codecs = codecs_for(m.fields)
     layers = {f.name: Decompress(f.codec) for f in m.fields if f.is_dct} if decode else {}
+    names = [f.name for f in user_fields(m.fields)]
     problems: list[str] = []
     decoded = 0
     for entry in shards:
@@ -97,11 +98,12 @@ def check_webdataset(files: Files, m: Manifest, decode: bool) -> tuple[list[str]
             if not decode:
                 continue
             for a in range(0, len(shard), DECODE_BATCH):
-                batch = [shard.decode(j) for j in range(a, min(a + DECODE_BATCH, len(shard)))]
-                for k, f in enumerate(m.fields):
-                    where = lambda i, f=f, s=shard: f"{s.where}: sample {i} field {f.name!r}"  # noqa: E731
-                    problems += _bad_decodes(layers.get(f.name), [b[k] for b in batch], where, entry["start"] + a)
-                decoded += len(batch)
+                rows = [shard.decode(j) for j in range(a, min(a + DECODE_BATCH, len(shard)))]
+                stacked = assemble(m.fields, [torch.stack([r[k] for r in rows]) for k in range(len(m.fields))])
+                for name, batch in zip(names, stacked):
+                    where = lambda i, n=name, s=shard: f"{s.where}: sample {i} field {n!r}"  # noqa: E731
+                    problems += _bad_decodes(layers.get(name), batch, where, entry["start"] + a)
+                decoded += len(rows)
         except DctDataError as exc:
             problems.append(str(exc))
     if decode and decoded != m.samples and not problems:
@@ -124,7 +126,7 @@ def verify_dataset(
         root, _ = manifest_location(s)
         files = Files(root, storage_options)
         m = read_manifest(s, storage_options)
-    summary = {"samples": m.samples, "fields": len(m.fields), "decoded": None}
+    summary = {"samples": m.samples, "fields": len(m.names), "decoded": None}
     if m.storage == "webdataset":
         problems, summary["files"], decoded = check_webdataset(files, m, decode)
         summary["decoded"] = decoded if decode else None

@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> float:
     x_train, y_train = images_and_labels(args.train, args.seed)
     x_test, y_test = images_and_labels(args.test, args.seed + 1)
     spec = calibrate(x_train[:256], cf=args.cf, quant="int8")
-    q_train, over_train = dctdata.encode(x_train, spec)
-    q_test, over_test = dctdata.encode(x_test, spec)
+    # int8 coefficients plus each image's (range, mid) per channel: the pair the first layer takes
+    (q_train, s_train), over_train = dctdata.encode(x_train, spec)
+    (q_test, s_test), over_test = dctdata.encode(x_test, spec)
     decode = dctdata.Decompress(spec)
-    fidelity = psnr(x_test, decode(q_test), dims=3).median().item()
+    fidelity = psnr(x_test, decode((q_test, s_test)), dims=3).median().item()
     print(
         f"coefficients {tuple(q_train.shape[1:])} {q_train.dtype} per image (image {tuple(x_train.shape[1:])} "
         "float32): "
@@ -85,14 +86,14 @@ def main(argv: list[str] | None = None) -> float:
     # Online side: a DataLoader of coefficients, pinned when a GPU is the target, prefetched to the device.
     pin = device.type == "cuda"
     train = DataLoader(
-        TensorDataset(q_train, y_train),
+        TensorDataset(q_train, s_train, y_train),
         batch_size=args.batch_size,
         shuffle=True,
         num_workers=args.workers,
         pin_memory=pin,
         drop_last=True,
     )
-    test = DataLoader(TensorDataset(q_test, y_test), batch_size=256, pin_memory=pin)
+    test = DataLoader(TensorDataset(q_test, s_test, y_test), batch_size=256, pin_memory=pin)
     mean, std = x_train.mean(dim=(0, 2, 3)).tolist(), x_train.std(dim=(0, 2, 3)).tolist()
     net = with_decompress(
         decode,
@@ -106,8 +107,8 @@ def main(argv: list[str] | None = None) -> float:
         net.train()
         total = 0.0
         batches = DevicePrefetcher(train, device)
-        for coeffs, label in batches:  # coeffs: int8 (B, 3, Hb, K, Wb) already on `device`
-            loss = nn.functional.cross_entropy(net(coeffs), label)
+        for coeffs, side, label in batches:  # int8 (B, 3, Hb, K, Wb) and (B, 3, 2), already on `device`
+            loss = nn.functional.cross_entropy(net((coeffs, side)), label)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -119,8 +120,8 @@ def main(argv: list[str] | None = None) -> float:
     net.eval()
     correct = 0
     with torch.no_grad():
-        for coeffs, label in DevicePrefetcher(test, device):
-            correct += (net(coeffs).argmax(1) == label).sum().item()
+        for coeffs, side, label in DevicePrefetcher(test, device):
+            correct += (net((coeffs, side)).argmax(1) == label).sum().item()
     acc = correct / len(y_test)
     print(f"test accuracy {acc:.3f} (chance 0.100) on {device}; {seen / elapsed:.0f} training samples/s")
     return acc

@@ -53,7 +53,7 @@ def main() -> None:
         for nan in ("mask", "fill=0"):
             m = dctdata.pack(x, Path(tmp) / nan, nan=nan, target_psnr=40, quiet=True)
             ds = dctdata.open_dataset(Path(tmp) / nan)
-            x_hat = ds.decompressor()(torch.stack([ds[i][0] for i in range(len(x))]))
+            x_hat = ds.decompressor()(ds[0 : len(x)][0])
             packs[nan] = (m, channel_psnr(x, x_hat))
     spec = packs["mask"][0].field("image").codec
     mean = np.where(valid, x, 0).sum((2, 3), keepdims=True) / valid.sum((2, 3), keepdims=True)

@@ -13,7 +13,7 @@ from torch import nn
 
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format.coords import decode_coord
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import FieldSpec, assemble, user_fields
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
 from dctdata.layer import Decompress
@@ -127,11 +127,14 @@ class PackedDataset:
         return self.manifest.field(field, kind="dct" if field is None else None).valid
 
     def _make(self, values: Sequence[torch.Tensor]):
+        """A sample for the user from the stored values of `self.fields` (a dct field with side information
+        becomes its (coefficients, side) pair)."""
+        values = assemble(self.fields, values)
         if self.as_dict:
-            return {f.name: v for f, v in zip(self.fields, values)}
+            return {f.name: v for f, v in zip(user_fields(self.fields), values)}
         return tuple(values)
 
     def _describe(self, **extra: Any) -> str:
-        fields = ", ".join(f"{f.name}:{f.kind}{list(f.shape)}" for f in self.fields)
+        fields = ", ".join(f"{f.name}:{f.kind}{list(f.shape)}" for f in user_fields(self.fields))
         more = "".join(f", {k}={v}" for k, v in extra.items())
         return f"{type(self).__name__}({self.root!r}, samples={self.manifest.samples}{more}, fields=[{fields}])"

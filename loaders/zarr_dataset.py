@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format.fields import with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
 from dctdata.format.zarr.reader import ZarrReader
@@ -56,7 +57,9 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
                 "dctdata.open_dataset)"
             )
         names = self.manifest.names if fields is None else tuple(fields)
-        self.fields = tuple(self.manifest.field(n) for n in names)
+        for n in names:
+            self.manifest.field(n)  # unknown names fail here, naming the choices
+        self.fields = with_partners(self.manifest.fields, names)
         self.as_dict = bool(as_dict)
         self.on_error = on_error
         self.skipped = 0
@@ -90,12 +93,12 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
 
     def _batch(self, indices: range):
         """Samples `indices` collated: every field stacked on a new first axis (empty slices too)."""
-        samples = [tuple(s.values()) if self.as_dict else s for s in self.__getitems__(list(indices))]
-        stacked = [
-            torch.stack(column) if column else f.to_tensor(np.zeros((0, *f.stored_shape), dtype=f.stored_dtype))
-            for f, column in zip(self.fields, zip(*samples) if samples else [()] * len(self.fields))
-        ]
-        return self._make(stacked)
+        samples = self.__getitems__(list(indices))
+        if not samples:
+            return self._make([f.to_tensor(np.zeros((0, *f.stored_shape), dtype=f.stored_dtype)) for f in self.fields])
+        if self.as_dict:
+            return {k: _stack([s[k] for s in samples]) for k in samples[0]}
+        return tuple(_stack(list(column)) for column in zip(*samples))
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         idx = [self._index(i) for i in indices]
@@ -122,3 +125,11 @@ def open_zarr_dataset(path_or_url, **kwargs) -> DCTZarrDataset:
 
 
 __all__ = ["DCTZarrDataset", "open_zarr_dataset"]
+
+
+def _stack(values: list) -> Any:
+    """One field's values of several samples stacked on a new first axis; a (coefficients, side) pair
+    stays a pair of stacked tensors."""
+    if isinstance(values[0], tuple):
+        return tuple(_stack(list(part)) for part in zip(*values))
+    return torch.stack(values)

@@ -44,7 +44,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
-from dctdata.lossless import DEFAULT_CODEC
+from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.commit import check_not_source, check_out, commit, partial_dir, remove_manifest
@@ -81,7 +81,7 @@ def pack(
     workers: int | None = None,
     scheduler: str | None = None,
     resume: bool = False,
-    codec: Mapping[str, Any] | None = DEFAULT_CODEC,
+    codec: Mapping[str, Any] | str | None = AUTO,
     writer_options: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Manifest:
@@ -155,7 +155,7 @@ def pack(
         elif resume:
             log.warning("%s: --resume: no unfinished pack to resume; starting from the beginning", out)
         if specs is None:
-            specs, derived = plan(src, settings, cal)
+            specs, derived = plan(src, settings, cal, quiet=quiet)
             if url:
                 remove_manifest(out, storage_options)  # an --overwrite target stops being a dataset now
             else:

@@ -25,11 +25,13 @@ import torch
 
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
+from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.layer import Decompress
 from dctdata.metrics import item_figures, psnr_from_mse
 from dctdata.preprocess.masking import NanPolicy, check_items_have_valid, fill_invalid
 from dctdata.preprocess.sources import Source, open_source
 from dctdata.quantize import F32_SAFE_MAX, encode
+from dctdata.wire import split_wire
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 # Decoding again for the figures runs in float64 with a few full-size temporaries: done in slices of
@@ -165,7 +167,7 @@ class Encoder:
         self, specs: tuple[FieldSpec, ...], nan: NanPolicy, strict: bool, derived: tuple[str, ...] = ()
     ) -> None:
         self.specs = tuple(specs)
-        self.by_name = {f.name: f for f in self.specs}
+        self.by_name = {f.name: f for f in user_fields(self.specs)}  # side partners are made here, not read
         self.nan, self.strict, self.derived = nan, bool(strict), tuple(derived)
         self.layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in specs if f.is_dct}
         self.stats = new_stats(self.specs)
@@ -200,7 +202,7 @@ class Encoder:
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes
             xt = torch.from_numpy(np.ascontiguousarray(xf))
-            q, over = encode(xt, f.codec)
+            wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
             if over:
                 self.stats["overflow"][name] += over
                 if self.strict:
@@ -208,8 +210,11 @@ class Encoder:
                         f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
                         f"Got {over} clamped coefficients"
                     )
-            self._figures(f, xt, q, valid)
+            self._figures(f, xt, wire, valid)
+            q, side = split_wire(wire, f.codec)
             stored[name] = f.to_stored(q)
+            if side is not None:
+                stored[name + SIDE_SUFFIX] = side.numpy()
             if f.valid is not None:
                 counts = self.stats["valid"][name]
                 counts[0] += int(valid.sum()) if valid is not None else xf.size
@@ -218,13 +223,14 @@ class Encoder:
                     stored[f.valid] = valid if valid is not None else np.ones(xf.shape, bool)
         return stored
 
-    def _figures(self, f: FieldSpec, x: torch.Tensor, q: torch.Tensor, valid: np.ndarray | None) -> None:
+    def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
         from a float64 decode of the stored coefficients (in slices, see FIGURE_BYTES)."""
         step = max(1, FIGURE_BYTES // (8 * math.prod(f.shape)))
         for a in range(0, len(x), step):
             v = None if valid is None else torch.from_numpy(valid[a : a + step])
-            mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](q[a : a + step]), dims=2, valid=v)
+            part = tuple(w[a : a + step] for w in wire) if isinstance(wire, tuple) else wire[a : a + step]
+            mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](part), dims=2, valid=v)
             scores = psnr_from_mse(mse, rng)
             per_channel = peak.amax(0).tolist()
             for c in range(f.shape[0]):

@@ -24,10 +24,10 @@ the caller said `channels_last=False` (`--no-channels-last`) on purpose.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 import statistics
+import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -35,9 +35,10 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format import STORAGES, ChannelStats, FieldSpec, FieldStats, Manifest
+from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
-from dctdata.metrics import item_figures, pooled_psnr, psnr_from_mse
+from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
+from dctdata.metrics import pooled_psnr
 from dctdata.parse import parse_number
 from dctdata.preprocess.masking import NanPolicy, parse_nan, valid_name
 from dctdata.preprocess.parts import prepare_dct
@@ -159,7 +160,7 @@ class Settings:
     overrides: Mapping[str, FieldKind] = dataclasses.field(default_factory=dict)
     nan: NanPolicy = NanPolicy()
     valid: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    codec: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CODEC))
+    codec: Mapping[str, Any] | str = AUTO  # the lossless stage, or "auto" (see plan_fields)
     strict: bool = False
     channels_last: bool | None = None  # None: not said (the layout guard applies)
     key: Any = None
@@ -198,7 +199,7 @@ class Settings:
             "sample_dim": self.sample_dim,
             "variables": self.variables,
             "stack": self.stack,
-            "codec": dict(self.codec),
+            "codec": self.codec if self.codec == AUTO else dict(self.codec),
         }
 
 
@@ -212,7 +213,7 @@ def parse_settings(
     fields: object = None,
     nan: object = "error",
     valid: object = None,
-    codec: Mapping[str, Any] | None = DEFAULT_CODEC,
+    codec: Mapping[str, Any] | str | None = AUTO,
     strict: bool = False,
     channels_last: bool | None = None,
     key: Any = None,
@@ -242,7 +243,7 @@ def parse_settings(
         overrides=parse_field_overrides(fields),
         nan=parse_nan(nan),
         valid=parse_valid(valid),
-        codec=parse_codec_config(codec),
+        codec=codec if codec == AUTO else parse_codec_config(codec),
         strict=bool(strict),
         channels_last=channels_last,
         key=key,
@@ -295,53 +296,29 @@ def calibration_indices(n: int, sample_values: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n - 1, k)})
 
 
-def _calibrate(x: torch.Tensor, cf, mask, quant, target_psnr, valid: np.ndarray | None) -> CodecSpec:
-    from dctdata.calibrate import DEFAULT_MARGIN_DB, calibrate
+def _calibrate(
+    x: torch.Tensor, name: str, cf, mask, quant, target_psnr, valid: np.ndarray | None, codec, quiet: bool
+) -> tuple[CodecSpec, dict]:
+    """(spec, lossless stage) of one dct field from its calibration subset (invalid pixels do not count),
+    with a progress bar on a terminal while the search runs."""
+    from tqdm.auto import tqdm
 
-    if valid is None:
-        return calibrate(x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr)
-    if "valid" in inspect.signature(calibrate).parameters:
-        v = torch.from_numpy(np.ascontiguousarray(valid))
-        return calibrate(x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v)
-    # TODO(lead, issue 12): the rewritten calibrate takes valid= (bool, broadcastable to (N, C, H, W)):
-    # invalid pixels do not count and each item's range is its valid range. Until it lands, the
-    # masked field is calibrated on its filled values (a convex fill: item ranges are the valid
-    # ranges), and the target handed to calibrate is raised until the valid pixels of the subset meet
-    # target + margin: the smooth filled pixels have small errors and would otherwise dilute the MSE
-    # (measured: 36.2 dB over valid pixels at target 40 for an SST field 69% land). Remove this loop then.
-    if target_psnr is None:
-        return calibrate(x, cf=cf, mask=mask, quant=quant, target_psnr=None)
-    asked = target_psnr
-    v = torch.from_numpy(np.ascontiguousarray(valid))
-    for attempt in range(4):
-        try:
-            spec = calibrate(x, cf=cf, mask=mask, quant=quant, target_psnr=asked)
-        except DctDataError as exc:
-            if attempt == 0:
-                raise
-            raise DctDataError(
-                f"{exc} (asked {asked:.1f} dB of calibrate so that the valid pixels reach {target_psnr} dB)"
-            ) from exc
-        got = _valid_psnr(x, spec, v)
-        if got >= target_psnr + DEFAULT_MARGIN_DB:
-            break
-        asked += target_psnr + DEFAULT_MARGIN_DB - got + 0.25
-    else:
-        log.warning("calibration: %.2f dB over valid pixels of the subset, asked %.1f dB", got, target_psnr)
-    return spec
+    from dctdata.calibrate import calibrate_report
 
+    v = None if valid is None else torch.from_numpy(np.ascontiguousarray(valid))
+    bar = tqdm(desc=f"calibrate {name}", unit="eval", disable=quiet or not sys.stderr.isatty(), leave=False)
 
-def _valid_psnr(x: torch.Tensor, spec: CodecSpec, valid: torch.Tensor) -> float:
-    """Worst channel's dataset-level PSNR over valid pixels of the calibration subset, through the real path."""
-    from dctdata.layer import Decompress
-    from dctdata.quantize import encode
+    def progress(evaluation: int, psnr_db: float) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"{psnr_db:.2f} dB")
 
-    with torch.inference_mode():
-        q, _ = encode(x, spec)
-        x_hat = Decompress(spec, dtype=torch.float64, normalize=False)(q)
-    mse, rng, _ = item_figures(x, x_hat, dims=2, valid=valid)
-    scores = psnr_from_mse(mse, rng).masked_fill(rng <= 0, math.nan)
-    return min(pooled_psnr(scores[:, c]) or math.inf for c in range(x.shape[1]))
+    try:
+        report = calibrate_report(
+            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress
+        )
+    finally:
+        bar.close()
+    return report.spec, report.codec
 
 
 def plan_fields(
@@ -352,15 +329,19 @@ def plan_fields(
     quant: str | None,
     target_psnr: object,
     overrides: Mapping[str, FieldKind],
-    codec: Mapping[str, Any],
+    codec: Mapping[str, Any] | str,
     nan: NanPolicy | None = None,
     valid: Mapping[str, str] | None = None,
     channels_last: bool | None = False,
     calibration: Source | None = None,
+    quiet: bool = True,
 ) -> tuple[tuple[FieldSpec, ...], tuple[str, ...]]:
     """(field specs in sample order, names of the mask fields the pack makes). `quant` is the codec
     dtype name; `calibration` replaces the source's own samples for calibration (a stream's window or
-    an explicit set)."""
+    an explicit set). `codec` is the lossless stage; "auto": for each calibrated dct field the smaller
+    of the entropy coder and zstd-19 on its calibration subset, zstd-9 for everything else. A dct field
+    whose codec has per-sample side information is followed by its stored partner `<name>__side`."""
+    default_stage = dict(DEFAULT_CODEC) if codec == AUTO else codec
     targets = parse_targets(target_psnr)
     nan = nan or NanPolicy()
     valid = dict(valid or {})
@@ -396,7 +377,7 @@ def plan_fields(
             if name in valid or name in targets.fields:
                 what = "--valid" if name in valid else "--target-psnr"
                 raise DctDataError(f"{what} {name}: expected a dct field. Got kind {kind!r}")
-            specs.append(FieldSpec(name, kind, shape, dtype.name, None, codec, attrs=attrs))
+            specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs))
             continue
         if dtype.kind == "b":
             raise DctDataError(
@@ -414,10 +395,14 @@ def plan_fields(
                 )
             derived.append(mask_field)
         target = targets.get(name)
-        spec = _codec(name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan)
-        specs.append(FieldSpec(name, kind, shape, dtype.name, spec, codec, valid=mask_field, attrs=attrs))
+        spec, stage = _codec(
+            name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
+        )
+        specs.append(FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs))
+        if has_side(specs[-1]):
+            specs.append(side_field(specs[-1]))
         if mask_field in derived:
-            specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, codec))
+            specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, default_stage))
     by_name = {f.name: f for f in specs}
     for f in specs:
         if f.valid is not None and f.valid not in derived:
@@ -425,14 +410,18 @@ def plan_fields(
     return tuple(specs), tuple(derived)
 
 
-def _codec(name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan) -> CodecSpec:
-    """The CodecSpec of one dct field: from the settings, or calibrated on the calibration subset."""
+def _codec(
+    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
+) -> tuple[CodecSpec, dict]:
+    """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration
+    subset."""
     c, h, w = shape
     if target is None and quant not in ("int8", "int16"):
-        return CodecSpec(
+        spec = CodecSpec(
             cf=DEFAULT_CF if cf is None else cf, height=h, width=w, channels=c, mask=mask or "square",
             dtype=quant or "float32",
         )  # fmt: skip
+        return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
     if name not in cal_probe:
         raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
     idx = calibration_indices(len(cal), c * h * w)
@@ -444,17 +433,18 @@ def _codec(name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, q
     x, valid, _ = prepare_dct(x, name, shape, nan, explicit, mask_field, lambda j: cal.where(idx[j]))
     if target is None:
         cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
-    spec = _calibrate(torch.from_numpy(np.ascontiguousarray(x)), cf, mask, quant, target, valid)
+    x = torch.from_numpy(np.ascontiguousarray(x))
+    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet)
     if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
         raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
-    return spec
+    return spec, stage
 
 
 # Figures -----------------------------------------------------------------------------------------
 def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict[str, FieldStats], int]:
     """({field: FieldStats}, filled pixels) from the parts' figures (`dctdata.preprocess.parts.new_stats`)."""
     stats: dict[str, FieldStats] = {}
-    for f in specs:
+    for f in user_fields(specs):  # a side partner is part of its dct field
         if not f.is_dct:
             stats[f.name] = FieldStats(math.inf, math.inf, 0.0, 0)
             continue
@@ -490,7 +480,7 @@ def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict
     return stats, sum(p["stats"]["nan_filled"] for p in parts)
 
 
-def plan(src: Source, settings: Settings, calibration: Source | None = None):
+def plan(src: Source, settings: Settings, calibration: Source | None = None, quiet: bool = True):
     """(field specs, derived mask fields) of a source under the settings."""
     return plan_fields(
         src,
@@ -504,6 +494,7 @@ def plan(src: Source, settings: Settings, calibration: Source | None = None):
         valid=settings.valid,
         channels_last=settings.channels_last,
         calibration=calibration,
+        quiet=quiet,
     )
 
 

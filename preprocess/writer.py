@@ -48,7 +48,7 @@ from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
 from dctdata.format.coords import encode_coord
 from dctdata.kinds import FieldKind
-from dctdata.lossless import DEFAULT_CODEC
+from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess.commit import check_out, commit, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
@@ -85,7 +85,7 @@ class Writer:
         channels_last: bool | None = None,
         strict: bool = False,
         overwrite: bool = False,
-        codec: Mapping[str, Any] | None = DEFAULT_CODEC,
+        codec: Mapping[str, Any] | str | None = AUTO,
         writer_options: Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Mapping[str, Any]] | None = None,
@@ -205,7 +205,7 @@ class Writer:
         if self._calibration is not None:
             cal = open_source(self._calibration, channels_last=bool(self.settings.channels_last))
         try:
-            specs, derived = plan(src, self.settings, cal)
+            specs, derived = plan(src, self.settings, cal, quiet=False)
         finally:
             if cal is not None:
                 cal.close()

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
 from dctdata.metrics import psnr
 
@@ -117,8 +118,10 @@ def jpeg_files(u8: np.ndarray, directory: str, target_psnr: float, qualities=(75
 def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batches=20, workdir=None):
     """Milliseconds to turn one batch of `batch` random stored samples into arrays (median over
     `batches` batches, best of `rounds` interleaved rounds), single-threaded, from a local pack:
-    the dctdata zarr reader (coefficients), tensorstore and zarr-python on the same pack, and both on
-    raw float32 zarr of the same samples. Rows: name, ms, bytes_per_sample."""
+    the dctdata zarr reader (coefficients) of the default pack (its lossless stage chosen by size, usually
+    the entropy coder) and of a zstd-9 pack, tensorstore and zarr-python on that zstd pack (they cannot
+    decode the entropy coder), and both on raw float32 zarr of the same samples. Rows: name, ms,
+    bytes_per_sample."""
     import tensorstore as ts
     import zarr
 
@@ -131,7 +134,12 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         np.save(os.path.join(tmp, "x.npy"), x)
         out, raw = os.path.join(tmp, "dct"), os.path.join(tmp, "raw.zarr")
+        zstd = os.path.join(tmp, "dct-zstd")
         dctdata.pack(os.path.join(tmp, "x.npy"), out, quant="int8", target_psnr=target_psnr, quiet=True)
+        zstd_stage = {"id": "zstd", "level": 9}
+        dctdata.pack(
+            os.path.join(tmp, "x.npy"), zstd, quant="int8", target_psnr=target_psnr, codec=zstd_stage, quiet=True
+        )
         zarr.create_array(raw, shape=x.shape, chunks=(1, *x.shape[1:]), dtype="float32", compressors=None)[:] = x
         ds = dctdata.open_dataset(out)
         layer = ds.decompressor()
@@ -139,21 +147,24 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         def ts_array(path):
             return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, read=True).result()
 
-        ts_dct, ts_raw = ts_array(os.path.join(out, "image")), ts_array(raw)
-        z_dct, z_raw = zarr.open_array(os.path.join(out, "image"), mode="r"), zarr.open_array(raw, mode="r")
+        ds_zstd = dctdata.open_dataset(zstd)
+        stage = ds.manifest.field("image").lossless.get("id", "raw")
+        ts_dct, ts_raw = ts_array(os.path.join(zstd, "image")), ts_array(raw)
+        z_dct, z_raw = zarr.open_array(os.path.join(zstd, "image"), mode="r"), zarr.open_array(raw, mode="r")
         cases = {
-            "dctdata zarr reader (coefficients)": (lambda i: ds.__getitems__(i.tolist()), out),
+            f"dctdata zarr reader, default pack ({stage}; coefficients)": (lambda i: ds.__getitems__(i.tolist()), out),
             "dctdata zarr reader + Decompress (1 thread)": (
-                lambda i: layer(torch.stack([s[0] for s in ds.__getitems__(i.tolist())])),
+                lambda i: layer(default_collate(ds.__getitems__(i.tolist()))[0]),
                 out,
             ),
-            "tensorstore, same dctdata pack (no missing-chunk check)": (
+            "dctdata zarr reader, zstd-9 pack (coefficients)": (lambda i: ds_zstd.__getitems__(i.tolist()), zstd),
+            "tensorstore, same zstd-9 pack (no missing-chunk check)": (
                 lambda i: ts_dct.oindex[i].read().result(),
-                out,
+                zstd,
             ),
-            "zarr-python, same dctdata pack (no missing-chunk check)": (
+            "zarr-python, same zstd-9 pack (no missing-chunk check)": (
                 lambda i: z_dct.get_orthogonal_selection((i,)),
-                out,
+                zstd,
             ),
             "tensorstore, raw float32 zarr": (lambda i: ts_raw.oindex[i].read().result(), raw),
             "zarr-python, raw float32 zarr": (lambda i: z_raw.get_orthogonal_selection((i,)), raw),

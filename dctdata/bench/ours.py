@@ -31,7 +31,7 @@ def read_back(path: str, name: str) -> tuple[np.ndarray, float, float]:
     """(reconstruction (N, C, H, W), read seconds, Decompress seconds) of a packed dataset's dct field."""
     t0 = time.perf_counter()
     ds = dctdata.open_dataset(path, fields=[name], as_dict=True)
-    batch = torch.stack([ds[i][name] for i in range(len(ds))])
+    batch = ds[0 : len(ds)][name]  # a (coefficients, side) pair for a codec with per-sample side information
     t1 = time.perf_counter()
     with torch.inference_mode():
         out = ds.decompressor(name)(batch)

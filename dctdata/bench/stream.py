@@ -118,7 +118,7 @@ def run_stream_bench(
                 ds, batch_size=batch, num_workers=workers, persistent_workers=workers > 0
             )
 
-        coeffs = lambda b: b[0]  # noqa: E731
+        coeffs = lambda b: b[0][0] if isinstance(b[0], (list, tuple)) else b[0]  # noqa: E731 - (q, side) pairs
         cases.append(
             ("dctdata webdataset", "wds", lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False), coeffs, True)
         )

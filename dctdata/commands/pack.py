@@ -129,6 +129,7 @@ def _writer_options(args) -> dict:
 
 def _main(args) -> int:
     from dctdata.api import pack
+    from dctdata.format.fields import user_fields
     from dctdata.report import num, pack_summary
 
     manifest = pack(
@@ -164,15 +165,17 @@ def _main(args) -> int:
             f"{t['stored_bytes'] / 1e6:.3f} MB, ratio {num(t['ratio_f32'])}x vs float32 and {num(t['ratio_src'])}x vs "
             f"the source, transfer ratio {num(t['transfer'])}x (float32 bytes / bytes sent to the device)"
         )
-        for f in manifest.fields:
+        for f in user_fields(manifest.fields):
             s = manifest.stats[f.name]
             extra = ""
             if f.is_dct:
                 c = f.codec
                 valid = f", {100 * s.valid_fraction:.1f}% valid pixels" if s.valid_fraction is not None else ""
+                stage = (f.lossless or {}).get("id", "raw")
                 extra = (
-                    f" cf={c.cf} {c.mask} {c.dtype}: PSNR min {num(s.psnr_min)} / median {num(s.psnr_median)} / "
-                    f"dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}, overflow {s.overflow}{valid}"
+                    f" cf={c.cf} {c.mask} {c.dtype} {stage}: PSNR min {num(s.psnr_min)} / median "
+                    f"{num(s.psnr_median)} / dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}, "
+                    f"overflow {s.overflow}{valid}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
             names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []

@@ -118,7 +118,8 @@ def loader_speed(loader: Iterable, decode: Callable[[Any], Any] | None) -> tuple
     n, t_decode = 0, 0.0
     t0 = time.perf_counter()
     for batch in loader:
-        b = len(batch[0])
+        first = batch[0][0] if isinstance(batch[0], (tuple, list)) else batch[0]  # a (coefficients, side) pair
+        b = len(first)
         if decode is not None:
             t = time.perf_counter()
             with torch.no_grad():
@@ -136,9 +137,12 @@ def crop_offsets(gen: torch.Generator, blocks: int, crop_blocks: int) -> tuple[i
     return top, left
 
 
-def crop_coeffs(q: torch.Tensor, top: int, left: int, nb: int) -> torch.Tensor:
-    """Crop (B, C, Hb, K, Wb) coefficients to nb x nb blocks: the blocks of an (8nb)^2 image crop."""
-    return q[:, :, top : top + nb, :, left : left + nb]
+def crop_coeffs(wire, top: int, left: int, nb: int):
+    """Crop (B, C, Hb, K, Wb) coefficients to nb x nb blocks: the blocks of an (8nb)^2 image crop (the
+    per-sample side information of a (coefficients, side) pair is the same for the crop)."""
+    if isinstance(wire, (tuple, list)):
+        return (crop_coeffs(wire[0], top, left, nb), wire[1])
+    return wire[:, :, top : top + nb, :, left : left + nb]
 
 
 def crop_pixels(x: torch.Tensor, top: int, left: int, nb: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from dctdata.spec import CodecSpec
 
 # Field names become zarr paths and webdataset extensions: keep them plain.
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A dct field whose spec carries per-sample side information is stored with a partner `array` field
+# `<name>__side` ((C, 2) float32: range, mid); readers hand the two to the user as one value.
+SIDE_SUFFIX = "__side"
 # Sample dtypes a field may hold (numpy names); no objects/strings: never pickle.
 SAMPLE_DTYPES = (
     "bool",
@@ -214,6 +217,45 @@ class FieldSpec:
             )
         except (DctDataError, TypeError) as exc:
             raise FormatError(str(exc)) from exc
+
+
+def side_field(f: FieldSpec) -> FieldSpec:
+    """The stored partner of a dct field with side information: (C, 2) float32 per sample, zstd."""
+    return FieldSpec(
+        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.channels, 2), "float32", lossless={"id": "zstd", "level": 9}
+    )
+
+
+def has_side(f: FieldSpec) -> bool:
+    return f.kind is FieldKind.DCT and f.codec.side is not None
+
+
+def user_fields(fields: tuple[FieldSpec, ...]) -> tuple[FieldSpec, ...]:
+    """The fields a sample has for the user: stored side partners are part of their dct field's value."""
+    partners = {f.name + SIDE_SUFFIX for f in fields if has_side(f)}
+    return tuple(f for f in fields if f.name not in partners)
+
+
+def with_partners(fields: tuple[FieldSpec, ...], names: Sequence[str]) -> tuple[FieldSpec, ...]:
+    """The stored fields to read for the user fields `names` (each dct field's side partner included)."""
+    by_name = {f.name: f for f in fields}
+    out = []
+    for n in names:
+        f = by_name[n]
+        out.append(f)
+        if has_side(f):
+            out.append(by_name[n + SIDE_SUFFIX])
+    return tuple(out)
+
+
+def assemble(fields: tuple[FieldSpec, ...], values: Sequence[Any]) -> list[Any]:
+    """Stored values of one sample (or batch) in `fields` order -> the user's values: a dct field with
+    side information becomes the pair (coefficients, side) that `Decompress` takes."""
+    by_name = dict(zip((f.name for f in fields), values))
+    return [
+        (by_name[f.name], by_name[f.name + SIDE_SUFFIX]) if has_side(f) else by_name[f.name]
+        for f in user_fields(fields)
+    ]
 
 
 # Metadata: JSON values (what a source says about a field or coordinate) -----------------------------

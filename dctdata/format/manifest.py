@@ -8,11 +8,15 @@ the webdataset shard list). JSON has no infinities: +/-inf error figures are wri
 
 Versions (a reader reads every version up to FORMAT_VERSION, each with its own strict key set):
 - 1: the first format.
-- 2: masked data and source metadata. Optional keys: a field's `valid` (the field holding its
-  validity mask) and `attrs` (units, ...); a field's stats `psnr_dataset`, `channels` (per-channel
-  figures) and `valid_fraction`; the manifest's `coords` (1-D coordinates of the source, e.g. the
-  time of every sample; `dctdata.format.coords`). Error figures are per channel of each sample over
-  its valid pixels (version 1 packs reported one figure per sample).
+- 2: codec v2, masked data and source metadata, compact JSON.
+  - Codec: CodecSpec `pad`, `theta`, `recon`, `rotation`, `side`, `min_psnr` (`dctdata.spec`), steps
+    stored (C,) when constant per channel, tables at float32 precision; a dct field whose codec has
+    side information has a stored partner field `<name>__side` ((C, 2) float32 per sample).
+  - Masks and metadata: a field's `valid` (the field holding its validity mask) and `attrs` (units,
+    ...); a field's stats `psnr_dataset`, `channels` (per-channel figures) and `valid_fraction`; the
+    manifest's `coords` (1-D coordinates of the source, e.g. the time of every sample;
+    `dctdata.format.coords`). Error figures are per channel of each sample over its valid pixels
+    (version 1 packs reported one figure per sample).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import numpy as np
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format.coords import check_coords
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
@@ -207,6 +211,19 @@ class Manifest:
         if len(set(names)) != len(names):
             raise DctDataError(f"fields: expected unique names. Got {names}")
         object.__setattr__(self, "fields", fields)
+        for f in fields:
+            if f.name.endswith(SIDE_SUFFIX) and f.name[: -len(SIDE_SUFFIX)] not in {
+                g.name for g in fields if has_side(g)
+            }:
+                raise DctDataError(
+                    f"fields: expected {f.name!r} to be the side partner of a dct field. Got no such field"
+                )
+            if has_side(f) and side_field(f) not in fields:
+                raise DctDataError(
+                    f"fields: expected the side partner {f.name + SIDE_SUFFIX!r} ((C, 2) float32) of dct field "
+                    f"{f.name!r}. "
+                    "Got none or another shape"
+                )
         unknown = sorted(set(self.stats) - set(names))
         if unknown:
             raise DctDataError(f"stats: expected entries for fields {names}. Got unknown {unknown}")
@@ -242,7 +259,8 @@ class Manifest:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        """The user's field names, in sample order (stored side partners are part of their dct field)."""
+        return tuple(f.name for f in user_fields(self.fields))
 
     def field(self, name: str | None = None, kind: FieldKind | str | None = None) -> FieldSpec:
         """The named field; with name=None, the only field of `kind` (error if zero or several)."""
@@ -251,7 +269,7 @@ class Manifest:
                 if f.name == name:
                     return f
             raise DctDataError(f"field: expected one of {list(self.names)}. Got {name!r}")
-        matches = [f for f in self.fields if kind is None or f.kind == kind]
+        matches = [f for f in user_fields(self.fields) if kind is None or f.kind == kind]
         if len(matches) != 1:
             raise DctDataError(
                 f"field: expected a field name; this dataset has {len(matches)} "
@@ -276,7 +294,7 @@ class Manifest:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, d: object, where: str = "manifest") -> "Manifest":

@@ -9,6 +9,7 @@ never pickle).
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -24,6 +25,16 @@ _NPY_HEADER_RE = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=256)
+def npy_size(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of the .npy of an array of this shape and dtype (numpy's header length is fixed by them)."""
+    dt = np.dtype(dtype)
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": tuple(shape)}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return len(buf.getvalue()) + math.prod(shape) * dt.itemsize
+
+
 def encode_npy(arr: np.ndarray) -> bytes:
     """Array -> .npy bytes in C order, so the bytes depend on the values only (never pickle)."""
     buf = io.BytesIO()
@@ -35,6 +46,17 @@ def encode_npy(arr: np.ndarray) -> bytes:
 def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
     """`.npy` bytes -> a writable numeric array. Strict: the header form numpy writes, numeric dtypes
     only, and exactly the data bytes the header promises."""
+    arr, rest = split_npy(raw, where)
+    if len(rest):
+        raise IntegrityError(
+            f"{where}: expected {arr.nbytes} data bytes for {arr.dtype} {arr.shape}. Got {arr.nbytes + len(rest)}"
+        )
+    return arr
+
+
+def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[np.ndarray, memoryview]:
+    """The first `.npy` of `raw` (strictly, as `decode_npy`) and the bytes after it: a member may hold
+    two arrays back to back (a dct field's coefficients, then its per-sample side information)."""
     b = memoryview(raw).cast("B")
     if len(b) < 10 or bytes(b[:6]) != _NPY_MAGIC:
         raise IntegrityError(f"{where}: expected .npy bytes. Got no .npy magic")
@@ -56,10 +78,10 @@ def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
     dtype = np.dtype(m.group(1))
     shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
     count = math.prod(shape)
+    need = count * dtype.itemsize
     data = b[start + hlen :]
-    if len(data) != count * dtype.itemsize:
-        raise IntegrityError(
-            f"{where}: expected {count * dtype.itemsize} data bytes for {dtype} {shape}. Got {len(data)}"
-        )
+    if len(data) < need:
+        raise IntegrityError(f"{where}: expected {need} data bytes for {dtype} {shape}. Got {len(data)}")
     order = "F" if m.group(2) == "True" else "C"
-    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")
+    arr = np.frombuffer(data[:need], dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")
+    return arr, data[need:]

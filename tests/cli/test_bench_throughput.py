@@ -20,8 +20,8 @@ def test_gpu_decode_table_on_the_cpu():
     rows = gpu.decode_rows(
         "cpu", sizes=(16, 24), cfs=(2, 8), dtypes=("float32", "bfloat16"), repeat=1, batch_bytes=1 << 16
     )
-    assert [(r["size"], r["cf"], r["dtype"]) for r in rows][:4] == [
-        (16, 2, "float32"), (16, 2, "bfloat16"), (16, 8, "float32"), (16, 8, "bfloat16")
+    assert [(r["size"], r["cf"], r["dtype"], r["codec"]) for r in rows][:4] == [
+        (16, 2, "float32", "v1"), (16, 2, "float32", "v2"), (16, 2, "bfloat16", "v1"), (16, 2, "bfloat16", "v2")
     ]  # fmt: skip
     for r in rows:
         item = 4 if r["dtype"] == "float32" else 2
@@ -29,7 +29,7 @@ def test_gpu_decode_table_on_the_cpu():
         assert r["GBps"] == pytest.approx(r["batch"] * r["size"] ** 2 * item / (r["ms"] / 1e3) / 1e9)
         assert r["Gpix"] == pytest.approx(r["GBps"] / item)
     table = gpu.format_decode_rows(rows)
-    assert table.splitlines()[2].startswith("| 16² | 2 | float32 | 64 |") and len(table.splitlines()) == 10
+    assert table.splitlines()[2].startswith("| 16² | 2 | float32 | v1 | 64 |") and len(table.splitlines()) == 18
 
 
 def test_gpu_pipeline_table_on_the_cpu():
@@ -37,10 +37,13 @@ def test_gpu_pipeline_table_on_the_cpu():
     names = [r["pipeline"] for r in rows]
     assert names[0] == "dctdata zarr (int8) -> Decompress" and names[1] == "raw float32 -> host-to-device copy"
     assert names[2].startswith("JPEG q=") and names[2].endswith("decode_jpeg(device)")
-    assert all(r["sps"] > 0 for r in rows) and rows[1]["bytes"] == 32 * 32 * 4
+    assert names[3] == "dctdata zarr (int8, zstd-9) -> Decompress" and rows[3]["moved"] == rows[0]["moved"]
+    assert all(r["sps"] > 0 for r in rows) and rows[1]["bytes"] == 32 * 32 * 4 == rows[1]["moved"]
+    assert rows[0]["moved"] < rows[1]["moved"] / 2  # int8 coefficients (and a side) cross, not float32
     assert rows[2]["psnr"] >= rows[0]["psnr"] or "q=100" in names[2]  # JPEG at no lower PSNR than dctdata
     table = gpu.format_pipeline_rows(rows)
     assert "| 1.00x |" in table.splitlines()[2] and "lossless" in table.splitlines()[3]
+    assert "| 1.0x | lossless |" in table.splitlines()[3]
 
 
 def test_read_path_table():
@@ -48,7 +51,8 @@ def test_read_path_table():
 
     rows = run_batch_bench(n=48, size=32, batch=8, target_psnr=35, rounds=1, batches=2)
     names = [r["name"] for r in rows]
-    assert names[0] == "dctdata zarr reader (coefficients)" and "tensorstore, raw float32 zarr" in names
+    assert names[0].startswith("dctdata zarr reader, default pack (") and "tensorstore, raw float32 zarr" in names
+    assert "tensorstore, same zstd-9 pack (no missing-chunk check)" in names
     assert all(r["ms"] > 0 for r in rows)
     raw = next(r for r in rows if r["name"] == "zarr-python, raw float32 zarr")
     assert raw["bytes_per_sample"] > 32 * 32 * 4  # raw float32 plus zarr metadata

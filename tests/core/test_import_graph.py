@@ -71,9 +71,18 @@ def imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
     return found
 
 
+def extensions() -> set[str]:
+    """C extension modules (built from `<name>.c` beside the Python sources): leaves of the graph."""
+    out = set()
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.c"):
+            out.add(".".join([package, *path.relative_to(ROOT / folder).with_suffix("").parts]))
+    return out
+
+
 def graph() -> dict[str, set[str]]:
     mods = modules()
-    known = set(mods)
+    known = set(mods) | extensions()
     return {name: imports(name, path, known) for name, path in mods.items()}
 
 

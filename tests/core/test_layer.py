@@ -1,11 +1,19 @@
 """Decompress: the first layer. Folded dequantization/normalization, dtypes, autograd, compile, ONNX."""
 
+import numpy as np
 import pytest
 import torch
 from decode_checks import check_decompress
 
 import dctdata
 from dctdata import CodecSpec, Decompress
+
+# aten ops the version-2 affine pass may add to the matmul path: elementwise only, no gather or loops
+V2_OPS = {
+    "_to_copy", "add", "mul", "sub", "sign", "select", "view", "reshape", "matmul", "mm", "bmm", "expand",
+    "unsqueeze", "squeeze", "transpose", "permute", "cat", "slice", "clone", "contiguous", "alias",
+    "unsafe_view", "_assert_tensor_metadata", "to", "lift_fresh_copy", "detach_", "div", "neg", "sym_size",
+}  # fmt: skip
 
 
 def make_spec(dtype="float32", cf=4, mask="square", channels=2, height=29, width=43, quantized=True, normalized=False):
@@ -211,3 +219,54 @@ def test_decompressor_from_a_packed_dataset_and_non_dct_fields(tmp_path):
         dctdata.DctDataError, match=r"field 'label': expected a dct field for decompressor\(\)\. Got kind 'label'"
     ):
         ds.decompressor("label")
+
+
+def v2_wire(channels=3, b=4, seed=1):
+    """A real version-2 codec (dead zone, recon offset, per-sample side, KLT rotation) and its wire."""
+    from dctdata.calibrate import calibrate_report
+    from dctdata.datasets.fields import synthetic_fields
+
+    fields = synthetic_fields(n=8, size=48, seed=seed)
+    x = torch.from_numpy(np.stack([fields[k][:, 0] for k in ("atoms", "beam", "clouds")][:channels], axis=1))
+    x = x + torch.linspace(0, 1, channels).reshape(1, -1, 1, 1) * x  # correlated channels: rotation pays
+    spec = calibrate_report(x, quant=None, target_psnr=40, rotation=True).spec
+    wire, overflow = dctdata.encode(x[:b], spec)
+    assert overflow == 0 and isinstance(wire, tuple)
+    return spec, wire
+
+
+def test_v2_layer_with_side_and_rotation_equals_the_reference():
+    spec, wire = v2_wire()
+    assert spec.version == 2 and spec.side == "range_mid" and spec.rotation is not None and spec.recon is not None
+    out = check_decompress(spec, wire)
+    torch.testing.assert_close(Decompress(spec)((wire[0][1], wire[1][1])), out[1])  # unbatched pair
+    with pytest.raises(TypeError, match=r"expected the pair \(coefficients, side\)"):
+        Decompress(spec)(wire[0])  # a side codec needs its side
+
+
+@pytest.mark.cuda
+def test_v2_layer_on_cuda_matches_cpu():
+    spec, (q, side) = v2_wire()
+    cpu = Decompress(spec)((q, side))
+    gpu = Decompress(spec).cuda()((q.cuda(), side.cuda()))
+    assert gpu.is_cuda and gpu.shape == cpu.shape
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-5 * float(cpu.abs().max()), rtol=1e-5)
+    half = Decompress(spec, dtype=torch.bfloat16).to("cuda", torch.bfloat16)((q.cuda(), side.cuda()))
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float().cpu(), cpu, atol=2e-2 * float(cpu.abs().max()), rtol=2e-2)
+
+
+def test_v2_layer_exports_and_runs_in_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    spec, (q, side) = v2_wire()
+    layer = Decompress(spec).eval()
+    exported = torch.export.export(layer, ((q, side),))
+    ops = {str(n.target).split(".")[1] for n in exported.graph.nodes if n.op == "call_function"}
+    assert ops <= V2_OPS, ops - V2_OPS
+    path = tmp_path / "decompress_v2.onnx"
+    torch.onnx.export(layer, ((q, side),), str(path), input_names=["coeffs", "side"], dynamo=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"coeffs": q.numpy(), "side": side.numpy()})
+    ref = layer((q, side))  # float32 rounding relative to the channel ranges (up to 1e5 here)
+    torch.testing.assert_close(torch.from_numpy(out), ref, atol=1e-6 * float(ref.abs().max()), rtol=1e-5)

@@ -1,4 +1,6 @@
-"""The lossless stage: configs round-trip bytes exactly, zarr gets spec codecs, bad configs fail."""
+"""The lossless stage: allow-listed configs round-trip bytes exactly, decoding is bounded to the
+expected array, the zarr.json dctdata writes names the same spec codecs zarr-python writes (so zstd and
+blosc packs, old and new, read with any zarr v3 reader), bad configs fail."""
 
 import numpy as np
 import pytest
@@ -8,75 +10,73 @@ import zarr.codecs as zc
 
 import dctdata
 from dctdata.calibrate import calibrate
-from dctdata.lossless import DEFAULT_CODEC, get_codec, parse_codec_config, zarr_compressors
+from dctdata.errors import IntegrityError
+from dctdata.format.zarr.metadata import check_chunk_codecs, parse_array_json
+from dctdata.lossless import DEFAULT_CODEC, ZSTD_MAX, decode_array, encode_array, get_codec, parse_codec_config
 
 
 def quantized():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 2, 64, 48, generator=g, dtype=torch.float64).cumsum(-1).cumsum(-2).float()
     spec = calibrate(x, quant=None, target_psnr=40)
-    q, _ = dctdata.encode(x, spec)
+    (q, _side), _ = dctdata.encode(x, spec)
     return q.contiguous().numpy()
 
 
 @pytest.mark.parametrize(
-    "config",
-    [
-        DEFAULT_CODEC,
-        {"id": "zstd", "level": 1},
-        {"id": "blosc", "cname": "zstd", "clevel": 5, "shuffle": 2},
-        {"id": "zlib", "level": 6},
-    ],
+    "config", [DEFAULT_CODEC, ZSTD_MAX, {"id": "zstd", "level": 1}, {"id": "blosc", "cname": "zstd", "shuffle": 2}]
 )
 def test_codecs_round_trip_exactly_and_compress(config):
     q = quantized()
     codec = get_codec(config)
-    blob = codec.encode(q)
-    back = np.frombuffer(codec.decode(blob), dtype=q.dtype).reshape(q.shape)
-    np.testing.assert_array_equal(back, q)
+    blob = encode_array(codec, q)
+    np.testing.assert_array_equal(decode_array(codec, blob, q.shape, q.dtype, "x"), q)
     assert len(blob) < q.nbytes / 2
 
 
-def test_default_is_zstd_and_maps_to_the_zarr_spec_codec():
-    assert DEFAULT_CODEC["id"] == "zstd"
-    (c,) = zarr_compressors(DEFAULT_CODEC)
-    assert isinstance(c, zc.ZstdCodec) and c.level == DEFAULT_CODEC["level"]
-    (b,) = zarr_compressors({"id": "blosc", "cname": "zstd", "clevel": 5, "shuffle": 1})
-    assert isinstance(b, zc.BloscCodec) and b.shuffle.value == "shuffle"
-    (gz,) = zarr_compressors({"id": "gzip", "level": 4})
-    assert isinstance(gz, zc.GzipCodec)
-    assert zarr_compressors(None) == ()
+@pytest.mark.parametrize("config", [DEFAULT_CODEC, {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}])
+def test_decoding_is_bounded_to_the_expected_array(config):
+    codec = get_codec(config)
+    blob = encode_array(codec, np.arange(100, dtype=np.uint8))
+    with pytest.raises(
+        IntegrityError, match=r"chunk 3: expected a stream of 200 decoded bytes\. Got one declaring 100"
+    ):
+        decode_array(codec, blob, (200,), np.uint8, "chunk 3")  # shorter than expected: never half-filled
+    with pytest.raises(IntegrityError, match=r"chunk 3: expected a stream of 50 decoded bytes\. Got one declaring 100"):
+        decode_array(codec, blob, (50,), np.uint8, "chunk 3")
+    with pytest.raises(IntegrityError, match=r"chunk 3: expected .*(Got undecodable|damaged or truncated header)"):
+        decode_array(codec, blob[:-5], (100,), np.uint8, "chunk 3")  # truncated
 
 
-def test_zarr_array_with_default_codec_round_trips(tmp_path):
-    q = quantized()
-    a = zarr.create_array(
-        tmp_path / "a.zarr",
-        shape=q.shape,
-        dtype=q.dtype,
-        chunks=(1, *q.shape[1:]),
-        compressors=zarr_compressors(DEFAULT_CODEC),
-    )
-    a[:] = q
-    np.testing.assert_array_equal(zarr.open_array(tmp_path / "a.zarr")[:], q)
-
-
-def test_non_spec_codec_falls_back_to_numcodecs_wrapper():
-    with pytest.warns(UserWarning):
-        (c,) = zarr_compressors({"id": "zlib", "level": 3})
-    assert not isinstance(c, (zc.ZstdCodec, zc.BloscCodec, zc.GzipCodec))
+@pytest.mark.parametrize(
+    "lossless, zarr_codec",
+    [
+        (DEFAULT_CODEC, zc.ZstdCodec(level=DEFAULT_CODEC["level"])),
+        ({"id": "blosc", "cname": "zstd", "clevel": 5, "shuffle": 1, "typesize": 2}, None),
+    ],
+)
+def test_zarr_python_arrays_have_the_codecs_the_reader_expects(tmp_path, lossless, zarr_codec):
+    """Version-1 packs were written by zarr-python: their zarr.json must pass the same check."""
+    if zarr_codec is None:
+        zarr_codec = zc.BloscCodec(cname="zstd", clevel=5, shuffle="shuffle", typesize=2)
+    path = tmp_path / "a.zarr"
+    zarr.create_array(
+        path, shape=(4, 8), dtype="int16", chunks=(4, 8), shards=(4, 8), compressors=(zarr_codec, zc.Crc32cCodec())
+    )[:] = np.arange(32).reshape(4, 8)
+    meta = parse_array_json((path / "zarr.json").read_bytes(), "a")
+    check_chunk_codecs(meta, lossless, "a", "a")
+    with pytest.raises(IntegrityError, match=r"a: field 'a': expected chunk codecs \['bytes', 'zstd', 'crc32c'\]"):
+        check_chunk_codecs(meta, {"id": "zstd", "level": 2}, "a", "a")
 
 
 def test_bad_configs():
     with pytest.raises(dctdata.DctDataError, match="codec: expected a numcodecs config"):
         parse_codec_config({"level": 3})
-    with pytest.raises(dctdata.DctDataError, match="numcodecs cannot build"):
-        parse_codec_config({"id": "no-such-codec"})
+    for name in ("no-such-codec", "zlib", "pickle"):
+        with pytest.raises(dctdata.DctDataError, match=rf"codec: expected one of .*Got '{name}' \(a manifest may not"):
+            parse_codec_config({"id": name})
     assert get_codec(None) is None and parse_codec_config(None) == {}
 
 
 def test_empty_config_means_no_lossless_stage():
-    from dctdata.lossless import get_codec, zarr_compressors
-
     assert get_codec({}) is None and get_codec(None) is None
-    assert zarr_compressors({}) == ()

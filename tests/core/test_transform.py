@@ -101,11 +101,23 @@ def test_cost_is_per_block_batched_equals_unbatched():
     )
 
 
-def test_padding_is_edge_replication():
+def test_edge_padding_replicates_the_last_row_and_column():
     x = smooth_field((11, 13), seed=5)
     by_hand = torch.cat([x, x[:, -1:].expand(11, 3)], dim=1)
     by_hand = torch.cat([by_hand, by_hand[-1:].expand(5, 16)], dim=0)  # 16 x 16, last row/col repeated
+    torch.testing.assert_close(dctdata.compress(x, cf=3, pad="edge"), dctdata.compress(by_hand, cf=3))
+
+
+def test_symmetric_padding_mirrors_half_sample_and_is_the_default():
+    x = smooth_field((11, 13), seed=5)
+    by_hand = torch.cat([x, x[:, [12, 11, 10]]], dim=1)  # x[n + j] = x[n - 1 - j]
+    by_hand = torch.cat([by_hand, by_hand[[10, 9, 8, 7, 6]]], dim=0)
     torch.testing.assert_close(dctdata.compress(x, cf=3), dctdata.compress(by_hand, cf=3))
+    tiny = torch.tensor([[1.0, 2.0]])  # shorter than a block: the mirror repeats with period 2n
+    want = torch.tensor([1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 1.0]).expand(8, 8)
+    torch.testing.assert_close(dctdata.compress(tiny), dctdata.compress(want))
+    with pytest.raises(dctdata.DctDataError, match=r"pad: expected one of \('edge', 'symmetric'\)\. Got 'zero'"):
+        dctdata.compress(x, pad="zero")
 
 
 # ---- properties --------------------------------------------------------------------------------

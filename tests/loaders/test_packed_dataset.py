@@ -66,7 +66,8 @@ def test_clamp_follows_normalization_and_refuses_what_has_no_range(frames, tmp_p
     ds = dctdata.open_dataset(frames / "zarr")
     image = ds.manifest.field("image")
     normalized = dataclasses.replace(image, codec=image.codec.replace(mean=(100.0,), std=(50.0,)))
-    ds.manifest = dataclasses.replace(ds.manifest, fields=(normalized, ds.manifest.field("label")))
+    fields = tuple(normalized if f.name == "image" else f for f in ds.manifest.fields)  # the side partner kept
+    ds.manifest = dataclasses.replace(ds.manifest, fields=fields)
     layer = ds.decompressor(clamp=True)  # output is (x - 100) / 50: so are the bounds
     assert layer[1].low.flatten().tolist() == [-2.0]
     assert layer[1].high.flatten().tolist() == [pytest.approx((65535 - 100) / 50)]

@@ -157,9 +157,11 @@ def test_samples_match_zarr_decoding(src, packed, tmp_path):
     for s in wds:
         i = int(s["label"])
         assert s["label"].shape == () and s["label"].dtype == torch.int64
-        assert s["image"].dtype == torch.int8 and tuple(s["image"].shape) == z.field("image").stored_shape
-        assert torch.equal(s["image"], zs[i][0])
-    x = wds.decompressor()(torch.stack([zs[0][0]]))
+        q, side = s["image"]  # coefficients and the per-sample (range, mid) side information
+        assert q.dtype == torch.int8 and tuple(q.shape) == z.field("image").stored_shape
+        assert side.dtype == torch.float32 and tuple(side.shape) == (1, 2)
+        assert torch.equal(q, zs[i][0][0]) and torch.equal(side, zs[i][0][1])
+    x = wds.decompressor()(torch.utils.data.default_collate([zs[0][0]]))
     assert tuple(x.shape) == (1, 1, 24, 40)
 
 

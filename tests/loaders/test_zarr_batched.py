@@ -34,17 +34,19 @@ def pack(tmp_path, name="ds", n=37, size=(20, 28), channels=2, **kw):
     ],
 )
 def test_batched_reads_equal_zarr_python_bit_for_bit(tmp_path, settings):
-    root = pack(tmp_path, **settings)
+    root = pack(tmp_path, codec={"id": "zstd", "level": 9}, **settings)  # zarr-python knows zstd, not our coder
     ds = dctdata.open_dataset(root)
     reference = {f.name: zarr.open_array(root / f.name, mode="r")[:] for f in ds.fields}
     rng = np.random.default_rng(0)
     for size in (1, 5, 32, len(ds)):
         idx = rng.choice(len(ds), size, replace=False).tolist()
-        got = ds.__getitems__(idx)
-        for k, f in enumerate(ds.fields):
-            stored = np.stack([f.to_stored(s[k]) for s in got])
-            assert stored.dtype == reference[f.name].dtype
-            assert stored.tobytes() == reference[f.name][idx].tobytes(), (f.name, idx)
+        got = ds.reader.read_samples(ds.fields, idx)
+        for f in ds.fields:  # the side partner of a dct field included
+            assert got[f.name].dtype == reference[f.name].dtype
+            assert got[f.name].tobytes() == reference[f.name][idx].tobytes(), (f.name, idx)
+        samples = ds.__getitems__(idx)
+        label = [f.name for f in ds.fields].index("label")
+        assert [int(s[-1]) for s in samples] == got["label"].tolist() and label == len(ds.fields) - 1
     arrays = ds.reader.read_samples(ds.fields, [9, 3, 9, 36])  # any order, repeats allowed
     assert arrays["label"].tolist() == [63, 21, 63, 252]
 
@@ -109,7 +111,26 @@ def test_chunk_codecs_must_match_the_manifest(tmp_path):
     m = json.loads((root / "manifest.json").read_text())
     m["fields"][0]["lossless"] = {"id": "zstd", "level": 3}
     (root / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(IntegrityError, match=r"image/zarr\.json: field 'image': expected chunk codecs bytes -> "):
+    with pytest.raises(
+        IntegrityError,
+        match=r"image/zarr\.json: field 'image': expected chunk codecs \['bytes', 'zstd', 'crc32c'\] \(the manifest's "
+        r"lossless stage \{'id': 'zstd', 'level': 3\}\)\. Got \[.*'level': 9",
+    ):
+        dctdata.open_dataset(root)[0]
+
+
+def test_array_metadata_must_be_the_packed_bytes(tmp_path):
+    root = pack(tmp_path, n=8, codec={"id": "zstd", "level": 9})
+    meta = root / "image" / "zarr.json"
+    meta.write_bytes(meta.read_bytes().replace(b'"level":9', b'"level":1'))  # still valid zarr, other bytes
+    with pytest.raises(
+        IntegrityError, match=r"image/zarr\.json: field 'image': expected the zarr v3 array metadata the manifest's "
+    ):
+        dctdata.open_dataset(root)[0]
+    meta.unlink()
+    with pytest.raises(
+        IntegrityError, match=r"image/zarr\.json: field 'image': expected zarr v3 array metadata\. Got none"
+    ):
         dctdata.open_dataset(root)[0]
 
 

@@ -228,7 +228,7 @@ def _check_constant(t, _):
     s = m.stats["image"]
     assert s.psnr_min is None and s.psnr_median is None and s.max_abs_error < 1e-4  # no -inf/NaN PSNR
     ds = dctdata.open_dataset(t / "out")
-    x_hat = ds.decompressor()(torch.stack([ds[i][0] for i in range(len(ds))]))
+    x_hat = ds.decompressor()(ds[0 : len(ds)][0])
     assert torch.allclose(x_hat, torch.full_like(x_hat, 5.0), atol=1e-4)
 
 
@@ -286,11 +286,12 @@ def _(t):
     return pack_args(npy(t, fields(3) * 1e36), t / "out", "--cf", "8")
 
 
-@case(
-    "pack .npy",
-    "subnormal values with --target-psnr",
-    r"target_psnr: expected 40\.0 dB on the calibration subset\. Got [\d.]+ dB",
-)
+def _check_subnormal(t, _):
+    s = dctdata.format.read_manifest(t / "out").stats["image"]
+    assert s.psnr_min >= 39.6 and s.max_abs_error < 1e-40  # per-sample (range, mid) makes tiny values ordinary
+
+
+@case("pack .npy", "subnormal values with --target-psnr", check=_check_subnormal)
 def _(t):
     return pack_args(npy(t, fields(3, offset=0) * 1e-40), t / "out", "--quant", "int8", "--target-psnr", "40")
 
@@ -1072,7 +1073,8 @@ def _(t):
 
 
 def _check_slice(t, batch):
-    assert batch[0].shape[0] == 2 and batch[1].tolist() == [1, 2]
+    coefficients, side = batch[0]  # the dct field: a (coefficients, side) pair, each stacked
+    assert coefficients.shape[0] == side.shape[0] == 2 and batch[1].tolist() == [1, 2]
 
 
 @case("open_dataset", "ds[1:3] (a slice)", check=_check_slice)

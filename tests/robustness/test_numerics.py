@@ -53,7 +53,7 @@ def channels(kind: str) -> np.ndarray:
 
 def decoded(root):
     ds = dctdata.open_dataset(root)
-    coeffs = torch.stack([s[0] for s in ds.__getitems__(list(range(len(ds))))])
+    coeffs = torch.utils.data.default_collate([s[0] for s in ds.__getitems__(list(range(len(ds))))])
     return ds, ds.decompressor()(coeffs)
 
 
@@ -110,7 +110,9 @@ def test_constant_channel_next_to_a_varying_one(tmp_path):
     dctdata.pack(tmp_path / "x.npy", tmp_path / "out", quant="int8", target_psnr=40, quiet=True)
     ds, x_hat = decoded(tmp_path / "out")
     spec = ds.manifest.field("image").codec
-    assert np.isfinite(np.asarray(spec.steps)).all() and np.isfinite(np.asarray(spec.offsets)).all()
+    assert np.isfinite(np.asarray(spec.steps)).all() and (
+        spec.offsets is None or np.isfinite(np.asarray(spec.offsets)).all()
+    )
     assert dataset_psnr(torch.from_numpy(x[:, :1]), x_hat[:, :1]) >= 40
     assert float((x_hat[:, 1] - 273.15).abs().max()) < 0.05  # within the temperature channel's error scale
     s = ds.manifest.stats["image"]

@@ -31,7 +31,7 @@ MIN_SHARDS = 16  # a pack of >= 16 samples gets >= 16 shards unless --samples-pe
 BLOCK = 512  # tar block
 RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
 USTAR_NAME_MAX = 100
-MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*\.npy(?:\.zst)?)$")
+MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*\.(?:npy(?:\.zst)?|ctx))$")
 # Pinned tar metadata (TarWriter keeps uid/gid at TarInfo's default 0). mtime must be an int: a float
 # makes tarfile's default PAX format add an extended header per member. (TarWriter 1.0.2 ignores its
 # `format` argument; with plain-ASCII names and ints PAX writes exactly the USTAR bytes.)
@@ -43,9 +43,12 @@ def sample_key(index: int) -> str:
     return f"{index:0{SAMPLE_KEY_DIGITS}d}"
 
 
-def entry_name(field: str, compressed: bool = False) -> str:
-    """Member suffix holding a field (`<field>.npy`, `.npy.zst` with the lossless stage)."""
-    return f"{field}.npy.zst" if compressed else f"{field}.npy"
+def entry_name(field: str, lossless: Mapping[str, Any] | bool | None = None) -> str:
+    """Member suffix holding a field: `<field>.npy` without a lossless stage, `.npy.zst` with a bytes
+    codec, `.ctx` with the entropy coder (its stream, after the side information if any)."""
+    if isinstance(lossless, Mapping) and lossless.get("id") == "dctdata_ctxrans":
+        return f"{field}.ctx"
+    return f"{field}.npy.zst" if lossless else f"{field}.npy"
 
 
 def member_bytes(size: int) -> int:

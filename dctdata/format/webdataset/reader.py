@@ -19,17 +19,18 @@ import re
 import tarfile
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.cache import ShardCache
 from dctdata.format.checksum import read_expected
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, join, open_file
 from dctdata.format.manifest import Manifest, parse_manifest
-from dctdata.format.npy import decode_npy
+from dctdata.format.npy import decode_npy, npy_size, split_npy
 from dctdata.format.webdataset.layout import MEMBER_RE, entry_name, sample_key
-from dctdata.lossless import get_codec
+from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
 
 
 def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
@@ -142,7 +143,7 @@ class ShardReader:
 
     def _index(self) -> list[dict[str, tuple[int, int]]]:
         """[{entry suffix: (offset, size)}] per sample, after checking every member header."""
-        want = {entry_name(f.name, bool(f.lossless)) for f in self.fields}
+        want = {entry_name(f.name, f.lossless) for f in user_fields(self.fields)}
         samples: list[dict[str, tuple[int, int]]] = []
         keys: list[str] = []
         try:
@@ -197,24 +198,45 @@ class ShardReader:
         return samples
 
     def decode(self, j: int) -> list[torch.Tensor]:
-        """Tensors of sample j of this shard, in field order."""
-        out = []
-        for f in self.fields:
-            off, size = self.samples[j][entry_name(f.name, bool(f.lossless))]
-            raw = self.data[off : off + size]
+        """Tensors of sample j of this shard, in field order (a side partner comes out of its dct
+        field's member)."""
+        values: dict[str, torch.Tensor] = {}
+        for f in user_fields(self.fields):
+            off, size = self.samples[j][entry_name(f.name, f.lossless)]
             where = f"{self.where}: sample {self.entry['start'] + j} field {f.name!r}"
-            try:
-                codec = self.codecs[f.name]
-                raw = codec.decode(raw) if codec is not None else raw
-            except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample
-                raise IntegrityError(
-                    f"{where}: expected {f.lossless.get('id')}-compressed .npy bytes. Got undecodable bytes "
-                    f"({type(exc).__name__}: {exc})"
-                ) from exc
-            arr = decode_npy(raw, where)
-            if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
-                raise IntegrityError(
-                    f"{where}: expected {f.stored_dtype} {f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}"
-                )
-            out.append(f.to_tensor(arr))
+            parts = [f, side_field(f)] if has_side(f) else [f]
+            for g, arr in zip(parts, member_arrays(parts, self.codecs[f.name], self.data[off : off + size], where)):
+                values[g.name] = g.to_tensor(arr)
+        return [values[f.name] for f in self.fields]
+
+
+def member_arrays(parts: list[FieldSpec], codec, raw: memoryview, where: str) -> list[np.ndarray]:
+    """The stored arrays of one member (a field, then its side partner if any), checked against their
+    specs (see `WebDatasetWriter._encode` for the two layouts)."""
+    f = parts[0]
+    if is_entropy(f.lossless):
+        side_bytes = sum(int(np.prod(g.stored_shape)) * 4 for g in parts[1:])
+        if len(raw) < side_bytes:
+            raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
+        out = [decode_array(codec, raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
+        at = 0
+        for g in parts[1:]:
+            n = int(np.prod(g.stored_shape)) * 4
+            out.append(np.frombuffer(raw[at : at + n], "<f4").reshape(g.stored_shape).astype(np.float32))
+            at += n
         return out
+    if codec is not None:  # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
+        size = sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts)
+        raw = decode_bounded(codec, raw, size, where)
+    out = []
+    for k, g in enumerate(parts):
+        if k == len(parts) - 1:
+            arr, raw = decode_npy(raw, where), b""
+        else:
+            arr, raw = split_npy(raw, where)
+        if arr.dtype.name != g.stored_dtype or tuple(arr.shape) != g.stored_shape:
+            raise IntegrityError(
+                f"{where}: expected {g.stored_dtype} {g.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape)}"
+            )
+        out.append(arr)
+    return out

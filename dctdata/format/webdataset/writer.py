@@ -27,7 +27,7 @@ import torch
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
 from dctdata.format.checksum import HashingWriter
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy
 from dctdata.format.webdataset.layout import (
@@ -42,7 +42,7 @@ from dctdata.format.webdataset.layout import (
     member_bytes,
     sample_key,
 )
-from dctdata.lossless import get_codec
+from dctdata.lossless import encode_array, get_codec, is_entropy
 from dctdata.parse import parse_int, parse_optional_int
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,9 @@ def samples_per_shard_for(fields: Fields, max_shard_size: int, samples_per_shard
     """Fixed samples per shard: as many as fit the cap even if nothing compresses (so the cap is a
     real upper bound), at most `samples_per_shard`; at least 1."""
     per = 0
-    for f in fields:
-        raw = len(encode_npy(np.zeros(f.stored_shape, f.stored_dtype)))
+    for f in user_fields(fields):
+        parts = [f, side_field(f)] if has_side(f) else [f]
+        raw = sum(len(encode_npy(np.zeros(g.stored_shape, g.stored_dtype))) for g in parts)
         per += member_bytes(_bound(raw, get_codec(f.lossless or None)))
     k = max(1, (max_shard_size - 2 * BLOCK) // per)
     while k > 1 and archive_bytes(k * per) > max_shard_size:
@@ -125,8 +126,8 @@ class WebDatasetWriter(PartWriter):
             raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
         if not is_url(root) and not os.path.isdir(root):
             raise DctDataError(f"{root}: expected an existing empty directory. Got none")
-        for f in fields:
-            longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, bool(f.lossless))}"
+        for f in user_fields(fields):
+            longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, f.lossless)}"
             if len(longest) > USTAR_NAME_MAX:
                 raise DctDataError(
                     f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got "
@@ -150,8 +151,8 @@ class WebDatasetWriter(PartWriter):
                 b = len(next(iter(batch.values())))
                 for i in range(b):
                     members = {
-                        entry_name(f.name, bool(f.lossless)): self._encode(f, batch[f.name][i], count, codecs)
-                        for f in fields
+                        entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
+                        for f in user_fields(fields)
                     }
                     size = sum(member_bytes(len(v)) for v in members.values())
                     if archive_bytes(size) > self.max_shard_size:
@@ -187,13 +188,25 @@ class WebDatasetWriter(PartWriter):
         checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in layout["shards"]}
         return {"layout": layout, "checksums": checksums}
 
-    def _encode(self, f: FieldSpec, value: Any, index: int, codecs: dict) -> bytes:
-        arr = f.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
-        if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != f.stored_shape:
-            raise DctDataError(
-                f"sample {index} field {f.name!r}: expected stored {f.stored_dtype} {f.stored_shape}. Got "
-                f"{arr.dtype.name} {tuple(arr.shape)}"
-            )
-        raw = encode_npy(arr)
+    def _encode(self, f: FieldSpec, batch: Batch, i: int, index: int, codecs: dict) -> bytes:
+        """One member. With a bytes codec: the field's .npy bytes through it (a dct field with side
+        information: its coefficients' .npy then its side's, in one member, so tiny samples do not pay a
+        tar header per part). With the entropy coder: the side's raw float32 bytes (if any), then the
+        coefficients' stream (`member_parts` reads it back)."""
+        parts = [f, side_field(f)] if has_side(f) else [f]
+        arrays = []
+        for g in parts:
+            value = batch[g.name][i]
+            arr = g.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+            if arr.dtype.name != g.stored_dtype or tuple(arr.shape) != g.stored_shape:
+                raise DctDataError(
+                    f"sample {index} field {g.name!r}: expected stored {g.stored_dtype} {g.stored_shape}. Got "
+                    f"{arr.dtype.name} {tuple(arr.shape)}"
+                )
+            arrays.append(arr)
         codec = codecs[f.name]
+        if is_entropy(f.lossless):
+            side = b"".join(a.astype("<f4").tobytes() for a in arrays[1:])
+            return side + encode_array(codec, arrays[0][None])
+        raw = b"".join(encode_npy(a) for a in arrays)
         return raw if codec is None else bytes(codec.encode(raw))

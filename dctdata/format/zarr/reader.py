@@ -1,30 +1,33 @@
 """Read access to a zarr pack with every integrity check: the primitive under the map-style dataset
 and `dctdata verify`.
 
+Opening (once per process): each field's zarr.json is fetched (all in one batch), checked against the
+manifest's sha256 when the manifest lists it, parsed (`metadata.parse_array_json`) and cross-checked
+with the manifest: shape, dtype, shard and chunk lengths, and inner chunk codecs that are exactly the
+field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead (about
+1.3 ms per field read on sharded arrays) was the loader's bottleneck, it reads missing chunks as fill
+values, and it does not know dctdata's entropy coder.
+
 Reading a batch: the reader works out which inner chunks of which shards hold the asked samples,
 fetches every shard index it does not hold yet (one batch of range reads) and checks it
 (`layout.check_shard_index`: crc32c, an in-file entry for every chunk that holds samples), then
 fetches the byte ranges of all needed chunks of all fields in one batch (`dctdata.format.ranges`:
-concurrent requests on HTTP/S3, read-ahead hints locally) and decodes each chunk itself: its
-length, its crc32c, the field's lossless codec (`dctdata.lossless.get_codec`, the numcodecs codec
-the writer used), the decoded size. zarr-python opens and validates the metadata only (zarr.json,
-once per process): its per-read overhead (about 1.3 ms per field read on sharded arrays) was the
-loader's bottleneck, and it reads missing chunks as fill values. The chunk codecs in zarr.json are
-checked to be exactly the manifest's lossless codec followed by crc32c, so this decode gives the
-bytes zarr would. A missing shard, a missing chunk, a truncated shard, a damaged index or chunk
-raises `IntegrityError` naming the file, field and samples; unreadable zarr.json metadata too.
+concurrent requests on HTTP/S3, read-ahead hints locally) and decodes each chunk itself: its length,
+its crc32c, the field's lossless stage bounded to the chunk's size (`dctdata.lossless.decode_array`).
+A missing shard, a missing chunk, a truncated shard, a damaged index or chunk raises `IntegrityError`
+naming the file, field and samples; unreadable or modified zarr.json metadata too.
 
-Process safety: zarr v3 runs an asyncio loop in a background thread and fsspec filesystems hold
-connections, so nothing opened in one process is used in another. Everything is opened lazily, once
-per process (keyed by pid), and dropped when the reader is pickled (spawn), so DataLoader workers
-under fork and spawn each open their own.
+Process safety: fsspec filesystems hold connections and file descriptors are per process, so nothing
+opened in one process is used in another. Everything is opened lazily, once per process (keyed by
+pid), and dropped when the reader is pickled (spawn), so DataLoader workers under fork and spawn each
+open their own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -32,10 +35,11 @@ import numpy as np
 
 from dctdata.errors import IntegrityError
 from dctdata.format.fields import FieldSpec
-from dctdata.format.location import is_url, join
+from dctdata.format.location import join
 from dctdata.format.manifest import Manifest
 from dctdata.format.ranges import RangeSource
 from dctdata.format.zarr.layout import CRC_BYTES, check_shard_index, index_bytes, shard_key, zarr_layout
+from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
 from dctdata.kinds import FieldKind
 
 # Fields whose whole stored array is at most this big are read once per process and kept in memory
@@ -43,6 +47,7 @@ from dctdata.kinds import FieldKind
 CACHE_BYTES = 16 << 20
 # Parsed shard indexes kept per process (16 bytes per chunk entry): 1M entries is 16 MiB.
 INDEX_CACHE_ENTRIES = 1 << 20
+MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as written)
 _PROCESS_STATE = ("_cache", "_no_cache", "_indexes", "_index_entries", "_plans", "_lock")
 
 
@@ -70,53 +75,66 @@ class ZarrReader:
         return state
 
     def ensure_open(self) -> None:
-        """Open the group and check each field's array metadata, once per process."""
+        """Read and check each field's array metadata (zarr.json), once per process."""
         if self._pid == os.getpid():
             return
-        import zarr
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # numcodecs-in-zarr-v3 notice
-            try:
-                options = self.storage_options or None
-                group = (
-                    zarr.open_group(self.root, mode="r", storage_options=options)
-                    if is_url(self.root)
-                    else zarr.open_group(self.root, mode="r")
-                )
-            except Exception as exc:  # noqa: BLE001 - zarr raises many types on missing/damaged metadata
-                raise IntegrityError(
-                    f"{join(self.root, 'zarr.json')}: expected readable zarr v3 group metadata. Got "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            arrays = {}
-            for f in self.fields:
-                path = self.layout[f.name]["path"]
-                meta = join(self.root, path, "zarr.json")
-                try:
-                    arrays[f.name] = group[path]
-                except KeyError as exc:
-                    raise IntegrityError(f"{meta}: field {f.name!r}: expected zarr array {path!r}. Got none") from exc
-                except Exception as exc:  # noqa: BLE001
-                    raise IntegrityError(
-                        f"{meta}: field {f.name!r}: expected readable zarr array metadata. Got {type(exc).__name__}: "
-                        f"{exc}"
-                    ) from exc
+        self._pid = None
+        metas = self._read_metadata()
+        plans = {}
         for f in self.fields:
-            arr = arrays[f.name]
+            meta, where = metas[f.name], join(self.root, self.layout[f.name]["path"], "zarr.json")
             expect = (self.manifest.samples, *f.stored_shape)
-            if tuple(arr.shape) != expect or arr.dtype != np.dtype(f.stored_dtype):
+            if meta.shape != expect or meta.dtype.newbyteorder("=") != np.dtype(f.stored_dtype):
                 raise IntegrityError(
-                    f"{self.root}: field {f.name!r}: expected zarr array {expect} {f.stored_dtype}. Got {arr.shape} "
-                    f"{arr.dtype}"
+                    f"{where}: field {f.name!r}: expected zarr array {expect} {f.stored_dtype}. Got {meta.shape} "
+                    f"{meta.dtype}"
                 )
-        self._plans = {f.name: _field_plan(arrays[f.name], f, self.layout[f.name], self.root) for f in self.fields}
+            plans[f.name] = _field_plan(meta, f, self.layout[f.name], where)
+        self._plans = plans
         self._cache: dict[str, np.ndarray] = {}
         self._no_cache: set[str] = set()
         self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._index_entries = 0
         self._lock = threading.Lock()  # the caches, when threads share a reader
         self._pid = os.getpid()
+
+    def _read_metadata(self) -> dict[str, ArrayMeta]:
+        """{field: parsed zarr.json}, every file (the group's too) fetched in one batch. A file the manifest
+        lists is read at its recorded size and must match its sha256 (it says what the chunks mean)."""
+        rels = {"": "zarr.json", **{f.name: f"{self.layout[f.name]['path']}/zarr.json" for f in self.fields}}
+        entries = self.manifest.checksums if isinstance(self.manifest.checksums, Mapping) else {}
+        requests = []
+        for rel in rels.values():
+            entry = entries.get(rel)
+            size = entry.get("bytes") if isinstance(entry, Mapping) else None
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_METADATA_BYTES:
+                try:
+                    size = min(self.source.size(rel), MAX_METADATA_BYTES + 1)
+                except OSError:
+                    size = 0  # the fetch below reports the missing file
+            requests.append((rel, 0, size))
+        got = self.source.fetch(requests)
+        out = {}
+        for (name, rel), data in zip(rels.items(), got):
+            where = join(self.root, rel) + (f": field {name!r}" if name else "")
+            what = "zarr v3 array metadata" if name else "zarr v3 group metadata"
+            if isinstance(data, Exception):
+                missing = " (missing)" if isinstance(data, FileNotFoundError) else f" ({type(data).__name__}: {data})"
+                raise IntegrityError(f"{where}: expected {what}. Got none{missing}")
+            if len(data) > MAX_METADATA_BYTES:
+                raise IntegrityError(f"{where}: expected {what} of at most {MAX_METADATA_BYTES} bytes")
+            entry = entries.get(rel)
+            if isinstance(entry, Mapping) and isinstance(entry.get("sha256"), str):
+                if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                    raise IntegrityError(
+                        f"{where}: expected the {what} the manifest's sha256 names. Got different bytes "
+                        f"({len(data)}; modified after packing?)"
+                    )
+            if name:
+                out[name] = parse_array_json(data, join(self.root, rel))
+            else:
+                check_group_json(data, where)
+        return out
 
     # Reading -------------------------------------------------------------------------------------
     def read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
@@ -279,15 +297,15 @@ class _FieldPlan:
         self.codec = get_codec(f.lossless)
         self.dtype = np.dtype(f.stored_dtype).newbyteorder("<" if little else ">")
         self.shape = (chunk, *f.stored_shape)
-        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
 
     def key(self, s: int) -> str:
         return shard_key(self.path, s, self.ndim)
 
     def decode(self, data: bytes | Exception, expected: int, where: str) -> np.ndarray:
-        """One stored chunk: length, crc32c, the lossless codec, the decoded size."""
+        """One stored chunk: length, crc32c, the lossless stage (bounded to the chunk's size)."""
         import google_crc32c
-        from numcodecs.compat import ensure_contiguous_ndarray
+
+        from dctdata.lossless import decode_array
 
         if isinstance(data, Exception):
             raise IntegrityError(f"{where}: expected a readable chunk. Got {type(data).__name__}: {data}") from data
@@ -298,59 +316,19 @@ class _FieldPlan:
         body = data[:-CRC_BYTES]
         if google_crc32c.value(body) != int.from_bytes(data[-CRC_BYTES:], "little"):
             raise IntegrityError(f"{where}: expected intact stored data. Got a chunk failing its crc32c (corrupted)")
-        try:
-            raw = body if self.codec is None else self.codec.decode(body)
-            raw = (
-                np.frombuffer(raw, np.uint8)
-                if isinstance(raw, bytes)
-                else ensure_contiguous_ndarray(raw).view(np.uint8)
-            )
-        except Exception as exc:  # noqa: BLE001 - codecs raise many types on bad bytes
-            raise IntegrityError(
-                f"{where}: expected intact stored data. Got {type(exc).__name__} from the lossless codec: {exc}"
-            ) from exc
-        if raw.nbytes != self.nbytes:
-            raise IntegrityError(
-                f"{where}: expected {self.nbytes} bytes after decoding. Got {raw.nbytes} (corrupted chunk)"
-            )
-        return raw.view(self.dtype).reshape(self.shape)
+        return decode_array(self.codec, body, self.shape, self.dtype, where)
 
 
-def _field_plan(arr, f: FieldSpec, layout: dict, root: str) -> _FieldPlan:
-    """The field's storage plan from the array's sharding codec, cross-checked with the manifest: the
-    layout's shard and chunk lengths, a crc32c shard index, and inner chunk codecs that are exactly
-    bytes -> the manifest's lossless codec -> crc32c. Anything else is an IntegrityError."""
-    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
-
-    from dctdata.lossless import zarr_compressors
-
-    codecs = getattr(arr.metadata, "codecs", ())
-    sharding = codecs[0] if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) else None
-    where = join(root, layout["path"], "zarr.json")
-    if sharding is None or not any(isinstance(c, Crc32cCodec) for c in sharding.index_codecs):
-        raise IntegrityError(
-            f"{where}: field {f.name!r}: expected a sharded array with a crc32c shard index. Got codecs {codecs!r}"
-        )
-    shard_shape = tuple(arr.metadata.chunk_grid.chunk_shape)
-    chunk_shape = tuple(sharding.chunk_shape)
-    if shard_shape[0] != layout["shard"] or chunk_shape[0] != layout["chunk"] or shard_shape[1:] != chunk_shape[1:]:
+def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict, where: str) -> _FieldPlan:
+    """The field's storage plan from its array metadata, cross-checked with the manifest: the layout's
+    shard and chunk lengths, a crc32c shard index, and inner chunk codecs that are exactly the manifest's
+    lossless stage (`metadata.check_chunk_codecs`). Anything else is an IntegrityError."""
+    if meta.shard[0] != layout["shard"] or meta.chunk[0] != layout["chunk"] or meta.shard[1:] != meta.chunk[1:]:
         raise IntegrityError(
             f"{where}: field {f.name!r}: expected shards of {layout['shard']} and chunks of {layout['chunk']} samples "
-            f"(manifest layout). Got shard shape {shard_shape} and chunk shape {chunk_shape}"
+            f"(manifest layout). Got shard shape {meta.shard} and chunk shape {meta.chunk}"
         )
-    inner = tuple(sharding.codecs)
-    expect = [c.to_dict() for c in zarr_compressors(f.lossless)]
-    if (
-        len(inner) < 2
-        or not isinstance(inner[0], BytesCodec)
-        or not isinstance(inner[-1], Crc32cCodec)
-        or [c.to_dict() for c in inner[1:-1]] != expect
-    ):
-        raise IntegrityError(
-            f"{where}: field {f.name!r}: expected chunk codecs bytes -> {expect} (the manifest's lossless codec) -> "
-            f"crc32c. Got {[c.to_dict() for c in inner]}"
-        )
-    endian = getattr(inner[0], "endian", None)
-    little = str(getattr(endian, "value", endian) or "little") == "little"
-    at_end = str(getattr(sharding.index_location, "value", sharding.index_location)) == "end"
-    return _FieldPlan(f, layout["path"], layout["shard"] // layout["chunk"], at_end, layout["chunk"], little)
+    check_chunk_codecs(meta, f.lossless, f.name, where)
+    return _FieldPlan(
+        f, layout["path"], layout["shard"] // layout["chunk"], meta.index_at_end, layout["chunk"], meta.little
+    )

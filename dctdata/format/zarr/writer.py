@@ -1,25 +1,28 @@
-"""Zarr v3 writer of a pack (the layout is in `dctdata.format.zarr.layout`).
+"""Zarr v3 writer of a pack (the layout is in `dctdata.format.zarr.layout`, the metadata in
+`metadata.py`, the shard layout in `shards.py`).
 
-Whole shards are written at once, so zarr never read-modify-writes a shard, and the bytes of a shard
-depend only on its samples: serial and parallel packs are byte-identical. Empty chunks are written
-(never elided into fill values). Checksums: sha256 of every file (shards and zarr.json), keyed by path
-relative to the dataset root. Targets: a local directory or an fsspec URL (s3://, gs://, memory://,
-...; `storage_options`).
+dctdata writes the files itself (see metadata.py for why not zarr-python): whole shards at once, so the
+bytes of a shard depend only on its samples and serial and parallel packs are byte-identical. Every
+chunk that holds samples is written (never elided into fill values). Checksums: sha256 of every file
+(shards and zarr.json), keyed by path relative to the dataset root. Targets: a local directory or an
+fsspec URL (s3://, gs://, memory://, ...; `storage_options`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import warnings
 from typing import Any, Iterable
 
 import numpy as np
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
-from dctdata.format.checksum import sha256_file
-from dctdata.format.location import is_url, join
+from dctdata.format.location import is_url, join, open_file
 from dctdata.format.zarr.layout import chunking, layout_entry, shard_key
+from dctdata.format.zarr.metadata import array_json, group_json
+from dctdata.format.zarr.shards import shard_bytes
+from dctdata.lossless import encode_array, get_codec
 from dctdata.parse import parse_optional_int
 
 
@@ -41,14 +44,14 @@ class ZarrWriter(PartWriter):
         )
         self.storage_options = dict(storage_options or {})
 
-    def _group(self, root: str, mode: str):
-        import zarr
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if is_url(root):
-                return zarr.open_group(root, mode=mode, zarr_format=3, storage_options=self.storage_options or None)
-            return zarr.open_group(root, mode=mode, zarr_format=3)
+    def _put(self, path: str, data: bytes) -> dict[str, Any]:
+        """Write one file (replacing a redone part's) and return its checksum entry."""
+        with open_file(path, "wb", self.storage_options) as fh:
+            fh.write(data)
+            fh.flush()
+            if not is_url(path):
+                os.fsync(fh.fileno())
+        return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
     # Client side ---------------------------------------------------------------------------------
     def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]:
@@ -56,50 +59,40 @@ class ZarrWriter(PartWriter):
         shard, _ = chunking(fields, n, self.chunk_samples, self.shard_samples)
         return [(a, min(a + shard, n)) for a in range(0, n, shard)]
 
+    def _metadata(self, fields: Fields, n: int) -> dict[str, bytes]:
+        shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
+        out = {"zarr.json": group_json()}
+        for f in fields:
+            out[f"{f.name}/zarr.json"] = array_json(
+                (n, *f.stored_shape),
+                f.stored_dtype,
+                (shard, *f.stored_shape),
+                (chunks[f.name], *f.stored_shape),
+                f.lossless,
+                f.kind.value,
+            )
+        return out
+
     def part_samples(self, fields: Fields) -> int:
         return chunking(fields, 1 << 62, self.chunk_samples, self.shard_samples)[0]
 
     def create(self, root: str, fields: Fields, n: int) -> None:
-        """Create the group and array metadata (zarr.json files); rerunning gives the same bytes."""
-        import zarr.codecs as zc
-
-        from dctdata.lossless import zarr_compressors
-
-        shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
-        group = self._group(root, "w")
-        for f in fields:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "numcodecs codecs are not in the zarr v3 spec"
-                group.create_array(
-                    f.name,
-                    shape=(n, *f.stored_shape),
-                    chunks=(chunks[f.name], *f.stored_shape),
-                    shards=(shard, *f.stored_shape),
-                    dtype=f.stored_dtype,
-                    compressors=(*zarr_compressors(f.lossless), zc.Crc32cCodec()),
-                    fill_value=0,
-                    chunk_key_encoding={"name": "default", "separator": "."},
-                    config={"write_empty_chunks": True},
-                    attributes={"dctdata_field": f.kind.value},
-                    overwrite=True,
-                )
+        """Write the group and array metadata (zarr.json files); rerunning gives the same bytes."""
+        for rel, data in self._metadata(fields, n).items():
+            if not is_url(root):
+                os.makedirs(os.path.dirname(os.path.join(root, *rel.split("/"))), exist_ok=True)
+            self._put(join(root, *rel.split("/")), data)
 
     def resize(self, root: str, fields: Fields, n: int) -> None:
-        """Set every field array's sample count (metadata only; the shards already written stay)."""
-        import zarr
-
-        options = {"storage_options": self.storage_options or None} if is_url(root) else {}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for f in fields:
-                zarr.open_array(join(root, f.name), mode="r+", **options).resize((n, *f.stored_shape))
+        """Rewrite the metadata for `n` samples (the shards already written stay)."""
+        self.create(root, fields, n)
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         """{"layout", "checksums"} from the finished parts plus the metadata files."""
-        checksums = {}
-        for rel in ["zarr.json", *(f"{f.name}/zarr.json" for f in fields)]:
-            sha, size = sha256_file(join(root, *rel.split("/")), self.storage_options)
-            checksums[rel] = {"sha256": sha, "bytes": size}
+        checksums = {
+            rel: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            for rel, data in self._metadata(fields, n).items()
+        }
         for p in parts:
             checksums.update(p["files"])
         return {
@@ -112,8 +105,7 @@ class ZarrWriter(PartWriter):
         self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
     ) -> dict:
         """Write shard `index` of every field from the stored batches of samples [start, stop)."""
-        import zarr
-
+        shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
         # One preallocated buffer per field, filled batch by batch (not a list then a concatenated copy:
         # a shard's worth of memory once, not twice).
         buffers = {f.name: np.empty((stop - start, *f.stored_shape), f.stored_dtype) for f in fields}
@@ -121,7 +113,7 @@ class ZarrWriter(PartWriter):
         for batch in batches:
             b = len(next(iter(batch.values())))
             for f in fields:
-                x = batch[f.name]
+                x = np.asarray(batch[f.name])
                 if tuple(x.shape[1:]) != f.stored_shape or x.dtype != np.dtype(f.stored_dtype):
                     raise DctDataError(
                         f"zarr writer: field {f.name!r}: expected (B, {f.stored_shape}) {f.stored_dtype}. Got "
@@ -134,34 +126,20 @@ class ZarrWriter(PartWriter):
                 buffers[f.name][filled : filled + b] = x
             filled += b
         files = {}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for f in fields:
-                data = buffers.pop(f.name)
-                if filled != stop - start:
-                    raise DctDataError(
-                        f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {filled}"
-                    )
-                where = join(root, f.name)
-                options = {"storage_options": self.storage_options or None} if is_url(root) else {}
-                arr = zarr.open_array(where, mode="r+", **options)
-                arr = arr.with_config(
-                    {"write_empty_chunks": True}
-                )  # runtime config is not stored: all-zero chunks must still be written
-                rel = shard_key(f.name, index, 1 + len(f.stored_shape))
-                self._remove(join(root, *rel.split("/")))  # a redone part: zarr would merge into the old file
-                arr[start:stop] = data
-                del data
-                sha, size = sha256_file(join(root, *rel.split("/")), self.storage_options)
-                files[rel] = {"sha256": sha, "bytes": size}
+        for f in fields:
+            data = buffers.pop(f.name)
+            if filled != stop - start:
+                raise DctDataError(
+                    f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {filled}"
+                )
+            codec = get_codec(f.lossless)
+            c = chunks[f.name]
+            coded = []
+            for a in range(0, len(data), c):
+                block = data[a : a + c]
+                if len(block) < c:  # the array's last chunk is stored whole, its tail at the fill value
+                    block = np.concatenate([block, np.zeros((c - len(block), *f.stored_shape), block.dtype)])
+                coded.append(encode_array(codec, block.astype(block.dtype.newbyteorder("<"), copy=False)))
+            rel = shard_key(f.name, index, 1 + len(f.stored_shape))
+            files[rel] = self._put(join(root, *rel.split("/")), shard_bytes(coded, shard // c))
         return {"files": files}
-
-    def _remove(self, path: str) -> None:
-        if is_url(path):
-            import fsspec
-
-            fs, p = fsspec.core.url_to_fs(path, **self.storage_options)
-            if fs.exists(p):
-                fs.rm(p)
-        elif os.path.exists(path):
-            os.remove(path)

@@ -1,0 +1,516 @@
+/* _ctxrans: context-modelled rANS for quantized block-DCT coefficients (dctdata issue 13 prototype).
+ *
+ * Array layout: (B, C, Hb, K, Wb) int8 or int16, C-contiguous, coded in memory order, so the decoder
+ * writes its output sequentially. Per coefficient (plane k of block (hb, wb) of channel c):
+ *   k == 0 (DC): residual r = q - pred, pred = floor((left + top) / 2) (left or top alone at the
+ *                edges, 0 in the first block); context = kc[c][0] + bdc[min(|L-TL| + |T-TL|, 1023)].
+ *   k  > 0 (AC): r = q; context = kc[c][k] + bin[s_in] + blt[s_lt] + bch[s_ch] (sums clamped to 1023):
+ *       s_in = |q(u-1,v)| + |q(u,v-1)| in the same block (a missing one is replaced by the other);
+ *              with WIDE: 2 (|q(u-1,v)| + |q(u,v-1)|) + |q(u-2,v)| + |q(u,v-2)| (missing -> the nearer)
+ *       s_lt = TOP: 2 |same k, block above| (0 in the first block row)
+ *              LT:  |same k, left block| + |same k, block above| (2x the one that exists, 0 at (0,0))
+ *       s_ch = |same position, previous channel| (c > 0 only)
+ *   The bucket tables carry the strides, so "context" is an index into the per-context tables.
+ *   |r| -> token t: t = |r| for |r| < D; else t = D + nb with e = |r| - D + 1 in [2^nb, 2^(nb+1)),
+ *   followed by nb raw bits of e - 2^nb. Sign of r != 0: a raw bit (1 = negative), or with SFLIP, for
+ *   AC in channel c > 0 whose previous-channel value is nonzero, a rANS-coded "sign differs" bit with
+ *   probability flipf[c] / 2^15.
+ * Tokens and sign flips use two interleaved 64-bit rANS states (32-bit renormalisation, L = 2^31,
+ * frequency precision 2^15; state = coefficient index % 2, one shared word stream). Raw bits and
+ * plain signs go to a separate LSB-first bit section, read without arithmetic coding.
+ *
+ * Stream: byte 0 = mode (0: rANS, 1: raw copy of the array). Mode 0: x0, x1 (uint64 LE), LEB128
+ * length of the rANS section, the rANS section (32-bit LE words), then the bit section to the end.
+ * The decoder never reads outside `buf`, writes only inside `out`, does a bounded amount of work per
+ * coefficient, and reports truncation or corruption when the sections do not end exactly at their
+ * ends with both states back at L.
+ *
+ * Model blob (native-endian int32 words; built in memory by ctxcoder.py, never stored):
+ *   [0] magic 0x43545832 [1] C [2] K [3] nctx [4] flags (1 LT, 2 CH, 4 TOP, 8 SFLIP, 16 WIDE)
+ *   kc[C*K], nup[K], nlf[K], nup2[K], nlf2[K], flipf[C], bin[1024], blt[1024], bch[1024], bdc[1024],
+ *   then per context cum[NTOK+1] uint16 (cumulative frequencies, 0 .. 2^15) and lut[2^LUTB] uint8
+ *   (token at slot >> (15 - LUTB): where the table search starts).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+
+#define SCALE 15
+#define MTOT (1u << SCALE)
+#define MASK (MTOT - 1)
+#define D 12
+#define NTOK (D + 17)
+#define NCUM (NTOK + 1)
+#define NFEAT 1024
+#define HDR 5
+#define MAGIC 0x43545832
+#ifndef LUTB
+#define LUTB 6
+#endif
+#define LUTN (1 << LUTB)
+#define CTXB (NCUM * 2 + LUTN) /* bytes per context: cum then lut */
+
+#ifndef STATE64
+#define STATE64 1
+#endif
+#define NSTATES 2 /* interleaved rANS states: coefficient i uses state i % NSTATES */
+#if STATE64
+typedef uint64_t rans_t; /* x in [2^31, 2^63), 32-bit renormalisation: at most one read per symbol */
+#define RANS_L ((uint64_t)1 << 31)
+#define IO_BITS 32
+#else
+typedef uint32_t rans_t; /* x in [2^23, 2^31), byte-wise renormalisation */
+#define RANS_L ((uint32_t)1 << 23)
+#define IO_BITS 8
+#endif
+#define STATE_BYTES ((int)sizeof(rans_t))
+
+enum { F_LT = 1, F_CH = 2, F_TOP = 4, F_SFLIP = 8, F_WIDE = 16 };
+
+typedef struct {
+    int C, K, nctx, flags;
+    const int32_t *kc, *nup, *nlf, *nup2, *nlf2, *flipf, *bin, *blt, *bch, *bdc;
+    const uint8_t *tab; /* nctx * CTXB */
+} model_t;
+
+static int parse_model(const Py_buffer *mb, model_t *m) {
+    const int32_t *w = (const int32_t *)mb->buf;
+    if (mb->len < (Py_ssize_t)(HDR * 4) || w[0] != MAGIC) goto bad;
+    m->C = w[1]; m->K = w[2]; m->nctx = w[3]; m->flags = w[4];
+    if (m->C < 1 || m->C > 4096 || m->K < 1 || m->K > 64 || m->nctx < 1 || m->nctx > (1 << 20)) goto bad;
+    Py_ssize_t nint = HDR + (Py_ssize_t)m->C * m->K + 4 * m->K + m->C + 4 * NFEAT;
+    if (mb->len != nint * 4 + (Py_ssize_t)m->nctx * CTXB) goto bad;
+    const int32_t *p = w + HDR;
+    m->kc = p; p += m->C * m->K;
+    m->nup = p; p += m->K; m->nlf = p; p += m->K; m->nup2 = p; p += m->K; m->nlf2 = p; p += m->K;
+    m->flipf = p; p += m->C;
+    m->bin = p; p += NFEAT; m->blt = p; p += NFEAT; m->bch = p; p += NFEAT; m->bdc = p; p += NFEAT;
+    m->tab = (const uint8_t *)p;
+    for (int k = 0; k < m->K; k++) {
+        const int32_t *nb[4] = {m->nup, m->nlf, m->nup2, m->nlf2};
+        for (int j = 0; j < 4; j++) if (nb[j][k] >= k || nb[j][k] < -1) goto bad;
+        if (k > 0 && m->nup[k] < 0 && m->nlf[k] < 0) goto bad;
+    }
+    for (int c = 0; c < m->C; c++) if (m->flipf[c] < 1 || m->flipf[c] >= (int32_t)MTOT) goto bad;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_ValueError, "ctxrans: malformed model blob");
+    return -1;
+}
+
+static inline uint32_t iabs32(int32_t v) { return v < 0 ? (uint32_t)(-(int64_t)v) : (uint32_t)v; }
+static inline uint32_t clampf(uint32_t s) { return s < NFEAT ? s : NFEAT - 1; }
+
+static inline int token_of(uint32_t m, int *nb, uint32_t *extra) {
+    if (m < D) { *nb = 0; *extra = 0; return (int)m; }
+    uint32_t e = m - D + 1;
+    int b = 31 - __builtin_clz(e);
+    *nb = b; *extra = e - (1u << b);
+    return D + b;
+}
+
+/* ------------------------------------------------------------------ context walk
+ * One walk over the array in memory order, shared by encoder, decoder and the fitting helper. For
+ * each coefficient it computes the context, then runs STEP with: ctx, p (pointer to the value: the
+ * encoder reads *p, the decoder writes it), pred (DC prediction, 0 for AC), prevv (previous-channel
+ * value, 0 if none), sflag (sign coded as a flip of prevv's). Per plane the neighbour pointers are
+ * hoisted; edge cases use pointer aliasing instead of branches. */
+#define WALK(T, STEP) WALKF(T, STEP, m->flags)
+/* FL: the flags, a constant in the specialised decoders (the compiler then drops unused features) */
+#define WALKF(T, STEP, FL)                                                                                \
+{                                                                                                         \
+    const Py_ssize_t rowstride = (Py_ssize_t)K * Wb, chstride = (Py_ssize_t)Hb * K * Wb;                  \
+    const int use_lt = (FL) & F_LT, use_ch = (FL) & F_CH, use_top = (FL) & F_TOP;                         \
+    const int use_wide = (FL) & F_WIDE, use_sflip = (FL) & F_SFLIP;                                       \
+    for (int b = 0; b < B; b++) for (int c = 0; c < C; c++) {                                             \
+        T *pc = q + ((Py_ssize_t)b * C + c) * chstride;                                                   \
+        const int32_t *kc = m->kc + (Py_ssize_t)c * K;                                                    \
+        const uint32_t flip1 = (uint32_t)m->flipf[c];                                                     \
+        (void)flip1;                                                                                      \
+        for (int hb = 0; hb < Hb; hb++) {                                                                 \
+            T *row = pc + hb * rowstride;                                                                 \
+            { /* DC plane */                                                                              \
+                const int32_t base = kc[0];                                                               \
+                const int32_t prevv = 0; const int sflag = 0;                                             \
+                for (int wb = 0; wb < Wb; wb++) {                                                         \
+                    int32_t pred; uint32_t act = 0;                                                       \
+                    if (wb > 0 && hb > 0) {                                                               \
+                        int32_t L = row[wb - 1], Tp = row[wb - rowstride], TL = row[wb - rowstride - 1];  \
+                        act = iabs32(L - TL) + iabs32(Tp - TL); pred = (L + Tp) >> 1;                     \
+                    } else if (wb > 0) pred = row[wb - 1];                                                \
+                    else if (hb > 0) pred = row[wb - rowstride];                                          \
+                    else pred = 0;                                                                        \
+                    int32_t ctx = base + m->bdc[clampf(act)];                                             \
+                    T *p = row + wb;                                                                      \
+                    STEP                                                                                  \
+                }                                                                                         \
+            }                                                                                             \
+            for (int k = 1; k < K; k++) {                                                                 \
+                T *pl = row + (Py_ssize_t)k * Wb;                                                         \
+                const int ku = m->nup[k], kl = m->nlf[k];                                                 \
+                const T *pu = row + (Py_ssize_t)(ku >= 0 ? ku : kl) * Wb;                                 \
+                const T *pf = row + (Py_ssize_t)(kl >= 0 ? kl : ku) * Wb;                                 \
+                const T *pu2 = m->nup2[k] >= 0 ? row + (Py_ssize_t)m->nup2[k] * Wb : pu;                  \
+                const T *pf2 = m->nlf2[k] >= 0 ? row + (Py_ssize_t)m->nlf2[k] * Wb : pf;                  \
+                const T *pt = hb > 0 ? pl - rowstride : pl - 1;      /* first row: 2x the left value */   \
+                const T *pch = c > 0 ? pl - chstride : pl;           /* only read when c > 0 */           \
+                const int32_t base = kc[k];                                                               \
+                const int chctx = use_ch && c > 0, sflag = use_sflip && c > 0;                            \
+                for (int wb = 0; wb < Wb; wb++) {                                                         \
+                    uint32_t s_in = iabs32(pu[wb]) + iabs32(pf[wb]);                                      \
+                    if (use_wide) s_in = 2 * s_in + iabs32(pu2[wb]) + iabs32(pf2[wb]);                    \
+                    int32_t ctx = base + m->bin[clampf(s_in)];                                            \
+                    if (use_top) {   /* block above only: no dependency on the symbol just decoded */    \
+                        ctx += m->blt[hb > 0 ? clampf(2 * iabs32(pl[wb - rowstride])) : 0];               \
+                    } else if (use_lt) {                                                                  \
+                        uint32_t s_lt;                                                                    \
+                        if (wb > 0) s_lt = iabs32(pl[wb - 1]) + iabs32(pt[wb]);                           \
+                        else s_lt = hb > 0 ? 2 * iabs32(pl[-rowstride]) : 0;                              \
+                        ctx += m->blt[clampf(s_lt)];                                                      \
+                    }                                                                                     \
+                    const int32_t prevv = c > 0 ? (int32_t)pch[wb] : 0;                                   \
+                    if (chctx) ctx += m->bch[clampf(iabs32(prevv))];                                      \
+                    const int32_t pred = 0;                                                               \
+                    T *p = pl + wb;                                                                       \
+                    STEP                                                                                  \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+    }                                                                                                     \
+}
+
+/* ------------------------------------------------------------------ bit section */
+typedef struct { uint8_t *buf; Py_ssize_t len, cap; uint64_t acc; int n; } bitw_t;
+
+static inline void bw_put(bitw_t *w, uint32_t v, int nbits) { /* nbits <= 24 */
+    w->acc |= (uint64_t)v << w->n; w->n += nbits;
+    while (w->n >= 8) { w->buf[w->len++] = (uint8_t)w->acc; w->acc >>= 8; w->n -= 8; }
+}
+
+typedef struct { const uint8_t *p, *start, *end; uint64_t bits; int n; Py_ssize_t virt; } bitr_t;
+
+static inline void br_refill(bitr_t *r) {
+    if (r->end - r->p >= 8) {
+        uint64_t w = 0;
+        for (int j = 0; j < 8; j++) w |= (uint64_t)r->p[j] << (8 * j); /* compiles to one load on LE */
+        r->bits |= w << r->n;
+        r->p += (63 - r->n) >> 3;
+        r->n |= 56;
+    } else { /* near the end: byte by byte, zeros past it (counted in virt) */
+        while (r->n <= 56) {
+            uint64_t byte = 0;
+            if (r->p < r->end) byte = *r->p++; else r->virt++;
+            r->bits |= byte << r->n; r->n += 8;
+        }
+    }
+}
+
+static inline uint32_t br_get(bitr_t *r, int nbits) { /* nbits <= 24 */
+    if (r->n < nbits) br_refill(r);
+    uint32_t v = (uint32_t)(r->bits & ((1u << nbits) - 1));
+    r->bits >>= nbits; r->n -= nbits;
+    return v;
+}
+
+/* ------------------------------------------------------------------ encoder */
+static inline void enc_put(rans_t *x, uint8_t **ptr, uint32_t start, uint32_t freq) {
+    rans_t xmax = ((RANS_L >> SCALE) << IO_BITS) * freq;
+#if STATE64
+    if (*x >= xmax) { *ptr -= 4; uint32_t w = (uint32_t)*x; for (int j = 0; j < 4; j++) (*ptr)[j] = (uint8_t)(w >> (8 * j)); *x >>= 32; }
+#else
+    while (*x >= xmax) { *--*ptr = (uint8_t)(*x & 0xff); *x >>= 8; }
+#endif
+    *x = ((*x / freq) << SCALE) + (*x % freq) + start;
+}
+
+/* forward pass: contexts + tokens (bit 6: a flip symbol follows, bit 7: its value), raw bits out */
+#define ENC_STEP                                                                                          \
+    { int32_t r = (int32_t)*p - pred; uint32_t mag = iabs32(r); int nb; uint32_t extra;                   \
+      int t = token_of(mag, &nb, &extra);                                                                 \
+      if (nb) bw_put(bw, extra, nb);                                                                      \
+      if (r) {                                                                                            \
+          if (sflag && prevv) t |= 0x40 | (((r < 0) != (prevv < 0)) << 7);                                \
+          else bw_put(bw, r < 0, 1);                                                                      \
+      }                                                                                                   \
+      ctxo[n] = ctx; toko[n] = (uint8_t)t; n++; }
+
+#define FILL_FUNC(T, SUF)                                                                                 \
+static Py_ssize_t fill_##SUF(const model_t *m, T *q, int B, int C, int Hb, int K, int Wb,                \
+                             int32_t *ctxo, uint8_t *toko, bitw_t *bw) {                                  \
+    Py_ssize_t n = 0;                                                                                     \
+    WALK(T, ENC_STEP)                                                                                     \
+    return n;                                                                                             \
+}
+FILL_FUNC(int8_t, i8)
+FILL_FUNC(int16_t, i16)
+
+static int parse_shape(PyObject *shape, int dims[5], Py_ssize_t *n) {
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != 5) {
+        PyErr_SetString(PyExc_ValueError, "ctxrans: shape must be a 5-tuple (B, C, Hb, K, Wb)");
+        return -1;
+    }
+    *n = 1;
+    for (int i = 0; i < 5; i++) {
+        long v = PyLong_AsLong(PyTuple_GET_ITEM(shape, i));
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (v < 1 || v > (1L << 30)) { PyErr_SetString(PyExc_ValueError, "ctxrans: bad shape"); return -1; }
+        dims[i] = (int)v;
+        if (*n > ((Py_ssize_t)1 << 40) / v) { PyErr_SetString(PyExc_ValueError, "ctxrans: shape too large"); return -1; }
+        *n *= v;
+    }
+    return 0;
+}
+
+static int check_model_shape(const model_t *m, const int dims[5]) {
+    if (dims[1] > m->C || dims[3] != m->K) {
+        PyErr_SetString(PyExc_ValueError, "ctxrans: array shape does not match the model (channels or K)");
+        return -1;
+    }
+    return 0;
+}
+
+/* encode(model, q_buffer, shape, itemsize) -> bytes (mode 0, or mode 1 = raw when coding does not save) */
+static PyObject *py_encode(PyObject *self, PyObject *args) {
+    Py_buffer mb, qb; PyObject *shape; int itemsize;
+    if (!PyArg_ParseTuple(args, "y*y*Oi", &mb, &qb, &shape, &itemsize)) return NULL;
+    PyObject *res = NULL; int32_t *ctxo = NULL; uint8_t *toko = NULL, *rbuf = NULL; bitw_t bw = {0};
+    model_t m; int dims[5]; Py_ssize_t n;
+    if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
+    if ((itemsize != 1 && itemsize != 2) || qb.len != n * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "ctxrans: buffer size does not match shape * itemsize"); goto done;
+    }
+    ctxo = (int32_t *)malloc(n * sizeof(int32_t)); toko = (uint8_t *)malloc(n);
+    Py_ssize_t rcap = n * 4 + 64;        /* token + flip cost < 32 bits per coefficient, + header */
+    rbuf = (uint8_t *)malloc(rcap);
+    bw.cap = n * 3 + 16; bw.buf = (uint8_t *)malloc(bw.cap); /* <= 17 + 1 bits per coefficient */
+    if (!ctxo || !toko || !rbuf || !bw.buf) { PyErr_NoMemory(); goto done; }
+    int bad = 0;
+    uint8_t *ptr = rbuf + rcap;
+    Py_BEGIN_ALLOW_THREADS
+    {
+        const int B = dims[0], C = dims[1], Hb = dims[2], K = dims[3], Wb = dims[4];
+        if (itemsize == 1) fill_i8(&m, (int8_t *)qb.buf, B, C, Hb, K, Wb, ctxo, toko, &bw);
+        else fill_i16(&m, (int16_t *)qb.buf, B, C, Hb, K, Wb, ctxo, toko, &bw);
+        if (bw.n) bw.buf[bw.len++] = (uint8_t)bw.acc; /* zero-padded last byte */
+        for (Py_ssize_t i = 0; i < n; i++) if (ctxo[i] < 0 || ctxo[i] >= m.nctx) { bad = 1; break; }
+        if (!bad) {
+            const Py_ssize_t chstride = (Py_ssize_t)Hb * K * Wb;
+            rans_t x[NSTATES];
+            for (int s = 0; s < NSTATES; s++) x[s] = RANS_L;
+            for (Py_ssize_t i = n - 1; i >= 0; i--) { /* rANS is LIFO: encode in reverse */
+                const uint16_t *cum = (const uint16_t *)(m.tab + (Py_ssize_t)ctxo[i] * CTXB);
+                int t = toko[i] & 0x3f;
+                if (toko[i] & 0x40) { /* sign flip symbol, decoded right after the token */
+                    uint32_t f1 = (uint32_t)m.flipf[(i / chstride) % C];
+                    if (toko[i] & 0x80) enc_put(&x[i % NSTATES], &ptr, MTOT - f1, f1);
+                    else enc_put(&x[i % NSTATES], &ptr, 0, MTOT - f1);
+                }
+                enc_put(&x[i % NSTATES], &ptr, cum[t], (uint32_t)cum[t + 1] - cum[t]);
+            }
+            Py_ssize_t nr = (rbuf + rcap) - ptr;
+            uint8_t hdr[1 + NSTATES * 8 + 10]; int h = 0; /* mode, states (LE), LEB128(nr), put in front */
+            hdr[h++] = 0;
+            for (int s = 0; s < NSTATES; s++) for (int j = 0; j < STATE_BYTES; j++) hdr[h++] = (uint8_t)(x[s] >> (8 * j));
+            Py_ssize_t v = nr;
+            do { uint8_t byte = v & 0x7f; v >>= 7; hdr[h++] = byte | (v ? 0x80 : 0); } while (v);
+            ptr -= h; memcpy(ptr, hdr, h);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) { PyErr_SetString(PyExc_ValueError, "ctxrans: model context out of range"); goto done; }
+    {
+        Py_ssize_t head = rbuf + rcap - ptr, total = head + bw.len;
+        if (total >= qb.len + 1) { /* raw fallback: never larger than the array + 1 byte */
+            res = PyBytes_FromStringAndSize(NULL, qb.len + 1);
+            if (res) { char *d = PyBytes_AS_STRING(res); d[0] = 1; memcpy(d + 1, qb.buf, qb.len); }
+        } else {
+            res = PyBytes_FromStringAndSize(NULL, total);
+            if (res) { char *d = PyBytes_AS_STRING(res); memcpy(d, ptr, head); memcpy(d + head, bw.buf, bw.len); }
+        }
+    }
+done:
+    free(ctxo); free(toko); free(rbuf); free(bw.buf);
+    PyBuffer_Release(&mb); PyBuffer_Release(&qb);
+    return res;
+}
+
+/* contexts(model, q, shape, itemsize, ctx_out int32[n], tok_out uint8[n]) -> bits in the bit section.
+ * tok_out as in the encoder: token | 0x40 if a sign-flip symbol follows | 0x80 if the sign flips. */
+static PyObject *py_contexts(PyObject *self, PyObject *args) {
+    Py_buffer mb, qb, cb, tb; PyObject *shape; int itemsize;
+    if (!PyArg_ParseTuple(args, "y*y*Oiw*w*", &mb, &qb, &shape, &itemsize, &cb, &tb)) return NULL;
+    PyObject *res = NULL; bitw_t bw = {0};
+    model_t m; int dims[5]; Py_ssize_t n;
+    if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
+    if ((itemsize != 1 && itemsize != 2) || qb.len != n * itemsize || cb.len != n * 4 || tb.len != n) {
+        PyErr_SetString(PyExc_ValueError, "ctxrans: buffer sizes do not match shape"); goto done;
+    }
+    bw.cap = n * 3 + 16; bw.buf = (uint8_t *)malloc(bw.cap);
+    if (!bw.buf) { PyErr_NoMemory(); goto done; }
+    if (itemsize == 1) fill_i8(&m, (int8_t *)qb.buf, dims[0], dims[1], dims[2], dims[3], dims[4], (int32_t *)cb.buf, (uint8_t *)tb.buf, &bw);
+    else fill_i16(&m, (int16_t *)qb.buf, dims[0], dims[1], dims[2], dims[3], dims[4], (int32_t *)cb.buf, (uint8_t *)tb.buf, &bw);
+    res = PyLong_FromLongLong((long long)bw.len * 8 + bw.n);
+done:
+    free(bw.buf);
+    PyBuffer_Release(&mb); PyBuffer_Release(&qb); PyBuffer_Release(&cb); PyBuffer_Release(&tb);
+    return res;
+}
+
+/* ------------------------------------------------------------------ decoder */
+typedef struct { const uint8_t *p, *end; int over; } rbuf_t;
+
+static inline void renorm(rans_t *x, rbuf_t *r) {
+#if STATE64
+    /* valid tables leave x >= 2^16 after a step, so one 32-bit read restores x >= L */
+    if (*x < RANS_L) {
+        uint32_t w = 0;
+        if (r->end - r->p >= 4) { w = (uint32_t)r->p[0] | ((uint32_t)r->p[1] << 8) | ((uint32_t)r->p[2] << 16) | ((uint32_t)r->p[3] << 24); r->p += 4; }
+        else r->over = 1;
+        *x = (*x << 32) | w;
+    }
+#else
+    /* valid tables keep x >= 2^8 after a step, so two byte reads always restore x >= L */
+    if (*x < RANS_L) { if (r->p < r->end) *x = (*x << 8) | *r->p++; else { *x <<= 8; r->over = 1; } }
+    if (*x < RANS_L) { if (r->p < r->end) *x = (*x << 8) | *r->p++; else { *x <<= 8; r->over = 1; } }
+#endif
+}
+
+/* one coefficient: token from the context's table, raw bits and sign from the bit section or a flip */
+#define DEC_STEP                                                                                          \
+    { if ((uint32_t)ctx >= (uint32_t)nctx) ctx = 0;                                                       \
+      const uint8_t *e = m->tab + (Py_ssize_t)ctx * CTXB;                                                 \
+      const uint16_t *cum = (const uint16_t *)e;                                                          \
+      rans_t *xs = &x[n % NSTATES]; n++;                                                                  \
+      uint32_t slot = (uint32_t)(*xs & MASK);                                                             \
+      int t = e[NCUM * 2 + (slot >> (SCALE - LUTB))];                                                     \
+      while (t < NTOK - 1 && cum[t + 1] <= slot) t++;                                                     \
+      *xs = (rans_t)((uint32_t)cum[t + 1] - cum[t]) * (*xs >> SCALE) + slot - cum[t];                     \
+      renorm(xs, rr);                                                                                     \
+      int32_t v = 0;                                                                                      \
+      if (t) {                                                                                            \
+          uint32_t mag = (uint32_t)t;                                                                     \
+          if (t >= D) { int nb = t - D; mag = (uint32_t)D - 1 + (1u << nb) + (nb ? br_get(br, nb) : 0); } \
+          int neg;                                                                                        \
+          if (sflag && prevv) {                                                                           \
+              uint32_t s2 = (uint32_t)(*xs & MASK), f0 = MTOT - flip1;                                    \
+              int flip = s2 >= f0;                                                                        \
+              *xs = flip ? (rans_t)flip1 * (*xs >> SCALE) + s2 - f0 : (rans_t)f0 * (*xs >> SCALE) + s2;   \
+              renorm(xs, rr);                                                                             \
+              neg = (prevv < 0) ^ flip;                                                                   \
+          } else neg = (int)br_get(br, 1);                                                                \
+          v = neg ? -(int32_t)mag : (int32_t)mag;                                                         \
+      }                                                                                                   \
+      *p = (__typeof__(*p))(pred + v); }
+
+#define DECODE_FUNC(T, SUF, FL)                                                                           \
+static void dec_##SUF(const model_t *m, T *q, int B, int C, int Hb, int K, int Wb, rans_t *x,            \
+                      rbuf_t *rr, bitr_t *br) {                                                           \
+    Py_ssize_t n = 0;                                                                                     \
+    const int32_t nctx = m->nctx;                                                                         \
+    WALKF(T, DEC_STEP, FL)                                                                                \
+}
+typedef void (*dec_fn)(const model_t *, void *, int, int, int, int, int, rans_t *, rbuf_t *, bitr_t *);
+/* generic (any flags) plus versions specialised for the layouts `fit` produces with the TOP feature */
+DECODE_FUNC(int8_t, i8, m->flags)
+DECODE_FUNC(int16_t, i16, m->flags)
+#ifndef NO_SPECIALIZE
+#define SPEC(FLV, NAME)                                                                                   \
+    DECODE_FUNC(int8_t, i8_##NAME, FLV)                                                                   \
+    DECODE_FUNC(int16_t, i16_##NAME, FLV)
+SPEC(0, s0) SPEC(F_TOP, s1) SPEC(F_WIDE, s2) SPEC(F_TOP | F_WIDE, s3)
+SPEC(F_TOP | F_CH | F_SFLIP, s4) SPEC(F_TOP | F_WIDE | F_CH | F_SFLIP, s5)
+SPEC(F_TOP | F_CH, s6) SPEC(F_TOP | F_WIDE | F_CH, s7)
+#endif
+
+static dec_fn pick_decoder(int flags, int itemsize) {
+#ifndef NO_SPECIALIZE
+#define PICK(FLV, NAME) if (flags == (FLV)) return itemsize == 1 ? (dec_fn)dec_i8_##NAME : (dec_fn)dec_i16_##NAME;
+    PICK(0, s0) PICK(F_TOP, s1) PICK(F_WIDE, s2) PICK(F_TOP | F_WIDE, s3)
+    PICK(F_TOP | F_CH | F_SFLIP, s4) PICK(F_TOP | F_WIDE | F_CH | F_SFLIP, s5)
+    PICK(F_TOP | F_CH, s6) PICK(F_TOP | F_WIDE | F_CH, s7)
+#endif
+    return itemsize == 1 ? (dec_fn)dec_i8 : (dec_fn)dec_i16;
+}
+
+/* decode(model, buf, out_writable, shape, itemsize) -> None; ValueError if corrupt/truncated */
+static PyObject *py_decode(PyObject *self, PyObject *args) {
+    Py_buffer mb, ib, ob; PyObject *shape; int itemsize;
+    if (!PyArg_ParseTuple(args, "y*y*w*Oi", &mb, &ib, &ob, &shape, &itemsize)) return NULL;
+    PyObject *res = NULL;
+    model_t m; int dims[5]; Py_ssize_t n;
+    const char *err = NULL;
+    if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
+    if ((itemsize != 1 && itemsize != 2) || ob.len != n * itemsize) {
+        err = "ctxrans: output buffer size does not match shape * itemsize"; goto done;
+    }
+    const uint8_t *in = (const uint8_t *)ib.buf, *end = in + ib.len;
+    if (ib.len < 1) { err = "ctxrans: empty stream"; goto done; }
+    if (in[0] == 1) {
+        if (ib.len - 1 != ob.len) { err = "ctxrans: raw stream has the wrong length"; goto done; }
+        memcpy(ob.buf, in + 1, ob.len);
+        goto ok;
+    }
+    if (in[0] != 0 || ib.len < 2 + NSTATES * STATE_BYTES) { err = "ctxrans: bad stream header"; goto done; }
+    rans_t x[NSTATES];
+    for (int s = 0; s < NSTATES; s++) {
+        x[s] = 0;
+        for (int j = 0; j < STATE_BYTES; j++) x[s] |= (rans_t)in[1 + STATE_BYTES * s + j] << (8 * j);
+        if (x[s] < RANS_L || x[s] >= (RANS_L << IO_BITS)) { err = "ctxrans: corrupt stream (bad initial state)"; goto done; }
+    }
+    const uint8_t *p = in + 1 + NSTATES * STATE_BYTES;
+    uint64_t nr = 0; int shift = 0;
+    for (;;) {
+        if (p >= end || shift > 35) { err = "ctxrans: corrupt stream (bad section length)"; goto done; }
+        uint8_t byte = *p++; nr |= (uint64_t)(byte & 0x7f) << shift; shift += 7;
+        if (!(byte & 0x80)) break;
+    }
+    if (nr > (uint64_t)(end - p)) { err = "ctxrans: truncated stream (section length beyond the end)"; goto done; }
+    rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
+    bitr_t b; b.start = b.p = p + nr; b.end = end; b.bits = 0; b.n = 0; b.virt = 0;
+    dec_fn fn = pick_decoder(m.flags, itemsize);
+    Py_BEGIN_ALLOW_THREADS
+    fn(&m, ob.buf, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
+    Py_END_ALLOW_THREADS
+    if (r.over) { err = "ctxrans: truncated stream"; goto done; }
+    int clean = r.p == r.end;
+    for (int s = 0; s < NSTATES; s++) clean &= x[s] == RANS_L;
+    if (!clean) { err = "ctxrans: corrupt stream (does not end cleanly)"; goto done; }
+    {
+        Py_ssize_t consumed = (b.p - b.start + b.virt) * 8 - b.n, blen = b.end - b.start;
+        if ((consumed + 7) / 8 != blen) { err = "ctxrans: corrupt stream (bit section length)"; goto done; }
+    }
+ok:
+    res = Py_None; Py_INCREF(res);
+done:
+    if (err) PyErr_SetString(PyExc_ValueError, err);
+    PyBuffer_Release(&mb); PyBuffer_Release(&ib); PyBuffer_Release(&ob);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize) -> bytes"},
+    {"decode", py_decode, METH_VARARGS, "decode(model, buf, out, shape, itemsize) -> None"},
+    {"contexts", py_contexts, METH_VARARGS, "contexts(model, q, shape, itemsize, ctx_out, tok_out) -> raw bits"},
+    {NULL, NULL, 0, NULL}};
+
+/* MODNAME lets benchmark variants (other -D settings) be built side by side from this file */
+#ifndef MODNAME
+#define MODNAME _ctxrans
+#endif
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define STR2(a) #a
+#define STR(a) STR2(a)
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, STR(MODNAME), "context-modelled rANS kernels", -1, methods};
+
+PyMODINIT_FUNC CAT(PyInit_, MODNAME)(void) {
+    PyObject *mod = PyModule_Create(&moddef);
+    if (mod) {
+        PyModule_AddIntConstant(mod, "NTOK", NTOK); PyModule_AddIntConstant(mod, "D", D);
+        PyModule_AddIntConstant(mod, "SCALE", SCALE); PyModule_AddIntConstant(mod, "NFEAT", NFEAT);
+        PyModule_AddIntConstant(mod, "LUTB", LUTB); PyModule_AddIntConstant(mod, "MAGIC", MAGIC);
+    }
+    return mod;
+}

@@ -1,0 +1,83 @@
+"""The issue-12 measurement scripts (examples/codec_ablation.py, examples/calibration_time.py) on tiny
+configurations: every row and column is there, sizes are positive, sweeps bracket the level, the JSON
+round-trips. The current interpreter stands in for the "before" one (the scripts only need a python
+whose `import dctdata` works)."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load(name, monkeypatch):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_codec_ablation_rows_and_json(tmp_path, capsys, monkeypatch):
+    ablation = _load("codec_ablation", monkeypatch)
+    path = tmp_path / "ablation.json"
+    argv = ["--items", "mri,coffee", "--modes", "tiles", "--max-tiles", "3", "--levels", "40"]
+    payload = ablation.main([*argv, "--json", str(path), "--before-python", sys.executable])
+    out = capsys.readouterr().out
+    # one table line per row, in order, and the landing table
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and " -> " in line]
+    assert [r[0].strip() for r in rows] == ["fix", *(fix for fix, _ in ablation.ROWS.values())]
+    assert all(len(r) == 4 for r in rows)  # fix, before -> after, the 40 dB cell, packs
+    assert "old `calibrate_report`" in out and "new `calibrate_report`" in out
+    packs = {p["name"]: p for p in payload["packs"]}
+    assert sorted(packs) == ["coffee/tiles", "mri/tiles"]
+    always = ("1", "2", "3a", "3b", "7")
+    for p in packs.values():
+        final = p["curves"]["final"]
+        psnrs = [q["psnr"] for q in final]
+        assert min(psnrs) <= 40.0 <= max(psnrs)  # the sweep brackets the level
+        for points in p["curves"].values():
+            assert all(v > 0 for q in points for v in q["bytes"].values())
+        assert all(p["rows"][k]["40"] > 0 for k in always)
+        # metadata is the only difference in row 1: the compact v2 manifest is smaller than the v1-style one
+        assert all(q["bytes"]["zstd19/v2"] < q["bytes"]["zstd19/v1"] for q in final)
+        assert p["rows"]["1"]["40"] < 1.0
+        # the landing point is the calibrated spec itself: its worst channel is never below the target
+        assert p["new_worst_channel"] >= 40.0
+        assert math.isfinite(p["old"]["psnr"]) and p["old"]["seconds"] > 0
+    assert set(packs["coffee/tiles"]["rows"]) >= {"4", "4f"}  # rotation rows for C > 1 only
+    assert not {"4", "4f"} & set(packs["mri/tiles"]["rows"])
+    assert "8" in packs["mri/tiles"]["rows"]  # side information row where no rotation is used
+    summary = payload["rows"]
+    assert summary["1"]["levels"]["40"]["packs"] == 2 and summary["4"]["levels"]["40"]["of"] == 1
+    assert payload["landing"]["packs"] == 2
+    assert json.loads(path.read_text()) == payload
+
+
+@pytest.mark.slow
+def test_calibration_time_rows_and_tty(tmp_path, capsys, monkeypatch):
+    timing = _load("calibration_time", monkeypatch)
+    path = tmp_path / "timing.json"
+    argv = ["--before-python", sys.executable, "--frames", "3", "--size", "64x80", "--repeat", "2", "--tty-check"]
+    argv += ["--threads", "1"]
+    payload = timing.main([*argv, "--json", str(path), "--workdir", str(tmp_path)])
+    out = capsys.readouterr().out
+    rows = payload["rows"]
+    assert [(r["run"], r["version"]) for r in rows] == [(1, "before"), (1, "current"), (2, "current"), (2, "before")]
+    for r in rows:
+        assert r["exit"] == 0 and r["decode_error"] is None, (r["exit"], r["stderr_lines"][-1:], r["decode_error"])
+        assert r["pack_seconds"] > 0 and r["search_seconds"] > 0 and r["stored_bytes"] > 0
+        assert r["psnr"] >= 39.5  # the calibration subset is every frame: the pack lands on its target
+        assert not any("calibrate image" in line for line in r["stderr_lines"])  # no terminal, no bar
+    assert payload["tty"]["calibrate_bar"] and payload["tty"]["exit"] == 0  # a terminal shows the bar
+    table = [line for line in out.splitlines() if line.startswith("| before") or line.startswith("| current")]
+    assert len(table) == 4 and "2 CPU(s), 1 thread(s)" in out.replace(f"{os.cpu_count()} CPU", "2 CPU")
+    assert payload["speedup"]["search_seconds"] > 0
+    assert json.loads(path.read_text()) == payload
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.json"]  # frames and packs are removed

@@ -1,0 +1,402 @@
+"""The entropy stage (dctdata.entropy.ctxrans): round trips, config round trips, and untrusted-input
+behaviour (fuzzing).
+
+    pytest -q tests/core/test_entropy.py                              # ~20 s on one core
+    CTXCODER_FUZZ_EXAMPLES=200000 pytest -q tests/core/test_entropy.py -k fuzz     # longer fuzzing
+
+The decoder's contract on bytes it did not write: raise CtxCodecError (a ValueError) or return an
+array of exactly the declared shape and dtype; never crash, hang, or read/write out of bounds (run the
+fuzz tests against the ASan build, see build_asan.sh, to check the last point).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dctdata.entropy import _ctxrans
+from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError
+from dctdata.transform import kept_frequencies
+
+FUZZ_EXAMPLES = int(os.environ.get("CTXCODER_FUZZ_EXAMPLES", "3000"))
+RNG = np.random.default_rng(1234)
+
+
+def laplace_coeffs(shape, dtype=np.int8, scale=3.0, dc_scale=40.0, rng=RNG):
+    """Synthetic quantized coefficients: Laplacian AC shrinking with frequency, smooth-ish DC."""
+    b, c, hb, k, wb = shape
+    decay = scale / (1.0 + np.arange(k))[None, None, None, :, None]
+    q = rng.laplace(0, 1, shape) * decay
+    dc = np.cumsum(rng.laplace(0, dc_scale / 8, (b, c, hb, wb)), axis=-1)
+    q[:, :, :, 0, :] = dc
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(q), info.min, info.max).astype(dtype)
+
+
+def fitted(shape, dtype=np.int8, cf=None, mask="square", **kw):
+    k = shape[3]
+    if cf is None:
+        cf = int(round(k**0.5))
+    q = laplace_coeffs(shape, dtype, **kw)
+    return CtxCodec.fit(q, cf, mask), q
+
+
+def roundtrip(codec, q):
+    buf = codec.encode(q)
+    assert isinstance(buf, bytes)
+    out = codec.decode(buf, q.shape, q.dtype)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    np.testing.assert_array_equal(out, q)
+    return buf
+
+
+# ------------------------------------------------------------------------------------------ round trips
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+@pytest.mark.parametrize(
+    "cf,mask",
+    [(1, "square"), (2, "square"), (3, "triangle"), (4, "square"), (5, "triangle"), (8, "square"), (8, "triangle")],
+)
+@pytest.mark.parametrize(
+    "b,c,hb,wb", [(1, 1, 1, 1), (1, 1, 1, 5), (1, 1, 4, 1), (2, 1, 8, 10), (1, 3, 3, 4), (3, 2, 2, 2)]
+)
+def test_roundtrip_shapes(dtype, cf, mask, b, c, hb, wb):
+    k = len(kept_frequencies(cf, mask))
+    q = laplace_coeffs((b, c, hb, k, wb), dtype)
+    codec = CtxCodec.fit(q, cf, mask)
+    roundtrip(codec, q)
+    roundtrip(codec, q[:1])  # B = 1
+    # a model fitted on other data still round-trips (only the size suffers)
+    roundtrip(codec, laplace_coeffs((b, c, hb, k, wb), dtype, scale=30.0, dc_scale=500.0))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16])
+def test_all_zero_and_constant(dtype):
+    codec, _ = fitted((2, 1, 4, 16, 4), dtype)
+    z = np.zeros((1, 1, 4, 16, 4), dtype)
+    buf = roundtrip(codec, z)
+    assert len(buf) < 40  # 1024 zeros cost a few bytes
+    roundtrip(codec, np.full((1, 1, 4, 16, 4), 7, dtype))
+    # an all-zero calibration set gives a valid model too
+    codec0 = CtxCodec.fit(np.zeros((3, 1, 2, 16, 2), dtype), 4, "square")
+    roundtrip(codec0, laplace_coeffs((1, 1, 2, 16, 2), dtype))
+
+
+def test_int16_extremes():
+    codec, _ = fitted((2, 2, 4, 16, 4), np.int16)
+    info = np.iinfo(np.int16)
+    for fill in (info.min, info.max):
+        roundtrip(codec, np.full((1, 2, 4, 16, 4), fill, np.int16))
+    q = RNG.choice(np.array([info.min, info.max, 0, -1, 1], np.int16), (2, 2, 5, 16, 7))
+    roundtrip(codec, q)  # DC residuals up to 65535 and alternating signs
+    q = RNG.integers(info.min, info.max + 1, (1, 2, 3, 16, 3), dtype=np.int16)
+    buf = roundtrip(codec, q)
+    assert buf[0] == 1 and len(buf) == q.nbytes + 1  # incompressible -> raw mode, never larger
+
+
+def test_int8_extremes_and_random():
+    codec, _ = fitted((2, 3, 4, 9, 4), np.int8)
+    info = np.iinfo(np.int8)
+    q = RNG.choice(np.array([info.min, info.max, 0], np.int8), (1, 3, 4, 9, 4))
+    roundtrip(codec, q)
+    roundtrip(codec, RNG.integers(-128, 128, (2, 3, 4, 9, 4), dtype=np.int8))
+
+
+def test_fewer_channels_than_model():
+    codec, q = fitted((2, 3, 4, 16, 4), np.int8)
+    roundtrip(codec, np.ascontiguousarray(q[:, :1]))
+
+
+def test_decode_into_out_and_module_fit():
+    from dctdata.entropy import ctxrans as ctxcoder
+
+    q = laplace_coeffs((4, 2, 3, 9, 5), np.int16)
+    cfg = ctxcoder.fit(q, 3, "square")
+    codec = CtxCodec.from_config(json.loads(json.dumps(cfg)))
+    batch = np.zeros((4, 2, 3, 9, 5), np.int16)
+    for i in range(4):  # decode each sample's stream straight into a slice of a batch buffer
+        r = codec.decode(codec.encode(q[i : i + 1]), out=batch[i : i + 1])
+        assert r.base is batch or r is batch[i : i + 1] or np.shares_memory(r, batch)
+    np.testing.assert_array_equal(batch, q)
+    with pytest.raises(CtxCodecError):
+        codec.decode(codec.encode(q[:1]), out=batch[:, :1])  # not contiguous
+    check_decode(codec, codec.encode(q[:1]), (1, 2, 3, 9, 5), np.int8)  # other dtype: error or garbage of that shape
+    ro = np.zeros((1, 2, 3, 9, 5), np.int16)
+    ro.flags.writeable = False
+    with pytest.raises(CtxCodecError):
+        codec.decode(codec.encode(q[:1]), out=ro)
+
+
+def test_non_contiguous_input():
+    codec, q = fitted((4, 1, 4, 16, 6), np.int8)
+    view = q[::2]
+    assert not view.flags.c_contiguous or True
+    roundtrip(codec, view)
+
+
+def test_multichannel_sign_flip_used_and_saves():
+    rng = np.random.default_rng(7)
+    base = laplace_coeffs((4, 1, 8, 16, 8), np.int16, rng=rng).astype(np.int32)
+    q = np.concatenate([base, base // 2, -base // 3], axis=1).astype(np.int16)  # correlated signs
+    codec = CtxCodec.fit(q, 4, "square")
+    assert codec.layout.sign_flip, "expected the cross-channel sign model to be chosen"
+    roundtrip(codec, q)
+    plain = CtxCodec.fit(q, 4, "square", layouts=[{**_layout_of(codec), "sign_flip": ()}])
+    assert len(codec.encode(q)) < len(plain.encode(q))
+
+
+def _layout_of(codec):
+    cfg = codec.get_config()
+    return {
+        k: cfg[k]
+        for k in ("freq_classes", "lt_mode", "wide", "channel_groups", "edges_in", "edges_lt", "edges_ch", "edges_dc")
+    }
+
+
+@pytest.mark.parametrize("features", [(), ("top",), ("ch", "sign"), ("top", "wide", "ch", "sign"), ("lt", "wide")])
+def test_fit_options_roundtrip(features):
+    q = laplace_coeffs((3, 2, 6, 16, 6), np.int8)
+    codec = CtxCodec.fit(q, 4, "square", features=features)
+    cfg = codec.get_config()
+    assert cfg["wide"] <= ("wide" in features) and (not cfg["sign_flip"] or "sign" in features)
+    assert (not cfg["edges_ch"] or "ch" in features) and (not cfg["edges_lt"] or set(features) & {"top", "lt"})
+    roundtrip(codec, q)
+    for lt_mode in ("lt", "top"):
+        for wide in (False, True):
+            lay = {**_layout_of(codec), "lt_mode": lt_mode, "wide": wide}
+            c2 = CtxCodec.fit(q, 4, "square", layouts=[lay])
+            roundtrip(c2, q)
+
+
+def test_estimate_bytes_close_to_real():
+    q = laplace_coeffs((4, 1, 8, 16, 8), np.int8)
+    codec = CtxCodec.fit(q, 4, "square")
+    real = sum(len(codec.encode(q[i : i + 1])) for i in range(len(q))) + len(
+        json.dumps(codec.get_config(), separators=(",", ":"))
+    )
+    est = CtxCodec.estimate_bytes(q, 4, "square")
+    assert abs(est / real - 1) < 0.1
+
+
+# ------------------------------------------------------------------------------------------ config
+def test_config_json_roundtrip_and_size():
+    codec, q = fitted((4, 3, 6, 25, 6), np.int8)
+    cfg = codec.get_config()
+    text = json.dumps(cfg)
+    again = CtxCodec.from_config(json.loads(text))
+    assert again == codec and again.get_config() == cfg
+    buf = codec.encode(q)
+    assert again.encode(q) == buf
+    np.testing.assert_array_equal(again.decode(buf, q.shape, q.dtype), q)
+    assert len(json.dumps(cfg, separators=(",", ":"))) < 20000
+    assert cfg["id"] == CtxCodec.codec_id
+
+
+def test_config_rejects_malformed():
+    codec, _ = fitted((2, 1, 4, 16, 4), np.int8)
+    good = codec.get_config()
+    bad_cases = [
+        {**good, "id": "zstd"},
+        {**good, "version": 99},
+        {k: v for k, v in good.items() if k != "params"},
+        {**good, "extra": 1},
+        {**good, "cf": 9},
+        {**good, "cf": True},
+        {**good, "mask": "circle"},
+        {**good, "channels": 0},
+        {**good, "freq_classes": "zz"},
+        {**good, "lt_mode": "left"},
+        {**good, "wide": "yes"},
+        {**good, "edges_in": [3, 2]},
+        {**good, "edges_in": []},
+        {**good, "edges_in": [1, 5000]},
+        {**good, "edges_dc": "1,2"},
+        {**good, "channel_groups": [5]},
+        {**good, "channel_groups": [0, 0]},
+        {**good, "sign_flip": [300]},
+        {**good, "params": "!!!"},
+        {**good, "params": base64.b64encode(zlib.compress(b"\x00" * 3)).decode()},
+        {**good, "params": base64.b64encode(b"not zlib").decode()},
+        {**good, "table_crc": good["table_crc"] ^ 1},
+        "not a mapping",
+    ]
+    for cfg in bad_cases:
+        with pytest.raises(CtxCodecError):
+            CtxCodec.from_config(cfg)
+
+
+def test_config_params_any_bytes_are_safe():
+    """Every parameter byte value builds valid tables: a hostile model decodes garbage, not crashes."""
+    codec, q = fitted((2, 1, 4, 16, 4), np.int8)
+    cfg = codec.get_config()
+    n = 2 * codec.layout.nctx
+    for seed in range(20):
+        raw = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+        c2 = CtxCodec(codec.layout, np.frombuffer(raw, np.uint8)[0::2], np.frombuffer(raw, np.uint8)[1::2])
+        cfg2 = {**cfg, "params": base64.b64encode(zlib.compress(raw)).decode(), "table_crc": c2.table_crc}
+        c3 = CtxCodec.from_config(cfg2)
+        buf = c3.encode(q)
+        np.testing.assert_array_equal(c3.decode(buf, q.shape, q.dtype), q)
+        try:  # the stream of another model: error or garbage of the right shape
+            out = c3.decode(codec.encode(q), q.shape, q.dtype)
+            assert out.shape == q.shape and out.dtype == q.dtype
+        except CtxCodecError:
+            pass
+
+
+def test_vectorised_tables_bit_identical():
+    from dctdata.entropy.ctxrans import MTOT, _freqs, _freqs_many
+
+    rng = np.random.default_rng(5)
+    iz = np.concatenate([rng.integers(0, 256, 3000), [0, 0, 255, 255, 128, 1, 254]])
+    ir = np.concatenate([rng.integers(0, 256, 3000), [0, 255, 0, 255, 0, 254, 1]])
+    f = _freqs_many(iz, ir)
+    for k in range(len(iz)):
+        assert tuple(f[k].tolist()) == _freqs(int(iz[k]), int(ir[k]))
+    assert (f.sum(1) == MTOT).all() and (f >= 1).all()
+
+
+# ------------------------------------------------------------------------------------------ arguments
+def test_decode_argument_errors():
+    codec, q = fitted((1, 1, 4, 16, 4), np.int8)
+    buf = codec.encode(q)
+    for shape in [
+        (1, 1, 4, 16),
+        (1, 1, 4, 9, 4),
+        (1, 2, 4, 16, 4),
+        (0, 1, 4, 16, 4),
+        (1, 1, -4, 16, 4),
+        (1 << 20, 1 << 20, 1 << 20, 16, 1),
+        "abc",
+        (1, 1, 4, 16, 4.5j),
+    ]:
+        with pytest.raises(CtxCodecError):
+            codec.decode(buf, shape, np.int8)
+    for dtype in (np.float32, np.uint8, "int32", "nonsense"):
+        with pytest.raises(CtxCodecError):
+            codec.decode(buf, q.shape, dtype)
+    with pytest.raises(CtxCodecError):
+        codec.decode(12345, q.shape, np.int8)
+    with pytest.raises(CtxCodecError):
+        codec.decode(b"", q.shape, np.int8)
+    with pytest.raises(CtxCodecError):  # right bytes, wrong declared size: never silently reshaped
+        codec.decode(buf, (1, 1, 4, 16, 5), np.int8)
+    with pytest.raises(CtxCodecError):
+        codec.encode(q.astype(np.float32))
+    with pytest.raises(TypeError):
+        codec.encode(q.tolist())
+
+
+def test_kernel_rejects_malformed_blob():
+    codec, q = fitted((1, 1, 2, 16, 2), np.int8)
+    out = np.empty(q.shape, np.int8)
+    buf = codec.encode(q)
+    blob = bytearray(codec._blob)
+    for bad in (bytes(blob[:-1]), b"\x00" * 20, bytes(blob[:4]) + b"\xff" * (len(blob) - 4)):
+        with pytest.raises(ValueError):
+            _ctxrans.decode(bad, buf, out, q.shape, 1)
+
+
+# ------------------------------------------------------------------------------------------ fuzzing
+def _corpus():
+    """A few valid streams of different kinds (int8/int16, C=1/3, tiny/medium, sign flips)."""
+    items = []
+    for shape, dtype in [
+        ((1, 1, 3, 16, 4), np.int8),
+        ((1, 3, 4, 9, 5), np.int8),
+        ((1, 2, 3, 25, 3), np.int16),
+        ((2, 1, 1, 1, 7), np.int16),
+        ((1, 1, 8, 64, 10), np.int8),
+    ]:
+        rng = np.random.default_rng(len(items))
+        q = laplace_coeffs(shape, dtype, rng=rng)
+        if shape[1] > 1:
+            q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
+        codec = CtxCodec.fit(q, int(round(shape[3] ** 0.5)), "square")
+        items.append((codec, q, codec.encode(q)))
+    return items
+
+
+CORPUS = _corpus()
+
+
+def check_decode(codec, buf, shape, dtype):
+    t = time.perf_counter()
+    try:
+        out = codec.decode(buf, shape, dtype)
+    except CtxCodecError:
+        out = None
+    assert time.perf_counter() - t < 1.0, "decoder took too long (hang?)"
+    if out is not None:
+        assert out.shape == tuple(shape) and out.dtype == np.dtype(dtype)
+
+
+def test_every_truncation_raises():
+    for codec, q, buf in CORPUS:
+        for n in range(len(buf)):
+            with pytest.raises(CtxCodecError):
+                codec.decode(buf[:n], q.shape, q.dtype)
+        with pytest.raises(CtxCodecError):  # trailing garbage is not silently ignored
+            codec.decode(buf + b"\x00", q.shape, q.dtype)
+
+
+def test_lying_section_length():
+    for codec, q, buf in CORPUS:
+        if buf[0] != 0:
+            continue
+        head = 1 + 16
+        for v in (0, 1, len(buf), len(buf) * 1000, 2**35):
+            leb = bytearray()
+            while True:
+                byte = v & 0x7F
+                v >>= 7
+                leb.append(byte | (0x80 if v else 0))
+                if not v:
+                    break
+            # replace the LEB128 field (find its end in the original)
+            p = head
+            while buf[p] & 0x80:
+                p += 1
+            check_decode(codec, buf[:head] + bytes(leb) + buf[p + 1 :], q.shape, q.dtype)
+        check_decode(codec, buf[:head] + b"\xff" * 12, q.shape, q.dtype)  # unterminated LEB128
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+@given(
+    which=st.integers(0, len(CORPUS) - 1),
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
+    cut=st.one_of(st.none(), st.integers(0, 10**6)),
+    insert=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=8))),
+)
+def test_fuzz_mutated_streams(which, edits, cut, insert):
+    codec, q, buf = CORPUS[which]
+    b = bytearray(buf)
+    for pos, val in edits:
+        b[pos % len(b)] = val
+    if insert is not None:
+        pos = insert[0] % (len(b) + 1)
+        b[pos:pos] = insert[1]
+    if cut is not None:
+        del b[cut % (len(b) + 1) :]
+    check_decode(codec, bytes(b), q.shape, q.dtype)
+
+
+@settings(max_examples=max(200, FUZZ_EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    which=st.integers(0, len(CORPUS) - 1),
+    data=st.binary(min_size=0, max_size=300),
+    mode=st.sampled_from([b"", b"\x00", b"\x01"]),
+)
+def test_fuzz_random_bytes(which, data, mode):
+    codec, q, _ = CORPUS[which]
+    check_decode(codec, mode + data, q.shape, q.dtype)
+    # and with a wrong but plausible declared shape
+    b, c, hb, k, wb = q.shape
+    check_decode(codec, mode + data, (b, c, hb + 1, k, wb), q.dtype)
