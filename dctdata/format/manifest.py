@@ -32,6 +32,7 @@ import numpy as np
 
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError
+from dctdata.format.atomic import atomic_write
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
@@ -404,14 +405,7 @@ def _checked_json(manifest: Manifest) -> str:
 def write_manifest(manifest: Manifest, directory: str | os.PathLike) -> str:
     """Write `directory/manifest.json` atomically (temporary sibling + rename); returns its path."""
     text = _checked_json(manifest)
-    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    return atomic_write(os.path.join(os.fspath(directory), MANIFEST_NAME), text.encode("utf-8"))
 
 
 def write_manifest_url(manifest: Manifest, prefix: str, storage_options: Mapping[str, Any] | None = None) -> str:

@@ -125,7 +125,10 @@ def test_newer_version_refused(tmp_path):
             r"stats: expected entries for fields .*Got unknown \['ghost'\]",
         ),
         (lambda d: d["checksums"].update({"x": {"sha256": "zz", "bytes": 1}}), r"sha256: expected 64 lowercase hex"),
-        (lambda d: d["fields"][2].update(lossless={"id": "nope"}), r"codec: expected one of .*Got 'nope'"),
+        (
+            lambda d: d["fields"][2].update(lossless={"id": "nope"}),
+            r"field 'label': lossless: expected one of .*Got 'nope'",
+        ),
     ],
 )
 def test_strict_validation(tmp_path, edit, match):

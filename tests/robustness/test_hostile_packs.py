@@ -1,0 +1,134 @@
+"""Hostile packs, concurrent writers and bounded resources (issue 16): one regression test per finding,
+each reproducing it from scratch.
+
+S: a pack someone else wrote must not make dctdata write outside it or run code.
+D: nothing lost or silently wrong (concurrent packs, edited zarr.json, odd inputs).
+H: every read is bounded in memory and time (bombs, huge manifests, special files, stalled servers).
+B: errors, not tracebacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import dctdata
+from dctdata.cli import main
+from dctdata.errors import DctDataError, IntegrityError
+
+N = 10
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("packs")
+    rng = np.random.default_rng(0)
+    x = (20 + 5 * rng.standard_normal((N, 1, 16, 16))).astype(np.float32)
+    np.savez(tmp / "src.npz", image=x, label=np.arange(N, dtype=np.int64))
+    dctdata.pack(
+        tmp / "src.npz", tmp / "zarr", cf=4, quiet=True, writer_options={"chunk_samples": 2, "shard_samples": 4}
+    )
+    dctdata.pack(
+        tmp / "src.npz",
+        tmp / "webdataset",
+        format="webdataset",
+        cf=4,
+        quiet=True,
+        writer_options={"samples_per_shard": 4},
+    )
+    return tmp
+
+
+@pytest.fixture(params=["zarr", "webdataset"])
+def pack(request, packs, tmp_path) -> Path:
+    """A fresh copy of a small pack in each format."""
+    return Path(shutil.copytree(packs / request.param, tmp_path / request.param))
+
+
+def read_all(ds) -> list:
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        return list(ds)
+    return ds.__getitems__(list(range(len(ds))))
+
+
+def verify(capsys, root) -> tuple[int, str]:
+    rc = main(["verify", str(root)])
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.out + cap.err
+    return rc, cap.out + cap.err
+
+
+def edit_manifest(root: Path, edit) -> None:
+    m = json.loads((root / "manifest.json").read_text())
+    edit(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def rehash(root: Path, rel: str) -> None:
+    """Record a file's new sha256 and size in the manifest (a tamperer who recomputes checksums)."""
+    data = (root / rel).read_bytes()
+    edit_manifest(
+        root, lambda m: m["checksums"].update({rel: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}})
+    )
+
+
+# S1: inspect never writes through a link planted in a directory ------------------------------------
+def test_s1_inspect_never_follows_a_link_at_its_temporary_or_final_name(packs, tmp_path):
+    victim = tmp_path / "bashrc"
+    victim.write_text("keep me\n")
+    pack = Path(shutil.copytree(packs / "zarr", tmp_path / "pack"))
+    png = pack / "inspect.png"  # the old default place: inside a downloaded pack
+    for planted in (pack / "inspect.png.tmp", png):
+        planted.symlink_to(victim)
+        assert main(["inspect", str(pack), "--png", str(png), "--samples", "1"]) == 0
+        assert victim.read_text() == "keep me\n"
+        assert not png.is_symlink() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        png.unlink()
+        if planted.is_symlink():
+            planted.unlink()
+    assert not [p.name for p in pack.iterdir() if p.name.startswith(".inspect.png")]  # no temporaries left
+
+
+def test_s1_manifest_write_ignores_a_link_at_the_temporary_name(packs, tmp_path):
+    from dctdata.format import read_manifest, write_manifest
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    pack = Path(shutil.copytree(packs / "zarr", tmp_path / "pack"))
+    (pack / "manifest.json.tmp").symlink_to(victim)
+    write_manifest(read_manifest(pack), pack)
+    assert victim.read_text() == "keep me\n" and read_manifest(pack).samples == N
+
+
+# S2: a manifest may only name allow-listed lossless stages --------------------------------------------
+@pytest.mark.parametrize("codec_id", ["pickle", "zlib", "json"])
+def test_s2_manifest_naming_a_codec_off_the_allow_list_is_refused(pack, capsys, codec_id):
+    def edit(m):
+        m["fields"][-1]["lossless"] = {"id": codec_id}
+
+    edit_manifest(pack, edit)
+    expected = rf"field 'label': lossless: expected one of \('zstd', 'blosc', 'dctdata_ctxrans'\)\. Got '{codec_id}'"
+    with pytest.raises(DctDataError, match=expected):
+        dctdata.open_dataset(pack)
+    rc, text = verify(capsys, pack)
+    assert rc == 1 and re.search(expected, text), text
+
+
+# D3: a semantically valid zarr.json edit is caught by its recorded checksum -----------------------------
+def test_d3_chunk_separator_edit_in_zarr_json_is_an_integrity_error(packs, tmp_path, capsys):
+    pack = Path(shutil.copytree(packs / "zarr", tmp_path / "zarr"))
+    meta = pack / "image" / "zarr.json"
+    text = meta.read_text()
+    assert '"separator":"."' in text.replace(" ", "")
+    meta.write_text(text.replace('"separator": "."', '"separator": "/"').replace('"separator":"."', '"separator":"/"'))
+    with pytest.raises(IntegrityError, match=r"image/zarr\.json"):
+        read_all(dctdata.open_dataset(pack))
+    rc, out = verify(capsys, pack)
+    assert rc == 1 and "image/zarr.json" in out
