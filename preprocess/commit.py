@@ -1,13 +1,17 @@
 """Where a pack writes and how it commits: OUT checks, the temporary sibling, the final rename.
 
 A local OUT is written into the temporary sibling `.OUT.partial` and renamed to OUT only when
-everything worked (an old OUT, with `--overwrite`, is replaced only then). An fsspec URL OUT has no
+everything worked (an old OUT, with `--overwrite`, is replaced only then). One pack at a time per local
+OUT: the writer holds an exclusive `flock` on the sibling `.OUT.lock` from its OUT checks to its commit,
+so a second pack into the same OUT is refused instead of deleting the first's partial directory (the
+kernel drops the lock when a pack dies, even by kill -9: no stale locks). An fsspec URL OUT has no
 rename: data files are written in place and the manifest, written last, is the commit (readers refuse
 a prefix without one; `--overwrite` deletes the old manifest first). Shared by `pack` and `Writer`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -45,6 +49,74 @@ def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | No
         )
         raise DctDataError(f"{out}: expected an existing parent directory. Got {got} at {parent}")
     return out
+
+
+def lock_path(out: str) -> str:
+    return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
+
+
+class OutLock:
+    """An exclusive lock on a local OUT for one pack (module docstring). Released by `release()`; the
+    lock file is removed then (a holder checks after locking that the file it locked is still the one at
+    the path, so removing it cannot let two packs in)."""
+
+    def __init__(self, out: str) -> None:
+        self.out, self.path, self._fd = out, lock_path(out), None
+
+    def acquire(self) -> "OutLock":
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise DctDataError(
+                    f"{self.out}: expected no other pack writing here. Got a lock held on {self.path} (another "
+                    "dctdata pack or Writer is writing this OUT: wait for it to finish, or choose another OUT)"
+                ) from None
+            try:
+                st, held = os.stat(self.path, follow_symlinks=False), os.fstat(fd)
+                same = (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return self
+            os.close(fd)  # the previous holder removed it after we opened it: lock the new file
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+    def __del__(self) -> None:  # a Writer dropped without close() must not keep OUT locked
+        with contextlib.suppress(Exception):
+            self.release()
+
+    def __enter__(self) -> "OutLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | None = None) -> OutLock | None:
+    """Lock a local OUT (None for a URL: object stores have no locks) and check it again under the lock
+    (another pack may have committed it since `check_out`)."""
+    if is_url(out):
+        return None
+    lock = OutLock(out).acquire()
+    try:
+        check_out(out, overwrite, storage_options)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _ancestors(path: str) -> list[str]:

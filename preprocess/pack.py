@@ -47,7 +47,7 @@ from dctdata.format import Manifest, is_url, make_writer
 from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
-from dctdata.preprocess.commit import check_not_source, check_out, commit, partial_dir, remove_manifest
+from dctdata.preprocess.commit import check_not_source, check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.journal import Journal
 from dctdata.preprocess.parts import PartJob, run_part
 from dctdata.preprocess.plan import build_manifest, parse_settings, plan
@@ -133,8 +133,14 @@ def pack(
         options["storage_options"] = storage_options
     record = {"source": describe(source), **settings.record(), "writer_options": dict(writer_options or {})}
 
-    src = open_source(source, **settings.source_options)
-    cal = None if calibration is None else open_source(calibration, **settings.source_options)
+    lock = lock_out(out, overwrite, storage_options)  # one pack per local OUT, held until the commit
+    try:
+        src = open_source(source, **settings.source_options)
+        cal = None if calibration is None else open_source(calibration, **settings.source_options)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     root = out if url else partial_dir(out)
     journal = None
     owned = url  # whether an error may delete root (never a partial pack we could not read)
@@ -206,6 +212,8 @@ def pack(
             log.warning("%s: pack interrupted; rerun the same command with --resume to finish it", root)
         elif owned and not url and os.path.isdir(root):
             shutil.rmtree(root, ignore_errors=True)
+        if lock is not None:
+            lock.release()
 
 
 def _run(
