@@ -132,3 +132,81 @@ def test_d3_chunk_separator_edit_in_zarr_json_is_an_integrity_error(packs, tmp_p
         read_all(dctdata.open_dataset(pack))
     rc, out = verify(capsys, pack)
     assert rc == 1 and "image/zarr.json" in out
+
+
+# D1: two packs into one OUT: the second is refused, the first finishes intact --------------------------
+HOLD_LOCK = """
+import sys, numpy as np, dctdata
+w = dctdata.Writer(sys.argv[1], cf=4)
+w.write({"image": np.zeros((16, 16), np.float32)})
+print("ready", flush=True)
+sys.stdin.readline()
+w.close()
+print("closed", flush=True)
+"""
+
+
+def test_d1_a_second_pack_into_the_same_out_is_refused(packs, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout.readline().strip() == "ready"  # another process is writing OUT
+        busy = r"out: expected no other pack writing here\. Got a lock held on .*\.out\.lock"
+        with pytest.raises(DctDataError, match=busy):
+            dctdata.pack(packs / "src.npz", out, cf=4, quiet=True)
+        with pytest.raises(DctDataError, match=busy):
+            dctdata.pack(packs / "src.npz", out, cf=4, quiet=True, overwrite=True, resume=True)
+        with pytest.raises(DctDataError, match=busy):
+            dctdata.Writer(out, cf=4)
+        assert main(["pack", str(packs / "src.npz"), str(out), "--cf", "4"]) == 1
+        err = capsys.readouterr().err
+        assert re.search(busy, err) and "Traceback" not in err
+        first.stdin.write("\n")
+        first.stdin.flush()
+        assert first.stdout.readline().strip() == "closed" and first.wait(60) == 0
+    finally:
+        first.kill()
+    assert len(dctdata.open_dataset(out)) == 1  # the first pack committed, nothing of the refused ones
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # lock file and partial directory gone
+    with pytest.raises(DctDataError, match="expected an OUT path that does not exist"):
+        dctdata.pack(packs / "src.npz", out, cf=4, quiet=True)  # checked again under the lock
+
+
+def test_d1_a_killed_pack_leaves_no_stale_lock(packs, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert first.stdout.readline().strip() == "ready"
+    first.kill()  # kill -9: the kernel drops the lock
+    first.wait(60)
+    assert (tmp_path / ".out.lock").exists()
+    dctdata.pack(packs / "src.npz", out, cf=4, quiet=True)
+    assert len(dctdata.open_dataset(out)) == N and not (tmp_path / ".out.lock").exists()
+
+
+# D4: a multi-page TIFF is refused, never cut to its first page ------------------------------------------
+def test_d4_multi_page_tiff_is_refused_not_cut_to_its_first_page(tmp_path, capsys):
+    from PIL import Image
+
+    pages = [Image.fromarray(np.full((16, 16), 40 * i, np.uint8)) for i in range(3)]
+    (tmp_path / "imgs").mkdir()
+    pages[0].save(tmp_path / "imgs" / "a.tif")
+    pages[0].save(tmp_path / "imgs" / "stack.tif", save_all=True, append_images=pages[1:])
+    expected = r"stack\.tif: expected a single-page image \(one sample per file\)\. Got 3 pages"
+    with pytest.raises(DctDataError, match=expected):
+        dctdata.pack(tmp_path / "imgs", tmp_path / "out", cf=4, quiet=True)
+    assert main(["pack", str(tmp_path / "imgs"), str(tmp_path / "out2")]) == 1
+    assert re.search(expected, capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs"]  # nothing half-written
+    with Image.open(tmp_path / "imgs" / "stack.tif") as im:  # a PIL item from a map-style dataset too
+        with pytest.raises(DctDataError, match=r"sample 0.*expected a single-page image.*Got 3 pages"):
+            dctdata.pack([im], tmp_path / "out3", cf=4, quiet=True)
