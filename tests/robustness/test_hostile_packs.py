@@ -210,3 +210,27 @@ def test_d4_multi_page_tiff_is_refused_not_cut_to_its_first_page(tmp_path, capsy
     with Image.open(tmp_path / "imgs" / "stack.tif") as im:  # a PIL item from a map-style dataset too
         with pytest.raises(DctDataError, match=r"sample 0.*expected a single-page image.*Got 3 pages"):
             dctdata.pack([im], tmp_path / "out3", cf=4, quiet=True)
+
+
+# D5: big-endian arrays pack as native values, and a big-endian member still reads -------------------------
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_d5_big_endian_fields_pack_and_read_back_exactly(tmp_path, capsys, fmt):
+    rng = np.random.default_rng(0)
+    image = (20 + 5 * rng.standard_normal((6, 1, 16, 16))).astype(">f4")
+    label, aux = np.arange(6).astype(">i8") * 2**40, rng.standard_normal((6, 3)).astype(">f8")
+    np.savez(tmp_path / "be.npz", image=image, label=label, aux=aux)
+    dctdata.pack(tmp_path / "be.npz", tmp_path / "out", format=fmt, cf=4, quiet=True)
+    ds = dctdata.open_dataset(tmp_path / "out", **({"shuffle": False} if fmt == "webdataset" else {}))
+    got = read_all(ds)
+    assert [int(s[1]) for s in got] == label.tolist()
+    assert np.array_equal(np.stack([s[2].numpy() for s in got]), aux)
+    rc, text = verify(capsys, tmp_path / "out")
+    assert rc == 0 and text.startswith("OK"), text
+
+
+def test_d5_a_big_endian_npy_member_decodes_to_native_values():
+    from dctdata.format.npy import decode_npy, encode_npy
+
+    arr = decode_npy(encode_npy(np.arange(5).astype(">i8") * 2**40), "m")
+    assert arr.dtype.isnative and arr.dtype.name == "int64"
+    assert torch.from_numpy(arr).tolist() == [i * 2**40 for i in range(5)]
