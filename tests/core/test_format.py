@@ -225,7 +225,9 @@ def test_decode_npy_reads_what_numpy_writes(arr):
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     out = decode_npy(buf.getvalue(), "x")
-    assert out.dtype == arr.dtype and out.shape == arr.shape and out.flags.writeable
+    # values as numpy wrote them, in native byte order (issue 16 D5: torch refuses big-endian arrays)
+    assert out.dtype == arr.dtype.newbyteorder("=") and out.dtype.isnative
+    assert out.shape == arr.shape and out.flags.writeable
     np.testing.assert_array_equal(out, arr)
 
 
