@@ -354,6 +354,27 @@ def _check_version(version: object, where: str = "manifest") -> int:
 
 
 # Reading and writing -----------------------------------------------------------------------------
+# The most bytes a manifest may have: it is read whole, and a hostile server (an endless body) or a link to
+# /dev/zero must not grow memory without end. 64 MiB is about 200 000 shard entries.
+MAX_MANIFEST_BYTES = 64 << 20
+
+
+def read_manifest_bytes(fh, where: str) -> bytes:
+    """A manifest file's bytes, read to at most MAX_MANIFEST_BYTES (FormatError past it)."""
+    limit, parts, got = MAX_MANIFEST_BYTES, [], 0
+    while got <= limit:  # a stream's read(n) may return fewer bytes: read to EOF or past the limit
+        part = fh.read(limit + 1 - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    if got > limit:
+        raise FormatError(
+            f"{where}: expected a manifest of at most {limit} bytes. Got more (not a dctdata manifest, or hostile)"
+        )
+    return b"".join(parts)
+
+
 def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:
     """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json).
     `storage_options` go to fsspec for URLs (e.g. an S3 endpoint)."""
@@ -363,12 +384,12 @@ def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, 
             import fsspec
 
             with fsspec.open(loc, "rb", **dict(storage_options or {})) as fh:
-                raw = fh.read()
+                raw = read_manifest_bytes(fh, loc)
         else:
             if not os.path.isdir(root):
                 raise FileNotFoundError(f"dataset: expected a packed dataset directory. Got missing path {root!r}")
             with open(loc, "rb") as fh:
-                raw = fh.read()
+                raw = read_manifest_bytes(fh, loc)
     except FileNotFoundError as exc:
         raise FormatError(
             f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file"

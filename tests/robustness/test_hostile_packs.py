@@ -234,3 +234,111 @@ def test_d5_a_big_endian_npy_member_decodes_to_native_values():
     arr = decode_npy(encode_npy(np.arange(5).astype(">i8") * 2**40), "m")
     assert arr.dtype.isnative and arr.dtype.name == "int64"
     assert torch.from_numpy(arr).tolist() == [i * 2**40 for i in range(5)]
+
+
+# A hostile HTTP server: endless, stalled, silent, truncated and failing answers -------------------------
+class HostileServer:
+    """Serves `directory` on 127.0.0.1 like a plain web server, except for the paths in `modes`:
+    "endless" (200, no length, zeros forever), "stall" (headers and half the body, then nothing),
+    "silent" (never answers), "truncated" (fewer bytes than Content-Length, then close), "500"."""
+
+    def __init__(self, directory: Path, modes: dict[str, str]) -> None:
+        import http.server
+        import threading
+
+        self.directory, self.modes, self.stop = directory, modes, threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
+
+            def do_GET(self) -> None:
+                try:
+                    self._answer(body=True)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up, as it should
+                    pass
+
+            def _answer(self, body: bool) -> None:
+                rel = self.path.lstrip("/")
+                mode = outer.modes.get(rel)
+                if mode == "silent":
+                    outer.stop.wait(120)
+                    return
+                if mode == "500":
+                    self.send_error(500)
+                    return
+                if mode == "endless":
+                    self.send_response(200)
+                    self.end_headers()
+                    while body and not outer.stop.is_set():
+                        self.wfile.write(b" " * 65536)
+                    return
+                path = outer.directory / rel
+                if not path.is_file():
+                    self.send_error(404)
+                    return
+                data = path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not body:
+                    return
+                if mode in ("stall", "truncated"):
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    if mode == "stall":
+                        outer.stop.wait(120)
+                    return
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def peak_rss_growth(fn) -> int:
+    """Bytes the process's peak RSS grew by while `fn` ran (0 when it stayed under an earlier peak)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+
+
+# H2: manifest reads are bounded ---------------------------------------------------------------------------
+def test_h2_an_endless_http_manifest_stops_at_the_size_limit(pack, capsys, monkeypatch):
+    import dctdata.format.manifest as manifest_mod
+
+    monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", 1 << 20)
+    with HostileServer(pack, {"manifest.json": "endless"}) as url:
+        expected = r"manifest\.json: expected a manifest of at most 1048576 bytes\. Got more"
+        with pytest.raises(DctDataError, match=expected):
+            dctdata.open_dataset(url)
+        assert main(["info", url]) == 1
+        err = capsys.readouterr().err
+        assert re.search(expected, err) and "Traceback" not in err
+
+
+def test_h2_a_huge_local_manifest_is_refused_before_it_is_parsed(pack, monkeypatch):
+    import dctdata.format.manifest as manifest_mod
+
+    text = (pack / "manifest.json").read_text()
+    (pack / "manifest.json").write_text(text + " " * (2 << 20))  # valid JSON, 2 MiB of trailing spaces
+    monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", 1 << 20)
+    with pytest.raises(DctDataError, match=r"manifest\.json: expected a manifest of at most 1048576 bytes"):
+        dctdata.open_dataset(pack)
+    monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", 4 << 20)
+    assert len(dctdata.open_dataset(pack)) == N

@@ -27,7 +27,7 @@ from dctdata.format.cache import ShardCache
 from dctdata.format.checksum import read_expected
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, join, open_file
-from dctdata.format.manifest import Manifest, parse_manifest
+from dctdata.format.manifest import Manifest, parse_manifest, read_manifest_bytes
 from dctdata.format.npy import decode_npy, npy_size, split_npy
 from dctdata.format.webdataset.layout import MEMBER_RE, entry_name, sample_key
 from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
@@ -88,7 +88,7 @@ class Files:
         loc = self.location(MANIFEST_NAME)
         try:
             with self.open(MANIFEST_NAME) as fh:
-                raw = fh.read()
+                raw = read_manifest_bytes(fh, loc)
         except FileNotFoundError as exc:
             raise FormatError(f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file") from exc
         except OSError as exc:
