@@ -33,6 +33,7 @@ import numpy as np
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format.atomic import atomic_write
+from dctdata.format.checksum import read_expected
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
@@ -361,18 +362,13 @@ MAX_MANIFEST_BYTES = 64 << 20
 
 def read_manifest_bytes(fh, where: str) -> bytes:
     """A manifest file's bytes, read to at most MAX_MANIFEST_BYTES (FormatError past it)."""
-    limit, parts, got = MAX_MANIFEST_BYTES, [], 0
-    while got <= limit:  # a stream's read(n) may return fewer bytes: read to EOF or past the limit
-        part = fh.read(limit + 1 - got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    if got > limit:
+    limit = MAX_MANIFEST_BYTES
+    raw, _ = read_expected(fh, limit)  # reads to EOF or one byte past the limit, never more
+    if len(raw) > limit:
         raise FormatError(
             f"{where}: expected a manifest of at most {limit} bytes. Got more (not a dctdata manifest, or hostile)"
         )
-    return b"".join(parts)
+    return raw
 
 
 def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:

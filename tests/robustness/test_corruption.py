@@ -21,7 +21,7 @@ import torch
 
 import dctdata
 from dctdata.cli import main
-from dctdata.errors import DctDataError, IntegrityError
+from dctdata.errors import DctDataError, FormatError, IntegrityError
 
 N = 10
 
@@ -199,13 +199,20 @@ def test_all_zero_chunks_are_stored_not_elided(tmp_path, capsys):
 
 def test_layout_disagreeing_with_zarr_metadata(zcopy):
     m = json.loads((zcopy / "manifest.json").read_text())
-    m["layout"]["arrays"]["image"]["shard"] = 8
+    m["layout"]["arrays"]["image"]["chunk"] = 4  # the same shard files, other chunks
     (zcopy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(
         IntegrityError,
-        match=r"image/zarr\.json: field 'image': expected shards of 8 and chunks of 2 samples .*Got shard shape \(4,",
+        match=r"image/zarr\.json: field 'image': expected shards of 4 and chunks of 4 samples .*Got shard shape \(4,",
     ):
         dctdata.open_dataset(zcopy)[0]
+    m["layout"]["arrays"]["image"].update(chunk=2, shard=8)  # a shard size the listed files contradict
+    (zcopy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(
+        FormatError,
+        match=r"layout\.arrays\['image'\]: expected 2 shard files listed in checksums \(10 samples, 8 per shard\)",
+    ):
+        dctdata.open_dataset(zcopy)
 
 
 # Cost of the shard-index check ------------------------------------------------------------------

@@ -342,3 +342,38 @@ def test_h2_a_huge_local_manifest_is_refused_before_it_is_parsed(pack, monkeypat
         dctdata.open_dataset(pack)
     monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", 4 << 20)
     assert len(dctdata.open_dataset(pack)) == N
+
+
+# H3: a sample count the stored files cannot hold is refused at open --------------------------------------
+def raise_count(root: Path, samples: int, in_zarr_json: bool) -> None:
+    """Claim `samples` samples: in the manifest (and the last webdataset shard's count), and with
+    `in_zarr_json` in every array's zarr.json too, checksums recomputed."""
+    m = json.loads((root / "manifest.json").read_text())
+    extra = samples - m["samples"]
+    m["samples"] = samples
+    if m["storage"] == "webdataset":
+        m["layout"]["shards"][-1]["samples"] += extra
+    elif in_zarr_json:
+        for name in m["layout"]["arrays"]:
+            meta = json.loads((root / name / "zarr.json").read_text())
+            meta["shape"][0] = samples
+            data = json.dumps(meta).encode()
+            (root / name / "zarr.json").write_bytes(data)
+            m["checksums"][f"{name}/zarr.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("in_zarr_json", [False, True])
+def test_h3_a_trillion_samples_over_three_shards_is_refused_at_open(pack, capsys, in_zarr_json):
+    raise_count(pack, 10**12, in_zarr_json)
+    expected = (
+        r"layout\.arrays\['image'\]: expected 250000000000 shard files listed in checksums \(1000000000000 samples, "
+        r"\d+ per shard\)\. Got 3"
+        if pack.name == "zarr"
+        else r"layout\.shards\[2\]: expected at least \d+ bytes for 999999999992 samples of 2 tar members each\. Got "
+        r"10240 bytes"
+    )
+    with pytest.raises(DctDataError, match=expected):
+        dctdata.open_dataset(pack)
+    rc, text = verify(capsys, pack)  # before: verify looped for 47 minutes
+    assert rc == 1 and re.search(expected, text), text
