@@ -7,6 +7,7 @@ outside its dataset; every reader and writer opens files through `open_file`.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Mapping
 
 MANIFEST_NAME = "manifest.json"
@@ -103,11 +104,43 @@ def _error(message: str):
     return DctDataError(message)
 
 
+class SpecialFileError(OSError):
+    """A pack's file that is not a regular file inside the pack (FIFO, device, socket, a link out of it)."""
+
+
+_KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
+
+
+def open_regular(path: str, root: str | None = None) -> int:
+    """A read-only descriptor of a pack's local file: a regular file only (a FIFO blocks a reader forever,
+    /dev/zero never ends), opened without blocking so a FIFO cannot hang the open itself; given the pack's
+    `root`, one that resolves inside it (a symlink may not lead out of the pack)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "directory" if stat.S_ISDIR(mode) else "special file")
+            raise SpecialFileError(f"{path}: expected a regular file. Got a {kind}")
+        real = os.path.realpath(path) if root is not None else None
+        if real is not None and not real.startswith(os.path.realpath(root).rstrip(os.sep) + os.sep):
+            raise SpecialFileError(f"{path}: expected a file inside the pack. Got a link to {real}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_file(
-    path_or_url: str, mode: str = "rb", storage_options: Mapping[str, Any] | None = None, streaming: bool = False
+    path_or_url: str,
+    mode: str = "rb",
+    storage_options: Mapping[str, Any] | None = None,
+    streaming: bool = False,
+    root: str | None = None,
 ):
     """Open a local file or an fsspec URL. `streaming=True` reads http(s) bodies sequentially instead of
-    issuing a range request per block."""
+    issuing a range request per block. A local file opened for reading must be a regular file (inside
+    `root`, when given: `open_regular`)."""
     if is_url(path_or_url):
         import fsspec
 
@@ -115,4 +148,6 @@ def open_file(
         if streaming and path_or_url.startswith(("http://", "https://")):
             options = {"block_size": 0, **options}
         return fsspec.open(path_or_url, mode, **options).open()
+    if mode in ("r", "rb"):
+        return os.fdopen(open_regular(path_or_url, root), mode)
     return open(path_or_url, mode)

@@ -36,7 +36,7 @@ from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
-from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
+from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location, open_file
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
@@ -384,7 +384,7 @@ def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, 
         else:
             if not os.path.isdir(root):
                 raise FileNotFoundError(f"dataset: expected a packed dataset directory. Got missing path {root!r}")
-            with open(loc, "rb") as fh:
+            with open_file(loc, "rb", root=root) as fh:  # a regular file inside the pack
                 raw = read_manifest_bytes(fh, loc)
     except FileNotFoundError as exc:
         raise FormatError(

@@ -23,7 +23,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
-from dctdata.format.location import is_url
+from dctdata.format.location import is_url, open_regular
 
 MAX_OPEN_FILES = 64  # local file descriptors kept open per process (least recently used are closed)
 
@@ -67,7 +67,7 @@ class RangeSource:
     def _fd(self, rel: str) -> int:
         fd = self._fds.get(rel)
         if fd is None:
-            fd = os.open(self._path(rel), os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            fd = open_regular(self._path(rel), self.root)  # no FIFO, device or link out of the pack
             self._fds[rel] = fd
             while len(self._fds) > MAX_OPEN_FILES:
                 os.close(self._fds.popitem(last=False)[1])

@@ -377,3 +377,62 @@ def test_h3_a_trillion_samples_over_three_shards_is_refused_at_open(pack, capsys
         dctdata.open_dataset(pack)
     rc, text = verify(capsys, pack)  # before: verify looped for 47 minutes
     assert rc == 1 and re.search(expected, text), text
+
+
+# H4: only regular files inside the pack are opened --------------------------------------------------------
+class deadline:
+    """Fail (instead of hanging the suite) when the block runs past `seconds` (SIGALRM, main thread)."""
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+
+    def __enter__(self):
+        import signal
+
+        def fail(*_):
+            raise TimeoutError(f"still running after {self.seconds} s (a read that never ends)")
+
+        self.old = signal.signal(signal.SIGALRM, fail)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.old)
+
+
+SHARD = {"zarr": "image/c.1.0.0.0.0", "webdataset": "shard-000001.tar"}
+
+
+@pytest.mark.parametrize("special", ["fifo", "dev_zero", "link_out"])
+def test_h4_special_files_and_links_out_of_the_pack_are_refused(pack, tmp_path, capsys, special):
+    import os
+
+    shard = pack / SHARD[pack.name]
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(shard.read_bytes())  # the right bytes, but not inside the pack
+    shard.unlink()
+    if special == "fifo":
+        os.mkfifo(shard)
+    else:
+        shard.symlink_to("/dev/zero" if special == "dev_zero" else outside)
+    got = {"fifo": "a FIFO", "dev_zero": "a character device", "link_out": "a link to"}[special]
+    expected = rf"{re.escape(SHARD[pack.name])}.*expected a (regular file|file inside the pack)\. Got {got}"
+    kw = {"shuffle": False} if pack.name == "webdataset" else {}
+    with deadline(60):
+        with pytest.raises(IntegrityError, match=expected):
+            read_all(dctdata.open_dataset(pack, **kw))
+        skip = dctdata.open_dataset(pack, on_error="skip", **kw)
+        assert len(read_all(skip)) == N - 4  # that shard's samples skipped, the rest read
+        rc, text = verify(capsys, pack)
+    assert rc == 1 and re.search(expected, text), text
+
+
+def test_h4_a_fifo_or_device_manifest_is_refused(pack):
+    import os
+
+    (pack / "manifest.json").unlink()
+    os.mkfifo(pack / "manifest.json")
+    with deadline(60), pytest.raises(DctDataError, match=r"manifest\.json.*expected a regular file\. Got a FIFO"):
+        dctdata.open_dataset(pack)
