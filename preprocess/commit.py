@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from dctdata.errors import DctDataError
 from dctdata.format import MANIFEST_NAME, Manifest, is_url, write_manifest, write_manifest_url
+from dctdata.format.location import fsspec_options
 
 
 def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | None) -> str:
@@ -28,7 +29,7 @@ def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | No
     if is_url(out):
         import fsspec
 
-        fs, path = fsspec.core.url_to_fs(out, **dict(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(out, **fsspec_options(out, storage_options))
         if fs.exists(path.rstrip("/") + "/" + MANIFEST_NAME) and not overwrite:
             raise DctDataError(
                 f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use --overwrite to "
@@ -147,7 +148,7 @@ def partial_dir(out: str) -> str:
 def remove_manifest(out: str, storage_options: Mapping[str, Any]) -> None:
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(out, **dict(storage_options))
+    fs, path = fsspec.core.url_to_fs(out, **fsspec_options(out, storage_options))
     loc = path.rstrip("/") + "/" + MANIFEST_NAME
     if fs.exists(loc):
         fs.rm(loc)

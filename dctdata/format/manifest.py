@@ -36,7 +36,15 @@ from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
-from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location, open_file
+from dctdata.format.location import (
+    MANIFEST_NAME,
+    check_relative_path,
+    fsspec_options,
+    is_url,
+    join,
+    manifest_location,
+    open_file,
+)
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
@@ -377,9 +385,7 @@ def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, 
     root, loc = manifest_location(path_or_url)
     try:
         if is_url(loc):
-            import fsspec
-
-            with fsspec.open(loc, "rb", **dict(storage_options or {})) as fh:
+            with open_file(loc, "rb", storage_options) as fh:
                 raw = read_manifest_bytes(fh, loc)
         else:
             if not os.path.isdir(root):
@@ -432,6 +438,6 @@ def write_manifest_url(manifest: Manifest, prefix: str, storage_options: Mapping
 
     text = _checked_json(manifest)
     loc = join(prefix, MANIFEST_NAME)
-    with fsspec.open(loc, "w", encoding="utf-8", **dict(storage_options or {})) as fh:
+    with fsspec.open(loc, "w", encoding="utf-8", **fsspec_options(loc, storage_options)) as fh:
         fh.write(text)
     return loc

@@ -23,7 +23,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
-from dctdata.format.location import is_url, open_regular
+from dctdata.format.location import fsspec_options, is_url, open_regular, remote_error
 
 MAX_OPEN_FILES = 64  # local file descriptors kept open per process (least recently used are closed)
 
@@ -56,7 +56,9 @@ class RangeSource:
         if self.remote:
             import fsspec
 
-            self._fs, self._fs_root = fsspec.core.url_to_fs(self.root, **self.storage_options)
+            self._fs, self._fs_root = fsspec.core.url_to_fs(
+                self.root, **fsspec_options(self.root, self.storage_options)
+            )
         self._pid = os.getpid()
 
     def _path(self, rel: str) -> str:
@@ -79,7 +81,10 @@ class RangeSource:
         """Size in bytes of a stored file; FileNotFoundError when it is missing."""
         self._open()
         if self.remote:
-            return int(self._fs.size(self._path(rel)))
+            try:
+                return int(self._fs.size(self._path(rel)))
+            except Exception as exc:  # noqa: BLE001 - aiohttp/fsspec client errors: see remote_error
+                raise remote_error(exc, self._path(rel)) from exc
         return os.fstat(self._fd(rel)).st_size
 
     def fetch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | Exception]:
@@ -137,8 +142,8 @@ class RangeSource:
         try:
             got = self._fs.cat_ranges(paths, [s for _, s, _ in ranges], [e for _, _, e in ranges], on_error="return")
         except Exception as exc:  # noqa: BLE001 - a filesystem that fails the whole call: every slot fails
-            return [exc] * len(ranges)
-        return [g if isinstance(g, Exception) else bytes(g) for g in got]
+            got = [exc] * len(ranges)
+        return [remote_error(g, p) if isinstance(g, Exception) else bytes(g) for g, p in zip(got, paths)]
 
     def close(self) -> None:
         """Close this process's file descriptors (they are also closed when the process ends)."""

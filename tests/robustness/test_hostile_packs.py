@@ -281,8 +281,12 @@ class HostileServer:
                 if not path.is_file():
                     self.send_error(404)
                     return
-                data = path.read_bytes()
-                self.send_response(200)
+                data, status = path.read_bytes(), 200
+                ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+                if ranged:  # zarr reads shard indexes and chunks by byte range
+                    a, b = int(ranged.group(1)), int(ranged.group(2) or len(data) - 1)
+                    data, status = data[a : b + 1], 206
+                self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if not body:
@@ -436,3 +440,46 @@ def test_h4_a_fifo_or_device_manifest_is_refused(pack):
     os.mkfifo(pack / "manifest.json")
     with deadline(60), pytest.raises(DctDataError, match=r"manifest\.json.*expected a regular file\. Got a FIFO"):
         dctdata.open_dataset(pack)
+
+
+# H5 and B1: remote reads time out, and say what went wrong ---------------------------------------------------
+def read_url(url: str, fmt: str, **kw):
+    return read_all(dctdata.open_dataset(url, **({"shuffle": False} if fmt == "webdataset" else {}), **kw))
+
+
+@pytest.mark.parametrize(
+    "mode, cause",
+    [
+        ("stall", r"no answer in time .*storage_options=\{'timeout': seconds\} sets the limit"),
+        ("500", r"(ClientResponseError|HTTP).*500"),
+        ("truncated", r"(ClientPayloadError|ContentLengthError|Response payload is not completed|expected \d+ bytes)"),
+    ],
+)
+def test_h5_b1_a_failing_shard_server_is_an_integrity_error_that_says_why(pack, mode, cause):
+    options = {"storage_options": {"timeout": 1}}
+    with HostileServer(pack, {SHARD[pack.name]: mode}) as url, deadline(60):
+        with pytest.raises(IntegrityError, match=re.escape(SHARD[pack.name]) + ".*" + cause) as info:
+            read_url(url, pack.name, **options)
+        assert "no such file" not in str(info.value) and "missing" not in str(info.value)
+        skip = read_url(url, pack.name, on_error="skip", **options)  # B1: skip mode skips it too
+        assert len(skip) == N - 4
+
+
+def test_h5_a_silent_server_times_out_naming_the_manifest(pack, capsys):
+    import time
+
+    with HostileServer(pack, {"manifest.json": "silent"}) as url, deadline(60):
+        t = time.monotonic()
+        with pytest.raises(
+            DctDataError, match=r"manifest\.json: expected a readable dctdata manifest\. Got .*no answer"
+        ):
+            dctdata.open_dataset(url, storage_options={"timeout": 1})
+        assert time.monotonic() - t < 30
+    with pytest.raises(DctDataError, match=r"storage_options\['timeout'\]: expected seconds > 0 or None\. Got -1"):
+        dctdata.open_dataset("http://127.0.0.1:9/x", storage_options={"timeout": -1})
+
+
+def test_b1_verify_over_a_truncating_server_prints_problems_not_a_traceback(pack, capsys):
+    with HostileServer(pack, {SHARD[pack.name]: "truncated"}) as url, deadline(60):
+        rc, text = verify(capsys, url)
+    assert rc == 1 and SHARD[pack.name] in text, text
