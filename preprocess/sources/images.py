@@ -44,6 +44,11 @@ def read_image(path: str) -> np.ndarray:
                 arr = arr.astype(np.uint16)
             elif im.mode == "I" and arr.size and arr.min() >= 0 and arr.max() <= 65535:
                 arr = arr.astype(np.uint16)  # 16-bit PNGs open as 32-bit "I"
+    except Image.DecompressionBombError as exc:  # not an OSError: it would escape as a traceback
+        raise DctDataError(
+            f"{path}: expected an image of at most {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels (Pillow's "
+            f"decompression-bomb limit; raise PIL.Image.MAX_IMAGE_PIXELS to allow it). Got {exc}"
+        ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise DctDataError(f"{path}: expected a readable PNG/JPEG/TIFF image. Got {exc}") from exc
     return arr[None] if arr.ndim == 2 else np.ascontiguousarray(np.moveaxis(arr, -1, 0))

@@ -483,3 +483,20 @@ def test_b1_verify_over_a_truncating_server_prints_problems_not_a_traceback(pack
     with HostileServer(pack, {SHARD[pack.name]: "truncated"}) as url, deadline(60):
         rc, text = verify(capsys, url)
     assert rc == 1 and SHARD[pack.name] in text, text
+
+
+# B3: a decompression bomb image is a clear error naming the file ------------------------------------------
+def test_b3_decompression_bomb_image_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    (tmp_path / "imgs").mkdir()
+    Image.fromarray(np.zeros((64, 64), np.uint8)).save(tmp_path / "imgs" / "bomb.png")
+    # Pillow refuses images over 2 * MAX_IMAGE_PIXELS (179 M by default): lower the limit instead of
+    # writing a 179-megapixel file
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    expected = r"bomb\.png: expected an image of at most 2000 pixels \(Pillow's decompression-bomb limit"
+    with pytest.raises(DctDataError, match=expected):
+        dctdata.pack(tmp_path / "imgs", tmp_path / "out", cf=4, quiet=True)
+    assert main(["pack", str(tmp_path / "imgs"), str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(expected, err) and "Traceback" not in err
