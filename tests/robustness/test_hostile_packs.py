@@ -500,3 +500,44 @@ def test_b3_decompression_bomb_image_is_a_clear_error(tmp_path, capsys, monkeypa
     assert main(["pack", str(tmp_path / "imgs"), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert re.search(expected, err) and "Traceback" not in err
+
+
+# B2: threads sharing a fresh zarr dataset open it once, safely --------------------------------------------
+def _read_after(barrier, ds, i: int, labels: dict, errors: list) -> None:
+    barrier.wait()  # every thread makes the lazy first open at once
+    try:
+        labels[i] = int(ds[i % N][1])
+    except Exception as exc:  # noqa: BLE001 - any failure is the finding
+        errors.append(repr(exc))
+
+
+def test_b2_threads_sharing_a_fresh_zarr_dataset_all_read_correctly(packs, monkeypatch):
+    import random
+    import threading
+    import time
+
+    from dctdata.format.zarr.reader import ZarrReader
+
+    slow, opens = ZarrReader._read_metadata, []
+
+    def slow_metadata(self):  # a remote store's uneven latency: the first opens overlap and end apart
+        opens.append(1)
+        time.sleep(random.random() * 0.05)
+        return slow(self)
+
+    monkeypatch.setattr(ZarrReader, "_read_metadata", slow_metadata)
+    threads_per_dataset, rounds = 16, 10
+    for _ in range(rounds):
+        ds, opens[:] = dctdata.open_dataset(packs / "zarr"), []
+        barrier, errors, labels = threading.Barrier(threads_per_dataset), [], {}
+        threads = [
+            threading.Thread(target=_read_after, args=(barrier, ds, i, labels, errors))
+            for i in range(threads_per_dataset)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors[:3]
+        assert labels == {i: i % N for i in range(threads_per_dataset)}
+        assert len(opens) == 1  # one first open; the other threads waited for it instead of redoing it
