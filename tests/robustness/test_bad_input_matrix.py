@@ -980,7 +980,13 @@ _manifest_case(
 )
 _manifest_case(
     "manifest sample count disagrees with the arrays",
-    r"expected zarr array \(8, ",
+    r"expected zarr array \(5, ",
+    lambda r: edit_manifest(r, lambda d: d.update(samples=5)),  # the same 3 shard files, one sample fewer
+    readers=("verify", "inspect", "open_dataset"),
+)
+_manifest_case(
+    "manifest sample count needs shard files the pack lacks",
+    r"layout\.arrays\['image'\]: expected 4 shard files listed in checksums \(8 samples, 2 per shard\)\. Got 3",
     lambda r: edit_manifest(r, lambda d: d.update(samples=8)),
     readers=("verify", "inspect", "open_dataset"),
 )
