@@ -12,10 +12,11 @@ a prefix without one; `--overwrite` deletes the old manifest first). Shared by `
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dctdata.errors import DctDataError
 from dctdata.format import MANIFEST_NAME, Manifest, is_url, write_manifest, write_manifest_url
@@ -158,17 +159,47 @@ def rename_into_place(tmp: str, out: str) -> None:
     """Rename the finished temporary directory to OUT (replacing an old OUT only now)."""
     old = None
     if os.path.lexists(out):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        # a short fixed prefix: OUT's own name may already be near the 255-byte limit
+        old = tempfile.mkdtemp(prefix=".dctdata-old-", dir=os.path.dirname(out))
         os.replace(out, os.path.join(old, "d"))
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def commit(manifest: Manifest, root: str, out: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Write the manifest last: into `root` then rename it to OUT (local), or under the URL prefix."""
+def commit(
+    manifest: Manifest,
+    root: str,
+    out: str,
+    storage_options: Mapping[str, Any] | None = None,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
+    """Write the manifest last: into `root` then rename it to OUT (local), or under the URL prefix.
+    `before_rename` runs between the two (the journal goes then: a crash before it leaves a resumable
+    journal, a crash after it a finished `root` that `--resume` renames: `finished_partial`)."""
     if is_url(out):
         write_manifest_url(manifest, out, storage_options)  # the commit on an object store
     else:
         write_manifest(manifest, root)
+        if before_rename is not None:
+            before_rename()
         rename_into_place(root, out)
+
+
+def finished_partial(root: str, record: Mapping[str, Any]) -> Manifest | None:
+    """The manifest of a temporary directory whose pack finished but was stopped before its rename (it
+    has a manifest; the journal is gone), or None when it has none. A manifest of other settings is
+    refused, as a journal of other settings is."""
+    from dctdata.format import read_manifest
+
+    if not os.path.isfile(os.path.join(root, MANIFEST_NAME)):
+        return None
+    manifest = read_manifest(root)
+    record = json.loads(json.dumps(dict(record)))  # as the manifest stores it (lists, not tuples)
+    diff = sorted(k for k, v in record.items() if k in manifest.pack and manifest.pack[k] != v)
+    if diff:
+        raise DctDataError(
+            f"{root}: --resume: expected the settings of the interrupted pack. Got different {', '.join(diff)} (run "
+            "without --resume to start over)"
+        )
+    return manifest

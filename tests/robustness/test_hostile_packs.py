@@ -541,3 +541,38 @@ def test_b2_threads_sharing_a_fresh_zarr_dataset_all_read_correctly(packs, monke
         assert not errors, errors[:3]
         assert labels == {i: i % N for i in range(threads_per_dataset)}
         assert len(opens) == 1  # one first open; the other threads waited for it instead of redoing it
+
+
+# B4: --resume recovers from a stop at any point of the commit -----------------------------------------------
+def test_b4_resume_after_a_stop_just_before_the_rename_commits_the_finished_pack(packs, tmp_path, monkeypatch):
+    from sample_fields import files
+
+    import dctdata.preprocess.commit as commit_mod
+    from dctdata.preprocess.commit import partial_dir
+
+    real = commit_mod.rename_into_place
+
+    def stopped(tmp, out):
+        raise KeyboardInterrupt  # Ctrl-C (or a kill) after the manifest, before the rename
+
+    monkeypatch.setattr(commit_mod, "rename_into_place", stopped)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        dctdata.pack(packs / "src.npz", out, cf=4, quiet=True)
+    part = Path(partial_dir(str(out)))
+    assert not out.exists() and (part / "manifest.json").exists()  # finished, not renamed
+    monkeypatch.setattr(commit_mod, "rename_into_place", real)
+    with pytest.raises(DctDataError, match=r"--resume: expected the settings of the interrupted pack\. Got different"):
+        dctdata.pack(packs / "src.npz", out, cf=6, quiet=True, resume=True)
+    m = dctdata.pack(packs / "src.npz", out, cf=4, quiet=True, resume=True)
+    assert m.samples == N and not part.exists()
+    dctdata.pack(packs / "src.npz", tmp_path / "ref", cf=4, quiet=True)
+    assert files(out) == files(tmp_path / "ref")
+
+
+def test_b4_overwrite_works_for_an_out_name_near_the_length_limit(packs, tmp_path):
+    out = tmp_path / ("o" * 246)  # .OUT.partial is then 255 bytes, the most a name may have
+    dctdata.pack(packs / "src.npz", out, cf=4, quiet=True)
+    dctdata.pack(packs / "src.npz", out, cf=6, quiet=True, overwrite=True)
+    assert dctdata.open_dataset(out).manifest.pack["cf"] == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
