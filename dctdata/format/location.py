@@ -111,12 +111,15 @@ class SpecialFileError(OSError):
 _KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
 
 
-def open_regular(path: str, root: str | None = None) -> int:
+def open_regular(path: str, root: str | None = None, dir_fd: int | None = None) -> int:
     """A read-only descriptor of a pack's local file: a regular file only (a FIFO blocks a reader forever,
     /dev/zero never ends), opened without blocking so a FIFO cannot hang the open itself; given the pack's
-    `root`, one that resolves inside it (a symlink may not lead out of the pack)."""
+    `root`, one that resolves inside it (a symlink may not lead out of the pack). With `dir_fd`, `path`
+    is relative to that open directory (the pack a reader pinned) and `root` names it."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    if dir_fd is not None:
+        path = os.path.join(root, path)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -165,9 +168,16 @@ def remote_error(exc: BaseException, url: str) -> BaseException:
     """The exception to raise for a failed remote read of `url`: a real "not found" stays
     FileNotFoundError; anything else (fsspec reports HTTP 500s and timeouts as FileNotFoundError, aiohttp
     raises ClientPayloadError for a short body) becomes a RemoteError saying what happened."""
-    cause = exc.__cause__ if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None else exc
-    if isinstance(exc, FileNotFoundError) and cause is exc or isinstance(cause, FileNotFoundError):
-        return exc
+    cause = exc
+    if isinstance(exc, FileNotFoundError):
+        cause = exc.__cause__
+        hidden = cause is not None and (
+            isinstance(cause, TimeoutError)
+            or getattr(cause, "status", None) not in (None, 404)
+            or type(cause).__module__.split(".")[0] == "aiohttp"
+        )
+        if not hidden:  # a real "not found" (HTTP 404, memory:// KeyError, a missing local file)
+            return exc
     if getattr(cause, "status", None) == 404:
         return FileNotFoundError(url)
     if isinstance(exc, RemoteError):

@@ -576,3 +576,24 @@ def test_b4_overwrite_works_for_an_out_name_near_the_length_limit(packs, tmp_pat
     dctdata.pack(packs / "src.npz", out, cf=6, quiet=True, overwrite=True)
     assert dctdata.open_dataset(out).manifest.pack["cf"] == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+# D2: a zarr reader during an --overwrite repack sees one pack or fails ------------------------------------------
+def test_d2_a_reader_never_mixes_the_old_and_the_new_pack(packs, tmp_path):
+    out = tmp_path / "out"
+    dctdata.pack(packs / "src.npz", out, cf=4, quiet=True, writer_options={"chunk_samples": 2, "shard_samples": 4})
+    np.savez(tmp_path / "new.npz", image=np.ones((N, 1, 16, 16), np.float32), label=np.arange(100, 100 + N))
+    old = dctdata.open_dataset(out)
+    assert int(old[0][1]) == 0  # the old pack's first shards are open
+    dctdata.pack(tmp_path / "new.npz", out, cf=4, quiet=True, overwrite=True)  # replaced mid-epoch
+    got = []
+    with pytest.raises(IntegrityError, match=r"out: expected the pack this reader opened\. Got another directory"):
+        for i in range(N):
+            got.append(int(old[i][1]))
+    assert got == list(range(len(got)))  # what it read before failing is all the old pack's
+    fresh = dctdata.open_dataset(out)
+    assert [int(fresh[i][1]) for i in range(N)] == list(range(100, 100 + N))
+    import copy  # a DataLoader worker started after the repack (a copy through __getstate__) refuses too
+
+    with pytest.raises(IntegrityError, match=r"expected the pack this reader opened"):
+        copy.deepcopy(old)[N - 1]
