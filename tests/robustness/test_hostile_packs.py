@@ -313,15 +313,6 @@ class HostileServer:
         self.server.server_close()
 
 
-def peak_rss_growth(fn) -> int:
-    """Bytes the process's peak RSS grew by while `fn` ran (0 when it stayed under an earlier peak)."""
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    fn()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
-
-
 # H2: manifest reads are bounded ---------------------------------------------------------------------------
 def test_h2_an_endless_http_manifest_stops_at_the_size_limit(pack, capsys, monkeypatch):
     import dctdata.format.manifest as manifest_mod
@@ -597,3 +588,52 @@ def test_d2_a_reader_never_mixes_the_old_and_the_new_pack(packs, tmp_path):
 
     with pytest.raises(IntegrityError, match=r"expected the pack this reader opened"):
         copy.deepcopy(old)[N - 1]
+
+
+# B5: odd values are errors, not tracebacks or huge allocations -------------------------------------------------
+def test_b5_nul_byte_in_a_shard_name_is_a_format_error(packs, tmp_path, capsys):
+    pack = Path(shutil.copytree(packs / "webdataset", tmp_path / "webdataset"))
+    edit_manifest(pack, lambda m: m["layout"]["shards"][1].update(name="shard-\x00001.tar"))
+    with pytest.raises(DctDataError, match=r"layout\.shards\[1\]\.name: expected a plain '\.tar' file name"):
+        dctdata.open_dataset(pack)
+    rc, text = verify(capsys, pack)
+    assert rc == 1 and "expected a plain '.tar' file name" in text
+
+
+def test_b5_a_manifest_declaring_millions_of_channels_is_refused(packs, tmp_path):
+    pack = Path(shutil.copytree(packs / "zarr", tmp_path / "zarr"))
+
+    def edit(m):
+        m["fields"][0]["codec"]["channels"] = 30_000_000
+        m["fields"][0]["shape"][0] = 30_000_000
+
+    edit_manifest(pack, edit)
+    with pytest.raises(DctDataError, match=r"channels: expected a positive int \(at most \d+\)\. Got 30000000"):
+        dctdata.open_dataset(pack).decompressor()  # refused with the manifest (was a 15 GB allocation)
+
+
+def test_b5_a_tensor_of_indices_is_a_type_error(packs):
+    ds = dctdata.open_dataset(packs / "zarr")
+    assert int(ds[torch.tensor(3)][1]) == 3
+    with pytest.raises(
+        TypeError, match=r"index: expected an int, a 0-d tensor or a slice .*Got a tensor of shape \(2,\)"
+    ):
+        ds[torch.tensor([1, 2])]
+    assert [int(s[1]) for s in ds.__getitems__(torch.tensor([1, 2]).tolist())] == [1, 2]
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_b5_epochs_and_seeds_past_int64_are_refused(packs, fmt):
+    from dctdata.loaders.distributed import make_loader, set_epoch
+
+    loader = make_loader(dctdata.open_dataset(packs / fmt), batch_size=2)
+    with pytest.raises(
+        DctDataError, match=r"set_epoch: epoch: expected an int in 0\.\.\d+\. Got 1180591620717411303424"
+    ):
+        set_epoch(loader, 2**70)
+    with pytest.raises(DctDataError, match=r"set_epoch: epoch: expected an int in 0\.\.\d+"):
+        loader.set_epoch(2**70)
+    with pytest.raises(DctDataError, match=r"seed: expected an int in 0\.\.\d+\. Got 1180591620717411303424"):
+        make_loader(dctdata.open_dataset(packs / fmt), batch_size=2, seed=2**70)
+    set_epoch(loader, 2**62)  # the largest epoch still iterates
+    assert len(next(iter(loader))[1]) == 2

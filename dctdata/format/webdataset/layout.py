@@ -79,6 +79,7 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
             not isinstance(name, str)
             or "/" in name
             or "\\" in name
+            or "\x00" in name
             or name in ("", ".", "..")
             or not name.endswith(".tar")
         ):
