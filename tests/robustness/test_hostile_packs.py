@@ -637,3 +637,100 @@ def test_b5_epochs_and_seeds_past_int64_are_refused(packs, fmt):
         make_loader(dctdata.open_dataset(packs / fmt), batch_size=2, seed=2**70)
     set_epoch(loader, 2**62)  # the largest epoch still iterates
     assert len(next(iter(loader))[1]) == 2
+
+
+# H1: a zstd bomb is refused from its header, before it inflates ---------------------------------------------
+def zstd_bomb(size: int) -> bytes:
+    """A valid zstd frame declaring and holding `size` zero bytes, built from RLE blocks (4 bytes per
+    128 KiB), so the test never holds the decoded bytes itself."""
+    block = 1 << 17
+    out = bytearray(b"\x28\xb5\x2f\xfd\xe0" + size.to_bytes(8, "little"))  # single segment, 8-byte content size
+    left = size
+    while left:
+        n = min(block, left)
+        left -= n
+        out += ((n << 3) | (1 << 1) | (left == 0)).to_bytes(3, "little") + b"\x00"  # RLE block of n zeros
+    return bytes(out)
+
+
+def peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def test_h1_zstd_bomb_frame_decodes_as_zstd(tmp_path):
+    import numcodecs
+
+    assert numcodecs.Zstd().decode(zstd_bomb(300_000)) == bytes(300_000)  # the helper makes real frames
+
+
+def replace_member(shard: Path, member: str, data: bytes) -> None:
+    import io
+    import tarfile
+
+    src = io.BytesIO(shard.read_bytes())
+    out = io.BytesIO()
+    with tarfile.open(fileobj=src) as tin, tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tout:
+        for info in tin.getmembers():
+            body = data if info.name == member else tin.extractfile(info).read()
+            info.size = len(body)
+            tout.addfile(info, io.BytesIO(body))
+    shard.write_bytes(out.getvalue())
+
+
+def rehash_shard(root: Path, name: str) -> None:
+    data = (root / name).read_bytes()
+    entry = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+    def edit(m):
+        m["checksums"][name] = entry
+        for s in m["layout"]["shards"]:
+            if s["name"] == name:
+                s.update(entry)
+
+    edit_manifest(root, edit)
+
+
+def rebuild_zarr_shard_chunk0(shard: Path, chunk: bytes, chunks_per_shard: int) -> None:
+    """Replace inner chunk 0 of a zarr shard (zstd then crc32c; index at the end, crc32c'd)."""
+    import google_crc32c
+
+    raw = shard.read_bytes()
+    n = 16 * chunks_per_shard
+    index = np.frombuffer(raw[-n - 4 : -4], "<u8").reshape(chunks_per_shard, 2)
+    chunks = [raw[int(o) : int(o) + int(b)] for o, b in index]
+    chunks[0] = chunk + google_crc32c.value(chunk).to_bytes(4, "little")
+    body, entries = b"", []
+    for c in chunks:
+        entries.append((len(body), len(c)))
+        body += c
+    idx = np.asarray(entries, "<u8").tobytes()
+    shard.write_bytes(body + idx + google_crc32c.value(idx).to_bytes(4, "little"))
+
+
+BOMB = 2 << 30  # 2 GiB declared, 64 KiB stored
+
+
+def test_h1_a_bomb_member_in_a_webdataset_shard_is_refused_from_its_header(packs, tmp_path, capsys):
+    pack = Path(shutil.copytree(packs / "webdataset", tmp_path / "webdataset"))
+    replace_member(pack / "shard-000001.tar", "000000005.label.npy.zst", zstd_bomb(BOMB))
+    rehash_shard(pack, "shard-000001.tar")  # a tamperer who recomputes checksums
+    before = peak_rss()
+    with pytest.raises(IntegrityError, match=r"sample 5 field 'label': expected a stream of at most \d+ decoded bytes"):
+        read_all(dctdata.open_dataset(pack, shuffle=False))
+    rc, text = verify(capsys, pack)
+    assert rc == 1 and "expected a stream of at most" in text, text
+    assert peak_rss() - before < 256 << 20  # was ~2 GB before any size check
+
+
+def test_h1_a_bomb_chunk_in_a_zarr_shard_is_refused_from_its_header(packs, tmp_path, capsys):
+    pack = Path(shutil.copytree(packs / "zarr", tmp_path / "zarr"))
+    rebuild_zarr_shard_chunk0(pack / "label" / "c.1", zstd_bomb(BOMB), chunks_per_shard=2)
+    rehash(pack, "label/c.1")
+    before = peak_rss()
+    with pytest.raises(IntegrityError, match=r"label/c\.1.*expected a stream of .*decoded bytes\. Got one declaring"):
+        read_all(dctdata.open_dataset(pack))
+    rc, text = verify(capsys, pack)
+    assert rc == 1 and "decoded bytes" in text, text
+    assert peak_rss() - before < 256 << 20  # was ~3 GB (decoded twice)
