@@ -17,10 +17,9 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 import pytest
-import torch
+from pack_checks import read_all, rehash, verify
 
 import dctdata
-from dctdata.cli import main
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 
 N = 10
@@ -71,19 +70,6 @@ def delete(path: Path) -> None:
 
 
 DAMAGE = {"flip": flip, "truncate": truncate, "delete": delete}
-
-
-def read_all(ds) -> list:
-    if isinstance(ds, torch.utils.data.IterableDataset):
-        return list(ds)
-    return ds.__getitems__(list(range(len(ds))))
-
-
-def verify(capsys, root) -> tuple[int, str]:
-    rc = main(["verify", str(root)])
-    cap = capsys.readouterr()
-    assert "Traceback" not in cap.out + cap.err
-    return rc, cap.out + cap.err
 
 
 # Every file of both formats x every damage -----------------------------------------------------
@@ -140,15 +126,6 @@ def empty_chunk_entry(shard: Path, chunk: int, chunks_per_shard: int) -> None:
     index[16 * chunk : 16 * chunk + 16] = b"\xff" * 16
     raw[-n - 4 :] = bytes(index) + google_crc32c.value(bytes(index)).to_bytes(4, "little")
     shard.write_bytes(bytes(raw))
-
-
-def rehash(root: Path, rel: str) -> None:
-    import hashlib
-
-    m = json.loads((root / "manifest.json").read_text())
-    data = (root / rel).read_bytes()
-    m["checksums"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (root / "manifest.json").write_text(json.dumps(m))
 
 
 def test_missing_chunk_inside_a_shard_is_not_fill_value(zcopy, capsys):

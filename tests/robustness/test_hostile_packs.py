@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pack_checks import read_all, rehash, verify
 
 import dctdata
 from dctdata.cli import main
@@ -52,31 +53,10 @@ def pack(request, packs, tmp_path) -> Path:
     return Path(shutil.copytree(packs / request.param, tmp_path / request.param))
 
 
-def read_all(ds) -> list:
-    if isinstance(ds, torch.utils.data.IterableDataset):
-        return list(ds)
-    return ds.__getitems__(list(range(len(ds))))
-
-
-def verify(capsys, root) -> tuple[int, str]:
-    rc = main(["verify", str(root)])
-    cap = capsys.readouterr()
-    assert "Traceback" not in cap.out + cap.err
-    return rc, cap.out + cap.err
-
-
 def edit_manifest(root: Path, edit) -> None:
     m = json.loads((root / "manifest.json").read_text())
     edit(m)
     (root / "manifest.json").write_text(json.dumps(m))
-
-
-def rehash(root: Path, rel: str) -> None:
-    """Record a file's new sha256 and size in the manifest (a tamperer who recomputes checksums)."""
-    data = (root / rel).read_bytes()
-    edit_manifest(
-        root, lambda m: m["checksums"].update({rel: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}})
-    )
 
 
 # S1: inspect never writes through a link planted in a directory ------------------------------------
