@@ -22,6 +22,7 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dctdata._version import __version__
-from dctdata.errors import DctDataError, FormatError
+from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected
 from dctdata.format.coords import check_coords
@@ -379,9 +380,15 @@ def read_manifest_bytes(fh, where: str) -> bytes:
     return raw
 
 
-def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+def read_manifest(
+    path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, sha256: str | None = None
+) -> Manifest:
     """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json).
-    `storage_options` go to fsspec for URLs (e.g. an S3 endpoint)."""
+    `storage_options` go to fsspec for URLs (e.g. an S3 endpoint). `sha256`: the manifest's pinned hash
+    (`dctdata info` prints it): its checksums cover every stored file, so a pack fetched from elsewhere
+    is then exactly the pack pinned, even when someone recomputed all its checksums."""
+    if sha256 is not None and (not isinstance(sha256, str) or not _SHA256_RE.match(sha256)):
+        raise DctDataError(f"sha256: expected the manifest's sha256, 64 lowercase hex digits. Got {sha256!r}")
     root, loc = manifest_location(path_or_url)
     try:
         if is_url(loc):
@@ -399,6 +406,11 @@ def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, 
         ) from exc
     except OSError as exc:  # a directory named manifest.json, permissions, I/O errors
         raise FormatError(f"{loc}: expected a readable dctdata manifest. Got {type(exc).__name__}: {exc}") from exc
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise IntegrityError(
+            f"{loc}: expected the pinned manifest (sha256 {sha256[:16]}...). Got sha256 "
+            f"{hashlib.sha256(raw).hexdigest()[:16]}... (not the pack pinned: changed, or another one)"
+        )
     return parse_manifest(raw, loc)
 
 

@@ -714,3 +714,16 @@ def test_h1_a_bomb_chunk_in_a_zarr_shard_is_refused_from_its_header(packs, tmp_p
     rc, text = verify(capsys, pack)
     assert rc == 1 and "decoded bytes" in text, text
     assert peak_rss() - before < 256 << 20  # was ~3 GB (decoded twice)
+
+
+# A pinned manifest hash: a tampered pack with recomputed checksums is refused -----------------------------------
+def test_open_dataset_with_a_pinned_manifest_sha256(pack, capsys):
+    assert main(["info", str(pack)]) == 0
+    pinned = re.search(r"manifest sha256: ([0-9a-f]{64})", capsys.readouterr().out).group(1)
+    assert pinned == hashlib.sha256((pack / "manifest.json").read_bytes()).hexdigest()
+    assert len(read_all(dctdata.open_dataset(pack, sha256=pinned))) == N
+    edit_manifest(pack, lambda m: m["stats"]["image"].update(psnr_min=99.0))  # any change, checksums intact
+    with pytest.raises(IntegrityError, match=r"manifest\.json: expected the pinned manifest \(sha256 [0-9a-f]{16}"):
+        dctdata.open_dataset(pack, sha256=pinned)
+    with pytest.raises(DctDataError, match=r"sha256: expected the manifest's sha256, 64 lowercase hex digits"):
+        dctdata.open_dataset(pack, sha256="abc")
