@@ -928,7 +928,8 @@ _manifest_case(
 )
 _manifest_case(
     "manifest is a directory",
-    r"manifest\.json: expected a readable dctdata manifest\. Got IsADirectoryError",
+    r"manifest\.json: expected a readable dctdata manifest\. Got SpecialFileError: .*expected a regular file\. Got a "
+    r"directory",
     lambda r: ((r / "manifest.json").unlink(), (r / "manifest.json").mkdir()),
 )
 _manifest_case(
