@@ -11,7 +11,6 @@ a prefix without one; `--overwrite` deletes the old manifest first). Shared by `
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -91,14 +90,18 @@ class OutLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(self.path)
+        except FileNotFoundError:
+            pass
         os.close(self._fd)
         self._fd = None
 
     def __del__(self) -> None:  # a Writer dropped without close() must not keep OUT locked
-        with contextlib.suppress(Exception):
+        try:
             self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit module globals may be gone; the kernel unlocks
+            pass
 
     def __enter__(self) -> "OutLock":
         return self
