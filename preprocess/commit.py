@@ -65,8 +65,10 @@ class OutLock:
         self.out, self.path, self._fd = out, lock_path(out), None
 
     def acquire(self) -> "OutLock":
-        import fcntl
-
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - no flock (Windows): packs are not serialized there
+            return self
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
