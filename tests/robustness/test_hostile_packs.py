@@ -727,3 +727,21 @@ def test_open_dataset_with_a_pinned_manifest_sha256(pack, capsys):
         dctdata.open_dataset(pack, sha256=pinned)
     with pytest.raises(DctDataError, match=r"sha256: expected the manifest's sha256, 64 lowercase hex digits"):
         dctdata.open_dataset(pack, sha256="abc")
+
+
+def test_b5_ctrl_c_while_the_cli_starts_is_one_line(monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    import dctdata.cli as cli
+
+    probe = "import sys, dctdata.cli; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+
+    def interrupted():  # Ctrl-C while the commands (and torch) are imported
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["info", "x"]) == 130
+    err = capsys.readouterr().err
+    assert err == "dctdata: interrupted\n"
