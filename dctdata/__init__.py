@@ -3,16 +3,32 @@
 Core (this package): transform kernels, CodecSpec, quantization, the `Decompress` first layer and
 the on-disk format (`dctdata.format`). `dctdata.preprocess` packs datasets offline; `dctdata.loaders`
 streams them; `dctdata.api` joins the two behind `pack` and `open_dataset`.
+
+The public names are imported on first use (PEP 562): `import dctdata.cli` stays light, so the CLI
+starts its error handling (one line for Ctrl-C) before torch is imported.
 """
 
-from dctdata import api as _api
+import importlib
+
 from dctdata._version import __version__
-from dctdata.api import open_dataset, pack
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
-from dctdata.layer import Decompress
-from dctdata.quantize import dequantize, encode, quantize
-from dctdata.spec import CodecSpec
-from dctdata.transform import basis, compress, dct_matrix, decompress, kept_frequencies, num_kept
+
+_LAZY = {
+    "CodecSpec": "dctdata.spec",
+    "Decompress": "dctdata.layer",
+    "Writer": "dctdata.api",
+    "basis": "dctdata.transform",
+    "compress": "dctdata.transform",
+    "dct_matrix": "dctdata.transform",
+    "decompress": "dctdata.transform",
+    "dequantize": "dctdata.quantize",
+    "encode": "dctdata.quantize",
+    "kept_frequencies": "dctdata.transform",
+    "num_kept": "dctdata.transform",
+    "open_dataset": "dctdata.api",
+    "pack": "dctdata.api",
+    "quantize": "dctdata.quantize",
+}
 
 __all__ = [
     "CodecSpec",
@@ -38,7 +54,15 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """`dctdata.Writer` (the incremental writer) is imported on first use, through `dctdata.api`."""
-    if name == "Writer":
-        return _api.Writer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The public API, imported on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if name != "Writer":  # dctdata.api.Writer is itself resolved on each use
+        globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

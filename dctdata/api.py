@@ -36,13 +36,18 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     manifest.json, or (webdataset) a list or brace expression of its shard files, e.g.
     `.../shard-{000000..000015}.tar`, with the manifest beside them. Keywords go to that class (e.g.
     as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). A shell `pipe:` URL
-    can only be a webdataset stream and is refused there unless the caller passes allow_pipe=True."""
+    can only be a webdataset stream and is refused there unless the caller passes allow_pipe=True.
+    sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a
+    manifest with any other bytes is refused (its checksums then pin every stored file)."""
+    sha256 = kwargs.pop("sha256", None)
     if isinstance(path_or_url, (str, os.PathLike)) and os.fspath(path_or_url).startswith("pipe:"):
         from dctdata.loaders.wds_dataset import DCTWebDataset
 
+        if sha256 is not None:
+            raise DctDataError(f"sha256: expected a local path or URL pack. Got a pipe: stream {path_or_url}")
         return DCTWebDataset(path_or_url, **kwargs)
     root, shards = shard_selection(path_or_url)
-    manifest = read_manifest(root, storage_options=kwargs.get("storage_options"))
+    manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
     if manifest.storage == "zarr":
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 

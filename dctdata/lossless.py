@@ -38,15 +38,16 @@ CTX_ID = "dctdata_ctxrans"
 ALLOWED_IDS = ("zstd", "blosc", CTX_ID)
 
 
-def parse_codec_config(config: object) -> dict[str, Any]:
-    """Validate a stage config (a mapping with an allowed "id"); None or {} means no stage."""
+def parse_codec_config(config: object, where: str = "codec") -> dict[str, Any]:
+    """Validate a stage config (a mapping with an allowed "id"); None or {} means no stage. `where` names
+    it in errors (a manifest field's stage: "field 'x': lossless")."""
     if config is None or (isinstance(config, Mapping) and not config):
         return {}
     if not isinstance(config, Mapping) or not isinstance(config.get("id"), str):
-        raise DctDataError(f"codec: expected a numcodecs config such as {DEFAULT_CODEC}. Got {config!r}")
+        raise DctDataError(f"{where}: expected a numcodecs config such as {DEFAULT_CODEC}. Got {config!r}")
     if config["id"] not in ALLOWED_IDS:
         raise DctDataError(
-            f"codec: expected one of {ALLOWED_IDS}. Got {config['id']!r} (a manifest may not name other codecs: "
+            f"{where}: expected one of {ALLOWED_IDS}. Got {config['id']!r} (a manifest may not name other codecs: "
             "some decoders run code)"
         )
     _build(dict(config))

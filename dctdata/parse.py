@@ -48,6 +48,10 @@ def _messages(messages: dict[str, Any], what: str) -> tuple[str, type[Exception]
     )
 
 
+# The largest seed and epoch: a loader seeds torch's generator with seed + epoch, an int64.
+SEED_MAX = 2**62
+
+
 def parse_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None, **messages) -> int:
     """An int (never a bool) in [minimum, maximum]."""
     what, type_error, range_error = _messages(messages, f"an int{_bounds(minimum, maximum)}")

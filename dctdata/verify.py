@@ -40,9 +40,12 @@ def check_files(root: str, m: Manifest, storage_options: Mapping[str, Any] | Non
         path = join(root, *rel.split("/"))
         which = shard_of_file(m, rel) if m.storage == "zarr" else samples_of_file(m, rel)
         try:
-            digest, size = sha256_file(path, storage_options)
+            digest, size = sha256_file(path, storage_options, root=root, limit=e["bytes"])
         except FileNotFoundError:
             problems.append(f"{path}: expected a stored file. Got none (missing){which}")
+            continue
+        except OSError as exc:  # a FIFO, device or link out of the pack (SpecialFileError), permissions
+            problems.append(f"{path}: expected a readable stored file. Got {type(exc).__name__}: {exc}{which}")
             continue
         if size != e["bytes"] or digest != e["sha256"]:
             problems.append(

@@ -42,7 +42,7 @@ from torch.utils.data.distributed import DistributedSampler
 from dctdata.errors import DctDataError
 from dctdata.loaders.stateful import PackLoader
 from dctdata.loaders.threads import worker_init
-from dctdata.parse import parse_int
+from dctdata.parse import SEED_MAX, parse_int
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def make_loader(
         )
     r, w = _world(rank, world_size)
     shuffle = True if shuffle is None else bool(shuffle)
-    seed = 0 if seed is None else parse_int(seed, "seed", minimum=0)
+    seed = 0 if seed is None else parse_int(seed, "seed", minimum=0, maximum=SEED_MAX)
     sampler = DistributedSampler(dataset, num_replicas=w, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
     split = dict(rank=r, world_size=w, num_workers=num_workers, batch_size=batch_size, drop_last=drop_last)
     return PackLoader(
@@ -117,7 +117,7 @@ def _configured(dataset: Any, batch_size: int, shuffle, seed, rank, world_size) 
     if shuffle is not None:
         out.shuffle = bool(shuffle)
     if seed is not None:
-        out.seed = parse_int(seed, "seed", minimum=0)
+        out.seed = parse_int(seed, "seed", minimum=0, maximum=SEED_MAX)
     if rank is not None:
         if not 0 <= parse_int(rank, "rank", minimum=0) < parse_int(world_size, "world_size", minimum=1):
             raise DctDataError(
@@ -129,6 +129,7 @@ def _configured(dataset: Any, batch_size: int, shuffle, seed, rank, world_size) 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:
     """Make the next epoch's order a function of (seed, epoch) for either dataset kind."""
+    epoch = parse_int(epoch, "set_epoch: epoch", minimum=0, maximum=SEED_MAX)
     if isinstance(loader, PackLoader):
         loader.set_epoch(epoch)
         return

@@ -25,6 +25,7 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dctdata.errors import DctDataError
+from dctdata.parse import SEED_MAX, parse_int
 
 STATE_VERSION = 1
 _SETTINGS = ("rank", "world_size", "num_workers", "batch_size", "drop_last", "shuffle", "seed")
@@ -58,6 +59,7 @@ class PackLoader(StatefulDataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the sampler or dataset; refused while a loaded mid-epoch state of another
         epoch waits to be resumed."""
+        epoch = parse_int(epoch, "set_epoch: epoch", minimum=0, maximum=SEED_MAX)
         if self._resume_epoch is not None and epoch != self._resume_epoch:
             raise DctDataError(
                 f"set_epoch({epoch}): expected epoch {self._resume_epoch}, the epoch of the loaded state_dict (it "

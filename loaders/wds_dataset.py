@@ -65,7 +65,7 @@ from dctdata.format.webdataset.layout import select_shards, shard_list
 from dctdata.format.webdataset.reader import Files, ShardReader, check_location, codecs_for
 from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
-from dctdata.parse import is_int, parse_int
+from dctdata.parse import SEED_MAX, is_int, parse_int
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise DctDataError(f"on_error: expected 'raise' or 'skip'. Got {on_error!r}")
-        seed = parse_int(seed, "seed", minimum=0)
+        seed = parse_int(seed, "seed", minimum=0, maximum=SEED_MAX)
         buffer_size = parse_int(buffer_size, "buffer_size", minimum=1)
         if (rank is None) != (world_size is None):
             raise DctDataError(
@@ -143,7 +143,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
     # Epochs and splitting ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration's order the one of `epoch` (a pure function of seed and epoch)."""
-        self._epoch[0] = parse_int(epoch, "epoch", minimum=0, type_error=DctDataError)
+        self._epoch[0] = parse_int(epoch, "epoch", minimum=0, maximum=SEED_MAX, type_error=DctDataError)
 
     @property
     def epoch(self) -> int:

@@ -67,6 +67,11 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
 
     def _index(self, i: object) -> int:
         if isinstance(i, torch.Tensor):
+            if i.ndim:  # a batch of indices: several samples are __getitems__'s job
+                raise TypeError(
+                    f"index: expected an int, a 0-d tensor or a slice (use __getitems__ for several samples). Got a "
+                    f"tensor of shape {tuple(i.shape)}"
+                )
             i = i.item()
         if not is_int(i):
             raise TypeError(f"index: expected an int or a slice. Got {type(i).__name__}")

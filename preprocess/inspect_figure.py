@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
+from dctdata.format.atomic import atomic_write
 from dctdata.metrics import psnr
 
 TILE = 224
@@ -171,8 +172,4 @@ def inspect_figure(
         d.text((PAD, y - PAD + 6), label, fill="black")
         for j, t in enumerate(tiles):
             fig.paste(t, (PAD + j * (TILE + PAD), y))
-    out = os.fspath(path)
-    tmp = out + ".tmp"
-    fig.save(tmp, format="PNG")
-    os.replace(tmp, out)
-    return out
+    return atomic_write(path, lambda fh: fig.save(fh, format="PNG"))

@@ -47,8 +47,17 @@ from dctdata.format import Manifest, is_url, make_writer
 from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
-from dctdata.preprocess.commit import check_not_source, check_out, commit, partial_dir, remove_manifest
-from dctdata.preprocess.journal import Journal
+from dctdata.preprocess.commit import (
+    check_not_source,
+    check_out,
+    commit,
+    finished_partial,
+    lock_out,
+    partial_dir,
+    remove_manifest,
+    rename_into_place,
+)
+from dctdata.preprocess.journal import JOURNAL_NAME, Journal
 from dctdata.preprocess.parts import PartJob, run_part
 from dctdata.preprocess.plan import build_manifest, parse_settings, plan
 from dctdata.preprocess.sources import describe, is_path, is_sample_iterable, open_source
@@ -133,8 +142,14 @@ def pack(
         options["storage_options"] = storage_options
     record = {"source": describe(source), **settings.record(), "writer_options": dict(writer_options or {})}
 
-    src = open_source(source, **settings.source_options)
-    cal = None if calibration is None else open_source(calibration, **settings.source_options)
+    lock = lock_out(out, overwrite, storage_options)  # one pack per local OUT, held until the commit
+    try:
+        src = open_source(source, **settings.source_options)
+        cal = None if calibration is None else open_source(calibration, **settings.source_options)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     root = out if url else partial_dir(out)
     journal = None
     owned = url  # whether an error may delete root (never a partial pack we could not read)
@@ -145,7 +160,15 @@ def pack(
         writer = make_writer(settings.format, options)
         specs = None
         if not url and os.path.isdir(root):
-            if resume:
+            if resume and not os.path.exists(os.path.join(root, JOURNAL_NAME)):
+                finished = finished_partial(root, record)
+                if finished is not None:  # stopped between its last step and the rename
+                    log.warning("%s: --resume: the pack had finished; committing it", root)
+                    rename_into_place(root, out)
+                    return finished
+                log.warning("%s: --resume: no progress journal (stopped before its first part); starting over", root)
+                shutil.rmtree(root)
+            elif resume:
                 journal = Journal.resume(root, record)
                 specs, derived = journal.specs, journal.derived
                 owned = True
@@ -189,9 +212,7 @@ def pack(
         ordered = [results[i] for i in range(len(parts))]
         result = writer.finish(root, specs, n, ordered)
         manifest = build_manifest(settings, record, specs, ordered, result, n, coords=src.coords, info=src.info)
-        if journal is not None:
-            journal.remove()
-        commit(manifest, root, out, storage_options)
+        commit(manifest, root, out, storage_options, before_rename=None if journal is None else journal.remove)
         keep_partial = False
         owned = False
         return manifest
@@ -206,6 +227,8 @@ def pack(
             log.warning("%s: pack interrupted; rerun the same command with --resume to finish it", root)
         elif owned and not url and os.path.isdir(root):
             shutil.rmtree(root, ignore_errors=True)
+        if lock is not None:
+            lock.release()
 
 
 def _run(

@@ -195,7 +195,9 @@ class Encoder:
                     raise DctDataError(
                         f"{at(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}"
                     )
-                stored[name] = np.ascontiguousarray(x)
+                # native byte order: a big-endian source array (">i8" from an .npz or HDF5) is stored as the
+                # little-endian values every reader expects
+                stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
                 continue
             explicit = batch[f.valid] if f.valid is not None and f.valid not in self.derived else None
             xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)

@@ -50,7 +50,7 @@ from dctdata.format.coords import encode_coord
 from dctdata.kinds import FieldKind
 from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
-from dctdata.preprocess.commit import check_out, commit, partial_dir, remove_manifest
+from dctdata.preprocess.commit import check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
 from dctdata.preprocess.plan import Settings, build_manifest, calibration_count, parse_settings, plan
 from dctdata.preprocess.sources import (
@@ -130,6 +130,7 @@ class Writer:
         self._owned = False
         self._done = False
         self.manifest: Manifest | None = None
+        self._lock = lock_out(self.out, overwrite, self.storage_options)  # one pack per local OUT, until close
 
     # Samples -------------------------------------------------------------------------------------
     def write(self, sample: Any) -> None:
@@ -272,6 +273,7 @@ class Writer:
             self.abort()
             raise
         self._done, self.manifest = True, manifest
+        self._unlock()
         return manifest
 
     def abort(self) -> None:
@@ -284,6 +286,11 @@ class Writer:
         self._window, self._pending = [], []
         if self._owned and not self.url and os.path.isdir(self.root):
             shutil.rmtree(self.root, ignore_errors=True)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def _check_open(self) -> None:
         if self._done:

@@ -4,6 +4,8 @@ coordinates and field attributes."""
 
 from __future__ import annotations
 
+import os
+
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="fields, sizes, ratios and achieved PSNR of a packed dataset")
@@ -12,12 +14,17 @@ def register(sub) -> None:
 
 
 def _main(args) -> int:
-    from dctdata.format.manifest import read_manifest
+    from dctdata.format.checksum import sha256_file
+    from dctdata.format.location import is_url, manifest_location
+    from dctdata.format.manifest import MAX_MANIFEST_BYTES, read_manifest
     from dctdata.report import field_rows, num
 
     m = read_manifest(args.dataset)
     print(f"{args.dataset}: {m.format} v{m.version} ({m.storage}), written by dctdata {m.dctdata_version}")
     print(f"samples: {m.samples}   stored: {m.stored_bytes / 1e6:.3f} MB in {len(m.checksums)} files")
+    loc = manifest_location(args.dataset)[1]
+    digest, _ = sha256_file(loc, root=None if is_url(loc) else os.path.dirname(loc), limit=MAX_MANIFEST_BYTES)
+    print(f"manifest sha256: {digest} (pin this pack: open_dataset(..., sha256=...))")
     settings = {k: v for k, v in m.pack.items() if v not in (None, {}, False)}
     print("pack settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     print()

@@ -10,11 +10,18 @@ from dctdata.format.location import open_file
 BLOCK = 1 << 20
 
 
-def sha256_file(path: str, storage_options: Mapping[str, Any] | None = None, block: int = BLOCK) -> tuple[str, int]:
-    """(sha256 hex, bytes) of a local file or fsspec URL, read in blocks."""
+def sha256_file(
+    path: str,
+    storage_options: Mapping[str, Any] | None = None,
+    block: int = BLOCK,
+    root: str | None = None,
+    limit: int | None = None,
+) -> tuple[str, int]:
+    """(sha256 hex, bytes) of a local file (a regular file, inside `root` when given) or fsspec URL, read
+    in blocks; with `limit`, reading stops one byte past it (a file that long is wrong anyway)."""
     h, n = hashlib.sha256(), 0
-    with open_file(path, "rb", storage_options) as fh:
-        while chunk := fh.read(block):
+    with open_file(path, "rb", storage_options, root=root) as fh:
+        while chunk := fh.read(block if limit is None else min(block, limit + 1 - n)):
             h.update(chunk)
             n += len(chunk)
     return h.hexdigest(), n

@@ -91,7 +91,7 @@ class FieldSpec:
         if dtype not in SAMPLE_DTYPES:
             raise DctDataError(f"{where}: dtype: expected one of {SAMPLE_DTYPES}. Got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "lossless", parse_codec_config(self.lossless or None))
+        object.__setattr__(self, "lossless", parse_codec_config(self.lossless or None, f"{where}: lossless"))
         if kind is FieldKind.DCT:
             if not isinstance(self.codec, CodecSpec):
                 raise DctDataError(f"{where}: codec: expected a CodecSpec for a dct field. Got {self.codec!r}")

@@ -7,6 +7,7 @@ outside its dataset; every reader and writer opens files through `open_file`.
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Mapping
 
 MANIFEST_NAME = "manifest.json"
@@ -103,16 +104,135 @@ def _error(message: str):
     return DctDataError(message)
 
 
+class SpecialFileError(OSError):
+    """A pack's file that is not a regular file inside the pack (FIFO, device, socket, a link out of it)."""
+
+
+_KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device", stat.S_IFSOCK: "socket"}
+
+
+def open_regular(path: str, root: str | None = None, dir_fd: int | None = None) -> int:
+    """A read-only descriptor of a pack's local file: a regular file only (a FIFO blocks a reader forever,
+    /dev/zero never ends), opened without blocking so a FIFO cannot hang the open itself; given the pack's
+    `root`, one that resolves inside it (a symlink may not lead out of the pack). With `dir_fd`, `path`
+    is relative to that open directory (the pack a reader pinned) and `root` names it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    if dir_fd is not None:
+        path = os.path.join(root, path)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "directory" if stat.S_ISDIR(mode) else "special file")
+            raise SpecialFileError(f"{path}: expected a regular file. Got a {kind}")
+        real = os.path.realpath(path) if root is not None else None
+        if real is not None and not real.startswith(os.path.realpath(root).rstrip(os.sep) + os.sep):
+            raise SpecialFileError(f"{path}: expected a file inside the pack. Got a link to {real}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# Remote reads: a timeout setting, and honest errors ------------------------------------------------
+# Seconds an http(s) read may wait for a connection or for the next bytes of a body (aiohttp's default is
+# 300 s per request, and fsspec reports its expiry as "no such file"). storage_options={"timeout": s}
+# sets it per dataset (None: no limit), or an explicit client_kwargs={"timeout": aiohttp.ClientTimeout}.
+DEFAULT_HTTP_TIMEOUT = 60.0
+
+
+def fsspec_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """fsspec keyword arguments for `url`: the caller's storage_options with dctdata's `timeout` turned
+    into aiohttp's read and connect timeouts for http(s) URLs."""
+    options = dict(storage_options or {})
+    timeout = options.pop("timeout", DEFAULT_HTTP_TIMEOUT)
+    if not str(url).startswith(("http://", "https://")):
+        return options
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise _error(f"storage_options['timeout']: expected seconds > 0 or None. Got {timeout!r}")
+    client = dict(options.get("client_kwargs") or {})
+    if "timeout" not in client:
+        import aiohttp
+
+        client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        options["client_kwargs"] = client
+    return options
+
+
+class RemoteError(OSError):
+    """A remote read that failed for a reason other than a missing file: a timeout, an HTTP error status,
+    a body cut short. Its message names the URL and the cause."""
+
+
+def remote_error(exc: BaseException, url: str) -> BaseException:
+    """The exception to raise for a failed remote read of `url`: a real "not found" stays
+    FileNotFoundError; anything else (fsspec reports HTTP 500s and timeouts as FileNotFoundError, aiohttp
+    raises ClientPayloadError for a short body) becomes a RemoteError saying what happened."""
+    cause = exc
+    if isinstance(exc, FileNotFoundError):
+        cause = exc.__cause__
+        hidden = cause is not None and (
+            isinstance(cause, TimeoutError)
+            or getattr(cause, "status", None) not in (None, 404)
+            or type(cause).__module__.split(".")[0] == "aiohttp"
+        )
+        if not hidden:  # a real "not found" (HTTP 404, memory:// KeyError, a missing local file)
+            return exc
+    if getattr(cause, "status", None) == 404:
+        return FileNotFoundError(url)
+    if isinstance(exc, RemoteError):
+        return exc
+    text = str(cause) or type(cause).__name__
+    if isinstance(cause, TimeoutError):
+        text = f"no answer in time ({text}; storage_options={{'timeout': seconds}} sets the limit)"
+    return RemoteError(f"{url}: {type(cause).__name__}: {text}")
+
+
+class _RemoteFile:
+    """A file object from fsspec whose read errors come out as `remote_error` says (never aiohttp's own
+    exceptions, which are not OSError)."""
+
+    def __init__(self, fh, url: str) -> None:
+        self._fh, self._url = fh, url
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self._fh.read(n)
+        except Exception as exc:  # noqa: BLE001 - aiohttp/fsspec client errors of every kind
+            raise remote_error(exc, self._url) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._fh.close()
+
+
 def open_file(
-    path_or_url: str, mode: str = "rb", storage_options: Mapping[str, Any] | None = None, streaming: bool = False
+    path_or_url: str,
+    mode: str = "rb",
+    storage_options: Mapping[str, Any] | None = None,
+    streaming: bool = False,
+    root: str | None = None,
 ):
     """Open a local file or an fsspec URL. `streaming=True` reads http(s) bodies sequentially instead of
-    issuing a range request per block."""
+    issuing a range request per block. A local file opened for reading must be a regular file (inside
+    `root`, when given: `open_regular`)."""
     if is_url(path_or_url):
         import fsspec
 
-        options = dict(storage_options or {})
+        options = fsspec_options(path_or_url, storage_options)
         if streaming and path_or_url.startswith(("http://", "https://")):
             options = {"block_size": 0, **options}
-        return fsspec.open(path_or_url, mode, **options).open()
+        if "r" not in mode:
+            return fsspec.open(path_or_url, mode, **options).open()
+        try:
+            return _RemoteFile(fsspec.open(path_or_url, mode, **options).open(), path_or_url)
+        except Exception as exc:  # noqa: BLE001 - as _RemoteFile.read
+            raise remote_error(exc, path_or_url) from exc
+    if mode in ("r", "rb"):
+        return os.fdopen(open_regular(path_or_url, root), mode)
     return open(path_or_url, mode)

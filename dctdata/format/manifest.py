@@ -22,6 +22,7 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -31,10 +32,20 @@ from typing import Any, Mapping
 import numpy as np
 
 from dctdata._version import __version__
-from dctdata.errors import DctDataError, FormatError
+from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.format.atomic import atomic_write
+from dctdata.format.checksum import read_expected
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
-from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
+from dctdata.format.location import (
+    MANIFEST_NAME,
+    check_relative_path,
+    fsspec_options,
+    is_url,
+    join,
+    manifest_location,
+    open_file,
+)
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
@@ -353,21 +364,41 @@ def _check_version(version: object, where: str = "manifest") -> int:
 
 
 # Reading and writing -----------------------------------------------------------------------------
-def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+# The most bytes a manifest may have: it is read whole, and a hostile server (an endless body) or a link to
+# /dev/zero must not grow memory without end. 64 MiB is about 200 000 shard entries.
+MAX_MANIFEST_BYTES = 64 << 20
+
+
+def read_manifest_bytes(fh, where: str) -> bytes:
+    """A manifest file's bytes, read to at most MAX_MANIFEST_BYTES (FormatError past it)."""
+    limit = MAX_MANIFEST_BYTES
+    raw, _ = read_expected(fh, limit)  # reads to EOF or one byte past the limit, never more
+    if len(raw) > limit:
+        raise FormatError(
+            f"{where}: expected a manifest of at most {limit} bytes. Got more (not a dctdata manifest, or hostile)"
+        )
+    return raw
+
+
+def read_manifest(
+    path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, sha256: str | None = None
+) -> Manifest:
     """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json).
-    `storage_options` go to fsspec for URLs (e.g. an S3 endpoint)."""
+    `storage_options` go to fsspec for URLs (e.g. an S3 endpoint). `sha256`: the manifest's pinned hash
+    (`dctdata info` prints it): its checksums cover every stored file, so a pack fetched from elsewhere
+    is then exactly the pack pinned, even when someone recomputed all its checksums."""
+    if sha256 is not None and (not isinstance(sha256, str) or not _SHA256_RE.match(sha256)):
+        raise DctDataError(f"sha256: expected the manifest's sha256, 64 lowercase hex digits. Got {sha256!r}")
     root, loc = manifest_location(path_or_url)
     try:
         if is_url(loc):
-            import fsspec
-
-            with fsspec.open(loc, "rb", **dict(storage_options or {})) as fh:
-                raw = fh.read()
+            with open_file(loc, "rb", storage_options) as fh:
+                raw = read_manifest_bytes(fh, loc)
         else:
             if not os.path.isdir(root):
                 raise FileNotFoundError(f"dataset: expected a packed dataset directory. Got missing path {root!r}")
-            with open(loc, "rb") as fh:
-                raw = fh.read()
+            with open_file(loc, "rb", root=root) as fh:  # a regular file inside the pack
+                raw = read_manifest_bytes(fh, loc)
     except FileNotFoundError as exc:
         raise FormatError(
             f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file"
@@ -375,6 +406,11 @@ def read_manifest(path_or_url: str | os.PathLike, storage_options: Mapping[str, 
         ) from exc
     except OSError as exc:  # a directory named manifest.json, permissions, I/O errors
         raise FormatError(f"{loc}: expected a readable dctdata manifest. Got {type(exc).__name__}: {exc}") from exc
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise IntegrityError(
+            f"{loc}: expected the pinned manifest (sha256 {sha256[:16]}...). Got sha256 "
+            f"{hashlib.sha256(raw).hexdigest()[:16]}... (not the pack pinned: changed, or another one)"
+        )
     return parse_manifest(raw, loc)
 
 
@@ -404,14 +440,7 @@ def _checked_json(manifest: Manifest) -> str:
 def write_manifest(manifest: Manifest, directory: str | os.PathLike) -> str:
     """Write `directory/manifest.json` atomically (temporary sibling + rename); returns its path."""
     text = _checked_json(manifest)
-    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
+    return atomic_write(os.path.join(os.fspath(directory), MANIFEST_NAME), text.encode("utf-8"))
 
 
 def write_manifest_url(manifest: Manifest, prefix: str, storage_options: Mapping[str, Any] | None = None) -> str:
@@ -421,6 +450,6 @@ def write_manifest_url(manifest: Manifest, prefix: str, storage_options: Mapping
 
     text = _checked_json(manifest)
     loc = join(prefix, MANIFEST_NAME)
-    with fsspec.open(loc, "w", encoding="utf-8", **dict(storage_options or {})) as fh:
+    with fsspec.open(loc, "w", encoding="utf-8", **fsspec_options(loc, storage_options)) as fh:
         fh.write(text)
     return loc

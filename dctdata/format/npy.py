@@ -83,5 +83,7 @@ def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[np.ndarr
     if len(data) < need:
         raise IntegrityError(f"{where}: expected {need} data bytes for {dtype} {shape}. Got {len(data)}")
     order = "F" if m.group(2) == "True" else "C"
-    arr = np.frombuffer(data[:need], dtype=dtype, count=count).reshape(shape, order=order).copy(order="C")
+    # a copy in native byte order: torch (and every consumer) refuses big-endian arrays
+    native = dtype.newbyteorder("=")
+    arr = np.frombuffer(data[:need], dtype=dtype, count=count).reshape(shape, order=order).astype(native, order="C")
     return arr, data[need:]

@@ -23,7 +23,8 @@ import os
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
-from dctdata.format.location import is_url
+from dctdata.errors import IntegrityError
+from dctdata.format.location import fsspec_options, is_url, open_regular, remote_error
 
 MAX_OPEN_FILES = 64  # local file descriptors kept open per process (least recently used are closed)
 
@@ -38,6 +39,10 @@ class RangeSource:
         self.requests = 0  # requests issued and bytes received by this process (for benchmarks and tests)
         self.bytes = 0
         self._pid: int | None = None
+        # The local pack directory this reader opened (device, inode): every process reads files through
+        # a descriptor of that directory, so a pack replaced meanwhile (pack --overwrite renames a new
+        # directory into place) is noticed instead of mixing two packs' files.
+        self.dir_id = None if self.remote else _dir_id(root)
 
     def __getstate__(self) -> dict:
         return {
@@ -47,6 +52,7 @@ class RangeSource:
             "requests": 0,
             "bytes": 0,
             "_pid": None,
+            "dir_id": self.dir_id,
         }
 
     def _open(self) -> None:
@@ -56,8 +62,32 @@ class RangeSource:
         if self.remote:
             import fsspec
 
-            self._fs, self._fs_root = fsspec.core.url_to_fs(self.root, **self.storage_options)
+            self._fs, self._fs_root = fsspec.core.url_to_fs(
+                self.root, **fsspec_options(self.root, self.storage_options)
+            )
+        else:
+            self._dir_fd = self._pin()
         self._pid = os.getpid()
+
+    def _pin(self) -> int | None:
+        """A descriptor of the pack directory this reader opened (IntegrityError if another is there now)."""
+        if self.dir_id is None:  # the directory could not be read when this reader was made
+            return None
+        try:
+            fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            self._replaced()
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != self.dir_id:
+            os.close(fd)
+            self._replaced()
+        return fd
+
+    def _replaced(self):
+        raise IntegrityError(
+            f"{self.root}: expected the pack this reader opened. Got another directory (or none) at that path: the "
+            "pack was replaced while being read (e.g. by pack --overwrite); open it again"
+        )
 
     def _path(self, rel: str) -> str:
         if self.remote:
@@ -67,7 +97,15 @@ class RangeSource:
     def _fd(self, rel: str) -> int:
         fd = self._fds.get(rel)
         if fd is None:
-            fd = os.open(self._path(rel), os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            try:  # no FIFO, device or link out of the pack; relative to the pinned directory
+                if self._dir_fd is None:
+                    fd = open_regular(self._path(rel), self.root)
+                else:
+                    fd = open_regular(os.path.join(*rel.split("/")), self.root, dir_fd=self._dir_fd)
+            except FileNotFoundError:
+                if _dir_id(self.root) != self.dir_id:
+                    self._replaced()  # the old pack's files are being deleted: say why, not "missing"
+                raise
             self._fds[rel] = fd
             while len(self._fds) > MAX_OPEN_FILES:
                 os.close(self._fds.popitem(last=False)[1])
@@ -79,7 +117,10 @@ class RangeSource:
         """Size in bytes of a stored file; FileNotFoundError when it is missing."""
         self._open()
         if self.remote:
-            return int(self._fs.size(self._path(rel)))
+            try:
+                return int(self._fs.size(self._path(rel)))
+            except Exception as exc:  # noqa: BLE001 - aiohttp/fsspec client errors: see remote_error
+                raise remote_error(exc, self._path(rel)) from exc
         return os.fstat(self._fd(rel)).st_size
 
     def fetch(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | Exception]:
@@ -137,8 +178,8 @@ class RangeSource:
         try:
             got = self._fs.cat_ranges(paths, [s for _, s, _ in ranges], [e for _, _, e in ranges], on_error="return")
         except Exception as exc:  # noqa: BLE001 - a filesystem that fails the whole call: every slot fails
-            return [exc] * len(ranges)
-        return [g if isinstance(g, Exception) else bytes(g) for g in got]
+            got = [exc] * len(ranges)
+        return [remote_error(g, p) if isinstance(g, Exception) else bytes(g) for g, p in zip(got, paths)]
 
     def close(self) -> None:
         """Close this process's file descriptors (they are also closed when the process ends)."""
@@ -146,3 +187,15 @@ class RangeSource:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            if not self.remote and self._dir_fd is not None:
+                os.close(self._dir_fd)
+                self._dir_fd = None
+            self._pid = None
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

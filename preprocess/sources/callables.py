@@ -17,6 +17,7 @@ import numpy as np
 
 from dctdata.errors import DctDataError
 from dctdata.preprocess.sources.base import Source, field_name
+from dctdata.preprocess.sources.images import check_single_frame
 
 CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -28,6 +29,7 @@ def _to_array(value: Any, where: str) -> tuple[np.ndarray, bool]:
         from PIL import Image
 
         if isinstance(value, Image.Image):
+            check_single_frame(value, where)
             arr = np.asarray(value if value.mode not in ("P", "1") else value.convert("RGB"))
             return (arr[None] if arr.ndim == 2 else np.ascontiguousarray(np.moveaxis(arr, -1, 0))), True
     except ImportError:  # pragma: no cover

@@ -16,12 +16,24 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 
 
 # Image folders -----------------------------------------------------------------------------------
+def check_single_frame(im, where: str) -> None:
+    """A sample is one image: a multi-page TIFF (or animated PNG) is refused, not silently cut to its first
+    page (which pages are samples and which are channels is the user's call)."""
+    frames = getattr(im, "n_frames", 1)
+    if frames > 1:
+        raise DctDataError(
+            f"{where}: expected a single-page image (one sample per file). Got {frames} pages (a multi-page TIFF "
+            "stack: save one page per file, or pack the stack as an array, e.g. np.save('x.npy', pages))"
+        )
+
+
 def read_image(path: str) -> np.ndarray:
     """One image file -> (C, H, W) array in its native depth (uint8, uint16, int32 or float32)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as im:
+            check_single_frame(im, path)
             im.load()
             if im.mode == "P":
                 im = im.convert("RGBA" if "transparency" in im.info else "RGB")
@@ -32,6 +44,11 @@ def read_image(path: str) -> np.ndarray:
                 arr = arr.astype(np.uint16)
             elif im.mode == "I" and arr.size and arr.min() >= 0 and arr.max() <= 65535:
                 arr = arr.astype(np.uint16)  # 16-bit PNGs open as 32-bit "I"
+    except Image.DecompressionBombError as exc:  # not an OSError: it would escape as a traceback
+        raise DctDataError(
+            f"{path}: expected an image of at most {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels (Pillow's "
+            f"decompression-bomb limit; raise PIL.Image.MAX_IMAGE_PIXELS to allow it). Got {exc}"
+        ) from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise DctDataError(f"{path}: expected a readable PNG/JPEG/TIFF image. Got {exc}") from exc
     return arr[None] if arr.ndim == 2 else np.ascontiguousarray(np.moveaxis(arr, -1, 0))

@@ -125,7 +125,10 @@ def test_newer_version_refused(tmp_path):
             r"stats: expected entries for fields .*Got unknown \['ghost'\]",
         ),
         (lambda d: d["checksums"].update({"x": {"sha256": "zz", "bytes": 1}}), r"sha256: expected 64 lowercase hex"),
-        (lambda d: d["fields"][2].update(lossless={"id": "nope"}), r"codec: expected one of .*Got 'nope'"),
+        (
+            lambda d: d["fields"][2].update(lossless={"id": "nope"}),
+            r"field 'label': lossless: expected one of .*Got 'nope'",
+        ),
     ],
 )
 def test_strict_validation(tmp_path, edit, match):
@@ -222,7 +225,9 @@ def test_decode_npy_reads_what_numpy_writes(arr):
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     out = decode_npy(buf.getvalue(), "x")
-    assert out.dtype == arr.dtype and out.shape == arr.shape and out.flags.writeable
+    # values as numpy wrote them, in native byte order (issue 16 D5: torch refuses big-endian arrays)
+    assert out.dtype == arr.dtype.newbyteorder("=") and out.dtype.isnative
+    assert out.shape == arr.shape and out.flags.writeable
     np.testing.assert_array_equal(out, arr)
 
 

@@ -727,6 +727,29 @@ def _(t):
     return pack_args(t / "imgs", t / "out")
 
 
+@case(
+    "pack images", "multi-page TIFF", r"stack\.tif: expected a single-page image \(one sample per file\)\. Got 3 pages"
+)
+def _(t):
+    from PIL import Image
+
+    (t / "imgs").mkdir()
+    pages = [Image.fromarray(np.full((8, 8), 40 * i, np.uint8)) for i in range(3)]
+    pages[0].save(t / "imgs" / "stack.tif", save_all=True, append_images=pages[1:])
+    return pack_args(t / "imgs", t / "out")
+
+
+def _check_big_endian(t, result):
+    got = dctdata.open_dataset(t / "out", shuffle=False)
+    assert [int(s[1]) for s in got] == [i * 2**40 for i in range(4)]
+
+
+@case("pack .npz", "big-endian fields (webdataset)", check=_check_big_endian)
+def _(t):
+    np.savez(t / "be.npz", image=fields(4).astype(">f4"), label=np.arange(4).astype(">i8") * 2**40)
+    return pack_args(t / "be.npz", t / "out", "--format", "webdataset")
+
+
 # module:callable
 _MODULE = """
 import numpy as np
@@ -893,6 +916,17 @@ def _(t):
     return pack_args(npy(t, fields(3)), t / "out", "--overwrite")
 
 
+_HELD_LOCKS: list = []  # locks held by "another pack" for the duration of the run
+
+
+@case("pack OUT", "another pack writing the same OUT", r"out: expected no other pack writing here\. Got a lock held")
+def _(t):
+    from dctdata.preprocess.commit import OutLock
+
+    _HELD_LOCKS.append(OutLock(str(t / "out")).acquire())  # released (and its file removed) when collected
+    return pack_args(npy(t, fields(2)), t / "out")
+
+
 # Readers: info, verify, inspect, open_dataset --------------------------------------------------
 _READERS = {
     "info": lambda p: ["info", p],
@@ -928,7 +962,8 @@ _manifest_case(
 )
 _manifest_case(
     "manifest is a directory",
-    r"manifest\.json: expected a readable dctdata manifest\. Got IsADirectoryError",
+    r"manifest\.json: expected a readable dctdata manifest\. Got SpecialFileError: .*expected a regular file\. Got a "
+    r"directory",
     lambda r: ((r / "manifest.json").unlink(), (r / "manifest.json").mkdir()),
 )
 _manifest_case(
@@ -980,7 +1015,13 @@ _manifest_case(
 )
 _manifest_case(
     "manifest sample count disagrees with the arrays",
-    r"expected zarr array \(8, ",
+    r"expected zarr array \(5, ",
+    lambda r: edit_manifest(r, lambda d: d.update(samples=5)),  # the same 3 shard files, one sample fewer
+    readers=("verify", "inspect", "open_dataset"),
+)
+_manifest_case(
+    "manifest sample count needs shard files the pack lacks",
+    r"layout\.arrays\['image'\]: expected 4 shard files listed in checksums \(8 samples, 2 per shard\)\. Got 3",
     lambda r: edit_manifest(r, lambda d: d.update(samples=8)),
     readers=("verify", "inspect", "open_dataset"),
 )
@@ -1081,6 +1122,59 @@ def _check_slice(t, batch):
 def _(t):
     root = packed(t)
     return lambda: dctdata.open_dataset(root)[1:3]
+
+
+def _special_shard(kind: str, fmt: str):
+    """Replace the first shard with a FIFO, or a link to /dev/zero or to a copy outside the pack."""
+
+    def setup(root):
+        shard = root / ("image/c.0.0.0.0.0" if fmt == "zarr" else "shard-000000.tar")
+        outside = root.parent / "outside.bin"
+        outside.write_bytes(shard.read_bytes())
+        shard.unlink()
+        if kind == "fifo":
+            os.mkfifo(shard)
+        else:
+            shard.symlink_to("/dev/zero" if kind == "dev_zero" else outside)
+
+    return setup
+
+
+for _fmt in ("zarr", "webdataset"):
+    _manifest_case(
+        "manifest names the pickle codec",
+        r"field 'label': lossless: expected one of \('zstd', 'blosc', 'dctdata_ctxrans'\)\. Got 'pickle'",
+        lambda r: edit_manifest(r, lambda d: d["fields"][-1].update(lossless={"id": "pickle"})),
+        fmt=_fmt,
+    )
+    _manifest_case(
+        "manifest claims 10^12 samples",
+        r"(expected 500000000000 shard files listed in checksums|expected at least \d+ bytes for \d+ samples)",
+        lambda r: edit_manifest(
+            r,
+            lambda d: (
+                d.update(samples=10**12),
+                d["layout"]["shards"][-1].update(samples=10**12 - 4) if "shards" in d["layout"] else None,
+            ),
+        ),
+        readers=("verify", "inspect", "open_dataset"),
+        fmt=_fmt,
+    )
+    for _kind, _got in (("fifo", "a FIFO"), ("dev_zero", "a character device"), ("link_out", "a link to")):
+        _manifest_case(
+            f"first shard is {_kind.replace('_', ' ')}",
+            rf"expected a (regular file|file inside the pack)\. Got {_got}",
+            _special_shard(_kind, _fmt),
+            readers=("verify", "open_dataset"),
+            fmt=_fmt,
+        )
+_manifest_case(
+    "shard name with a NUL byte",
+    r"layout\.shards\[0\]\.name: expected a plain '\.tar' file name",
+    lambda r: edit_manifest(r, lambda d: d["layout"]["shards"][0].update(name="shard-\x00.tar")),
+    readers=("verify", "open_dataset"),
+    fmt="webdataset",
+)
 
 
 # make_loader and its state_dict -------------------------------------------------------------------

@@ -17,11 +17,10 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 import pytest
-import torch
+from pack_checks import read_all, rehash, verify
 
 import dctdata
-from dctdata.cli import main
-from dctdata.errors import DctDataError, IntegrityError
+from dctdata.errors import DctDataError, FormatError, IntegrityError
 
 N = 10
 
@@ -71,19 +70,6 @@ def delete(path: Path) -> None:
 
 
 DAMAGE = {"flip": flip, "truncate": truncate, "delete": delete}
-
-
-def read_all(ds) -> list:
-    if isinstance(ds, torch.utils.data.IterableDataset):
-        return list(ds)
-    return ds.__getitems__(list(range(len(ds))))
-
-
-def verify(capsys, root) -> tuple[int, str]:
-    rc = main(["verify", str(root)])
-    cap = capsys.readouterr()
-    assert "Traceback" not in cap.out + cap.err
-    return rc, cap.out + cap.err
 
 
 # Every file of both formats x every damage -----------------------------------------------------
@@ -142,15 +128,6 @@ def empty_chunk_entry(shard: Path, chunk: int, chunks_per_shard: int) -> None:
     shard.write_bytes(bytes(raw))
 
 
-def rehash(root: Path, rel: str) -> None:
-    import hashlib
-
-    m = json.loads((root / "manifest.json").read_text())
-    data = (root / rel).read_bytes()
-    m["checksums"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (root / "manifest.json").write_text(json.dumps(m))
-
-
 def test_missing_chunk_inside_a_shard_is_not_fill_value(zcopy, capsys):
     import zarr
 
@@ -199,13 +176,20 @@ def test_all_zero_chunks_are_stored_not_elided(tmp_path, capsys):
 
 def test_layout_disagreeing_with_zarr_metadata(zcopy):
     m = json.loads((zcopy / "manifest.json").read_text())
-    m["layout"]["arrays"]["image"]["shard"] = 8
+    m["layout"]["arrays"]["image"]["chunk"] = 4  # the same shard files, other chunks
     (zcopy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(
         IntegrityError,
-        match=r"image/zarr\.json: field 'image': expected shards of 8 and chunks of 2 samples .*Got shard shape \(4,",
+        match=r"image/zarr\.json: field 'image': expected shards of 4 and chunks of 4 samples .*Got shard shape \(4,",
     ):
         dctdata.open_dataset(zcopy)[0]
+    m["layout"]["arrays"]["image"].update(chunk=2, shard=8)  # a shard size the listed files contradict
+    (zcopy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(
+        FormatError,
+        match=r"layout\.arrays\['image'\]: expected 2 shard files listed in checksums \(10 samples, 8 per shard\)",
+    ):
+        dctdata.open_dataset(zcopy)
 
 
 # Cost of the shard-index check ------------------------------------------------------------------

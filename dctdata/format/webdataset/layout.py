@@ -23,6 +23,7 @@ import re
 from typing import Any, Mapping
 
 from dctdata.errors import FormatError
+from dctdata.format.fields import user_fields
 from dctdata.parse import is_int
 
 SAMPLE_KEY_DIGITS = 9
@@ -69,6 +70,7 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
             f"{where}: layout.shards: expected a list of {{name, samples, bytes, sha256}}. Got {shards!r}"
         )
     out, start = [], 0
+    members = len(user_fields(m.fields))  # a dct field's side partner shares its member
     for i, s in enumerate(shards):
         if not isinstance(s, Mapping) or not {"name", "samples", "bytes", "sha256"} <= set(s):
             raise FormatError(f"{where}: layout.shards[{i}]: expected {{name, samples, bytes, sha256}}. Got {s!r}")
@@ -77,6 +79,7 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
             not isinstance(name, str)
             or "/" in name
             or "\\" in name
+            or "\x00" in name
             or name in ("", ".", "..")
             or not name.endswith(".tar")
         ):
@@ -84,6 +87,12 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
         n = s["samples"]
         if not is_int(n) or n < 0 or not is_int(s["bytes"]):
             raise FormatError(f"{where}: layout.shards[{i}]: expected int samples and bytes. Got {s!r}")
+        least = archive_bytes(n * members * 2 * BLOCK)  # every member has a header block and a data block
+        if s["bytes"] < least:
+            raise FormatError(
+                f"{where}: layout.shards[{i}]: expected at least {least} bytes for {n} samples of {members} tar "
+                f"members each. Got {s['bytes']} bytes"
+            )
         out.append({"index": i, "name": name, "samples": n, "bytes": s["bytes"], "sha256": s["sha256"], "start": start})
         start += n
     if start != m.samples:

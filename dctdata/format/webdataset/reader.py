@@ -26,8 +26,8 @@ from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.cache import ShardCache
 from dctdata.format.checksum import read_expected
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
-from dctdata.format.location import MANIFEST_NAME, join, open_file
-from dctdata.format.manifest import Manifest, parse_manifest
+from dctdata.format.location import MANIFEST_NAME, is_url, join, open_file
+from dctdata.format.manifest import Manifest, parse_manifest, read_manifest_bytes
 from dctdata.format.npy import decode_npy, npy_size, split_npy
 from dctdata.format.webdataset.layout import MEMBER_RE, entry_name, sample_key
 from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
@@ -69,7 +69,7 @@ class Files:
             import webdataset as wds
 
             return wds.gopen(loc, "rb")
-        return open_file(loc, "rb", self.storage_options, streaming=True)
+        return open_file(loc, "rb", self.storage_options, streaming=True, root=None if is_url(loc) else self.root)
 
     def read(self, rel: str, expected_bytes: int, sha256: str) -> tuple[bytes, str]:
         """(bytes, sha256 hex) of a whole file whose size and hash the manifest gives: from the cache
@@ -88,7 +88,7 @@ class Files:
         loc = self.location(MANIFEST_NAME)
         try:
             with self.open(MANIFEST_NAME) as fh:
-                raw = fh.read()
+                raw = read_manifest_bytes(fh, loc)
         except FileNotFoundError as exc:
             raise FormatError(f"{loc}: expected a dctdata manifest ({MANIFEST_NAME}). Got no such file") from exc
         except OSError as exc:

@@ -98,7 +98,25 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
         if shard % chunk:
             raise FormatError(f"{w}.shard: expected a multiple of chunk={chunk}. Got {shard!r}")
         out[f.name] = {"path": e["path"], "chunk": chunk, "shard": shard}
+        _check_shard_files(m, f, e["path"], shard, w)
     return out
+
+
+def _check_shard_files(m, f: FieldSpec, path: str, shard: int, where: str) -> None:
+    """The sample count must match the shard files the checksums list (one per `shard` samples): a
+    hand-raised count (1e12 samples over three files) is refused here, before anything sizes itself by it."""
+    checksums = m.checksums if isinstance(m.checksums, Mapping) else {}
+    if not checksums:
+        return  # a manifest being built (writer side): nothing listed yet
+    expected = -(-m.samples // shard)
+    listed = sum(1 for rel in checksums if rel.startswith(f"{path}/c."))
+    keys = [] if listed != expected else [shard_key(path, i, 1 + len(f.stored_shape)) for i in range(expected)]
+    missing = [k for k in keys if k not in checksums]
+    if listed != expected or missing:
+        raise FormatError(
+            f"{where}: expected {expected} shard files listed in checksums ({m.samples} samples, {shard} per shard). "
+            f"Got {listed}" + (f" (no {missing[0]})" if missing else "")
+        )
 
 
 def shard_of_file(m, rel: str) -> str:

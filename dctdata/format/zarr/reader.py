@@ -49,6 +49,18 @@ CACHE_BYTES = 16 << 20
 INDEX_CACHE_ENTRIES = 1 << 20
 MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as written)
 _PROCESS_STATE = ("_cache", "_no_cache", "_indexes", "_index_entries", "_plans", "_lock")
+# One first open at a time (threads sharing a reader): a second thread waits for the first's state
+# instead of rebuilding it under the first's feet. A fork child gets a fresh lock.
+_OPEN_LOCK = threading.Lock()
+
+
+def _new_open_lock() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_open_lock)
 
 
 class ZarrReader:
@@ -78,7 +90,13 @@ class ZarrReader:
         """Read and check each field's array metadata (zarr.json), once per process."""
         if self._pid == os.getpid():
             return
+        with _OPEN_LOCK:
+            if self._pid != os.getpid():
+                self._open_locked()
+
+    def _open_locked(self) -> None:
         self._pid = None
+        self.source._open()  # its per-process state too, under the same lock
         metas = self._read_metadata()
         plans = {}
         for f in self.fields:

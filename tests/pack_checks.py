@@ -1,0 +1,35 @@
+"""Reading a whole pack and running `dctdata verify` on it, as the robustness tests do after damaging
+or tampering with one (shared by test_corruption and test_hostile_packs)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from dctdata.cli import main
+
+
+def read_all(ds) -> list:
+    """Every sample of a map-style or iterable dataset."""
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        return list(ds)
+    return ds.__getitems__(list(range(len(ds))))
+
+
+def verify(capsys, root) -> tuple[int, str]:
+    """(exit code, output) of `dctdata verify root`; never a traceback."""
+    rc = main(["verify", str(root)])
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.out + cap.err
+    return rc, cap.out + cap.err
+
+
+def rehash(root: Path, rel: str) -> None:
+    """Record a file's new sha256 and size in the manifest (a tamperer who recomputes checksums)."""
+    m = json.loads((root / "manifest.json").read_text())
+    data = (root / rel).read_bytes()
+    m["checksums"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (root / "manifest.json").write_text(json.dumps(m))
