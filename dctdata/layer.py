@@ -94,7 +94,9 @@ class Decompress(nn.Module):
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
         return cls(f.codec, **kwargs)
 
-    def forward(self, coeffs) -> torch.Tensor:
+    def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
+        loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
             raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
@@ -115,12 +117,25 @@ class Decompress(nn.Module):
         weight = self.weight.to(device=y.device, dtype=compute)
         trows = self.trows.to(device=y.device, dtype=compute)
         size = (spec.height, spec.width)
-        if self.folded:
-            out = synthesize(y, weight, trows, spec.mask, size, bias_row=self.bias_row)
-        else:
-            out = synthesize(self._coefficients(y, side, compute), weight, trows, spec.mask, size)
-        out = out.to(self.dtype)
-        return out.squeeze(0) if unbatched else out
+        if out is not None:
+            self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
+        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
+        coef, bias_row = (y, self.bias_row) if self.folded else (self._coefficients(y, side, compute), False)
+        img = synthesize(coef, weight, trows, spec.mask, size, bias_row=bias_row, dtype=self.dtype, out=target)
+        if out is not None:
+            return out
+        return img.squeeze(0) if unbatched else img
+
+    def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor. Got {type(out).__name__}")
+        if out.dtype != self.dtype or out.device != device:
+            raise TypeError(
+                f"out: expected dtype {self.dtype} on {device} (the layer's dtype, the input's device). "
+                f"Got {out.dtype} on {out.device}"
+            )
+        if tuple(out.shape) != shape:
+            raise DctDataError(f"out: expected shape {shape}. Got {tuple(out.shape)}")
 
     def _coefficients(self, q: torch.Tensor, side: torch.Tensor | None, compute: torch.dtype) -> torch.Tensor:
         """The v2 affine pass over the coefficient tensor (see the module docstring)."""

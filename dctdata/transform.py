@@ -239,7 +239,53 @@ def augment_bias(wcol: torch.Tensor, zbias: torch.Tensor | None) -> torch.Tensor
     return torch.cat([wcol, zbias.unsqueeze(2)], dim=2)
 
 
+CHUNK_BYTES = 1 << 20  # output bytes per step of the chunked CPU kernel: its intermediates stay in L2
+
+
+def eager_cpu(*tensors: torch.Tensor) -> bool:
+    """True when the chunked CPU kernel may run: plain CPU tensors, eager mode, no autograd to record.
+
+    torch.compile, torch.export (fake and functional tensors are subclasses), jit tracing and ONNX
+    export all see the portable path, so exported graphs keep matmul/reshape/transpose/cat ops only.
+    """
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and t.device.type == "cpu" and not (grad and t.requires_grad) for t in tensors)
+
+
 def synthesize(
+    coeffs: torch.Tensor,
+    weight: torch.Tensor,
+    trows: torch.Tensor,
+    mask: str,
+    size: tuple[int, int],
+    bias_row: bool = False,
+    dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Inverse transform of (B, C, Hb, K, Wb) coefficients (any real dtype) -> (B, C, H, W) in `dtype`
+    (default: weight's dtype), written into `out` when given.
+
+    Plain CPU tensors in eager mode take `synthesize_chunked` (same math, a few block rows at a time,
+    written straight into the output); everything else (CUDA, autograd, compile, export, ONNX) takes
+    `synthesize_portable`, whose graph is matmul/reshape/transpose/cat only.
+    """
+    b, c, hb, _, wb = coeffs.shape
+    dtype = weight.dtype if dtype is None else dtype
+    if eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out)):
+        if out is None:
+            out = torch.empty(b, c, *size, dtype=dtype)
+        return synthesize_chunked(coeffs, weight, trows, mask, bias_row, out)
+    img = synthesize_portable(coeffs, weight, trows, mask, size, bias_row).to(dtype)
+    if out is None:
+        return img
+    return out.copy_(img)
+
+
+def synthesize_portable(
     coeffs: torch.Tensor,
     weight: torch.Tensor,
     trows: torch.Tensor,
@@ -272,6 +318,45 @@ def synthesize(
     if hb * BLOCK != h or wb * BLOCK != w:
         img = img[..., :h, :w].contiguous()
     return img
+
+
+def synthesize_chunked(
+    coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, bias_row: bool, out: torch.Tensor
+) -> torch.Tensor:
+    """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output at a time.
+
+    The portable graph makes each intermediate (the converted coefficients, Z, the padded image, the
+    dtype cast) a full-size tensor that goes out to memory and back. Here they live in cache: each
+    step converts a few block rows, runs the two matmuls and writes image rows into `out` (directly
+    through `matmul(out=)` when no crop or cast is needed), so the output is written once. Eager CPU
+    only: the loop is Python and `out=` is not traceable.
+    """
+    b, c, hb, _, wb = coeffs.shape
+    h, w = out.shape[-2:]
+    cf = trows.shape[0]
+    v = weight.shape[2] - int(bias_row)
+    tt = trows.transpose(0, 1)  # (8, U)
+    rows = max(1, CHUNK_BYTES // (wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
+    direct = out.dtype == weight.dtype and h == hb * BLOCK and w == wb * BLOCK
+    if rows >= hb:  # whole images per step
+        steps = [(i, min(i + rows // hb, b), 0, hb) for i in range(0, b, rows // hb)]
+    else:  # a few block rows of one image per step
+        steps = [(i, i + 1, r, min(r + rows, hb)) for i in range(b) for r in range(0, hb, rows)]
+    for ch in range(c):
+        wc = weight[ch]  # (U, V[+1], 8)
+        for b0, b1, r0, r1 in steps:
+            y = square_planes(coeffs[b0:b1, ch, r0:r1], cf, mask).to(weight.dtype)  # (n, r, U, V, Wb)
+            z = torch.matmul(y.transpose(-1, -2), wc[:, :v])  # (n, r, U, Wb, 8)
+            if bias_row:
+                z.add_(wc[:, v:])
+            z = z.view(b1 - b0, r1 - r0, cf, wb * BLOCK)
+            target = out[b0:b1, ch, r0 * BLOCK : min(r1 * BLOCK, h), :w]
+            if direct:
+                torch.matmul(tt, z, out=target.view(b1 - b0, r1 - r0, BLOCK, w))
+            else:
+                img = torch.matmul(tt, z).view(b1 - b0, (r1 - r0) * BLOCK, wb * BLOCK)
+                target.copy_(img[:, : target.shape[1], :w])
+    return out
 
 
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
