@@ -28,7 +28,7 @@ from torch import nn
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec
-from dctdata.transform import BLOCK, augment_bias, fold_basis, synthesize
+from dctdata.transform import BLOCK, augment_bias, fold_basis, fold_shift, synthesize
 from dctdata.wire import split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -59,6 +59,8 @@ class Decompress(nn.Module):
             wcol, zbias, trows = fold_basis(spec.cf, spec.mask, spec.channels, spec.steps, spec.offsets, mean, std)
             self.bias_row = zbias is not None
             self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
+            shift = fold_shift(spec.cf, spec.mask, spec.channels, spec.steps, spec.offsets, mean)
+            self.register_buffer("coef_shift", None if shift is None else shift.to(compute), persistent=False)
         else:
             c, k = spec.channels, spec.kept
             wcol, _, trows = fold_basis(spec.cf, spec.mask, c)
@@ -120,8 +122,14 @@ class Decompress(nn.Module):
         if out is not None:
             self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
         target = None if out is None else (out.unsqueeze(0) if unbatched else out)
-        coef, bias_row = (y, self.bias_row) if self.folded else (self._coefficients(y, side, compute), False)
-        img = synthesize(coef, weight, trows, spec.mask, size, bias_row=bias_row, dtype=self.dtype, out=target)
+        if self.folded:
+            coef, bias_row = y, self.bias_row
+            shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
+        else:
+            coef, bias_row, shift = self._coefficients(y, side, compute), False, None
+        img = synthesize(
+            coef, weight, trows, spec.mask, size, bias_row=bias_row, dtype=self.dtype, out=target, shift=shift
+        )
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img

@@ -212,6 +212,26 @@ def fold_basis(
     return wcol, zbias, t[:cf].clone()
 
 
+def fold_shift(
+    cf: int,
+    mask: str = "square",
+    channels: int = 1,
+    steps: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+    mean: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """`fold_basis`'s first-stage bias as a (C, K) float64 term added to the stored coefficients before the
+    folded weights: (offset - 8 mean [k is DC]) / step (the DC basis function is 1/8 everywhere), or None."""
+    if offsets is None and mean is None:
+        return None
+    k = num_kept(cf, mask)
+    f64 = dict(dtype=torch.float64)
+    o = torch.zeros(channels, k, **f64) if offsets is None else torch.as_tensor(offsets, **f64).reshape(channels, k)
+    if mean is not None:
+        o[:, 0] -= BLOCK * torch.as_tensor(mean, **f64).reshape(channels)
+    return o if steps is None else o / torch.as_tensor(steps, **f64).reshape(channels, k)
+
+
 def square_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:
     """(..., K, Wb) -> (..., cf, cf, Wb): frequency (u, v) at [u, v]; frequencies the mask drops are zero."""
     *lead, k, wb = coeffs.shape
@@ -265,9 +285,11 @@ def synthesize(
     bias_row: bool = False,
     dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Inverse transform of (B, C, Hb, K, Wb) coefficients (any real dtype) -> (B, C, H, W) in `dtype`
-    (default: weight's dtype), written into `out` when given.
+    (default: weight's dtype), written into `out` when given. With `bias_row`, `shift` (C, K) is the
+    same bias as an additive term on the coefficients (`fold_shift`), which the chunked kernel uses.
 
     Plain CPU tensors in eager mode take `synthesize_chunked` (same math, a few block rows at a time,
     written straight into the output); everything else (CUDA, autograd, compile, export, ONNX) takes
@@ -275,10 +297,10 @@ def synthesize(
     """
     b, c, hb, _, wb = coeffs.shape
     dtype = weight.dtype if dtype is None else dtype
-    if eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out)):
+    if eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out)) and (shift is not None or not bias_row):
         if out is None:
             out = torch.empty(b, c, *size, dtype=dtype)
-        return synthesize_chunked(coeffs, weight, trows, mask, bias_row, out)
+        return synthesize_chunked(coeffs, weight[:, :, :-1] if bias_row else weight, trows, mask, out, shift)
     img = synthesize_portable(coeffs, weight, trows, mask, size, bias_row).to(dtype)
     if out is None:
         return img
@@ -320,41 +342,62 @@ def synthesize_portable(
     return img
 
 
+TRANSPOSED_ABOVE_CF = 4  # from CF 5 up the chunked kernel's first matmul computes Z transposed (see below)
+
+
 def synthesize_chunked(
-    coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, bias_row: bool, out: torch.Tensor
+    coeffs: torch.Tensor,
+    weight: torch.Tensor,
+    trows: torch.Tensor,
+    mask: str,
+    out: torch.Tensor,
+    shift: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output at a time.
 
     The portable graph makes each intermediate (the converted coefficients, Z, the padded image, the
     dtype cast) a full-size tensor that goes out to memory and back. Here they live in cache: each
-    step converts a few block rows, runs the two matmuls and writes image rows into `out` (directly
-    through `matmul(out=)` when no crop or cast is needed), so the output is written once. Eager CPU
-    only: the loop is Python and `out=` is not traceable.
+    step converts a few block rows (adding `shift`, the first-stage bias in coefficient units, in the
+    same pass), runs the two matmuls and writes image rows into `out` (through `matmul(out=)` when no
+    crop or cast is needed), so the output is written once. `weight` has no bias row.
+
+    Above `TRANSPOSED_ABOVE_CF` the first matmul computes Z transposed, (8 x V) @ (V x Wb) per (u, block
+    row): BLAS runs that shape 3-4x faster than (Wb x V) @ (V x 8), which pays for the transposing copy
+    into `out` once V is large. Eager CPU only: the loop is Python and `out=` is not traceable.
     """
     b, c, hb, _, wb = coeffs.shape
     h, w = out.shape[-2:]
     cf = trows.shape[0]
-    v = weight.shape[2] - int(bias_row)
     tt = trows.transpose(0, 1)  # (8, U)
+    transposed = cf > TRANSPOSED_ABOVE_CF
+    wt = weight.transpose(-1, -2)  # (C, U, 8, V)
+    planes = None if shift is None else square_planes(shift.reshape(c, -1, 1), cf, mask)  # (C, U, V, 1)
     rows = max(1, CHUNK_BYTES // (wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
-    direct = out.dtype == weight.dtype and h == hb * BLOCK and w == wb * BLOCK
+    aligned = h == hb * BLOCK and w == wb * BLOCK
+    direct = aligned and out.dtype == weight.dtype
     if rows >= hb:  # whole images per step
         steps = [(i, min(i + rows // hb, b), 0, hb) for i in range(0, b, rows // hb)]
     else:  # a few block rows of one image per step
         steps = [(i, i + 1, r, min(r + rows, hb)) for i in range(b) for r in range(0, hb, rows)]
     for ch in range(c):
-        wc = weight[ch]  # (U, V[+1], 8)
         for b0, b1, r0, r1 in steps:
-            y = square_planes(coeffs[b0:b1, ch, r0:r1], cf, mask).to(weight.dtype)  # (n, r, U, V, Wb)
-            z = torch.matmul(y.transpose(-1, -2), wc[:, :v])  # (n, r, U, Wb, 8)
-            if bias_row:
-                z.add_(wc[:, v:])
-            z = z.view(b1 - b0, r1 - r0, cf, wb * BLOCK)
+            n, r = b1 - b0, r1 - r0
+            x = square_planes(coeffs[b0:b1, ch, r0:r1], cf, mask)  # (n, r, U, V, Wb)
+            y = x.to(weight.dtype) if planes is None else torch.add(x, planes[ch])  # converts as it adds
             target = out[b0:b1, ch, r0 * BLOCK : min(r1 * BLOCK, h), :w]
+            if transposed:
+                zt = torch.matmul(wt[ch], y).view(n, r, cf, BLOCK * wb)  # (n, r, U, 8j x Wb)
+                img = torch.matmul(tt, zt).view(n, r, BLOCK, BLOCK, wb).transpose(-1, -2)  # (n, r, i, Wb, j)
+                if aligned:
+                    target.view(n, r, BLOCK, wb, BLOCK).copy_(img)
+                else:
+                    target.copy_(img.reshape(n, r * BLOCK, wb * BLOCK)[:, : target.shape[1], :w])
+                continue
+            z = torch.matmul(y.transpose(-1, -2), weight[ch]).view(n, r, cf, wb * BLOCK)  # (n, r, U, Wb x 8j)
             if direct:
-                torch.matmul(tt, z, out=target.view(b1 - b0, r1 - r0, BLOCK, w))
+                torch.matmul(tt, z, out=target.view(n, r, BLOCK, w))
             else:
-                img = torch.matmul(tt, z).view(b1 - b0, (r1 - r0) * BLOCK, wb * BLOCK)
+                img = torch.matmul(tt, z).view(n, r * BLOCK, wb * BLOCK)
                 target.copy_(img[:, : target.shape[1], :w])
     return out
 
