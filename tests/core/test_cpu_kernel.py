@@ -175,13 +175,15 @@ def test_export_and_compile_take_the_portable_graph(no_chunked, monkeypatch):
     torch.testing.assert_close(compiled(q), ref)
 
 
-def test_onnx_export_takes_the_portable_graph(no_chunked, tmp_path):
+def test_onnx_export_takes_the_portable_graph(tmp_path, request):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     spec = spec_for(6, height=32, width=48)
     q = wire_of(spec)
+    ref = decode_reference(q, spec)
     layer = Decompress(spec).eval()
+    request.getfixturevalue("no_chunked")
     path = tmp_path / "decompress.onnx"
     torch.onnx.export(layer, (q,), str(path), input_names=["coeffs"], dynamo=True)
     (out,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"coeffs": q.numpy()})
-    torch.testing.assert_close(torch.from_numpy(out), decode_reference(q, spec), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(out), ref, atol=1e-4, rtol=1e-5)
