@@ -123,13 +123,13 @@ class Decompress(nn.Module):
             self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
         target = None if out is None else (out.unsqueeze(0) if unbatched else out)
         if self.folded:
-            coef, bias_row = y, self.bias_row
             shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
+            img = synthesize(
+                y, weight, trows, spec.mask, size, self.bias_row, dtype=self.dtype, out=target, shift=shift
+            )
         else:
-            coef, bias_row, shift = self._coefficients(y, side, compute), False, None
-        img = synthesize(
-            coef, weight, trows, spec.mask, size, bias_row=bias_row, dtype=self.dtype, out=target, shift=shift
-        )
+            prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
+            img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img

@@ -286,10 +286,13 @@ def synthesize(
     dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
+    prepare=None,
 ) -> torch.Tensor:
     """Inverse transform of (B, C, Hb, K, Wb) coefficients (any real dtype) -> (B, C, H, W) in `dtype`
     (default: weight's dtype), written into `out` when given. With `bias_row`, `shift` (C, K) is the
     same bias as an additive term on the coefficients (`fold_shift`), which the chunked kernel uses.
+    `prepare(coeffs[b0:b1, :, r0:r1], b0, b1)`, when given, turns stored coefficients into the float
+    ones to synthesize (the v2 affine pass); the chunked kernel calls it on each slice in cache.
 
     Plain CPU tensors in eager mode take `synthesize_chunked` (same math, a few block rows at a time,
     written straight into the output); everything else (CUDA, autograd, compile, export, ONNX) takes
@@ -300,7 +303,11 @@ def synthesize(
     if eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out)) and (shift is not None or not bias_row):
         if out is None:
             out = torch.empty(b, c, *size, dtype=dtype)
-        return synthesize_chunked(coeffs, weight[:, :, :-1] if bias_row else weight, trows, mask, out, shift)
+        if prepare is None:
+            prepare = _converter(weight.dtype, shift)
+        return synthesize_chunked(coeffs, weight[:, :, :-1] if bias_row else weight, trows, mask, out, prepare)
+    if prepare is not None:
+        coeffs = prepare(coeffs, 0, b)
     img = synthesize_portable(coeffs, weight, trows, mask, size, bias_row).to(dtype)
     if out is None:
         return img
@@ -345,21 +352,25 @@ def synthesize_portable(
 TRANSPOSED_ABOVE_CF = 4  # from CF 5 up the chunked kernel's first matmul computes Z transposed (see below)
 
 
-def synthesize_chunked(
-    coeffs: torch.Tensor,
-    weight: torch.Tensor,
-    trows: torch.Tensor,
-    mask: str,
-    out: torch.Tensor,
-    shift: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output at a time.
+def _converter(dtype: torch.dtype, shift: torch.Tensor | None):
+    """The chunked kernel's default `prepare`: convert to `dtype`, adding the (C, K) `shift` in the same pass."""
+    if shift is None:
+        return lambda x, b0, b1: x.to(dtype)
+    table = shift.to(dtype).reshape(1, shift.shape[0], 1, shift.shape[1], 1)
+    return lambda x, b0, b1: torch.add(x, table)
 
-    The portable graph makes each intermediate (the converted coefficients, Z, the padded image, the
-    dtype cast) a full-size tensor that goes out to memory and back. Here they live in cache: each
-    step converts a few block rows (adding `shift`, the first-stage bias in coefficient units, in the
-    same pass), runs the two matmuls and writes image rows into `out` (through `matmul(out=)` when no
-    crop or cast is needed), so the output is written once. `weight` has no bias row.
+
+def synthesize_chunked(
+    coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, out: torch.Tensor, prepare
+) -> torch.Tensor:
+    """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output per thread at a time.
+
+    The portable graph makes each intermediate (the converted coefficients, the v2 affine pass, Z,
+    the padded image, the dtype cast) a full-size tensor that goes out to memory and back. Here they
+    live in cache: each step prepares a few block rows of every channel (`prepare`: conversion, bias
+    or the v2 affine pass), runs the two matmuls per channel and writes image rows into `out`
+    (through `matmul(out=)` when no crop or cast is needed), so the output is written once. `weight`
+    has no bias row.
 
     Above `TRANSPOSED_ABOVE_CF` the first matmul computes Z transposed, (8 x V) @ (V x Wb) per (u, block
     row): BLAS runs that shape 3-4x faster than (Wb x V) @ (V x 8), which pays for the transposing copy
@@ -371,19 +382,19 @@ def synthesize_chunked(
     tt = trows.transpose(0, 1)  # (8, U)
     transposed = cf > TRANSPOSED_ABOVE_CF
     wt = weight.transpose(-1, -2)  # (C, U, 8, V)
-    planes = None if shift is None else square_planes(shift.reshape(c, -1, 1), cf, mask)  # (C, U, V, 1)
-    rows = max(1, CHUNK_BYTES // (wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
+    step_bytes = CHUNK_BYTES * torch.get_num_threads()  # enough work per op for every thread
+    rows = max(1, step_bytes // (c * wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
     aligned = h == hb * BLOCK and w == wb * BLOCK
     direct = aligned and out.dtype == weight.dtype
     if rows >= hb:  # whole images per step
         steps = [(i, min(i + rows // hb, b), 0, hb) for i in range(0, b, rows // hb)]
     else:  # a few block rows of one image per step
         steps = [(i, i + 1, r, min(r + rows, hb)) for i in range(b) for r in range(0, hb, rows)]
-    for ch in range(c):
-        for b0, b1, r0, r1 in steps:
-            n, r = b1 - b0, r1 - r0
-            x = square_planes(coeffs[b0:b1, ch, r0:r1], cf, mask)  # (n, r, U, V, Wb)
-            y = x.to(weight.dtype) if planes is None else torch.add(x, planes[ch])  # converts as it adds
+    for b0, b1, r0, r1 in steps:
+        n, r = b1 - b0, r1 - r0
+        coef = prepare(coeffs[b0:b1, :, r0:r1], b0, b1).to(weight.dtype)  # (n, C, r, K, Wb)
+        for ch in range(c):
+            y = square_planes(coef[:, ch], cf, mask)  # (n, r, U, V, Wb)
             target = out[b0:b1, ch, r0 * BLOCK : min(r1 * BLOCK, h), :w]
             if transposed:
                 zt = torch.matmul(wt[ch], y).view(n, r, cf, BLOCK * wb)  # (n, r, U, 8j x Wb)

@@ -7,12 +7,13 @@ CPU path before the chunked kernel), the chunked CPU kernel with a fresh output,
 kernel into a reused `out=` buffer. Fresh outputs pay for page faults: run once more with
 `THP_MEM_ALLOC_ENABLE=1` (torch then backs large tensors with huge pages) to see how much.
 
-    python examples/decode_kernels.py --threads 1 2 --sizes 256 1024 --cf 2 4 8
+    python examples/decode_kernels.py --threads 1 2 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 
@@ -24,23 +25,33 @@ from dctdata.transform import synthesize_portable
 OUT_OF_CACHE_BYTES = 64 << 20
 
 
-def variants(size: int, cf: int, wire: str) -> dict:
-    """The timed callables for one (size, CF): a copy of the output bytes and the three decode kernels."""
+def variants(size: int, cf: int, wire: str, codec: str) -> dict:
+    """The timed callables for one (size, CF): a copy of the output bytes and the three decode kernels.
+
+    codec v1: steps and a DC offset folded into the weights; v2: dead-zone reconstruction offsets and
+    per-sample (range, mid), the affine pass over the coefficients before the matmuls."""
     k = cf * cf
     quant = dict(steps=[[1e-3] * k], offsets=[[0.5] + [0.0] * (k - 1)]) if wire.startswith("int") else {}
+    if codec == "v2":
+        quant.update(recon=[[0.1] * k], side="range_mid")
     spec = CodecSpec(cf=cf, height=size, width=size, dtype=wire, **quant)
     layer = Decompress(spec)
     batch = -(-OUT_OF_CACHE_BYTES // (size * size * 4))
     q = (torch.randn(batch, *spec.coeff_shape) * 100).to(spec.torch_dtype)
+    wire_value = (q, torch.rand(batch, 1, 2) + 0.5) if codec == "v2" else q
     src = torch.randn(batch, 1, size, size)
     dst, out = torch.empty_like(src), torch.empty_like(src)
-    bias = layer.bias_row
+
+    def before():  # the eager CPU path before the chunked kernel: full-size passes, then the portable graph
+        coef = q if codec == "v1" else layer._coefficients(q, wire_value[1], torch.float32)
+        return synthesize_portable(coef, layer.weight, layer.trows, "square", (size, size), layer.bias_row)
+
     return {
         "batch": batch,
         "copy": lambda: dst.copy_(src),
-        "portable": lambda: synthesize_portable(q, layer.weight, layer.trows, "square", (size, size), bias),
-        "chunked": lambda: layer(q),
-        "out": lambda: layer(q, out=out),
+        "portable": before,
+        "chunked": lambda: layer(wire_value),
+        "out": lambda: layer(wire_value, out=out),
     }
 
 
@@ -48,11 +59,13 @@ def best_interleaved(fns: dict, repeat: int) -> dict:
     """Best time of each callable, taking turns so load spikes hit every variant alike."""
     best = dict.fromkeys(fns, float("inf"))
     with torch.inference_mode():
-        for _ in range(repeat + 1):  # the first round warms up
+        for fn in fns.values():  # warm up
+            fn()
+        for _ in range(repeat):
             for name, fn in fns.items():
                 start = time.perf_counter()
                 fn()
-                best[name] = min(best[name], time.perf_counter() - start) if _ else best[name]
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -62,29 +75,28 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8])
     p.add_argument("--wire", default="int16", help="coefficient wire dtype (int16: steps and offsets folded)")
+    p.add_argument("--codec", nargs="+", default=["v1", "v2"], choices=["v1", "v2"], help="codec versions")
     p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args()
     print(
         f"torch {torch.__version__}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}, "
         f"wire {args.wire}, outputs >= 64 MB, best of {args.repeat} interleaved; times as x copy"
     )
-    print("| threads | size | CF | batch | copy ms | portable (before) | chunked | chunked, out= |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in args.threads:
+    print("| codec | threads | size | CF | batch | copy ms | portable (before) | chunked | chunked, out= |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for codec, n, size, cf in itertools.product(args.codec, args.threads, args.sizes, args.cf):
         torch.set_num_threads(n)
-        for size in args.sizes:
-            for cf in args.cf:
-                fns = variants(size, cf, args.wire)
-                batch = fns.pop("batch")
-                with torch.inference_mode():
-                    torch.testing.assert_close(fns["chunked"](), fns["portable"](), atol=1e-4, rtol=1e-5)
-                best = best_interleaved(fns, args.repeat)
-                c = best["copy"]
-                print(
-                    f"| {n} | {size}² | {cf} | {batch} | {1e3 * c:.1f} | {best['portable'] / c:.1f}x | "
-                    f"{best['chunked'] / c:.1f}x | {best['out'] / c:.1f}x |",
-                    flush=True,
-                )
+        fns = variants(size, cf, args.wire, codec)
+        batch = fns.pop("batch")
+        with torch.inference_mode():
+            torch.testing.assert_close(fns["chunked"](), fns["portable"](), atol=1e-3, rtol=1e-5)
+        best = best_interleaved(fns, args.repeat)
+        c = best["copy"]
+        print(
+            f"| {codec} | {n} | {size}² | {cf} | {batch} | {1e3 * c:.1f} | {best['portable'] / c:.1f}x | "
+            f"{best['chunked'] / c:.1f}x | {best['out'] / c:.1f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
