@@ -59,7 +59,7 @@ class Decompress(nn.Module):
             wcol, zbias, trows = fold_basis(spec.cf, spec.mask, spec.channels, spec.steps, spec.offsets, mean, std)
             self.bias_row = zbias is not None
             self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
-            shift = fold_shift(spec.cf, spec.mask, spec.channels, spec.steps, spec.offsets, mean)
+            shift = fold_shift((spec.channels, spec.kept), spec.steps, spec.offsets, mean)
             self.register_buffer("coef_shift", None if shift is None else shift.to(compute), persistent=False)
         else:
             c, k = spec.channels, spec.kept

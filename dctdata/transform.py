@@ -212,24 +212,17 @@ def fold_basis(
     return wcol, zbias, t[:cf].clone()
 
 
-def fold_shift(
-    cf: int,
-    mask: str = "square",
-    channels: int = 1,
-    steps: torch.Tensor | None = None,
-    offsets: torch.Tensor | None = None,
-    mean: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """`fold_basis`'s first-stage bias as a (C, K) float64 term added to the stored coefficients before the
-    folded weights: (offset - 8 mean [k is DC]) / step (the DC basis function is 1/8 everywhere), or None."""
+def fold_shift(shape: tuple[int, int], steps=None, offsets=None, mean=None) -> torch.Tensor | None:
+    """`fold_basis`'s first-stage bias as a (C, K) = `shape` float64 term added to the stored coefficients
+    before the folded weights: (offset - 8 mean [k is DC]) / step (the DC basis function is 1/8
+    everywhere), or None when there is no bias. Tables as for `fold_basis`."""
     if offsets is None and mean is None:
         return None
-    k = num_kept(cf, mask)
-    f64 = dict(dtype=torch.float64)
-    o = torch.zeros(channels, k, **f64) if offsets is None else torch.as_tensor(offsets, **f64).reshape(channels, k)
+    as64 = functools.partial(torch.as_tensor, dtype=torch.float64)
+    shift = torch.zeros(shape, dtype=torch.float64) if offsets is None else as64(offsets).reshape(shape).clone()
     if mean is not None:
-        o[:, 0] -= BLOCK * torch.as_tensor(mean, **f64).reshape(channels)
-    return o if steps is None else o / torch.as_tensor(steps, **f64).reshape(channels, k)
+        shift[:, 0] -= BLOCK * as64(mean).reshape(shape[0])
+    return shift if steps is None else shift / as64(steps).reshape(shape)
 
 
 def square_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:

@@ -4,23 +4,19 @@ compile, export, ONNX and autograd on the portable graph."""
 import pytest
 import torch
 from decode_checks import check_decompress
+from test_layer import make_spec, v2_wire
 
 import dctdata
 import dctdata.transform as transform
-from dctdata import CodecSpec, Decompress
+from dctdata import Decompress
 from dctdata.quantize import decode_reference
 
 
 def spec_for(cf, mask="square", channels=2, height=29, width=43, wire="int16", normalized=True, offsets=True):
-    k = dctdata.num_kept(cf, mask)
-    base = 0.1 if wire == "int8" else 0.002  # rand() data: DC ~ 4 +- 2, AC ~ +-2
-    kw = {"steps": [[base * (1 + 0.1 * i) for i in range(k)] for _ in range(channels)]}
-    if offsets:
-        kw["offsets"] = [[4.0 + c] + [0.01 * i for i in range(1, k)] for c in range(channels)]
-    if normalized:
-        kw["mean"] = [0.5 + c for c in range(channels)]
-        kw["std"] = [0.25 * (c + 1) for c in range(channels)]
-    return CodecSpec(cf=cf, mask=mask, channels=channels, height=height, width=width, dtype=wire, **kw)
+    """test_layer's spec, with offsets on every kept frequency (not only DC) when `offsets`."""
+    spec = make_spec(wire, cf, mask, channels, height, width, quantized=True, normalized=normalized)
+    table = [[4.0 + c] + [0.01 * i for i in range(1, spec.kept)] for c in range(channels)]
+    return spec.replace(offsets=table if offsets else None)
 
 
 def wire_of(spec, b=3, seed=0):
@@ -106,8 +102,6 @@ def test_float64_coefficients_compute_in_float64(calls, monkeypatch):
 
 @pytest.mark.parametrize("chunk", [1, 1 << 20])  # the affine pass per block row (side sliced per sample)
 def test_v2_spec_takes_the_chunked_kernel(chunk, calls, monkeypatch):
-    from test_layer import v2_wire
-
     monkeypatch.setattr(transform, "CHUNK_BYTES", chunk)
     spec, wire = v2_wire()
     out = check_decompress(spec, wire)
