@@ -258,10 +258,13 @@ CHUNK_BYTES = 1 << 20  # output bytes per step of the chunked CPU kernel: its in
 def eager_cpu(*tensors: torch.Tensor) -> bool:
     """True when the chunked CPU kernel may run: plain CPU tensors, eager mode, no autograd to record.
 
-    torch.compile, torch.export (fake and functional tensors are subclasses), jit tracing and ONNX
-    export all see the portable path, so exported graphs keep matmul/reshape/transpose/cat ops only.
+    torch.compile, torch.export (fake and functional tensors are subclasses), jit tracing, ONNX
+    export and torch.func transforms (vmap, grad) all see the portable path, so exported graphs keep
+    matmul/reshape/transpose/cat ops only.
     """
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():
         return False
     if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False

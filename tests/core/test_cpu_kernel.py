@@ -147,6 +147,15 @@ def test_bad_out_is_a_clear_error():
         layer(q, out=torch.empty(2, *spec.sample_shape))
 
 
+def test_vmap_takes_the_portable_graph(monkeypatch):
+    spec = spec_for(4)
+    q = wire_of(spec)
+    layer = Decompress(spec)
+    ref = layer(q)
+    monkeypatch.setattr(transform, "synthesize_chunked", None)  # calling it would raise
+    torch.testing.assert_close(torch.func.vmap(layer)(q), ref)
+
+
 def test_autograd_takes_the_portable_graph(no_chunked):
     spec = spec_for(4)
     q = wire_of(spec).to(torch.float32).requires_grad_()
