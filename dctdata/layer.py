@@ -16,6 +16,11 @@ export to ONNX):
   C x C inverse rotation as one small matmul over the channel axis, the per-sample (range, mid) and
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
+
+On plain CPU tensors in eager mode both run through `transform.synthesize_chunked` (a few block rows
+at a time, the affine pass included, intermediates in cache); `layer(q, out=buf)` writes into a
+reused buffer, which saves the page faults of a fresh output (several times the decode itself on
+outputs of tens of MB).
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ directly, with no permute pass (the fully planar (..., K, Hb, Wb) order needs on
 pass over a full-size tensor; `dctdata bench codec` measures the result). A DCT-domain network that
 wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
 
-All work is per block (reshape + a (K x 64) matmul), so the cost per pixel does not depend on the
-image size.
+All work is per block (two small separable matmuls), so the cost per pixel does not depend on the
+image size. `synthesize` has two kernels with the same math: a portable graph of matmul/reshape/
+transpose/cat ops (CUDA, autograd, torch.compile, torch.export, ONNX) and, for plain CPU tensors in
+eager mode, a chunked kernel that keeps every intermediate in cache and writes the output once.
 """
 
 from __future__ import annotations
@@ -290,13 +292,17 @@ def synthesize(
     `prepare(coeffs[b0:b1, :, r0:r1], b0, b1)`, when given, turns stored coefficients into the float
     ones to synthesize (the v2 affine pass); the chunked kernel calls it on each slice in cache.
 
-    Plain CPU tensors in eager mode take `synthesize_chunked` (same math, a few block rows at a time,
-    written straight into the output); everything else (CUDA, autograd, compile, export, ONNX) takes
-    `synthesize_portable`, whose graph is matmul/reshape/transpose/cat only.
+    Plain CPU tensors in eager mode with one intra-op thread take `synthesize_chunked` (same math, a few
+    block rows at a time, written straight into the output); everything else (CUDA, autograd, compile,
+    export, ONNX) takes `synthesize_portable`, whose graph is matmul/reshape/transpose/cat only. With
+    several threads the chunked kernel's hundred small ops per call each pay a thread barrier: on a
+    busy 2-core machine it ran 1.3-4x slower than the portable graph with 2 threads (issue 17), so it
+    is kept to one thread, the setting `balance_threads` gives a main process next to its workers.
     """
     b, c, hb, _, wb = coeffs.shape
     dtype = weight.dtype if dtype is None else dtype
-    if eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out)) and (shift is not None or not bias_row):
+    eager = eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out))  # first: compile never asks threads
+    if eager and (shift is not None or not bias_row) and torch.get_num_threads() == 1:
         if out is None:
             out = torch.empty(b, c, *size, dtype=dtype)
         if prepare is None:
@@ -359,7 +365,7 @@ def _converter(dtype: torch.dtype, shift: torch.Tensor | None):
 def synthesize_chunked(
     coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, out: torch.Tensor, prepare
 ) -> torch.Tensor:
-    """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output per thread at a time.
+    """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output at a time.
 
     The portable graph makes each intermediate (the converted coefficients, the v2 affine pass, Z,
     the padded image, the dtype cast) a full-size tensor that goes out to memory and back. Here they
@@ -378,8 +384,7 @@ def synthesize_chunked(
     tt = trows.transpose(0, 1)  # (8, U)
     transposed = cf > TRANSPOSED_ABOVE_CF
     wt = weight.transpose(-1, -2)  # (C, U, 8, V)
-    step_bytes = CHUNK_BYTES * torch.get_num_threads()  # enough work per op for every thread
-    rows = max(1, step_bytes // (c * wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
+    rows = max(1, CHUNK_BYTES // (c * wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
     aligned = h == hb * BLOCK and w == wb * BLOCK
     direct = aligned and out.dtype == weight.dtype
     if rows >= hb:  # whole images per step

@@ -26,6 +26,15 @@ def wire_of(spec, b=3, seed=0):
     return q
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The chunked kernel runs with one intra-op thread (the portable graph with more)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """Counts calls of the chunked kernel."""
@@ -108,6 +117,23 @@ def test_v2_spec_takes_the_chunked_kernel(chunk, calls, monkeypatch):
     assert calls
     ref = portable(Decompress(spec), wire, monkeypatch)
     torch.testing.assert_close(out, ref, atol=1e-6 * float(ref.abs().max()), rtol=1e-5)
+
+
+def test_several_threads_take_the_portable_graph(calls):
+    spec = spec_for(4)
+    q = wire_of(spec)
+    layer = Decompress(spec)
+    one = layer(q)
+    assert len(calls) == 1
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        buf = torch.empty_like(one)
+        assert layer(q, out=buf) is buf
+    finally:
+        torch.set_num_threads(previous)
+    assert len(calls) == 1
+    torch.testing.assert_close(buf, one, atol=1e-5, rtol=1e-5)
 
 
 def test_out_receives_the_result_and_is_returned():
