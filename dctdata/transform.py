@@ -264,7 +264,7 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
     export and torch.func transforms (vmap, grad) all see the portable path, so exported graphs keep
     matmul/reshape/transpose/cat ops only.
     """
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if torch.compiler.is_compiling() or getattr(torch.compiler, "is_exporting", lambda: False)():
         return False
     if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():
         return False
