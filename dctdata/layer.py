@@ -16,6 +16,11 @@ export to ONNX):
   C x C inverse rotation as one small matmul over the channel axis, the per-sample (range, mid) and
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
+
+On plain CPU tensors in eager mode both run through `transform.synthesize_chunked` (a few block rows
+at a time, the affine pass included, intermediates in cache); `layer(q, out=buf)` writes into a
+reused buffer, which saves the page faults of a fresh output (several times the decode itself on
+outputs of tens of MB).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from torch import nn
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec
-from dctdata.transform import BLOCK, augment_bias, fold_basis, synthesize
+from dctdata.transform import BLOCK, augment_bias, fold_basis, fold_shift, synthesize
 from dctdata.wire import split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -59,6 +64,8 @@ class Decompress(nn.Module):
             wcol, zbias, trows = fold_basis(spec.cf, spec.mask, spec.channels, spec.steps, spec.offsets, mean, std)
             self.bias_row = zbias is not None
             self.register_buffer("weight", augment_bias(wcol, zbias).to(compute), persistent=False)
+            shift = fold_shift((spec.channels, spec.kept), spec.steps, spec.offsets, mean)
+            self.register_buffer("coef_shift", None if shift is None else shift.to(compute), persistent=False)
         else:
             c, k = spec.channels, spec.kept
             wcol, _, trows = fold_basis(spec.cf, spec.mask, c)
@@ -94,7 +101,9 @@ class Decompress(nn.Module):
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
         return cls(f.codec, **kwargs)
 
-    def forward(self, coeffs) -> torch.Tensor:
+    def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
+        loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
             raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
@@ -115,12 +124,31 @@ class Decompress(nn.Module):
         weight = self.weight.to(device=y.device, dtype=compute)
         trows = self.trows.to(device=y.device, dtype=compute)
         size = (spec.height, spec.width)
+        if out is not None:
+            self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
+        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
         if self.folded:
-            out = synthesize(y, weight, trows, spec.mask, size, bias_row=self.bias_row)
+            shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
+            img = synthesize(
+                y, weight, trows, spec.mask, size, self.bias_row, dtype=self.dtype, out=target, shift=shift
+            )
         else:
-            out = synthesize(self._coefficients(y, side, compute), weight, trows, spec.mask, size)
-        out = out.to(self.dtype)
-        return out.squeeze(0) if unbatched else out
+            prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
+            img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
+        if out is not None:
+            return out
+        return img.squeeze(0) if unbatched else img
+
+    def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor. Got {type(out).__name__}")
+        if out.dtype != self.dtype or out.device != device:
+            raise TypeError(
+                f"out: expected dtype {self.dtype} on {device} (the layer's dtype, the input's device). "
+                f"Got {out.dtype} on {out.device}"
+            )
+        if tuple(out.shape) != shape:
+            raise DctDataError(f"out: expected shape {shape}. Got {tuple(out.shape)}")
 
     def _coefficients(self, q: torch.Tensor, side: torch.Tensor | None, compute: torch.dtype) -> torch.Tensor:
         """The v2 affine pass over the coefficient tensor (see the module docstring)."""

@@ -9,8 +9,10 @@ directly, with no permute pass (the fully planar (..., K, Hb, Wb) order needs on
 pass over a full-size tensor; `dctdata bench codec` measures the result). A DCT-domain network that
 wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
 
-All work is per block (reshape + a (K x 64) matmul), so the cost per pixel does not depend on the
-image size.
+All work is per block (two small separable matmuls), so the cost per pixel does not depend on the
+image size. `synthesize` has two kernels with the same math: a portable graph of matmul/reshape/
+transpose/cat ops (CUDA, autograd, torch.compile, torch.export, ONNX) and, for plain CPU tensors in
+eager mode, a chunked kernel that keeps every intermediate in cache and writes the output once.
 """
 
 from __future__ import annotations
@@ -212,6 +214,19 @@ def fold_basis(
     return wcol, zbias, t[:cf].clone()
 
 
+def fold_shift(shape: tuple[int, int], steps=None, offsets=None, mean=None) -> torch.Tensor | None:
+    """`fold_basis`'s first-stage bias as a (C, K) = `shape` float64 term added to the stored coefficients
+    before the folded weights: (offset - 8 mean [k is DC]) / step (the DC basis function is 1/8
+    everywhere), or None when there is no bias. Tables as for `fold_basis`."""
+    if offsets is None and mean is None:
+        return None
+    as64 = functools.partial(torch.as_tensor, dtype=torch.float64)
+    shift = torch.zeros(shape, dtype=torch.float64) if offsets is None else as64(offsets).reshape(shape).clone()
+    if mean is not None:
+        shift[:, 0] -= BLOCK * as64(mean).reshape(shape[0])
+    return shift if steps is None else shift / as64(steps).reshape(shape)
+
+
 def square_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:
     """(..., K, Wb) -> (..., cf, cf, Wb): frequency (u, v) at [u, v]; frequencies the mask drops are zero."""
     *lead, k, wb = coeffs.shape
@@ -239,7 +254,69 @@ def augment_bias(wcol: torch.Tensor, zbias: torch.Tensor | None) -> torch.Tensor
     return torch.cat([wcol, zbias.unsqueeze(2)], dim=2)
 
 
+CHUNK_BYTES = 1 << 20  # output bytes per step of the chunked CPU kernel: its intermediates stay in L2
+
+
+def eager_cpu(*tensors: torch.Tensor) -> bool:
+    """True when the chunked CPU kernel may run: plain CPU tensors, eager mode, no autograd to record.
+
+    torch.compile, torch.export (fake and functional tensors are subclasses), jit tracing, ONNX
+    export and torch.func transforms (vmap, grad) all see the portable path, so exported graphs keep
+    matmul/reshape/transpose/cat ops only.
+    """
+    if torch.compiler.is_compiling() or getattr(torch.compiler, "is_exporting", lambda: False)():
+        return False
+    if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():
+        return False
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and t.device.type == "cpu" and not (grad and t.requires_grad) for t in tensors)
+
+
 def synthesize(
+    coeffs: torch.Tensor,
+    weight: torch.Tensor,
+    trows: torch.Tensor,
+    mask: str,
+    size: tuple[int, int],
+    bias_row: bool = False,
+    dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+    prepare=None,
+) -> torch.Tensor:
+    """Inverse transform of (B, C, Hb, K, Wb) coefficients (any real dtype) -> (B, C, H, W) in `dtype`
+    (default: weight's dtype), written into `out` when given. With `bias_row`, `shift` (C, K) is the
+    same bias as an additive term on the coefficients (`fold_shift`), which the chunked kernel uses.
+    `prepare(coeffs[b0:b1, :, r0:r1], b0, b1)`, when given, turns stored coefficients into the float
+    ones to synthesize (the v2 affine pass); the chunked kernel calls it on each slice in cache.
+
+    Plain CPU tensors in eager mode with one intra-op thread take `synthesize_chunked` (same math, a few
+    block rows at a time, written straight into the output); everything else (CUDA, autograd, compile,
+    export, ONNX) takes `synthesize_portable`, whose graph is matmul/reshape/transpose/cat only. With
+    several threads the chunked kernel's hundred small ops per call each pay a thread barrier: on a
+    busy 2-core machine it ran 1.3-4x slower than the portable graph with 2 threads (issue 17), so it
+    is kept to one thread, the setting `balance_threads` gives a main process next to its workers.
+    """
+    b, c, hb, _, wb = coeffs.shape
+    dtype = weight.dtype if dtype is None else dtype
+    eager = eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out))  # first: compile never asks threads
+    if eager and (shift is not None or not bias_row) and torch.get_num_threads() == 1:
+        if out is None:
+            out = torch.empty(b, c, *size, dtype=dtype)
+        if prepare is None:
+            prepare = _converter(weight.dtype, shift)
+        return synthesize_chunked(coeffs, weight[:, :, :-1] if bias_row else weight, trows, mask, out, prepare)
+    if prepare is not None:
+        coeffs = prepare(coeffs, 0, b)
+    img = synthesize_portable(coeffs, weight, trows, mask, size, bias_row).to(dtype)
+    if out is None:
+        return img
+    return out.copy_(img)
+
+
+def synthesize_portable(
     coeffs: torch.Tensor,
     weight: torch.Tensor,
     trows: torch.Tensor,
@@ -272,6 +349,69 @@ def synthesize(
     if hb * BLOCK != h or wb * BLOCK != w:
         img = img[..., :h, :w].contiguous()
     return img
+
+
+TRANSPOSED_ABOVE_CF = 4  # from CF 5 up the chunked kernel's first matmul computes Z transposed (see below)
+
+
+def _converter(dtype: torch.dtype, shift: torch.Tensor | None):
+    """The chunked kernel's default `prepare`: convert to `dtype`, adding the (C, K) `shift` in the same pass."""
+    if shift is None:
+        return lambda x, b0, b1: x.to(dtype)
+    table = shift.to(dtype).reshape(1, shift.shape[0], 1, shift.shape[1], 1)
+    return lambda x, b0, b1: torch.add(x, table)
+
+
+def synthesize_chunked(
+    coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, out: torch.Tensor, prepare
+) -> torch.Tensor:
+    """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output at a time.
+
+    The portable graph makes each intermediate (the converted coefficients, the v2 affine pass, Z,
+    the padded image, the dtype cast) a full-size tensor that goes out to memory and back. Here they
+    live in cache: each step prepares a few block rows of every channel (`prepare`: conversion, bias
+    or the v2 affine pass), runs the two matmuls per channel and writes image rows into `out`
+    (through `matmul(out=)` when no crop or cast is needed), so the output is written once. `weight`
+    has no bias row.
+
+    Above `TRANSPOSED_ABOVE_CF` the first matmul computes Z transposed, (8 x V) @ (V x Wb) per (u, block
+    row): BLAS runs that shape 3-4x faster than (Wb x V) @ (V x 8), which pays for the transposing copy
+    into `out` once V is large. Eager CPU only: the loop is Python and `out=` is not traceable.
+    """
+    b, c, hb, _, wb = coeffs.shape
+    h, w = out.shape[-2:]
+    cf = trows.shape[0]
+    tt = trows.transpose(0, 1)  # (8, U)
+    transposed = cf > TRANSPOSED_ABOVE_CF
+    wt = weight.transpose(-1, -2)  # (C, U, 8, V)
+    rows = max(1, CHUNK_BYTES // (c * wb * BLOCK * BLOCK * weight.element_size()))  # block rows per step
+    aligned = h == hb * BLOCK and w == wb * BLOCK
+    direct = aligned and out.dtype == weight.dtype
+    if rows >= hb:  # whole images per step
+        steps = [(i, min(i + rows // hb, b), 0, hb) for i in range(0, b, rows // hb)]
+    else:  # a few block rows of one image per step
+        steps = [(i, i + 1, r, min(r + rows, hb)) for i in range(b) for r in range(0, hb, rows)]
+    for b0, b1, r0, r1 in steps:
+        n, r = b1 - b0, r1 - r0
+        coef = prepare(coeffs[b0:b1, :, r0:r1], b0, b1).to(weight.dtype)  # (n, C, r, K, Wb)
+        for ch in range(c):
+            y = square_planes(coef[:, ch], cf, mask)  # (n, r, U, V, Wb)
+            target = out[b0:b1, ch, r0 * BLOCK : min(r1 * BLOCK, h), :w]
+            if transposed:
+                zt = torch.matmul(wt[ch], y).view(n, r, cf, BLOCK * wb)  # (n, r, U, 8j x Wb)
+                img = torch.matmul(tt, zt).view(n, r, BLOCK, BLOCK, wb).transpose(-1, -2)  # (n, r, i, Wb, j)
+                if aligned:
+                    target.view(n, r, BLOCK, wb, BLOCK).copy_(img)
+                else:
+                    target.copy_(img.reshape(n, r * BLOCK, wb * BLOCK)[:, : target.shape[1], :w])
+                continue
+            z = torch.matmul(y.transpose(-1, -2), weight[ch]).view(n, r, cf, wb * BLOCK)  # (n, r, U, Wb x 8j)
+            if direct:
+                torch.matmul(tt, z, out=target.view(n, r, BLOCK, w))
+            else:
+                img = torch.matmul(tt, z).view(n, r * BLOCK, wb * BLOCK)
+                target.copy_(img[:, : target.shape[1], :w])
+    return out
 
 
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:

@@ -121,7 +121,7 @@ def _codec(args) -> int:
     print(
         f"torch {torch.__version__}, threads {', '.join(map(str, threads))}, float32 output, best of {args.repeat} "
         "(outputs of at least 64 MB: best of a third as many); x copy: decode time over the time to copy the same "
-        "output bytes into a preallocated buffer"
+        "output bytes into a preallocated buffer; out=: decode into a reused output buffer (Decompress(q, out=buf))"
     )
     print(format_rows(rows))
     return 0

@@ -26,10 +26,11 @@ def test_codec_bench_reports_ratios_against_copy_in_and_out_of_cache_and_paper(c
     assert main(args) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 1 | 64²")]
-    assert len(rows) == 2 and "x copy (in cache)" in out and "x copy (out of cache)" in out
+    assert len(rows) == 2 and "x copy (in cache)" in out and "x copy (out of cache)" in out and "out=)" in out
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert float(cells[4]) > 0 and cells[6].endswith("x") and cells[9].endswith("x") and cells[11].endswith("x")
+        assert float(cells[4]) > 0 and cells[6].endswith("x") and cells[9].endswith("x") and cells[10].endswith("x")
+        assert cells[12].endswith("x")
         assert cells[7] == "4096 (67 MB)"  # at least 64 MiB of float32 output per call
 
 

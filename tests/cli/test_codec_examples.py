@@ -1,7 +1,7 @@
-"""The issue-12 measurement scripts (examples/codec_ablation.py, examples/calibration_time.py) on tiny
-configurations: every row and column is there, sizes are positive, sweeps bracket the level, the JSON
-round-trips. The current interpreter stands in for the "before" one (the scripts only need a python
-whose `import dctdata` works)."""
+"""The issue-12 and -17 measurement scripts (examples/codec_ablation.py, examples/calibration_time.py,
+examples/decode_kernels.py) on tiny configurations: every row and column is there, sizes are positive,
+sweeps bracket the level, the JSON round-trips. The current interpreter stands in for the "before" one
+(the scripts only need a python whose `import dctdata` works)."""
 
 import importlib.util
 import json
@@ -81,3 +81,15 @@ def test_calibration_time_rows_and_tty(tmp_path, capsys, monkeypatch):
     assert payload["speedup"]["search_seconds"] > 0
     assert json.loads(path.read_text()) == payload
     assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.json"]  # frames and packs are removed
+
+
+def test_decode_kernels_rows(capsys, monkeypatch):
+    kernels = _load("decode_kernels", monkeypatch)
+    argv = ["--threads", "1", "--sizes", "24", "--cf", "2", "8", "--codec", "v1", "v2", "--repeat", "1"]
+    rows = kernels.main([*argv, "--bytes", str(1 << 16)])
+    assert [(r["codec"], r["cf"]) for r in rows] == [("v1", 2), ("v1", 8), ("v2", 2), ("v2", 8)]
+    for r in rows:
+        assert r["batch"] == 29 and r["copy_s"] > 0  # 29 images of 24 x 24 float32 >= 64 KiB
+        assert all(r[k] > 0 for k in ("x_portable", "x_chunked", "x_out"))
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| v")]
+    assert len(table) == 4 and all(line.endswith("x |") for line in table)
