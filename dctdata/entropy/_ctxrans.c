@@ -396,13 +396,13 @@ static inline uint64_t rd64le(const uint8_t *p) {
 #endif
 
 /* renorm without a data-dependent branch while 4 bytes are left (a well-predicted test), else renorm */
-static inline rans_t renorm_x(rans_t x, rbuf_t *r) {
+static inline __attribute__((always_inline)) rans_t renorm_x(rans_t x, rbuf_t *r, const int unchecked) {
 #if STATE64
-    if (r->end - r->p >= 4) {
-        const uint64_t w = rd32le(r->p);
-        const int need = x < RANS_L;
-        r->p += need ? 4 : 0;
-        return need ? (x << 32) | w : x;
+    if (unchecked || r->end - r->p >= 4) {
+        const uint64_t need = x < RANS_L; /* arithmetic, so compilers emit no branch */
+        const uint64_t w = rd32le(r->p) & (0 - need);
+        r->p += need << 2;
+        return (x << (need << 5)) | w;
     }
 #endif
     renorm(&x, r);
@@ -421,14 +421,14 @@ static __attribute__((noinline)) uint64_t bp_tail(const bitp_t *b, uint64_t at) 
 }
 
 /* the next 57 bits (unmasked); the caller takes what it needs and advances pos */
-static inline uint64_t bp_peek(const bitp_t *b) {
-    const uint64_t at = b->pos >> 3;
-    const uint64_t w = __builtin_expect(at < b->fast, 1) ? rd64le(b->base + at) : bp_tail(b, at); /* fast: at + 8 <= len */
+static inline __attribute__((always_inline)) uint64_t bp_peek(const bitp_t *b, const int unchecked) {
+    const uint64_t at = b->pos >> 3; /* fast: at + 8 <= len */
+    const uint64_t w = unchecked || __builtin_expect(at < b->fast, 1) ? rd64le(b->base + at) : bp_tail(b, at);
     return w >> (b->pos & 7);
 }
 
-static inline uint32_t bp_get(bitp_t *b, uint32_t nbits) { /* nbits <= 24 */
-    const uint32_t v = (uint32_t)bp_peek(b) & ((1u << nbits) - 1);
+static inline __attribute__((always_inline)) uint32_t bp_get(bitp_t *b, uint32_t nbits, const int unchecked) {
+    const uint32_t v = (uint32_t)bp_peek(b, unchecked) & ((1u << nbits) - 1); /* nbits <= 24 */
     b->pos += nbits;
     return v;
 }
@@ -453,25 +453,26 @@ static void init_token_tables(void) {
  * in one read (extra bits, then the sign bit, LSB first: the order the encoder wrote them), or a sign
  * coded as "differs from prevv's" (flipc: this channel codes them) in a second rANS step. */
 static inline __attribute__((always_inline)) int32_t dec_sym(const uint8_t *e, rans_t *xs, rbuf_t *r, bitp_t *b,
-                                                             int32_t prevv, int flipc, uint32_t flip1) {
+                                                             int32_t prevv, int flipc, uint32_t flip1,
+                                                             const int unchecked) {
     const uint16_t *cum = (const uint16_t *)e;
     rans_t x = *xs;
     const uint32_t slot = (uint32_t)(x & MASK);
     uint32_t t = e[CUMB + (slot >> (SCALE - LUTB))] & 31;
     while (t < NTOK - 1 && cum[t + 1] <= slot) t++;
     x = (rans_t)((uint32_t)cum[t + 1] - cum[t]) * (x >> SCALE) + slot - cum[t];
-    x = renorm_x(x, r);
+    x = renorm_x(x, r, unchecked);
     const toki_t *ti = &TOKI[t];
     uint32_t mag, neg;
     if (flipc && prevv != 0 && t != 0) {
-        mag = ti->mbase + bp_get(b, ti->eb);
+        mag = ti->mbase + bp_get(b, ti->eb, unchecked);
         const uint32_t s2 = (uint32_t)(x & MASK), f0 = MTOT - flip1;
         const uint32_t flip = s2 >= f0;
         x = flip ? (rans_t)flip1 * (x >> SCALE) + s2 - f0 : (rans_t)f0 * (x >> SCALE) + s2;
-        x = renorm_x(x, r);
+        x = renorm_x(x, r, unchecked);
         neg = (uint32_t)(prevv < 0) ^ flip;
     } else {
-        const uint32_t raw = (uint32_t)bp_peek(b) & ti->nmask;
+        const uint32_t raw = (uint32_t)bp_peek(b, unchecked) & ti->nmask;
         b->pos += ti->nb;
         mag = ti->mbase + (raw & ti->emask);
         neg = (raw >> ti->eb) & 1;
@@ -504,6 +505,15 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
     rans_t xa = x[0], xb = x[1];
     Py_ssize_t n = 0;
     uint32_t off[DEC_BLOCK];
+    /* int8: |v| and the "top" and "ch" bucket terms by table (a load instead of sign tricks) */
+    uint16_t abs8[256];
+    int32_t topb[256], chb[256];
+    if (IS8) for (int v = -128; v < 128; v++) {
+        abs8[(uint8_t)v] = (uint16_t)iabs32(v);
+        topb[(uint8_t)v] = blt[clampf(2 * iabs32(v))];
+        chb[(uint8_t)v] = bch[clampf(iabs32(v))];
+    }
+#define ABSV(ptr, i) (IS8 ? (uint32_t)abs8[(uint8_t)((const int8_t *)(ptr))[i]] : iabs32(LD(ptr, i)))
     const int es = IS8 ? 1 : 2;
     for (int b = 0; b < B; b++) for (int c = 0; c < C; c++) {
         char *pc = (char *)q + ((Py_ssize_t)b * C + c) * chstride * es;
@@ -524,7 +534,7 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                     else pred = 0;
                     uint32_t ctx = (uint32_t)(base + bdc[clampf(act)]);
                     ctx = ctx < nctx ? ctx : 0;
-                    int32_t v = dec_sym(tab + (Py_ssize_t)tidx[ctx] * TABB, &xa, &r, &bp, 0, 0, flip1);
+                    int32_t v = dec_sym(tab + (Py_ssize_t)tidx[ctx] * TABB, &xa, &r, &bp, 0, 0, flip1, 0);
                     ST(row, wb, pred + v);
                     SWAP_STATES
                 }
@@ -543,30 +553,48 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                     const int nw = Wb - w0 < DEC_BLOCK ? Wb - w0 : DEC_BLOCK;
                     for (int j = 0; j < nw; j++) { /* contexts from decoded neighbours only */
                         const int wb = w0 + j;
-                        uint32_t s_in = iabs32(LD(pu, wb)) + iabs32(LD(pf, wb));
-                        if (use_wide) s_in = 2 * s_in + iabs32(LD(pu2, wb)) + iabs32(LD(pf2, wb));
+                        uint32_t s_in = ABSV(pu, wb) + ABSV(pf, wb);
+                        if (use_wide) s_in = 2 * s_in + ABSV(pu2, wb) + ABSV(pf2, wb);
                         int32_t ctx = base + bin[clampf(s_in)];
-                        if (use_top) ctx += blt[hb > 0 ? clampf(2 * iabs32(LD(pl, wb - rowstride))) : 0];
-                        else if (use_lt && wb == 0) ctx += blt[hb > 0 ? clampf(2 * iabs32(LD(pl, -rowstride))) : 0];
-                        if (chctx) ctx += bch[clampf(iabs32(LD(pch, wb)))];
+                        if (use_top) {
+                            if (hb == 0) ctx += blt[0];
+                            else if (IS8) ctx += topb[(uint8_t)((const int8_t *)pl)[wb - rowstride]];
+                            else ctx += blt[clampf(2 * iabs32(LD(pl, wb - rowstride)))];
+                        } else if (use_lt && wb == 0) ctx += blt[hb > 0 ? clampf(2 * iabs32(LD(pl, -rowstride))) : 0];
+                        if (chctx) ctx += IS8 ? chb[(uint8_t)((const int8_t *)pch)[wb]] : bch[clampf(iabs32(LD(pch, wb)))];
                         if (use_lt) off[j] = (uint32_t)ctx; /* the left neighbour's part is added below */
                         else off[j] = (uint32_t)tidx[(uint32_t)ctx < nctx ? (uint32_t)ctx : 0] * TABB;
                     }
-                    for (int j = 0; j < nw; j++) {
-                        const int wb = w0 + j;
-                        uint32_t ctx = off[j];
-                        if (use_lt) { /* the left neighbour: decoded just before */
-                            if (wb > 0) {
-                                uint32_t s_lt = iabs32(LD(pl, wb - 1)) + (hb > 0 ? iabs32(LD(pl, wb - rowstride)) : iabs32(LD(pl, wb - 1)));
-                                ctx += (uint32_t)blt[clampf(s_lt)];
-                            }
-                            ctx = ctx < nctx ? ctx : 0;
-                            ctx = (uint32_t)tidx[ctx] * TABB;
+                    /* Each coefficient takes at most 2 x 4 bytes of rANS words and 17 raw bits (3 bytes):
+                     * when the rest of both sections holds a whole run's worth, its reads skip the checks */
+                    const int room = r.end - r.p >= (Py_ssize_t)nw * 8 && bp.len >= 8 &&
+                                     (bp.pos >> 3) + (uint64_t)nw * 3 + 8 <= (uint64_t)bp.len;
+                    if (!use_lt && room) {
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 1);
+                            ST(pl, wb, v);
+                            SWAP_STATES
                         }
-                        const int32_t prevv = sflag ? LD(pch, wb) : 0;
-                        int32_t v = dec_sym(tab + ctx, &xa, &r, &bp, prevv, sflag, flip1);
-                        ST(pl, wb, v);
-                        SWAP_STATES
+                    } else {
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            uint32_t ctx = off[j];
+                            if (use_lt) { /* the left neighbour: decoded just before */
+                                if (wb > 0) {
+                                    uint32_t s_lt = iabs32(LD(pl, wb - 1));
+                                    s_lt += hb > 0 ? iabs32(LD(pl, wb - rowstride)) : iabs32(LD(pl, wb - 1));
+                                    ctx += (uint32_t)blt[clampf(s_lt)];
+                                }
+                                ctx = ctx < nctx ? ctx : 0;
+                                ctx = (uint32_t)tidx[ctx] * TABB;
+                            }
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + ctx, &xa, &r, &bp, prevv, sflag, flip1, 0);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
                     }
                 }
                 n += Wb;
