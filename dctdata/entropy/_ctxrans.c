@@ -25,11 +25,22 @@
  * coefficient, and reports truncation or corruption when the sections do not end exactly at their
  * ends with both states back at L.
  *
- * Model blob (native-endian int32 words; built in memory by ctxcoder.py, never stored):
- *   [0] magic 0x43545832 [1] C [2] K [3] nctx [4] flags (1 LT, 2 CH, 4 TOP, 8 SFLIP, 16 WIDE)
+ * Model blob (native-endian int32 words; built in memory by ctxrans.py, never stored, so its layout is
+ * free to change; MAGIC says which):
+ *   [0] magic 0x43545833 [1] C [2] K [3] nctx [4] flags (1 LT, 2 CH, 4 TOP, 8 SFLIP, 16 WIDE) [5] ntab
  *   kc[C*K], nup[K], nlf[K], nup2[K], nlf2[K], flipf[C], bin[1024], blt[1024], bch[1024], bdc[1024],
- *   then per context cum[NTOK+1] uint16 (cumulative frequencies, 0 .. 2^15) and lut[2^LUTB] uint8
- *   (token at slot >> (15 - LUTB): where the table search starts).
+ *   tidx[nctx] (each context's table: contexts with the same parameters share one), then ntab tables
+ *   of TABB bytes: cum[NTOK+1] uint16 (cumulative frequencies, 0 .. 2^15) padded with 0xFFFF to 64
+ *   bytes, and lut[2^LUTB] uint8 (token at slot >> (15 - LUTB): where the table search starts).
+ *   ctxrans.py places the tables on 64-byte boundaries (one cache line per cum); any address works.
+ *
+ * Decoder speed (the DataLoader workers' cost): the decoder has its own walk (dec_walk) in the order of
+ * WALKF. Per block row and AC plane it computes the table offsets of a run of up to 256 coefficients
+ * first (their contexts depend on decoded values only), then runs the rANS steps; runs whose remaining
+ * sections hold the worst case (8 bytes of words, 3 bytes of raw bits per coefficient) skip the per-read
+ * bounds checks, the others take the checked path, so no read leaves `buf` whatever the stream says.
+ * The two states alternate between two locals (registers), the bit section is read by position with one
+ * unaligned load per coefficient, magnitude and sign come from a per-token table without branches.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
