@@ -40,8 +40,8 @@ the stream: the caller passes the shape and dtype it expects (the decoded size i
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
 config, or returns an array of the declared shape; it never reads or writes out of bounds, does a
-bounded amount of work per coefficient, and allocates only the output array (fuzzed, also under
-ASan/UBSan: test_ctxcoder.py, build_asan.sh).
+bounded amount of work per coefficient, and allocates only the output array (fuzzed in
+tests/core/test_entropy.py, also against an ASan/UBSan build of the kernel: the command is there).
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ class _Layout:
 def _freqs_many(iz: np.ndarray, ir: np.ndarray) -> np.ndarray:
     """Vectorised `_freqs` for many (iz, ir) pairs: the same IEEE-754 operations in the same order per
     pair (numpy's elementwise + - * are correctly rounded), so the result is bit-identical; pairs whose
-    normalisation would need more than one step fall back to `_freqs` (tested in test_ctxcoder.py)."""
+    normalisation would need more than one step fall back to `_freqs` (tested in tests/core/test_entropy.py)."""
     zg, tg = np.array(Z_GRID), np.array(T_GRID)
     z, t = zg[iz], tg[ir]
     r = 1.0 - t

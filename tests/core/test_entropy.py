@@ -1,12 +1,19 @@
-"""The entropy stage (dctdata.entropy.ctxrans): round trips, config round trips, and untrusted-input
+r"""The entropy stage (dctdata.entropy.ctxrans): round trips, config round trips, and untrusted-input
 behaviour (fuzzing).
 
     pytest -q tests/core/test_entropy.py                              # ~20 s on one core
     CTXCODER_FUZZ_EXAMPLES=200000 pytest -q tests/core/test_entropy.py -k fuzz     # longer fuzzing
 
 The decoder's contract on bytes it did not write: raise CtxCodecError (a ValueError) or return an
-array of exactly the declared shape and dtype; never crash, hang, or read/write out of bounds (run the
-fuzz tests against the ASan build, see build_asan.sh, to check the last point).
+array of exactly the declared shape and dtype; never crash, hang, or read/write out of bounds. To check
+the last point, run the fuzz tests against an ASan/UBSan build of the kernel in place of the installed
+one (then reinstall: `pip install -e .`):
+
+    SO=$(python -c "import dctdata.entropy._ctxrans as k; print(k.__file__)")
+    gcc -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -std=c99 -shared -fPIC \
+        -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") dctdata/entropy/_ctxrans.c -o $SO
+    LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+        ASAN_OPTIONS=detect_leaks=0 pytest -q -p no:cacheprovider tests/core/test_entropy.py
 """
 
 from __future__ import annotations
