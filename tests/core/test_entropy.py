@@ -448,3 +448,56 @@ def test_fuzz_kernel_model_bytes(which, edits):
     except ValueError:
         pass
     assert time.perf_counter() - t < 1.0
+
+
+# Streams written by the kernel before its decoder was rewritten (branch i13: same stored format,
+# version 1), with the configs they were written under: C=2 (top, ch and sign-flip contexts) and C=1 (top).
+GOLDEN = [
+    (
+        (2, 2),
+        '{"id":"dctdata_ctxrans","version":1,"cf":3,"mask":"square","channels":2,"freq_classes":"uv","lt_mode":"top",'
+        '"wide":false,"sign_flip":[128,0],"channel_groups":[0,0],"edges_in":[1,2,3,5,7,11,17],"edges_lt":[1,3,7],'
+        '"edges_ch":[1,3],"edges_dc":[1,2,4,8,16,32,64],"params":"eNrdUdEKgkAQHAjLSsGMLN/6sf6gICytuDSNHnoL+mG73bM87'
+        "Ioe6iUW9obd25mbvdkQgJPjb2Ik/XgKY5o/8LuAV5qqPAuJ9C5oXx7CkqfqbglRaVW5uh+PFU8ssWAd1UmCBPAXk43M20EqqxH/Atwl"
+        "c4BvHjXlNfMUDUd7m+5lvYvMiv+kOl3SLZQL7X+FQ5XIJXzWeOYBq/uU047mN6zzZwHo/u+x66d02s1NZy0YWQ5WjfUZtRHxVP9emN+"
+        'ft1ekbjU12RWuL7jKH77THDfhCeWT","table_crc":2737821076}',
+        "eNoBYQGe/gD0/+G/AgAAALlYa9/0MQAA/AFZ2TQ0A1utZKPlEyxR6D8wSNsbTQbozsAlv9K7x7mGq2BanqOxGPCKJaNQ58RN3DVkxF7F"
+        "KqFfJRkwKCpxAqIZtE+nM91sY4+/XVeVT5jkjVhRUEL2VfOhe83cWDTg4RUIam/tjGQ5ZkvU9HaT2NnJcPG2MyA9F5tp7o5cN5CUh/Hi"
+        "LaCQJBjtI5Y7oeaXiZmwLCQPJeaoHUeSPfftzP8P+oj0QCFCkaFjpcruDGvbhg6HDT9RPi8QlYZ8c0/B71p3+x8ERUC6zfjdl4mggfW2"
+        "/A622WWzQAaQ0gt9wppaiiBJgkf5/pmbMN+jUz1w8DSK8pgzx0Xvp33VqcIxAAAAAKBNm7RpU5s2tWlTW5va2mprq9dWr61er16vr9f3"
+        "9X0BAAAAACZt2qRNm9q0qa1NbW1qa6utrV5bvV69Xl+vr9f39Z0AAAAAAAAAAAAADuOroA==",
+    ),
+    (
+        (1, 3),
+        '{"id":"dctdata_ctxrans","version":1,"cf":3,"mask":"square","channels":1,"freq_classes":"uv","lt_mode":"top",'
+        '"wide":false,"sign_flip":[],"channel_groups":[0],"edges_in":[1,2,3,5,7,11,17],"edges_lt":[1,3,7],'
+        '"edges_ch":[],"edges_dc":[1,2,4,8,16,32,64],"params":"eNpLlWxgYBBoYKAWrBYFmifKgFOeQYIBaGMD3EYGMQbZChEGhnx'
+        "xBoky4VJuBj4GAWTdKewMXCD3VXFVMtRzAWneYp42oHimOINwFQdQvyTYPAyYwVPCAaKLWMrB/ArWWob/QLoJiP8T4Y9StnpWsH6GDj"
+        'C/HqiLGH0AORhOpA==","table_crc":2299699519}',
+        "eNpj+PLfqOsKIwPDy4u+nC9DGRjeMJqG7Vh5KOjY/qKg6do6Vz+1/Zmeep4jWe91+4f/GS+0BdWSfY5UG5WnTzsq9qTkravXpKlePOsi"
+        "TWTV3206sIL186Y696qbK060aijpcLt+N1vF/3krX7O13azNSq+8rvgV+oWGmgeFhho9vhTfYlguq1q51sm23etFTuad+W/uHC026pjh"
+        "l2lz382jcV7CmruCj328d7fUugm9WGD9TWzOydMnJkxSubM9SHbS/rDQ0DyX0FBpX+crfMaZLgZO+7uq7wVuO5hh2JnzxppXaFJdl9QX"
+        "vdOHjh6IeL9WxDReMa5SfHbi4j3yzhweL6rWlEvEVC40kOQzZACCBb6zt2QGzzbbmhkcPfvWrazs1dfD1q+NWx+3fv31719rGUFq1HJv"
+        "LfGdfWvLyrW+ublAFWvXxkXvjdsbFw9WwwpSssT31hZPZFMQat6//m0FACMHqyY=",
+    ),
+]
+
+
+def _golden_q(c, hb):
+    i = np.arange(c * hb * 9 * 40).reshape(1, c, hb, 9, 40)
+    q = ((i * 7919) % 23 - 11) // (1 + i // 40 % 9)
+    q[:, :, :, 0] = (i[:, :, :, 0] % 40) * 3 - 60
+    if c > 1:
+        q[:, 1] = q[:, 0] // 2
+    return q.astype(np.int8)
+
+
+@pytest.mark.parametrize("dims, config, stream", GOLDEN)
+def test_streams_written_before_decode_the_same(dims, config, stream):
+    """The stored format did not change: streams the earlier kernel wrote decode to their arrays, and the
+    encoder still writes the same bytes."""
+    q = _golden_q(*dims)
+    codec = CtxCodec.from_config(json.loads(config))
+    buf = zlib.decompress(base64.b64decode(stream))
+    np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
+    assert codec.encode(q) == buf
