@@ -39,6 +39,8 @@
  * first (their contexts depend on decoded values only), then runs the rANS steps; runs whose remaining
  * sections hold the worst case (8 bytes of words, 3 bytes of raw bits per coefficient) skip the per-read
  * bounds checks, the others take the checked path, so no read leaves `buf` whatever the stream says.
+ * Runs whose tables expect mostly zeros (mean P(0) > ZNUM / ZDEN) skip a zero's bit read behind a branch;
+ * denser runs are branch-free there (a zero test would be mispredicted).
  * The two states alternate between two locals (registers), the bit section is read by position with one
  * unaligned load per coefficient, magnitude and sign come from a per-token table without branches.
  */
@@ -465,7 +467,7 @@ static void init_token_tables(void) {
  * coded as "differs from prevv's" (flipc: this channel codes them) in a second rANS step. */
 static inline __attribute__((always_inline)) int32_t dec_sym(const uint8_t *e, rans_t *xs, rbuf_t *r, bitp_t *b,
                                                              int32_t prevv, int flipc, uint32_t flip1,
-                                                             const int unchecked) {
+                                                             const int unchecked, const int zfast) {
     const uint16_t *cum = (const uint16_t *)e;
     rans_t x = *xs;
     const uint32_t slot = (uint32_t)(x & MASK);
@@ -473,6 +475,7 @@ static inline __attribute__((always_inline)) int32_t dec_sym(const uint8_t *e, r
     while (t < NTOK - 1 && cum[t + 1] <= slot) t++;
     x = (rans_t)((uint32_t)cum[t + 1] - cum[t]) * (x >> SCALE) + slot - cum[t];
     x = renorm_x(x, r, unchecked);
+    if (zfast && t == 0) { *xs = x; return 0; } /* runs of mostly zeros: a well-predicted branch */
     const toki_t *ti = &TOKI[t];
     uint32_t mag, neg;
     if (flipc && prevv != 0 && t != 0) {
@@ -493,6 +496,10 @@ static inline __attribute__((always_inline)) int32_t dec_sym(const uint8_t *e, r
 }
 
 #define DEC_BLOCK 256 /* AC coefficients whose table offsets are computed ahead of decoding them */
+#ifndef ZNUM
+#define ZNUM 1 /* runs whose tables expect more than ZNUM / ZDEN zeros take the zero shortcut */
+#define ZDEN 2
+#endif
 
 /* The decoder's walk (the order of WALKF), specialised by element size (IS8) and flags (FL), both
  * compile-time constants in the instances below. Per block row and AC plane, the contexts of a run of
@@ -545,7 +552,7 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                     else pred = 0;
                     uint32_t ctx = (uint32_t)(base + bdc[clampf(act)]);
                     ctx = ctx < nctx ? ctx : 0;
-                    int32_t v = dec_sym(tab + (Py_ssize_t)tidx[ctx] * TABB, &xa, &r, &bp, 0, 0, flip1, 0);
+                    int32_t v = dec_sym(tab + (Py_ssize_t)tidx[ctx] * TABB, &xa, &r, &bp, 0, 0, flip1, 0, 0);
                     ST(row, wb, pred + v);
                     SWAP_STATES
                 }
@@ -580,11 +587,33 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                      * when the rest of both sections holds a whole run's worth, its reads skip the checks */
                     const int room = r.end - r.p >= (Py_ssize_t)nw * 8 && bp.len >= 8 &&
                                      (bp.pos >> 3) + (uint64_t)nw * 3 + 8 <= (uint64_t)bp.len;
-                    if (!use_lt && room) {
+                    /* a run whose tables expect mostly zeros (mean P(0) > 0.8: high frequencies, sparse
+                     * data) skips the rest of a zero's work behind a branch that is then well predicted;
+                     * denser runs stay branch-free */
+                    uint64_t pz = 0;
+                    if (!use_lt) for (int j = 0; j < nw; j++) pz += ((const uint16_t *)(tab + off[j]))[1];
+                    const int sparse = !use_lt && pz * ZDEN > (uint64_t)nw * MTOT * ZNUM;
+                    if (room && sparse) {
                         for (int j = 0; j < nw; j++) {
                             const int wb = w0 + j;
                             const int32_t prevv = sflag ? LD(pch, wb) : 0;
-                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 1);
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 1, 1);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
+                    } else if (!use_lt && room) {
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 1, 0);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
+                    } else if (sparse) { /* sparse streams have little room: most of their runs come here */
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 0, 1);
                             ST(pl, wb, v);
                             SWAP_STATES
                         }
@@ -602,7 +631,7 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                                 ctx = (uint32_t)tidx[ctx] * TABB;
                             }
                             const int32_t prevv = sflag ? LD(pch, wb) : 0;
-                            int32_t v = dec_sym(tab + ctx, &xa, &r, &bp, prevv, sflag, flip1, 0);
+                            int32_t v = dec_sym(tab + ctx, &xa, &r, &bp, prevv, sflag, flip1, 0, 0);
                             ST(pl, wb, v);
                             SWAP_STATES
                         }
