@@ -25,11 +25,24 @@
  * coefficient, and reports truncation or corruption when the sections do not end exactly at their
  * ends with both states back at L.
  *
- * Model blob (native-endian int32 words; built in memory by ctxcoder.py, never stored):
- *   [0] magic 0x43545832 [1] C [2] K [3] nctx [4] flags (1 LT, 2 CH, 4 TOP, 8 SFLIP, 16 WIDE)
+ * Model blob (native-endian int32 words; built in memory by ctxrans.py, never stored, so its layout is
+ * free to change; MAGIC says which):
+ *   [0] magic 0x43545833 [1] C [2] K [3] nctx [4] flags (1 LT, 2 CH, 4 TOP, 8 SFLIP, 16 WIDE) [5] ntab
  *   kc[C*K], nup[K], nlf[K], nup2[K], nlf2[K], flipf[C], bin[1024], blt[1024], bch[1024], bdc[1024],
- *   then per context cum[NTOK+1] uint16 (cumulative frequencies, 0 .. 2^15) and lut[2^LUTB] uint8
- *   (token at slot >> (15 - LUTB): where the table search starts).
+ *   tidx[nctx] (each context's table: contexts with the same parameters share one), then ntab tables
+ *   of TABB bytes: cum[NTOK+1] uint16 (cumulative frequencies, 0 .. 2^15) padded with 0xFFFF to 64
+ *   bytes, and lut[2^LUTB] uint8 (token at slot >> (15 - LUTB): where the table search starts).
+ *   ctxrans.py places the tables on 64-byte boundaries (one cache line per cum); any address works.
+ *
+ * Decoder speed (the DataLoader workers' cost): the decoder has its own walk (dec_walk) in the order of
+ * WALKF. Per block row and AC plane it computes the table offsets of a run of up to 256 coefficients
+ * first (their contexts depend on decoded values only), then runs the rANS steps; runs whose remaining
+ * sections hold the worst case (8 bytes of words, 3 bytes of raw bits per coefficient) skip the per-read
+ * bounds checks, the others take the checked path, so no read leaves `buf` whatever the stream says.
+ * Runs whose tables expect mostly zeros (mean P(0) > ZNUM / ZDEN) skip a zero's bit read behind a branch;
+ * denser runs are branch-free there (a zero test would be mispredicted).
+ * The two states alternate between two locals (registers), the bit section is read by position with one
+ * unaligned load per coefficient, magnitude and sign come from a per-token table without branches.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -44,13 +57,14 @@
 #define NTOK (D + 17)
 #define NCUM (NTOK + 1)
 #define NFEAT 1024
-#define HDR 5
-#define MAGIC 0x43545832
+#define HDR 6
+#define MAGIC 0x43545833
 #ifndef LUTB
 #define LUTB 6
 #endif
 #define LUTN (1 << LUTB)
-#define CTXB (NCUM * 2 + LUTN) /* bytes per context: cum then lut */
+#define CUMB 64 /* cum[NCUM] uint16 padded to one 64-byte line: cum[t] and cum[t + 1] in one line */
+#define TABB (CUMB + LUTN) /* bytes per distinct table: cum then lut */
 
 #ifndef STATE64
 #define STATE64 1
@@ -70,24 +84,27 @@ typedef uint32_t rans_t; /* x in [2^23, 2^31), byte-wise renormalisation */
 enum { F_LT = 1, F_CH = 2, F_TOP = 4, F_SFLIP = 8, F_WIDE = 16 };
 
 typedef struct {
-    int C, K, nctx, flags;
-    const int32_t *kc, *nup, *nlf, *nup2, *nlf2, *flipf, *bin, *blt, *bch, *bdc;
-    const uint8_t *tab; /* nctx * CTXB */
+    int C, K, nctx, flags, ntab;
+    const int32_t *kc, *nup, *nlf, *nup2, *nlf2, *flipf, *bin, *blt, *bch, *bdc, *tidx;
+    const uint8_t *tab; /* ntab * TABB: contexts share tables (tidx[ctx]) */
 } model_t;
 
 static int parse_model(const Py_buffer *mb, model_t *m) {
     const int32_t *w = (const int32_t *)mb->buf;
     if (mb->len < (Py_ssize_t)(HDR * 4) || w[0] != MAGIC) goto bad;
-    m->C = w[1]; m->K = w[2]; m->nctx = w[3]; m->flags = w[4];
+    m->C = w[1]; m->K = w[2]; m->nctx = w[3]; m->flags = w[4]; m->ntab = w[5];
     if (m->C < 1 || m->C > 4096 || m->K < 1 || m->K > 64 || m->nctx < 1 || m->nctx > (1 << 20)) goto bad;
-    Py_ssize_t nint = HDR + (Py_ssize_t)m->C * m->K + 4 * m->K + m->C + 4 * NFEAT;
-    if (mb->len != nint * 4 + (Py_ssize_t)m->nctx * CTXB) goto bad;
+    if (m->ntab < 1 || m->ntab > m->nctx) goto bad;
+    Py_ssize_t nint = HDR + (Py_ssize_t)m->C * m->K + 4 * m->K + m->C + 4 * NFEAT + m->nctx;
+    if (mb->len != nint * 4 + (Py_ssize_t)m->ntab * TABB) goto bad;
     const int32_t *p = w + HDR;
     m->kc = p; p += m->C * m->K;
     m->nup = p; p += m->K; m->nlf = p; p += m->K; m->nup2 = p; p += m->K; m->nlf2 = p; p += m->K;
     m->flipf = p; p += m->C;
     m->bin = p; p += NFEAT; m->blt = p; p += NFEAT; m->bch = p; p += NFEAT; m->bdc = p; p += NFEAT;
+    m->tidx = p; p += m->nctx;
     m->tab = (const uint8_t *)p;
+    for (int i = 0; i < m->nctx; i++) if ((uint32_t)m->tidx[i] >= (uint32_t)m->ntab) goto bad;
     for (int k = 0; k < m->K; k++) {
         const int32_t *nb[4] = {m->nup, m->nlf, m->nup2, m->nlf2};
         for (int j = 0; j < 4; j++) if (nb[j][k] >= k || nb[j][k] < -1) goto bad;
@@ -300,7 +317,7 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
             rans_t x[NSTATES];
             for (int s = 0; s < NSTATES; s++) x[s] = RANS_L;
             for (Py_ssize_t i = n - 1; i >= 0; i--) { /* rANS is LIFO: encode in reverse */
-                const uint16_t *cum = (const uint16_t *)(m.tab + (Py_ssize_t)ctxo[i] * CTXB);
+                const uint16_t *cum = (const uint16_t *)(m.tab + (Py_ssize_t)m.tidx[ctxo[i]] * TABB);
                 int t = toko[i] & 0x3f;
                 if (toko[i] & 0x40) { /* sign flip symbol, decoded right after the token */
                     uint32_t f1 = (uint32_t)m.flipf[(i / chstride) % C];
@@ -377,61 +394,282 @@ static inline void renorm(rans_t *x, rbuf_t *r) {
 #endif
 }
 
-/* one coefficient: token from the context's table, raw bits and sign from the bit section or a flip */
-#define DEC_STEP                                                                                          \
-    { if ((uint32_t)ctx >= (uint32_t)nctx) ctx = 0;                                                       \
-      const uint8_t *e = m->tab + (Py_ssize_t)ctx * CTXB;                                                 \
-      const uint16_t *cum = (const uint16_t *)e;                                                          \
-      rans_t *xs = &x[n % NSTATES]; n++;                                                                  \
-      uint32_t slot = (uint32_t)(*xs & MASK);                                                             \
-      int t = e[NCUM * 2 + (slot >> (SCALE - LUTB))];                                                     \
-      while (t < NTOK - 1 && cum[t + 1] <= slot) t++;                                                     \
-      *xs = (rans_t)((uint32_t)cum[t + 1] - cum[t]) * (*xs >> SCALE) + slot - cum[t];                     \
-      renorm(xs, rr);                                                                                     \
-      int32_t v = 0;                                                                                      \
-      if (t) {                                                                                            \
-          uint32_t mag = (uint32_t)t;                                                                     \
-          if (t >= D) { int nb = t - D; mag = (uint32_t)D - 1 + (1u << nb) + (nb ? br_get(br, nb) : 0); } \
-          int neg;                                                                                        \
-          if (sflag && prevv) {                                                                           \
-              uint32_t s2 = (uint32_t)(*xs & MASK), f0 = MTOT - flip1;                                    \
-              int flip = s2 >= f0;                                                                        \
-              *xs = flip ? (rans_t)flip1 * (*xs >> SCALE) + s2 - f0 : (rans_t)f0 * (*xs >> SCALE) + s2;   \
-              renorm(xs, rr);                                                                             \
-              neg = (prevv < 0) ^ flip;                                                                   \
-          } else neg = (int)br_get(br, 1);                                                                \
-          v = neg ? -(int32_t)mag : (int32_t)mag;                                                         \
-      }                                                                                                   \
-      *p = (__typeof__(*p))(pred + v); }
-
-#define DECODE_FUNC(T, SUF, FL)                                                                           \
-static void dec_##SUF(const model_t *m, T *q, int B, int C, int Hb, int K, int Wb, rans_t *x,            \
-                      rbuf_t *rr, bitr_t *br) {                                                           \
-    Py_ssize_t n = 0;                                                                                     \
-    const int32_t nctx = m->nctx;                                                                         \
-    WALKF(T, DEC_STEP, FL)                                                                                \
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint32_t rd32le(const uint8_t *p) { uint32_t w; memcpy(&w, p, 4); return w; }
+static inline uint64_t rd64le(const uint8_t *p) { uint64_t w; memcpy(&w, p, 8); return w; }
+#else
+static inline uint32_t rd32le(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
-typedef void (*dec_fn)(const model_t *, void *, int, int, int, int, int, rans_t *, rbuf_t *, bitr_t *);
-/* generic (any flags) plus versions specialised for the layouts `fit` produces with the TOP feature */
-DECODE_FUNC(int8_t, i8, m->flags)
-DECODE_FUNC(int16_t, i16, m->flags)
-#ifndef NO_SPECIALIZE
-#define SPEC(FLV, NAME)                                                                                   \
-    DECODE_FUNC(int8_t, i8_##NAME, FLV)                                                                   \
-    DECODE_FUNC(int16_t, i16_##NAME, FLV)
+static inline uint64_t rd64le(const uint8_t *p) {
+    uint64_t w = 0;
+    for (int j = 0; j < 8; j++) w |= (uint64_t)p[j] << (8 * j);
+    return w;
+}
+#endif
+
+/* renorm without a data-dependent branch while 4 bytes are left (a well-predicted test), else renorm */
+static inline __attribute__((always_inline)) rans_t renorm_x(rans_t x, rbuf_t *r, const int unchecked) {
+#if STATE64
+    if (unchecked || r->end - r->p >= 4) {
+        const uint64_t need = x < RANS_L; /* arithmetic, so compilers emit no branch */
+        const uint64_t w = rd32le(r->p) & (0 - need);
+        r->p += need << 2;
+        return (x << (need << 5)) | w;
+    }
+#endif
+    renorm(&x, r);
+    return x;
+}
+
+/* Bit section reader for the decoder: a bit position instead of a bit buffer (fewer instructions per
+ * read, no refill state). Bits past the end read as zeros; `pos` counts every bit taken, so the caller's
+ * final check sees a stream that ran past its end. */
+typedef struct { const uint8_t *base; uint64_t pos, fast; Py_ssize_t len; } bitp_t;
+
+static __attribute__((noinline)) uint64_t bp_tail(const bitp_t *b, uint64_t at) { /* the last 7 bytes */
+    uint64_t w = 0;
+    for (int j = 0; j < 8; j++) if ((Py_ssize_t)(at + j) < b->len) w |= (uint64_t)b->base[at + j] << (8 * j);
+    return w;
+}
+
+/* the next 57 bits (unmasked); the caller takes what it needs and advances pos */
+static inline __attribute__((always_inline)) uint64_t bp_peek(const bitp_t *b, const int unchecked) {
+    const uint64_t at = b->pos >> 3; /* fast: at + 8 <= len */
+    const uint64_t w = unchecked || __builtin_expect(at < b->fast, 1) ? rd64le(b->base + at) : bp_tail(b, at);
+    return w >> (b->pos & 7);
+}
+
+static inline __attribute__((always_inline)) uint32_t bp_get(bitp_t *b, uint32_t nbits, const int unchecked) {
+    const uint32_t v = (uint32_t)bp_peek(b, unchecked) & ((1u << nbits) - 1); /* nbits <= 24 */
+    b->pos += nbits;
+    return v;
+}
+
+/* per token t (32 entries: a search-start byte is masked to 5 bits, so any blob indexes inside): the
+ * Exp-Golomb raw bits after it (eb) and their mask, those plus a plain sign bit (t > 0: nb, nmask), and
+ * the magnitude the raw bits are added to */
+typedef struct { uint32_t mbase, emask, nmask; uint8_t eb, nb, pad[2]; } toki_t;
+static toki_t TOKI[32];
+
+static void init_token_tables(void) {
+    for (int t = 0; t < 32; t++) {
+        uint32_t eb = t >= D && t < NTOK ? (uint32_t)(t - D) : 0, nb = eb + (t > 0 && t < NTOK);
+        TOKI[t].mbase = t < D ? (uint32_t)t : t < NTOK ? (uint32_t)D - 1 + (1u << (t - D)) : 0;
+        TOKI[t].eb = (uint8_t)eb; TOKI[t].nb = (uint8_t)nb;
+        TOKI[t].emask = (1u << eb) - 1; TOKI[t].nmask = (1u << nb) - 1;
+    }
+}
+
+/* One coefficient from state *xs with the table at e: the token (search-start table, then a short search
+ * that stops inside the padded table whatever its bytes), its raw bits and plain sign from the bit section
+ * in one read (extra bits, then the sign bit, LSB first: the order the encoder wrote them), or a sign
+ * coded as "differs from prevv's" (flipc: this channel codes them) in a second rANS step. */
+static inline __attribute__((always_inline)) int32_t dec_sym(const uint8_t *e, rans_t *xs, rbuf_t *r, bitp_t *b,
+                                                             int32_t prevv, int flipc, uint32_t flip1,
+                                                             const int unchecked, const int zfast) {
+    const uint16_t *cum = (const uint16_t *)e;
+    rans_t x = *xs;
+    const uint32_t slot = (uint32_t)(x & MASK);
+    uint32_t t = e[CUMB + (slot >> (SCALE - LUTB))] & 31;
+    while (t < NTOK - 1 && cum[t + 1] <= slot) t++;
+    x = (rans_t)((uint32_t)cum[t + 1] - cum[t]) * (x >> SCALE) + slot - cum[t];
+    x = renorm_x(x, r, unchecked);
+    if (zfast && t == 0) { *xs = x; return 0; } /* runs of mostly zeros: a well-predicted branch */
+    const toki_t *ti = &TOKI[t];
+    uint32_t mag, neg;
+    if (flipc && prevv != 0 && t != 0) {
+        mag = ti->mbase + bp_get(b, ti->eb, unchecked);
+        const uint32_t s2 = (uint32_t)(x & MASK), f0 = MTOT - flip1;
+        const uint32_t flip = s2 >= f0;
+        x = flip ? (rans_t)flip1 * (x >> SCALE) + s2 - f0 : (rans_t)f0 * (x >> SCALE) + s2;
+        x = renorm_x(x, r, unchecked);
+        neg = (uint32_t)(prevv < 0) ^ flip;
+    } else {
+        const uint32_t raw = (uint32_t)bp_peek(b, unchecked) & ti->nmask;
+        b->pos += ti->nb;
+        mag = ti->mbase + (raw & ti->emask);
+        neg = (raw >> ti->eb) & 1;
+    }
+    *xs = x;
+    return (int32_t)((mag ^ (0u - neg)) + neg);
+}
+
+#define DEC_BLOCK 256 /* AC coefficients whose table offsets are computed ahead of decoding them */
+#ifndef ZNUM
+#define ZNUM 1 /* runs whose tables expect more than ZNUM / ZDEN zeros take the zero shortcut */
+#define ZDEN 2
+#endif
+
+/* The decoder's walk (the order of WALKF), specialised by element size (IS8) and flags (FL), both
+ * compile-time constants in the instances below. Per block row and AC plane, the contexts of a run of
+ * coefficients depend only on decoded ones (lower planes, the row above, the previous channel; not on the
+ * left neighbour unless F_LT), so their table offsets are computed first in a loop of their own and the
+ * decoding loop is left with the rANS steps. The two interleaved states alternate between xa and xb. */
+#define LD(ptr, i) (IS8 ? (int32_t)((const int8_t *)(ptr))[i] : (int32_t)((const int16_t *)(ptr))[i])
+#define ST(ptr, i, v) do { if (IS8) ((int8_t *)(ptr))[i] = (int8_t)(v); else ((int16_t *)(ptr))[i] = (int16_t)(v); } while (0)
+#define SWAP_STATES { rans_t sw_ = xa; xa = xb; xb = sw_; }
+
+static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *m, void *q, int B, int C, int Hb,
+                                                                 int K, int Wb, rans_t *x, rbuf_t *rr, bitp_t *br,
+                                                                 const int IS8, const int FL) {
+    const int use_top = FL & F_TOP, use_lt = (FL & F_LT) && !use_top, use_ch = FL & F_CH; /* as WALKF */
+    const int use_wide = FL & F_WIDE, use_sflip = FL & F_SFLIP;
+    const Py_ssize_t rowstride = (Py_ssize_t)K * Wb, chstride = (Py_ssize_t)Hb * K * Wb;
+    const uint32_t nctx = (uint32_t)m->nctx;
+    const int32_t *tidx = m->tidx, *bin = m->bin, *blt = m->blt, *bch = m->bch, *bdc = m->bdc;
+    const uint8_t *tab = m->tab;
+    rbuf_t r = *rr; bitp_t bp = *br;
+    rans_t xa = x[0], xb = x[1];
+    Py_ssize_t n = 0;
+    uint32_t off[DEC_BLOCK];
+    /* int8: |v| and the "top" and "ch" bucket terms by table (a load instead of sign tricks) */
+    uint16_t abs8[256];
+    int32_t topb[256], chb[256];
+    if (IS8) for (int v = -128; v < 128; v++) {
+        abs8[(uint8_t)v] = (uint16_t)iabs32(v);
+        topb[(uint8_t)v] = blt[clampf(2 * iabs32(v))];
+        chb[(uint8_t)v] = bch[clampf(iabs32(v))];
+    }
+#define ABSV(ptr, i) (IS8 ? (uint32_t)abs8[(uint8_t)((const int8_t *)(ptr))[i]] : iabs32(LD(ptr, i)))
+    const int es = IS8 ? 1 : 2;
+    for (int b = 0; b < B; b++) for (int c = 0; c < C; c++) {
+        char *pc = (char *)q + ((Py_ssize_t)b * C + c) * chstride * es;
+        const int32_t *kc = m->kc + (Py_ssize_t)c * K;
+        const uint32_t flip1 = (uint32_t)m->flipf[c];
+        const int chctx = use_ch && c > 0, sflag = use_sflip && c > 0;
+        for (int hb = 0; hb < Hb; hb++) {
+            char *row = pc + hb * rowstride * es;
+            { /* DC plane: the prediction and context use the left neighbour, decoded just before */
+                const int32_t base = kc[0];
+                for (int wb = 0; wb < Wb; wb++) {
+                    int32_t pred; uint32_t act = 0;
+                    if (wb > 0 && hb > 0) {
+                        int32_t L = LD(row, wb - 1), Tp = LD(row, wb - rowstride), TL = LD(row, wb - rowstride - 1);
+                        act = iabs32(L - TL) + iabs32(Tp - TL); pred = (L + Tp) >> 1;
+                    } else if (wb > 0) pred = LD(row, wb - 1);
+                    else if (hb > 0) pred = LD(row, wb - rowstride);
+                    else pred = 0;
+                    uint32_t ctx = (uint32_t)(base + bdc[clampf(act)]);
+                    ctx = ctx < nctx ? ctx : 0;
+                    int32_t v = dec_sym(tab + (Py_ssize_t)tidx[ctx] * TABB, &xa, &r, &bp, 0, 0, flip1, 0, 0);
+                    ST(row, wb, pred + v);
+                    SWAP_STATES
+                }
+                n += Wb;
+            }
+            for (int k = 1; k < K; k++) {
+                char *pl = row + (Py_ssize_t)k * Wb * es;
+                const int ku = m->nup[k], kl = m->nlf[k];
+                const char *pu = row + (Py_ssize_t)(ku >= 0 ? ku : kl) * Wb * es;
+                const char *pf = row + (Py_ssize_t)(kl >= 0 ? kl : ku) * Wb * es;
+                const char *pu2 = m->nup2[k] >= 0 ? row + (Py_ssize_t)m->nup2[k] * Wb * es : pu;
+                const char *pf2 = m->nlf2[k] >= 0 ? row + (Py_ssize_t)m->nlf2[k] * Wb * es : pf;
+                const char *pch = c > 0 ? pl - chstride * es : pl; /* only read when c > 0 */
+                const int32_t base = kc[k];
+                for (int w0 = 0; w0 < Wb; w0 += DEC_BLOCK) {
+                    const int nw = Wb - w0 < DEC_BLOCK ? Wb - w0 : DEC_BLOCK;
+                    for (int j = 0; j < nw; j++) { /* contexts from decoded neighbours only */
+                        const int wb = w0 + j;
+                        uint32_t s_in = ABSV(pu, wb) + ABSV(pf, wb);
+                        if (use_wide) s_in = 2 * s_in + ABSV(pu2, wb) + ABSV(pf2, wb);
+                        int32_t ctx = base + bin[clampf(s_in)];
+                        if (use_top) {
+                            if (hb == 0) ctx += blt[0];
+                            else if (IS8) ctx += topb[(uint8_t)((const int8_t *)pl)[wb - rowstride]];
+                            else ctx += blt[clampf(2 * iabs32(LD(pl, wb - rowstride)))];
+                        } else if (use_lt && wb == 0) ctx += blt[hb > 0 ? clampf(2 * iabs32(LD(pl, -rowstride))) : 0];
+                        if (chctx) ctx += IS8 ? chb[(uint8_t)((const int8_t *)pch)[wb]] : bch[clampf(iabs32(LD(pch, wb)))];
+                        if (use_lt) off[j] = (uint32_t)ctx; /* the left neighbour's part is added below */
+                        else off[j] = (uint32_t)tidx[(uint32_t)ctx < nctx ? (uint32_t)ctx : 0] * TABB;
+                    }
+                    /* Each coefficient takes at most 2 x 4 bytes of rANS words and 17 raw bits (3 bytes):
+                     * when the rest of both sections holds a whole run's worth, its reads skip the checks */
+                    const int room = r.end - r.p >= (Py_ssize_t)nw * 8 && bp.len >= 8 &&
+                                     (bp.pos >> 3) + (uint64_t)nw * 3 + 8 <= (uint64_t)bp.len;
+                    /* a run whose tables expect mostly zeros (mean P(0) > 0.8: high frequencies, sparse
+                     * data) skips the rest of a zero's work behind a branch that is then well predicted;
+                     * denser runs stay branch-free */
+                    uint64_t pz = 0;
+                    if (!use_lt) for (int j = 0; j < nw; j++) pz += ((const uint16_t *)(tab + off[j]))[1];
+                    const int sparse = !use_lt && pz * ZDEN > (uint64_t)nw * MTOT * ZNUM;
+                    if (room && sparse) {
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 1, 1);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
+                    } else if (!use_lt && room) {
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 1, 0);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
+                    } else if (sparse) { /* sparse streams have little room: most of their runs come here */
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + off[j], &xa, &r, &bp, prevv, sflag, flip1, 0, 1);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
+                    } else {
+                        for (int j = 0; j < nw; j++) {
+                            const int wb = w0 + j;
+                            uint32_t ctx = off[j];
+                            if (use_lt) { /* the left neighbour: decoded just before */
+                                if (wb > 0) {
+                                    uint32_t s_lt = iabs32(LD(pl, wb - 1));
+                                    s_lt += hb > 0 ? iabs32(LD(pl, wb - rowstride)) : iabs32(LD(pl, wb - 1));
+                                    ctx += (uint32_t)blt[clampf(s_lt)];
+                                }
+                                ctx = ctx < nctx ? ctx : 0;
+                                ctx = (uint32_t)tidx[ctx] * TABB;
+                            }
+                            const int32_t prevv = sflag ? LD(pch, wb) : 0;
+                            int32_t v = dec_sym(tab + ctx, &xa, &r, &bp, prevv, sflag, flip1, 0, 0);
+                            ST(pl, wb, v);
+                            SWAP_STATES
+                        }
+                    }
+                }
+                n += Wb;
+            }
+        }
+    }
+    *rr = r; *br = bp;
+    if (n & 1) { x[0] = xb; x[1] = xa; } else { x[0] = xa; x[1] = xb; }
+    return n;
+}
+
+#if NSTATES != 2
+#error "the decoder alternates two states"
+#endif
+
+typedef Py_ssize_t (*dec_fn)(const model_t *, void *, int, int, int, int, int, rans_t *, rbuf_t *, bitp_t *);
+#define DECODE_FUNC(SUF, IS8, FL)                                                                         \
+static Py_ssize_t dec_##SUF(const model_t *m, void *q, int B, int C, int Hb, int K, int Wb, rans_t *x,   \
+                            rbuf_t *rr, bitp_t *br) {                                                     \
+    return dec_walk(m, q, B, C, Hb, K, Wb, x, rr, br, IS8, FL);                                           \
+}
+/* generic (any flags) plus versions specialised for the layouts `fit` produces */
+DECODE_FUNC(i8, 1, m->flags)
+DECODE_FUNC(i16, 0, m->flags)
+#define SPEC(FLV, NAME) DECODE_FUNC(i8_##NAME, 1, FLV) DECODE_FUNC(i16_##NAME, 0, FLV)
 SPEC(0, s0) SPEC(F_TOP, s1) SPEC(F_WIDE, s2) SPEC(F_TOP | F_WIDE, s3)
 SPEC(F_TOP | F_CH | F_SFLIP, s4) SPEC(F_TOP | F_WIDE | F_CH | F_SFLIP, s5)
 SPEC(F_TOP | F_CH, s6) SPEC(F_TOP | F_WIDE | F_CH, s7)
-#endif
 
 static dec_fn pick_decoder(int flags, int itemsize) {
-#ifndef NO_SPECIALIZE
-#define PICK(FLV, NAME) if (flags == (FLV)) return itemsize == 1 ? (dec_fn)dec_i8_##NAME : (dec_fn)dec_i16_##NAME;
+#define PICK(FLV, NAME) if (flags == (FLV)) return itemsize == 1 ? dec_i8_##NAME : dec_i16_##NAME;
     PICK(0, s0) PICK(F_TOP, s1) PICK(F_WIDE, s2) PICK(F_TOP | F_WIDE, s3)
     PICK(F_TOP | F_CH | F_SFLIP, s4) PICK(F_TOP | F_WIDE | F_CH | F_SFLIP, s5)
     PICK(F_TOP | F_CH, s6) PICK(F_TOP | F_WIDE | F_CH, s7)
-#endif
-    return itemsize == 1 ? (dec_fn)dec_i8 : (dec_fn)dec_i16;
+    return itemsize == 1 ? dec_i8 : dec_i16;
 }
 
 /* decode(model, buf, out_writable, shape, itemsize) -> None; ValueError if corrupt/truncated */
@@ -468,7 +706,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     }
     if (nr > (uint64_t)(end - p)) { err = "ctxrans: truncated stream (section length beyond the end)"; goto done; }
     rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
-    bitr_t b; b.start = b.p = p + nr; b.end = end; b.bits = 0; b.n = 0; b.virt = 0;
+    bitp_t b; b.base = p + nr; b.len = end - (p + nr); b.pos = 0; b.fast = b.len >= 8 ? (uint64_t)(b.len - 7) : 0;
     dec_fn fn = pick_decoder(m.flags, itemsize);
     Py_BEGIN_ALLOW_THREADS
     fn(&m, ob.buf, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
@@ -478,8 +716,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     for (int s = 0; s < NSTATES; s++) clean &= x[s] == RANS_L;
     if (!clean) { err = "ctxrans: corrupt stream (does not end cleanly)"; goto done; }
     {
-        Py_ssize_t consumed = (b.p - b.start + b.virt) * 8 - b.n, blen = b.end - b.start;
-        if ((consumed + 7) / 8 != blen) { err = "ctxrans: corrupt stream (bit section length)"; goto done; }
+        if ((b.pos + 7) / 8 != (uint64_t)b.len) { err = "ctxrans: corrupt stream (bit section length)"; goto done; }
     }
 ok:
     res = Py_None; Py_INCREF(res);
@@ -507,6 +744,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, STR(MODNAME), "contex
 
 PyMODINIT_FUNC CAT(PyInit_, MODNAME)(void) {
     PyObject *mod = PyModule_Create(&moddef);
+    init_token_tables();
     if (mod) {
         PyModule_AddIntConstant(mod, "NTOK", NTOK); PyModule_AddIntConstant(mod, "D", D);
         PyModule_AddIntConstant(mod, "SCALE", SCALE); PyModule_AddIntConstant(mod, "NFEAT", NFEAT);

@@ -40,8 +40,8 @@ the stream: the caller passes the shape and dtype it expects (the decoded size i
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
 config, or returns an array of the declared shape; it never reads or writes out of bounds, does a
-bounded amount of work per coefficient, and allocates only the output array (fuzzed, also under
-ASan/UBSan: test_ctxcoder.py, build_asan.sh).
+bounded amount of work per coefficient, and allocates only the output array (fuzzed in
+tests/core/test_entropy.py, also against an ASan/UBSan build of the kernel: the command is there).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ D = _ctxrans.D  # magnitudes 0..D-1 are tokens of their own
 NTOK = _ctxrans.NTOK  # D + 17 Exp-Golomb classes: |value| up to D + 2^17 - 2 (covers int16 DC residuals)
 NFEAT = _ctxrans.NFEAT  # feature sums are clamped to NFEAT - 1 before bucketing
 LUTB = _ctxrans.LUTB
+_CUM_BYTES = 64  # cum[NTOK + 1] uint16 padded to a cache line in the kernel's tables
 LUTN = 1 << LUTB
 MAGIC = _ctxrans.MAGIC
 MAX_CONTEXTS = 1 << 16
@@ -294,19 +295,31 @@ class _Layout:
         self.flipf = np.array([_flip_freq(i) for i in (self.sign_flip or (128,) * channels)], np.int32)
         self.nbr = _neighbours(self.freqs)
 
-    def blob(self, cum: np.ndarray, lutb: int = LUTB) -> bytes:
-        """The kernel's model (native byte order: built in memory, never stored): int32 header and
-        tables, then per context cum[NTOK+1] (uint16) and a
-        2^LUTB-entry uint8 search-start table (token of slot >> (SCALE - LUTB))."""
-        head = np.array([MAGIC, self.channels, self.K, self.nctx, self.flags], np.int32)
+    def blob(self, cum: np.ndarray, lutb: int = LUTB) -> np.ndarray:
+        """The kernel's model (native byte order: built in memory, never stored): int32 header, tables
+        and per context the index of its frequency table, then each distinct table (contexts with the
+        same parameter bytes share one, so the decoder's working set stays in L1): cum[NTOK+1] uint16
+        padded to 64 bytes and a 2^LUTB-entry uint8 search-start table (token of slot >> (SCALE - LUTB)).
+        Returned as a uint8 array whose tables start on 64-byte boundaries (one cache line per cum)."""
+        cum = np.ascontiguousarray(cum, dtype=np.uint16)
+        uniq, tidx = np.unique(cum, axis=0, return_inverse=True)
+        head = np.array([MAGIC, self.channels, self.K, self.nctx, self.flags, len(uniq)], np.int32)
         ints = np.concatenate(
             [head, self.kc.ravel(), self.nbr.ravel(), self.flipf, self.bin, self.blt, self.bch, self.bdc]
-        )
-        cum = np.ascontiguousarray(cum, dtype=np.uint16)
+            + [np.asarray(tidx, np.int32).reshape(-1)]
+        ).astype(np.int32)
         probes = np.arange(1 << lutb, dtype=np.int64) << (SCALE - lutb)
-        lut = (cum[:, 1:, None] <= probes[None, None, :]).sum(1).clip(0, NTOK - 1).astype(np.uint8)  # (nctx, LUTN)
-        tab = np.concatenate([cum.astype(np.uint16).view(np.uint8).reshape(len(cum), -1), lut], 1)
-        return ints.astype(np.int32).tobytes() + np.ascontiguousarray(tab).tobytes()
+        lut = (uniq[:, 1:, None] <= probes[None, None, :]).sum(1).clip(0, NTOK - 1).astype(np.uint8)
+        padded = np.full((len(uniq), _CUM_BYTES // 2), 0xFFFF, np.uint16)  # > every slot: searches stop
+        padded[:, : NTOK + 1] = uniq
+        tab = np.concatenate([padded.view(np.uint8), lut], 1)
+        size = ints.nbytes + tab.nbytes
+        raw = np.zeros(size + 64, np.uint8)
+        at = (-raw.ctypes.data - ints.nbytes) % 64  # so that the tables start on a 64-byte boundary
+        out = raw[at : at + size]
+        out[: ints.nbytes] = ints.view(np.uint8)
+        out[ints.nbytes :] = tab.ravel()
+        return out
 
     def layout_config(self) -> dict[str, Any]:
         return {
@@ -325,7 +338,7 @@ class _Layout:
 def _freqs_many(iz: np.ndarray, ir: np.ndarray) -> np.ndarray:
     """Vectorised `_freqs` for many (iz, ir) pairs: the same IEEE-754 operations in the same order per
     pair (numpy's elementwise + - * are correctly rounded), so the result is bit-identical; pairs whose
-    normalisation would need more than one step fall back to `_freqs` (tested in test_ctxcoder.py)."""
+    normalisation would need more than one step fall back to `_freqs` (tested in tests/core/test_entropy.py)."""
     zg, tg = np.array(Z_GRID), np.array(T_GRID)
     z, t = zg[iz], tg[ir]
     r = 1.0 - t

@@ -1,12 +1,19 @@
-"""The entropy stage (dctdata.entropy.ctxrans): round trips, config round trips, and untrusted-input
+r"""The entropy stage (dctdata.entropy.ctxrans): round trips, config round trips, and untrusted-input
 behaviour (fuzzing).
 
     pytest -q tests/core/test_entropy.py                              # ~20 s on one core
     CTXCODER_FUZZ_EXAMPLES=200000 pytest -q tests/core/test_entropy.py -k fuzz     # longer fuzzing
 
 The decoder's contract on bytes it did not write: raise CtxCodecError (a ValueError) or return an
-array of exactly the declared shape and dtype; never crash, hang, or read/write out of bounds (run the
-fuzz tests against the ASan build, see build_asan.sh, to check the last point).
+array of exactly the declared shape and dtype; never crash, hang, or read/write out of bounds. To check
+the last point, run the fuzz tests against an ASan/UBSan build of the kernel in place of the installed
+one (then reinstall: `pip install -e .`):
+
+    SO=$(python -c "import dctdata.entropy._ctxrans as k; print(k.__file__)")
+    gcc -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -std=c99 -shared -fPIC \
+        -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") dctdata/entropy/_ctxrans.c -o $SO
+    LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+        ASAN_OPTIONS=detect_leaks=0 pytest -q -p no:cacheprovider tests/core/test_entropy.py
 """
 
 from __future__ import annotations
@@ -306,20 +313,31 @@ def test_kernel_rejects_malformed_blob():
 
 # ------------------------------------------------------------------------------------------ fuzzing
 def _corpus():
-    """A few valid streams of different kinds (int8/int16, C=1/3, tiny/medium, sign flips)."""
+    """A few valid streams of different kinds (int8/int16, C=1/3, tiny/medium, sign flips). The wide ones
+    (Wb > 256) make the decoder split block rows into runs, take its unchecked path for the runs that
+    have room and the checked one near the end; the last is fitted with the left-neighbour ("lt") and
+    "wide" contexts, whose decoder walk is the generic one."""
     items = []
-    for shape, dtype in [
-        ((1, 1, 3, 16, 4), np.int8),
-        ((1, 3, 4, 9, 5), np.int8),
-        ((1, 2, 3, 25, 3), np.int16),
-        ((2, 1, 1, 1, 7), np.int16),
-        ((1, 1, 8, 64, 10), np.int8),
+    for shape, dtype, features in [
+        ((1, 1, 3, 16, 4), np.int8, None),
+        ((1, 3, 4, 9, 5), np.int8, None),
+        ((1, 2, 3, 25, 3), np.int16, None),
+        ((2, 1, 1, 1, 7), np.int16, None),
+        ((1, 1, 8, 64, 10), np.int8, None),
+        ((1, 3, 2, 9, 260), np.int8, None),
+        ((1, 1, 2, 16, 300), np.int16, None),
+        ((1, 2, 2, 9, 270), np.int8, ("lt", "wide", "ch", "sign")),
     ]:
         rng = np.random.default_rng(len(items))
         q = laplace_coeffs(shape, dtype, rng=rng)
         if shape[1] > 1:
             q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
-        codec = CtxCodec.fit(q, int(round(shape[3] ** 0.5)), "square")
+        cf = int(round(shape[3] ** 0.5))
+        if features is None:
+            codec = CtxCodec.fit(q, cf, "square")
+        else:
+            codec = CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0]
+            assert codec.layout.lt_mode == "lt" and codec.layout.wide
         items.append((codec, q, codec.encode(q)))
     return items
 
@@ -400,3 +418,86 @@ def test_fuzz_random_bytes(which, data, mode):
     # and with a wrong but plausible declared shape
     b, c, hb, k, wb = q.shape
     check_decode(codec, mode + data, (b, c, hb + 1, k, wb), q.dtype)
+
+
+def test_corpus_round_trips():
+    """Every corpus stream decodes to its array (the wide ones through runs of both decoder paths)."""
+    for codec, q, buf in CORPUS:
+        assert buf[0] == 0  # coded, not the raw fallback
+        np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
+
+
+@settings(max_examples=max(200, FUZZ_EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    which=st.integers(0, len(CORPUS) - 1),
+    edits=st.lists(st.tuples(st.floats(0.0, 1.0, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=40),
+)
+def test_fuzz_kernel_model_bytes(which, edits):
+    """The kernel's in-memory model with arbitrary bytes after its header (bucket tables, table indexes,
+    frequency and search-start tables: what a bug in the model builder could hand it) still decodes
+    inside its buffers: a ValueError or an array, never a crash (the ASan build checks the reads)."""
+    codec, q, buf = CORPUS[which]
+    blob = bytearray(codec._blob)
+    head = 6 * 4
+    for at, val in edits:
+        blob[head + int(at * (len(blob) - head))] = val
+    out = np.empty(q.shape, q.dtype)
+    t = time.perf_counter()
+    try:
+        _ctxrans.decode(bytes(blob), buf, out, q.shape, q.dtype.itemsize)
+    except ValueError:
+        pass
+    assert time.perf_counter() - t < 1.0
+
+
+# Streams written by the kernel before its decoder was rewritten (branch i13: same stored format,
+# version 1), with the configs they were written under: C=2 (top, ch and sign-flip contexts) and C=1 (top).
+GOLDEN = [
+    (
+        (2, 2),
+        '{"id":"dctdata_ctxrans","version":1,"cf":3,"mask":"square","channels":2,"freq_classes":"uv","lt_mode":"top",'
+        '"wide":false,"sign_flip":[128,0],"channel_groups":[0,0],"edges_in":[1,2,3,5,7,11,17],"edges_lt":[1,3,7],'
+        '"edges_ch":[1,3],"edges_dc":[1,2,4,8,16,32,64],"params":"eNrdUdEKgkAQHAjLSsGMLN/6sf6gICytuDSNHnoL+mG73bM87'
+        "Ioe6iUW9obd25mbvdkQgJPjb2Ik/XgKY5o/8LuAV5qqPAuJ9C5oXx7CkqfqbglRaVW5uh+PFU8ssWAd1UmCBPAXk43M20EqqxH/Atwl"
+        "c4BvHjXlNfMUDUd7m+5lvYvMiv+kOl3SLZQL7X+FQ5XIJXzWeOYBq/uU047mN6zzZwHo/u+x66d02s1NZy0YWQ5WjfUZtRHxVP9emN+"
+        'ft1ekbjU12RWuL7jKH77THDfhCeWT","table_crc":2737821076}',
+        "eNoBYQGe/gD0/+G/AgAAALlYa9/0MQAA/AFZ2TQ0A1utZKPlEyxR6D8wSNsbTQbozsAlv9K7x7mGq2BanqOxGPCKJaNQ58RN3DVkxF7F"
+        "KqFfJRkwKCpxAqIZtE+nM91sY4+/XVeVT5jkjVhRUEL2VfOhe83cWDTg4RUIam/tjGQ5ZkvU9HaT2NnJcPG2MyA9F5tp7o5cN5CUh/Hi"
+        "LaCQJBjtI5Y7oeaXiZmwLCQPJeaoHUeSPfftzP8P+oj0QCFCkaFjpcruDGvbhg6HDT9RPi8QlYZ8c0/B71p3+x8ERUC6zfjdl4mggfW2"
+        "/A622WWzQAaQ0gt9wppaiiBJgkf5/pmbMN+jUz1w8DSK8pgzx0Xvp33VqcIxAAAAAKBNm7RpU5s2tWlTW5va2mprq9dWr61er16vr9f3"
+        "9X0BAAAAACZt2qRNm9q0qa1NbW1qa6utrV5bvV69Xl+vr9f39Z0AAAAAAAAAAAAADuOroA==",
+    ),
+    (
+        (1, 3),
+        '{"id":"dctdata_ctxrans","version":1,"cf":3,"mask":"square","channels":1,"freq_classes":"uv","lt_mode":"top",'
+        '"wide":false,"sign_flip":[],"channel_groups":[0],"edges_in":[1,2,3,5,7,11,17],"edges_lt":[1,3,7],'
+        '"edges_ch":[],"edges_dc":[1,2,4,8,16,32,64],"params":"eNpLlWxgYBBoYKAWrBYFmifKgFOeQYIBaGMD3EYGMQbZChEGhnx'
+        "xBoky4VJuBj4GAWTdKewMXCD3VXFVMtRzAWneYp42oHimOINwFQdQvyTYPAyYwVPCAaKLWMrB/ArWWob/QLoJiP8T4Y9StnpWsH6GDj"
+        'C/HqiLGH0AORhOpA==","table_crc":2299699519}',
+        "eNpj+PLfqOsKIwPDy4u+nC9DGRjeMJqG7Vh5KOjY/qKg6do6Vz+1/Zmeep4jWe91+4f/GS+0BdWSfY5UG5WnTzsq9qTkravXpKlePOsi"
+        "TWTV3206sIL186Y696qbK060aijpcLt+N1vF/3krX7O13azNSq+8rvgV+oWGmgeFhho9vhTfYlguq1q51sm23etFTuad+W/uHC026pjh"
+        "l2lz382jcV7CmruCj328d7fUugm9WGD9TWzOydMnJkxSubM9SHbS/rDQ0DyX0FBpX+crfMaZLgZO+7uq7wVuO5hh2JnzxppXaFJdl9QX"
+        "vdOHjh6IeL9WxDReMa5SfHbi4j3yzhweL6rWlEvEVC40kOQzZACCBb6zt2QGzzbbmhkcPfvWrazs1dfD1q+NWx+3fv31719rGUFq1HJv"
+        "LfGdfWvLyrW+ublAFWvXxkXvjdsbFw9WwwpSssT31hZPZFMQat6//m0FACMHqyY=",
+    ),
+]
+
+
+def _golden_q(c, hb):
+    i = np.arange(c * hb * 9 * 40).reshape(1, c, hb, 9, 40)
+    q = ((i * 7919) % 23 - 11) // (1 + i // 40 % 9)
+    q[:, :, :, 0] = (i[:, :, :, 0] % 40) * 3 - 60
+    if c > 1:
+        q[:, 1] = q[:, 0] // 2
+    return q.astype(np.int8)
+
+
+@pytest.mark.parametrize("dims, config, stream", GOLDEN)
+def test_streams_written_before_decode_the_same(dims, config, stream):
+    """The stored format did not change: streams the earlier kernel wrote decode to their arrays, and the
+    encoder still writes the same bytes."""
+    q = _golden_q(*dims)
+    codec = CtxCodec.from_config(json.loads(config))
+    buf = zlib.decompress(base64.b64decode(stream))
+    np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
+    assert codec.encode(q) == buf

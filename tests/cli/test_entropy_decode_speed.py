@@ -1,0 +1,55 @@
+"""examples/entropy_decode_speed.py on a tiny configuration: one row per set and coder plus the pack
+reader's, in order; the table's numbers agree with each other (MB/s of float32 output and M symbols/s
+from the same seconds), the reader row stores what the pack's stage stores, and the JSON round-trips."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load(monkeypatch):
+    spec = importlib.util.spec_from_file_location("example_entropy_decode_speed", EXAMPLES / "entropy_decode_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_entropy_decode_speed_table(tmp_path, capsys, monkeypatch):
+    speed = _load(monkeypatch)
+    path = tmp_path / "speed.json"
+    argv = ["--sets", "em,astronaut", "--samples", "4", "--size", "64", "--repeat", "1", "--json", str(path)]
+    payload = speed.main(argv)
+    out = capsys.readouterr().out
+    rows = payload["rows"]
+    expected = [(s, c) for s in ("em", "astronaut") for c in (*speed.CODERS, "pack reader")]
+    assert [(r["set"], r["coder"].split(" (")[0]) for r in rows] == expected
+    table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(table) == 1 + len(rows) and all(len(cells) == 7 for cells in table)
+    for r, cells in zip(rows, table[1:]):
+        assert r["samples"] == 4 and r["sample_shape"][1:] == [64, 64] and r["seconds"] > 0
+        floats = r["samples"] * math.prod(r["sample_shape"]) * 4
+        assert r["mb_s"] == pytest.approx(floats / r["seconds"] / 1e6)
+        assert r["msym_s"] == pytest.approx(r["samples"] * math.prod(r["coefficients"]) / r["seconds"] / 1e6)
+        assert 0 < r["bytes_per_sample"] < floats / r["samples"]
+        assert [c.strip() for c in cells[:3]] == [r["set"], r["dtype"], r["coder"]]
+        assert float(cells[5]) == pytest.approx(r["mb_s"], abs=0.5)
+    for s in ("em", "astronaut"):
+        by = {r["coder"].split(" (")[0]: r for r in rows if r["set"] == s}
+        reader = by["pack reader"]
+        assert reader["coder"] == f"pack reader ({reader['pack_stage']})"
+        assert reader["bytes_per_sample"] == by[reader["pack_stage"]]["bytes_per_sample"]
+    assert {r["sample_shape"][0] for r in rows if r["set"] == "astronaut"} == {3}
+    assert json.loads(path.read_text())["rows"] == rows
+
+
+def test_entropy_decode_speed_rejects_unknown_set(monkeypatch):
+    speed = _load(monkeypatch)
+    with pytest.raises(SystemExit, match="--sets: expected names"):
+        speed.main(["--sets", "nope", "--samples", "2", "--size", "64", "--repeat", "1"])
