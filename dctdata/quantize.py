@@ -115,7 +115,10 @@ def quantize_per_sample(
     lead = c.shape[:-4]
     if spec.dtype in INTEGER_DTYPES:
         info = torch.iinfo(spec.torch_dtype)
-        q = torch.round(c) if spec.theta is None else torch.sign(c) * torch.floor(c.abs() + spec.theta)
+        if spec.theta is None:
+            q = torch.round(c)
+        else:  # sign(c) * floor(|c| + theta), in place on one temporary
+            q = c.abs().add_(spec.theta).floor_().mul_(torch.sign(c))
         over = ((q < info.min) | (q > info.max)).reshape(*lead, -1).sum(-1)
         return q.clamp_(info.min, info.max).to(spec.torch_dtype), over
     if spec.dtype == "float16":
