@@ -545,8 +545,7 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
             lifted = torch.where(errors.ok & (nm > cap) & ~blocked, torch.full_like(nm, 0.95 * cap), nm)
             d = db(float(errors.channel_nmse(lifted).max()))
             if lo_ok <= d <= hi_ok:
-                q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
-                d = db(float(errors.channel_nmse(nm).max()))
+                q, sd, over, x_hat, nm, d = _floored(coef, spec, q, side, over, errors, x_hat)
                 blocked |= errors.ok & (nm > cap)
         result = ((q, sd), int(over.sum()), x_hat, nm)
         if progress is not None:
@@ -578,8 +577,7 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
         return accepted[0], 8, accepted[2]
     if pending is not None:  # the lift was predicted outside the window at every step: apply it to the best
         spec, _, q, over, x_hat, nm = pending
-        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
-        d = db(float(errors.channel_nmse(nm).max()))
+        q, sd, over, x_hat, nm, d = _floored(coef, spec, q, side, over, errors, x_hat)
         if d >= lo_ok:  # the floor lifted as predicted (it cannot where lifting would overflow the integers)
             return spec, 8, ((q, sd), int(over.sum()), x_hat, nm)
     if spec.min_psnr is not None and spec.min_psnr < goal:
@@ -587,11 +585,16 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
         # item with its own finer effective step (a smaller stored range), as the encoder will on every sample
         spec = dataclasses.replace(spec, min_psnr=round(goal, 2))
         q, over = quantize_per_sample(coef, spec, checked=True)
-        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors)
-        d = db(float(errors.channel_nmse(nm).max()))
+        q, sd, over, x_hat, nm, d = _floored(coef, spec, q, side, over, errors)
         if d >= lo_ok:
             return spec, 9, ((q, sd), int(over.sum()), x_hat, nm)
     raise _Missed(spec, d)
+
+
+def _floored(coef, spec: CodecSpec, q, side, over, errors: ItemErrors, x_hat=None):
+    """`keep_floor` on a copy of the side information: (q, side, over, x_hat, nmse, worst channel's PSNR)."""
+    q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
+    return q, sd, over, x_hat, nm, db(float(errors.channel_nmse(nm).max()))
 
 
 class _Missed(Exception):

@@ -53,6 +53,18 @@ def fuzz_settings(ci: int):
     )
 
 
+def byte_edits(raw: bytes, min_size: int = 0, max_size: int = 6):
+    """Up to `max_size` (offset, new byte) edits of `raw`."""
+    return st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=min_size, max_size=max_size)
+
+
+def edited(raw: bytes, edits) -> bytearray:
+    b = bytearray(raw)
+    for at, v in edits:
+        b[at] = v
+    return b
+
+
 @pytest.fixture(scope="module")
 def packs():
     tmp = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-"))
@@ -163,13 +175,11 @@ def test_fuzz_manifest_byte_mutations(packs):
 
     @fuzz_settings(150)
     @given(
-        edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=1, max_size=4),
+        edits=byte_edits(raw, min_size=1, max_size=4),
         cut=st.integers(0, len(raw)),
     )
     def run(edits, cut):
-        b = bytearray(raw)
-        for at, v in edits:
-            b[at] = v
+        b = edited(raw, edits)
         _check_parse(bytes(b[: max(cut, len(raw) // 2)]) if cut < len(raw) // 3 else bytes(b))
 
     run()
@@ -205,14 +215,12 @@ def test_fuzz_shard_reader(packs, reseal):
 
     @fuzz_settings(100)
     @given(
-        edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), max_size=6),
+        edits=byte_edits(raw),
         cut=st.integers(0, len(raw)),
         truncate=st.booleans(),
     )
     def run(edits, cut, truncate):
-        b = bytearray(raw)
-        for at, v in edits:
-            b[at] = v
+        b = edited(raw, edits)
         data = bytes(b[:cut] if truncate else b)
         assume(data != raw)
         (work / entry["name"]).write_bytes(data)
@@ -268,14 +276,12 @@ def test_fuzz_zarr_shard_reader(packs, reseal):
 
     @fuzz_settings(100)
     @given(
-        edits=st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), min_size=1, max_size=6),
+        edits=byte_edits(raw, min_size=1),
         cut=st.integers(0, len(raw)),
         truncate=st.booleans(),
     )
     def run(edits, cut, truncate):
-        b = bytearray(raw)
-        for at, v in edits:
-            b[at] = v
+        b = edited(raw, edits)
         if reseal:
             _reseal_zarr_shard(b, 2)
         data = bytes(b[:cut] if truncate and not reseal else b)
