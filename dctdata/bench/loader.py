@@ -144,8 +144,10 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         ds = dctdata.open_dataset(out)
         layer = ds.decompressor()
 
-        def ts_array(path):
-            return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, read=True).result()
+        def ts_array(path):  # one thread like the other rows (its default pool decodes chunks in parallel)
+            one = {"data_copy_concurrency": {"limit": 1}, "file_io_concurrency": {"limit": 1}}
+            spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}, "context": one}
+            return ts.open(spec, read=True).result()
 
         ds_zstd = dctdata.open_dataset(zstd)
         stage = ds.manifest.field("image").lossless.get("id", "raw")

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from sample_fields import files
 from sample_fields import poisson_fields as fields
 
 import dctdata
@@ -424,3 +425,48 @@ def test_small_8bit_images_calibrate_on_enough_samples_to_keep_int8_in_range(tmp
         assert stats.psnr_min >= target - 0.4 - 1e-3  # the per-sample floor
         # the promise (per channel, dataset-level, items = channels of samples) is kept on every channel
         assert stats.psnr_dataset >= target and all(c.psnr_dataset >= target for c in stats.channels)
+
+
+# --lossless ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [("auto", None), ("zstd", {"id": "zstd", "level": 19}), ("zstd:3", {"id": "zstd", "level": 3})],
+)
+def test_lossless_option_picks_the_stage_and_reads_back(tmp_path, capsys, option, expected):
+    x = fields(6, 1, 32, 40)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    rc, _, err = run(["pack", tmp_path / "x.npy", out, "--quant", "int8", "--target-psnr", "35", "--lossless", option,
+                      "--quiet"], capsys)  # fmt: skip
+    assert rc == 0, err
+    ds = dctdata.open_dataset(out)
+    stage = ds.manifest.field("image").lossless
+    if expected is None:  # the default: what dctdata.pack chooses without a codec
+        default = dctdata.pack(tmp_path / "x.npy", tmp_path / "py", quant="int8", target_psnr=35, quiet=True)
+        assert stage == default.field("image").lossless
+    else:
+        assert stage == expected
+    rec = decoded(ds, "image")
+    psnr = dctdata.metrics.psnr(torch.from_numpy(x), torch.from_numpy(rec))
+    assert float(psnr.min()) > 34.0
+
+
+def test_lossless_option_same_pack_as_python_codec(tmp_path, capsys):
+    x = fields(4, 1, 24, 24)
+    np.save(tmp_path / "x.npy", x)
+    run(["pack", tmp_path / "x.npy", tmp_path / "cli", "--quant", "int8", "--cf", "4", "--lossless", "zstd:9",
+         "--quiet"], capsys)  # fmt: skip
+    dctdata.pack(tmp_path / "x.npy", tmp_path / "py", quant="int8", cf=4, codec={"id": "zstd", "level": 9}, quiet=True)
+    assert dctdata.open_dataset(tmp_path / "cli").manifest.field("image").lossless == {"id": "zstd", "level": 9}
+    assert files(tmp_path / "cli") == files(tmp_path / "py")
+
+
+def test_parse_lossless_option_types():
+    from dctdata.lossless import AUTO, parse_lossless_option
+
+    assert parse_lossless_option(" auto ") == AUTO
+    with pytest.raises(TypeError, match="--lossless: expected a string"):
+        parse_lossless_option(9)
+    for bad in ("zstd:", "zstd:0", "auto:1", "brotli", "zstd:1.5"):
+        with pytest.raises(dctdata.DctDataError, match="--lossless: expected auto, zstd or zstd:LEVEL"):
+            parse_lossless_option(bad)

@@ -322,6 +322,16 @@ def _(t):
     return pack_args(npy(t, fields(2)), t / "out", "--mask", "circle")
 
 
+@case("pack settings", "--lossless lz4", r"--lossless: expected auto, zstd or zstd:LEVEL .*1\.\.22\. Got 'lz4'")
+def _(t):
+    return pack_args(npy(t, fields(2)), t / "out", "--lossless", "lz4")
+
+
+@case("pack settings", "--lossless zstd:23", r"--lossless: expected auto, zstd or zstd:LEVEL .*Got 'zstd:23'")
+def _(t):
+    return pack_args(npy(t, fields(2)), t / "out", "--lossless", "zstd:23")
+
+
 @case("pack settings", "--target-psnr 0", r"--target-psnr: expected a positive number of dB\. Got 0")
 def _(t):
     return pack_args(npy(t, fields(2)), t / "out", "--target-psnr", "0")
