@@ -48,6 +48,21 @@ def test_decoding_is_bounded_to_the_expected_array(config):
         decode_array(codec, blob[:-5], (100,), np.uint8, "chunk 3")  # truncated
 
 
+def test_zstd_decode_takes_one_whole_frame_and_nothing_after_it():
+    codec = get_codec(DEFAULT_CODEC)
+    blob = encode_array(codec, np.arange(100, dtype=np.uint8))
+    got = decode_array(codec, blob, (100,), np.uint8, "chunk 3")
+    assert got.flags.writeable and got.flags.c_contiguous  # callers may write into what they read
+    got[0] = 7
+    assert decode_array(codec, blob, (100,), np.uint8, "chunk 3")[0] == 0
+    for tail in (blob, b"\0"):
+        said = rf"Got undecodable bytes \(ZstdError: compressed input contains {len(tail)} bytes of unused data"
+        with pytest.raises(IntegrityError, match=rf"chunk 3: expected zstd-coded bytes of uint8 \(100,\)\. {said}"):
+            decode_array(codec, blob + tail, (100,), np.uint8, "chunk 3")  # a second frame or trailing bytes
+    with pytest.raises(IntegrityError, match=r"chunk 3: expected zstd-coded bytes of uint8 \(100,\)\. Got undecodable"):
+        decode_array(codec, blob[:30] + blob[31:], (100,), np.uint8, "chunk 3")  # a byte gone from the frame
+
+
 @pytest.mark.parametrize(
     "lossless, zarr_codec",
     [
