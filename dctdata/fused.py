@@ -1,0 +1,180 @@
+"""The fused CPU decode: `Decompress` on plain CPU tensors in one C pass (`dctdata/_synth.c`).
+
+Why hand-written: the torch kernels (`transform.synthesize_chunked`) spend most of their time in op
+overhead and in separate elementwise passes (to float, x step, + offset, sign x recon, rotation, the
+per-sample (range, mid) and normalization) around two small matmuls per block; at 256^2 they ran at 4-12x
+an out-of-cache copy of the output (issue 17). No library does dequantization + 8x8 inverse DCT + crop into
+an output buffer in one pass: BLAS sees only the matmuls, and torch.compile's CPU code keeps the passes.
+The kernel reads the stored coefficients once, does everything per group of 8 neighbouring blocks in
+registers and L1, and writes each output pixel once (AVX2+FMA where the CPU has it, picked at run time;
+portable C elsewhere). Single-threaded, GIL released: the loaders run many workers (`balance_threads`).
+
+What it computes, per sample b, channel c and kept frequency k (float32):
+    y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + beta[b, c] [k = 0]
+then the inverse DCT of y, cropped to (H, W). `tables_for` builds A, D, R, M and the per-channel output
+affine map from a CodecSpec (v1: steps, offsets, mean and std folded into A and D; v2: scale, shift,
+dead-zone recon, rotation, per-sample side and normalization).
+
+Used when: the extension is built, `ENABLED` (environment `DCTDATA_FUSED_KERNEL=0` turns it off), plain
+CPU tensors in eager mode with one intra-op thread (`transform.eager_cpu`, the chunked kernel's
+condition), coefficients int8/int16/float16/bfloat16/float32, a float32 output, and `out` (when given)
+contiguous. Everything else (float64, other output dtypes, strided `out`, CUDA, autograd, compile, export,
+ONNX) keeps the torch paths of `transform.synthesize`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dctdata.errors import DctDataError
+from dctdata.spec import CodecSpec
+from dctdata.transform import BLOCK, eager_cpu, grid_shape, num_kept
+
+try:
+    import dctdata._synth as _synth
+except ImportError:  # a source tree without the built extension: the torch kernels run
+    _synth = None
+
+ENABLED = os.environ.get("DCTDATA_FUSED_KERNEL", "1") != "0"
+WIRE_KINDS = {torch.int8: 0, torch.int16: 1, torch.float32: 2}
+CONVERTED = (torch.float16, torch.bfloat16)  # converted to float32 (a pass over K/64 of the output) first
+
+
+def available() -> bool:
+    """True when the extension is built and not turned off."""
+    return _synth is not None and ENABLED
+
+
+def vector_isa() -> str | None:
+    """The instruction set the kernel uses on this CPU ("avx2+fma" or "portable"), None without it."""
+    return None if _synth is None else _synth.vector_isa()
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The kernel's float32 tables for one spec: a, d (C, K); r (C, K) or None; m (C, C) or None; and the
+    per-channel output map x -> scale x + shift (float64 (C,) each, None for v1, where it is folded)."""
+
+    a: torch.Tensor
+    d: torch.Tensor
+    r: torch.Tensor | None
+    m: torch.Tensor | None
+    scale: torch.Tensor | None
+    shift: torch.Tensor | None
+
+    @property
+    def channels(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def kept(self) -> int:
+        return self.a.shape[1]
+
+
+def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
+    """The kernel's tables for `spec` (the same math as `Decompress`'s weights or its v2 affine pass)."""
+    c, k = spec.channels, spec.kept
+    f64 = dict(dtype=torch.float64)
+    steps = torch.ones(c, k, **f64) if spec.steps is None else torch.as_tensor(spec.steps, **f64).reshape(c, k)
+    offsets = torch.zeros(c, k, **f64) if spec.offsets is None else torch.as_tensor(spec.offsets, **f64).reshape(c, k)
+    inv_std = torch.ones(c, **f64)
+    mean = torch.zeros(c, **f64)
+    if normalize and spec.std is not None:
+        inv_std = 1.0 / torch.as_tensor(spec.std, **f64).reshape(c)
+    if normalize and spec.mean is not None:
+        mean = torch.as_tensor(spec.mean, **f64).reshape(c)
+    f32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
+    if spec.recon is None and spec.rotation is None and spec.side is None:
+        d = offsets.clone()
+        d[:, 0] -= BLOCK * mean  # the DC basis function is 1/8 everywhere
+        col = inv_std.unsqueeze(1)
+        return Tables(f32(steps * col), f32(d * col), None, None, None, None)
+    recon = None if spec.recon is None else -torch.as_tensor(spec.recon, **f64).reshape(c, k) * steps
+    rot = None if spec.rotation is None else torch.tensor(spec.rotation, **f64).T
+    return Tables(f32(steps), f32(offsets), f32(recon), f32(rot), inv_std, -mean * inv_std)
+
+
+def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> bool:
+    """True when `synthesize` may run for coefficients `q`, output dtype `dtype` and `out` (see the module doc)."""
+    if not available() or dtype != torch.float32 or (q.dtype not in WIRE_KINDS and q.dtype not in CONVERTED):
+        return False
+    if out is not None and not (out.is_contiguous() and eager_cpu(out)):
+        return False
+    return eager_cpu(q) and torch.get_num_threads() == 1
+
+
+def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    if tuple(t.shape) != shape:
+        raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
+
+
+def synthesize(
+    q: torch.Tensor,
+    tables: Tables,
+    cf: int,
+    mask: str,
+    size: tuple[int, int],
+    out: torch.Tensor | None = None,
+    side: torch.Tensor | None = None,
+    portable: bool = False,
+) -> torch.Tensor:
+    """Decode (B, C, Hb, K, Wb) stored coefficients into (B, C, H, W) float32 (`out` when given).
+
+    `side` (B, C, 2) = [range, mid] per sample and channel (v2 specs that carry it). `portable` runs the
+    plain C inner loop even where AVX2 is present (tests compare both). Every shape, dtype and size the C
+    code indexes is checked here (and again in C); non-contiguous coefficients are copied first.
+    """
+    if _synth is None:
+        raise DctDataError("fused kernel: dctdata._synth is not built (reinstall dctdata to compile it)")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(q).__name__}")
+    if q.dtype in CONVERTED:
+        q = q.to(torch.float32)
+    if q.dtype not in WIRE_KINDS:
+        raise TypeError(f"coeffs: expected int8, int16, float16, bfloat16 or float32 for the fused kernel. Got {q.dtype}")
+    c, k = tables.channels, tables.kept
+    if k != num_kept(cf, mask):
+        raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
+    h, w = size
+    hb, wb = grid_shape(h, w)
+    if q.dim() != 5:
+        raise DctDataError(f"coeffs: expected shape (B, C, Hb, K, Wb). Got {tuple(q.shape)}")
+    b = q.shape[0]
+    _check(q, (b, c, hb, k, wb), "coeffs")
+    if out is None:
+        out = torch.empty(b, c, h, w, dtype=torch.float32)
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
+    _check(out, (b, c, h, w), "out")
+    alpha = beta = None
+    if tables.scale is not None:
+        alpha = tables.scale.expand(b, c)
+        beta = tables.shift.expand(b, c)
+        if side is not None:
+            _check(side, (b, c, 2), "side")
+            rng, mid = side[..., 0].to(torch.float64), side[..., 1].to(torch.float64)
+            alpha, beta = alpha * rng, tables.scale * mid + beta
+        alpha = alpha.to(torch.float32).contiguous().numpy()
+        beta = (BLOCK * beta).to(torch.float32).contiguous().numpy()  # a constant is 8x itself on the DC term
+    elif side is not None:
+        raise DctDataError("side: these tables (a v1 spec) take no side information")
+    opt = lambda t: None if t is None else t.numpy()  # noqa: E731
+    _synth.synthesize(
+        q.detach().resolve_neg().contiguous().numpy(),
+        WIRE_KINDS[q.dtype],
+        out.detach().numpy(),
+        (b, c, hb, k, wb, h, w),
+        cf,
+        int(mask == "triangle"),
+        tables.a.numpy(),
+        tables.d.numpy(),
+        opt(tables.r),
+        opt(tables.m),
+        alpha,
+        beta,
+        portable,
+    )
+    return out
