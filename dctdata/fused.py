@@ -134,7 +134,7 @@ def synthesize(
     if q.dtype in CONVERTED:
         q = q.to(torch.float32)
     if q.dtype not in WIRE_KINDS:
-        raise TypeError(f"coeffs: expected int8, int16, float16, bfloat16 or float32 for the fused kernel. Got {q.dtype}")
+        raise TypeError(f"coeffs: expected int8, int16, float16, bfloat16 or float32 (fused kernel). Got {q.dtype}")
     c, k = tables.channels, tables.kept
     if k != num_kept(cf, mask):
         raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")

@@ -21,8 +21,8 @@ On plain CPU tensors in eager mode with one intra-op thread both run through the
 (`dctdata.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
 output), or where it does not apply (float64, other output dtypes, the extension off) through
 `transform.synthesize_chunked` (a few block rows at a time, the affine pass included, intermediates in
-cache); `layer(q, out=buf)` writes into a reused buffer, which saves the page faults of a fresh output (several times the decode itself on
-outputs of tens of MB).
+cache); `layer(q, out=buf)` writes into a reused buffer, which saves the page faults of a fresh output
+(several times the decode itself on outputs of tens of MB).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The chunked CPU decode kernel: same values as the portable graph, `out=`, and the dispatch that keeps
-compile, export, ONNX and autograd on the portable graph."""
+compile, export, ONNX and autograd on the portable graph. The fused C kernel (which `Decompress` takes
+first where it applies) is off here; tests/core/test_fused_kernel.py covers it."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from decode_checks import check_decompress
 from test_layer import make_spec, v2_wire
 
 import dctdata
+import dctdata.fused as fused
 import dctdata.transform as transform
 from dctdata import Decompress
 from dctdata.quantize import decode_reference
@@ -33,6 +35,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
+def torch_kernels(monkeypatch):
+    """The torch kernels under test: the fused C kernel stays off."""
+    monkeypatch.setattr(fused, "ENABLED", False)
 
 
 @pytest.fixture
