@@ -7,7 +7,9 @@
  *      then a per-(sample, channel) affine map y'' = alpha y' + beta [k == 0]
  *      (without a mix, alpha and beta are folded into the tables of step 1 once per sample)
  *   3. separable 8x8 inverse DCT: Z[u][j] = sum_v T[v][j] y[(u, v)], img[i][j] = sum_u T[u][i] Z[u][j]
- *   4. an 8x8 transpose (lanes are blocks, rows must be pixels), cropped stores into out (B, C, H, W) float32.
+ *   4. an 8x8 transpose (lanes are blocks, rows must be pixels), cropped stores into out (B, C, H, W) float32;
+ *      with `stream`, full 32-byte-aligned rows go out as non-temporal stores (no read-for-ownership of
+ *      output lines that would be evicted before anyone reads them).
  * The AVX2+FMA version of steps 3-4 is picked at run time (__builtin_cpu_supports); the portable C one
  * runs anywhere. Every size is checked against the buffers here as well as in Python, so no call that
  * returns without an exception read or wrote outside them.
@@ -34,6 +36,7 @@
 typedef struct {
     Py_ssize_t B, C, Hb, K, Wb, H, W;
     int cf, tri, qkind; /* qkind: 0 int8, 1 int16, 2 float32 */
+    int stream;         /* non-temporal stores for full, aligned rows */
     const void *q;
     float *out;
     const float *A, *D, *R, *M, *alpha, *beta; /* R, M, alpha, beta may be NULL */
@@ -145,37 +148,60 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
     r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+/* Even/odd butterflies on both passes (T[u][7 - i] = (-1)^u T[u][i]): half the FMAs of a plain 8x8 product. */
 __attribute__((target("avx2,fma"))) static void idct_avx2(const job_t *jb, const float *X, Py_ssize_t b, Py_ssize_t c,
                                                           Py_ssize_t hb, Py_ssize_t g0, int n) {
-    __m256 Z[8][8];
+    __m256 Z[8][8], img[8][8];
     int k0 = 0;
     for (int u = 0; u < jb->cf; u++) {
         int nv = jb->tri ? jb->cf - u : jb->cf;
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        for (int v = 0; v < nv; v++) {
+        __m256 e[4], o[4];
+        for (int j = 0; j < 4; j++) e[j] = o[j] = _mm256_setzero_ps();
+        for (int v = 0; v < nv; v += 2) {
             __m256 x = _mm256_loadu_ps(X + (k0 + v) * LANES);
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(jb->T[v][j]), x, acc[j]);
+            for (int j = 0; j < 4; j++) e[j] = _mm256_fmadd_ps(_mm256_set1_ps(jb->T[v][j]), x, e[j]);
         }
-        for (int j = 0; j < 8; j++) Z[u][j] = acc[j];
+        for (int v = 1; v < nv; v += 2) {
+            __m256 x = _mm256_loadu_ps(X + (k0 + v) * LANES);
+            for (int j = 0; j < 4; j++) o[j] = _mm256_fmadd_ps(_mm256_set1_ps(jb->T[v][j]), x, o[j]);
+        }
+        for (int j = 0; j < 4; j++) {
+            Z[u][j] = _mm256_add_ps(e[j], o[j]);
+            Z[u][7 - j] = _mm256_sub_ps(e[j], o[j]);
+        }
         k0 += nv;
+    }
+    for (int j0 = 0; j0 < 8; j0 += 4) {
+        for (int i = 0; i < 4; i++) {
+            __m256 e[4], o[4];
+            for (int j = 0; j < 4; j++) e[j] = o[j] = _mm256_setzero_ps();
+            for (int u = 0; u < jb->cf; u += 2) {
+                __m256 t = _mm256_set1_ps(jb->T[u][i]);
+                for (int j = 0; j < 4; j++) e[j] = _mm256_fmadd_ps(t, Z[u][j0 + j], e[j]);
+            }
+            for (int u = 1; u < jb->cf; u += 2) {
+                __m256 t = _mm256_set1_ps(jb->T[u][i]);
+                for (int j = 0; j < 4; j++) o[j] = _mm256_fmadd_ps(t, Z[u][j0 + j], o[j]);
+            }
+            for (int j = 0; j < 4; j++) {
+                img[i][j0 + j] = _mm256_add_ps(e[j], o[j]);
+                img[7 - i][j0 + j] = _mm256_sub_ps(e[j], o[j]);
+            }
+        }
     }
     Py_ssize_t rows = jb->H - hb * 8 < 8 ? jb->H - hb * 8 : 8;
     int full = n == LANES && (g0 + LANES) * 8 <= jb->W;
     float *dst = jb->out + (((size_t)b * jb->C + c) * jb->H + hb * 8) * jb->W + g0 * 8;
     for (Py_ssize_t i = 0; i < rows; i++, dst += jb->W) {
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        for (int u = 0; u < jb->cf; u++) {
-            __m256 t = _mm256_set1_ps(jb->T[u][i]);
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(t, Z[u][j], acc[j]);
-        }
-        transpose8(acc);
-        if (full) {
-            for (int l = 0; l < LANES; l++) _mm256_storeu_ps(dst + l * 8, acc[l]);
+        __m256 *r = img[i];
+        transpose8(r);
+        if (full && jb->stream && !((uintptr_t)dst & 31)) {
+            for (int l = 0; l < LANES; l++) _mm256_stream_ps(dst + l * 8, r[l]);
+        } else if (full) {
+            for (int l = 0; l < LANES; l++) _mm256_storeu_ps(dst + l * 8, r[l]);
         } else {
             float tile[LANES * 8];
-            for (int l = 0; l < LANES; l++) _mm256_storeu_ps(tile + l * 8, acc[l]);
+            for (int l = 0; l < LANES; l++) _mm256_storeu_ps(tile + l * 8, r[l]);
             store_rows(jb, dst, tile, g0, n);
         }
     }
@@ -239,15 +265,15 @@ static int mul_ok(Py_ssize_t *acc, Py_ssize_t f) {
     return 1;
 }
 
-/* synthesize(q, qkind, out, (B, C, Hb, K, Wb, H, W), cf, triangle, A, D, R, M, alpha, beta, portable) */
+/* synthesize(q, qkind, out, (B, C, Hb, K, Wb, H, W), cf, triangle, A, D, R, M, alpha, beta, portable, stream) */
 static PyObject *py_synthesize(PyObject *self, PyObject *args) {
     PyObject *qobj, *oobj, *robj, *mobj, *aobj, *bobj;
     Py_buffer qb = {0}, ob = {0}, ab = {0}, db = {0}, rb = {0}, mb = {0}, alb = {0}, beb = {0};
     job_t jb;
-    int portable = 0;
+    int portable = 0, stream = 0;
     memset(&jb, 0, sizeof jb);
-    if (!PyArg_ParseTuple(args, "OiO(nnnnnnn)iiy*y*OOOO|p", &qobj, &jb.qkind, &oobj, &jb.B, &jb.C, &jb.Hb, &jb.K, &jb.Wb,
-                          &jb.H, &jb.W, &jb.cf, &jb.tri, &ab, &db, &robj, &mobj, &aobj, &bobj, &portable))
+    if (!PyArg_ParseTuple(args, "OiO(nnnnnnn)iiy*y*OOOO|pp", &qobj, &jb.qkind, &oobj, &jb.B, &jb.C, &jb.Hb, &jb.K, &jb.Wb,
+                          &jb.H, &jb.W, &jb.cf, &jb.tri, &ab, &db, &robj, &mobj, &aobj, &bobj, &portable, &stream))
         return NULL;
     PyObject *res = NULL;
     float *scratch = NULL;
@@ -298,8 +324,12 @@ static PyObject *py_synthesize(PyObject *self, PyObject *args) {
             goto done;
         }
         idct_fn idct = pick_idct(portable);
+        jb.stream = stream;
         Py_BEGIN_ALLOW_THREADS run(&jb, idct, scratch, scratch + per, scratch + 2 * per);
         Py_END_ALLOW_THREADS
+#ifdef SYNTH_X86
+        if (jb.stream) _mm_sfence();
+#endif
     }
     res = Py_None;
     Py_INCREF(res);
@@ -323,7 +353,8 @@ static PyObject *py_vector_isa(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"synthesize", py_synthesize, METH_VARARGS,
-     "synthesize(q, qkind, out, (B, C, Hb, K, Wb, H, W), cf, triangle, A, D, R, M, alpha, beta, portable=False)"},
+     "synthesize(q, qkind, out, (B, C, Hb, K, Wb, H, W), cf, triangle, A, D, R, M, alpha, beta, portable=False, "
+     "stream=False)"},
     {"vector_isa", py_vector_isa, METH_NOARGS, "the instruction set the kernel runs with here"},
     {NULL, NULL, 0, NULL}};
 

@@ -55,12 +55,14 @@ def torch_kernel(layer, wire, monkeypatch):
 
 
 def both_isas(spec, wire):
-    """The AVX2 (where present) and portable inner loops agree to float32 rounding."""
+    """The AVX2 (where present) and portable inner loops agree to float32 rounding; non-temporal stores
+    write the same values."""
     q, side = split_wire(wire, spec)
     q = q if q.dim() == 5 else q.unsqueeze(0)
     args = (q, fused.tables_for(spec), spec.cf, spec.mask, (spec.height, spec.width))
     vec = fused.synthesize(*args, side=side)
     plain = fused.synthesize(*args, side=side, portable=True)
+    assert torch.equal(fused.synthesize(*args, side=side, stream=True), vec)
     torch.testing.assert_close(vec, plain, atol=1e-5 * max(1.0, float(plain.abs().max())), rtol=1e-5)
 
 
@@ -234,16 +236,17 @@ def test_the_c_code_checks_its_buffers_itself():
     c=st.integers(1, 3),
     wire=st.sampled_from([torch.int8, torch.int16, torch.float32]),
     portable=st.booleans(),
+    stream=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_random_shapes_match_the_portable_graph(cf, triangle, h, w, b, c, wire, portable, seed):
+def test_random_shapes_match_the_portable_graph(cf, triangle, h, w, b, c, wire, portable, stream, seed):
     mask = "triangle" if triangle else "square"
     k = transform.num_kept(cf, mask)
     hb, wb = transform.grid_shape(h, w)
     g = torch.Generator().manual_seed(seed)
     q = (torch.randn(b, c, hb, k, wb, generator=g) * 50).to(wire)
     tables = fused.Tables(torch.rand(c, k, generator=g) + 0.5, torch.randn(c, k, generator=g), None, None, None, None)
-    out = fused.synthesize(q, tables, cf, mask, (h, w), portable=portable)
+    out = fused.synthesize(q, tables, cf, mask, (h, w), portable=portable, stream=stream)
     coef = q.double() * tables.a.double().reshape(1, c, 1, k, 1) + tables.d.double().reshape(1, c, 1, k, 1)
     wcol, _, trows = transform.fold_basis(cf, mask, c)
     ref = transform.synthesize_portable(coef, wcol, trows, mask, (h, w))
