@@ -45,6 +45,10 @@ CONVERTED = (torch.float16, torch.bfloat16)  # converted to float32 (a pass over
 # would be evicted before the consumer reads them, and skipping the read-for-ownership of every output
 # line halves the memory traffic (decode into a reused 64 MB buffer: 0.6x a copy at CF 2 against 1.0x).
 STREAM_ABOVE_BYTES = 32 << 20
+# Outputs the kernel allocates itself, at least this large, ask the OS for transparent huge pages before the
+# first write (Linux madvise): a fresh 64 MB output otherwise pays ~16k page faults, several times the
+# decode (`THP_MEM_ALLOC_ENABLE=1` does the same for every torch allocation).
+HUGEPAGES_ABOVE_BYTES = 8 << 20
 
 
 def available() -> bool:
@@ -150,7 +154,8 @@ def synthesize(
         raise DctDataError(f"coeffs: expected shape (B, C, Hb, K, Wb). Got {tuple(q.shape)}")
     b = q.shape[0]
     _check(q, (b, c, hb, k, wb), "coeffs")
-    if out is None:
+    fresh = out is None
+    if fresh:
         out = torch.empty(b, c, h, w, dtype=torch.float32)
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
         raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
@@ -183,5 +188,6 @@ def synthesize(
         beta,
         portable,
         out.numel() * 4 >= STREAM_ABOVE_BYTES if stream is None else stream,
+        fresh and out.numel() * 4 >= HUGEPAGES_ABOVE_BYTES,
     )
     return out

@@ -251,3 +251,16 @@ def test_random_shapes_match_the_portable_graph(cf, triangle, h, w, b, c, wire, 
     wcol, _, trows = transform.fold_basis(cf, mask, c)
     ref = transform.synthesize_portable(coef, wcol, trows, mask, (h, w))
     torch.testing.assert_close(out.double(), ref, atol=1e-4 * max(1.0, float(ref.abs().max())), rtol=0)
+
+
+def test_large_outputs_stream_and_ask_for_huge_pages_with_the_same_values():
+    """Past `STREAM_ABOVE_BYTES` and `HUGEPAGES_ABOVE_BYTES` (a fresh output) the values do not change."""
+    size = (1024, 1280)
+    b = -(-fused.STREAM_ABOVE_BYTES // (size[0] * size[1] * 4))
+    assert b * size[0] * size[1] * 4 >= max(fused.STREAM_ABOVE_BYTES, fused.HUGEPAGES_ABOVE_BYTES)
+    spec = spec_for(4, channels=1, height=size[0], width=size[1])
+    q = (torch.randn(b, *spec.coeff_shape, generator=torch.Generator().manual_seed(3)) * 100).to(torch.int16)
+    tables = fused.tables_for(spec)
+    big = fused.synthesize(q, tables, 4, "square", size)
+    small = torch.cat([fused.synthesize(q[i : i + 1], tables, 4, "square", size) for i in range(b)])
+    assert torch.equal(big, small)
