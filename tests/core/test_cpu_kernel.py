@@ -43,18 +43,23 @@ def torch_kernels(monkeypatch):
     monkeypatch.setattr(fused, "ENABLED", False)
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """Counts calls of the chunked kernel."""
+def spy_on(monkeypatch, module, name: str) -> list:
+    """Replaces `module.name` by a wrapper that appends to the returned list on each call."""
     seen = []
-    real = transform.synthesize_chunked
+    real = getattr(module, name)
 
     def spy(*args, **kwargs):
         seen.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(transform, "synthesize_chunked", spy)
+    monkeypatch.setattr(module, name, spy)
     return seen
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts calls of the chunked kernel."""
+    return spy_on(monkeypatch, transform, "synthesize_chunked")
 
 
 @pytest.fixture

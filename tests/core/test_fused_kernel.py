@@ -12,7 +12,7 @@ import torch
 from decode_checks import check_decompress
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cpu_kernel import spec_for, wire_of
+from test_cpu_kernel import one_thread, spec_for, spy_on, wire_of  # noqa: F401 (one_thread: autouse)
 from test_layer import v2_wire
 
 import dctdata
@@ -25,26 +25,10 @@ from dctdata.wire import split_wire
 pytestmark = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture
 def calls(monkeypatch):
     """Counts calls of the fused kernel."""
-    seen = []
-    real = fused.synthesize
-
-    def spy(*args, **kwargs):
-        seen.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fused, "synthesize", spy)
-    return seen
+    return spy_on(monkeypatch, fused, "synthesize")
 
 
 def torch_kernel(layer, wire, monkeypatch):
