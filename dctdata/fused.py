@@ -145,7 +145,23 @@ def synthesize(
         q = q.to(torch.float32)
     if q.dtype not in WIRE_KINDS:
         raise TypeError(f"coeffs: expected int8, int16, float16, bfloat16 or float32 (fused kernel). Got {q.dtype}")
+    if not isinstance(tables, Tables):
+        raise TypeError(f"tables: expected dctdata.fused.Tables (see tables_for). Got {type(tables).__name__}")
     c, k = tables.channels, tables.kept
+    for name, t, shape in (
+        ("a", tables.a, (c, k)),
+        ("d", tables.d, (c, k)),
+        ("r", tables.r, (c, k)),
+        ("m", tables.m, (c, c)),
+    ):
+        if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous()):
+            raise DctDataError(
+                f"tables.{name}: expected a contiguous float32 tensor of shape {shape}. Got {t.dtype} {tuple(t.shape)}"
+            )
+    if (tables.scale is None) != (tables.shift is None):
+        raise DctDataError("tables: expected scale and shift both or neither")
+    if tables.scale is not None and not (tables.scale.shape == tables.shift.shape == (c,)):
+        raise DctDataError(f"tables: expected scale and shift of shape ({c},). Got {tuple(tables.scale.shape)}")
     if k != num_kept(cf, mask):
         raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
     h, w = size

@@ -177,6 +177,17 @@ def test_bad_arguments_are_clear_errors():
         fused.synthesize(q, t, 4, "square", size, out=torch.empty(3, 2, 29, 42))
     with pytest.raises(dctdata.DctDataError, match="side: these tables .* take no side information"):
         fused.synthesize(q, t, 4, "square", size, side=torch.ones(3, 2, 2))
+    with pytest.raises(TypeError, match="tables: expected dctdata.fused.Tables .* Got dict"):
+        fused.synthesize(q, {}, 4, "square", size)
+    bad = fused.Tables(t.a.double(), t.d, None, None, None, None)
+    with pytest.raises(
+        dctdata.DctDataError, match=r"tables.a: expected a contiguous float32 tensor of shape \(2, 16\)"
+    ):
+        fused.synthesize(q, bad, 4, "square", size)
+    with pytest.raises(dctdata.DctDataError, match="tables: expected scale and shift both or neither"):
+        fused.synthesize(q, fused.Tables(t.a, t.d, None, None, torch.ones(2), None), 4, "square", size)
+    with pytest.raises(dctdata.DctDataError, match=r"tables: expected scale and shift of shape \(2,\). Got \(3,\)"):
+        fused.synthesize(q, fused.Tables(t.a, t.d, None, None, torch.ones(3), torch.ones(3)), 4, "square", size)
     spec2, (q2, side) = v2_wire()
     t2 = fused.tables_for(spec2)
     with pytest.raises(dctdata.DctDataError, match=r"side: expected shape \(4, 3, 2\). Got \(4, 3, 1\)"):
