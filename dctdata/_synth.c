@@ -57,9 +57,9 @@ static void load_lanes(const job_t *jb, size_t off, int n, float *x) {
     for (; l < LANES; l++) x[l] = 0.0f;
 }
 
-/* Steps 1-2 for one group: sc (C, K, LANES) float; A/D/R are the tables in force for this sample. */
+/* Step 1 for one group, any lane count: sc (C, K, LANES) float; A/D/R are the tables in force for this sample. */
 static void dequantize(const job_t *jb, const float *A, const float *D, const float *R, Py_ssize_t b, Py_ssize_t hb,
-                       Py_ssize_t g0, int n, float *sc, float *mix) {
+                       Py_ssize_t g0, int n, float *sc) {
     const Py_ssize_t C = jb->C, K = jb->K;
     for (Py_ssize_t c = 0; c < C; c++) {
         size_t base = ((((size_t)b * C + c) * jb->Hb + hb) * K) * jb->Wb + g0;
@@ -76,8 +76,11 @@ static void dequantize(const job_t *jb, const float *A, const float *D, const fl
             }
         }
     }
-    if (!jb->M) return;
-    const Py_ssize_t per = K * LANES;
+}
+
+/* Step 2: mix channels (sc -> mix -> sc) and apply this sample's (alpha, beta). */
+static void mix_channels(const job_t *jb, Py_ssize_t b, float *sc, float *mix) {
+    const Py_ssize_t C = jb->C, per = jb->K * LANES;
     for (Py_ssize_t co = 0; co < C; co++) {
         float *dst = mix + co * per;
         for (Py_ssize_t e = 0; e < per; e++) dst[e] = 0.0f;
@@ -152,6 +155,36 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
     r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+/* Step 1 for a full group (8 lanes), vectorized: sign-extending loads, one FMA, the dead-zone term as masks. */
+__attribute__((target("avx2,fma"))) static void dequantize_avx2(const job_t *jb, const float *A, const float *D,
+                                                                const float *R, Py_ssize_t b, Py_ssize_t hb,
+                                                                Py_ssize_t g0, float *sc) {
+    const Py_ssize_t C = jb->C, K = jb->K;
+    const __m256 zero = _mm256_setzero_ps();
+    for (Py_ssize_t c = 0; c < C; c++) {
+        size_t base = ((((size_t)b * C + c) * jb->Hb + hb) * K) * jb->Wb + g0;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            size_t off = base + (size_t)k * jb->Wb;
+            __m256 x;
+            if (jb->qkind == 0) {
+                x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)jb->q + off))));
+            } else if (jb->qkind == 1) {
+                x = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i *)((const int16_t *)jb->q + off))));
+            } else {
+                x = _mm256_loadu_ps((const float *)jb->q + off);
+            }
+            __m256 y = _mm256_fmadd_ps(_mm256_set1_ps(A[c * K + k]), x, _mm256_set1_ps(D[c * K + k]));
+            if (R) {
+                __m256 r = _mm256_set1_ps(R[c * K + k]);
+                __m256 pos = _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GT_OQ), r);
+                __m256 neg = _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_LT_OQ), r);
+                y = _mm256_add_ps(y, _mm256_sub_ps(pos, neg));
+            }
+            _mm256_storeu_ps(sc + (c * K + k) * LANES, y);
+        }
+    }
+}
+
 /* Even/odd butterflies on both passes (T[u][7 - i] = (-1)^u T[u][i]): half the FMAs of a plain 8x8 product. */
 __attribute__((target("avx2,fma"))) static void idct_avx2(const job_t *jb, const float *X, Py_ssize_t b, Py_ssize_t c,
                                                           Py_ssize_t hb, Py_ssize_t g0, int n) {
@@ -214,15 +247,20 @@ __attribute__((target("avx2,fma"))) static void idct_avx2(const job_t *jb, const
 
 typedef void (*idct_fn)(const job_t *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, int);
 
-static idct_fn pick_idct(int portable) {
+static int use_avx2(int portable) {
 #ifdef SYNTH_X86
-    if (!portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return idct_avx2;
-#endif
+    return !portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
     (void)portable;
-    return idct_generic;
+    return 0;
+#endif
 }
 
-static void run(const job_t *jb, idct_fn idct, float *sc, float *mix, float *eff) {
+static void run(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
+    idct_fn idct = idct_generic;
+#ifdef SYNTH_X86
+    if (avx2) idct = idct_avx2;
+#endif
     const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
     for (Py_ssize_t b = 0; b < jb->B; b++) {
         const float *A = jb->A, *D = jb->D, *R = jb->R;
@@ -242,7 +280,12 @@ static void run(const job_t *jb, idct_fn idct, float *sc, float *mix, float *eff
             for (Py_ssize_t g = 0; g < groups; g++) {
                 Py_ssize_t g0 = g * LANES;
                 int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
-                dequantize(jb, A, D, R, b, hb, g0, n, sc, mix);
+#ifdef SYNTH_X86
+                if (avx2 && n == LANES) dequantize_avx2(jb, A, D, R, b, hb, g0, sc);
+                else
+#endif
+                    dequantize(jb, A, D, R, b, hb, g0, n, sc);
+                if (jb->M) mix_channels(jb, b, sc, mix);
                 for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, hb, g0, n);
             }
         }
@@ -340,10 +383,10 @@ static PyObject *py_synthesize(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        idct_fn idct = pick_idct(portable);
+        int avx2 = use_avx2(portable);
         jb.stream = stream;
         if (fresh) advise_hugepages(ob.buf, ob.len);
-        Py_BEGIN_ALLOW_THREADS run(&jb, idct, scratch, scratch + per, scratch + 2 * per);
+        Py_BEGIN_ALLOW_THREADS run(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
         Py_END_ALLOW_THREADS
 #ifdef SYNTH_X86
         if (jb.stream) _mm_sfence();
@@ -366,7 +409,7 @@ done:
 }
 
 static PyObject *py_vector_isa(PyObject *self, PyObject *args) {
-    return PyUnicode_FromString(pick_idct(0) == idct_generic ? "portable" : "avx2+fma");
+    return PyUnicode_FromString(use_avx2(0) ? "avx2+fma" : "portable");
 }
 
 static PyMethodDef methods[] = {
