@@ -109,9 +109,10 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
     """True when `synthesize` may run for coefficients `q`, output dtype `dtype` and `out` (see the module doc)."""
     if not available() or dtype != torch.float32 or (q.dtype not in WIRE_KINDS and q.dtype not in CONVERTED):
         return False
-    if out is not None and not (out.is_contiguous() and eager_cpu(out)):
+    if out is not None and not out.is_contiguous():
         return False
-    return eager_cpu(q) and torch.get_num_threads() == 1
+    eager = eager_cpu(q) if out is None else eager_cpu(q, out)
+    return eager and torch.get_num_threads() == 1  # eager first: compiled code never asks for threads
 
 
 def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:

@@ -259,3 +259,16 @@ def test_large_outputs_stream_and_ask_for_huge_pages_with_the_same_values():
     big = fused.synthesize(q, tables, 4, "square", size)
     small = torch.cat([fused.synthesize(q[i : i + 1], tables, 4, "square", size) for i in range(b)])
     assert torch.equal(big, small)
+
+
+def test_without_the_extension_the_torch_kernel_runs(monkeypatch):
+    spec = spec_for(4)
+    q = wire_of(spec)
+    ref = Decompress(spec)(q)
+    monkeypatch.setattr(fused, "_synth", None)
+    assert not fused.available() and fused.vector_isa() is None
+    chunked = spy_on(monkeypatch, transform, "synthesize_chunked")
+    torch.testing.assert_close(Decompress(spec)(q), ref, atol=1e-5, rtol=1e-5)
+    assert chunked
+    with pytest.raises(dctdata.DctDataError, match=r"fused kernel: dctdata._synth is not built \(reinstall"):
+        fused.synthesize(q, fused.tables_for(spec), 4, "square", (spec.height, spec.width))
