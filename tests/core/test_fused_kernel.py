@@ -272,3 +272,28 @@ def test_without_the_extension_the_torch_kernel_runs(monkeypatch):
     assert chunked
     with pytest.raises(dctdata.DctDataError, match=r"fused kernel: dctdata._synth is not built \(reinstall"):
         fused.synthesize(q, fused.tables_for(spec), 4, "square", (spec.height, spec.width))
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::torch.jit.TracerWarning")
+def test_vmap_export_compile_trace_and_onnx_never_see_the_fused_kernel(monkeypatch, tmp_path):
+    spec = spec_for(5, mask="triangle")
+    q = wire_of(spec)
+    layer = Decompress(spec).eval()
+    ref = layer(q)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused kernel ran inside a traced or exported graph")
+
+    monkeypatch.setattr(fused, "synthesize", refuse)
+    torch.testing.assert_close(torch.func.vmap(layer)(q), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.export.export(layer, (q,)).module()(q), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.jit.trace(layer, (q,), check_trace=False)(q), ref, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q), ref, atol=1e-5, rtol=1e-5)
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    path = tmp_path / "decompress.onnx"
+    torch.onnx.export(layer, (q,), str(path), input_names=["coeffs"], dynamo=True)
+    (out,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"coeffs": q.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), ref, atol=1e-4, rtol=1e-5)
