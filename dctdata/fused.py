@@ -3,11 +3,14 @@
 Why hand-written: the torch kernels (`transform.synthesize_chunked`) spend most of their time in op
 overhead and in separate elementwise passes (to float, x step, + offset, sign x recon, rotation, the
 per-sample (range, mid) and normalization) around two small matmuls per block; at 256^2 they ran at 4-12x
-an out-of-cache copy of the output (issue 17). No library does dequantization + 8x8 inverse DCT + crop into
-an output buffer in one pass: BLAS sees only the matmuls, and torch.compile's CPU code keeps the passes.
-The kernel reads the stored coefficients once, does everything per group of 8 neighbouring blocks in
-registers and L1, and writes each output pixel once (AVX2+FMA where the CPU has it, picked at run time;
-portable C elsewhere). Single-threaded, GIL released: the loaders run many workers (`balance_threads`).
+an out-of-cache copy of the output (issue 17). No library we know does dequantization + 8x8 inverse DCT +
+crop into an output buffer in one pass (BLAS sees only the matmuls; torch.compile was not tried). The kernel
+reads the stored coefficients once, does everything per group of 8 neighbouring blocks in registers and L1,
+and writes each output pixel once (AVX2+FMA picked at run time; portable C elsewhere), with non-temporal
+stores and huge pages for large outputs. Measured side by side (examples/decode_kernels.py, one thread,
+64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
+kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Single-threaded, GIL released: the loaders
+run many workers (`balance_threads`).
 
 What it computes, per sample b, channel c and kept frequency k (float32):
     y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + beta[b, c] [k = 0]
@@ -15,11 +18,11 @@ then the inverse DCT of y, cropped to (H, W). `tables_for` builds A, D, R, M and
 affine map from a CodecSpec (v1: steps, offsets, mean and std folded into A and D; v2: scale, shift,
 dead-zone recon, rotation, per-sample side and normalization).
 
-Used when: the extension is built, `ENABLED` (environment `DCTDATA_FUSED_KERNEL=0` turns it off), plain
-CPU tensors in eager mode with one intra-op thread (`transform.eager_cpu`, the chunked kernel's
-condition), coefficients int8/int16/float16/bfloat16/float32, a float32 output, and `out` (when given)
-contiguous. Everything else (float64, other output dtypes, strided `out`, CUDA, autograd, compile, export,
-ONNX) keeps the torch paths of `transform.synthesize`.
+Used when: the extension is built, the CPU has AVX2 and FMA, `ENABLED` (environment
+`DCTDATA_FUSED_KERNEL=0` turns it off), plain CPU tensors in eager mode with one intra-op thread
+(`transform.eager_cpu`, the chunked kernel's condition), coefficients int8/int16/float16/bfloat16/float32,
+a float32 output, and `out` (when given) contiguous. Everything else (float64, other output dtypes,
+strided `out`, CUDA, autograd, compile, export, ONNX) keeps the torch paths of `transform.synthesize`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ except ImportError:  # a source tree without the built extension: the torch kern
     _synth = None
 
 ENABLED = os.environ.get("DCTDATA_FUSED_KERNEL", "1") != "0"
+REQUIRE_VECTOR = True  # Decompress takes the kernel only with its AVX2 inner loop (see `usable`; tests turn it off)
 WIRE_KINDS = {torch.int8: 0, torch.int16: 1, torch.float32: 2}
 CONVERTED = (torch.float16, torch.bfloat16)  # converted to float32 (a pass over K/64 of the output) first
 # Outputs at least this large are written with non-temporal stores: past a typical last-level cache they
@@ -59,6 +63,9 @@ def available() -> bool:
 def vector_isa() -> str | None:
     """The instruction set the kernel uses on this CPU ("avx2+fma" or "portable"), None without it."""
     return None if _synth is None else _synth.vector_isa()
+
+
+_VECTOR_ISA = vector_isa()
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,12 @@ def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
 
 
 def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> bool:
-    """True when `synthesize` may run for coefficients `q`, output dtype `dtype` and `out` (see the module doc)."""
-    if not available() or dtype != torch.float32 or (q.dtype not in WIRE_KINDS and q.dtype not in CONVERTED):
+    """True when `Decompress` takes `synthesize` for coefficients `q`, output dtype `dtype` and `out` (see the
+    module doc). Only with the AVX2 inner loop: the portable C one (SSE2 or NEON by auto-vectorization) ran at
+    3-14x a copy into a reused buffer, no faster than the chunked torch kernel (3-7x) and slower at CF 8."""
+    if not available() or (REQUIRE_VECTOR and _VECTOR_ISA == "portable") or dtype != torch.float32:
+        return False
+    if q.dtype not in WIRE_KINDS and q.dtype not in CONVERTED:
         return False
     if out is not None and not out.is_contiguous():
         return False

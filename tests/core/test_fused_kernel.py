@@ -25,6 +25,12 @@ from dctdata.wire import split_wire
 pytestmark = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
 
 
+@pytest.fixture(autouse=True)
+def any_cpu(monkeypatch):
+    """Decompress takes the kernel on any CPU here, so its wiring is tested where AVX2 is missing too."""
+    monkeypatch.setattr(fused, "REQUIRE_VECTOR", False)
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """Counts calls of the fused kernel."""
@@ -147,6 +153,14 @@ def test_cases_left_to_the_torch_kernels(case, calls, monkeypatch):
     assert not calls
     ref = decode_reference(q.detach().float(), spec)
     torch.testing.assert_close(out.detach().double(), ref, atol=1e-2 if dtype == torch.bfloat16 else 1e-4, rtol=0)
+
+
+def test_without_avx2_decompress_keeps_the_torch_kernel(calls, monkeypatch):
+    monkeypatch.setattr(fused, "REQUIRE_VECTOR", True)
+    monkeypatch.setattr(fused, "_VECTOR_ISA", "portable")
+    spec = spec_for(4)
+    check_decompress(spec, wire_of(spec))
+    assert not calls
 
 
 def test_the_environment_turns_it_off():
