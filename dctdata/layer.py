@@ -17,10 +17,12 @@ export to ONNX):
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
 
-On plain CPU tensors in eager mode both run through `transform.synthesize_chunked` (a few block rows
-at a time, the affine pass included, intermediates in cache); `layer(q, out=buf)` writes into a
-reused buffer, which saves the page faults of a fresh output (several times the decode itself on
-outputs of tens of MB).
+On plain CPU tensors in eager mode with one intra-op thread both run through the fused C kernel
+(`dctdata.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
+output), or where it does not apply (float64, other output dtypes, the extension off) through
+`transform.synthesize_chunked` (a few block rows at a time, the affine pass included, intermediates in
+cache); `layer(q, out=buf)` writes into a reused buffer, which saves the page faults of a fresh output
+(several times the decode itself on outputs of tens of MB).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import math
 import torch
 from torch import nn
 
+from dctdata import fused
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec
@@ -92,6 +95,7 @@ class Decompress(nn.Module):
             dc[..., 0, :] = math.sqrt(BLOCK * BLOCK)  # DC basis is 1/8 everywhere: a constant b is 8 b on DC
             self.register_buffer("dc_gain", dc.to(compute), persistent=False)
         self.register_buffer("trows", trows.to(compute), persistent=False)
+        self._fused_tables = None  # `fused.tables_for(spec)`, built on the first fused CPU decode
 
     @classmethod
     def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
@@ -127,7 +131,11 @@ class Decompress(nn.Module):
         if out is not None:
             self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
         target = None if out is None else (out.unsqueeze(0) if unbatched else out)
-        if self.folded:
+        if fused.usable(y, self.dtype, target):
+            if self._fused_tables is None:
+                self._fused_tables = fused.tables_for(spec, self.normalize)
+            img = fused.synthesize(y, self._fused_tables, spec.cf, spec.mask, size, out=target, side=side)
+        elif self.folded:
             shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
             img = synthesize(
                 y, weight, trows, spec.mask, size, self.bias_row, dtype=self.dtype, out=target, shift=shift

@@ -13,6 +13,8 @@ All work is per block (two small separable matmuls), so the cost per pixel does 
 image size. `synthesize` has two kernels with the same math: a portable graph of matmul/reshape/
 transpose/cat ops (CUDA, autograd, torch.compile, torch.export, ONNX) and, for plain CPU tensors in
 eager mode, a chunked kernel that keeps every intermediate in cache and writes the output once.
+`Decompress` takes a third one before both where it applies: the fused C kernel of `dctdata.fused`
+(dequantization and inverse DCT in one pass, float32 output); this module's kernels are its fallback.
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@
 Times, interleaved round-robin (best of `--repeat`, so a busy machine hurts every variant alike), for
 outputs of at least 64 MB: copying the output bytes into a preallocated buffer (the yardstick of
 `dctdata bench codec`), the portable kernel (`synthesize_portable`: the exported graph, and the eager
-CPU path before the chunked kernel), the chunked CPU kernel with a fresh output, and the chunked
-kernel into a reused `out=` buffer. Fresh outputs pay for page faults: run once more with
-`THP_MEM_ALLOC_ENABLE=1` (torch then backs large tensors with huge pages) to see how much. With more
-than one thread `Decompress` takes the portable kernel (see `transform.synthesize`), so those rows
-show its cost with and without `out=`.
+CPU path before the chunked kernel), the chunked torch kernel with a fresh output and into a reused
+`out=` buffer, and the fused C kernel (`dctdata.fused`, what `Decompress` takes on one thread) both
+ways. Fresh outputs pay for page faults: run once more with `THP_MEM_ALLOC_ENABLE=1` (torch then backs
+large tensors with huge pages) to see how much. With more than one thread `Decompress` takes the
+portable kernel (see `transform.synthesize`), so those rows show its cost in every decode column.
 
-    python examples/decode_kernels.py --threads 1 2 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2
+    python examples/decode_kernels.py --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --repeat 5
+    python examples/decode_kernels.py --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --wire int8
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from dctdata import CodecSpec, Decompress
+from dctdata import CodecSpec, Decompress, fused
 from dctdata.transform import synthesize_portable
 
 OUT_OF_CACHE_BYTES = 64 << 20
@@ -44,6 +45,13 @@ def variants(size: int, cf: int, wire: str, codec: str, nbytes: int = OUT_OF_CAC
     src = torch.randn(batch, 1, size, size)
     dst, out = torch.empty_like(src), torch.empty_like(src)
 
+    def torch_kernel(**kw):  # the chunked torch kernel: the fused one turned off for the call
+        fused.ENABLED = False
+        try:
+            return layer(wire_value, **kw)
+        finally:
+            fused.ENABLED = True
+
     def before():  # the eager CPU path before the chunked kernel: full-size passes, then the portable graph
         coef = q if codec == "v1" else layer._coefficients(q, wire_value[1], torch.float32)
         return synthesize_portable(coef, layer.weight, layer.trows, "square", (size, size), layer.bias_row)
@@ -52,8 +60,10 @@ def variants(size: int, cf: int, wire: str, codec: str, nbytes: int = OUT_OF_CAC
         "batch": batch,
         "copy": lambda: dst.copy_(src),
         "portable": before,
-        "chunked": lambda: layer(wire_value),
-        "out": lambda: layer(wire_value, out=out),
+        "chunked": torch_kernel,
+        "out": lambda: torch_kernel(out=out),
+        "fused": lambda: layer(wire_value),
+        "fused_out": lambda: layer(wire_value, out=out),
     }
 
 
@@ -85,8 +95,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"torch {torch.__version__}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}, "
         f"wire {args.wire}, outputs >= {args.bytes / 2**20:g} MiB, best of {args.repeat} interleaved; times as x copy"
     )
-    print("| codec | threads | size | CF | batch | copy ms | portable (before) | chunked | chunked, out= |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"fused kernel: {fused.vector_isa()}, available {fused.available()}")
+    print(
+        "| codec | threads | size | CF | batch | copy ms | portable (before) | chunked | chunked, out= | fused | "
+        "fused, out= |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     previous = torch.get_num_threads()
     for codec, n, size, cf in itertools.product(args.codec, args.threads, args.sizes, args.cf):
@@ -94,14 +108,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         fns = variants(size, cf, args.wire, codec, args.bytes)
         batch = fns.pop("batch")
         with torch.inference_mode():
-            torch.testing.assert_close(fns["chunked"](), fns["portable"](), atol=1e-3, rtol=1e-5)
+            ref = fns["portable"]()
+            for name in ("chunked", "fused"):
+                torch.testing.assert_close(fns[name](), ref, atol=1e-3, rtol=1e-5)
         best = best_interleaved(fns, args.repeat)
         c = best["copy"]
         rows.append({"codec": codec, "threads": n, "size": size, "cf": cf, "batch": batch, "copy_s": c})
-        rows[-1].update({f"x_{name}": best[name] / c for name in ("portable", "chunked", "out")})
+        rows[-1].update({f"x_{name}": best[name] / c for name in ("portable", "chunked", "out", "fused", "fused_out")})
         print(
             f"| {codec} | {n} | {size}² | {cf} | {batch} | {1e3 * c:.1f} | {best['portable'] / c:.1f}x | "
-            f"{best['chunked'] / c:.1f}x | {best['out'] / c:.1f}x |",
+            f"{best['chunked'] / c:.1f}x | {best['out'] / c:.1f}x | {best['fused'] / c:.1f}x | "
+            f"{best['fused_out'] / c:.1f}x |",
             flush=True,
         )
     torch.set_num_threads(previous)

@@ -5,7 +5,9 @@ bytes into a preallocated buffer, twice: with outputs that stay in the CPU cache
 of at least 64 MB that do not (there the copy runs at memory bandwidth), so each ratio means the
 same on every machine. Out of cache it times decode twice: into a fresh output (it pays for fresh
 pages, as a loader that allocates each batch does) and into a reused buffer (`Decompress(..., out=)`).
-Also against the paper's dense block-diagonal formulation LHS . A . RHS (O(N^3) per image).
+Also against the paper's dense block-diagonal formulation LHS . A . RHS (O(N^3) per image). The kernel
+column says which CPU kernel `Decompress` took: the fused C one (`dctdata.fused`) on one thread, the torch
+graph with more.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 import torch
 
+from dctdata import fused
 from dctdata.layer import Decompress
 from dctdata.spec import CodecSpec
 from dctdata.transform import BLOCK, dct_matrix
@@ -77,8 +80,11 @@ def run_codec_bench(sizes=(256, 1024), cfs=(2, 4, 6, 8), paper_sizes=(512, 1024)
                     layer = Decompress(spec)
                     t_dec, _, t_copy = _decode_vs_copy(layer, small, spec, repeat)
                     t_big, t_big_out, t_big_copy = _decode_vs_copy(layer, big, spec, max(2, repeat // 3))
+                    probe = torch.zeros(1, *spec.coeff_shape)
+                    kernel = f"fused ({fused.vector_isa()})" if fused.usable(probe, torch.float32, None) else "torch"
                     row = {
                         "threads": n_threads,
+                        "kernel": kernel,
                         "size": size,
                         "cf": cf,
                         "batch": small,
@@ -111,16 +117,17 @@ def run_codec_bench(sizes=(256, 1024), cfs=(2, 4, 6, 8), paper_sizes=(512, 1024)
 
 def format_rows(rows) -> str:
     head = (
-        "| threads | size | CF | batch | decode ms/img | GB/s out | x copy (in cache) | batch >= 64 MB | GB/s out "
-        "| x copy (out of cache) | x copy (out of cache, out=) | paper ms/img | speedup vs paper |"
+        "| threads | size | CF | batch | decode ms/img | GB/s out | x copy (in cache) | batch >= 64 MB "
+        "| GB/s out | x copy (out of cache) | x copy (out of cache, out=) | paper ms/img | speedup vs paper |"
     )
-    lines = [head, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         paper = "-" if r["paper_ms"] is None else f"{r['paper_ms']:.2f}"
         speed = "-" if r["speedup_vs_paper"] is None else f"{r['speedup_vs_paper']:.1f}x"
         lines.append(
             f"| {r['threads']} | {r['size']}² | {r['cf']} | {r['batch']} | {r['decode_ms']:.3f} | "
             f"{r['decode_GBps']:.2f} | {r['x_copy']:.1f}x | {r['big_batch']} ({r['big_MB']:.0f} MB) | "
-            f"{r['big_decode_GBps']:.2f} | {r['x_copy_big']:.1f}x | {r['x_copy_big_out']:.1f}x | {paper} | {speed} |"
+            f"{r['big_decode_GBps']:.2f} | {r['x_copy_big']:.1f}x | {r['x_copy_big_out']:.1f}x | {paper} | {speed} | "
+            f"{r['kernel']} |"
         )
     return "\n".join(lines)

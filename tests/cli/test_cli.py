@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from dctdata import fused
 from dctdata.cli import main
 
 
@@ -32,6 +33,8 @@ def test_codec_bench_reports_ratios_against_copy_in_and_out_of_cache_and_paper(c
         assert float(cells[4]) > 0 and cells[6].endswith("x") and cells[9].endswith("x") and cells[10].endswith("x")
         assert cells[12].endswith("x")
         assert cells[7] == "4096 (67 MB)"  # at least 64 MiB of float32 output per call
+        vector = fused.available() and fused.vector_isa() != "portable"
+        assert cells[13] == (f"fused ({fused.vector_isa()})" if vector else "torch")  # one thread
 
 
 def test_unknown_command_exits_with_usage(capsys):

@@ -1,5 +1,6 @@
 """The chunked CPU decode kernel: same values as the portable graph, `out=`, and the dispatch that keeps
-compile, export, ONNX and autograd on the portable graph."""
+compile, export, ONNX and autograd on the portable graph. The fused C kernel (which `Decompress` takes
+first where it applies) is off here; tests/core/test_fused_kernel.py covers it."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from decode_checks import check_decompress
 from test_layer import make_spec, v2_wire
 
 import dctdata
+import dctdata.fused as fused
 import dctdata.transform as transform
 from dctdata import Decompress
 from dctdata.quantize import decode_reference
@@ -35,18 +37,29 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """Counts calls of the chunked kernel."""
+@pytest.fixture(autouse=True)
+def torch_kernels(monkeypatch):
+    """The torch kernels under test: the fused C kernel stays off."""
+    monkeypatch.setattr(fused, "ENABLED", False)
+
+
+def spy_on(monkeypatch, module, name: str) -> list:
+    """Replaces `module.name` by a wrapper that appends to the returned list on each call."""
     seen = []
-    real = transform.synthesize_chunked
+    real = getattr(module, name)
 
     def spy(*args, **kwargs):
         seen.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(transform, "synthesize_chunked", spy)
+    monkeypatch.setattr(module, name, spy)
     return seen
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts calls of the chunked kernel."""
+    return spy_on(monkeypatch, transform, "synthesize_chunked")
 
 
 @pytest.fixture

@@ -1,0 +1,221 @@
+"""The fused CPU decode: `Decompress` on plain CPU tensors in one C pass (`dctdata/_synth.c`).
+
+Why hand-written: the torch kernels (`transform.synthesize_chunked`) spend most of their time in op
+overhead and in separate elementwise passes (to float, x step, + offset, sign x recon, rotation, the
+per-sample (range, mid) and normalization) around two small matmuls per block; at 256^2 they ran at 4-12x
+an out-of-cache copy of the output (issue 17). No library we know does dequantization + 8x8 inverse DCT +
+crop into an output buffer in one pass (BLAS sees only the matmuls; torch.compile was not tried). The kernel
+reads the stored coefficients once, does everything per group of 8 neighbouring blocks in registers and L1,
+and writes each output pixel once (AVX2+FMA picked at run time; portable C elsewhere), with non-temporal
+stores and huge pages for large outputs. Measured side by side (examples/decode_kernels.py, one thread,
+64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
+kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Single-threaded, GIL released: the loaders
+run many workers (`balance_threads`).
+
+What it computes, per sample b, channel c and kept frequency k (float32):
+    y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + beta[b, c] [k = 0]
+then the inverse DCT of y, cropped to (H, W). `tables_for` builds A, D, R, M and the per-channel output
+affine map from a CodecSpec (v1: steps, offsets, mean and std folded into A and D; v2: scale, shift,
+dead-zone recon, rotation, per-sample side and normalization).
+
+Used when: the extension is built, the CPU has AVX2 and FMA, `ENABLED` (environment
+`DCTDATA_FUSED_KERNEL=0` turns it off), plain CPU tensors in eager mode with one intra-op thread
+(`transform.eager_cpu`, the chunked kernel's condition), coefficients int8/int16/float16/bfloat16/float32,
+a float32 output, and `out` (when given) contiguous. Everything else (float64, other output dtypes,
+strided `out`, CUDA, autograd, compile, export, ONNX) keeps the torch paths of `transform.synthesize`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dctdata.errors import DctDataError
+from dctdata.spec import CodecSpec
+from dctdata.transform import BLOCK, eager_cpu, grid_shape, num_kept
+
+try:
+    import dctdata._synth as _synth
+except ImportError:  # a source tree without the built extension: the torch kernels run
+    _synth = None
+
+ENABLED = os.environ.get("DCTDATA_FUSED_KERNEL", "1") != "0"
+REQUIRE_VECTOR = True  # Decompress takes the kernel only with its AVX2 inner loop (see `usable`; tests turn it off)
+WIRE_KINDS = {torch.int8: 0, torch.int16: 1, torch.float32: 2}
+CONVERTED = (torch.float16, torch.bfloat16)  # converted to float32 (a pass over K/64 of the output) first
+# Outputs at least this large are written with non-temporal stores: past a typical last-level cache they
+# would be evicted before the consumer reads them, and skipping the read-for-ownership of every output
+# line halves the memory traffic (decode into a reused 64 MB buffer: 0.6x a copy at CF 2 against 1.0x).
+STREAM_ABOVE_BYTES = 32 << 20
+# Outputs the kernel allocates itself, at least this large, ask the OS for transparent huge pages before the
+# first write (Linux madvise): a fresh 64 MB output otherwise pays ~16k page faults, several times the
+# decode (`THP_MEM_ALLOC_ENABLE=1` does the same for every torch allocation).
+HUGEPAGES_ABOVE_BYTES = 8 << 20
+
+
+def available() -> bool:
+    """True when the extension is built and not turned off."""
+    return _synth is not None and ENABLED
+
+
+def vector_isa() -> str | None:
+    """The instruction set the kernel uses on this CPU ("avx2+fma" or "portable"), None without it."""
+    return None if _synth is None else _synth.vector_isa()
+
+
+_VECTOR_ISA = vector_isa()
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The kernel's float32 tables for one spec: a, d (C, K); r (C, K) or None; m (C, C) or None; and the
+    per-channel output map x -> scale x + shift (float64 (C,) each, None for v1, where it is folded)."""
+
+    a: torch.Tensor
+    d: torch.Tensor
+    r: torch.Tensor | None
+    m: torch.Tensor | None
+    scale: torch.Tensor | None
+    shift: torch.Tensor | None
+
+    @property
+    def channels(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def kept(self) -> int:
+        return self.a.shape[1]
+
+
+def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
+    """The kernel's tables for `spec` (the same math as `Decompress`'s weights or its v2 affine pass)."""
+    c, k = spec.channels, spec.kept
+    f64 = dict(dtype=torch.float64)
+    steps = torch.ones(c, k, **f64) if spec.steps is None else torch.as_tensor(spec.steps, **f64).reshape(c, k)
+    offsets = torch.zeros(c, k, **f64) if spec.offsets is None else torch.as_tensor(spec.offsets, **f64).reshape(c, k)
+    inv_std = torch.ones(c, **f64)
+    mean = torch.zeros(c, **f64)
+    if normalize and spec.std is not None:
+        inv_std = 1.0 / torch.as_tensor(spec.std, **f64).reshape(c)
+    if normalize and spec.mean is not None:
+        mean = torch.as_tensor(spec.mean, **f64).reshape(c)
+    f32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
+    if spec.recon is None and spec.rotation is None and spec.side is None:
+        d = offsets.clone()
+        d[:, 0] -= BLOCK * mean  # the DC basis function is 1/8 everywhere
+        col = inv_std.unsqueeze(1)
+        return Tables(f32(steps * col), f32(d * col), None, None, None, None)
+    recon = None if spec.recon is None else -torch.as_tensor(spec.recon, **f64).reshape(c, k) * steps
+    rot = None if spec.rotation is None else torch.tensor(spec.rotation, **f64).T
+    return Tables(f32(steps), f32(offsets), f32(recon), f32(rot), inv_std, -mean * inv_std)
+
+
+def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> bool:
+    """True when `Decompress` takes `synthesize` for coefficients `q`, output dtype `dtype` and `out` (see the
+    module doc). Only with the AVX2 inner loop: the portable C one (SSE2 or NEON by auto-vectorization) ran at
+    3-14x a copy into a reused buffer, no faster than the chunked torch kernel (3-7x) and slower at CF 8."""
+    if not available() or (REQUIRE_VECTOR and _VECTOR_ISA == "portable") or dtype != torch.float32:
+        return False
+    if q.dtype not in WIRE_KINDS and q.dtype not in CONVERTED:
+        return False
+    if out is not None and not out.is_contiguous():
+        return False
+    eager = eager_cpu(q) if out is None else eager_cpu(q, out)
+    return eager and torch.get_num_threads() == 1  # eager first: compiled code never asks for threads
+
+
+def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    if tuple(t.shape) != shape:
+        raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
+
+
+def synthesize(
+    q: torch.Tensor,
+    tables: Tables,
+    cf: int,
+    mask: str,
+    size: tuple[int, int],
+    out: torch.Tensor | None = None,
+    side: torch.Tensor | None = None,
+    portable: bool = False,
+    stream: bool | None = None,
+) -> torch.Tensor:
+    """Decode (B, C, Hb, K, Wb) stored coefficients into (B, C, H, W) float32 (`out` when given).
+
+    `side` (B, C, 2) = [range, mid] per sample and channel (v2 specs that carry it). `portable` runs the
+    plain C inner loop even where AVX2 is present (tests compare both). `stream` (default: outputs of
+    `STREAM_ABOVE_BYTES` or more) writes with non-temporal stores. Every shape, dtype and size the C
+    code indexes is checked here (and again in C); non-contiguous coefficients are copied first.
+    """
+    if _synth is None:
+        raise DctDataError("fused kernel: dctdata._synth is not built (reinstall dctdata to compile it)")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(q).__name__}")
+    if q.dtype in CONVERTED:
+        q = q.to(torch.float32)
+    if q.dtype not in WIRE_KINDS:
+        raise TypeError(f"coeffs: expected int8, int16, float16, bfloat16 or float32 (fused kernel). Got {q.dtype}")
+    if not isinstance(tables, Tables):
+        raise TypeError(f"tables: expected dctdata.fused.Tables (see tables_for). Got {type(tables).__name__}")
+    c, k = tables.channels, tables.kept
+    for name, t, shape in (
+        ("a", tables.a, (c, k)),
+        ("d", tables.d, (c, k)),
+        ("r", tables.r, (c, k)),
+        ("m", tables.m, (c, c)),
+    ):
+        if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous()):
+            raise DctDataError(
+                f"tables.{name}: expected a contiguous float32 tensor of shape {shape}. Got {t.dtype} {tuple(t.shape)}"
+            )
+    if (tables.scale is None) != (tables.shift is None):
+        raise DctDataError("tables: expected scale and shift both or neither")
+    if tables.scale is not None and not (tables.scale.shape == tables.shift.shape == (c,)):
+        raise DctDataError(f"tables: expected scale and shift of shape ({c},). Got {tuple(tables.scale.shape)}")
+    if k != num_kept(cf, mask):
+        raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
+    h, w = size
+    hb, wb = grid_shape(h, w)
+    if q.dim() != 5:
+        raise DctDataError(f"coeffs: expected shape (B, C, Hb, K, Wb). Got {tuple(q.shape)}")
+    b = q.shape[0]
+    _check(q, (b, c, hb, k, wb), "coeffs")
+    fresh = out is None
+    if fresh:
+        out = torch.empty(b, c, h, w, dtype=torch.float32)
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
+    _check(out, (b, c, h, w), "out")
+    alpha = beta = None
+    if tables.scale is not None:
+        alpha = tables.scale.expand(b, c)
+        beta = tables.shift.expand(b, c)
+        if side is not None:
+            _check(side, (b, c, 2), "side")
+            rng, mid = side[..., 0].to(torch.float64), side[..., 1].to(torch.float64)
+            alpha, beta = alpha * rng, tables.scale * mid + beta
+        alpha = alpha.to(torch.float32).contiguous().numpy()
+        beta = (BLOCK * beta).to(torch.float32).contiguous().numpy()  # a constant is 8x itself on the DC term
+    elif side is not None:
+        raise DctDataError("side: these tables (a v1 spec) take no side information")
+    opt = lambda t: None if t is None else t.numpy()  # noqa: E731
+    _synth.synthesize(
+        q.detach().resolve_neg().contiguous().numpy(),
+        WIRE_KINDS[q.dtype],
+        out.detach().numpy(),
+        (b, c, hb, k, wb, h, w),
+        cf,
+        int(mask == "triangle"),
+        tables.a.numpy(),
+        tables.d.numpy(),
+        opt(tables.r),
+        opt(tables.m),
+        alpha,
+        beta,
+        portable,
+        out.numel() * 4 >= STREAM_ABOVE_BYTES if stream is None else stream,
+        fresh and out.numel() * 4 >= HUGEPAGES_ABOVE_BYTES,
+    )
+    return out
