@@ -17,6 +17,10 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
     manifest's `coords` (1-D coordinates of the source, e.g. the time of every sample;
     `dctdata.format.coords`). Error figures are per channel of each sample over its valid pixels
     (version 1 packs reported one figure per sample).
+  - Compact form (written since 0.1.x; every version-2 reader reads it, and reads the older form): a pack
+    keeps its error figures at 6 significant digits (`figure`); a one-channel field's `channels` left out when it only
+    repeats the field's figures (a reader fills it back); `pack` entries at their default
+    (`PACK_DEFAULTS`) left out (a reader fills them back). Small packs store a few hundred bytes less.
 """
 
 from __future__ import annotations
@@ -71,6 +75,36 @@ _MANIFEST_KEYS_V2 = {"coords"}
 def _count(where: str, v: object, minimum: int = 0) -> int:
     """A count read from a manifest: wrong types are format errors too."""
     return parse_int(v, where, minimum=minimum, type_error=FormatError, range_error=FormatError)
+
+
+# The manifest's `pack` entries (the pack settings, `dctdata.preprocess.plan.Settings.record`) and their
+# defaults: a writer leaves out entries at their default, a reader (and every Manifest) has them all.
+PACK_DEFAULTS: Mapping[str, Any] = {
+    "source": None,
+    "cf": None,
+    "mask": None,
+    "quant": None,
+    "target_psnr": None,
+    "key": None,
+    "channels_last": False,
+    "nan": "error",
+    "valid": {},
+    "sample_dim": None,
+    "variables": None,
+    "stack": None,
+    "nan_filled": 0,
+    "source_info": {},
+}
+FIGURE_DIGITS = 6
+
+
+def figure(v: float | None) -> float | None:
+    """An error figure as the manifest keeps it: FIGURE_DIGITS significant digits (35.1468 dB, not
+    35.146764592772236: the rest is noise of the measurement and costs bytes in every pack). Not
+    `dctdata.spec.f32`: figures of float64 fields may be past float32's range."""
+    if v is None or not math.isfinite(v):
+        return v
+    return float(f"{float(v):.{FIGURE_DIGITS}g}")
 
 
 def _float_out(v: float | None):
@@ -155,14 +189,22 @@ class FieldStats:
         }
         if self.psnr_dataset is not None:
             out["psnr_dataset"] = _float_out(self.psnr_dataset)
-        if self.channels is not None:
+        if self.channels is not None and self.channels != self._one_channel():
             out["channels"] = [c.to_dict() for c in self.channels]
         if self.valid_fraction is not None:
             out["valid_fraction"] = self.valid_fraction
         return out
 
+    def _one_channel(self) -> tuple[ChannelStats]:
+        """`channels` of a one-channel field: its own figures (left out of the JSON, filled back on read)."""
+        return (ChannelStats(self.psnr_min, self.psnr_median, self.psnr_dataset, self.max_abs_error),)
+
     @classmethod
-    def from_dict(cls, d: object, where: str, version: int = FORMAT_VERSION) -> "FieldStats":
+    def from_dict(
+        cls, d: object, where: str, version: int = FORMAT_VERSION, n_channels: int | None = None
+    ) -> "FieldStats":
+        """`n_channels`: the field's channel count when it is a dct field (version 2 fills a one-channel
+        field's `channels` when the JSON leaves it out)."""
         optional = {"psnr_dataset", "channels", "valid_fraction"} if version >= 2 else ()
         d = parse_object(
             d, where, {"psnr_min", "psnr_median", "max_abs_error", "overflow"}, optional, error=FormatError
@@ -175,7 +217,7 @@ class FieldStats:
         fraction = _float_in(f"{where}: valid_fraction", d.get("valid_fraction"))
         if fraction is not None and not 0 <= fraction <= 1:
             raise FormatError(f"{where}: valid_fraction: expected a number in 0..1. Got {fraction!r}")
-        return cls(
+        out = cls(
             _float_in(f"{where}: psnr_min", d["psnr_min"]),
             _float_in(f"{where}: psnr_median", d["psnr_median"]),
             _float_in(f"{where}: max_abs_error", d["max_abs_error"]),
@@ -184,6 +226,9 @@ class FieldStats:
             channels,
             fraction,
         )
+        if "channels" not in d and version >= 2 and n_channels == 1:
+            out = dataclasses.replace(out, channels=out._one_channel())
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +295,8 @@ class Manifest:
                 raise TypeError(f"{name}: expected a mapping. Got {type(getattr(self, name)).__name__}")
             # Store what JSON will give back, so a manifest equals its read-back copy.
             object.__setattr__(self, name, _json_ready(dict(getattr(self, name))))
+        if self.version >= 2:  # entries at their default are left out of the JSON: every Manifest has them all
+            object.__setattr__(self, "pack", {**_json_ready(dict(PACK_DEFAULTS)), **self.pack})
         object.__setattr__(self, "stats", dict(self.stats))
         object.__setattr__(self, "checksums", {k: dict(v) for k, v in self.checksums.items()})
         by_name = {f.name: f for f in fields}
@@ -297,7 +344,7 @@ class Manifest:
             "storage": self.storage,
             "samples": self.samples,
             "fields": [f.to_dict() for f in self.fields],
-            "pack": _json_ready(dict(self.pack)),
+            "pack": _pack_out(self.pack) if self.version >= 2 else _json_ready(dict(self.pack)),
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             "checksums": {k: dict(v) for k, v in self.checksums.items()},
             "layout": _json_ready(dict(self.layout)),
@@ -321,7 +368,11 @@ class Manifest:
         fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]", version) for i, f in enumerate(d["fields"]))
         if not isinstance(d["stats"], Mapping):
             raise FormatError(f"{where}: stats: expected a JSON object. Got {d['stats']!r}")
-        stats = {k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]", version) for k, v in d["stats"].items()}
+        channels = {f.name: f.codec.channels for f in fields if f.is_dct}
+        stats = {
+            k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]", version, channels.get(k))
+            for k, v in d["stats"].items()
+        }
         if not isinstance(d["dctdata_version"], str):
             raise FormatError(f"{where}: dctdata_version: expected a string. Got {d['dctdata_version']!r}")
         if not isinstance(d["checksums"], Mapping):
@@ -344,6 +395,12 @@ class Manifest:
             raise
         except (DctDataError, TypeError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
+
+
+def _pack_out(pack: Mapping[str, Any]) -> dict[str, Any]:
+    """The `pack` entries a manifest writes: those not at their default (`PACK_DEFAULTS`)."""
+    defaults = _json_ready(dict(PACK_DEFAULTS))
+    return {k: v for k, v in _json_ready(dict(pack)).items() if k not in defaults or v != defaults[k]}
 
 
 def _check_version(version: object, where: str = "manifest") -> int:

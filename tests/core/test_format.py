@@ -370,3 +370,103 @@ def test_datasets_return_coords_attrs_and_masks(tmp_path):
         got = {int(s["image_valid"].sum()) for s in ds}
         assert got == {2 * 64, 2 * 48}
     assert read_manifest(GOLDEN).coords == {} and dctdata.open_dataset(GOLDEN).coords == {}  # version 1 reads
+
+
+# Compact manifests: figures to 6 significant digits, one-channel `channels` and default `pack` entries left out
+def manifest_one_channel(**kw):
+    from dctdata.format import ChannelStats
+
+    one = CodecSpec(cf=3, height=11, width=13, channels=1, dtype="bfloat16")
+    fields = (FieldSpec("image", "dct", (1, 11, 13), "float32", one), FieldSpec("label", "label", (), "int64"))
+    stats = {"image": FieldStats(35.1468, 36.0, 0.25, 0, 35.5, (ChannelStats(35.1468, 36.0, 35.5, 0.25),))}
+    args = dict(storage="zarr", samples=6, fields=fields, stats=stats, pack={"source": "x.npy", "target_psnr": 35.0})
+    args.update(kw)
+    return Manifest(**args)
+
+
+def test_compact_manifest_round_trips_and_fills_defaults(tmp_path):
+    from dctdata.format.manifest import PACK_DEFAULTS
+
+    m = manifest_one_channel()
+    d = json.loads(m.to_json())
+    assert d["pack"] == {"source": "x.npy", "target_psnr": 35.0}  # defaults left out
+    assert "channels" not in d["stats"]["image"]  # it only repeats the field's figures
+    write_manifest(m, tmp_path)
+    back = read_manifest(tmp_path)
+    assert back == m
+    assert back.pack == {**PACK_DEFAULTS, "source": "x.npy", "target_psnr": 35.0}
+    assert back.pack["nan"] == "error" and back.pack["channels_last"] is False and back.pack["valid"] == {}
+    (ch,) = back.stats["image"].channels
+    assert (ch.psnr_min, ch.psnr_median, ch.psnr_dataset, ch.max_abs_error) == (35.1468, 36.0, 35.5, 0.25)
+    # a setting away from its default is written
+    d = json.loads(manifest_one_channel(pack={"source": "x.npy", "nan": "zero", "cf": 4}).to_json())
+    assert d["pack"] == {"source": "x.npy", "nan": "zero", "cf": 4}
+
+
+def test_older_form_manifest_still_reads(tmp_path):
+    """A version 2 manifest as packs before the compact form wrote it (every pack entry, the one-channel
+    `channels` list, full-precision figures) reads to the same manifest."""
+    from dctdata.format.manifest import PACK_DEFAULTS
+
+    m = manifest_one_channel()
+    d = json.loads(m.to_json())
+    d["pack"] = {**PACK_DEFAULTS, **d["pack"]}
+    d["stats"]["image"]["channels"] = [
+        {"psnr_min": 35.1468, "psnr_median": 36.0, "psnr_dataset": 35.5, "max_abs_error": 0.25}
+    ]
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    assert read_manifest(tmp_path) == m
+    d["stats"]["image"]["psnr_min"] = 35.146764592772236  # full precision is kept as written
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    assert read_manifest(tmp_path).stats["image"].psnr_min == 35.146764592772236
+
+
+def test_channels_kept_when_they_say_more():
+    from dctdata.format import ChannelStats
+
+    # two channels (manifest_v2), or one channel whose figures differ from the field's: written out
+    assert len(manifest_v2().to_dict()["stats"]["image"]["channels"]) == 2
+    odd = {"image": FieldStats(35.0, 36.0, 0.25, 0, 35.5, (ChannelStats(34.0, 36.0, 35.5, 0.25),))}
+    d = manifest_one_channel(stats=odd).to_dict()
+    assert d["stats"]["image"]["channels"] == [
+        {"psnr_min": 34.0, "psnr_median": 36.0, "psnr_dataset": 35.5, "max_abs_error": 0.25}
+    ]
+    # a field without figures per channel (a label, or a version 1 manifest) gets none filled in
+    back = Manifest.from_dict(manifest_one_channel(stats={"label": FieldStats(math.inf, math.inf, 0.0, 0)}).to_dict())
+    assert back.stats["label"].channels is None
+
+
+def test_pack_entry_must_be_an_object(tmp_path):
+    d = manifest_one_channel().to_dict()
+    d["pack"] = ["cf", 4]
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"pack: expected a mapping\. Got list"):
+        read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "v, want",
+    [(35.146764592772236, 35.1468), (45.48032595287127, 45.4803), (1.234567e-9, 1.23457e-9), (1e300, 1e300)],
+)
+def test_figures_keep_six_significant_digits(v, want):
+    from dctdata.format.manifest import figure
+
+    assert figure(v) == want
+    assert figure(None) is None and figure(math.inf) == math.inf and math.isnan(figure(math.nan))
+
+
+def test_a_pack_writes_the_compact_form(tmp_path):
+    x = np.random.default_rng(0).random((3, 1, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    m = dctdata.pack(str(tmp_path / "x.npy"), str(tmp_path / "p"), target_psnr=35, quiet=True)
+    d = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    s = d["stats"][m.names[0]]
+    assert "channels" not in s and len(m.stats[m.names[0]].channels) == 1
+    assert all(len(repr(s[k]).replace(".", "").lstrip("0")) <= 6 for k in ("psnr_min", "psnr_median", "psnr_dataset"))
+    assert set(d["pack"]) == {"source", "target_psnr"}
+    assert read_manifest(tmp_path / "p") == m
+    # the zarr.json files carry only what zarr v3 requires or what differs from its defaults
+    group = json.loads((tmp_path / "p" / "zarr.json").read_text())
+    array = json.loads((tmp_path / "p" / m.names[0] / "zarr.json").read_text())
+    assert group == {"zarr_format": 3, "node_type": "group"}
+    assert "attributes" not in array and "index_location" not in array["codecs"][0]["configuration"]
