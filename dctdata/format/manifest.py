@@ -21,6 +21,12 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
     keeps its error figures at 6 significant digits (`figure`); a one-channel field's `channels` left out when it only
     repeats the field's figures (a reader fills it back); `pack` entries at their default
     (`PACK_DEFAULTS`) left out (a reader fills them back). Small packs store a few hundred bytes less.
+- 3: nothing the manifest can derive is written (`compact_json`, `full_json`): a dct field's side
+  partner is not listed in `fields` (it is always `side_field(f)`, placed after its field); a zarr
+  `layout.arrays` entry has no `path` when it is the field's name; a webdataset `layout.shards` entry has
+  no `sha256`/`bytes` when the checksums say the same of its file. A `Manifest` in memory always has the
+  full form (what version 2 wrote), so every reader of it is unchanged; a version 2 reader refuses
+  version 3 by its version.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -337,6 +343,10 @@ class Manifest:
         return matches[0]
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._full_dict()
+        return compact_json(out) if self.version >= 3 else out
+
+    def _full_dict(self) -> dict[str, Any]:
         return {
             "format": self.format,
             "version": self.version,
@@ -366,6 +376,9 @@ class Manifest:
         if not isinstance(d["fields"], list):
             raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
         fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]", version) for i, f in enumerate(d["fields"]))
+        if version >= 3:
+            fields = _with_side_partners(fields)
+            d = full_json(d)
         if not isinstance(d["stats"], Mapping):
             raise FormatError(f"{where}: stats: expected a JSON object. Got {d['stats']!r}")
         channels = {f.name: f.codec.channels for f in fields if f.is_dct}
@@ -395,6 +408,69 @@ class Manifest:
             raise
         except (DctDataError, TypeError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
+
+
+# Version 3: what the manifest can derive is left out of its JSON -----------------------------------
+def compact_json(d: dict[str, Any]) -> dict[str, Any]:
+    """A full-form manifest dict (`Manifest._full_dict`) without what a reader derives (`full_json`)."""
+    by_name = {f["name"]: f for f in d["fields"]}
+    partners = {
+        n + SIDE_SUFFIX
+        for n, f in by_name.items()
+        if f["kind"] == FieldKind.DCT.value and (f["codec"] or {}).get("side") is not None
+    }
+    out = dict(d, fields=[f for f in d["fields"] if f["name"] not in partners])
+    layout = dict(d["layout"])
+    if isinstance(layout.get("arrays"), Mapping):
+        layout["arrays"] = {
+            k: {x: v for x, v in e.items() if not (x == "path" and v == k)} for k, e in layout["arrays"].items()
+        }
+    if isinstance(layout.get("shards"), list):
+        layout["shards"] = [
+            {
+                k: v
+                for k, v in e.items()
+                if not (k in ("sha256", "bytes") and d["checksums"].get(e["name"], {}).get(k) == v)
+            }
+            for e in layout["shards"]
+        ]
+    out["layout"] = layout
+    return out
+
+
+def full_json(d: dict[str, Any]) -> dict[str, Any]:
+    """A version 3 manifest dict with the layout entries it leaves out filled back: a zarr array's `path`
+    (its field's name), a webdataset shard's `sha256`/`bytes` (its checksum entry). Entries of the wrong
+    shape are left as they are, for the layout's own validation to name."""
+    layout = d["layout"]
+    if not isinstance(layout, Mapping):
+        return d
+    layout = dict(layout)
+    arrays = layout.get("arrays")
+    if isinstance(arrays, Mapping):
+        layout["arrays"] = {k: {"path": k, **e} if isinstance(e, Mapping) else e for k, e in arrays.items()}
+    shards, checksums = layout.get("shards"), d["checksums"]
+    if isinstance(shards, list) and isinstance(checksums, Mapping):
+        layout["shards"] = [
+            {**_checksum_of(checksums, e.get("name")), **e} if isinstance(e, Mapping) else e for e in shards
+        ]
+    return dict(d, layout=layout)
+
+
+def _checksum_of(checksums: Mapping[str, Any], name: object) -> dict[str, Any]:
+    entry = checksums.get(name) if isinstance(name, str) else None
+    return {k: entry[k] for k in ("sha256", "bytes") if k in entry} if isinstance(entry, Mapping) else {}
+
+
+def _with_side_partners(fields: tuple[FieldSpec, ...]) -> tuple[FieldSpec, ...]:
+    """The fields with each dct field's side partner after it, unless listed (version 3 leaves them out)."""
+    names = {f.name for f in fields}
+    out = []
+    for f in fields:
+        out.append(f)
+        if has_side(f) and f.name + SIDE_SUFFIX not in names:
+            out.append(side_field(f))
+    return tuple(out)
 
 
 def _pack_out(pack: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ Regenerate the golden fixture only on a deliberate format change (and bump FORMA
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -470,3 +471,68 @@ def test_a_pack_writes_the_compact_form(tmp_path):
     array = json.loads((tmp_path / "p" / m.names[0] / "zarr.json").read_text())
     assert group == {"zarr_format": 3, "node_type": "group"}
     assert "attributes" not in array and "index_location" not in array["codecs"][0]["configuration"]
+
+
+# Version 3: what the manifest can derive (side partners, zarr paths, webdataset shard checksums) is left out
+def manifest_v3(storage="zarr", **kw):
+    from dctdata.format.fields import side_field
+
+    one = CodecSpec(cf=3, height=11, width=13, channels=1, dtype="bfloat16", side="range_mid")
+    image = FieldSpec("image", "dct", (1, 11, 13), "float32", one)
+    fields = (image, side_field(image), FieldSpec("label", "label", (), "int64"))
+    digest = {"sha256": "a" * 64, "bytes": 10240}
+    if storage == "zarr":
+        layout = {"arrays": {f.name: {"path": f.name, "chunk": 2, "shard": 6} for f in fields}}
+        checksums = {f"{f.name}/c.0{'.0' * len(f.stored_shape)}": digest for f in fields}
+    else:
+        layout = {"shards": [{"name": "shard-000000.tar", "samples": 6, **digest}], "max_shard_size": 1 << 28}
+        checksums = {"shard-000000.tar": digest}
+    args = dict(storage=storage, samples=6, fields=fields, layout=layout, checksums=checksums)
+    args.update(kw)
+    return Manifest(**args)
+
+
+@pytest.mark.parametrize("storage", ["zarr", "webdataset"])
+def test_v3_leaves_out_what_it_derives_and_reads_it_back(tmp_path, storage):
+    m = manifest_v3(storage)
+    assert m.version == FORMAT_VERSION == 3 and [f.name for f in m.fields] == ["image", "image__side", "label"]
+    d = json.loads(m.to_json())
+    assert [f["name"] for f in d["fields"]] == ["image", "label"]  # the side partner is derived
+    if storage == "zarr":
+        assert d["layout"]["arrays"]["image"] == {"chunk": 2, "shard": 6}
+    else:
+        assert d["layout"]["shards"] == [{"name": "shard-000000.tar", "samples": 6}]
+    write_manifest(m, tmp_path)
+    back = read_manifest(tmp_path)
+    assert back == m and back.to_dict() == d
+    assert back.field("image__side").shape == (1, 2) and back.names == ("image", "label")
+
+
+@pytest.mark.parametrize("storage", ["zarr", "webdataset"])
+def test_older_and_explicit_forms_still_read(tmp_path, storage):
+    """A version 2 manifest (full form, as packs before version 3 wrote it), and a version 3 one that lists
+    what it could leave out, read to the same manifest."""
+    m = manifest_v3(storage)
+    full = manifest_v3(storage, version=2).to_dict()
+    assert [f["name"] for f in full["fields"]] == ["image", "image__side", "label"]
+    for d, version in ((full, 2), (dict(full, version=3), 3)):
+        (tmp_path / "manifest.json").write_text(json.dumps(d))
+        assert read_manifest(tmp_path) == dataclasses.replace(m, version=version)
+
+
+def test_v3_keeps_what_differs_and_refuses_a_wrong_partner(tmp_path):
+    d = manifest_v3("webdataset").to_dict()
+    d["layout"]["shards"][0]["sha256"] = "b" * 64  # not what the checksums say: written, and kept
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    back = read_manifest(tmp_path)
+    assert back.layout["shards"][0] == {"name": "shard-000000.tar", "samples": 6, "sha256": "b" * 64, "bytes": 10240}
+    assert json.loads(back.to_json())["layout"]["shards"][0] == {
+        "name": "shard-000000.tar",
+        "samples": 6,
+        "sha256": "b" * 64,
+    }
+    d = manifest_v3().to_dict()
+    d["fields"].insert(1, {**d["fields"][1], "name": "image__side", "shape": [3, 2], "kind": "array", "codec": None})
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"expected the side partner 'image__side' .*Got none or another shape"):
+        read_manifest(tmp_path)
