@@ -536,3 +536,13 @@ def test_v3_keeps_what_differs_and_refuses_a_wrong_partner(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(FormatError, match=r"expected the side partner 'image__side' .*Got none or another shape"):
         read_manifest(tmp_path)
+
+
+def test_v3_shard_without_a_checksum_is_named(tmp_path):
+    from dctdata.format.webdataset.layout import shard_list
+
+    d = manifest_v3("webdataset").to_dict()
+    d["layout"]["shards"][0]["name"] = "other.tar"  # no checksum entry to take its sha256 and bytes from
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"layout\.shards\[0\]: expected .*checksums of 'other\.tar'\)\. Got"):
+        shard_list(read_manifest(tmp_path), "m")
