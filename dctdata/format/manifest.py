@@ -32,6 +32,7 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import hashlib
 import json
 import math
@@ -104,13 +105,15 @@ PACK_DEFAULTS: Mapping[str, Any] = {
 FIGURE_DIGITS = 6
 
 
-def figure(v: float | None) -> float | None:
+def figure(v: float | None, rounding: str = "nearest") -> float | None:
     """An error figure as the manifest keeps it: FIGURE_DIGITS significant digits (35.1468 dB, not
-    35.146764592772236: the rest is noise of the measurement and costs bytes in every pack). Not
+    35.146764592772236: the rest is noise of the measurement and costs bytes in every pack). rounding
+    "down" for PSNRs and "up" for errors, so a figure never claims more than the pack achieved. Not
     `dctdata.spec.f32`: figures of float64 fields may be past float32's range."""
     if v is None or not math.isfinite(v):
         return v
-    return float(f"{float(v):.{FIGURE_DIGITS}g}")
+    mode = {"nearest": decimal.ROUND_HALF_EVEN, "down": decimal.ROUND_FLOOR, "up": decimal.ROUND_CEILING}[rounding]
+    return float(decimal.Context(prec=FIGURE_DIGITS, rounding=mode).create_decimal(float(v)))
 
 
 def _float_out(v: float | None):

@@ -446,13 +446,21 @@ def test_pack_entry_must_be_an_object(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "v, want",
-    [(35.146764592772236, 35.1468), (45.48032595287127, 45.4803), (1.234567e-9, 1.23457e-9), (1e300, 1e300)],
+    "v, nearest, down, up",
+    [
+        (35.146764592772236, 35.1468, 35.1467, 35.1468),
+        (45.48032595287127, 45.4803, 45.4803, 45.4804),
+        (1.234567e-9, 1.23457e-9, 1.23456e-9, 1.23457e-9),
+        (1e300, 1e300, 1e300, 1.00001e300),  # the float 1e300 is a little above 10**300
+        (35.0, 35.0, 35.0, 35.0),
+    ],
 )
-def test_figures_keep_six_significant_digits(v, want):
+def test_figures_keep_six_significant_digits(v, nearest, down, up):
+    """PSNRs are kept rounded down and errors up: a figure never claims more than the pack achieved."""
     from dctdata.format.manifest import figure
 
-    assert figure(v) == want
+    assert (figure(v), figure(v, "down"), figure(v, "up")) == (nearest, down, up)
+    assert figure(v, "down") <= v <= figure(v, "up")
     assert figure(None) is None and figure(math.inf) == math.inf and math.isnan(figure(math.nan))
 
 
