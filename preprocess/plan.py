@@ -36,6 +36,7 @@ import torch
 from dctdata.errors import DctDataError
 from dctdata.format import STORAGES, ChannelStats, FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field, user_fields
+from dctdata.format.manifest import figure
 from dctdata.kinds import FIELD_KINDS, FieldKind
 from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
 from dctdata.metrics import pooled_psnr
@@ -442,7 +443,8 @@ def _codec(
 
 # Figures -----------------------------------------------------------------------------------------
 def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict[str, FieldStats], int]:
-    """({field: FieldStats}, filled pixels) from the parts' figures (`dctdata.preprocess.parts.new_stats`)."""
+    """({field: FieldStats}, filled pixels) from the parts' figures (`dctdata.preprocess.parts.new_stats`),
+    each kept to `figure`'s significant digits (PSNRs rounded down, errors up)."""
     stats: dict[str, FieldStats] = {}
     for f in user_fields(specs):  # a side partner is part of its dct field
         if not f.is_dct:
@@ -454,10 +456,10 @@ def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict
             err = max(p["stats"]["max_error"][f.name][c] for p in parts)
             channels.append(
                 ChannelStats(
-                    min(scores) if scores else None,
-                    statistics.median(scores) if scores else None,
-                    pooled_psnr(scores),
-                    err,
+                    figure(min(scores), "down") if scores else None,
+                    figure(statistics.median(scores), "down") if scores else None,
+                    figure(pooled_psnr(scores), "down"),
+                    figure(err, "up"),
                 )
             )
         every = [v for p in parts for ch in p["stats"]["psnr"][f.name] for v in ch]
@@ -469,13 +471,13 @@ def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict
             fraction = good / total if total else None
         # no scores: every item was constant (PSNR undefined); max error still says how close
         stats[f.name] = FieldStats(
-            min(every) if every else None,
-            statistics.median(every) if every else None,
+            figure(min(every), "down") if every else None,
+            figure(statistics.median(every), "down") if every else None,
             max(ch.max_abs_error for ch in channels),
             sum(p["stats"]["overflow"][f.name] for p in parts),
             min(pooled) if pooled else None,
             tuple(channels),
-            fraction,
+            figure(fraction),
         )
     return stats, sum(p["stats"]["nan_filled"] for p in parts)
 

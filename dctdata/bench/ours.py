@@ -43,6 +43,12 @@ def stored_size(path: str, manifest) -> int:
     return int(manifest.stored_bytes) + os.path.getsize(os.path.join(path, MANIFEST_NAME))
 
 
+def metadata_size(path: str, manifest) -> int:
+    """The pack's fixed bytes: manifest.json and every zarr.json (they cost the same for one sample or many)."""
+    meta = sum(e["bytes"] for rel, e in manifest.checksums.items() if rel.rsplit("/", 1)[-1] == "zarr.json")
+    return int(meta) + os.path.getsize(os.path.join(path, MANIFEST_NAME))
+
+
 def dctdata_points(x: np.ndarray, targets: tuple[float, ...] = TARGETS, workdir: str | None = None) -> list[Point]:
     """One point per target; a target the pack refuses (DctDataError) becomes a failed point with its reason.
 
@@ -65,7 +71,7 @@ def dctdata_points(x: np.ndarray, targets: tuple[float, ...] = TARGETS, workdir:
             continue
         encode_s = time.perf_counter() - t0
         rec, read_s, decompress_s = read_back(out, manifest.field(kind="dct").name)
-        size = stored_size(out, manifest)
+        size, meta = stored_size(out, manifest), metadata_size(out, manifest)
         shutil.rmtree(out)
         points.append(
             Point(
@@ -74,7 +80,7 @@ def dctdata_points(x: np.ndarray, targets: tuple[float, ...] = TARGETS, workdir:
                 pack_psnr(x, rec),
                 encode_s,
                 read_s + decompress_s,
-                note=f"read {read_s:.3f} s, Decompress {decompress_s:.3f} s",
+                note=f"read {read_s:.3f} s, Decompress {decompress_s:.3f} s, metadata {meta} B",
             )
         )
     os.remove(source)

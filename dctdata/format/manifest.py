@@ -17,11 +17,22 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
     manifest's `coords` (1-D coordinates of the source, e.g. the time of every sample;
     `dctdata.format.coords`). Error figures are per channel of each sample over its valid pixels
     (version 1 packs reported one figure per sample).
+  - Compact form (written since 0.1.x; every version-2 reader reads it, and reads the older form): a pack
+    keeps its error figures at 6 significant digits (`figure`); a one-channel field's `channels` left out when it only
+    repeats the field's figures (a reader fills it back); `pack` entries at their default
+    (`PACK_DEFAULTS`) left out (a reader fills them back). Small packs store a few hundred bytes less.
+- 3: nothing the manifest can derive is written (`compact_json`, `full_json`): a dct field's side
+  partner is not listed in `fields` (it is always `side_field(f)`, placed after its field); a zarr
+  `layout.arrays` entry has no `path` when it is the field's name; a webdataset `layout.shards` entry has
+  no `sha256`/`bytes` when the checksums say the same of its file. A `Manifest` in memory always has the
+  full form (what version 2 wrote), so every reader of it is unchanged; a version 2 reader refuses
+  version 3 by its version.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import hashlib
 import json
 import math
@@ -50,7 +61,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -71,6 +82,38 @@ _MANIFEST_KEYS_V2 = {"coords"}
 def _count(where: str, v: object, minimum: int = 0) -> int:
     """A count read from a manifest: wrong types are format errors too."""
     return parse_int(v, where, minimum=minimum, type_error=FormatError, range_error=FormatError)
+
+
+# The manifest's `pack` entries (the pack settings, `dctdata.preprocess.plan.Settings.record`) and their
+# defaults: a writer leaves out entries at their default, a reader (and every Manifest) has them all.
+PACK_DEFAULTS: Mapping[str, Any] = {
+    "source": None,
+    "cf": None,
+    "mask": None,
+    "quant": None,
+    "target_psnr": None,
+    "key": None,
+    "channels_last": False,
+    "nan": "error",
+    "valid": {},
+    "sample_dim": None,
+    "variables": None,
+    "stack": None,
+    "nan_filled": 0,
+    "source_info": {},
+}
+FIGURE_DIGITS = 6
+
+
+def figure(v: float | None, rounding: str = "nearest") -> float | None:
+    """An error figure as the manifest keeps it: FIGURE_DIGITS significant digits (35.1468 dB, not
+    35.146764592772236: the rest is noise of the measurement and costs bytes in every pack). rounding
+    "down" for PSNRs and "up" for errors, so a figure never claims more than the pack achieved. Not
+    `dctdata.spec.f32`: figures of float64 fields may be past float32's range."""
+    if v is None or not math.isfinite(v):
+        return v
+    mode = {"nearest": decimal.ROUND_HALF_EVEN, "down": decimal.ROUND_FLOOR, "up": decimal.ROUND_CEILING}[rounding]
+    return float(decimal.Context(prec=FIGURE_DIGITS, rounding=mode).create_decimal(float(v)))
 
 
 def _float_out(v: float | None):
@@ -155,14 +198,22 @@ class FieldStats:
         }
         if self.psnr_dataset is not None:
             out["psnr_dataset"] = _float_out(self.psnr_dataset)
-        if self.channels is not None:
+        if self.channels is not None and self.channels != self._one_channel():
             out["channels"] = [c.to_dict() for c in self.channels]
         if self.valid_fraction is not None:
             out["valid_fraction"] = self.valid_fraction
         return out
 
+    def _one_channel(self) -> tuple[ChannelStats]:
+        """`channels` of a one-channel field: its own figures (left out of the JSON, filled back on read)."""
+        return (ChannelStats(self.psnr_min, self.psnr_median, self.psnr_dataset, self.max_abs_error),)
+
     @classmethod
-    def from_dict(cls, d: object, where: str, version: int = FORMAT_VERSION) -> "FieldStats":
+    def from_dict(
+        cls, d: object, where: str, version: int = FORMAT_VERSION, n_channels: int | None = None
+    ) -> "FieldStats":
+        """`n_channels`: the field's channel count when it is a dct field (version 2 fills a one-channel
+        field's `channels` when the JSON leaves it out)."""
         optional = {"psnr_dataset", "channels", "valid_fraction"} if version >= 2 else ()
         d = parse_object(
             d, where, {"psnr_min", "psnr_median", "max_abs_error", "overflow"}, optional, error=FormatError
@@ -175,7 +226,7 @@ class FieldStats:
         fraction = _float_in(f"{where}: valid_fraction", d.get("valid_fraction"))
         if fraction is not None and not 0 <= fraction <= 1:
             raise FormatError(f"{where}: valid_fraction: expected a number in 0..1. Got {fraction!r}")
-        return cls(
+        out = cls(
             _float_in(f"{where}: psnr_min", d["psnr_min"]),
             _float_in(f"{where}: psnr_median", d["psnr_median"]),
             _float_in(f"{where}: max_abs_error", d["max_abs_error"]),
@@ -184,6 +235,9 @@ class FieldStats:
             channels,
             fraction,
         )
+        if "channels" not in d and version >= 2 and n_channels == 1:
+            out = dataclasses.replace(out, channels=out._one_channel())
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +304,8 @@ class Manifest:
                 raise TypeError(f"{name}: expected a mapping. Got {type(getattr(self, name)).__name__}")
             # Store what JSON will give back, so a manifest equals its read-back copy.
             object.__setattr__(self, name, _json_ready(dict(getattr(self, name))))
+        if self.version >= 2:  # entries at their default are left out of the JSON: every Manifest has them all
+            object.__setattr__(self, "pack", {**_json_ready(dict(PACK_DEFAULTS)), **self.pack})
         object.__setattr__(self, "stats", dict(self.stats))
         object.__setattr__(self, "checksums", {k: dict(v) for k, v in self.checksums.items()})
         by_name = {f.name: f for f in fields}
@@ -290,6 +346,10 @@ class Manifest:
         return matches[0]
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._full_dict()
+        return compact_json(out) if self.version >= 3 else out
+
+    def _full_dict(self) -> dict[str, Any]:
         return {
             "format": self.format,
             "version": self.version,
@@ -297,7 +357,7 @@ class Manifest:
             "storage": self.storage,
             "samples": self.samples,
             "fields": [f.to_dict() for f in self.fields],
-            "pack": _json_ready(dict(self.pack)),
+            "pack": _pack_out(self.pack) if self.version >= 2 else _json_ready(dict(self.pack)),
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             "checksums": {k: dict(v) for k, v in self.checksums.items()},
             "layout": _json_ready(dict(self.layout)),
@@ -319,9 +379,16 @@ class Manifest:
         if not isinstance(d["fields"], list):
             raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
         fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]", version) for i, f in enumerate(d["fields"]))
+        if version >= 3:
+            fields = _with_side_partners(fields)
+            d = full_json(d)
         if not isinstance(d["stats"], Mapping):
             raise FormatError(f"{where}: stats: expected a JSON object. Got {d['stats']!r}")
-        stats = {k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]", version) for k, v in d["stats"].items()}
+        channels = {f.name: f.codec.channels for f in fields if f.is_dct}
+        stats = {
+            k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]", version, channels.get(k))
+            for k, v in d["stats"].items()
+        }
         if not isinstance(d["dctdata_version"], str):
             raise FormatError(f"{where}: dctdata_version: expected a string. Got {d['dctdata_version']!r}")
         if not isinstance(d["checksums"], Mapping):
@@ -344,6 +411,75 @@ class Manifest:
             raise
         except (DctDataError, TypeError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
+
+
+# Version 3: what the manifest can derive is left out of its JSON -----------------------------------
+def compact_json(d: dict[str, Any]) -> dict[str, Any]:
+    """A full-form manifest dict (`Manifest._full_dict`) without what a reader derives (`full_json`)."""
+    by_name = {f["name"]: f for f in d["fields"]}
+    partners = {
+        n + SIDE_SUFFIX
+        for n, f in by_name.items()
+        if f["kind"] == FieldKind.DCT.value and (f["codec"] or {}).get("side") is not None
+    }
+    out = dict(d, fields=[f for f in d["fields"] if f["name"] not in partners])
+    layout = dict(d["layout"])
+    if isinstance(layout.get("arrays"), Mapping):
+        layout["arrays"] = {
+            k: {x: v for x, v in e.items() if not (x == "path" and v == k)} for k, e in layout["arrays"].items()
+        }
+    if isinstance(layout.get("shards"), list):
+        layout["shards"] = [
+            {
+                k: v
+                for k, v in e.items()
+                if not (k in ("sha256", "bytes") and d["checksums"].get(e["name"], {}).get(k) == v)
+            }
+            for e in layout["shards"]
+        ]
+    out["layout"] = layout
+    return out
+
+
+def full_json(d: dict[str, Any]) -> dict[str, Any]:
+    """A version 3 manifest dict with the layout entries it leaves out filled back: a zarr array's `path`
+    (its field's name), a webdataset shard's `sha256`/`bytes` (its checksum entry). Entries of the wrong
+    shape are left as they are, for the layout's own validation to name."""
+    layout = d["layout"]
+    if not isinstance(layout, Mapping):
+        return d
+    layout = dict(layout)
+    arrays = layout.get("arrays")
+    if isinstance(arrays, Mapping):
+        layout["arrays"] = {k: {"path": k, **e} if isinstance(e, Mapping) else e for k, e in arrays.items()}
+    shards, checksums = layout.get("shards"), d["checksums"]
+    if isinstance(shards, list) and isinstance(checksums, Mapping):
+        layout["shards"] = [
+            {**_checksum_of(checksums, e.get("name")), **e} if isinstance(e, Mapping) else e for e in shards
+        ]
+    return dict(d, layout=layout)
+
+
+def _checksum_of(checksums: Mapping[str, Any], name: object) -> dict[str, Any]:
+    entry = checksums.get(name) if isinstance(name, str) else None
+    return {k: entry[k] for k in ("sha256", "bytes") if k in entry} if isinstance(entry, Mapping) else {}
+
+
+def _with_side_partners(fields: tuple[FieldSpec, ...]) -> tuple[FieldSpec, ...]:
+    """The fields with each dct field's side partner after it, unless listed (version 3 leaves them out)."""
+    names = {f.name for f in fields}
+    out = []
+    for f in fields:
+        out.append(f)
+        if has_side(f) and f.name + SIDE_SUFFIX not in names:
+            out.append(side_field(f))
+    return tuple(out)
+
+
+def _pack_out(pack: Mapping[str, Any]) -> dict[str, Any]:
+    """The `pack` entries a manifest writes: those not at their default (`PACK_DEFAULTS`)."""
+    defaults = _json_ready(dict(PACK_DEFAULTS))
+    return {k: v for k, v in _json_ready(dict(pack)).items() if k not in defaults or v != defaults[k]}
 
 
 def _check_version(version: object, where: str = "manifest") -> int:

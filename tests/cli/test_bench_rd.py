@@ -156,6 +156,8 @@ def test_dctdata_points_are_real_packs(tmp_path):
     manifest = dctdata.pack(str(tmp_path / "source.npy"), str(tmp_path / "p"), target_psnr=44.0, quiet=True)
     on_disk = sum(f.stat().st_size for f in (tmp_path / "p").rglob("*") if f.is_file())
     assert ours.stored_size(str(tmp_path / "p"), manifest) == on_disk == points[1].bytes
+    meta = sum(f.stat().st_size for f in (tmp_path / "p").rglob("*") if f.name in ("zarr.json", "manifest.json"))
+    assert ours.metadata_size(str(tmp_path / "p"), manifest) == meta and points[1].note.endswith(f"metadata {meta} B")
     ds = dctdata.open_dataset(str(tmp_path / "p"))
     rec = ds.decompressor()(ds[0 : len(ds)][0])
     assert points[1].psnr == pytest.approx(curves.pack_psnr(x, rec.numpy()))

@@ -7,6 +7,7 @@ Regenerate the golden fixture only on a deliberate format change (and bump FORMA
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -370,3 +371,186 @@ def test_datasets_return_coords_attrs_and_masks(tmp_path):
         got = {int(s["image_valid"].sum()) for s in ds}
         assert got == {2 * 64, 2 * 48}
     assert read_manifest(GOLDEN).coords == {} and dctdata.open_dataset(GOLDEN).coords == {}  # version 1 reads
+
+
+# Compact manifests: figures to 6 significant digits, one-channel `channels` and default `pack` entries left out
+def manifest_one_channel(**kw):
+    from dctdata.format import ChannelStats
+
+    one = CodecSpec(cf=3, height=11, width=13, channels=1, dtype="bfloat16")
+    fields = (FieldSpec("image", "dct", (1, 11, 13), "float32", one), FieldSpec("label", "label", (), "int64"))
+    stats = {"image": FieldStats(35.1468, 36.0, 0.25, 0, 35.5, (ChannelStats(35.1468, 36.0, 35.5, 0.25),))}
+    args = dict(storage="zarr", samples=6, fields=fields, stats=stats, pack={"source": "x.npy", "target_psnr": 35.0})
+    args.update(kw)
+    return Manifest(**args)
+
+
+def test_compact_manifest_round_trips_and_fills_defaults(tmp_path):
+    from dctdata.format.manifest import PACK_DEFAULTS
+
+    m = manifest_one_channel()
+    d = json.loads(m.to_json())
+    assert d["pack"] == {"source": "x.npy", "target_psnr": 35.0}  # defaults left out
+    assert "channels" not in d["stats"]["image"]  # it only repeats the field's figures
+    write_manifest(m, tmp_path)
+    back = read_manifest(tmp_path)
+    assert back == m
+    assert back.pack == {**PACK_DEFAULTS, "source": "x.npy", "target_psnr": 35.0}
+    assert back.pack["nan"] == "error" and back.pack["channels_last"] is False and back.pack["valid"] == {}
+    (ch,) = back.stats["image"].channels
+    assert (ch.psnr_min, ch.psnr_median, ch.psnr_dataset, ch.max_abs_error) == (35.1468, 36.0, 35.5, 0.25)
+    # a setting away from its default is written
+    d = json.loads(manifest_one_channel(pack={"source": "x.npy", "nan": "zero", "cf": 4}).to_json())
+    assert d["pack"] == {"source": "x.npy", "nan": "zero", "cf": 4}
+
+
+def test_older_form_manifest_still_reads(tmp_path):
+    """A version 2 manifest as packs before the compact form wrote it (every pack entry, the one-channel
+    `channels` list, full-precision figures) reads to the same manifest."""
+    from dctdata.format.manifest import PACK_DEFAULTS
+
+    m = manifest_one_channel()
+    d = json.loads(m.to_json())
+    d["pack"] = {**PACK_DEFAULTS, **d["pack"]}
+    d["stats"]["image"]["channels"] = [
+        {"psnr_min": 35.1468, "psnr_median": 36.0, "psnr_dataset": 35.5, "max_abs_error": 0.25}
+    ]
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    assert read_manifest(tmp_path) == m
+    d["stats"]["image"]["psnr_min"] = 35.146764592772236  # full precision is kept as written
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    assert read_manifest(tmp_path).stats["image"].psnr_min == 35.146764592772236
+
+
+def test_channels_kept_when_they_say_more():
+    from dctdata.format import ChannelStats
+
+    # two channels (manifest_v2), or one channel whose figures differ from the field's: written out
+    assert len(manifest_v2().to_dict()["stats"]["image"]["channels"]) == 2
+    odd = {"image": FieldStats(35.0, 36.0, 0.25, 0, 35.5, (ChannelStats(34.0, 36.0, 35.5, 0.25),))}
+    d = manifest_one_channel(stats=odd).to_dict()
+    assert d["stats"]["image"]["channels"] == [
+        {"psnr_min": 34.0, "psnr_median": 36.0, "psnr_dataset": 35.5, "max_abs_error": 0.25}
+    ]
+    # a field without figures per channel (a label, or a version 1 manifest) gets none filled in
+    back = Manifest.from_dict(manifest_one_channel(stats={"label": FieldStats(math.inf, math.inf, 0.0, 0)}).to_dict())
+    assert back.stats["label"].channels is None
+
+
+def test_pack_entry_must_be_an_object(tmp_path):
+    d = manifest_one_channel().to_dict()
+    d["pack"] = ["cf", 4]
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"pack: expected a mapping\. Got list"):
+        read_manifest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "v, nearest, down, up",
+    [
+        (35.146764592772236, 35.1468, 35.1467, 35.1468),
+        (45.48032595287127, 45.4803, 45.4803, 45.4804),
+        (1.234567e-9, 1.23457e-9, 1.23456e-9, 1.23457e-9),
+        (1e300, 1e300, 1e300, 1.00001e300),  # the float 1e300 is a little above 10**300
+        (35.0, 35.0, 35.0, 35.0),
+    ],
+)
+def test_figures_keep_six_significant_digits(v, nearest, down, up):
+    """PSNRs are kept rounded down and errors up: a figure never claims more than the pack achieved."""
+    from dctdata.format.manifest import figure
+
+    assert (figure(v), figure(v, "down"), figure(v, "up")) == (nearest, down, up)
+    assert figure(v, "down") <= v <= figure(v, "up")
+    assert figure(None) is None and figure(math.inf) == math.inf and math.isnan(figure(math.nan))
+
+
+def test_a_pack_writes_the_compact_form(tmp_path):
+    x = np.random.default_rng(0).random((3, 1, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    m = dctdata.pack(str(tmp_path / "x.npy"), str(tmp_path / "p"), target_psnr=35, quiet=True)
+    d = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    s = d["stats"][m.names[0]]
+    assert "channels" not in s and len(m.stats[m.names[0]].channels) == 1
+    assert all(len(repr(s[k]).replace(".", "").lstrip("0")) <= 6 for k in ("psnr_min", "psnr_median", "psnr_dataset"))
+    assert set(d["pack"]) == {"source", "target_psnr"}
+    assert read_manifest(tmp_path / "p") == m
+    # the zarr.json files carry only what zarr v3 requires or what differs from its defaults
+    group = json.loads((tmp_path / "p" / "zarr.json").read_text())
+    array = json.loads((tmp_path / "p" / m.names[0] / "zarr.json").read_text())
+    assert group == {"zarr_format": 3, "node_type": "group"}
+    assert "attributes" not in array and "index_location" not in array["codecs"][0]["configuration"]
+
+
+# Version 3: what the manifest can derive (side partners, zarr paths, webdataset shard checksums) is left out
+def manifest_v3(storage="zarr", **kw):
+    from dctdata.format.fields import side_field
+
+    one = CodecSpec(cf=3, height=11, width=13, channels=1, dtype="bfloat16", side="range_mid")
+    image = FieldSpec("image", "dct", (1, 11, 13), "float32", one)
+    fields = (image, side_field(image), FieldSpec("label", "label", (), "int64"))
+    digest = {"sha256": "a" * 64, "bytes": 10240}
+    if storage == "zarr":
+        layout = {"arrays": {f.name: {"path": f.name, "chunk": 2, "shard": 6} for f in fields}}
+        checksums = {f"{f.name}/c.0{'.0' * len(f.stored_shape)}": digest for f in fields}
+    else:
+        layout = {"shards": [{"name": "shard-000000.tar", "samples": 6, **digest}], "max_shard_size": 1 << 28}
+        checksums = {"shard-000000.tar": digest}
+    args = dict(storage=storage, samples=6, fields=fields, layout=layout, checksums=checksums)
+    args.update(kw)
+    return Manifest(**args)
+
+
+@pytest.mark.parametrize("storage", ["zarr", "webdataset"])
+def test_v3_leaves_out_what_it_derives_and_reads_it_back(tmp_path, storage):
+    m = manifest_v3(storage)
+    assert m.version == FORMAT_VERSION == 3 and [f.name for f in m.fields] == ["image", "image__side", "label"]
+    d = json.loads(m.to_json())
+    assert [f["name"] for f in d["fields"]] == ["image", "label"]  # the side partner is derived
+    if storage == "zarr":
+        assert d["layout"]["arrays"]["image"] == {"chunk": 2, "shard": 6}
+    else:
+        assert d["layout"]["shards"] == [{"name": "shard-000000.tar", "samples": 6}]
+    write_manifest(m, tmp_path)
+    back = read_manifest(tmp_path)
+    assert back == m and back.to_dict() == d
+    assert back.field("image__side").shape == (1, 2) and back.names == ("image", "label")
+
+
+@pytest.mark.parametrize("storage", ["zarr", "webdataset"])
+def test_older_and_explicit_forms_still_read(tmp_path, storage):
+    """A version 2 manifest (full form, as packs before version 3 wrote it), and a version 3 one that lists
+    what it could leave out, read to the same manifest."""
+    m = manifest_v3(storage)
+    full = manifest_v3(storage, version=2).to_dict()
+    assert [f["name"] for f in full["fields"]] == ["image", "image__side", "label"]
+    for d, version in ((full, 2), (dict(full, version=3), 3)):
+        (tmp_path / "manifest.json").write_text(json.dumps(d))
+        assert read_manifest(tmp_path) == dataclasses.replace(m, version=version)
+
+
+def test_v3_keeps_what_differs_and_refuses_a_wrong_partner(tmp_path):
+    d = manifest_v3("webdataset").to_dict()
+    d["layout"]["shards"][0]["sha256"] = "b" * 64  # not what the checksums say: written, and kept
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    back = read_manifest(tmp_path)
+    assert back.layout["shards"][0] == {"name": "shard-000000.tar", "samples": 6, "sha256": "b" * 64, "bytes": 10240}
+    assert json.loads(back.to_json())["layout"]["shards"][0] == {
+        "name": "shard-000000.tar",
+        "samples": 6,
+        "sha256": "b" * 64,
+    }
+    d = manifest_v3().to_dict()
+    d["fields"].insert(1, {**d["fields"][1], "name": "image__side", "shape": [3, 2], "kind": "array", "codec": None})
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"expected the side partner 'image__side' .*Got none or another shape"):
+        read_manifest(tmp_path)
+
+
+def test_v3_shard_without_a_checksum_is_named(tmp_path):
+    from dctdata.format.webdataset.layout import shard_list
+
+    d = manifest_v3("webdataset").to_dict()
+    d["layout"]["shards"][0]["name"] = "other.tar"  # no checksum entry to take its sha256 and bytes from
+    (tmp_path / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=r"layout\.shards\[0\]: expected .*checksums of 'other\.tar'\)\. Got"):
+        shard_list(read_manifest(tmp_path), "m")

@@ -72,7 +72,7 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
     out, start = [], 0
     members = len(user_fields(m.fields))  # a dct field's side partner shares its member
     for i, s in enumerate(shards):
-        if not isinstance(s, Mapping) or not {"name", "samples", "bytes", "sha256"} <= set(s):
+        if not isinstance(s, Mapping) or "name" not in s:
             raise FormatError(f"{where}: layout.shards[{i}]: expected {{name, samples, bytes, sha256}}. Got {s!r}")
         name = s["name"]
         if (
@@ -84,6 +84,11 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
             or not name.endswith(".tar")
         ):
             raise FormatError(f"{where}: layout.shards[{i}].name: expected a plain '.tar' file name. Got {name!r}")
+        if not {"samples", "bytes", "sha256"} <= set(s):
+            raise FormatError(
+                f"{where}: layout.shards[{i}]: expected {{name, samples, bytes, sha256}} (version 3 takes sha256 and "
+                f"bytes from the checksums of {name!r}). Got {s!r}"
+            )
         n = s["samples"]
         if not is_int(n) or n < 0 or not is_int(s["bytes"]):
             raise FormatError(f"{where}: layout.shards[{i}]: expected int samples and bytes. Got {s!r}")

@@ -27,7 +27,8 @@ def compact(d: Mapping[str, Any]) -> bytes:
 
 
 def group_json() -> bytes:
-    return compact({"zarr_format": 3, "node_type": "group", "attributes": {}})
+    """The root group: no `attributes` (optional in zarr v3; a pack's metadata is its manifest)."""
+    return compact({"zarr_format": 3, "node_type": "group"})
 
 
 def check_group_json(raw: bytes, where: str) -> None:
@@ -67,18 +68,17 @@ def chunk_codecs(lossless: Mapping[str, Any] | None, itemsize: int, little: bool
     return out + [{"name": "crc32c"}]
 
 
-def array_json(
-    shape: tuple[int, ...], dtype: str, shard: tuple[int, ...], chunk: tuple[int, ...], lossless, kind: str
-) -> bytes:
+def array_json(shape: tuple[int, ...], dtype: str, shard: tuple[int, ...], chunk: tuple[int, ...], lossless) -> bytes:
     """The array's zarr.json: regular shard grid, '.'-separated chunk keys, fill 0, sharded with a crc32c
-    index at the end, inner chunks coded by `chunk_codecs`."""
+    index at the end, inner chunks coded by `chunk_codecs`. Only what zarr v3 requires or what differs
+    from its defaults (no `attributes`, no `index_location`: "end" is the default): every small pack
+    stores these files, and the manifest says the rest (packs before 0.1.x wrote both; read alike)."""
     itemsize = np.dtype(dtype).itemsize
     index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
     sharding = {
         "chunk_shape": list(chunk),
         "codecs": chunk_codecs(lossless, itemsize),
         "index_codecs": index,
-        "index_location": "end",
     }
     return compact(
         {
@@ -90,7 +90,6 @@ def array_json(
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
             "fill_value": False if np.dtype(dtype).kind == "b" else 0,
             "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
-            "attributes": {"dctdata_field": kind},
         }
     )
 

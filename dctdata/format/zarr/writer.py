@@ -69,7 +69,6 @@ class ZarrWriter(PartWriter):
                 (shard, *f.stored_shape),
                 (chunks[f.name], *f.stored_shape),
                 f.lossless,
-                f.kind.value,
             )
         return out
 
