@@ -9,8 +9,10 @@ reads the stored coefficients once, does everything per group of 8 neighbouring 
 and writes each output pixel once (AVX2+FMA picked at run time; portable C elsewhere), with non-temporal
 stores and huge pages for large outputs. Measured side by side (examples/decode_kernels.py, one thread,
 64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
-kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Single-threaded, GIL released: the loaders
-run many workers (`balance_threads`).
+kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Each call is single-threaded and releases
+the GIL; with several torch threads (a main process without `balance_threads`) the batch is split into
+runs of samples on a small thread pool, so it never falls back to the portable graph's many-thread
+matmuls (7-77x a copy on 2 threads, examples/decode_kernels.py). A loader worker has one thread.
 
 What it computes, per sample b, channel c and kept frequency k (float32):
     y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + beta[b, c] [k = 0]
@@ -19,8 +21,8 @@ affine map from a CodecSpec (v1: steps, offsets, mean and std folded into A and 
 dead-zone recon, rotation, per-sample side and normalization).
 
 Used when: the extension is built, the CPU has AVX2 and FMA, `ENABLED` (environment
-`DCTDATA_FUSED_KERNEL=0` turns it off), plain CPU tensors in eager mode with one intra-op thread
-(`transform.eager_cpu`, the chunked kernel's condition), coefficients int8/int16/float16/bfloat16/float32,
+`DCTDATA_FUSED_KERNEL=0` turns it off), plain CPU tensors in eager mode (`transform.eager_cpu`, the
+chunked kernel's condition), any number of intra-op threads, coefficients int8/int16/float16/bfloat16/float32,
 a float32 output, and `out` (when given) contiguous. Everything else (float64, other output dtypes,
 strided `out`, CUDA, autograd, compile, export, ONNX) keeps the torch paths of `transform.synthesize`.
 """
@@ -28,6 +30,7 @@ strided `out`, CUDA, autograd, compile, export, ONNX) keeps the torch paths of `
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -122,8 +125,7 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
         return False
     if out is not None and not out.is_contiguous():
         return False
-    eager = eager_cpu(q) if out is None else eager_cpu(q, out)
-    return eager and torch.get_num_threads() == 1  # eager first: compiled code never asks for threads
+    return eager_cpu(q) if out is None else eager_cpu(q, out)
 
 
 def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
@@ -201,21 +203,35 @@ def synthesize(
     elif side is not None:
         raise DctDataError("side: these tables (a v1 spec) take no side information")
     opt = lambda t: None if t is None else t.numpy()  # noqa: E731
-    _synth.synthesize(
-        q.detach().resolve_neg().contiguous().numpy(),
-        WIRE_KINDS[q.dtype],
-        out.detach().numpy(),
-        (b, c, hb, k, wb, h, w),
-        cf,
-        int(mask == "triangle"),
-        tables.a.numpy(),
-        tables.d.numpy(),
-        opt(tables.r),
-        opt(tables.m),
-        alpha,
-        beta,
-        portable,
-        out.numel() * 4 >= STREAM_ABOVE_BYTES if stream is None else stream,
-        fresh and out.numel() * 4 >= HUGEPAGES_ABOVE_BYTES,
-    )
+    qn, on = q.detach().resolve_neg().contiguous().numpy(), out.detach().numpy()
+    stream = out.numel() * 4 >= STREAM_ABOVE_BYTES if stream is None else stream
+    huge = fresh and out.numel() * 4 >= HUGEPAGES_ABOVE_BYTES
+
+    def part(b0: int, b1: int) -> None:
+        _synth.synthesize(
+            qn[b0:b1], WIRE_KINDS[q.dtype], on[b0:b1], (b1 - b0, c, hb, k, wb, h, w), cf, int(mask == "triangle"),
+            tables.a.numpy(), tables.d.numpy(), opt(tables.r), opt(tables.m),
+            None if alpha is None else alpha[b0:b1], None if beta is None else beta[b0:b1], portable, stream, huge,
+        )  # fmt: skip
+
+    _run_split(part, b)
     return out
+
+
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool): a pool does not survive fork
+
+
+def _run_split(part, b: int) -> None:
+    """`part(b0, b1)` over [0, b): in one call, or split into torch.get_num_threads() runs of samples on a
+    thread pool (the kernel releases the GIL) when torch may use several threads and there are samples to
+    share. A loader worker (one thread, `make_loader`) never starts a pool."""
+    global _POOL
+    n = min(torch.get_num_threads(), b)
+    if n <= 1:
+        part(0, b)
+        return
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < n:
+        _POOL = (os.getpid(), n, ThreadPoolExecutor(n, thread_name_prefix="dctdata-fused"))
+    bounds = [b * i // n for i in range(n + 1)]
+    for f in [_POOL[2].submit(part, lo, hi) for lo, hi in zip(bounds, bounds[1:])]:
+        f.result()

@@ -17,12 +17,13 @@ export to ONNX):
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
 
-On plain CPU tensors in eager mode with one intra-op thread both run through the fused C kernel
+On plain CPU tensors in eager mode both run through the fused C kernel
 (`dctdata.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
 output), or where it does not apply (float64, other output dtypes, the extension off) through
-`transform.synthesize_chunked` (a few block rows at a time, the affine pass included, intermediates in
-cache); `layer(q, out=buf)` writes into a reused buffer, which saves the page faults of a fresh output
-(several times the decode itself on outputs of tens of MB).
+`transform.synthesize_chunked` with one thread (a few block rows at a time, the affine pass included,
+intermediates in cache) and the portable graph with more; `layer(q, out=buf)` writes into a reused
+buffer, which saves the page faults of a fresh output (several times the decode itself on outputs of
+tens of MB).
 """
 
 from __future__ import annotations

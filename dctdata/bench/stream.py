@@ -90,6 +90,7 @@ def run_stream_bench(
     from dctdata.loaders.threads import balance_threads
     from dctdata.loaders.wds_dataset import DCTWebDataset
     from dctdata.loaders.zarr_dataset import DCTZarrDataset
+    from dctdata.lossless import parse_lossless_option
 
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
     warnings.filterwarnings("ignore", message=".*NumPy array is not writable.*")  # the peers' read-only arrays
@@ -109,6 +110,10 @@ def run_stream_bench(
             **common,
         )
         dctdata.pack(src, os.path.join(d, "zarr"), format="zarr", **common)
+        zstd = dict(common, codec=parse_lossless_option("zstd"))  # `--lossless zstd`: bytes traded for decode speed
+        wds_zstd = {"samples_per_shard": samples_per_shard}
+        dctdata.pack(src, os.path.join(d, "wds-zstd"), format="webdataset", writer_options=wds_zstd, **zstd)
+        dctdata.pack(src, os.path.join(d, "zarr-zstd"), format="zarr", **zstd)
         cases = []  # (name, directory under d, open(root) -> loader factory, to_output, http?)
 
         def loader_for(ds, map_style):
@@ -123,6 +128,11 @@ def run_stream_bench(
             ("dctdata webdataset", "wds", lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False), coeffs, True)
         )
         cases.append(("dctdata zarr", "zarr", lambda r: loader_for(DCTZarrDataset(r), True), coeffs, True))
+        wds = lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False)  # noqa: E731
+        cases.append(("dctdata webdataset, --lossless zstd", "wds-zstd", wds, coeffs, True))
+        cases.append(
+            ("dctdata zarr, --lossless zstd", "zarr-zstd", lambda r: loader_for(DCTZarrDataset(r), True), coeffs, True)
+        )
         for p in peers():
             if only and not any(o in p.name for o in only):
                 continue
