@@ -69,9 +69,12 @@ def test_stream_table_counts_http_bytes(tmp_path):
     assert set(by) == {
         "dctdata webdataset (coefficients)",
         "dctdata zarr (coefficients)",
+        "dctdata webdataset, --lossless zstd (coefficients)",
+        "dctdata zarr, --lossless zstd (coefficients)",
         "raw float32 .npy shards (webdataset)",
     }
     assert all(r["samples"] == 32 and r["local_sps"] > 0 and r["http_sps"] > 0 for r in rows)
-    wds = by["dctdata webdataset (coefficients)"]
-    assert wds["http_per_sample"] == pytest.approx(wds["stored_per_sample"], rel=0.01)  # whole shards, once
+    for name in ("dctdata webdataset (coefficients)", "dctdata webdataset, --lossless zstd (coefficients)"):
+        wds = by[name]
+        assert wds["http_per_sample"] == pytest.approx(wds["stored_per_sample"], rel=0.01)  # whole shards, once
     assert "| 1.00x |" in format_rows(rows, 100e6)
