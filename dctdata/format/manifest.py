@@ -415,7 +415,9 @@ class Manifest:
 
 # Version 3: what the manifest can derive is left out of its JSON -----------------------------------
 def compact_json(d: dict[str, Any]) -> dict[str, Any]:
-    """A full-form manifest dict (`Manifest._full_dict`) without what a reader derives (`full_json`)."""
+    """A full-form manifest dict (`Manifest._full_dict`) without what a reader derives (`full_json`).
+    Layout entries of the wrong shape are written as they are (the manifest keeps the layout free-form;
+    the storage's reader names what is wrong with it)."""
     by_name = {f["name"]: f for f in d["fields"]}
     partners = {
         n + SIDE_SUFFIX
@@ -426,15 +428,19 @@ def compact_json(d: dict[str, Any]) -> dict[str, Any]:
     layout = dict(d["layout"])
     if isinstance(layout.get("arrays"), Mapping):
         layout["arrays"] = {
-            k: {x: v for x, v in e.items() if not (x == "path" and v == k)} for k, e in layout["arrays"].items()
+            k: {x: v for x, v in e.items() if not (x == "path" and v == k)} if isinstance(e, Mapping) else e
+            for k, e in layout["arrays"].items()
         }
+    checksums = d["checksums"] if isinstance(d["checksums"], Mapping) else {}
     if isinstance(layout.get("shards"), list):
         layout["shards"] = [
             {
                 k: v
                 for k, v in e.items()
-                if not (k in ("sha256", "bytes") and d["checksums"].get(e["name"], {}).get(k) == v)
+                if not (k in ("sha256", "bytes") and _checksum_of(checksums, e.get("name")).get(k) == v)
             }
+            if isinstance(e, Mapping)
+            else e
             for e in layout["shards"]
         ]
     out["layout"] = layout

@@ -155,6 +155,22 @@ def _check_parse(raw: bytes) -> Manifest | None:
     return m
 
 
+@pytest.mark.parametrize("fmt", ["zarr", "wds"])
+def test_layout_entries_of_the_wrong_shape_round_trip(packs, fmt):
+    """The fuzzer's find: the layout is free-form for the manifest, so odd entries parse and must write back
+    (version 3 compacts the entries it understands and leaves the others as they are)."""
+    base = json.loads((packs / fmt / "manifest.json").read_text())
+    if fmt == "zarr":
+        odd = [dict(base, layout=dict(base["layout"], arrays={**base["layout"]["arrays"], "image": value}))
+               for value in (None, 3, ["image"])]  # fmt: skip
+    else:
+        odd = [dict(base, layout=dict(base["layout"], shards=[value, *base["layout"]["shards"][1:]]))
+               for value in (None, "shard-000000.tar", {"samples": 3})]  # fmt: skip
+        odd.append(dict(base, checksums=None))
+    parsed = [_check_parse(json.dumps(d).encode()) for d in odd]  # what parses must write back and re-parse equal
+    assert any(m is not None for m in parsed)
+
+
 @pytest.mark.parametrize("fmt", ["zarr", "wds", "masked"])
 def test_fuzz_manifest_json_mutations(packs, fmt):
     base = json.loads((packs / fmt / "manifest.json").read_text())
