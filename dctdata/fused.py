@@ -10,9 +10,10 @@ and writes each output pixel once (AVX2+FMA picked at run time; portable C elsew
 stores and huge pages for large outputs. Measured side by side (examples/decode_kernels.py, one thread,
 64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
 kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Each call is single-threaded and releases
-the GIL; with several torch threads (a main process without `balance_threads`) the batch is split into
-runs of samples on a small thread pool, so it never falls back to the portable graph's many-thread
-matmuls (7-77x a copy on 2 threads, examples/decode_kernels.py). A loader worker has one thread.
+the GIL; with several torch threads (a main process without `balance_threads`) a batch of at least
+`SPLIT_MIN_BYTES` of output per thread is split into runs of samples on a small thread pool, and no
+call falls back to the portable graph's many-thread matmuls (5-62x a copy on 2 threads,
+examples/decode_kernels.py). A loader worker has one thread.
 
 What it computes, per sample b, channel c and kept frequency k (float32):
     y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + beta[b, c] [k = 0]
@@ -214,19 +215,24 @@ def synthesize(
             None if alpha is None else alpha[b0:b1], None if beta is None else beta[b0:b1], portable, stream, huge,
         )  # fmt: skip
 
-    _run_split(part, b)
+    _run_split(part, b, out.numel() * 4)
     return out
 
 
 _POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool): a pool does not survive fork
 
 
-def _run_split(part, b: int) -> None:
-    """`part(b0, b1)` over [0, b): in one call, or split into torch.get_num_threads() runs of samples on a
-    thread pool (the kernel releases the GIL) when torch may use several threads and there are samples to
-    share. A loader worker (one thread, `make_loader`) never starts a pool."""
+# Output bytes each thread must get before a call is split: handing a run to the pool costs about 0.1 ms,
+# so a 2 MB in-cache call ran 2x slower split on 2 threads, and a 64 MB one 1.6-1.8x faster (measured).
+SPLIT_MIN_BYTES = 4 << 20
+
+
+def _run_split(part, b: int, nbytes: int) -> None:
+    """`part(b0, b1)` over [0, b): in one call, or split into up to torch.get_num_threads() runs of samples
+    on a thread pool (the kernel releases the GIL) when torch may use several threads and each run gets
+    at least SPLIT_MIN_BYTES of output. A loader worker (one thread, `make_loader`) never starts a pool."""
     global _POOL
-    n = min(torch.get_num_threads(), b)
+    n = min(torch.get_num_threads(), b, max(1, nbytes // SPLIT_MIN_BYTES))
     if n <= 1:
         part(0, b)
         return

@@ -28,13 +28,15 @@ def test_codec_bench_reports_ratios_against_copy_in_and_out_of_cache_and_paper(c
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 1 | 64²")]
     assert len(rows) == 2 and "x copy (in cache)" in out and "x copy (out of cache)" in out and "out=)" in out
+    head = next(line for line in out.splitlines() if line.startswith("| threads |"))
+    assert head.count("|") == rows[0].count("|") and head.rstrip().endswith("| kernel |")  # a well-formed table
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[4]) > 0 and cells[6].endswith("x") and cells[9].endswith("x") and cells[10].endswith("x")
         assert cells[12].endswith("x")
         assert cells[7] == "4096 (67 MB)"  # at least 64 MiB of float32 output per call
         vector = fused.available() and fused.vector_isa() != "portable"
-        assert cells[13] == (f"fused ({fused.vector_isa()})" if vector else "torch")  # one thread
+        assert cells[13] == (f"fused ({fused.vector_isa()})" if vector else "torch")
 
 
 def test_unknown_command_exits_with_usage(capsys):

@@ -153,10 +153,13 @@ def test_cases_left_to_the_torch_kernels(case, calls, monkeypatch):
     torch.testing.assert_close(out.detach().double(), ref, atol=1e-2 if dtype == torch.bfloat16 else 1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("threads, b", [(2, 1), (2, 2), (3, 4), (4, 3)])
-def test_several_threads_split_the_batch_and_match_one_thread(threads, b, monkeypatch):
+@pytest.mark.parametrize("threads, b, min_bytes", [(2, 1, 1), (2, 2, 1), (3, 4, 1), (4, 3, 1), (4, 4, None)])
+def test_several_threads_split_the_batch_and_match_one_thread(threads, b, min_bytes, monkeypatch):
     spec, (q, side) = v2_wire(b=b)
     one = Decompress(spec)((q, side))
+    if min_bytes is not None:  # these outputs are small: let every sample be a run
+        monkeypatch.setattr(fused, "SPLIT_MIN_BYTES", min_bytes)
+    runs = min(threads, b) if min_bytes is not None else 1  # a small call is not worth the pool
     parts = []
     real = fused._synth
 
@@ -172,9 +175,7 @@ def test_several_threads_split_the_batch_and_match_one_thread(threads, b, monkey
     torch.set_num_threads(threads)
     out = torch.full_like(one, float("nan"))
     assert Decompress(spec)((q, side), out=out) is out
-    assert sorted(parts) == sorted(
-        [b * (i + 1) // min(threads, b) - b * i // min(threads, b) for i in range(min(threads, b))]
-    )
+    assert sorted(parts) == sorted([b * (i + 1) // runs - b * i // runs for i in range(runs)])
     assert torch.equal(out, one)  # same kernel, same arithmetic per sample: bit-identical
     assert torch.equal(Decompress(spec)((q, side)), one)  # a fresh output too
 
