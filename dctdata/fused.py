@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.spec import CodecSpec
+from dctdata.spec import CodecSpec, dequant_tables
 from dctdata.transform import BLOCK, eager_cpu, grid_shape, num_kept
 
 try:
@@ -95,24 +95,14 @@ class Tables:
 
 def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
     """The kernel's tables for `spec` (the same math as `Decompress`'s weights or its v2 affine pass)."""
-    c, k = spec.channels, spec.kept
-    f64 = dict(dtype=torch.float64)
-    steps = torch.ones(c, k, **f64) if spec.steps is None else torch.as_tensor(spec.steps, **f64).reshape(c, k)
-    offsets = torch.zeros(c, k, **f64) if spec.offsets is None else torch.as_tensor(spec.offsets, **f64).reshape(c, k)
-    inv_std = torch.ones(c, **f64)
-    mean = torch.zeros(c, **f64)
-    if normalize and spec.std is not None:
-        inv_std = 1.0 / torch.as_tensor(spec.std, **f64).reshape(c)
-    if normalize and spec.mean is not None:
-        mean = torch.as_tensor(spec.mean, **f64).reshape(c)
+    steps, offsets, recon, rot, inv_std, mean = dequant_tables(spec, normalize)
     f32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
     if spec.recon is None and spec.rotation is None and spec.side is None:
         d = offsets.clone()
         d[:, 0] -= BLOCK * mean  # the DC basis function is 1/8 everywhere
         col = inv_std.unsqueeze(1)
         return Tables(f32(steps * col), f32(d * col), None, None, None, None)
-    recon = None if spec.recon is None else -torch.as_tensor(spec.recon, **f64).reshape(c, k) * steps
-    rot = None if spec.rotation is None else torch.tensor(spec.rotation, **f64).T
+    recon = None if recon is None else -recon * steps
     return Tables(f32(steps), f32(offsets), f32(recon), f32(rot), inv_std, -mean * inv_std)
 
 

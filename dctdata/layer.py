@@ -36,16 +36,11 @@ from torch import nn
 from dctdata import fused
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
-from dctdata.spec import CodecSpec
+from dctdata.spec import CodecSpec, dequant_tables
 from dctdata.transform import BLOCK, augment_bias, fold_basis, fold_shift, synthesize
 from dctdata.wire import split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _table(values, c: int, k: int) -> torch.Tensor:
-    """(C, K) table -> (1, C, 1, K, 1) float64, broadcasting over (B, C, Hb, K, Wb)."""
-    return torch.as_tensor(values, dtype=torch.float64).reshape(1, c, 1, k, 1)
 
 
 class Decompress(nn.Module):
@@ -75,21 +70,15 @@ class Decompress(nn.Module):
             wcol, _, trows = fold_basis(spec.cf, spec.mask, c)
             self.bias_row = False
             self.register_buffer("weight", wcol.to(compute), persistent=False)
-            steps = _table(spec.steps if spec.steps is not None else [[1.0] * k] * c, c, k)
-            self.register_buffer("scale", steps.to(compute), persistent=False)
-            offsets = (
-                _table(spec.offsets, c, k)
-                if spec.offsets is not None
-                else torch.zeros(1, c, 1, k, 1, dtype=torch.float64)
-            )
-            self.register_buffer("shift", offsets.to(compute), persistent=False)
-            recon = None if spec.recon is None else (_table(spec.recon, c, k) * steps).to(compute)
-            self.register_buffer("recon", recon, persistent=False)
-            rot_t = None if spec.rotation is None else torch.tensor(spec.rotation, dtype=torch.float64).T.contiguous()
+            t = dequant_tables(spec, normalize)
+            per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
+            self.register_buffer("scale", per_k(t.steps), persistent=False)
+            self.register_buffer("shift", per_k(t.offsets), persistent=False)
+            self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
+            rot_t = t.rotation_t
             self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
             # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
-            a = torch.ones(c, dtype=torch.float64) if std is None else 1.0 / torch.tensor(std, dtype=torch.float64)
-            b = torch.zeros(c, dtype=torch.float64) if mean is None else -torch.tensor(mean, dtype=torch.float64) * a
+            a, b = t.inv_std, -t.mean * t.inv_std
             self.register_buffer("out_scale", a.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
             self.register_buffer("out_shift", b.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
             dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)

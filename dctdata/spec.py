@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -286,3 +286,32 @@ class CodecSpec:
 
     def replace(self, **changes: Any) -> "CodecSpec":
         return dataclasses.replace(self, **changes)
+
+
+class DequantTables(NamedTuple):
+    """A spec's decode tables in float64, defaults filled: steps and offsets (C, K); recon (C, K) in steps, or
+    None; rotation_t (C, C), the transpose the decoder applies, or None; inv_std and mean (C,), the
+    normalization (ones and zeros when there is none or `normalize` is off)."""
+
+    steps: torch.Tensor
+    offsets: torch.Tensor
+    recon: torch.Tensor | None
+    rotation_t: torch.Tensor | None
+    inv_std: torch.Tensor
+    mean: torch.Tensor
+
+
+def dequant_tables(spec: CodecSpec, normalize: bool = True) -> DequantTables:
+    """The tables every decoder of `spec` starts from (`Decompress` and the fused CPU kernel), in one place."""
+    c, k = spec.channels, spec.kept
+    f64 = dict(dtype=torch.float64)
+    table = lambda v, default: default if v is None else torch.as_tensor(v, **f64).reshape(c, k)  # noqa: E731
+    std, mean = (spec.std, spec.mean) if normalize else (None, None)
+    return DequantTables(
+        table(spec.steps, torch.ones(c, k, **f64)),
+        table(spec.offsets, torch.zeros(c, k, **f64)),
+        table(spec.recon, None),
+        None if spec.rotation is None else torch.tensor(spec.rotation, **f64).T.contiguous(),
+        torch.ones(c, **f64) if std is None else 1.0 / torch.as_tensor(std, **f64).reshape(c),
+        torch.zeros(c, **f64) if mean is None else torch.as_tensor(mean, **f64).reshape(c),
+    )
