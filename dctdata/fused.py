@@ -57,6 +57,9 @@ STREAM_ABOVE_BYTES = 32 << 20
 # first write (Linux madvise): a fresh 64 MB output otherwise pays ~16k page faults, several times the
 # decode (`THP_MEM_ALLOC_ENABLE=1` does the same for every torch allocation).
 HUGEPAGES_ABOVE_BYTES = 8 << 20
+# Output bytes each thread must get before a call is split: handing a run to the pool costs about 0.1 ms,
+# so a 2 MB in-cache call ran 2x slower split on 2 threads, and a 64 MB one 1.6-1.8x faster (measured).
+SPLIT_MIN_BYTES = 4 << 20
 
 
 def available() -> bool:
@@ -212,11 +215,6 @@ def synthesize(
 _POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool): a pool does not survive fork
 
 
-# Output bytes each thread must get before a call is split: handing a run to the pool costs about 0.1 ms,
-# so a 2 MB in-cache call ran 2x slower split on 2 threads, and a 64 MB one 1.6-1.8x faster (measured).
-SPLIT_MIN_BYTES = 4 << 20
-
-
 def _run_split(part, b: int, nbytes: int) -> None:
     """`part(b0, b1)` over [0, b): in one call, or split into up to torch.get_num_threads() runs of samples
     on a thread pool (the kernel releases the GIL) when torch may use several threads and each run gets
@@ -227,6 +225,8 @@ def _run_split(part, b: int, nbytes: int) -> None:
         part(0, b)
         return
     if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < n:
+        if _POOL is not None and _POOL[0] == os.getpid():
+            _POOL[2].shutdown(wait=False)  # more threads asked for: the smaller pool's threads end
         _POOL = (os.getpid(), n, ThreadPoolExecutor(n, thread_name_prefix="dctdata-fused"))
     bounds = [b * i // n for i in range(n + 1)]
     for f in [_POOL[2].submit(part, lo, hi) for lo, hi in zip(bounds, bounds[1:])]:

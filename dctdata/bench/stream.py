@@ -124,15 +124,11 @@ def run_stream_bench(
             )
 
         coeffs = lambda b: b[0][0] if isinstance(b[0], (list, tuple)) else b[0]  # noqa: E731 - (q, side) pairs
-        cases.append(
-            ("dctdata webdataset", "wds", lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False), coeffs, True)
-        )
-        cases.append(("dctdata zarr", "zarr", lambda r: loader_for(DCTZarrDataset(r), True), coeffs, True))
-        wds = lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False)  # noqa: E731
-        cases.append(("dctdata webdataset, --lossless zstd", "wds-zstd", wds, coeffs, True))
-        cases.append(
-            ("dctdata zarr, --lossless zstd", "zarr-zstd", lambda r: loader_for(DCTZarrDataset(r), True), coeffs, True)
-        )
+        wds_loader = lambda r: loader_for(DCTWebDataset(r, buffer_size=256), False)  # noqa: E731
+        zarr_loader = lambda r: loader_for(DCTZarrDataset(r), True)  # noqa: E731
+        for suffix, stage in (("", ""), (", --lossless zstd", "-zstd")):
+            cases.append((f"dctdata webdataset{suffix}", f"wds{stage}", wds_loader, coeffs, True))
+            cases.append((f"dctdata zarr{suffix}", f"zarr{stage}", zarr_loader, coeffs, True))
         for p in peers():
             if only and not any(o in p.name for o in only):
                 continue

@@ -78,7 +78,7 @@ def register(sub) -> None:
         default="auto",
         metavar="auto|zstd|zstd:LEVEL",
         help="lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd "
-        "(zstd-19: about 20%% more bytes, decoded 3-4x faster in the loader workers), zstd:LEVEL (1..22)",
+        "(zstd-19: about 15-20%% more bytes, decoded 3-4x faster in the loader workers), zstd:LEVEL (1..22)",
     )
     p.add_argument("--strict", action="store_true", help="fail on any quantization overflow")
     p.add_argument(
