@@ -4,10 +4,11 @@ Times, interleaved round-robin (best of `--repeat`, so a busy machine hurts ever
 outputs of at least 64 MB: copying the output bytes into a preallocated buffer (the yardstick of
 `dctdata bench codec`), the portable kernel (`synthesize_portable`: the exported graph, and the eager
 CPU path before the chunked kernel), the chunked torch kernel with a fresh output and into a reused
-`out=` buffer, and the fused C kernel (`dctdata.fused`, what `Decompress` takes on one thread) both
-ways. Fresh outputs pay for page faults: run once more with `THP_MEM_ALLOC_ENABLE=1` (torch then backs
-large tensors with huge pages) to see how much. With more than one thread `Decompress` takes the
-portable kernel (see `transform.synthesize`), so those rows show its cost in every decode column.
+`out=` buffer, and the fused C kernel (`dctdata.fused`, what `Decompress` takes) both ways. Fresh
+outputs pay for page faults: run once more with `THP_MEM_ALLOC_ENABLE=1` (torch then backs large
+tensors with huge pages) to see how much. With more than one thread the torch columns are the portable
+graph (the chunked kernel runs on one thread only, see `transform.synthesize`) and the fused kernel
+splits the batch over the threads.
 
     python examples/decode_kernels.py --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --repeat 5
     python examples/decode_kernels.py --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --wire int8
@@ -46,11 +47,11 @@ def variants(size: int, cf: int, wire: str, codec: str, nbytes: int = OUT_OF_CAC
     dst, out = torch.empty_like(src), torch.empty_like(src)
 
     def torch_kernel(**kw):  # the chunked torch kernel: the fused one turned off for the call
-        fused.ENABLED = False
+        enabled, fused.ENABLED = fused.ENABLED, False
         try:
             return layer(wire_value, **kw)
         finally:
-            fused.ENABLED = True
+            fused.ENABLED = enabled
 
     def before():  # the eager CPU path before the chunked kernel: full-size passes, then the portable graph
         coef = q if codec == "v1" else layer._coefficients(q, wire_value[1], torch.float32)
