@@ -230,9 +230,14 @@ def has_side(f: FieldSpec) -> bool:
     return f.kind is FieldKind.DCT and f.codec.side is not None
 
 
+def side_partner_names(fields: Sequence[FieldSpec]) -> set[str]:
+    """Names of the stored side partners among `fields`' dct fields."""
+    return {f.name + SIDE_SUFFIX for f in fields if has_side(f)}
+
+
 def user_fields(fields: tuple[FieldSpec, ...]) -> tuple[FieldSpec, ...]:
     """The fields a sample has for the user: stored side partners are part of their dct field's value."""
-    partners = {f.name + SIDE_SUFFIX for f in fields if has_side(f)}
+    partners = side_partner_names(fields)
     return tuple(f for f in fields if f.name not in partners)
 
 

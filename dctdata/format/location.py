@@ -236,3 +236,20 @@ def open_file(
     if mode in ("r", "rb"):
         return os.fdopen(open_regular(path_or_url, root), mode)
     return open(path_or_url, mode)
+
+
+def remove_file(path_or_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Remove a local file or an fsspec URL's object; one that is already gone is fine (a rerun)."""
+    if is_url(path_or_url):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(path_or_url, **fsspec_options(path_or_url, storage_options))
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        return
+    try:
+        os.remove(path_or_url)
+    except FileNotFoundError:
+        pass

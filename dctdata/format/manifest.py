@@ -27,6 +27,10 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   no `sha256`/`bytes` when the checksums say the same of its file. A `Manifest` in memory always has the
   full form (what version 2 wrote), so every reader of it is unchanged; a version 2 reader refuses
   version 3 by its version.
+- 4: a zarr pack may keep a small side partner (at most `zarr.layout.INLINE_BYTES`, packs of up to 128
+  samples x channels) in `layout.arrays` as {"inline": base64} instead of an array with its own files
+  (about 850 bytes of zarr.json, shard index, checksums and layout). A version 3 reader refuses it by its
+  version; everything else is as version 3.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -457,7 +461,9 @@ def full_json(d: dict[str, Any]) -> dict[str, Any]:
     layout = dict(layout)
     arrays = layout.get("arrays")
     if isinstance(arrays, Mapping):
-        layout["arrays"] = {k: {"path": k, **e} if isinstance(e, Mapping) else e for k, e in arrays.items()}
+        layout["arrays"] = {
+            k: {"path": k, **e} if isinstance(e, Mapping) and "inline" not in e else e for k, e in arrays.items()
+        }
     shards, checksums = layout.get("shards"), d["checksums"]
     if isinstance(shards, list) and isinstance(checksums, Mapping):
         layout["shards"] = [

@@ -8,18 +8,24 @@ length in samples, a power of two, so shard k of every field is one independent 
 (parallel and resumable writing); each field's chunk is a power of two dividing it. Every inner chunk
 goes through the lossless codec then crc32c, and the shard index is crc32c-protected too.
 
-The manifest's `layout.arrays` records {field: {path, chunk, shard}}.
+The manifest's `layout.arrays` records {field: {path, chunk, shard}}. Since version 4 a dct field's side
+partner whose whole stored array is at most INLINE_BYTES (a pack of up to 128 samples x channels) is kept
+in the manifest instead, as {field: {"inline": base64 of its little-endian bytes}}: an array of 8 bytes per
+sample otherwise costs a zarr.json, a shard index, two checksums and a layout entry (about 850 bytes),
+more than the coefficients of a small image at 35 dB.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from typing import Any, Mapping
 
 import numpy as np
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
-from dctdata.format.fields import NAME_RE, FieldSpec
+from dctdata.format.fields import NAME_RE, FieldSpec, side_partner_names
 from dctdata.parse import parse_int, parse_object
 
 # Inner chunks of at most this many stored bytes (at least one sample): a random read decodes and, over
@@ -33,6 +39,9 @@ SHARD_SOURCE_BYTES = 128 << 20
 INDEX_ENTRY_BYTES = 16  # (offset, nbytes) uint64 pair per chunk
 CRC_BYTES = 4
 MISSING = 2**64 - 1  # shard-index entry of a chunk that was never written
+# Side partners of at most this many stored bytes live in the manifest (base64: 4/3 of it), version >= 4.
+INLINE_BYTES = 1024
+INLINE_VERSION = 4
 
 
 def _pow2_floor(x: int) -> int:
@@ -75,9 +84,44 @@ def layout_entry(
     return {"arrays": {f.name: {"path": f.name, "chunk": chunks[f.name], "shard": shard} for f in fields}}
 
 
+def inline_entry(values: np.ndarray) -> dict[str, str]:
+    """The layout entry of an array kept in the manifest: base64 of its little-endian bytes."""
+    little = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
+    return {"inline": base64.b64encode(little.tobytes()).decode("ascii")}
+
+
+def _parse_inline(m, f: FieldSpec, value: object, where: str) -> np.ndarray:
+    """An inline entry's values, (samples, *stored_shape) in the stored dtype, read-only."""
+    if m.version < INLINE_VERSION:
+        raise FormatError(
+            f"{where}: expected {{path, chunk, shard}} (inline arrays need version {INLINE_VERSION}). Got an inline "
+            "entry"
+        )
+    if not isinstance(value, str):
+        raise FormatError(f"{where}.inline: expected a base64 string. Got {type(value).__name__}")
+    expected = m.samples * f.stored_sample_bytes
+    if len(value) > 4 * (-(-INLINE_BYTES // 3)) or expected > INLINE_BYTES:
+        raise FormatError(
+            f"{where}.inline: expected an array of at most {INLINE_BYTES} bytes. Got {len(value)} base64 characters "
+            f"for {expected} bytes ({m.samples} samples)"
+        )
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise FormatError(f"{where}.inline: expected a base64 string. Got {exc}") from None
+    if len(raw) != expected:
+        raise FormatError(
+            f"{where}.inline: expected {expected} bytes ({m.samples} samples of {f.stored_shape} {f.stored_dtype}). "
+            f"Got {len(raw)}"
+        )
+    out = np.frombuffer(raw, dtype=np.dtype(f.stored_dtype).newbyteorder("<")).reshape(m.samples, *f.stored_shape)
+    return out.astype(f.stored_dtype)
+
+
 def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "manifest") -> dict[str, dict[str, Any]]:
     """The manifest's `layout.arrays` entries, validated: {field: {path, chunk, shard}} with path the
-    field name (a plain identifier, so it cannot point outside the dataset) and shard a multiple of chunk."""
+    field name (a plain identifier, so it cannot point outside the dataset) and shard a multiple of chunk;
+    {field: {"inline": values}} for a side partner kept in the manifest."""
     arrays = m.layout.get("arrays") if isinstance(m.layout, Mapping) else None
     if not isinstance(arrays, Mapping):
         raise FormatError(
@@ -88,6 +132,14 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
         w = f"{where}: layout.arrays[{f.name!r}]"
         if f.name not in arrays:
             raise FormatError(f"{w}: expected an entry for field {f.name!r}. Got entries {sorted(arrays)}")
+        if isinstance(arrays[f.name], Mapping) and "inline" in arrays[f.name]:
+            if f.name not in side_partner_names(m.fields) or set(arrays[f.name]) != {"inline"}:
+                raise FormatError(
+                    f"{w}: expected {{path, chunk, shard}} (only a side partner may be inline, alone). Got keys "
+                    f"{sorted(arrays[f.name])}"
+                )
+            out[f.name] = {"inline": _parse_inline(m, f, arrays[f.name]["inline"], w)}
+            continue
         e = parse_object(arrays[f.name], w, {"path", "chunk", "shard"}, error=FormatError)
         if not isinstance(e["path"], str) or not NAME_RE.match(e["path"]):
             raise FormatError(
@@ -128,7 +180,7 @@ def shard_of_file(m, rel: str) -> str:
         arrays = zarr_layout(m)
     except DctDataError:
         return ""
-    if match and match.group(1) in arrays:
+    if match and "shard" in arrays.get(match.group(1), {}):
         shard = arrays[match.group(1)]["shard"]
         i = int(match.group(2))
         return f" (field {match.group(1)!r}, samples {i * shard}..{min((i + 1) * shard, m.samples) - 1})"

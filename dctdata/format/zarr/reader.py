@@ -78,6 +78,7 @@ class ZarrReader:
         self.fields = tuple(manifest.fields if fields is None else fields)
         self.storage_options = dict(storage_options or {})
         self.layout = zarr_layout(manifest, self.fields, where=join(root, "manifest.json"))
+        self._stored = tuple(f for f in self.fields if "inline" not in self.layout[f.name])  # with files
         self.source = RangeSource(root, self.storage_options)
         self._pid: int | None = None
 
@@ -99,7 +100,7 @@ class ZarrReader:
         self.source._open()  # its per-process state too, under the same lock
         metas = self._read_metadata()
         plans = {}
-        for f in self.fields:
+        for f in self._stored:
             meta, where = metas[f.name], join(self.root, self.layout[f.name]["path"], "zarr.json")
             expect = (self.manifest.samples, *f.stored_shape)
             if meta.shape != expect or meta.dtype.newbyteorder("=") != np.dtype(f.stored_dtype):
@@ -119,7 +120,7 @@ class ZarrReader:
     def _read_metadata(self) -> dict[str, ArrayMeta]:
         """{field: parsed zarr.json}, every file (the group's too) fetched in one batch. A file the manifest
         lists is read at its recorded size and must match its sha256 (it says what the chunks mean)."""
-        rels = {"": "zarr.json", **{f.name: f"{self.layout[f.name]['path']}/zarr.json" for f in self.fields}}
+        rels = {"": "zarr.json", **{f.name: f"{self.layout[f.name]['path']}/zarr.json" for f in self._stored}}
         entries = self.manifest.checksums if isinstance(self.manifest.checksums, Mapping) else {}
         requests = []
         for rel in rels.values():
@@ -178,9 +179,12 @@ class ZarrReader:
         return {f.name: out[f.name] for f in fields}
 
     def _whole(self, f: FieldSpec) -> np.ndarray | None:
-        """The whole stored array of a small non-dct field, read once per process; None for others."""
+        """The whole stored array of a small non-dct field, read once per process (or kept in the manifest:
+        a small side partner); None for others."""
         if f.name in self._cache:
             return self._cache[f.name]
+        if "inline" in self.layout[f.name]:
+            return self.layout[f.name]["inline"]
         small = f.kind is not FieldKind.DCT and f.stored_sample_bytes * self.manifest.samples <= CACHE_BYTES
         if not small or f.name in self._no_cache:
             return None

@@ -6,10 +6,16 @@ bytes of a shard depend only on its samples and serial and parallel packs are by
 chunk that holds samples is written (never elided into fill values). Checksums: sha256 of every file
 (shards and zarr.json), keyed by path relative to the dataset root. Targets: a local directory or an
 fsspec URL (s3://, gs://, memory://, ...; `storage_options`).
+
+Small side partners (`layout.INLINE_BYTES`): every part writes its side shard as usual and also returns
+its values; `finish`, which knows the final count, moves a small enough partner into the manifest's
+layout and removes its files. Deciding there keeps parallel, resumed and streamed packs (whose count
+settles at the end) on one path.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from typing import Any, Iterable
@@ -18,8 +24,9 @@ import numpy as np
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
-from dctdata.format.location import is_url, join, open_file
-from dctdata.format.zarr.layout import chunking, layout_entry, shard_key
+from dctdata.format.fields import side_partner_names
+from dctdata.format.location import is_url, join, open_file, remove_file
+from dctdata.format.zarr.layout import INLINE_BYTES, chunking, inline_entry, layout_entry, shard_key
 from dctdata.format.zarr.metadata import array_json, group_json
 from dctdata.format.zarr.shards import shard_bytes
 from dctdata.lossless import encode_array, get_codec
@@ -87,17 +94,26 @@ class ZarrWriter(PartWriter):
         self.create(root, fields, n)
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
-        """{"layout", "checksums"} from the finished parts plus the metadata files."""
+        """{"layout", "checksums"} from the finished parts plus the metadata files; small side partners
+        go into the layout and their files away."""
         checksums = {
             rel: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
             for rel, data in self._metadata(fields, n).items()
         }
         for p in parts:
             checksums.update(p["files"])
-        return {
-            "layout": layout_entry(fields, n, self.chunk_samples, self.shard_samples),
-            "checksums": dict(sorted(checksums.items())),
-        }
+        layout = layout_entry(fields, n, self.chunk_samples, self.shard_samples)
+        for name, values in _inline_values(fields, n, parts).items():
+            layout["arrays"][name] = inline_entry(values)
+            for rel in [r for r in checksums if r.startswith(name + "/")]:
+                remove_file(join(root, *rel.split("/")), self.storage_options)
+                del checksums[rel]
+            if not is_url(root):
+                try:
+                    os.rmdir(os.path.join(root, name))
+                except OSError:
+                    pass  # not empty (a file that is not ours) or gone: left as it is
+        return {"layout": layout, "checksums": dict(sorted(checksums.items()))}
 
     # Worker side ---------------------------------------------------------------------------------
     def write_part(
@@ -124,7 +140,7 @@ class ZarrWriter(PartWriter):
                     )
                 buffers[f.name][filled : filled + b] = x
             filled += b
-        files = {}
+        files, inline = {}, {}
         for f in fields:
             data = buffers.pop(f.name)
             if filled != stop - start:
@@ -141,4 +157,23 @@ class ZarrWriter(PartWriter):
                 coded.append(encode_array(codec, block.astype(block.dtype.newbyteorder("<"), copy=False)))
             rel = shard_key(f.name, index, 1 + len(f.stored_shape))
             files[rel] = self._put(join(root, *rel.split("/")), shard_bytes(coded, shard // c))
-        return {"files": files}
+            if f.name in side_partner_names(fields) and data.nbytes <= INLINE_BYTES:
+                inline[f.name] = base64.b64encode(data.astype(data.dtype.newbyteorder("<")).tobytes()).decode()
+        return {"files": files, "inline": inline}
+
+
+def _inline_values(fields: Fields, n: int, parts: list[dict]) -> dict[str, np.ndarray]:
+    """{side partner: its (n, ...) values} for the partners of at most INLINE_BYTES that every part returned
+    (a part journaled by an older dctdata returns none: its partner stays an array)."""
+    out = {}
+    for f in fields:
+        if f.name not in side_partner_names(fields) or n * f.stored_sample_bytes > INLINE_BYTES:
+            continue
+        pieces = [(p.get("inline") or {}).get(f.name) for p in parts]
+        if any(not isinstance(x, str) for x in pieces):
+            continue
+        raw = b"".join(base64.b64decode(x) for x in pieces)
+        if len(raw) == n * f.stored_sample_bytes:
+            le = np.dtype(f.stored_dtype).newbyteorder("<")
+            out[f.name] = np.frombuffer(raw, dtype=le).reshape(n, *f.stored_shape).astype(f.stored_dtype)
+    return out
