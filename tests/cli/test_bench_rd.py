@@ -249,3 +249,29 @@ def test_bad_arguments_get_one_clear_line(args, message, capsys):
     assert err.count("\n") == 1
     assert err.startswith("dctdata bench: error: ")
     assert message in err
+
+
+def test_rd_fixed_bytes_example_takes_each_points_metadata_out(tmp_path, capsys, monkeypatch):
+    """examples/rd_fixed_bytes.py: the README's fixed-bytes figures from a bench rd JSON and from packs."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "rd_fixed_bytes.py")
+    spec = importlib.util.spec_from_file_location("rd_fixed_bytes", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "rd.json"
+    argv = "bench rd --items mri --modes tiles --max-tiles 4 --targets 36 44 --peers zfp --levels 40"
+    assert main([*argv.split(), "--json", str(out)]) == 0
+    capsys.readouterr()
+    data = json.loads(out.read_text())
+    example.main(["ratios", str(out)])
+    text = capsys.readouterr().out
+    measured = data["summary"]["all packs"]["zfp"]["40"]
+    rows = [line for line in text.splitlines() if line.startswith("| all packs |")]
+    assert len(rows) == 2 and float(rows[0].split("|")[3]) == pytest.approx(measured, abs=5e-4)
+    assert float(rows[1].split("|")[3]) > measured  # the same points with fewer bytes each
+    example.main(["files", str(tmp_path / "fixed.json"), "--items", "mri", "--target-psnr", "36"])
+    fixed = json.loads((tmp_path / "fixed.json").read_text())
+    assert set(fixed) == {"mri/tiles", "mri/whole"}
+    for entry in fixed.values():
+        assert entry["total"] == sum(entry["files"].values()) > entry["fixed"] >= entry["files"]["manifest.json"]
