@@ -11,7 +11,7 @@ stores and huge pages for large outputs. Measured side by side (examples/decode_
 64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
 kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Each call is single-threaded and releases
 the GIL; with several torch threads (a main process without `balance_threads`) a batch of at least
-`SPLIT_MIN_BYTES` of output per thread is split into runs of samples on a small thread pool, and no
+`SPLIT_MIN_BYTES` of output per thread is split into runs of samples on a small thread pool (`dctdata.pool`), and no
 call falls back to the portable graph's many-thread matmuls (5-62x a copy on 2 threads,
 examples/decode_kernels.py). A loader worker has one thread.
 
