@@ -11,7 +11,7 @@ stores and huge pages for large outputs. Measured side by side (examples/decode_
 64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
 kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Each call is single-threaded and releases
 the GIL; with several torch threads (a main process without `balance_threads`) a batch of at least
-`SPLIT_MIN_BYTES` of output per thread is split into runs of samples on a small thread pool, and no
+`SPLIT_MIN_BYTES` of output per thread is split into runs of samples on a small thread pool (`dctdata.pool`), and no
 call falls back to the portable graph's many-thread matmuls (5-62x a copy on 2 threads,
 examples/decode_kernels.py). A loader worker has one thread.
 
@@ -31,12 +31,12 @@ strided `out`, CUDA, autograd, compile, export, ONNX) keeps the torch paths of `
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from dctdata.errors import DctDataError
+from dctdata.pool import run_split
 from dctdata.spec import CodecSpec, dequant_tables
 from dctdata.transform import BLOCK, eager_cpu, grid_shape, num_kept
 
@@ -212,22 +212,9 @@ def synthesize(
     return out
 
 
-_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool): a pool does not survive fork
-
-
 def _run_split(part, b: int, nbytes: int) -> None:
     """`part(b0, b1)` over [0, b): in one call, or split into up to torch.get_num_threads() runs of samples
-    on a thread pool (the kernel releases the GIL) when torch may use several threads and each run gets
-    at least SPLIT_MIN_BYTES of output. A loader worker (one thread, `make_loader`) never starts a pool."""
-    global _POOL
-    n = min(torch.get_num_threads(), b, max(1, nbytes // SPLIT_MIN_BYTES))
-    if n <= 1:
-        part(0, b)
-        return
-    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < n:
-        if _POOL is not None and _POOL[0] == os.getpid():
-            _POOL[2].shutdown(wait=False)  # more threads asked for: the smaller pool's threads end
-        _POOL = (os.getpid(), n, ThreadPoolExecutor(n, thread_name_prefix="dctdata-fused"))
-    bounds = [b * i // n for i in range(n + 1)]
-    for f in [_POOL[2].submit(part, lo, hi) for lo, hi in zip(bounds, bounds[1:])]:
-        f.result()
+    on the process's thread pool (`dctdata.pool`; the kernel releases the GIL) when torch may use several
+    threads and each run gets at least SPLIT_MIN_BYTES of output. A loader worker (one thread,
+    `make_loader`) never starts a pool."""
+    run_split(part, b, min(torch.get_num_threads(), b, max(1, nbytes // SPLIT_MIN_BYTES)))

@@ -11,7 +11,8 @@ tensor a model consumes:
 Reported: samples/s (best of `--epochs`), stored bytes read per sample, median PSNR.
 
 `run_batch_bench` times the read path alone: one batch of random stored samples to arrays, the
-dctdata zarr reader against tensorstore and zarr-python on the same pack and on raw float32 zarr.
+dctdata zarr reader against tensorstore and zarr-python on the same pack and on raw float32 zarr, at one
+thread and at all cores.
 """
 
 from __future__ import annotations
@@ -117,17 +118,21 @@ def jpeg_files(u8: np.ndarray, directory: str, target_psnr: float, qualities=(75
 
 def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batches=20, workdir=None):
     """Milliseconds to turn one batch of `batch` random stored samples into arrays (median over
-    `batches` batches, best of `rounds` interleaved rounds), single-threaded, from a local pack:
-    the dctdata zarr reader (coefficients) of the default pack (its lossless stage chosen by size, usually
-    the entropy coder) and of a zstd-9 pack, tensorstore and zarr-python on that zstd pack (they cannot
-    decode the entropy coder), and both on raw float32 zarr of the same samples. Rows: name, ms,
-    bytes_per_sample."""
+    `batches` batches, best of `rounds` interleaved rounds) from a local pack: the dctdata zarr reader
+    (coefficients) of the default pack (its lossless stage chosen by size, usually the entropy coder) and
+    of a zstd-9 pack, tensorstore and zarr-python on that zstd pack (they cannot decode the entropy coder),
+    and both on raw float32 zarr of the same samples. The dctdata reader and tensorstore run at one
+    thread and at all cores (the reader: torch's threads = the cores; tensorstore: its default
+    concurrency), so each row has a like-for-like tensorstore raw float32 row. Rows: name, threads
+    ("1" or "all"), ms, bytes_per_sample."""
     import tensorstore as ts
     import zarr
 
     import dctdata
+    from dctdata.loaders.threads import available_cores
 
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    cores = available_cores()
     x = synthetic(n, size)
     rng = np.random.default_rng(0)
     picks = [np.sort(rng.choice(n, batch, replace=False)) for _ in range(batches)]
@@ -144,55 +149,93 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         ds = dctdata.open_dataset(out)
         layer = ds.decompressor()
 
-        def ts_array(path):  # one thread like the other rows (its default pool decodes chunks in parallel)
+        def ts_array(path, one_thread):  # its default pools decode and copy chunks in parallel
             one = {"data_copy_concurrency": {"limit": 1}, "file_io_concurrency": {"limit": 1}}
-            spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}, "context": one}
+            spec = {
+                "driver": "zarr3",
+                "kvstore": {"driver": "file", "path": path},
+                "context": one if one_thread else {},
+            }
             return ts.open(spec, read=True).result()
 
         ds_zstd = dctdata.open_dataset(zstd)
         stage = ds.manifest.field("image").lossless.get("id", "raw")
-        ts_dct, ts_raw = ts_array(os.path.join(zstd, "image")), ts_array(raw)
+        ts_dct, ts_raw = ts_array(os.path.join(zstd, "image"), True), ts_array(raw, True)
+        ts_dct_all, ts_raw_all = ts_array(os.path.join(zstd, "image"), False), ts_array(raw, False)
         z_dct, z_raw = zarr.open_array(os.path.join(zstd, "image"), mode="r"), zarr.open_array(raw, mode="r")
-        cases = {
-            f"dctdata zarr reader, default pack ({stage}; coefficients)": (lambda i: ds.__getitems__(i.tolist()), out),
-            "dctdata zarr reader + Decompress (1 thread)": (
+        ours = lambda d: lambda i: d.__getitems__(i.tolist())  # noqa: E731
+        all_cores = f"{cores} threads"
+        cases = {  # name: (read one batch, pack, torch threads: 1 or the cores)
+            f"dctdata zarr reader, default pack ({stage}; coefficients), 1 thread": (ours(ds), out, 1),
+            f"dctdata zarr reader, default pack ({stage}; coefficients), {all_cores}": (ours(ds), out, cores),
+            "dctdata zarr reader + Decompress, 1 thread": (
                 lambda i: layer(default_collate(ds.__getitems__(i.tolist()))[0]),
                 out,
+                1,
             ),
-            "dctdata zarr reader, zstd-9 pack (coefficients)": (lambda i: ds_zstd.__getitems__(i.tolist()), zstd),
-            "tensorstore, same zstd-9 pack (no missing-chunk check)": (
+            "dctdata zarr reader, zstd-9 pack (coefficients), 1 thread": (ours(ds_zstd), zstd, 1),
+            f"dctdata zarr reader, zstd-9 pack (coefficients), {all_cores}": (ours(ds_zstd), zstd, cores),
+            "tensorstore, same zstd-9 pack (no missing-chunk check), 1 thread": (
                 lambda i: ts_dct.oindex[i].read().result(),
                 zstd,
+                1,
+            ),
+            "tensorstore, same zstd-9 pack (no missing-chunk check), default concurrency": (
+                lambda i: ts_dct_all.oindex[i].read().result(),
+                zstd,
+                cores,
             ),
             "zarr-python, same zstd-9 pack (no missing-chunk check)": (
                 lambda i: z_dct.get_orthogonal_selection((i,)),
                 zstd,
+                1,
             ),
-            "tensorstore, raw float32 zarr": (lambda i: ts_raw.oindex[i].read().result(), raw),
-            "zarr-python, raw float32 zarr": (lambda i: z_raw.get_orthogonal_selection((i,)), raw),
+            "tensorstore, raw float32 zarr, 1 thread": (lambda i: ts_raw.oindex[i].read().result(), raw, 1),
+            "tensorstore, raw float32 zarr, default concurrency": (
+                lambda i: ts_raw_all.oindex[i].read().result(),
+                raw,
+                cores,
+            ),
+            "zarr-python, raw float32 zarr": (lambda i: z_raw.get_orthogonal_selection((i,)), raw, 1),
         }
         best = {name: float("inf") for name in cases}
-        with torch.inference_mode():
-            for _ in range(rounds):
-                for name, (fn, _) in cases.items():
-                    fn(picks[0])
-                    times = []
-                    for i in picks:
-                        t0 = time.perf_counter()
-                        fn(i)
-                        times.append(time.perf_counter() - t0)
-                    best[name] = min(best[name], float(np.median(times)))
+        try:
+            with torch.inference_mode():
+                for _ in range(rounds):
+                    for name, (fn, _, threads) in cases.items():
+                        torch.set_num_threads(threads)
+                        fn(picks[0])
+                        times = []
+                        for i in picks:
+                            t0 = time.perf_counter()
+                            fn(i)
+                            times.append(time.perf_counter() - t0)
+                        best[name] = min(best[name], float(np.median(times)))
+        finally:
+            torch.set_num_threads(before)
         return [
-            {"name": name, "ms": 1e3 * best[name], "bytes_per_sample": _dir_bytes(root) / n}
-            for name, (_, root) in cases.items()
+            {
+                "name": name,
+                "threads": "1" if threads == 1 else "all",
+                "ms": 1e3 * best[name],
+                "bytes_per_sample": _dir_bytes(root) / n,
+            }
+            for name, (_, root, threads) in cases.items()
         ]
 
 
 def format_batch_rows(rows) -> str:
-    base = next(r["ms"] for r in rows if r["name"].startswith("tensorstore, raw"))
-    lines = ["| read path | ms per batch | vs tensorstore raw float32 | stored bytes/sample |", "|---|---:|---:|---:|"]
+    """The read-path table; each row's ratio is against tensorstore on raw float32 at the same threads
+    (one thread, or all cores: tensorstore's default concurrency)."""
+    base = {r["threads"]: r["ms"] for r in rows if r["name"].startswith("tensorstore, raw")}
+    lines = [
+        "| read path | ms per batch | vs tensorstore raw float32, same threads | stored bytes/sample |",
+        "|---|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['ms']:.2f} | {r['ms'] / base:.2f}x | {r['bytes_per_sample']:.0f} |")
+        lines.append(
+            f"| {r['name']} | {r['ms']:.2f} | {r['ms'] / base[r['threads']]:.2f}x | {r['bytes_per_sample']:.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -51,12 +51,16 @@ def test_read_path_table():
 
     rows = run_batch_bench(n=48, size=32, batch=8, target_psnr=35, rounds=1, batches=2)
     names = [r["name"] for r in rows]
-    assert names[0].startswith("dctdata zarr reader, default pack (") and "tensorstore, raw float32 zarr" in names
-    assert "tensorstore, same zstd-9 pack (no missing-chunk check)" in names
+    assert names[0].startswith("dctdata zarr reader, default pack (") and names[0].endswith(", 1 thread")
+    assert names[1].startswith(names[0].removesuffix("1 thread")) and names[1].endswith(" threads")
+    for path in ("tensorstore, raw float32 zarr", "tensorstore, same zstd-9 pack (no missing-chunk check)"):
+        assert {f"{path}, 1 thread", f"{path}, default concurrency"} <= set(names)
+    assert {r["threads"] for r in rows} == {"1", "all"} and rows[1]["threads"] == "all"
     assert all(r["ms"] > 0 for r in rows)
     raw = next(r for r in rows if r["name"] == "zarr-python, raw float32 zarr")
     assert raw["bytes_per_sample"] > 32 * 32 * 4  # raw float32 plus zarr metadata
-    assert "| 1.00x |" in format_batch_rows(rows)
+    table = format_batch_rows(rows).splitlines()
+    assert sum("| 1.00x |" in line for line in table if "tensorstore, raw" in line) == 2  # one base per setting
 
 
 def test_stream_table_counts_http_bytes(tmp_path):

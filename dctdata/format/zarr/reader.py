@@ -17,6 +17,14 @@ its crc32c, the field's lossless stage bounded to the chunk's size (`dctdata.los
 A missing shard, a missing chunk, a truncated shard, a damaged index or chunk raises `IntegrityError`
 naming the file, field and samples; unreadable or modified zarr.json metadata too.
 
+Threads: the chunks of one batch are decoded on `torch.get_num_threads()` threads (the decoders release
+the GIL; `dctdata.pool`'s per-process pool, which a fork child rebuilds) when the batch has at least two
+chunks and enough estimated decode work for each thread to pay for the handoff (`decode_threads`). A
+`make_loader` worker runs one torch thread, so workers never take each other's cores; the main process
+(`num_workers=0`, `dctdata verify`) follows its torch setting. Environment `DCTDATA_READ_THREADS=N` caps
+the threads (1: none). The output and the errors are the same either way: each thread takes a run of
+chunks in batch order and stops at its first bad chunk, and the first failing run's error is raised.
+
 Process safety: fsspec filesystems hold connections and file descriptors are per process, so nothing
 opened in one process is used in another. Everything is opened lazily, once per process (keyed by
 pid), and dropped when the reader is pickled (spawn), so DataLoader workers under fork and spawn each
@@ -26,14 +34,16 @@ open their own.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+import torch
 
-from dctdata.errors import IntegrityError
+from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format.fields import FieldSpec
 from dctdata.format.location import join
 from dctdata.format.manifest import Manifest
@@ -41,6 +51,7 @@ from dctdata.format.ranges import RangeSource
 from dctdata.format.zarr.layout import CRC_BYTES, check_shard_index, index_bytes, shard_key, zarr_layout
 from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
 from dctdata.kinds import FieldKind
+from dctdata.pool import run_split
 
 # Fields whose whole stored array is at most this big are read once per process and kept in memory
 # (labels, small targets), so random access does not decompress a chunk per sample for them.
@@ -48,10 +59,30 @@ CACHE_BYTES = 16 << 20
 # Parsed shard indexes kept per process (16 bytes per chunk entry): 1M entries is 16 MiB.
 INDEX_CACHE_ENTRIES = 1 << 20
 MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as written)
+# Threading a batch's chunk decode (see `decode_threads`). Handing a run of chunks to the pool costs
+# 25-35 us, so each thread must get at least THREAD_MIN_US of estimated decode. The estimate is the chunks'
+# decoded bytes over their codec's decode rate in bytes per microsecond, measured on 64 KiB chunks of int8
+# coefficients (one busy core: ctx-rANS 85-100, zstd-9 460-500, crc32c + copy of a raw chunk 15,000) and
+# rounded up, so that an estimate errs toward one thread.
+THREAD_MIN_US = 100
+DECODE_BYTES_PER_US = {"dctdata_ctxrans": 200, "zstd": 1_000, "blosc": 1_000, None: 16_000}  # None: no codec
 _PROCESS_STATE = ("_cache", "_no_cache", "_indexes", "_index_entries", "_plans", "_lock")
 # One first open at a time (threads sharing a reader): a second thread waits for the first's state
 # instead of rebuilding it under the first's feet. A fork child gets a fresh lock.
 _OPEN_LOCK = threading.Lock()
+
+
+def decode_threads(chunks: int, decode_us: float) -> int:
+    """Threads to decode `chunks` chunks estimated at `decode_us` microseconds with: torch's intra-op
+    thread count (one in a `make_loader` worker, so workers never oversubscribe), capped by
+    `DCTDATA_READ_THREADS`, by the chunks and by one thread per THREAD_MIN_US."""
+    threads = torch.get_num_threads()
+    cap = os.environ.get("DCTDATA_READ_THREADS", "").strip()
+    if cap:
+        if not cap.isdigit() or int(cap) < 1:
+            raise DctDataError(f"DCTDATA_READ_THREADS: expected an int >= 1 (1: no threads). Got {cap!r}")
+        threads = min(threads, int(cap))
+    return max(1, min(threads, chunks, int(decode_us // THREAD_MIN_US)))
 
 
 def _new_open_lock() -> None:
@@ -220,12 +251,17 @@ class ZarrReader:
                 todo.append((f, c, rows))
         got = self.source.fetch(requests)
         out = {f.name: np.empty((len(idx), *f.stored_shape), dtype=f.stored_dtype) for f in fields}
-        for (f, c, rows), (rel, start, stop), data in zip(todo, requests, got):
-            chunk = self.layout[f.name]["chunk"]
-            lo, hi = c * chunk, min((c + 1) * chunk, n)
-            where = f"{join(self.root, rel)}: field {f.name!r} samples {lo}..{hi - 1} (chunk {c})"
-            values = self._plans[f.name].decode(data, stop - start, where)
-            out[f.name][rows] = values[idx[rows] - lo]
+
+        def decode(first: int, last: int) -> None:  # chunks [first, last) in batch order; stops at the first bad one
+            for (f, c, rows), (rel, start, stop), data in zip(todo[first:last], requests[first:last], got[first:last]):
+                chunk = self.layout[f.name]["chunk"]
+                lo, hi = c * chunk, min((c + 1) * chunk, n)
+                where = f"{join(self.root, rel)}: field {f.name!r} samples {lo}..{hi - 1} (chunk {c})"
+                values = self._plans[f.name].decode(data, stop - start, where)
+                out[f.name][rows] = values[idx[rows] - lo]
+
+        decode_us = sum(self._plans[f.name].decode_us for f, _, _ in todo)
+        run_split(decode, len(todo), decode_threads(len(todo), decode_us))
         return out
 
     # Shard indexes -------------------------------------------------------------------------------
@@ -319,6 +355,8 @@ class _FieldPlan:
         self.codec = get_codec(f.lossless)
         self.dtype = np.dtype(f.stored_dtype).newbyteorder("<" if little else ">")
         self.shape = (chunk, *f.stored_shape)
+        rate = DECODE_BYTES_PER_US[None if self.codec is None else self.codec.codec_id]
+        self.decode_us = math.prod(self.shape) * self.dtype.itemsize / rate  # estimated, for `decode_threads`
 
     def key(self, s: int) -> str:
         return shard_key(self.path, s, self.ndim)

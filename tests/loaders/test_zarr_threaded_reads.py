@@ -1,0 +1,200 @@
+"""The zarr reader decodes a batch's chunks on torch's threads: the same arrays and the same errors as one
+thread, no pool in a one-thread process (a loader worker) or with DCTDATA_READ_THREADS=1, and a fork
+child that reads on its own pool."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import threading
+
+import numpy as np
+import pytest
+import torch
+from sample_fields import smooth_fields
+
+import dctdata
+from dctdata import pool
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format.zarr import reader as zarr_reader
+
+N = 24
+
+
+@pytest.fixture(scope="module")
+def packs(tmp_path_factory):
+    """The default pack (the entropy coder on the coefficients) and a zstd-9 one, 2 samples per chunk."""
+    tmp = tmp_path_factory.mktemp("threads")
+    np.savez(tmp / "src.npz", image=smooth_fields(N, 1, 64, 64, seed=1), label=np.arange(N) * 3)
+    common = {
+        "quant": "int8",
+        "target_psnr": 35,
+        "quiet": True,
+        "writer_options": {"chunk_samples": 2, "shard_samples": 8},
+    }
+    for name, kw in (("ctx", {}), ("zstd", {"codec": {"id": "zstd", "level": 9}})):
+        dctdata.pack(tmp / "src.npz", tmp / name, **common, **kw)
+    return tmp
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """Sets torch's threads (restored afterwards) with every batch worth threading; records the threads
+    that decoded chunks and the runs each batch was split into."""
+    before = torch.get_num_threads()
+    monkeypatch.delenv("DCTDATA_READ_THREADS", raising=False)
+    monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 1e-9)
+    seen = {"decoders": set(), "runs": []}
+    decode, split = zarr_reader._FieldPlan.decode, zarr_reader.run_split
+
+    def recording_decode(self, *args):
+        seen["decoders"].add(threading.get_ident())
+        return decode(self, *args)
+
+    def recording_split(part, count, runs):
+        seen["runs"].append(runs)
+        return split(part, count, runs)
+
+    monkeypatch.setattr(zarr_reader._FieldPlan, "decode", recording_decode)
+    monkeypatch.setattr(zarr_reader, "run_split", recording_split)
+
+    def use(n):
+        torch.set_num_threads(n)
+        seen["decoders"].clear()
+        seen["runs"].clear()
+        return seen
+
+    yield use
+    torch.set_num_threads(before)
+
+
+def read(root, idx):
+    ds = dctdata.open_dataset(root)
+    return ds.reader.read_samples(ds.fields, idx), ds
+
+
+@pytest.mark.parametrize("name, stage", [("ctx", "dctdata_ctxrans"), ("zstd", "zstd")])
+def test_threaded_and_one_thread_reads_are_identical(packs, threads, name, stage):
+    idx = [17, 3, 4, 9, 22, 0, 3, 11, 12, 5]  # 8 chunks of 2 samples, out of order, a repeat
+    seen = threads(1)
+    one, ds = read(packs / name, idx)
+    assert ds.manifest.field("image").lossless["id"] == stage
+    assert set(seen["runs"]) == {1} and len(seen["decoders"]) == 1
+    seen = threads(3)
+    got, _ = read(packs / name, idx)
+    assert 3 in seen["runs"] and len(seen["decoders"]) >= 2  # the pool's threads decoded chunks
+    assert got.keys() == one.keys()
+    for f in one:
+        assert got[f].dtype == one[f].dtype and got[f].tobytes() == one[f].tobytes(), f
+    assert got["label"].tolist() == [3 * i for i in idx]
+
+
+def damaged_copy(packs, tmp_path, chunks):
+    """A copy of the zstd pack with one stored byte flipped in each of the image field's `chunks`."""
+    root = shutil.copytree(packs / "zstd", tmp_path / "zstd")
+    ds = dctdata.open_dataset(root, fields=["image"])
+    ds.reader.ensure_open()
+    per_shard = ds.reader._plans["image"].chunks_per_shard
+    for c in chunks:
+        s, k = divmod(c, per_shard)
+        off, nbytes = (int(v) for v in ds.reader._load_indexes([(ds.fields[0], s)])[("image", s)][k])
+        path = root / "image" / f"c.{s}.0.0.0.0"
+        raw = bytearray(path.read_bytes())
+        raw[off + nbytes // 2] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    return root, ds.fields
+
+
+def test_a_corrupt_chunk_mid_batch_raises_the_one_thread_error(packs, threads, tmp_path):
+    root, fields = damaged_copy(packs, tmp_path, [5])  # samples 10..11, in shard 1
+    idx = list(range(0, N, 2))  # 12 chunks: the bad one is the 6th, in the second of 4 runs
+    messages = []
+    for n in (1, 4):
+        seen = threads(n)
+        with pytest.raises(IntegrityError, match=r"c\.1\.0\.0\.0\.0: field 'image' samples 10\.\.11 \(chunk 5\)") as e:
+            dctdata.open_dataset(root, fields=["image"]).reader.read_samples(fields, idx)
+        assert max(seen["runs"]) == n
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and "crc32c (corrupted)" in messages[0]
+
+
+def test_the_first_bad_chunk_in_batch_order_is_named(packs, threads, tmp_path):
+    """Chunks 3 and 4 are bad. Split in runs, chunk 4 starts a run and fails before chunk 3, the last of the
+    run before it, is reached: chunk 3 is still the one named, as with one thread."""
+    root, fields = damaged_copy(packs, tmp_path, [3, 4])
+    for n in (1, 2, 4):
+        seen = threads(n)
+        with pytest.raises(IntegrityError, match=r"samples 6\.\.7 \(chunk 3\)"):
+            dctdata.open_dataset(root, fields=["image"]).reader.read_samples(fields, list(range(16))[::-1])
+        assert max(seen["runs"]) == n
+        with pytest.raises(IntegrityError, match=r"samples 8\.\.9 \(chunk 4\)"):
+            dctdata.open_dataset(root, fields=["image"]).reader.read_samples(fields, list(range(8, 16)))
+
+
+def test_one_torch_thread_or_the_env_switch_never_uses_the_pool(packs, threads, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("the pool was used")
+
+    monkeypatch.setattr(pool, "ThreadPoolExecutor", no_pool)
+    idx = list(range(N))
+    want = None
+    for n, env in ((1, None), (4, "1"), (4, " 1 ")):
+        if env is not None:
+            monkeypatch.setenv("DCTDATA_READ_THREADS", env)
+        monkeypatch.setattr(pool, "_POOL", None)
+        seen = threads(n)
+        got, _ = read(packs / "ctx", idx)
+        assert set(seen["runs"]) == {1} and len(seen["decoders"]) == 1
+        want = got if want is None else want
+        assert got["image"].tobytes() == want["image"].tobytes()
+    monkeypatch.setenv("DCTDATA_READ_THREADS", "2")
+    assert zarr_reader.decode_threads(10, 1e6) == 2  # a cap, not a floor: torch's 4 threads are capped at 2
+    torch.set_num_threads(1)
+    assert zarr_reader.decode_threads(10, 1e6) == 1
+
+
+def test_small_batches_stay_on_one_thread(threads, monkeypatch):
+    threads(8)
+    monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 100)  # the module's value (the fixture lowered it)
+    assert zarr_reader.decode_threads(1, 1e9) == 1  # one chunk
+    assert zarr_reader.decode_threads(32, 150) == 1  # too little work to pay for a second thread
+    assert zarr_reader.decode_threads(32, 450) == 4
+    assert zarr_reader.decode_threads(32, 1e9) == 8
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
+def test_a_bad_thread_setting_is_one_error(packs, threads, monkeypatch, value):
+    threads(2)
+    monkeypatch.setenv("DCTDATA_READ_THREADS", value)
+    said = rf"DCTDATA_READ_THREADS: expected an int >= 1 \(1: no threads\)\. Got '{value}'"
+    with pytest.raises(DctDataError, match=said):
+        read(packs / "zstd", [0, 5, 9])
+
+
+def _child_reads(root, idx, queue):
+    try:
+        torch.set_num_threads(2)
+        got, _ = read(root, idx)
+        queue.put((got["image"].tobytes(), pool.pool_threads(), threading.active_count()))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        queue.put(repr(exc))
+
+
+def test_a_fork_child_reads_on_its_own_pool(packs, threads):
+    idx = list(range(0, N, 2))
+    threads(2)
+    want, _ = read(packs / "ctx", idx)  # the parent's pool now exists
+    assert pool.pool_threads() >= 1
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_reads, args=(packs / "ctx", idx, queue))
+    child.start()
+    try:
+        result = queue.get(timeout=60)  # a child stuck on the parent's dead pool threads never answers
+        child.join(timeout=60)
+    finally:
+        child.kill()
+    assert child.exitcode == 0 and not isinstance(result, str), result
+    data, child_pool, _ = result
+    assert data == want["image"].tobytes()
+    assert child_pool == 1  # the child built its own pool: 2 threads is the caller plus one
