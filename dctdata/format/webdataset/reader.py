@@ -14,7 +14,6 @@ command the caller opted into (`{}` is replaced by the file name relative to the
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import re
@@ -99,31 +98,9 @@ class Files:
 
 
 def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
-    """The lossless codec of each field (None where there is none), built once per process per config.
-
-    Why cached: building a ctx-rANS codec from its config (its frequency and search tables) takes about
-    20 ms, and every DataLoader worker used to do it again each epoch: ~100 us a sample of a 256-sample
-    worker epoch, a fifth of decoding one (measured). Codecs hold no per-call state, so one instance
-    serves every shard, epoch and dataset of a process."""
-    return {f.name: _codec(f.lossless) for f in fields}
-
-
-_CODECS: dict[str, Any] = {}
-_CODECS_MAX = 32
-
-
-def _codec(config: Mapping[str, Any] | None):
-    try:
-        key = json.dumps(config, sort_keys=True)
-    except (TypeError, ValueError):  # not JSON (a caller's own config): build it, uncached
-        return get_codec(config)
-    codec = _CODECS.get(key)
-    if codec is None:
-        codec = get_codec(config)  # a bad config raises here every time: errors are never cached
-        if len(_CODECS) >= _CODECS_MAX:
-            _CODECS.pop(next(iter(_CODECS)))
-        _CODECS[key] = codec
-    return codec
+    """The lossless codec of each field (None where there is none; built once per process, see
+    `dctdata.lossless.get_codec`)."""
+    return {f.name: get_codec(f.lossless) for f in fields}
 
 
 class ShardReader:
