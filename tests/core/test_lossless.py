@@ -109,5 +109,16 @@ def test_a_codec_is_built_once_per_process_per_config(monkeypatch):
             get_codec({"id": "blosc", "no_such_option": 1})
 
 
+def test_a_zstd_frame_comes_back_read_only_without_a_copy_when_asked():
+    q = quantized()
+    codec = get_codec(ZSTD_MAX)
+    buf = encode_array(codec, q)
+    a = decode_array(codec, buf, q.shape, q.dtype, "x")
+    b = decode_array(codec, buf, q.shape, q.dtype, "x", writeable=False)
+    assert a.flags.writeable and not b.flags.writeable and np.array_equal(a, q) and np.array_equal(b, q)
+    with pytest.raises(IntegrityError, match=r"^x: expected a stream of \d+ decoded bytes"):
+        decode_array(codec, buf, (q.size + 1,), q.dtype, "x", writeable=False)
+
+
 def test_empty_config_means_no_lossless_stage():
     assert get_codec({}) is None and get_codec(None) is None
