@@ -21,6 +21,7 @@ everything else zstd-9 (packing speed; masks and labels are a small share of a p
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from typing import Any, Mapping
@@ -77,7 +78,30 @@ def parse_codec_config(config: object, where: str = "codec") -> dict[str, Any]:
     return dict(config)
 
 
+_BUILT: dict[str, Any] = {}  # canonical JSON of a config -> its codec
+_BUILT_MAX = 64
+
+
 def _build(config: dict[str, Any]):
+    """The codec of a config, built once per process (a DataLoader worker forked after a manifest was
+    read inherits it). Why: building a ctx-rANS codec (its frequency and search tables) takes about
+    20 ms, and the webdataset loader rebuilt it in every worker every epoch: ~100 us a sample of a
+    256-sample worker epoch, a fifth of decoding one (measured). Codecs keep no per-call state, so one
+    instance serves every caller; a config that fails to build is never cached."""
+    try:
+        key = json.dumps(config, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON: build it, uncached
+        return _construct(config)
+    codec = _BUILT.get(key)
+    if codec is None:
+        codec = _construct(config)
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.clear()
+        _BUILT[key] = codec
+    return codec
+
+
+def _construct(config: dict[str, Any]):
     if config["id"] == CTX_ID:
         from dctdata.entropy import CtxCodec  # the C kernel loads only where a pack uses it
 
@@ -109,10 +133,11 @@ def encode_array(codec, arr: np.ndarray) -> bytes:
     return bytes(codec.encode(arr))
 
 
-def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str) -> np.ndarray:
+def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str, writeable: bool = True) -> np.ndarray:
     """The array of `shape` and `dtype` stored in `buf`; anything else (a stream that decodes to another
     size, truncated or mutated bytes) is an IntegrityError naming `where`. Never allocates more than the
-    expected array."""
+    expected array. `writeable=False` lets a zstd frame come back read-only, without a copy (for a
+    parser that copies what it keeps)."""
     dtype = np.dtype(dtype)
     size = math.prod(int(s) for s in shape) * dtype.itemsize
     try:
@@ -128,7 +153,7 @@ def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str) -> np.nd
             said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
             raise IntegrityError(f"{where}: expected a stream of {size} decoded bytes. Got {said}")
         if getattr(codec, "codec_id", None) == "zstd":
-            return _zstd_frame(buf, size).view(dtype).reshape(shape)
+            return _zstd_frame(buf, size, writeable).view(dtype).reshape(shape)
         out = np.empty(size, np.uint8)
         codec.decode(buf, out=out)  # more than `size` bytes is an error; fewer cannot pass the check above
         return out.view(dtype).reshape(shape)
@@ -146,8 +171,9 @@ def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str) -> np.nd
 _ZSTD = threading.local()
 
 
-def _zstd_frame(buf, size: int) -> np.ndarray:
-    """The `size` bytes of one zstd frame that declares them (checked by the caller), as a writeable array.
+def _zstd_frame(buf, size: int, writeable: bool = True) -> np.ndarray:
+    """The `size` bytes of one zstd frame that declares them (checked by the caller), as a writeable array
+    (a copy of the bytes python-zstandard returns) or, `writeable=False`, a read-only view of them.
 
     Why not numcodecs here: its decode makes a new decompression context per call (about 15 us, a quarter
     of decoding a 64 KiB chunk, measured); zstandard (python-zstandard) reuses one per thread. The frame's
@@ -159,19 +185,21 @@ def _zstd_frame(buf, size: int) -> np.ndarray:
     data = dctx.decompress(buf, max_output_size=size, allow_extra_data=False)
     if len(data) != size:
         raise IntegrityError(f"expected one zstd frame of {size} decoded bytes. Got {len(data)}")
-    return np.frombuffer(data, np.uint8).copy()
+    arr = np.frombuffer(data, np.uint8)
+    return arr.copy() if writeable else arr
 
 
 def decode_bounded(codec, buf, limit: int, where: str) -> memoryview:
     """The bytes of a stream declaring at most `limit` decoded bytes (a member whose contents say their
-    own shape, like .npy, is checked by its parser afterwards); more is an IntegrityError, never decoded."""
+    own shape, like .npy, is checked by its parser afterwards); more is an IntegrityError, never decoded.
+    They may be read-only: the parser copies what it keeps."""
     declared = declared_size(codec, buf) if codec is not None else len(memoryview(buf).cast("B"))
     if declared is None or declared > limit:
         said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
         raise IntegrityError(f"{where}: expected a stream of at most {limit} decoded bytes. Got {said}")
     if codec is None:
         return memoryview(buf).cast("B")
-    return memoryview(decode_array(codec, buf, (declared,), np.uint8, where))
+    return memoryview(decode_array(codec, buf, (declared,), np.uint8, where, writeable=False))
 
 
 def declared_size(codec, buf) -> int | None:

@@ -54,6 +54,20 @@ def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
     return arr
 
 
+_CACHED_HEADER = 256  # numpy pads headers to 64 or 128 bytes; longer ones are parsed every time
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_header(header: str) -> tuple[np.dtype, tuple[int, ...], str] | None:
+    """(dtype, shape, order) of a header in the form numpy writes, else None. Cached: the members of a
+    field share one header, and parsing it was a tenth of decoding a zstd-coded sample (measured)."""
+    m = _NPY_HEADER_RE.fullmatch(header)
+    if m is None:
+        return None
+    shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
+    return np.dtype(m.group(1)), shape, "F" if m.group(2) == "True" else "C"
+
+
 def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[np.ndarray, memoryview]:
     """The first `.npy` of `raw` (strictly, as `decode_npy`) and the bytes after it: a member may hold
     two arrays back to back (a dct field's coefficients, then its per-sample side information)."""
@@ -68,21 +82,19 @@ def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[np.ndarr
     else:
         raise IntegrityError(f"{where}: expected .npy format version 1, 2 or 3. Got {major}")
     header = bytes(b[start : start + hlen]).decode("latin1")
-    m = _NPY_HEADER_RE.fullmatch(header)
-    if m is None:
+    parsed = _parse_header(header) if len(header) <= _CACHED_HEADER else _parse_header.__wrapped__(header)
+    if parsed is None:
         if "'descr': '|O'" in header:
             raise IntegrityError(
                 f"{where}: expected a numeric .npy array. Got an object array, which only pickle could load"
             )
         raise IntegrityError(f"{where}: expected a numeric .npy header as numpy writes it. Got {header[:80]!r}")
-    dtype = np.dtype(m.group(1))
-    shape = tuple(int(v) for v in m.group(3).replace(",", " ").split())
+    dtype, shape, order = parsed
     count = math.prod(shape)
     need = count * dtype.itemsize
     data = b[start + hlen :]
     if len(data) < need:
         raise IntegrityError(f"{where}: expected {need} data bytes for {dtype} {shape}. Got {len(data)}")
-    order = "F" if m.group(2) == "True" else "C"
     # a copy in native byte order: torch (and every consumer) refuses big-endian arrays
     native = dtype.newbyteorder("=")
     arr = np.frombuffer(data[:need], dtype=dtype, count=count).reshape(shape, order=order).astype(native, order="C")

@@ -93,5 +93,32 @@ def test_bad_configs():
     assert get_codec(None) is None and parse_codec_config(None) == {}
 
 
+def test_a_codec_is_built_once_per_process_per_config(monkeypatch):
+    import dctdata.lossless as lossless
+
+    built = []
+    construct = lossless._construct
+    monkeypatch.setattr(lossless, "_BUILT", {})
+    monkeypatch.setattr(lossless, "_construct", lambda config: built.append(config) or construct(config))
+    a = get_codec({"id": "zstd", "level": 4})
+    assert get_codec({"level": 4, "id": "zstd"}) is a and parse_codec_config({"id": "zstd", "level": 4})
+    assert get_codec({"id": "zstd", "level": 5}) is not a
+    assert built == [{"id": "zstd", "level": 4}, {"id": "zstd", "level": 5}]
+    for _ in range(2):  # a config that fails to build is never cached: it fails every time
+        with pytest.raises(dctdata.DctDataError, match="codec: numcodecs cannot build"):
+            get_codec({"id": "blosc", "no_such_option": 1})
+
+
+def test_a_zstd_frame_comes_back_read_only_without_a_copy_when_asked():
+    q = quantized()
+    codec = get_codec(ZSTD_MAX)
+    buf = encode_array(codec, q)
+    a = decode_array(codec, buf, q.shape, q.dtype, "x")
+    b = decode_array(codec, buf, q.shape, q.dtype, "x", writeable=False)
+    assert a.flags.writeable and not b.flags.writeable and np.array_equal(a, q) and np.array_equal(b, q)
+    with pytest.raises(IntegrityError, match=r"^x: expected a stream of \d+ decoded bytes"):
+        decode_array(codec, buf, (q.size + 1,), q.dtype, "x", writeable=False)
+
+
 def test_empty_config_means_no_lossless_stage():
     assert get_codec({}) is None and get_codec(None) is None

@@ -19,6 +19,8 @@ import dctdata
 from dctdata.api import open_dataset
 from dctdata.cli import main
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format.webdataset import reader
+from dctdata.format.webdataset.reader import writer_tar_members
 from dctdata.loaders.wds_dataset import DCTWebDataset
 from dctdata.verify import verify_dataset
 
@@ -230,8 +232,12 @@ def rewrite_shard(root, name, extra_members):
             dst.addfile(ti, io.BytesIO(payload))
         for m in src.getmembers():
             dst.addfile(m, src.extractfile(m))
-    data = buf.getvalue()
-    path.write_bytes(data)
+    reseal(root, name, buf.getvalue())
+
+
+def reseal(root, name, data):
+    """Write shard `name` and fix the manifest's size and sha256 to match it."""
+    (root / name).write_bytes(data)
     mpath = root / "manifest.json"
     m = json.loads(mpath.read_text())
     for s in m["layout"]["shards"]:
@@ -248,6 +254,68 @@ def test_unsafe_tar_members_rejected(copy, member):
         list(DCTWebDataset(copy))
     problems, _ = verify_dataset(copy)
     assert len(problems) == 1 and "plain file name" in problems[0]
+
+
+def test_writer_made_shards_are_indexed_without_tarfile(packed, monkeypatch):
+    data = (packed / "shard-000000.tar").read_bytes()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        members = [(m.name, m.isreg(), m.type, m.offset_data, m.size) for m in tf]
+    assert len(members) == 8 and writer_tar_members(memoryview(data)) == members
+    monkeypatch.setattr(reader.tarfile, "open", None)  # the reader never needs it for the writer's shards
+    assert sorted(labels(DCTWebDataset(packed))) == list(range(N))
+
+
+@pytest.mark.parametrize(
+    "fmt, change",
+    [
+        (tarfile.USTAR_FORMAT, {"mtime": 1}),
+        (tarfile.USTAR_FORMAT, {"uname": "someone"}),
+        (tarfile.GNU_FORMAT, {}),
+        (tarfile.PAX_FORMAT, {"pax_headers": {"comment": "x"}}),
+    ],
+)
+def test_other_tar_forms_still_read_through_tarfile(copy, packed, fmt, change):
+    path = copy / "shard-000000.tar"
+    buf = io.BytesIO()
+    with tarfile.open(path) as src, tarfile.open(fileobj=buf, mode="w", format=fmt) as dst:
+        for m in src.getmembers():
+            payload = src.extractfile(m).read()
+            for k, v in change.items():
+                setattr(m, k, v)
+            dst.addfile(m, io.BytesIO(payload))
+    reseal(copy, "shard-000000.tar", buf.getvalue())
+    assert writer_tar_members(memoryview(buf.getvalue())) is None
+    got, want = list(DCTWebDataset(copy, shuffle=False)), list(DCTWebDataset(packed, shuffle=False))
+    assert len(got) == N and all(torch.equal(a[1], b[1]) for a, b in zip(got, want))
+    assert all(torch.equal(a[0][0], b[0][0]) and torch.equal(a[0][1], b[0][1]) for a, b in zip(got, want))
+
+
+def test_bad_header_checksums_keep_tarfiles_errors(copy):
+    data = bytearray((copy / "shard-000000.tar").read_bytes())
+    data[5] ^= 1  # the first member's name: its header checksum no longer matches
+    reseal(copy, "shard-000000.tar", bytes(data))
+    with pytest.raises(
+        IntegrityError, match=r"shard-000000\.tar: expected a readable tar \(samples 0\.\.3\)\. Got ReadError"
+    ):
+        list(DCTWebDataset(copy, shuffle=False))
+    data[5] ^= 1
+    third = writer_tar_members(memoryview(bytes(data)))[2][3] - 512  # sample 1's first header
+    data[third + 5] ^= 1  # tarfile ends the archive at a bad header after the first: the key check names it
+    reseal(copy, "shard-000000.tar", bytes(data))
+    with pytest.raises(IntegrityError, match=r"shard-000000\.tar: expected sample keys .* in order \(samples 0\.\.3\)"):
+        list(DCTWebDataset(copy, shuffle=False))
+
+
+def test_epochs_do_not_rebuild_codecs(packed, monkeypatch):
+    import dctdata.lossless as lossless
+
+    ds = DCTWebDataset(packed)
+    built = []
+    monkeypatch.setattr(lossless, "_construct", lambda config: built.append(config))
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        assert sorted(labels(ds)) == list(range(N))
+    assert built == []
 
 
 def test_unexpected_member_rejected(copy):
