@@ -92,3 +92,21 @@ def test_bad_batches_are_named(tmp_path):
         w.write_part(str(tmp_path), FIELDS, 4, 0, 0, 4, [{"x": np.zeros((4, 3, 5)), "y": np.zeros(4, np.int64)}])
     with pytest.raises(DctDataError, match="chunk_samples: expected a positive int. Got 0"):
         ZarrWriter(chunk_samples=0)
+
+
+def test_a_chunk_checks_against_the_crc32c_residue_exactly_when_its_crc_is_right():
+    """The reader checks a whole stored chunk (body + its little-endian crc32c) against CRC_RESIDUE, so it
+    does not copy the body to check it: right for every body, wrong for any other last 4 bytes."""
+    import google_crc32c
+
+    from dctdata.format.zarr.reader import CRC_RESIDUE
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, 4096):
+        body = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        chunk = bytearray(body + google_crc32c.value(body).to_bytes(4, "little"))
+        assert google_crc32c.value(bytes(chunk)) == CRC_RESIDUE
+        for at in {0, len(chunk) // 2, len(chunk) - 4, len(chunk) - 1}:
+            bad = bytearray(chunk)
+            bad[at] ^= 1 << int(rng.integers(0, 8))
+            assert google_crc32c.value(bytes(bad)) != CRC_RESIDUE

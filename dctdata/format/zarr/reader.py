@@ -66,6 +66,7 @@ MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as wri
 # rounded up, so that an estimate errs toward one thread.
 THREAD_MIN_US = 100
 DECODE_BYTES_PER_US = {"dctdata_ctxrans": 200, "zstd": 1_000, "blosc": 1_000, None: 16_000}  # None: no codec
+CRC_RESIDUE = 0x48674BC7  # crc32c(message + crc32c(message) as 4 little-endian bytes), for every message
 _PROCESS_STATE = ("_cache", "_no_cache", "_indexes", "_index_entries", "_plans", "_lock")
 # One first open at a time (threads sharing a reader): a second thread waits for the first's state
 # instead of rebuilding it under the first's feet. A fork child gets a fresh lock.
@@ -258,7 +259,10 @@ class ZarrReader:
                 lo, hi = c * chunk, min((c + 1) * chunk, n)
                 where = f"{join(self.root, rel)}: field {f.name!r} samples {lo}..{hi - 1} (chunk {c})"
                 values = self._plans[f.name].decode(data, stop - start, where)
-                out[f.name][rows] = values[idx[rows] - lo]
+                if len(rows) == 1:  # one sample of this chunk: a view of it, copied once
+                    out[f.name][rows[0]] = values[idx[rows[0]] - lo]
+                else:
+                    out[f.name][rows] = values[idx[rows] - lo]
 
         decode_us = sum(self._plans[f.name].decode_us for f, _, _ in todo)
         run_split(decode, len(todo), decode_threads(len(todo), decode_us))
@@ -373,10 +377,14 @@ class _FieldPlan:
             raise IntegrityError(
                 f"{where}: expected intact stored data ({expected} bytes). Got {len(data)} bytes (truncated shard)"
             )
-        body = data[:-CRC_BYTES]
-        if google_crc32c.value(body) != int.from_bytes(data[-CRC_BYTES:], "little"):
+        # A message followed by its own little-endian crc32c always has the crc32c CRC_RESIDUE (the check
+        # of the whole chunk, no copy of its body; any other last 4 bytes give another value)
+        if google_crc32c.value(data) != CRC_RESIDUE:
             raise IntegrityError(f"{where}: expected intact stored data. Got a chunk failing its crc32c (corrupted)")
-        return decode_array(self.codec, body, self.shape, self.dtype, where)
+        # read-only is fine: the reader copies what it keeps into the batch's arrays (a zstd frame is then
+        # not copied once more)
+        body = memoryview(data)[:-CRC_BYTES]
+        return decode_array(self.codec, body, self.shape, self.dtype, where, writeable=False)
 
 
 def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict, where: str) -> _FieldPlan:
