@@ -20,7 +20,8 @@ stores them, are then coded by:
 Decode is `dctdata.lossless.decode_array`, the call the zarr and webdataset readers make per chunk, one
 thread, best of `--repeat` passes over all samples (the coders alternate inside each pass, so they see
 the same machine load). Every decoded array is checked against the coefficients. The `pack reader` row
-is the whole worker-side read without torch: `ZarrReader.read_samples` in batches of 32 samples (range
+is the whole worker-side read without torch, on one thread as in a DataLoader worker
+(`DCTDATA_READ_THREADS=1`): `ZarrReader.read_samples` in batches of 32 samples (range
 reads, crc32c, decode, gather). Columns: stored bytes per sample (stream only, the model in the
 manifest is not counted), decode MB/s of float32-equivalent output (samples x C x H x W x 4 bytes / s,
 per core) and M coefficients (symbols) per second.
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.samples < 1 or a.size < 8 or a.repeat < 1:
         raise SystemExit("--samples, --repeat: expected >= 1, --size >= 8")
     rows: list[dict[str, Any]] = []
+    # per core: the reader would otherwise decode a batch's chunks on torch's threads (as a DataLoader
+    # worker does not: it has one)
+    os.environ["DCTDATA_READ_THREADS"] = "1"
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as workdir:
         for name in [s for s in a.sets.split(",") if s]:
