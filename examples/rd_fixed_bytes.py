@@ -24,9 +24,8 @@ import numpy as np
 import dctdata
 from dctdata.bench.curves import Point, geomean
 from dctdata.bench.items import load_items, packs_of
+from dctdata.bench.ours import metadata_size
 from dctdata.bench.rd import BEST, PackResult, ratios
-
-FIXED = ("zarr.json", "manifest.json")
 
 
 def _results(run: dict, payload_only: bool) -> list[PackResult]:
@@ -66,13 +65,13 @@ def list_files(out: str, target: float, names: list[str] | None) -> None:
             src = os.path.join(d, "source.npy")
             np.save(src, np.ascontiguousarray(p.x, dtype=np.float32))
             dst = os.path.join(d, f"pack-{k}")
-            dctdata.pack(src, dst, target_psnr=target, quiet=True)
+            manifest = dctdata.pack(src, dst, target_psnr=target, quiet=True)
             sizes = {
                 os.path.relpath(os.path.join(r, f), dst): os.path.getsize(os.path.join(r, f))
                 for r, _, fs in os.walk(dst)
                 for f in fs
             }
-            fixed = sum(v for rel, v in sizes.items() if rel.rsplit("/", 1)[-1] in FIXED)
+            fixed = metadata_size(dst, manifest)  # the bench's own count of a pack's fixed bytes
             res[p.name] = {"fixed": fixed, "total": sum(sizes.values()), "files": sizes}
             print(f"{p.name}: fixed {fixed} B of {sum(sizes.values())} B", flush=True)
     with open(out, "w") as fh:

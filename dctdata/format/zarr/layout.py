@@ -90,8 +90,14 @@ def inline_entry(values: np.ndarray) -> dict[str, str]:
     return {"inline": base64.b64encode(little.tobytes()).decode("ascii")}
 
 
+def inline_array(raw: bytes, f: FieldSpec, samples: int) -> np.ndarray:
+    """(samples, *stored_shape) in the stored dtype (native order) from an inline entry's decoded bytes."""
+    little = np.dtype(f.stored_dtype).newbyteorder("<")
+    return np.frombuffer(raw, dtype=little).reshape(samples, *f.stored_shape).astype(f.stored_dtype)
+
+
 def _parse_inline(m, f: FieldSpec, value: object, where: str) -> np.ndarray:
-    """An inline entry's values, (samples, *stored_shape) in the stored dtype, read-only."""
+    """An inline entry's values, checked: (samples, *stored_shape) in the stored dtype."""
     if m.version < INLINE_VERSION:
         raise FormatError(
             f"{where}: expected {{path, chunk, shard}} (inline arrays need version {INLINE_VERSION}). Got an inline "
@@ -114,8 +120,7 @@ def _parse_inline(m, f: FieldSpec, value: object, where: str) -> np.ndarray:
             f"{where}.inline: expected {expected} bytes ({m.samples} samples of {f.stored_shape} {f.stored_dtype}). "
             f"Got {len(raw)}"
         )
-    out = np.frombuffer(raw, dtype=np.dtype(f.stored_dtype).newbyteorder("<")).reshape(m.samples, *f.stored_shape)
-    return out.astype(f.stored_dtype)
+    return inline_array(raw, f, m.samples)
 
 
 def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "manifest") -> dict[str, dict[str, Any]]:

@@ -142,7 +142,10 @@ class ZarrReader:
                 )
             plans[f.name] = _field_plan(meta, f, self.layout[f.name], where)
         self._plans = plans
-        self._cache: dict[str, np.ndarray] = {}
+        # side partners kept in the manifest (version 4) are whole arrays from the start
+        self._cache: dict[str, np.ndarray] = {
+            f.name: self.layout[f.name]["inline"] for f in self.fields if f not in self._stored
+        }
         self._no_cache: set[str] = set()
         self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
         self._index_entries = 0
@@ -211,12 +214,10 @@ class ZarrReader:
         return {f.name: out[f.name] for f in fields}
 
     def _whole(self, f: FieldSpec) -> np.ndarray | None:
-        """The whole stored array of a small non-dct field, read once per process (or kept in the manifest:
-        a small side partner); None for others."""
+        """The whole stored array of a small non-dct field, read once per process (a side partner kept in
+        the manifest is there from the open on); None for others."""
         if f.name in self._cache:
             return self._cache[f.name]
-        if "inline" in self.layout[f.name]:
-            return self.layout[f.name]["inline"]
         small = f.kind is not FieldKind.DCT and f.stored_sample_bytes * self.manifest.samples <= CACHE_BYTES
         if not small or f.name in self._no_cache:
             return None

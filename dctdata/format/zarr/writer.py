@@ -26,7 +26,7 @@ from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
 from dctdata.format.fields import side_partner_names
 from dctdata.format.location import is_url, join, open_file, remove_file
-from dctdata.format.zarr.layout import INLINE_BYTES, chunking, inline_entry, layout_entry, shard_key
+from dctdata.format.zarr.layout import INLINE_BYTES, chunking, inline_array, inline_entry, layout_entry, shard_key
 from dctdata.format.zarr.metadata import array_json, group_json
 from dctdata.format.zarr.shards import shard_bytes
 from dctdata.lossless import encode_array, get_codec
@@ -140,7 +140,7 @@ class ZarrWriter(PartWriter):
                     )
                 buffers[f.name][filled : filled + b] = x
             filled += b
-        files, inline = {}, {}
+        files, inline, partners = {}, {}, side_partner_names(fields)
         for f in fields:
             data = buffers.pop(f.name)
             if filled != stop - start:
@@ -157,23 +157,22 @@ class ZarrWriter(PartWriter):
                 coded.append(encode_array(codec, block.astype(block.dtype.newbyteorder("<"), copy=False)))
             rel = shard_key(f.name, index, 1 + len(f.stored_shape))
             files[rel] = self._put(join(root, *rel.split("/")), shard_bytes(coded, shard // c))
-            if f.name in side_partner_names(fields) and data.nbytes <= INLINE_BYTES:
-                inline[f.name] = base64.b64encode(data.astype(data.dtype.newbyteorder("<")).tobytes()).decode()
+            if f.name in partners and data.nbytes <= INLINE_BYTES:
+                inline[f.name] = inline_entry(data)["inline"]
         return {"files": files, "inline": inline}
 
 
 def _inline_values(fields: Fields, n: int, parts: list[dict]) -> dict[str, np.ndarray]:
     """{side partner: its (n, ...) values} for the partners of at most INLINE_BYTES that every part returned
     (a part journaled by an older dctdata returns none: its partner stays an array)."""
-    out = {}
+    out, partners = {}, side_partner_names(fields)
     for f in fields:
-        if f.name not in side_partner_names(fields) or n * f.stored_sample_bytes > INLINE_BYTES:
+        if f.name not in partners or n * f.stored_sample_bytes > INLINE_BYTES:
             continue
         pieces = [(p.get("inline") or {}).get(f.name) for p in parts]
         if any(not isinstance(x, str) for x in pieces):
             continue
         raw = b"".join(base64.b64decode(x) for x in pieces)
         if len(raw) == n * f.stored_sample_bytes:
-            le = np.dtype(f.stored_dtype).newbyteorder("<")
-            out[f.name] = np.frombuffer(raw, dtype=le).reshape(n, *f.stored_shape).astype(f.stored_dtype)
+            out[f.name] = inline_array(raw, f, n)
     return out
