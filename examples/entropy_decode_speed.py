@@ -15,6 +15,10 @@ stores them, are then coded by:
 
 - `ctxrans`: the context-modelled rANS stage (`dctdata.entropy`), with the pack's fitted model (fitted
   here the same way when calibration chose zstd-19 for the pack: the "pack stage" column says which);
+- `ctxrans 2-state`: the same model's streams in the layout version 1 packs store (mode 0: two 64-bit
+  states), which dctdata before 0.2 wrote and every dctdata reads;
+- `... no AVX2`: those two decoded with the kernel's vector paths switched off (`_ctxrans.set_simd`), as on
+  a CPU without AVX2; `ctxrans 2-state no AVX2` is the previous release's decoder's algorithm;
 - `zstd-9`, `zstd-19`: numcodecs' Zstd over the same coefficient bytes.
 
 Decode is `dctdata.lossless.decode_array`, the call the zarr and webdataset readers make per chunk, one
@@ -41,11 +45,11 @@ import numcodecs
 import numpy as np
 
 import dctdata
-from dctdata.entropy import CtxCodec
+from dctdata.entropy import CtxCodec, _ctxrans
 from dctdata.lossless import decode_array, get_codec, is_entropy
 
 SETS = ("em", "atoms", "beam", "clouds", "camera", "astronaut")
-CODERS = ("ctxrans", "zstd-9", "zstd-19")
+CODERS = ("ctxrans", "ctxrans no AVX2", "ctxrans 2-state", "ctxrans 2-state no AVX2", "zstd-9", "zstd-19")
 READER_BATCH = 32
 
 
@@ -79,9 +83,28 @@ def _best(seconds: dict[str, float], name: str, fn, *args) -> None:
     seconds[name] = min(seconds.get(name, float("inf")), time.perf_counter() - t0)
 
 
-def _decode_all(codec, bufs, shape, dtype, where) -> None:
-    for b in bufs:
-        decode_array(codec, b, shape, dtype, where)
+def _decode_all(codec, bufs, shape, dtype, where, simd: bool = True) -> None:
+    was = _ctxrans.set_simd(simd)
+    try:
+        for b in bufs:
+            decode_array(codec, b, shape, dtype, where)
+    finally:
+        _ctxrans.set_simd(was)
+
+
+class _TwoState:
+    """A ctxrans codec writing the 2-state layout (mode 0) whatever the array's size."""
+
+    codec_id = CtxCodec.codec_id
+
+    def __init__(self, codec):
+        self.codec = codec
+
+    def encode(self, q):
+        return _ctxrans.encode(self.codec._blob, q, q.shape, q.itemsize, 0)
+
+    def decode(self, buf, shape, dtype):
+        return self.codec.decode(buf, shape, dtype)
 
 
 def measure_set(
@@ -99,7 +122,15 @@ def measure_set(
     lossless = field.lossless
     stage = "ctxrans" if is_entropy(lossless) else f"{lossless.get('id')}-{lossless.get('level')}"
     ctx = get_codec(field.lossless) if is_entropy(field.lossless) else CtxCodec.fit(q, field.codec.cf, field.codec.mask)
-    codecs = {"ctxrans": ctx, "zstd-9": numcodecs.Zstd(level=9), "zstd-19": numcodecs.Zstd(level=19)}
+    two = _TwoState(ctx)
+    codecs = {
+        "ctxrans": ctx,
+        "ctxrans no AVX2": ctx,
+        "ctxrans 2-state": two,
+        "ctxrans 2-state no AVX2": two,
+        "zstd-9": numcodecs.Zstd(level=9),
+        "zstd-19": numcodecs.Zstd(level=19),
+    }
     streams = {
         c: [bytes(codec.encode(np.ascontiguousarray(q[i : i + 1]))) for i in range(n)] for c, codec in codecs.items()
     }
@@ -111,7 +142,7 @@ def measure_set(
     batches = [range(a, min(a + READER_BATCH, n)) for a in range(0, n, READER_BATCH)]
     for _ in range(repeat):
         for c, codec in codecs.items():
-            _best(seconds, c, _decode_all, codec, streams[c], shape, q.dtype, name)
+            _best(seconds, c, _decode_all, codec, streams[c], shape, q.dtype, name, not c.endswith("no AVX2"))
         _best(seconds, "pack reader", lambda: [ds.reader.read_samples((field,), b) for b in batches])
     floats = n * int(np.prod(field.shape)) * 4
     symbols = n * int(np.prod(shape))

@@ -34,9 +34,12 @@ datasets get small models. Frequency tables are built from the bytes with a fixe
 double operations (no libm calls), so every platform builds the same tables; a CRC of the tables is
 stored in the config and checked anyway.
 
-Stream = mode byte (0: rANS, 1: raw copy when coding would not save) + two 64-bit rANS states +
-LEB128 length of the rANS words + the rANS words + the raw-bit section. No model, shape or dtype in
-the stream: the caller passes the shape and dtype it expects (the decoded size is known up front).
+Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS words + the raw-bit
+section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
+LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
+AVX2 vectors of 8 lanes (about 1.2-1.6x the speed of mode 0, 48 more header bytes and about 0.1% more
+words). Mode 1: a raw copy when coding would not save. No model, shape or dtype in the stream: the
+caller passes the shape and dtype it expects (the decoded size is known up front).
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
 config, or returns an array of the declared shape; it never reads or writes out of bounds, does a
@@ -74,7 +77,10 @@ def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
 log = logging.getLogger(__name__)
 
 CODEC_ID = "dctdata_ctxrans"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: streams of LANES_MIN coefficients or more use the kernel's 8-lane layout
+READ_VERSIONS = (1, 2)  # version 1 configs keep writing the 2-state layout, which dctdata before 2 reads
+MODE_LANES = _ctxrans.MODE_LANES
+LANES_MIN = 1 << 14  # below this, the 8-lane layout's 16 more header bytes outweigh its faster decode
 SCALE = _ctxrans.SCALE  # frequency precision: tables sum to 2^15
 MTOT = 1 << SCALE
 D = _ctxrans.D  # magnitudes 0..D-1 are tokens of their own
@@ -82,6 +88,7 @@ NTOK = _ctxrans.NTOK  # D + 17 Exp-Golomb classes: |value| up to D + 2^17 - 2 (c
 NFEAT = _ctxrans.NFEAT  # feature sums are clamped to NFEAT - 1 before bucketing
 LUTB = _ctxrans.LUTB
 _CUM_BYTES = 64  # cum[NTOK + 1] uint16 padded to a cache line in the kernel's tables
+TABPAD = _ctxrans.TABPAD
 LUTN = 1 << LUTB
 MAGIC = _ctxrans.MAGIC
 MAX_CONTEXTS = 1 << 16
@@ -313,12 +320,12 @@ class _Layout:
         padded = np.full((len(uniq), _CUM_BYTES // 2), 0xFFFF, np.uint16)  # > every slot: searches stop
         padded[:, : NTOK + 1] = uniq
         tab = np.concatenate([padded.view(np.uint8), lut], 1)
-        size = ints.nbytes + tab.nbytes
+        size = ints.nbytes + tab.nbytes + TABPAD  # zero bytes after the tables: the vector decoder's reads
         raw = np.zeros(size + 64, np.uint8)
         at = (-raw.ctypes.data - ints.nbytes) % 64  # so that the tables start on a 64-byte boundary
         out = raw[at : at + size]
         out[: ints.nbytes] = ints.view(np.uint8)
-        out[ints.nbytes :] = tab.ravel()
+        out[ints.nbytes : ints.nbytes + tab.nbytes] = tab.ravel()
         return out
 
     def layout_config(self) -> dict[str, Any]:
@@ -393,8 +400,9 @@ class CtxCodec:
 
     codec_id = CODEC_ID
 
-    def __init__(self, layout: _Layout, iz: np.ndarray, ir: np.ndarray, kernel=None):
+    def __init__(self, layout: _Layout, iz: np.ndarray, ir: np.ndarray, kernel=None, version: int = FORMAT_VERSION):
         self._k = kernel or _ctxrans
+        self.version = version
         self.layout = layout
         self.iz = np.asarray(iz, np.uint8)
         self.ir = np.asarray(ir, np.uint8)
@@ -406,7 +414,7 @@ class CtxCodec:
 
     def with_kernel(self, kernel) -> "CtxCodec":
         """Same model on another build of the kernel (benchmarks of compile variants)."""
-        return CtxCodec(self.layout, self.iz, self.ir, kernel)
+        return CtxCodec(self.layout, self.iz, self.ir, kernel, self.version)
 
     # ---- config -------------------------------------------------------------------------------
     def get_config(self) -> dict[str, Any]:
@@ -414,7 +422,7 @@ class CtxCodec:
         lay = self.layout
         return {
             "id": CODEC_ID,
-            "version": FORMAT_VERSION,
+            "version": self.version,
             "cf": lay.cf,
             "mask": lay.mask,
             "channels": lay.channels,
@@ -447,9 +455,13 @@ class CtxCodec:
         }
         if set(config) != keys:
             raise CtxCodecError(f"config: expected keys {sorted(keys)}. Got {sorted(config)}")
-        if config["id"] != CODEC_ID or config["version"] != FORMAT_VERSION:
+        version = config["version"]
+        is_int = isinstance(version, int) and not isinstance(version, bool)
+        if config["id"] != CODEC_ID or not is_int or version not in READ_VERSIONS:
+            newer = is_int and version > FORMAT_VERSION
             raise CtxCodecError(
-                f"config: expected id {CODEC_ID!r} version {FORMAT_VERSION}. Got {config['id']!r} {config['version']!r}"
+                f"config: expected id {CODEC_ID!r} version {' or '.join(map(str, READ_VERSIONS))}. "
+                f"Got {config['id']!r} {version!r}" + (": written by a newer dctdata, upgrade dctdata" if newer else "")
             )
         cf = config["cf"]
         if isinstance(cf, bool) or not isinstance(cf, int) or not 1 <= cf <= 8:
@@ -495,7 +507,7 @@ class CtxCodec:
         if len(raw) != 2 * lay.nctx:
             raise CtxCodecError(f"config params: expected {2 * lay.nctx} bytes. Got {len(raw)}")
         p = np.frombuffer(raw, np.uint8).reshape(-1, 2)
-        codec = cls(lay, p[:, 0], p[:, 1])
+        codec = cls(lay, p[:, 0], p[:, 1], version=version)
         if codec.table_crc != config["table_crc"]:
             raise CtxCodecError("config table_crc: the frequency tables built here differ from the writer's")
         return codec
@@ -522,7 +534,8 @@ class CtxCodec:
 
     def encode(self, q: np.ndarray) -> bytes:
         q = self._check_array(q)
-        return self._k.encode(self._blob, q, tuple(int(s) for s in q.shape), q.itemsize)
+        mode = MODE_LANES if self.version >= 2 and q.size >= LANES_MIN else 0
+        return self._k.encode(self._blob, q, tuple(int(s) for s in q.shape), q.itemsize, mode)
 
     def decode(self, buf, shape: Sequence[int] | None = None, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.

@@ -56,6 +56,12 @@ def fitted(shape, dtype=np.int8, cf=None, mask="square", **kw):
     return CtxCodec.fit(q, cf, mask), q
 
 
+def lanes_encode(codec, q):
+    """q in the 16-lane layout (mode 2), whatever its size: the codec picks it for large arrays only."""
+    q = np.ascontiguousarray(q)
+    return _ctxrans.encode(codec._blob, q, q.shape, q.itemsize, 2)
+
+
 def roundtrip(codec, q):
     buf = codec.encode(q)
     assert isinstance(buf, bytes)
@@ -311,6 +317,88 @@ def test_kernel_rejects_malformed_blob():
             _ctxrans.decode(bad, buf, out, q.shape, 1)
 
 
+# ------------------------------------------------------------------------------------------ 16 lanes (mode 2)
+LANE_CASES = [
+    ((1, 1, 4, 16, 32), np.int8, None, 3.0),  # whole vector steps
+    ((2, 1, 3, 9, 13), np.int8, None, 3.0),  # runs that start and end inside a vector
+    ((1, 1, 3, 64, 5), np.int8, None, 0.3),  # short runs of a sparse array
+    ((1, 1, 2, 16, 300), np.int16, None, 3.0),  # rows split into runs of 256
+    ((1, 3, 3, 9, 37), np.int8, None, 3.0),  # channels whose signs are coded as flips (scalar runs)
+    ((1, 2, 2, 9, 270), np.int8, ("lt", "wide", "ch", "sign"), 3.0),  # left-neighbour contexts (scalar)
+    ((1, 1, 4, 25, 40), np.int16, None, 40.0),  # large magnitudes: raw bits up to 17 per coefficient
+    ((1, 2, 3, 16, 24), np.int16, ("top", "wide", "ch", "sign"), 3.0),  # every context of the vector loop
+    ((2, 1, 2, 9, 19), np.int8, ("wide",), 3.0),  # no "top" context
+]
+
+
+@pytest.mark.parametrize("shape, dtype, features, scale", LANE_CASES)
+def test_lanes_round_trip_through_both_decoders(shape, dtype, features, scale):
+    rng = np.random.default_rng(shape[-1])
+    q = laplace_coeffs(shape, dtype, scale=scale, rng=rng)
+    if shape[1] > 1:
+        q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
+    cf = int(round(shape[3] ** 0.5))
+    if features is None:
+        codec = CtxCodec.fit(q, cf, "square")
+    else:
+        codec = CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0]
+    if shape[1] == 3:  # the vector decoder's sign-flip steps are what this case is for
+        assert codec.layout.flags & 8  # F_SFLIP
+    buf = lanes_encode(codec, q)
+    assert buf[0] == 2
+    for simd in (True, False):
+        was = _ctxrans.set_simd(simd)
+        try:
+            out = codec.decode(buf, q.shape, q.dtype)
+        finally:
+            _ctxrans.set_simd(was)
+        np.testing.assert_array_equal(out, q)
+
+
+def test_lanes_layout_costs_its_header_and_little_more():
+    """16 states of 4 bytes against 2 of 8: 48 header bytes; 16-bit words: a little precision."""
+    codec, q = fitted((1, 1, 16, 64, 32), np.int8)
+    two, lanes = codec.encode(q[:, :, :4]), lanes_encode(codec, q[:, :, :4])
+    assert two[0] == 0 and lanes[0] == 2
+    assert len(two) < len(lanes) <= len(two) * 1.005 + 48
+
+
+def test_codec_writes_lanes_for_large_arrays_only():
+    codec, q = fitted((1, 1, 16, 16, 64), np.int8)  # 16384 coefficients: LANES_MIN
+    assert codec.get_config()["version"] == 2
+    big, small = codec.encode(q), codec.encode(q[:, :, :8])
+    assert big[0] == 2 and small[0] == 0
+    np.testing.assert_array_equal(codec.decode(big, q.shape, q.dtype), q)
+    # a version 1 config (a pack written before) keeps writing what dctdata before this reads; it reads both
+    old = CtxCodec.from_config({**codec.get_config(), "version": 1})
+    assert old.get_config()["version"] == 1 and old.encode(q)[0] == 0
+    np.testing.assert_array_equal(old.decode(big, q.shape, q.dtype), q)
+
+
+def test_lanes_kernel_errors():
+    codec, q = fitted((1, 1, 4, 16, 32), np.int8)
+    with pytest.raises(ValueError, match="encode mode must be 0 or 2"):
+        _ctxrans.encode(codec._blob, q, q.shape, 1, 1)
+    buf = lanes_encode(codec, q)
+    with pytest.raises(CtxCodecError, match="bad stream header"):
+        codec.decode(b"\x03" + buf[1:], q.shape, q.dtype)
+    with pytest.raises(CtxCodecError, match="bad stream header"):
+        codec.decode(buf[:40], q.shape, q.dtype)  # shorter than the 16 states
+    with pytest.raises(CtxCodecError, match="bad initial state"):
+        codec.decode(buf[:1] + b"\xff\xff\x00\x00" + buf[5:], q.shape, q.dtype)  # a state below 2^16
+    with pytest.raises(CtxCodecError, match="does not end cleanly|truncated|bit section"):
+        codec.decode(buf[:1] + b"\x00\x00\x01\x00" + buf[5:], q.shape, q.dtype)  # valid but wrong state
+
+
+def test_config_from_a_newer_dctdata_says_upgrade():
+    codec, _ = fitted((1, 1, 2, 16, 4), np.int8)
+    with pytest.raises(CtxCodecError, match="version 1 or 2. Got 'dctdata_ctxrans' 3: written by a newer dctdata"):
+        CtxCodec.from_config({**codec.get_config(), "version": 3})
+    for bad in (0, True, 2.0, "2"):
+        with pytest.raises(CtxCodecError, match="expected id 'dctdata_ctxrans' version 1 or 2"):
+            CtxCodec.from_config({**codec.get_config(), "version": bad})
+
+
 # ------------------------------------------------------------------------------------------ fuzzing
 def _corpus():
     """A few valid streams of different kinds (int8/int16, C=1/3, tiny/medium, sign flips). The wide ones
@@ -339,6 +427,7 @@ def _corpus():
             codec = CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0]
             assert codec.layout.lt_mode == "lt" and codec.layout.wide
         items.append((codec, q, codec.encode(q)))
+        items.append((codec, q, lanes_encode(codec, q)))  # the same array in the 16-lane layout
     return items
 
 
@@ -346,14 +435,25 @@ CORPUS = _corpus()
 
 
 def check_decode(codec, buf, shape, dtype):
-    t = time.perf_counter()
-    try:
-        out = codec.decode(buf, shape, dtype)
-    except CtxCodecError:
-        out = None
-    assert time.perf_counter() - t < 1.0, "decoder took too long (hang?)"
-    if out is not None:
-        assert out.shape == tuple(shape) and out.dtype == np.dtype(dtype)
+    """The contract above, and the vector and scalar decoders agree: the same error or the same array."""
+    outcomes = []
+    for simd in (True, False):
+        was = _ctxrans.set_simd(simd)
+        t = time.perf_counter()
+        try:
+            out = codec.decode(buf, shape, dtype)
+        except CtxCodecError as exc:
+            out = str(exc)
+        finally:
+            _ctxrans.set_simd(was)
+        assert time.perf_counter() - t < 1.0, "decoder took too long (hang?)"
+        if not isinstance(out, str):
+            assert out.shape == tuple(shape) and out.dtype == np.dtype(dtype)
+        outcomes.append(out)
+    if isinstance(outcomes[0], str) or isinstance(outcomes[1], str):
+        assert outcomes[0] == outcomes[1]
+    else:
+        np.testing.assert_array_equal(outcomes[0], outcomes[1])
 
 
 def test_every_truncation_raises():
@@ -367,9 +467,9 @@ def test_every_truncation_raises():
 
 def test_lying_section_length():
     for codec, q, buf in CORPUS:
-        if buf[0] != 0:
+        if buf[0] not in (0, 2):
             continue
-        head = 1 + 16
+        head = 1 + (16 if buf[0] == 0 else 64)
         for v in (0, 1, len(buf), len(buf) * 1000, 2**35):
             leb = bytearray()
             while True:
@@ -410,7 +510,7 @@ def test_fuzz_mutated_streams(which, edits, cut, insert):
 @given(
     which=st.integers(0, len(CORPUS) - 1),
     data=st.binary(min_size=0, max_size=300),
-    mode=st.sampled_from([b"", b"\x00", b"\x01"]),
+    mode=st.sampled_from([b"", b"\x00", b"\x01", b"\x02"]),
 )
 def test_fuzz_random_bytes(which, data, mode):
     codec, q, _ = CORPUS[which]
@@ -422,8 +522,10 @@ def test_fuzz_random_bytes(which, data, mode):
 
 def test_corpus_round_trips():
     """Every corpus stream decodes to its array (the wide ones through runs of both decoder paths)."""
+    modes = [buf[0] for _, _, buf in CORPUS]
+    assert set(modes[0::2]) == {0}  # coded, not the raw fallback
+    assert modes[1::2].count(2) >= len(modes) // 2 - 1  # the tiniest one's 16 states may not pay: raw
     for codec, q, buf in CORPUS:
-        assert buf[0] == 0  # coded, not the raw fallback
         np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
 
 
