@@ -565,6 +565,16 @@ static inline __attribute__((always_inline)) int32_t dec_sym(const uint8_t *e, r
     return dec_value(t, b, sneg, unchecked);
 }
 
+/* dec_sym on a mode 2 state (valid tables keep it below 2^32; the vector decoder's arithmetic is 32-bit) */
+static inline __attribute__((always_inline)) int32_t dec_sym32(const uint8_t *e, uint32_t *xs, rbuf_t *r, bitp_t *b,
+                                                               int32_t prevv, int flipc, uint32_t flip1,
+                                                               const int unchecked, const int zfast) {
+    rans_t x = *xs;
+    const int32_t v = dec_sym(e, &x, r, b, prevv, flipc, flip1, unchecked, zfast, 1);
+    *xs = (uint32_t)x;
+    return v;
+}
+
 /* ------------------------------------------------------------------ mode 2: 8 lanes at once (AVX2)
  * A run's coefficients whose table offsets are known (off[j]: every AC context except F_LT's left neighbour
  * and the sign flips of SFLIP channels) are decoded 8 states at a time, lane l holding state l: per group,
@@ -739,7 +749,7 @@ __attribute__((target("avx2,popcnt"))) static inline __m256i step8(const vk_t *k
 __attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *tab, const uint32_t *off,
                                                                   const int32_t *pv, uint32_t flip1, int nw,
                                                                   unsigned si, char *out, const int is8, rbuf_t *r,
-                                                                  bitp_t *bp, rans_t *xs) {
+                                                                  bitp_t *bp, uint32_t *xs) {
     vk_t k;
     k.lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); k.zero = _mm256_setzero_si256(); k.one = _mm256_set1_epi32(1);
     k.mask = _mm256_set1_epi32(MASK); k.ntok1 = _mm256_set1_epi32(NTOK - 1); k.dv = _mm256_set1_epi32(D);
@@ -751,9 +761,7 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *t
                                 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
     k.join = _mm256_setr_epi32(0, 4, 1, 5, 2, 3, 6, 7);
     k.f0 = _mm256_set1_epi32((int)(MTOT - flip1)); k.f1 = _mm256_set1_epi32((int)flip1);
-    uint32_t xi[NS2];
-    for (int l = 0; l < NS2; l++) xi[l] = (uint32_t)xs[l];
-    __m256i xa = _mm256_loadu_si256((const __m256i *)xi), xb = _mm256_loadu_si256((const __m256i *)(xi + 8));
+    __m256i xa = _mm256_loadu_si256((const __m256i *)xs), xb = _mm256_loadu_si256((const __m256i *)(xs + 8));
     const uint8_t *p = r->p;
     uint64_t pos = bp->pos;
     for (int j = 0; j < nw;) {
@@ -763,9 +771,8 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *t
         else xb = step8(&k, xb, tab, off, pv, j, a, cnt, out, is8, &p, &pos, bp->base);
         j += cnt;
     }
-    _mm256_storeu_si256((__m256i *)xi, xa);
-    _mm256_storeu_si256((__m256i *)(xi + 8), xb);
-    for (int l = 0; l < NS2; l++) xs[l] = xi[l];
+    _mm256_storeu_si256((__m256i *)xs, xa);
+    _mm256_storeu_si256((__m256i *)(xs + 8), xb);
     r->p = p;
     bp->pos = pos;
 }
@@ -789,7 +796,7 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *t
 #define ST(ptr, i, v) do { if (IS8) ((int8_t *)(ptr))[i] = (int8_t)(v); else ((int16_t *)(ptr))[i] = (int16_t)(v); } while (0)
 #define DEC(e, prevv, sflag, UNCH, ZF)                                                                    \
     (NS == NS0 ? dec_sym((e), &xa, &r, &bp, (prevv), (sflag), flip1, (UNCH), (ZF), 0)                    \
-               : dec_sym((e), &xv[si], &r, &bp, (prevv), (sflag), flip1, (UNCH), (ZF), 1))
+               : dec_sym32((e), &xv[si], &r, &bp, (prevv), (sflag), flip1, (UNCH), (ZF)))
 #define NEXT_STATE do { if (NS == NS0) { rans_t sw_ = xa; xa = xb; xb = sw_; } else si = (si + 1) & (NS2 - 1); } while (0)
 
 static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *m, void *q, int B, int C, int Hb,
@@ -802,9 +809,10 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
     const int32_t *tidx = m->tidx, *bin = m->bin, *blt = m->blt, *bch = m->bch, *bdc = m->bdc;
     const uint8_t *tab = m->tab;
     rbuf_t r = *rr; bitp_t bp = *br;
-    rans_t xa = x[0], xb = x[1], xv[NS2];
+    rans_t xa = x[0], xb = x[1];
+    uint32_t xv[NS2]; /* mode 2's states as the vector decoder loads them */
     unsigned si = 0;
-    if (NS == NS2) memcpy(xv, x, sizeof xv);
+    if (NS == NS2) for (int l = 0; l < NS2; l++) xv[l] = (uint32_t)x[l];
     Py_ssize_t n = 0;
     uint32_t offbuf[DEC_BLOCK + 16] = {0}; /* 8 entries either side for the vector decoder's loads */
     int32_t pvbuf[DEC_BLOCK + 16] = {0};   /* mode 2, SFLIP channels: the previous channel's values */
@@ -909,7 +917,9 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                                     }
                                     e = (uint32_t)tidx[e < nctx ? e : 0] * TABB;
                                 }
-                                const uint32_t t = dec_tok(tab + e, &xv[si], &r, room, 1);
+                                rans_t xt = xv[si];
+                                const uint32_t t = dec_tok(tab + e, &xt, &r, room, 1);
+                                xv[si] = (uint32_t)xt;
                                 int32_t v;
                                 if (pv[j + l] != 0 && t != 0) { /* the magnitude now (a left context), the sign below */
                                     v = (int32_t)(TOKI[t].mbase + bp_get(&bp, TOKI[t].eb, room));
@@ -920,8 +930,9 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                             }
                             for (int l = 0; l < cnt; l++) if (pend >> l & 1) {
                                 const int wb = w0 + j + l;
-                                const uint32_t neg = (uint32_t)(pv[j + l] < 0) ^
-                                                     dec_flip(&xv[(s0 + (unsigned)l) & (NS2 - 1)], &r, flip1, room, 1);
+                                rans_t xt = xv[(s0 + (unsigned)l) & (NS2 - 1)];
+                                const uint32_t neg = (uint32_t)(pv[j + l] < 0) ^ dec_flip(&xt, &r, flip1, room, 1);
+                                xv[(s0 + (unsigned)l) & (NS2 - 1)] = (uint32_t)xt;
                                 const int32_t mag = LD(pl, wb);
                                 ST(pl, wb, neg ? -mag : mag);
                             }
@@ -986,7 +997,7 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
     *rr = r; *br = bp;
     if (NS == NS0) {
         if (n & 1) { x[0] = xb; x[1] = xa; } else { x[0] = xa; x[1] = xb; }
-    } else memcpy(x, xv, sizeof xv); /* state i is xv[i]: lanes do not rotate */
+    } else for (int l = 0; l < NS2; l++) x[l] = xv[l]; /* state i is xv[i]: lanes do not rotate */
     return n;
 }
 
