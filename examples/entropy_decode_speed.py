@@ -16,7 +16,7 @@ stores them, are then coded by:
 - `ctxrans`: the context-modelled rANS stage (`dctdata.entropy`), with the pack's fitted model (fitted
   here the same way when calibration chose zstd-19 for the pack: the "pack stage" column says which);
 - `ctxrans 2-state`: the same model's streams in the layout version 1 packs store (mode 0: two 64-bit
-  states), which dctdata before 0.2 wrote and every dctdata reads;
+  states), which the previous release wrote for every size and every release reads;
 - `... no AVX2`: those two decoded with the kernel's vector paths switched off (`_ctxrans.set_simd`), as on
   a CPU without AVX2; `ctxrans 2-state no AVX2` is the previous release's decoder's algorithm;
 - `zstd-9`, `zstd-19`: numcodecs' Zstd over the same coefficient bytes.

@@ -799,6 +799,46 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *t
                : dec_sym32((e), &xv[si], &r, &bp, (prevv), (sflag), flip1, (UNCH), (ZF)))
 #define NEXT_STATE do { if (NS == NS0) { rans_t sw_ = xa; xa = xb; xb = sw_; } else si = (si + 1) & (NS2 - 1); } while (0)
 
+/* a mode 2 run of an SFLIP channel, scalar: by groups (see DEC_BLOCK), the tokens, then the sign flips */
+#define GROUPED_RUN(UNCH)                                                                                             \
+    for (int j = 0; j < nw;) {                                                                                        \
+        const int cnt = nw - j < 8 - (int)(si & 7) ? nw - j : 8 - (int)(si & 7);                                      \
+        const unsigned s0 = si;                                                                                       \
+        uint32_t pend = 0; /* bit l: coefficient j + l waits for its sign flip */                                     \
+        for (int l = 0; l < cnt; l++) {                                                                               \
+            const int wb = w0 + j + l;                                                                                \
+            uint32_t e = off[j + l];                                                                                  \
+            if (use_lt) {                                                                                             \
+                if (wb > 0) {                                                                                         \
+                    uint32_t s_lt = iabs32(LD(pl, wb - 1));                                                           \
+                    s_lt += hb > 0 ? iabs32(LD(pl, wb - rowstride)) : iabs32(LD(pl, wb - 1));                         \
+                    e += (uint32_t)blt[clampf(s_lt)];                                                                 \
+                }                                                                                                     \
+                e = (uint32_t)tidx[e < nctx ? e : 0] * TABB;                                                          \
+            }                                                                                                         \
+            rans_t xt = xv[si];                                                                                       \
+            const uint32_t t = dec_tok(tab + e, &xt, &r, UNCH, 1);                                                    \
+            xv[si] = (uint32_t)xt;                                                                                    \
+            int32_t v = 0;                                                                                            \
+            if (t == 0) { /* sparse data: mostly zeros, no bits */                                                    \
+            } else if (pv[j + l] != 0) { /* the magnitude now (a left context), the sign below */                     \
+                v = (int32_t)(TOKI[t].mbase + bp_get(&bp, TOKI[t].eb, UNCH));                                         \
+                pend |= 1u << l;                                                                                      \
+            } else v = dec_value(t, &bp, -1, UNCH);                                                                   \
+            ST(pl, wb, v);                                                                                            \
+            si = (si + 1) & (NS2 - 1);                                                                                \
+        }                                                                                                             \
+        for (int l = 0; l < cnt; l++) if (pend >> l & 1) {                                                            \
+            const int wb = w0 + j + l;                                                                                \
+            rans_t xt = xv[(s0 + (unsigned)l) & (NS2 - 1)];                                                           \
+            const uint32_t neg = (uint32_t)(pv[j + l] < 0) ^ dec_flip(&xt, &r, flip1, UNCH, 1);                       \
+            xv[(s0 + (unsigned)l) & (NS2 - 1)] = (uint32_t)xt;                                                        \
+            const int32_t mag = LD(pl, wb);                                                                           \
+            ST(pl, wb, neg ? -mag : mag);                                                                             \
+        }                                                                                                             \
+        j += cnt;                                                                                                     \
+    }
+
 static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *m, void *q, int B, int C, int Hb,
                                                                  int K, int Wb, rans_t *x, rbuf_t *rr, bitp_t *br,
                                                                  const int IS8, const int FL, const int NS) {
@@ -902,42 +942,7 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                     }
 #endif
                     if (NS == NS2 && sflag) { /* by groups (see DEC_BLOCK): the tokens, then the sign flips */
-                        for (int j = 0; j < nw;) {
-                            const int cnt = nw - j < 8 - (int)(si & 7) ? nw - j : 8 - (int)(si & 7);
-                            const unsigned s0 = si;
-                            uint32_t pend = 0; /* bit l: coefficient j + l waits for its sign flip */
-                            for (int l = 0; l < cnt; l++) {
-                                const int wb = w0 + j + l;
-                                uint32_t e = off[j + l];
-                                if (use_lt) {
-                                    if (wb > 0) {
-                                        uint32_t s_lt = iabs32(LD(pl, wb - 1));
-                                        s_lt += hb > 0 ? iabs32(LD(pl, wb - rowstride)) : iabs32(LD(pl, wb - 1));
-                                        e += (uint32_t)blt[clampf(s_lt)];
-                                    }
-                                    e = (uint32_t)tidx[e < nctx ? e : 0] * TABB;
-                                }
-                                rans_t xt = xv[si];
-                                const uint32_t t = dec_tok(tab + e, &xt, &r, room, 1);
-                                xv[si] = (uint32_t)xt;
-                                int32_t v;
-                                if (pv[j + l] != 0 && t != 0) { /* the magnitude now (a left context), the sign below */
-                                    v = (int32_t)(TOKI[t].mbase + bp_get(&bp, TOKI[t].eb, room));
-                                    pend |= 1u << l;
-                                } else v = dec_value(t, &bp, -1, room);
-                                ST(pl, wb, v);
-                                si = (si + 1) & (NS2 - 1);
-                            }
-                            for (int l = 0; l < cnt; l++) if (pend >> l & 1) {
-                                const int wb = w0 + j + l;
-                                rans_t xt = xv[(s0 + (unsigned)l) & (NS2 - 1)];
-                                const uint32_t neg = (uint32_t)(pv[j + l] < 0) ^ dec_flip(&xt, &r, flip1, room, 1);
-                                xv[(s0 + (unsigned)l) & (NS2 - 1)] = (uint32_t)xt;
-                                const int32_t mag = LD(pl, wb);
-                                ST(pl, wb, neg ? -mag : mag);
-                            }
-                            j += cnt;
-                        }
+                        if (room) GROUPED_RUN(1) else GROUPED_RUN(0) /* the reads' checks decided per run */
                         continue;
                     }
                     /* a run whose tables expect mostly zeros (mean P(0) > 0.8: high frequencies, sparse

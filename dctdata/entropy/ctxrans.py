@@ -37,8 +37,8 @@ stored in the config and checked anyway.
 Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS words + the raw-bit
 section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
 LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
-AVX2 vectors of 8 lanes (about 1.2-1.6x the speed of mode 0, 48 more header bytes and about 0.1% more
-words). Mode 1: a raw copy when coding would not save. No model, shape or dtype in the stream: the
+AVX2 vectors of 8 lanes (faster: examples/entropy_decode_speed.py measures both; 48 more header bytes
+and about 0.1% more words). Mode 1: a raw copy when coding would not save. No model, shape or dtype in the stream: the
 caller passes the shape and dtype it expects (the decoded size is known up front).
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
@@ -77,10 +77,10 @@ def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
 log = logging.getLogger(__name__)
 
 CODEC_ID = "dctdata_ctxrans"
-FORMAT_VERSION = 2  # 2: streams of LANES_MIN coefficients or more use the kernel's 8-lane layout
-READ_VERSIONS = (1, 2)  # version 1 configs keep writing the 2-state layout, which dctdata before 2 reads
+FORMAT_VERSION = 2  # 2: streams of LANES_MIN coefficients or more use the kernel's 16-lane layout (mode 2)
+READ_VERSIONS = (1, 2)  # a version 1 config keeps writing the 2-state layout, which earlier releases read
 MODE_LANES = _ctxrans.MODE_LANES
-LANES_MIN = 1 << 14  # below this, the 8-lane layout's 16 more header bytes outweigh its faster decode
+LANES_MIN = 1 << 14  # below this, the 16-lane layout's 48 more header bytes outweigh its faster decode
 SCALE = _ctxrans.SCALE  # frequency precision: tables sum to 2^15
 MTOT = 1 << SCALE
 D = _ctxrans.D  # magnitudes 0..D-1 are tokens of their own
