@@ -45,6 +45,10 @@ def test_entropy_decode_speed_table(tmp_path, capsys, monkeypatch):
         reader = by["pack reader"]
         assert reader["coder"] == f"pack reader ({reader['pack_stage']})"
         assert reader["bytes_per_sample"] == by[reader["pack_stage"]]["bytes_per_sample"]
+        # the no-AVX2 rows decode the same streams; the 2-state layout never stores more
+        for c in ("ctxrans", "ctxrans 2-state"):
+            assert by[f"{c} no AVX2"]["bytes_per_sample"] == by[c]["bytes_per_sample"]
+        assert by["ctxrans 2-state"]["bytes_per_sample"] <= by["ctxrans"]["bytes_per_sample"]
     assert {r["sample_shape"][0] for r in rows if r["set"] == "astronaut"} == {3}
     assert json.loads(path.read_text())["rows"] == rows
 
