@@ -3,24 +3,15 @@ examples/decode_kernels.py) on tiny configurations: every row and column is ther
 sweeps bracket the level, the JSON round-trips. The current interpreter stands in for the "before" one
 (the scripts only need a python whose `import dctdata` works)."""
 
-import importlib.util
 import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import pytest
+from example_loading import load_example
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def _load(name, monkeypatch):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
+_load = load_example
 
 
 @pytest.mark.slow

@@ -2,23 +2,15 @@
 reader's, in order; the table's numbers agree with each other (MB/s of float32 output and M symbols/s
 from the same seconds), the reader row stores what the pack's stage stores, and the JSON round-trips."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+from example_loading import load_example
 
 
 def _load(monkeypatch):
-    spec = importlib.util.spec_from_file_location("example_entropy_decode_speed", EXAMPLES / "entropy_decode_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("entropy_decode_speed", monkeypatch)
 
 
 def test_entropy_decode_speed_table(tmp_path, capsys, monkeypatch):

@@ -2,23 +2,18 @@
 PNG plot exist with one row for raw and one per pack setting."""
 
 import importlib
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
+from example_loading import load_example
 from PIL import Image
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _load(name, monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLES))  # the examples import _common / _unet
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_load = load_example
 
 
 CASES = {

@@ -1,21 +1,12 @@
 """examples/loader_workers.py on a tiny configuration: one row per case and worker count, rates from the
 samples and seconds the rows carry, every sample of the pack delivered, and its argument errors."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+from example_loading import load_example
 
 
 def _load(monkeypatch):
-    spec = importlib.util.spec_from_file_location("example_loader_workers", EXAMPLES / "loader_workers.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("loader_workers", monkeypatch)
 
 
 def test_loader_workers_table(capsys, monkeypatch):

@@ -56,6 +56,18 @@ def fitted(shape, dtype=np.int8, cf=None, mask="square", **kw):
     return CtxCodec.fit(q, cf, mask), q
 
 
+def fitted_case(shape, dtype, features, rng, scale=3.0):
+    """A codec fitted (with `features`: only their first layout) on laplace_coeffs whose later channels are
+    half the first (so that sign flips pay), and the array."""
+    q = laplace_coeffs(shape, dtype, scale=scale, rng=rng)
+    if shape[1] > 1:
+        q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
+    cf = int(round(shape[3] ** 0.5))
+    if features is None:
+        return CtxCodec.fit(q, cf, "square"), q
+    return CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0], q
+
+
 def lanes_encode(codec, q):
     """q in the 16-lane layout (mode 2), whatever its size: the codec picks it for large arrays only."""
     q = np.ascontiguousarray(q)
@@ -333,15 +345,7 @@ LANE_CASES = [
 
 @pytest.mark.parametrize("shape, dtype, features, scale", LANE_CASES)
 def test_lanes_round_trip_through_both_decoders(shape, dtype, features, scale):
-    rng = np.random.default_rng(shape[-1])
-    q = laplace_coeffs(shape, dtype, scale=scale, rng=rng)
-    if shape[1] > 1:
-        q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
-    cf = int(round(shape[3] ** 0.5))
-    if features is None:
-        codec = CtxCodec.fit(q, cf, "square")
-    else:
-        codec = CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0]
+    codec, q = fitted_case(shape, dtype, features, np.random.default_rng(shape[-1]), scale)
     if shape[1] == 3:  # the vector decoder's sign-flip steps are what this case is for
         assert codec.layout.flags & 8  # F_SFLIP
     buf = lanes_encode(codec, q)
@@ -416,15 +420,8 @@ def _corpus():
         ((1, 1, 2, 16, 300), np.int16, None),
         ((1, 2, 2, 9, 270), np.int8, ("lt", "wide", "ch", "sign")),
     ]:
-        rng = np.random.default_rng(len(items))
-        q = laplace_coeffs(shape, dtype, rng=rng)
-        if shape[1] > 1:
-            q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
-        cf = int(round(shape[3] ** 0.5))
-        if features is None:
-            codec = CtxCodec.fit(q, cf, "square")
-        else:
-            codec = CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0]
+        codec, q = fitted_case(shape, dtype, features, np.random.default_rng(len(items)))
+        if features is not None:
             assert codec.layout.lt_mode == "lt" and codec.layout.wide
         items.append((codec, q, codec.encode(q)))
         items.append((codec, q, lanes_encode(codec, q)))  # the same array in the 16-lane layout
