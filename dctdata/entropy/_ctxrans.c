@@ -372,6 +372,8 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
                 for (Py_ssize_t j = i; j >= g0; j--) ENC_TOKEN(j)
                 i = g0 - 1;
             }
+#undef ENC_FLIP
+#undef ENC_TOKEN
             Py_ssize_t nr = (rbuf + rcap) - ptr;
             uint8_t hdr[1 + NSMAX * 8 + 10]; int h = 0; /* mode, states (LE), LEB128(nr), put in front */
             hdr[h++] = (uint8_t)mode;
@@ -653,6 +655,27 @@ __attribute__((target("avx2,popcnt"))) static inline __m256i renorm8(__m256i x, 
     return _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), wl), need);
 }
 
+/* out[j .. j + cnt - 1] = lanes a .. a + cnt - 1 of v, their low byte or two (as the scalar stores' conversion) */
+__attribute__((target("avx2"))) static inline void store8(const vk_t *k, __m256i v, char *out, int j, int a, int cnt,
+                                                          const int is8) {
+    if (cnt == 8) {
+        if (is8) {
+            const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, k->pick8), k->join);
+            _mm_storel_epi64((__m128i *)(out + j), _mm256_castsi256_si128(b));
+        } else {
+            const __m256i b = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, k->pick16), 0x08);
+            _mm_storeu_si128((__m128i *)(out + 2 * j), _mm256_castsi256_si128(b));
+        }
+        return;
+    }
+    int32_t tmp[8];
+    _mm256_storeu_si256((__m256i *)tmp, v);
+    for (int l = a; l < a + cnt; l++) {
+        if (is8) ((int8_t *)out)[j + l - a] = (int8_t)tmp[l];
+        else ((int16_t *)out)[j + l - a] = (int16_t)tmp[l];
+    }
+}
+
 /* One group of 8 lanes (the aligned block of 8 coefficient indices holding coefficients j .. j + cnt - 1 of
  * the run, at lanes a .. a + cnt - 1): decodes them into out[j ..] and returns the lanes' new states. pv:
  * the previous channel's values when this channel codes signs as flips, else NULL. */
@@ -683,13 +706,7 @@ __attribute__((target("avx2,popcnt"))) static inline __m256i step8(const vk_t *k
     x = _mm256_blendv_epi8(x, xn, act);
     x = renorm8(x, _mm256_and_si256(act, _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), k->zero)), pp);
     if (_mm256_testz_si256(t, act)) { /* all tokens zero (sparse data): no flips, no bits */
-        if (cnt == 8) {
-            if (is8) _mm_storel_epi64((__m128i *)(out + j), _mm_setzero_si128());
-            else _mm_storeu_si128((__m128i *)(out + 2 * j), _mm_setzero_si128());
-        } else for (int l = 0; l < cnt; l++) {
-            if (is8) ((int8_t *)out)[j + l] = 0;
-            else ((int16_t *)out)[j + l] = 0;
-        }
+        store8(k, k->zero, out, j, a, cnt, is8);
         return x;
     }
     /* sign flips: lanes whose previous-channel value and token are nonzero, after the group's tokens */
@@ -726,22 +743,7 @@ __attribute__((target("avx2,popcnt"))) static inline __m256i step8(const vk_t *k
     const __m256i neg = _mm256_blendv_epi8(_mm256_and_si256(_mm256_srlv_epi32(raw, eb), k->one), sneg, fl);
     const __m256i v = _mm256_add_epi32(_mm256_xor_si256(mag, _mm256_sub_epi32(k->zero, neg)), neg);
     *ppos = pos + (uint32_t)_mm256_extract_epi32(s, 7);
-    if (cnt == 8) { /* the low byte or two of each lane (as the scalar stores' conversion) */
-        if (is8) {
-            const __m256i b = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, k->pick8), k->join);
-            _mm_storel_epi64((__m128i *)(out + j), _mm256_castsi256_si128(b));
-        } else {
-            const __m256i b = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, k->pick16), 0x08);
-            _mm_storeu_si128((__m128i *)(out + 2 * j), _mm256_castsi256_si128(b));
-        }
-    } else {
-        int32_t tmp[8];
-        _mm256_storeu_si256((__m256i *)tmp, v);
-        for (int l = a; l < a + cnt; l++) {
-            if (is8) ((int8_t *)out)[j + l - a] = (int8_t)tmp[l];
-            else ((int16_t *)out)[j + l - a] = (int16_t)tmp[l];
-        }
-    }
+    store8(k, v, out, j, a, cnt, is8);
     return x;
 }
 
@@ -1069,7 +1071,7 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     if (nr > (uint64_t)(end - p)) { err = "ctxrans: truncated stream (section length beyond the end)"; goto done; }
     rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
     bitp_t b; b.base = p + nr; b.len = end - (p + nr); b.pos = 0; b.fast = b.len >= 8 ? (uint64_t)(b.len - 7) : 0;
-    m.vsteps = dims[4] >= VEC_CTX_MIN && find_steps(m.bin, &m.sin) && find_steps(m.blt, &m.slt) &&
+    m.vsteps = g_simd && dims[4] >= VEC_CTX_MIN && find_steps(m.bin, &m.sin) && find_steps(m.blt, &m.slt) &&
                find_steps(m.bch, &m.sch);
     dec_fn fn = pick_decoder(m.flags, itemsize, lanes);
     Py_BEGIN_ALLOW_THREADS

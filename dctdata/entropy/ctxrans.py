@@ -37,9 +37,10 @@ stored in the config and checked anyway.
 Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS words + the raw-bit
 section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
 LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
-AVX2 vectors of 8 lanes (faster: examples/entropy_decode_speed.py measures both; 48 more header bytes
-and about 0.1% more words). Mode 1: a raw copy when coding would not save. No model, shape or dtype in the stream: the
-caller passes the shape and dtype it expects (the decoded size is known up front).
+AVX2 vectors of 8 lanes (faster; 48 more header bytes and coarser words: 0.2-0.4% more bytes in all;
+examples/entropy_decode_speed.py measures both). Mode 1: a raw copy when coding would not save. No
+model, shape or dtype in the stream: the caller passes the shape and dtype it expects (the decoded size
+is known up front).
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
 config, or returns an array of the declared shape; it never reads or writes out of bounds, does a
