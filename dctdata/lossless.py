@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numcodecs
 import numpy as np
@@ -133,39 +133,52 @@ def encode_array(codec, arr: np.ndarray) -> bytes:
     return bytes(codec.encode(arr))
 
 
-def decode_array(codec, buf, shape: tuple[int, ...], dtype, where: str, writeable: bool = True) -> np.ndarray:
+class _Refused(Exception):
+    """A check of `decode_array` failed: its message, which `decode_array` prefixes with `where`."""
+
+
+def decode_array(
+    codec, buf, shape: tuple[int, ...], dtype, where: str | Callable[[], str], writeable: bool = True
+) -> np.ndarray:
     """The array of `shape` and `dtype` stored in `buf`; anything else (a stream that decodes to another
-    size, truncated or mutated bytes) is an IntegrityError naming `where`. Never allocates more than the
-    expected array. `writeable=False` lets a zstd frame come back read-only, without a copy (for a
-    parser that copies what it keeps)."""
+    size, truncated or mutated bytes) is an IntegrityError naming `where`, or `where()`: a reader of many
+    small chunks passes a function, so the description is built only for an error. Never allocates more
+    than the expected array. `writeable=False` lets a zstd frame come back read-only, without a copy (for
+    a parser that copies what it keeps)."""
     dtype = np.dtype(dtype)
     size = math.prod(int(s) for s in shape) * dtype.itemsize
     try:
         if codec is None:
             raw = memoryview(buf).cast("B")
             if len(raw) != size:
-                raise IntegrityError(f"{where}: expected {size} bytes of {dtype} {tuple(shape)}. Got {len(raw)}")
+                raise _Refused(f"expected {size} bytes of {dtype} {tuple(shape)}. Got {len(raw)}")
             return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
         if getattr(codec, "codec_id", None) == CTX_ID:
             return codec.decode(buf, tuple(shape), dtype)
         declared = declared_size(codec, buf)
         if declared != size:
             said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
-            raise IntegrityError(f"{where}: expected a stream of {size} decoded bytes. Got {said}")
+            raise _Refused(f"expected a stream of {size} decoded bytes. Got {said}")
         if getattr(codec, "codec_id", None) == "zstd":
             return _zstd_frame(buf, size, writeable).view(dtype).reshape(shape)
         out = np.empty(size, np.uint8)
         codec.decode(buf, out=out)  # more than `size` bytes is an error; fewer cannot pass the check above
         return out.view(dtype).reshape(shape)
+    except _Refused as exc:
+        raise IntegrityError(f"{_described(where)}: {exc}") from None
     except IntegrityError as exc:
-        if str(exc).startswith(where):
-            raise
-        raise IntegrityError(f"{where}: expected {_name(codec)} bytes of {dtype} {tuple(shape)}. Got {exc}") from exc
+        raise IntegrityError(
+            f"{_described(where)}: expected {_name(codec)} bytes of {dtype} {tuple(shape)}. Got {exc}"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample or chunk
         raise IntegrityError(
-            f"{where}: expected {_name(codec)} bytes of {dtype} {tuple(shape)}. Got undecodable bytes "
+            f"{_described(where)}: expected {_name(codec)} bytes of {dtype} {tuple(shape)}. Got undecodable bytes "
             f"({type(exc).__name__}: {exc})"
         ) from exc
+
+
+def _described(where: str | Callable[[], str]) -> str:
+    return where() if callable(where) else where
 
 
 _ZSTD = threading.local()

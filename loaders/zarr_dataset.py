@@ -81,11 +81,11 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
             raise IndexError(f"index {i} out of range for a dataset of {n} samples")
         return j
 
-    def _read_runs(self, idx: list[int]) -> dict[int, list[torch.Tensor]]:
+    def _read_runs(self, idx: list[int]) -> dict[int, Any]:
+        """{sample index: the sample} for the distinct indices of `idx`."""
         order = sorted(set(idx))
         arrays = self.reader.read_samples(self.fields, order)  # every chunk of the batch in one batched read
-        tensors = [f.to_tensor(arrays[f.name]) for f in self.fields]
-        return {j: [t[k] for t in tensors] for k, j in enumerate(order)}
+        return dict(zip(order, self._make_many([f.to_tensor(arrays[f.name]).unbind(0) for f in self.fields])))
 
     def __len__(self) -> int:
         return self.manifest.samples
@@ -94,7 +94,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         if isinstance(i, slice):
             return self._batch(range(*i.indices(self.manifest.samples)))
         j = self._index(i)
-        return self._make(self._read_runs([j])[j])
+        return self._read_runs([j])[j]
 
     def _batch(self, indices: range):
         """Samples `indices` collated: every field stacked on a new first axis (empty slices too)."""
@@ -119,7 +119,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
                 except IntegrityError as exc:
                     self.skipped += 1
                     log.warning("skipping sample %d: %s", j, exc)
-        return [self._make(got[j]) for j in idx if j in got]
+        return [got[j] for j in idx if j in got]
 
     def __repr__(self) -> str:
         return self._describe()

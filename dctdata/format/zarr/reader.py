@@ -38,7 +38,8 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -229,9 +230,12 @@ class ZarrReader:
         return self._cache[f.name]
 
     def _read_chunks(self, fields: Sequence[FieldSpec], idx: np.ndarray) -> dict[str, np.ndarray]:
-        n = self.manifest.samples
-        groups = {}  # field name -> (chunk numbers, for each the output rows it fills)
+        groups = {}  # field name -> (chunk numbers, for each the output rows it fills: an int for one row)
+        increasing = len(idx) < 2 or bool(np.all(idx[1:] > idx[:-1]))
         for f in fields:
+            if self.layout[f.name]["chunk"] == 1 and increasing:  # chunk k fills row k (the usual batch)
+                groups[f.name] = (idx.tolist(), range(len(idx)))
+                continue
             of_chunk = idx // self.layout[f.name]["chunk"]
             order = np.argsort(of_chunk, kind="stable")
             chunks, first = np.unique(of_chunk[order], return_index=True)
@@ -257,10 +261,11 @@ class ZarrReader:
         def decode(first: int, last: int) -> None:  # chunks [first, last) in batch order; stops at the first bad one
             for (f, c, rows), (rel, start, stop), data in zip(todo[first:last], requests[first:last], got[first:last]):
                 chunk = self.layout[f.name]["chunk"]
-                lo, hi = c * chunk, min((c + 1) * chunk, n)
-                where = f"{join(self.root, rel)}: field {f.name!r} samples {lo}..{hi - 1} (chunk {c})"
-                values = self._plans[f.name].decode(data, stop - start, where)
-                if len(rows) == 1:  # one sample of this chunk: a view of it, copied once
+                lo = c * chunk
+                values = self._plans[f.name].decode(data, stop - start, partial(self._chunk_where, f, rel, c))
+                if isinstance(rows, int):  # one sample of this chunk: a view of it, copied once
+                    out[f.name][rows] = values[idx[rows] - lo]
+                elif len(rows) == 1:
                     out[f.name][rows[0]] = values[idx[rows[0]] - lo]
                 else:
                     out[f.name][rows] = values[idx[rows] - lo]
@@ -330,6 +335,12 @@ class ZarrReader:
                     self._index_entries -= len(self._indexes.popitem(last=False)[1])
         return held
 
+    def _chunk_where(self, f: FieldSpec, rel: str, c: int) -> str:
+        """A chunk's description for error messages (built only for one)."""
+        chunk = self.layout[f.name]["chunk"]
+        lo, hi = c * chunk, min((c + 1) * chunk, self.manifest.samples)
+        return f"{join(self.root, rel)}: field {f.name!r} samples {lo}..{hi - 1} (chunk {c})"
+
     def _shard_where(self, f: FieldSpec, s: int) -> str:
         shard, n = self.layout[f.name]["shard"], self.manifest.samples
         lo, hi = s * shard, min((s + 1) * shard, n) - 1
@@ -353,8 +364,11 @@ class _FieldPlan:
     """How one field's chunks are stored: shard geometry, the chunk codec, the decoded sample layout."""
 
     def __init__(self, f: FieldSpec, path: str, chunks_per_shard: int, index_at_end: bool, chunk: int, little: bool):
-        from dctdata.lossless import get_codec
+        import google_crc32c
 
+        from dctdata.lossless import decode_array, get_codec
+
+        self._crc32c, self._decode_array = google_crc32c.value, decode_array  # imported once, not per chunk
         self.path, self.ndim = path, 1 + len(f.stored_shape)
         self.chunks_per_shard, self.index_at_end = chunks_per_shard, index_at_end
         self.codec = get_codec(f.lossless)
@@ -366,26 +380,24 @@ class _FieldPlan:
     def key(self, s: int) -> str:
         return shard_key(self.path, s, self.ndim)
 
-    def decode(self, data: bytes | Exception, expected: int, where: str) -> np.ndarray:
-        """One stored chunk: length, crc32c, the lossless stage (bounded to the chunk's size)."""
-        import google_crc32c
-
-        from dctdata.lossless import decode_array
-
+    def decode(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> np.ndarray:
+        """One stored chunk: length, crc32c, the lossless stage (bounded to the chunk's size). `where()`
+        describes the chunk; it is called only for an error message (formatting it for every chunk was a
+        tenth of a zstd pack's batch read)."""
         if isinstance(data, Exception):
-            raise IntegrityError(f"{where}: expected a readable chunk. Got {type(data).__name__}: {data}") from data
+            raise IntegrityError(f"{where()}: expected a readable chunk. Got {type(data).__name__}: {data}") from data
         if len(data) != expected or expected < CRC_BYTES:
             raise IntegrityError(
-                f"{where}: expected intact stored data ({expected} bytes). Got {len(data)} bytes (truncated shard)"
+                f"{where()}: expected intact stored data ({expected} bytes). Got {len(data)} bytes (truncated shard)"
             )
         # A message followed by its own little-endian crc32c always has the crc32c CRC_RESIDUE (the check
         # of the whole chunk, no copy of its body; any other last 4 bytes give another value)
-        if google_crc32c.value(data) != CRC_RESIDUE:
-            raise IntegrityError(f"{where}: expected intact stored data. Got a chunk failing its crc32c (corrupted)")
+        if self._crc32c(data) != CRC_RESIDUE:
+            raise IntegrityError(f"{where()}: expected intact stored data. Got a chunk failing its crc32c (corrupted)")
         # read-only is fine: the reader copies what it keeps into the batch's arrays (a zstd frame is then
         # not copied once more)
         body = memoryview(data)[:-CRC_BYTES]
-        return decode_array(self.codec, body, self.shape, self.dtype, where, writeable=False)
+        return self._decode_array(self.codec, body, self.shape, self.dtype, where, writeable=False)
 
 
 def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict, where: str) -> _FieldPlan:
