@@ -48,15 +48,30 @@ def test_batched_reads_equal_zarr_python_bit_for_bit(tmp_path, settings):
     }
     assert "inline" in arrays.get("image__side", {"inline": "no side partner"})  # 37 samples x 2 channels x 8 bytes
     rng = np.random.default_rng(0)
+    by_name = dctdata.open_dataset(root, as_dict=True)
     for size in (1, 5, 32, len(ds)):
-        idx = rng.choice(len(ds), size, replace=False).tolist()
-        got = ds.reader.read_samples(ds.fields, idx)
-        for f in ds.fields:  # the side partner of a dct field included
-            assert got[f.name].dtype == reference[f.name].dtype
-            assert got[f.name].tobytes() == reference[f.name][idx].tobytes(), (f.name, idx)
-        samples = ds.__getitems__(idx)
-        label = [f.name for f in ds.fields].index("label")
-        assert [int(s[-1]) for s in samples] == got["label"].tolist() and label == len(ds.fields) - 1
+        shuffled = rng.choice(len(ds), size, replace=False).tolist()
+        for idx in (shuffled, sorted(shuffled)):  # increasing batches of one-sample chunks take a shorter path
+            got = ds.reader.read_samples(ds.fields, idx)
+            for f in ds.fields:  # the side partner of a dct field included
+                assert got[f.name].dtype == reference[f.name].dtype
+                assert got[f.name].tobytes() == reference[f.name][idx].tobytes(), (f.name, idx)
+            samples, dicts = ds.__getitems__(idx), by_name.__getitems__(idx)
+            label = [f.name for f in ds.fields].index("label")
+            assert [int(s[-1]) for s in samples] == got["label"].tolist() and label == len(ds.fields) - 1
+            for k, (s, d) in enumerate(zip(samples, dicts)):  # a batch's samples, as one sample reads them
+                image, mask, lab = s
+                assert list(d) == ["image", "mask", "label"] and int(d["label"]) == int(lab) == 7 * idx[k]
+                stored = list(image) if "image__side" in reference else [image]  # int quant: (coefficients, side)
+                names = ["image", "image__side"][: len(stored)]
+                for t, name in zip(stored, names):
+                    bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+                    assert bits.numpy().tobytes() == reference[name][idx[k]].tobytes(), (name, idx[k])
+                assert torch.equal(mask, torch.from_numpy(reference["mask"][idx[k]]))
+                assert torch.equal(lab, d["label"]) and torch.equal(mask, d["mask"])
+                one, dict_image = ds[idx[k]], d["image"] if len(stored) > 1 else [d["image"]]
+                assert all(torch.equal(a, b) for a, b in zip(stored, dict_image)) and len(dict_image) == len(stored)
+                assert all(torch.equal(a, b) for a, b in zip(stored, one[0] if len(stored) > 1 else [one[0]]))
     arrays = ds.reader.read_samples(ds.fields, [9, 3, 9, 36])  # any order, repeats allowed
     assert arrays["label"].tolist() == [63, 21, 63, 252]
 
