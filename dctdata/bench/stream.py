@@ -7,7 +7,9 @@ of `dctdata.bench.loader_peers` (webdataset .npy shards, zarr via tensorstore an
 MosaicML Streaming where installed). Each is read for `epochs` shuffled epochs through
 `DataLoader(num_workers=W, batch_size=B)`; rows report the best epoch's samples/s locally and over
 HTTP (peers without an HTTP reader: "-"), the stored bytes per sample and the body bytes the server
-sent per sample delivered.
+sent per sample delivered. Locally every loader first runs one untimed epoch, then the timed epochs
+of all loaders alternate, one round at a time, so every row sees the same machine states; over HTTP
+(one throttled server per row) and for the "+ Decompress" rows, each row's epochs run in turn.
 
 "coefficients only" rows stop at what the loader yields: coefficients for dctdata, float32 arrays for
 the peers (the device's side is excluded). The "+ Decompress" rows also decode on the CPU in the main
@@ -52,14 +54,18 @@ def _stored_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f not in skip)
 
 
+def _set_epoch(loader, e: int) -> None:
+    for target in (loader.dataset, loader.sampler):
+        if hasattr(target, "set_epoch"):
+            target.set_epoch(e)
+
+
 def _time(make_loader: Callable, to_output: Callable, epochs: int, server: LoopbackServer | None):
     """(samples per epoch, best samples/s, server bytes per sample delivered or None)."""
     loader = make_loader()
     best, count, sent = float("inf"), 0, None
     for e in range(epochs):
-        for target in (loader.dataset, loader.sampler):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(e)
+        _set_epoch(loader, e)
         if server is not None:
             server.reset()
         count, dt = _epoch(loader, to_output)
@@ -67,6 +73,25 @@ def _time(make_loader: Callable, to_output: Callable, epochs: int, server: Loopb
             sent = server.bytes_sent / count
         best = min(best, dt)
     return count, count / best if count else 0.0, sent
+
+
+def _time_alternating(cases: dict[str, tuple[Callable, Callable]], epochs: int) -> dict[str, tuple[int, float]]:
+    """{name: (samples per epoch, best samples/s)} for local loaders `cases` (name: (make_loader,
+    to_output)), timed side by side: every loader runs one untimed epoch first (its persistent workers
+    start), then each round times one epoch of every loader in turn, so all rows see the machine in the
+    same states (a shared machine's speed moves within minutes; one row after another did not)."""
+    loaders = {name: make() for name, (make, _) in cases.items()}
+    best = {name: (0, float("inf")) for name in cases}
+    try:
+        for e in range(epochs + 1):
+            for name, loader in loaders.items():
+                _set_epoch(loader, e)
+                count, dt = _epoch(loader, cases[name][1])
+                if e and dt < best[name][1]:
+                    best[name] = (count, dt)
+    finally:
+        del loaders  # their workers end
+    return {name: (count, count / dt if count else 0.0) for name, (count, dt) in best.items()}
 
 
 def run_stream_bench(
@@ -143,9 +168,11 @@ def run_stream_bench(
                     p.http,
                 )
             )
+        makers = {name: (open_loader(os.path.join(d, rel)), output) for name, rel, open_loader, output, _ in cases}
+        local = _time_alternating(makers, epochs)
         for name, rel, open_loader, to_output, http in cases:
             root = os.path.join(d, rel)
-            count, local_sps, _ = _time(open_loader(root), to_output, epochs, None)
+            count, local_sps = local[name]
             http_sps = sent = None
             if http and rate is not None:
                 with LoopbackServer(d, rate=rate) as server:  # one per case: no connection outlives its case

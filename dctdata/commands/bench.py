@@ -208,7 +208,8 @@ def _stream(args) -> int:
     print(
         f"torch {torch.__version__}; {meta['n']} samples of 1x{meta['size']}x{meta['size']} float32; dctdata cf={c.cf} "
         f"{c.mask} {c.dtype}, {meta['shards']} webdataset shards; DataLoader(num_workers={args.workers}, "
-        f"batch_size={args.batch}, shuffled, persistent_workers); best of {args.epochs} epochs; HTTP: loopback server "
+        f"batch_size={args.batch}, shuffled, persistent_workers); best of {args.epochs} epochs (local: after one "
+        "untimed epoch, the loaders' epochs alternating); HTTP: loopback server "
         f"{'unthrottled' if rate is None else f'throttled to {args.rate_mbps:g} MB/s'}; "
         f"sha256 {meta['sha_GBps']:.2f} GB/s"
     )

@@ -82,3 +82,31 @@ def test_stream_table_counts_http_bytes(tmp_path):
         wds = by[name]
         assert wds["http_per_sample"] == pytest.approx(wds["stored_per_sample"], rel=0.01)  # whole shards, once
     assert "| 1.00x |" in format_rows(rows, 100e6)
+
+
+def test_stream_local_epochs_alternate_after_one_untimed_epoch():
+    from dctdata.bench.stream import _time_alternating
+
+    log = []
+
+    class Data:
+        def __init__(self, name):
+            self.name = name
+
+        def set_epoch(self, e):
+            log.append((self.name, e))
+
+    class Loader:
+        sampler = None
+
+        def __init__(self, name, per_batch):
+            self.dataset, self.per_batch = Data(name), per_batch
+
+        def __iter__(self):
+            epoch = log[-1][1]
+            return iter([torch.zeros(self.per_batch + epoch)] * 2)  # later epochs: more samples
+
+    got = _time_alternating({n: (lambda n=n, k=k: Loader(n, k), lambda b: b) for n, k in (("a", 3), ("b", 5))}, 2)
+    assert log == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert {n: c for n, (c, _) in got.items()} in ({"a": 8, "b": 12}, {"a": 10, "b": 14})  # a timed epoch's count
+    assert all(sps > 0 for _, sps in got.values())
