@@ -13,7 +13,7 @@ from torch import nn
 
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format.coords import decode_coord
-from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, assemble, has_side, user_fields
+from dctdata.format.fields import FieldSpec, assemble, user_fields
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
 from dctdata.layer import Decompress
@@ -136,15 +136,13 @@ class PackedDataset:
 
     def _make_many(self, columns: Sequence[Sequence[torch.Tensor]]) -> list:
         """The samples of a batch, `columns[i][k]` being field i's stored value of sample k: what `_make`
-        gives for each sample, with the fields' pairing worked out once for the batch (a per-sample
-        `_make` was a tenth of a zstd pack's batch read)."""
-        at = {f.name: i for i, f in enumerate(self.fields)}
-        users = user_fields(self.fields)
-        parts = [(at[f.name], at[f.name + SIDE_SUFFIX] if has_side(f) else None) for f in users]
-        keys = [f.name for f in users]
+        gives for each sample, with `assemble`'s pairing worked out once for the batch (on the fields'
+        positions) instead of once per sample."""
+        plan = assemble(self.fields, range(len(self.fields)))  # a position, or a (coefficients, side) pair
+        keys = [f.name for f in user_fields(self.fields)]
         samples = []
         for k in range(len(columns[0]) if columns else 0):
-            values = [columns[i][k] if j is None else (columns[i][k], columns[j][k]) for i, j in parts]
+            values = [(columns[p[0]][k], columns[p[1]][k]) if isinstance(p, tuple) else columns[p][k] for p in plan]
             samples.append(dict(zip(keys, values)) if self.as_dict else tuple(values))
         return samples
 

@@ -382,8 +382,7 @@ class _FieldPlan:
 
     def decode(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> np.ndarray:
         """One stored chunk: length, crc32c, the lossless stage (bounded to the chunk's size). `where()`
-        describes the chunk; it is called only for an error message (formatting it for every chunk was a
-        tenth of a zstd pack's batch read)."""
+        describes the chunk; it is called only for an error message, so a batch formats no strings."""
         if isinstance(data, Exception):
             raise IntegrityError(f"{where()}: expected a readable chunk. Got {type(data).__name__}: {data}") from data
         if len(data) != expected or expected < CRC_BYTES:
