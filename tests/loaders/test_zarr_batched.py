@@ -31,7 +31,8 @@ def pack(tmp_path, name="ds", n=37, size=(20, 28), channels=2, **kw):
 @pytest.mark.parametrize(
     "settings",
     [
-        {"quant": "int8", "target_psnr": 35},  # one sample per chunk (the default for large samples)
+        {"quant": "int8", "target_psnr": 35},  # chunks sized by the writer (8 samples of this size)
+        {"quant": "int8", "target_psnr": 35, "writer_options": {"chunk_samples": 1, "shard_samples": 16}},
         {"quant": "bf16", "cf": 5, "writer_options": {"chunk_samples": 4, "shard_samples": 8}},  # partial last chunk
         {"quant": "int16", "cf": 3, "mask": "triangle", "writer_options": {"chunk_samples": 2, "shard_samples": 16}},
     ],
@@ -167,3 +168,23 @@ def test_range_source_merges_touching_ranges_and_keeps_order(tmp_path):
     assert isinstance(got[4], FileNotFoundError)
     assert src.requests == 3 and src.bytes == 30  # 0..20 and 50..60 are one request each; b failed
     assert src.fetch([("a", 95, 105)]) == [bytes(range(95, 100))]  # a short read is the caller's to judge
+
+
+def test_a_corrupted_one_sample_chunk_is_named_in_an_increasing_batch(tmp_path):
+    one = {"chunk_samples": 1, "shard_samples": 16}  # one sample per chunk: an increasing batch's shorter path
+    root = pack(tmp_path, quant="int8", target_psnr=35, writer_options=one)
+    ds = dctdata.open_dataset(root)
+    assert ds.reader.layout["image"]["chunk"] == 1
+    shard = root / "image" / "c.0.0.0.0.0"
+    raw = bytearray(shard.read_bytes())
+    raw[10] ^= 0xFF  # inside the first chunk (the index is at the shard's end): sample 0
+    shard.write_bytes(bytes(raw))
+    for reader in (dctdata.open_dataset(root).reader, ds.reader):  # a fresh reader, and one that read before
+        with pytest.raises(
+            IntegrityError,
+            match=r"image/c\.0\.0\.0\.0\.0: field 'image' samples 0\.\.0 \(chunk 0\): expected intact stored data\. "
+            r"Got a chunk failing its crc32c \(corrupted\)",
+        ):
+            reader.read_samples(ds.fields, [0, 3, 4])
+    skip = dctdata.open_dataset(root, on_error="skip")
+    assert [int(s[-1]) for s in skip.__getitems__([0, 3, 4])] == [21, 28] and skip.skipped == 1
