@@ -118,7 +118,8 @@ def jpeg_files(u8: np.ndarray, directory: str, target_psnr: float, qualities=(75
 
 def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batches=20, workdir=None):
     """Milliseconds to turn one batch of `batch` random stored samples into arrays (median over
-    `batches` batches, best of `rounds` interleaved rounds) from a local pack: the dctdata zarr reader
+    `batches` batches, best of `rounds` rounds; within a round the cases take turns batch by batch,
+    `_time_interleaved`) from a local pack: the dctdata zarr reader
     (coefficients) of the default pack (its lossless stage chosen by size, usually the entropy coder) and
     of a zstd-9 pack, tensorstore and zarr-python on that zstd pack (they cannot decode the entropy coder),
     and both on raw float32 zarr of the same samples. The dctdata reader and tensorstore run at one
@@ -202,15 +203,8 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         try:
             with torch.inference_mode():
                 for _ in range(rounds):
-                    for name, (fn, _, threads) in cases.items():
-                        torch.set_num_threads(threads)
-                        fn(picks[0])
-                        times = []
-                        for i in picks:
-                            t0 = time.perf_counter()
-                            fn(i)
-                            times.append(time.perf_counter() - t0)
-                        best[name] = min(best[name], float(np.median(times)))
+                    times = _time_interleaved(cases, picks)
+                    best = {name: min(best[name], float(np.median(times[name]))) for name in cases}
         finally:
             torch.set_num_threads(before)
         return [
@@ -222,6 +216,26 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
             }
             for name, (_, root, threads) in cases.items()
         ]
+
+
+def _time_interleaved(cases: dict, picks: list) -> dict[str, list[float]]:
+    """{name: seconds per batch} for every case of `run_batch_bench` over every batch of `picks`, the cases
+    interleaved batch by batch so that all of them see the machine in the same states (a shared machine's
+    speed moves within seconds). At step s case c reads picks[(s + c) % len(picks)]: no case reads a batch
+    the case just before it read (its cache would favour the second). Each case reads one batch untimed
+    first, with its thread setting."""
+    for fn, _, threads in cases.values():
+        torch.set_num_threads(threads)
+        fn(picks[-1])
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for s in range(len(picks)):
+        for c, (name, (fn, _, threads)) in enumerate(cases.items()):
+            torch.set_num_threads(threads)
+            i = picks[(s + c) % len(picks)]
+            t0 = time.perf_counter()
+            fn(i)
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def format_batch_rows(rows) -> str:

@@ -110,3 +110,24 @@ def test_stream_local_epochs_alternate_after_one_untimed_epoch():
     assert log == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
     assert {n: c for n, (c, _) in got.items()} in ({"a": 8, "b": 12}, {"a": 10, "b": 14})  # a timed epoch's count
     assert all(sps > 0 for _, sps in got.values())
+
+
+def test_read_path_cases_take_turns_batch_by_batch_on_different_batches():
+    from dctdata.bench.loader import _time_interleaved
+
+    log = []
+    picks = [10, 11, 12, 13]
+    cases = {name: (lambda i, name=name: log.append((name, i, torch.get_num_threads())), None, t) for name, t in
+             (("a", 1), ("b", 2), ("c", 1))}  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        times = _time_interleaved(cases, picks)
+    finally:
+        torch.set_num_threads(before)
+    assert log[:3] == [("a", 13, 1), ("b", 13, 2), ("c", 13, 1)]  # one untimed batch each, under its threads
+    timed = log[3:]
+    assert [n for n, _, _ in timed] == ["a", "b", "c"] * 4  # turns, batch by batch
+    assert all(t == {"a": 1, "b": 2, "c": 1}[n] for n, _, t in timed)
+    for name in "abc":  # every case reads every batch once
+        assert sorted(i for n, i, _ in timed if n == name) == picks and len(times[name]) == 4
+    assert all(timed[k][1] != timed[k + 1][1] for k in range(len(timed) - 1))  # never the batch just read
