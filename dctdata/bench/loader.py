@@ -118,8 +118,8 @@ def jpeg_files(u8: np.ndarray, directory: str, target_psnr: float, qualities=(75
 
 def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batches=20, workdir=None):
     """Milliseconds to turn one batch of `batch` random stored samples into arrays (median over
-    `batches` batches, best of `rounds` rounds; within a round the cases take turns batch by batch,
-    `_time_interleaved`) from a local pack: the dctdata zarr reader
+    `batches` batches, best of `rounds` rounds; within a round the cases take turns in blocks of
+    batches, `_time_interleaved`) from a local pack: the dctdata zarr reader
     (coefficients) of the default pack (its lossless stage chosen by size, usually the entropy coder) and
     of a zstd-9 pack, tensorstore and zarr-python on that zstd pack (they cannot decode the entropy coder),
     and both on raw float32 zarr of the same samples. The dctdata reader and tensorstore run at one
@@ -218,23 +218,23 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         ]
 
 
-def _time_interleaved(cases: dict, picks: list) -> dict[str, list[float]]:
-    """{name: seconds per batch} for every case of `run_batch_bench` over every batch of `picks`, the cases
-    interleaved batch by batch so that all of them see the machine in the same states (a shared machine's
-    speed moves within seconds). At step s case c reads picks[(s + c) % len(picks)]: no case reads a batch
-    the case just before it read (its cache would favour the second). Each case reads one batch untimed
-    first, with its thread setting."""
-    for fn, _, threads in cases.values():
-        torch.set_num_threads(threads)
-        fn(picks[-1])
+def _time_interleaved(cases: dict, picks: list, block: int = 5) -> dict[str, list[float]]:
+    """{name: seconds per batch} for every case of `run_batch_bench` over every batch of `picks`. The
+    cases take turns in blocks of `block` batches, so all of them see the machine in the same states (a
+    shared machine's speed moves within seconds); each block starts with one untimed batch, which wakes
+    the threads the case uses after the other cases ran (turns of one batch penalised the all-cores
+    rows, measured). Case c reads picks[(k + c * block) % len(picks)] at step k: neighbouring cases
+    read different batches in a round (a batch the case before just read would be in cache)."""
+    n = len(picks)
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for s in range(len(picks)):
+    for first in range(0, n, block):
         for c, (name, (fn, _, threads)) in enumerate(cases.items()):
             torch.set_num_threads(threads)
-            i = picks[(s + c) % len(picks)]
-            t0 = time.perf_counter()
-            fn(i)
-            times[name].append(time.perf_counter() - t0)
+            fn(picks[(first - 1 + c * block) % n])
+            for k in range(first, min(first + block, n)):
+                t0 = time.perf_counter()
+                fn(picks[(k + c * block) % n])
+                times[name].append(time.perf_counter() - t0)
     return times
 
 

@@ -144,7 +144,7 @@ def _loader(args) -> int:
     batch_rows = run_batch_bench(args.samples, args.size, args.batch, args.target_psnr)
     print(
         f"read path: one batch of {args.batch} random samples of 1x{args.size}x{args.size} from {args.samples} stored "
-        "(local, page cache), median of 20 batches, best of 3 rounds (the rows take turns batch by batch), at 1 "
+        "(local, page cache), median of 20 batches, best of 3 rounds (the rows take turns, 5 batches at a time), at 1 "
         "thread and at all cores (torch threads for dctdata, default concurrency for tensorstore)"
     )
     print(format_batch_rows(batch_rows))

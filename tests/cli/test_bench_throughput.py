@@ -112,22 +112,24 @@ def test_stream_local_epochs_alternate_after_one_untimed_epoch():
     assert all(sps > 0 for _, sps in got.values())
 
 
-def test_read_path_cases_take_turns_batch_by_batch_on_different_batches():
+def test_read_path_cases_take_turns_in_blocks_on_different_batches():
     from dctdata.bench.loader import _time_interleaved
 
     log = []
-    picks = [10, 11, 12, 13]
+    picks = list(range(10, 16))
     cases = {name: (lambda i, name=name: log.append((name, i, torch.get_num_threads())), None, t) for name, t in
              (("a", 1), ("b", 2), ("c", 1))}  # fmt: skip
     before = torch.get_num_threads()
     try:
-        times = _time_interleaved(cases, picks)
+        times = _time_interleaved(cases, picks, block=2)
     finally:
         torch.set_num_threads(before)
-    assert log[:3] == [("a", 13, 1), ("b", 13, 2), ("c", 13, 1)]  # one untimed batch each, under its threads
-    timed = log[3:]
-    assert [n for n, _, _ in timed] == ["a", "b", "c"] * 4  # turns, batch by batch
-    assert all(t == {"a": 1, "b": 2, "c": 1}[n] for n, _, t in timed)
-    for name in "abc":  # every case reads every batch once
-        assert sorted(i for n, i, _ in timed if n == name) == picks and len(times[name]) == 4
-    assert all(timed[k][1] != timed[k + 1][1] for k in range(len(timed) - 1))  # never the batch just read
+    turns = [name for _ in range(3) for name in "abc" for _ in range(3)]
+    assert [n for n, _, _ in log] == turns  # turns of one untimed and two timed batches
+    assert all(t == {"a": 1, "b": 2, "c": 1}[n] for n, _, t in log)  # each under its thread setting
+    timed = [entry for k, entry in enumerate(log) if k % 3]
+    for name in "abc":  # every case times every batch once
+        assert sorted(i for n, i, _ in timed if n == name) == picks and len(times[name]) == len(picks)
+    for turn in range(0, len(timed), 2):  # a turn's batches differ from the turn before's
+        if turn:
+            assert not {i for _, i, _ in timed[turn : turn + 2]} & {i for _, i, _ in timed[turn - 2 : turn]}
