@@ -108,7 +108,7 @@ def test_stream_local_epochs_alternate_after_one_untimed_epoch():
 
     got = _time_alternating({n: (lambda n=n, k=k: Loader(n, k), lambda b: b) for n, k in (("a", 3), ("b", 5))}, 2)
     assert log == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
-    assert {n: c for n, (c, _) in got.items()} in ({"a": 8, "b": 12}, {"a": 10, "b": 14})  # a timed epoch's count
+    assert got["a"][0] in (8, 10) and got["b"][0] in (12, 14)  # each loader's best timed epoch, never epoch 0
     assert all(sps > 0 for _, sps in got.values())
 
 
