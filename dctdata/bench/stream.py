@@ -80,17 +80,14 @@ def _time_alternating(cases: dict[str, tuple[Callable, Callable]], epochs: int) 
     to_output)), timed side by side: every loader runs one untimed epoch first (its persistent workers
     start), then each round times one epoch of every loader in turn, so all rows see the machine in the
     same states (a shared machine's speed moves within minutes; one row after another did not)."""
-    loaders = {name: make() for name, (make, _) in cases.items()}
+    loaders = {name: make() for name, (make, _) in cases.items()}  # their workers end with this call
     best = {name: (0, float("inf")) for name in cases}
-    try:
-        for e in range(epochs + 1):
-            for name, loader in loaders.items():
-                _set_epoch(loader, e)
-                count, dt = _epoch(loader, cases[name][1])
-                if e and dt < best[name][1]:
-                    best[name] = (count, dt)
-    finally:
-        del loaders  # their workers end
+    for e in range(epochs + 1):
+        for name, loader in loaders.items():
+            _set_epoch(loader, e)
+            count, dt = _epoch(loader, cases[name][1])
+            if e and dt < best[name][1]:
+                best[name] = (count, dt)
     return {name: (count, count / dt if count else 0.0) for name, (count, dt) in best.items()}
 
 

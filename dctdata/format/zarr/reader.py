@@ -41,6 +41,7 @@ from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import google_crc32c
 import numpy as np
 import torch
 
@@ -52,6 +53,7 @@ from dctdata.format.ranges import RangeSource
 from dctdata.format.zarr.layout import CRC_BYTES, check_shard_index, index_bytes, shard_key, zarr_layout
 from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
 from dctdata.kinds import FieldKind
+from dctdata.lossless import decode_array, get_codec
 from dctdata.pool import run_split
 
 # Fields whose whole stored array is at most this big are read once per process and kept in memory
@@ -239,7 +241,7 @@ class ZarrReader:
             of_chunk = idx // self.layout[f.name]["chunk"]
             order = np.argsort(of_chunk, kind="stable")
             chunks, first = np.unique(of_chunk[order], return_index=True)
-            groups[f.name] = (chunks.tolist(), np.split(order, first[1:]))
+            groups[f.name] = (chunks.tolist(), [int(r[0]) if len(r) == 1 else r for r in np.split(order, first[1:])])
         indexes = self._load_indexes(
             [
                 (f, s)
@@ -265,8 +267,6 @@ class ZarrReader:
                 values = self._plans[f.name].decode(data, stop - start, partial(self._chunk_where, f, rel, c))
                 if isinstance(rows, int):  # one sample of this chunk: a view of it, copied once
                     out[f.name][rows] = values[idx[rows] - lo]
-                elif len(rows) == 1:
-                    out[f.name][rows[0]] = values[idx[rows[0]] - lo]
                 else:
                     out[f.name][rows] = values[idx[rows] - lo]
 
@@ -364,11 +364,6 @@ class _FieldPlan:
     """How one field's chunks are stored: shard geometry, the chunk codec, the decoded sample layout."""
 
     def __init__(self, f: FieldSpec, path: str, chunks_per_shard: int, index_at_end: bool, chunk: int, little: bool):
-        import google_crc32c
-
-        from dctdata.lossless import decode_array, get_codec
-
-        self._crc32c, self._decode_array = google_crc32c.value, decode_array  # imported once, not per chunk
         self.path, self.ndim = path, 1 + len(f.stored_shape)
         self.chunks_per_shard, self.index_at_end = chunks_per_shard, index_at_end
         self.codec = get_codec(f.lossless)
@@ -391,12 +386,12 @@ class _FieldPlan:
             )
         # A message followed by its own little-endian crc32c always has the crc32c CRC_RESIDUE (the check
         # of the whole chunk, no copy of its body; any other last 4 bytes give another value)
-        if self._crc32c(data) != CRC_RESIDUE:
+        if google_crc32c.value(data) != CRC_RESIDUE:
             raise IntegrityError(f"{where()}: expected intact stored data. Got a chunk failing its crc32c (corrupted)")
         # read-only is fine: the reader copies what it keeps into the batch's arrays (a zstd frame is then
         # not copied once more)
         body = memoryview(data)[:-CRC_BYTES]
-        return self._decode_array(self.codec, body, self.shape, self.dtype, where, writeable=False)
+        return decode_array(self.codec, body, self.shape, self.dtype, where, writeable=False)
 
 
 def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict, where: str) -> _FieldPlan:
