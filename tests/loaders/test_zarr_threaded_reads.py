@@ -44,6 +44,7 @@ def threads(monkeypatch):
     before = torch.get_num_threads()
     monkeypatch.delenv("DCTDATA_READ_THREADS", raising=False)
     monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 1e-9)
+    monkeypatch.setattr(zarr_reader, "HANDOFF_US", 1e-9)
     seen = {"decoders": set(), "runs": []}
     decode, split = zarr_reader._FieldPlan.decode, zarr_reader.run_split
 
@@ -155,11 +156,23 @@ def test_one_torch_thread_or_the_env_switch_never_uses_the_pool(packs, threads, 
 
 def test_small_batches_stay_on_one_thread(threads, monkeypatch):
     threads(8)
-    monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 100)  # the module's value (the fixture lowered it)
+    monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 100)  # the module's values (the fixture lowered them)
+    monkeypatch.setattr(zarr_reader, "HANDOFF_US", 25)
     assert zarr_reader.decode_threads(1, 1e9) == 1  # one chunk
     assert zarr_reader.decode_threads(32, 150) == 1  # too little work to pay for a second thread
     assert zarr_reader.decode_threads(32, 450) == 4
     assert zarr_reader.decode_threads(32, 1e9) == 8
+
+
+def test_many_cores_take_only_the_threads_whose_handoff_pays(threads, monkeypatch):
+    threads(16)
+    monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 100)
+    monkeypatch.setattr(zarr_reader, "HANDOFF_US", 25)
+    # W / n + 25 n is least at n = sqrt(W / 25): 1,600 us of work pays for 8 threads, not 16
+    assert zarr_reader.decode_threads(32, 1_600) == 8
+    assert zarr_reader.decode_threads(32, 2_080) == 9  # a zstd-9 batch of 32 chunks of 64 KiB (estimated)
+    assert zarr_reader.decode_threads(32, 10_480) == 16  # the entropy coder's: all 16 cores pay
+    assert zarr_reader.decode_threads(32, 6_399) == 15
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])

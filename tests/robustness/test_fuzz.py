@@ -7,10 +7,11 @@ Properties:
   re-sealed around it (so the structural checks, not the hash, must catch it), either raises
   DctDataError or yields arrays of exactly the stored shape and dtype; without re-sealing, any change
   raises IntegrityError.
-- zarr shards: any byte mutation/truncation of a shard read through the batched reader raises
-  IntegrityError or gives back exactly the stored values; with every crc32c re-sealed around the
-  mutation (so the structural checks and the codec must catch it), it raises IntegrityError or gives
-  arrays of exactly the stored shape and dtype.
+- zarr shards (zstd in two-sample chunks, and the entropy coder in one-sample chunks): any byte
+  mutation/truncation of a shard read through the batched reader raises IntegrityError or gives back
+  exactly the stored values; with every crc32c re-sealed around the mutation (so the structural checks
+  and the codec must catch it), it raises IntegrityError or gives arrays of exactly the stored shape
+  and dtype.
 - codec: random shapes, input dtypes, CFs, masks, wire dtypes and steps through encode -> Decompress
   give (B, C, H, W) finite output within the error the DCT's orthonormality allows.
 
@@ -34,6 +35,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from sample_fields import smooth_fields
 
 import dctdata
 from dctdata.errors import DctDataError, IntegrityError
@@ -80,6 +82,10 @@ def packs():
                         coords={"time": times}) as w:  # fmt: skip
         for s in x:
             w.write(s)
+    # the entropy coder (the default stage, chosen at this size; the pack above gets zstd), one-sample chunks
+    np.savez(tmp / "smooth.npz", image=smooth_fields(4, 1, 64, 64, seed=1))
+    one = {"chunk_samples": 1, "shard_samples": 4}
+    dctdata.pack(tmp / "smooth.npz", tmp / "zarr-ctx", quant="int8", target_psnr=35, quiet=True, writer_options=one)
     yield tmp
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -277,15 +283,17 @@ def _reseal_zarr_shard(b: bytearray, chunks_per_shard: int) -> None:
 
 
 @pytest.mark.parametrize("reseal", [True, False])
-def test_fuzz_zarr_shard_reader(packs, reseal):
+@pytest.mark.parametrize("pack, chunks_per_shard", [("zarr", 2), ("zarr-ctx", 4)])
+def test_fuzz_zarr_shard_reader(packs, reseal, pack, chunks_per_shard):
     from dctdata.format.zarr import ZarrReader
 
-    root = packs / "zarr"
+    root = packs / pack
     m = dctdata.format.read_manifest(root)
     f = m.field("image")
     rel = "image/c.0.0.0.0.0"
     raw = (root / rel).read_bytes()
     want = ZarrReader(str(root), m, (f,)).read(f, 0, 4)
+    assert f.lossless["id"] == ("dctdata_ctxrans" if pack == "zarr-ctx" else "zstd")  # both stages are fuzzed
     work = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-zarr-"))
     shutil.copytree(root, work / "z")
     counts = {"rejected": 0, "read": 0}
@@ -299,7 +307,7 @@ def test_fuzz_zarr_shard_reader(packs, reseal):
     def run(edits, cut, truncate):
         b = edited(raw, edits)
         if reseal:
-            _reseal_zarr_shard(b, 2)
+            _reseal_zarr_shard(b, chunks_per_shard)
         data = bytes(b[:cut] if truncate and not reseal else b)
         assume(data != raw)
         (work / "z" / rel).write_bytes(data)
