@@ -1034,6 +1034,59 @@ static dec_fn pick_decoder(int flags, int itemsize, int lanes) {
     return lanes ? (itemsize == 1 ? dec_i8_any_l : dec_i16_any_l) : (itemsize == 1 ? dec_i8_any : dec_i16_any);
 }
 
+/* One stream into `out` (n * itemsize bytes of shape dims), without the GIL's help: NULL when it decoded
+ * cleanly, else the error. The model's vector steps (m->vsteps) are set by the caller for these dims. */
+static const char *decode_one(const model_t *m, const uint8_t *in, Py_ssize_t len, void *out, Py_ssize_t outlen,
+                              const int dims[5], int itemsize) {
+    const uint8_t *end = in + len;
+    if (len < 1) return "ctxrans: empty stream";
+    if (in[0] == MODE_RAW) {
+        if (len - 1 != outlen) return "ctxrans: raw stream has the wrong length";
+        memcpy(out, in + 1, outlen);
+        return NULL;
+    }
+    const int lanes = in[0] == MODE_LANES, ns = lanes ? NS2 : NS0, state_bytes = lanes ? 4 : 8;
+    const rans_t lo = lanes ? RANS_L2 : RANS_L, hi = lanes ? RANS_L2 << 16 : RANS_L << IO_BITS;
+    if ((in[0] != MODE_RANS && !lanes) || len < 2 + ns * state_bytes) return "ctxrans: bad stream header";
+    rans_t x[NSMAX];
+    for (int s = 0; s < ns; s++) {
+        x[s] = 0;
+        for (int j = 0; j < state_bytes; j++) x[s] |= (rans_t)in[1 + state_bytes * s + j] << (8 * j);
+        if (x[s] < lo || x[s] >= hi) return "ctxrans: corrupt stream (bad initial state)";
+    }
+    const uint8_t *p = in + 1 + ns * state_bytes;
+    uint64_t nr = 0; int shift = 0;
+    for (;;) {
+        if (p >= end || shift > 35) return "ctxrans: corrupt stream (bad section length)";
+        uint8_t byte = *p++; nr |= (uint64_t)(byte & 0x7f) << shift; shift += 7;
+        if (!(byte & 0x80)) break;
+    }
+    if (nr > (uint64_t)(end - p)) return "ctxrans: truncated stream (section length beyond the end)";
+    rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
+    bitp_t b; b.base = p + nr; b.len = end - (p + nr); b.pos = 0; b.fast = b.len >= 8 ? (uint64_t)(b.len - 7) : 0;
+    pick_decoder(m->flags, itemsize, lanes)(m, out, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
+    if (r.over) return "ctxrans: truncated stream";
+    int clean = r.p == r.end;
+    for (int s = 0; s < ns; s++) clean &= x[s] == lo;
+    if (!clean) return "ctxrans: corrupt stream (does not end cleanly)";
+    if ((b.pos + 7) / 8 != (uint64_t)b.len) return "ctxrans: corrupt stream (bit section length)";
+    return NULL;
+}
+
+/* The model, shape and output size checks shared by decode and decode_many; sets m's vector steps. */
+static int decode_setup(const Py_buffer *mb, PyObject *shape, int itemsize, Py_ssize_t outlen, Py_ssize_t items,
+                        model_t *m, int dims[5], Py_ssize_t *n) {
+    if (parse_model(mb, m) < 0 || parse_shape(shape, dims, n) < 0 || check_model_shape(m, dims) < 0) return -1;
+    const Py_ssize_t each = *n * itemsize; /* <= 2^41: parse_shape bounds n */
+    if ((itemsize != 1 && itemsize != 2) || outlen % each != 0 || outlen / each != items) {
+        PyErr_SetString(PyExc_ValueError, "ctxrans: output buffer size does not match shape * itemsize");
+        return -1;
+    }
+    m->vsteps = g_simd && dims[4] >= VEC_CTX_MIN && find_steps(m->bin, &m->sin) && find_steps(m->blt, &m->slt) &&
+                find_steps(m->bch, &m->sch);
+    return 0;
+}
+
 /* decode(model, buf, out_writable, shape, itemsize) -> None; ValueError if corrupt/truncated */
 static PyObject *py_decode(PyObject *self, PyObject *args) {
     Py_buffer mb, ib, ob; PyObject *shape; int itemsize;
@@ -1041,54 +1094,46 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     model_t m; int dims[5]; Py_ssize_t n;
     const char *err = NULL;
-    if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
-    if ((itemsize != 1 && itemsize != 2) || ob.len != n * itemsize) {
-        err = "ctxrans: output buffer size does not match shape * itemsize"; goto done;
+    if (decode_setup(&mb, shape, itemsize, ob.len, 1, &m, dims, &n) == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        err = decode_one(&m, (const uint8_t *)ib.buf, ib.len, ob.buf, ob.len, dims, itemsize);
+        Py_END_ALLOW_THREADS
+        if (err) PyErr_SetString(PyExc_ValueError, err);
+        else { res = Py_None; Py_INCREF(res); }
     }
-    const uint8_t *in = (const uint8_t *)ib.buf, *end = in + ib.len;
-    if (ib.len < 1) { err = "ctxrans: empty stream"; goto done; }
-    if (in[0] == MODE_RAW) {
-        if (ib.len - 1 != ob.len) { err = "ctxrans: raw stream has the wrong length"; goto done; }
-        memcpy(ob.buf, in + 1, ob.len);
-        goto ok;
-    }
-    const int lanes = in[0] == MODE_LANES, ns = lanes ? NS2 : NS0, state_bytes = lanes ? 4 : 8;
-    const rans_t lo = lanes ? RANS_L2 : RANS_L, hi = lanes ? RANS_L2 << 16 : RANS_L << IO_BITS;
-    if ((in[0] != MODE_RANS && !lanes) || ib.len < 2 + ns * state_bytes) { err = "ctxrans: bad stream header"; goto done; }
-    rans_t x[NSMAX];
-    for (int s = 0; s < ns; s++) {
-        x[s] = 0;
-        for (int j = 0; j < state_bytes; j++) x[s] |= (rans_t)in[1 + state_bytes * s + j] << (8 * j);
-        if (x[s] < lo || x[s] >= hi) { err = "ctxrans: corrupt stream (bad initial state)"; goto done; }
-    }
-    const uint8_t *p = in + 1 + ns * state_bytes;
-    uint64_t nr = 0; int shift = 0;
-    for (;;) {
-        if (p >= end || shift > 35) { err = "ctxrans: corrupt stream (bad section length)"; goto done; }
-        uint8_t byte = *p++; nr |= (uint64_t)(byte & 0x7f) << shift; shift += 7;
-        if (!(byte & 0x80)) break;
-    }
-    if (nr > (uint64_t)(end - p)) { err = "ctxrans: truncated stream (section length beyond the end)"; goto done; }
-    rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
-    bitp_t b; b.base = p + nr; b.len = end - (p + nr); b.pos = 0; b.fast = b.len >= 8 ? (uint64_t)(b.len - 7) : 0;
-    m.vsteps = g_simd && dims[4] >= VEC_CTX_MIN && find_steps(m.bin, &m.sin) && find_steps(m.blt, &m.slt) &&
-               find_steps(m.bch, &m.sch);
-    dec_fn fn = pick_decoder(m.flags, itemsize, lanes);
-    Py_BEGIN_ALLOW_THREADS
-    fn(&m, ob.buf, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
-    Py_END_ALLOW_THREADS
-    if (r.over) { err = "ctxrans: truncated stream"; goto done; }
-    int clean = r.p == r.end;
-    for (int s = 0; s < ns; s++) clean &= x[s] == lo;
-    if (!clean) { err = "ctxrans: corrupt stream (does not end cleanly)"; goto done; }
-    {
-        if ((b.pos + 7) / 8 != (uint64_t)b.len) { err = "ctxrans: corrupt stream (bit section length)"; goto done; }
-    }
-ok:
-    res = Py_None; Py_INCREF(res);
-done:
-    if (err) PyErr_SetString(PyExc_ValueError, err);
     PyBuffer_Release(&mb); PyBuffer_Release(&ib); PyBuffer_Release(&ob);
+    return res;
+}
+
+/* decode_many(model, bufs, out_writable, shape, itemsize) -> int: stream i of the sequence `bufs` into the i-th of
+ * len(bufs) consecutive arrays of `shape` in `out`, in order, with the GIL released once for all of them (a reader
+ * thread decoding a run of a batch's chunks then holds it only for the call). Returns how many decoded cleanly
+ * before the first that did not (len(bufs) when all did); `decode` on that one gives its error. */
+static PyObject *py_decode_many(PyObject *self, PyObject *args) {
+    Py_buffer mb, ob; PyObject *seq, *shape; int itemsize;
+    if (!PyArg_ParseTuple(args, "y*Ow*Oi", &mb, &seq, &ob, &shape, &itemsize)) return NULL;
+    PyObject *res = NULL, *fast = PySequence_Fast(seq, "ctxrans: bufs must be a sequence of bytes-like objects");
+    Py_buffer *bufs = NULL; Py_ssize_t got = 0, k = 0;
+    model_t m; int dims[5]; Py_ssize_t n;
+    if (!fast) goto done;
+    const Py_ssize_t items = PySequence_Fast_GET_SIZE(fast);
+    if (decode_setup(&mb, shape, itemsize, ob.len, items, &m, dims, &n) < 0) goto done;
+    bufs = (Py_buffer *)PyMem_Calloc(items ? items : 1, sizeof(Py_buffer));
+    if (!bufs) { PyErr_NoMemory(); goto done; }
+    for (; got < items; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, got), &bufs[got], PyBUF_SIMPLE) < 0) goto done;
+    const Py_ssize_t each = n * itemsize;
+    Py_BEGIN_ALLOW_THREADS
+    for (; k < items; k++)
+        if (decode_one(&m, (const uint8_t *)bufs[k].buf, bufs[k].len, (uint8_t *)ob.buf + k * each, each, dims,
+                       itemsize)) break;
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSsize_t(k);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&mb); PyBuffer_Release(&ob);
     return res;
 }
 
@@ -1108,6 +1153,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize) -> bytes"},
     {"decode", py_decode, METH_VARARGS, "decode(model, buf, out, shape, itemsize) -> None"},
+    {"decode_many", py_decode_many, METH_VARARGS, "decode_many(model, bufs, out, shape, itemsize) -> decoded"},
     {"set_simd", py_set_simd, METH_VARARGS, "set_simd(on) -> previous: the AVX2 decoder of mode 2 on or off"},
     {"contexts", py_contexts, METH_VARARGS, "contexts(model, q, shape, itemsize, ctx_out, tok_out) -> raw bits"},
     {NULL, NULL, 0, NULL}};

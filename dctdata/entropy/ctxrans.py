@@ -100,6 +100,11 @@ class CtxCodecError(IntegrityError):
     """Malformed stream, config or arguments (an IntegrityError, so a DctDataError and a ValueError)."""
 
 
+def _check_out(out) -> None:
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise CtxCodecError("out: expected a writeable C-contiguous numpy array")
+
+
 # -------------------------------------------------------------------------------------------------
 # Parametric token distributions: one byte for P(0), one byte for the geometric ratio.
 # Grids use only repeated multiplication by hex-literal constants (exact IEEE-754, no libm).
@@ -544,9 +549,39 @@ class CtxCodec:
         Either shape and dtype, or `out`: a C-contiguous int8/int16 array of 5 dims to decode into
         (a zarr chunk buffer, a slice of a pinned batch); out's shape/dtype are the declared ones."""
         if out is not None:
-            if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
-                raise CtxCodecError("out: expected a writeable C-contiguous numpy array")
+            _check_out(out)
             shape, dtype = out.shape, out.dtype
+        shape, dt = self._declared(shape, dtype)
+        if out is None:
+            out = np.empty(shape, dt)
+        try:
+            self._k.decode(self._blob, buf, out, shape, dt.itemsize)
+        except ValueError as exc:
+            raise CtxCodecError(f"{exc}") from None
+        except TypeError:  # not a bytes-like object
+            raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
+        return out
+
+    def decode_many(self, bufs: Sequence, out: np.ndarray) -> int:
+        """Streams `bufs` into out[0], out[1], ... (out: C-contiguous int8/int16 of shape (len(bufs), B, C, Hb,
+        K, Wb), each out[i] the declared array of bufs[i]), in one kernel call that releases the GIL once: a
+        reader thread decoding a run of chunks holds the GIL for the call, not for each chunk. Returns how many
+        decoded before the first that did not (len(bufs) when all did); `decode` of that one gives its error."""
+        if not isinstance(bufs, (list, tuple)):
+            raise TypeError(f"bufs: expected a list or tuple of bytes-like objects. Got {type(bufs).__name__}")
+        _check_out(out)
+        if out.ndim != 6 or out.shape[0] != len(bufs):
+            raise CtxCodecError(f"out: expected shape (len(bufs)={len(bufs)}, B, C, Hb, K, Wb). Got {out.shape}")
+        shape, dt = self._declared(out.shape[1:], out.dtype)
+        try:
+            return self._k.decode_many(self._blob, bufs, out, shape, dt.itemsize)
+        except ValueError as exc:
+            raise CtxCodecError(f"{exc}") from None
+        except (TypeError, BufferError) as exc:
+            raise CtxCodecError(f"bufs: expected bytes-like objects ({exc})") from None
+
+    def _declared(self, shape, dtype) -> tuple[tuple[int, ...], np.dtype]:
+        """The declared shape and dtype checked against this model; CtxCodecError otherwise."""
         try:
             dt = np.dtype(dtype)
         except TypeError as exc:
@@ -561,15 +596,7 @@ class CtxCodec:
             raise CtxCodecError(f"shape: expected 5 positive ints (B, C, Hb, K, Wb). Got {shape}")
         if shape[3] != self.layout.K or shape[1] > self.layout.channels:
             raise CtxCodecError(f"shape: expected K={self.layout.K} and C <= {self.layout.channels}. Got {shape}")
-        if out is None:
-            out = np.empty(shape, dt)
-        try:
-            self._k.decode(self._blob, buf, out, shape, dt.itemsize)
-        except ValueError as exc:
-            raise CtxCodecError(f"{exc}") from None
-        except TypeError:  # not a bytes-like object
-            raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
-        return out
+        return shape, dt
 
     # ---- fitting ------------------------------------------------------------------------------
     @staticmethod

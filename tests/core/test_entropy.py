@@ -432,7 +432,8 @@ CORPUS = _corpus()
 
 
 def check_decode(codec, buf, shape, dtype):
-    """The contract above, and the vector and scalar decoders agree: the same error or the same array."""
+    """The contract above, and the vector and scalar decoders agree: the same error or the same array;
+    `decode_many` of the stream twice decodes both or neither, to the same array."""
     outcomes = []
     for simd in (True, False):
         was = _ctxrans.set_simd(simd)
@@ -451,6 +452,14 @@ def check_decode(codec, buf, shape, dtype):
         assert outcomes[0] == outcomes[1]
     else:
         np.testing.assert_array_equal(outcomes[0], outcomes[1])
+    twice = np.empty((2, *shape), dtype)
+    decoded = codec.decode_many([buf, buf], twice)
+    if isinstance(outcomes[0], str):
+        assert decoded == 0
+    else:
+        assert decoded == 2
+        np.testing.assert_array_equal(twice[0], outcomes[0])
+        np.testing.assert_array_equal(twice[1], outcomes[0])
 
 
 def test_every_truncation_raises():
@@ -515,6 +524,43 @@ def test_fuzz_random_bytes(which, data, mode):
     # and with a wrong but plausible declared shape
     b, c, hb, k, wb = q.shape
     check_decode(codec, mode + data, (b, c, hb + 1, k, wb), q.dtype)
+
+
+def test_decode_many_decodes_in_order_and_counts_up_to_the_first_bad_stream():
+    codec, q, _ = CORPUS[8]
+    assert q.shape == (1, 1, 8, 64, 10) and q.dtype == np.int8
+    rng = np.random.default_rng(5)
+    arrays = [np.clip(q.astype(np.int16) + rng.integers(-2, 3, q.shape), -127, 127).astype(np.int8) for _ in range(4)]
+    bufs = [codec.encode(a) if k % 2 else lanes_encode(codec, a) for k, a in enumerate(arrays)]  # both layouts
+    out = np.zeros((4, *q.shape), np.int8)
+    assert codec.decode_many(bufs, out) == 4
+    for k, a in enumerate(arrays):
+        np.testing.assert_array_equal(out[k], a)
+    for bad in range(4):
+        broken = list(bufs)
+        broken[bad] = b"\x07" + broken[bad][1:]  # not a stream mode
+        out[:] = 0
+        assert codec.decode_many(broken, out) == bad
+        for k in range(bad):  # the ones before it are decoded
+            np.testing.assert_array_equal(out[k], arrays[k])
+        with pytest.raises(CtxCodecError, match=r"ctxrans: bad stream header"):
+            codec.decode(broken[bad], q.shape, q.dtype)
+    assert codec.decode_many([], np.zeros((0, *q.shape), np.int8)) == 0
+
+
+def test_decode_many_refuses_bad_arguments():
+    codec, q, buf = CORPUS[8]
+    out = np.zeros((2, *q.shape), np.int8)
+    with pytest.raises(TypeError, match=r"bufs: expected a list or tuple of bytes-like objects\. Got int"):
+        codec.decode_many(5, out)
+    with pytest.raises(CtxCodecError, match=r"bufs: expected bytes-like objects \(a bytes-like object is required"):
+        codec.decode_many([buf, 7], out)
+    with pytest.raises(CtxCodecError, match=r"out: expected shape \(len\(bufs\)=3, B, C, Hb, K, Wb\)\. Got \(2, 1, 1,"):
+        codec.decode_many([buf] * 3, out)
+    with pytest.raises(CtxCodecError, match=r"out: expected a writeable C-contiguous numpy array"):
+        codec.decode_many([buf] * 2, out[:, :, :, :, :, :5])
+    with pytest.raises(CtxCodecError, match=r"shape: expected K=64 and C <= 1\. Got \(1, 1, 8, 9, 10\)"):
+        codec.decode_many([buf] * 2, np.zeros((2, 1, 1, 8, 9, 10), np.int8))
 
 
 def test_corpus_round_trips():

@@ -45,7 +45,7 @@ def threads(monkeypatch):
     monkeypatch.delenv("DCTDATA_READ_THREADS", raising=False)
     monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 1e-9)
     monkeypatch.setattr(zarr_reader, "HANDOFF_US", 1e-9)
-    seen = {"decoders": set(), "runs": []}
+    seen = {"decoders": set(), "runs": [], "rows": []}
     decode, split = zarr_reader._FieldPlan.decode, zarr_reader.run_split
 
     def recording_decode(self, *args):
@@ -56,13 +56,20 @@ def threads(monkeypatch):
         seen["runs"].append(runs)
         return split(part, count, runs)
 
+    def recording_rows(self, data, *args):
+        seen["decoders"].add(threading.get_ident())
+        seen["rows"].append(len(data))
+        return decode_rows(self, data, *args)
+
+    decode_rows = zarr_reader._FieldPlan.decode_rows
+    monkeypatch.setattr(zarr_reader._FieldPlan, "decode_rows", recording_rows)
     monkeypatch.setattr(zarr_reader._FieldPlan, "decode", recording_decode)
     monkeypatch.setattr(zarr_reader, "run_split", recording_split)
 
     def use(n):
         torch.set_num_threads(n)
-        seen["decoders"].clear()
-        seen["runs"].clear()
+        for v in seen.values():
+            v.clear()
         return seen
 
     yield use
@@ -173,6 +180,90 @@ def test_many_cores_take_only_the_threads_whose_handoff_pays(threads, monkeypatc
     assert zarr_reader.decode_threads(32, 2_080) == 9  # a zstd-9 batch of 32 chunks of 64 KiB (estimated)
     assert zarr_reader.decode_threads(32, 10_480) == 16  # the entropy coder's: all 16 cores pay
     assert zarr_reader.decode_threads(32, 6_399) == 15
+
+
+@pytest.fixture(scope="module")
+def one_sample_chunks(tmp_path_factory):
+    """The default pack (the entropy coder) in one-sample chunks: an increasing batch decodes in runs."""
+    tmp = tmp_path_factory.mktemp("runs")
+    np.savez(tmp / "src.npz", image=smooth_fields(N, 1, 64, 64, seed=2), label=np.arange(N) * 3)
+    one = {"chunk_samples": 1, "shard_samples": 8}
+    dctdata.pack(tmp / "src.npz", tmp / "ctx1", quant="int8", target_psnr=35, quiet=True, writer_options=one)
+    return tmp / "ctx1"
+
+
+def read_chunk_by_chunk(root, idx):
+    """`read` with the runs turned off: every chunk decoded on its own (the reference)."""
+    ds = dctdata.open_dataset(root)
+    ds.reader.ensure_open()
+    ds.reader._plans["image"].runs = False
+    return ds.reader.read_samples(ds.fields, idx)
+
+
+def test_runs_of_one_sample_chunks_decode_as_chunk_by_chunk(one_sample_chunks, threads):
+    idx = [0, 2, 3, 4, 5, 9, 10, 16, 17, 23]  # increasing: chunk k fills row k, over three shards
+    for n in (1, 3):
+        seen = threads(n)
+        got, ds = read(one_sample_chunks, idx)
+        assert ds.manifest.field("image").lossless["id"] == "dctdata_ctxrans" and ds.reader._plans["image"].runs
+        assert sum(seen["rows"]) == len(idx) and len(seen["rows"]) == n  # one kernel call per thread's run
+        assert (len(seen["decoders"]) >= 2) == (n > 1)  # a pool thread free again may take a second run
+        want = read_chunk_by_chunk(one_sample_chunks, idx)
+        assert got["image"].tobytes() == want["image"].tobytes() and got["label"].tolist() == [3 * i for i in idx]
+        assert len({got["image"][k].tobytes() for k in range(len(idx))}) == len(idx)  # rows differ
+    shuffled, seen = [9, 2, 17], threads(1)  # not increasing: chunk by chunk
+    got, _ = read(one_sample_chunks, shuffled)
+    assert (
+        seen["rows"] == []
+        and got["image"].tobytes() == read_chunk_by_chunk(one_sample_chunks, shuffled)["image"].tobytes()
+    )
+
+
+def damage_chunks(root, crc=(), stream=()):
+    """Flip a byte of each chunk in `crc` (its crc32c then fails) and set the stream mode of each chunk in
+    `stream` to one the decoder refuses, its crc32c recomputed (only the decoder can catch it)."""
+    import google_crc32c
+
+    ds = dctdata.open_dataset(root, fields=["image"])
+    ds.reader.ensure_open()
+    per_shard = ds.reader._plans["image"].chunks_per_shard
+    for c in (*crc, *stream):
+        s, k = divmod(c, per_shard)
+        off, nbytes = (int(v) for v in ds.reader._load_indexes([(ds.fields[0], s)])[("image", s)][k])
+        path = root / "image" / f"c.{s}.0.0.0.0"
+        raw = bytearray(path.read_bytes())
+        if c in crc:
+            raw[off + nbytes // 2] ^= 0xFF
+        else:
+            raw[off] = 0x07
+            raw[off + nbytes - 4 : off + nbytes] = google_crc32c.value(bytes(raw[off : off + nbytes - 4])).to_bytes(
+                4, "little"
+            )
+        path.write_bytes(bytes(raw))
+
+
+def test_the_first_bad_chunk_of_a_run_is_named_whichever_check_fails(one_sample_chunks, threads, tmp_path):
+    root = shutil.copytree(one_sample_chunks, tmp_path / "ctx1")
+    damage_chunks(root, crc=[5], stream=[3, 6])
+    refused = r"expected dctdata_ctxrans-coded bytes of int8 \(1, 1, 8, 64, 8\)\. Got ctxrans: bad stream header"
+    cases = [  # (batch, the chunk named, its fault)
+        (list(range(8)), 3, refused),  # the decoder's fault before a crc32c fault
+        ([4, 5, 6, 7], 5, r"expected intact stored data\. Got a chunk failing its crc32c \(corrupted\)"),  # and after
+        ([4, 6, 7], 6, refused),
+    ]
+    for n in (1, 3):
+        threads(n)
+        for idx, chunk, fault in cases:
+            with pytest.raises(
+                IntegrityError,
+                match=rf"c\.0\.0\.0\.0\.0: field 'image' samples {chunk}\.\.{chunk} \(chunk {chunk}\): {fault}",
+            ) as e:
+                read(root, idx)
+            with pytest.raises(IntegrityError) as one:
+                read_chunk_by_chunk(root, idx)
+            assert str(e.value) == str(one.value)
+    skip = dctdata.open_dataset(root, on_error="skip")
+    assert [int(s[-1]) // 3 for s in skip.__getitems__(list(range(8)))] == [0, 1, 2, 4, 7] and skip.skipped == 3
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", "1.5"])
