@@ -54,18 +54,14 @@ def _stored_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f not in skip)
 
 
-def _set_epoch(loader, e: int) -> None:
-    for target in (loader.dataset, loader.sampler):
-        if hasattr(target, "set_epoch"):
-            target.set_epoch(e)
-
-
 def _time(make_loader: Callable, to_output: Callable, epochs: int, server: LoopbackServer | None):
     """(samples per epoch, best samples/s, server bytes per sample delivered or None)."""
+    from dctdata.loaders.distributed import set_epoch
+
     loader = make_loader()
     best, count, sent = float("inf"), 0, None
     for e in range(epochs):
-        _set_epoch(loader, e)
+        set_epoch(loader, e)
         if server is not None:
             server.reset()
         count, dt = _epoch(loader, to_output)
@@ -80,11 +76,13 @@ def _time_alternating(cases: dict[str, tuple[Callable, Callable]], epochs: int) 
     to_output)), timed side by side: every loader runs one untimed epoch first (its persistent workers
     start), then each round times one epoch of every loader in turn, so all rows see the machine in the
     same states (a shared machine's speed moves within minutes; one row after another did not)."""
+    from dctdata.loaders.distributed import set_epoch
+
     loaders = {name: make() for name, (make, _) in cases.items()}  # their workers end with this call
     best = {name: (0, float("inf")) for name in cases}
     for e in range(epochs + 1):
         for name, loader in loaders.items():
-            _set_epoch(loader, e)
+            set_epoch(loader, e)
             count, dt = _epoch(loader, cases[name][1])
             if e and dt < best[name][1]:
                 best[name] = (count, dt)

@@ -97,20 +97,34 @@ def test_threaded_and_one_thread_reads_are_identical(packs, threads, name, stage
     assert got["label"].tolist() == [3 * i for i in idx]
 
 
-def damaged_copy(packs, tmp_path, chunks):
-    """A copy of the zstd pack with one stored byte flipped in each of the image field's `chunks`."""
-    root = shutil.copytree(packs / "zstd", tmp_path / "zstd")
+def damage_chunks(root, crc=(), stream=()):
+    """Flip a byte of each chunk in `crc` (its crc32c then fails) and set the stream mode of each chunk in
+    `stream` to one the decoder refuses, its crc32c recomputed (only the decoder can catch it)."""
+    import google_crc32c
+
     ds = dctdata.open_dataset(root, fields=["image"])
     ds.reader.ensure_open()
     per_shard = ds.reader._plans["image"].chunks_per_shard
-    for c in chunks:
+    for c in (*crc, *stream):
         s, k = divmod(c, per_shard)
         off, nbytes = (int(v) for v in ds.reader._load_indexes([(ds.fields[0], s)])[("image", s)][k])
         path = root / "image" / f"c.{s}.0.0.0.0"
         raw = bytearray(path.read_bytes())
-        raw[off + nbytes // 2] ^= 0xFF
+        if c in crc:
+            raw[off + nbytes // 2] ^= 0xFF
+        else:
+            raw[off] = 0x07
+            raw[off + nbytes - 4 : off + nbytes] = google_crc32c.value(bytes(raw[off : off + nbytes - 4])).to_bytes(
+                4, "little"
+            )
         path.write_bytes(bytes(raw))
-    return root, ds.fields
+
+
+def damaged_copy(packs, tmp_path, chunks):
+    """A copy of the zstd pack with one stored byte flipped in each of the image field's `chunks`."""
+    root = shutil.copytree(packs / "zstd", tmp_path / "zstd")
+    damage_chunks(root, crc=chunks)
+    return root, dctdata.open_dataset(root, fields=["image"]).fields
 
 
 def test_a_corrupt_chunk_mid_batch_raises_the_one_thread_error(packs, threads, tmp_path):
@@ -217,29 +231,6 @@ def test_runs_of_one_sample_chunks_decode_as_chunk_by_chunk(one_sample_chunks, t
         seen["rows"] == []
         and got["image"].tobytes() == read_chunk_by_chunk(one_sample_chunks, shuffled)["image"].tobytes()
     )
-
-
-def damage_chunks(root, crc=(), stream=()):
-    """Flip a byte of each chunk in `crc` (its crc32c then fails) and set the stream mode of each chunk in
-    `stream` to one the decoder refuses, its crc32c recomputed (only the decoder can catch it)."""
-    import google_crc32c
-
-    ds = dctdata.open_dataset(root, fields=["image"])
-    ds.reader.ensure_open()
-    per_shard = ds.reader._plans["image"].chunks_per_shard
-    for c in (*crc, *stream):
-        s, k = divmod(c, per_shard)
-        off, nbytes = (int(v) for v in ds.reader._load_indexes([(ds.fields[0], s)])[("image", s)][k])
-        path = root / "image" / f"c.{s}.0.0.0.0"
-        raw = bytearray(path.read_bytes())
-        if c in crc:
-            raw[off + nbytes // 2] ^= 0xFF
-        else:
-            raw[off] = 0x07
-            raw[off + nbytes - 4 : off + nbytes] = google_crc32c.value(bytes(raw[off : off + nbytes - 4])).to_bytes(
-                4, "little"
-            )
-        path.write_bytes(bytes(raw))
 
 
 def test_the_first_bad_chunk_of_a_run_is_named_whichever_check_fails(one_sample_chunks, threads, tmp_path):
