@@ -19,6 +19,8 @@ stores them, are then coded by:
   states), which the previous release wrote for every size and every release reads;
 - `... no AVX2`: those two decoded with the kernel's vector paths switched off (`_ctxrans.set_simd`), as on
   a CPU without AVX2; `ctxrans 2-state no AVX2` is the previous release's decoder's algorithm;
+- `ctxrans, gather instruction` and `ctxrans, scalar loads`: the vector decoder with each way of making its
+  table lookups (`_ctxrans.set_gather`); the `ctxrans` row is this CPU's default, printed under the table;
 - `zstd-9`, `zstd-19`: numcodecs' Zstd over the same coefficient bytes.
 
 Decode is `dctdata.lossless.decode_array`, the call the zarr and webdataset readers make per chunk, one
@@ -28,7 +30,9 @@ is the whole worker-side read without torch, on one thread as in a DataLoader wo
 (`DCTDATA_READ_THREADS=1`): `ZarrReader.read_samples` in batches of 32 samples (range
 reads, crc32c, decode, gather). Columns: stored bytes per sample (stream only, the model in the
 manifest is not counted), decode MB/s of float32-equivalent output (samples x C x H x W x 4 bytes / s,
-per core) and M coefficients (symbols) per second.
+per core) and M coefficients (symbols) per second, both from each coder's best pass; and each coder's speed
+against `ctxrans, gather instruction` as the median over passes of their time ratio in the same pass (on a
+shared machine the steadier comparison).
 """
 
 from __future__ import annotations
@@ -49,7 +53,23 @@ from dctdata.entropy import CtxCodec, _ctxrans
 from dctdata.lossless import decode_array, get_codec, is_entropy
 
 SETS = ("em", "atoms", "beam", "clouds", "camera", "astronaut")
-CODERS = ("ctxrans", "ctxrans no AVX2", "ctxrans 2-state", "ctxrans 2-state no AVX2", "zstd-9", "zstd-19")
+CODERS = (
+    "ctxrans",
+    "ctxrans, gather instruction",
+    "ctxrans, scalar loads",
+    "ctxrans no AVX2",
+    "ctxrans 2-state",
+    "ctxrans 2-state no AVX2",
+    "zstd-9",
+    "zstd-19",
+)
+# coder -> (vector paths on, lookups by the gather instruction); None: the kernel's default for this CPU
+KERNEL_SETTINGS = {
+    "ctxrans no AVX2": (False, None),
+    "ctxrans 2-state no AVX2": (False, None),
+    "ctxrans, gather instruction": (True, True),
+    "ctxrans, scalar loads": (True, False),
+}
 READER_BATCH = 32
 
 
@@ -77,19 +97,29 @@ def load_set(name: str, samples: int, size: int) -> np.ndarray:
     raise SystemExit(f"--sets: expected names from {','.join(SETS)}. Got {name!r}")
 
 
-def _best(seconds: dict[str, float], name: str, fn, *args) -> None:
+def _timed(passes: dict[str, list[float]], name: str, fn, *args) -> None:
     t0 = time.perf_counter()
     fn(*args)
-    seconds[name] = min(seconds.get(name, float("inf")), time.perf_counter() - t0)
+    passes.setdefault(name, []).append(time.perf_counter() - t0)
 
 
-def _decode_all(codec, bufs, shape, dtype, where, simd: bool = True) -> None:
-    was = _ctxrans.set_simd(simd)
+def default_lookups() -> str:
+    """How this CPU's vector decoder makes its table lookups by default."""
+    default = _ctxrans.set_gather(True)
+    _ctxrans.set_gather(default)
+    return "gather instruction" if default else "scalar loads"
+
+
+def _decode_all(codec, bufs, shape, dtype, where, simd: bool = True, gather: bool | None = None) -> None:
+    was_simd = _ctxrans.set_simd(simd)
+    was_gather = _ctxrans.set_gather(True)
+    _ctxrans.set_gather(was_gather if gather is None else gather)
     try:
         for b in bufs:
             decode_array(codec, b, shape, dtype, where)
     finally:
-        _ctxrans.set_simd(was)
+        _ctxrans.set_simd(was_simd)
+        _ctxrans.set_gather(was_gather)
 
 
 class _TwoState:
@@ -125,6 +155,8 @@ def measure_set(
     two = _TwoState(ctx)
     codecs = {
         "ctxrans": ctx,
+        "ctxrans, gather instruction": ctx,
+        "ctxrans, scalar loads": ctx,
         "ctxrans no AVX2": ctx,
         "ctxrans 2-state": two,
         "ctxrans 2-state no AVX2": two,
@@ -138,12 +170,15 @@ def measure_set(
         for i, buf in enumerate(streams[c]):
             if not np.array_equal(decode_array(codec, buf, shape, q.dtype, f"{name} {c}"), q[i : i + 1]):
                 raise RuntimeError(f"{name}: {c} did not decode sample {i} to its coefficients")
-    seconds: dict[str, float] = {}
+    passes: dict[str, list[float]] = {}  # seconds of each pass, per coder
     batches = [range(a, min(a + READER_BATCH, n)) for a in range(0, n, READER_BATCH)]
     for _ in range(repeat):
         for c, codec in codecs.items():
-            _best(seconds, c, _decode_all, codec, streams[c], shape, q.dtype, name, not c.endswith("no AVX2"))
-        _best(seconds, "pack reader", lambda: [ds.reader.read_samples((field,), b) for b in batches])
+            settings = KERNEL_SETTINGS.get(c, (True, None))
+            _timed(passes, c, _decode_all, codec, streams[c], shape, q.dtype, name, *settings)
+        _timed(passes, "pack reader", lambda: [ds.reader.read_samples((field,), b) for b in batches])
+    seconds = {c: min(t) for c, t in passes.items()}
+    gather = passes["ctxrans, gather instruction"]
     floats = n * int(np.prod(field.shape)) * 4
     symbols = n * int(np.prod(shape))
     rows = []
@@ -162,6 +197,9 @@ def measure_set(
                 "dtype": str(q.dtype),
                 "bytes_per_sample": stored,
                 "seconds": seconds[c],
+                # paired: the median over passes of the gather instruction's time over this coder's in the
+                # same pass (steadier than a ratio of bests on a shared machine)
+                "vs_gather": float(np.median([g / t for g, t in zip(gather, passes[c])])),
                 "mb_s": floats / seconds[c] / 1e6,
                 "msym_s": symbols / seconds[c] / 1e6,
             }
@@ -170,13 +208,16 @@ def measure_set(
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| set | dtype | coder | stored B/sample | ratio to float32 | decode MB/s (float32, 1 core) | M symbols/s |"
-    lines = [head, "|" + "---|" * 7]
+    head = (
+        "| set | dtype | coder | stored B/sample | ratio to float32 | decode MB/s (float32, 1 core) | M symbols/s "
+        "| speed vs gather instruction (median of passes) |"
+    )
+    lines = [head, "|" + "---|" * 8]
     for r in rows:
         ratio = int(np.prod(r["sample_shape"])) * 4 / r["bytes_per_sample"]
         lines.append(
             f"| {r['set']} | {r['dtype']} | {r['coder']} | {r['bytes_per_sample']:.0f} | {ratio:.1f} | "
-            f"{r['mb_s']:.0f} | {r['msym_s']:.1f} |"
+            f"{r['mb_s']:.0f} | {r['msym_s']:.1f} | {r['vs_gather']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -205,7 +246,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     payload = {"rows": rows, "loadavg_before": list(load), "loadavg_after": list(os.getloadavg()), "argv": sys.argv}
     print(table(rows))
     after = payload["loadavg_after"][0]
+    payload["default_lookups"] = default_lookups()
     print(f"\nload average before {load[0]:.2f}, after {after:.2f} (one thread; shared machines vary)")
+    print(f"this CPU's default lookups (the ctxrans row): {payload['default_lookups']}")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(payload, fh, indent=1)

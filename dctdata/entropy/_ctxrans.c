@@ -37,8 +37,8 @@
  *   TABPAD zero bytes. ctxrans.py places the tables on 64-byte boundaries (one cache line per cum); any address works.
  *
  * Decoder speed (the DataLoader workers' cost): with AVX2 (chosen at run time), mode 2 streams decode 8
- * coefficients per vector step and every stream's contexts are computed 8 at a time (dec_run_avx2,
- * ctx_run_avx2); the scalar code below reads both modes on any CPU. The decoder has its own walk (dec_walk)
+ * coefficients per vector step and every stream's contexts are computed 8 at a time (dec_run_body,
+ * ctx_run_body); the scalar code below reads both modes on any CPU. The decoder has its own walk (dec_walk)
  * in the order of WALKF. Per block row and AC plane it computes the table offsets of a run of up to 256 coefficients
  * first (their contexts depend on decoded values only), then runs the rANS steps; runs whose remaining
  * sections hold the worst case (8 bytes of words, 3 bytes of raw bits per coefficient) skip the per-read
@@ -47,6 +47,10 @@
  * denser runs are branch-free there (a zero test would be mispredicted).
  * The two states alternate between two locals (registers), the bit section is read by position with one
  * unaligned load per coefficient, magnitude and sign come from a per-token table without branches.
+ * The vector paths' table lookups are 8-lane gathers, made either by the gather instruction or by eight
+ * scalar loads (sg32): on the AMD EPYC of our development machine the loads decoded 4-15% faster (five sets,
+ * examples/entropy_decode_speed.py), so they are the default on AMD CPUs; elsewhere the instruction is (not
+ * measured). `set_gather` switches it; both read the same bytes, and only the loads are visible to ASan.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -75,7 +79,7 @@
  * sign-flip symbol too (right after its token); each state reads at most one word per symbol:
  *   mode 0: NS0 = 2 states in [2^31, 2^63), 32-bit words;
  *   mode 2: NS2 = 16 states in [2^16, 2^32), 16-bit words. The states are two vectors of 8 lanes: the AVX2
- *           decoder steps a run's coefficients 8 at a time (dec_run_avx2); the scalar decoder reads the same. */
+ *           decoder steps a run's coefficients 8 at a time (dec_run_body); the scalar decoder reads the same. */
 typedef uint64_t rans_t; /* both modes' states (mode 2 keeps x < 2^32) */
 #define NS0 2
 #define NS2 16
@@ -592,6 +596,28 @@ static int g_simd; /* set at import when the CPU has AVX2; `set_simd` switches i
 #include <immintrin.h>
 #define HAVE_SIMD 1
 static uint8_t RANK[256][8]; /* RANK[m][l]: set bits of m below bit l (the word lane l takes) */
+static int g_gather_hw; /* 1: the gather instruction, 0: scalar loads (sg32); set at import, `set_gather` */
+
+static inline int32_t sg_ld(const char *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* A 32-bit gather (lane l: 4 bytes at base + idx[l] * scale) as eight scalar loads: the same bytes as
+ * the instruction reads, and faster where its microcode is slow (measured on AMD EPYC) */
+__attribute__((target("avx2"))) static inline __m256i sg32(const void *base, __m256i idx, const int scale) {
+    const char *b = (const char *)base;
+    const __m128i lo = _mm256_castsi256_si128(idx), hi = _mm256_extracti128_si256(idx, 1);
+    const uint64_t i01 = (uint64_t)_mm_cvtsi128_si64(lo), i23 = (uint64_t)_mm_extract_epi64(lo, 1);
+    const uint64_t i45 = (uint64_t)_mm_cvtsi128_si64(hi), i67 = (uint64_t)_mm_extract_epi64(hi, 1);
+#define SG_LD(i) sg_ld(b + (int64_t)(int32_t)(uint32_t)(i) * scale)
+    __m128i r0 = _mm_cvtsi32_si128(SG_LD(i01)), r1 = _mm_cvtsi32_si128(SG_LD(i45)); /* lanes inserted in place: */
+    r0 = _mm_insert_epi32(r0, SG_LD(i01 >> 32), 1); r1 = _mm_insert_epi32(r1, SG_LD(i45 >> 32), 1); /* no store */
+    r0 = _mm_insert_epi32(r0, SG_LD(i23), 2); r1 = _mm_insert_epi32(r1, SG_LD(i67), 2); /* and reload of 8 ints */
+    r0 = _mm_insert_epi32(r0, SG_LD(i23 >> 32), 3); r1 = _mm_insert_epi32(r1, SG_LD(i67 >> 32), 3);
+#undef SG_LD
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
+}
+/* HW: a compile-time constant in each instance of the vector paths */
+#define GATHER(HW, base, idx, scale) \
+    ((HW) ? _mm256_i32gather_epi32((const int *)(base), (idx), (scale)) : sg32((base), (idx), (scale)))
 
 static void init_rank(void) {
     for (int m = 0; m < 256; m++) for (int l = 0; l < 8; l++) RANK[m][l] = (uint8_t)__builtin_popcount(m & ((1 << l) - 1));
@@ -617,11 +643,10 @@ __attribute__((target("avx2"))) static inline __m256i vload(const char *p, int i
  * off[j] (the table offsets) and, when pv is not NULL, pv[j] (the previous channel's values), equal to what
  * the scalar loop computes. ptop: the row above (NULL in the first row); pch: the previous channel (NULL
  * for channel 0). Every read lies inside the run's neighbours. */
-__attribute__((target("avx2"))) static void ctx_run_avx2(const model_t *m, int n8, int w0, int32_t base, const char *pu,
-                                                          const char *pf, const char *pu2, const char *pf2,
-                                                          const char *ptop, const char *pch, const int wide,
-                                                          const int top, const int chctx, int32_t *pv, uint32_t *off,
-                                                          const int is8) {
+__attribute__((target("avx2"), always_inline)) static inline void ctx_run_body(
+    const model_t *m, int n8, int w0, int32_t base, const char *pu, const char *pf, const char *pu2, const char *pf2,
+    const char *ptop, const char *pch, const int wide, const int top, const int chctx, int32_t *pv, uint32_t *off,
+    const int is8, const int HW) {
     const __m256i lim = _mm256_set1_epi32(NFEAT - 1), nmax = _mm256_set1_epi32(m->nctx - 1);
     const __m256i tabb = _mm256_set1_epi32(TABB), basev = _mm256_set1_epi32(base);
     const __m256i top0 = _mm256_set1_epi32(top ? m->blt[0] : 0);
@@ -641,9 +666,20 @@ __attribute__((target("avx2"))) static void ctx_run_avx2(const model_t *m, int n
             if (pv) _mm256_storeu_si256((__m256i *)(pv + j), pvv);
         }
         const __m256i ok = _mm256_cmpeq_epi32(_mm256_min_epu32(ctx, nmax), ctx); /* ctx < nctx, else context 0 */
-        const __m256i t = _mm256_i32gather_epi32(m->tidx, _mm256_and_si256(ctx, ok), 4);
+        const __m256i t = GATHER(HW, m->tidx, _mm256_and_si256(ctx, ok), 4);
         _mm256_storeu_si256((__m256i *)(off + j), _mm256_mullo_epi32(t, tabb));
     }
+}
+
+#define CTX_RUN_ARGS                                                                                              \
+    const model_t *m, int n8, int w0, int32_t base, const char *pu, const char *pf, const char *pu2, const char *pf2, \
+        const char *ptop, const char *pch, const int wide, const int top, const int chctx, int32_t *pv, uint32_t *off, \
+        const int is8
+__attribute__((target("avx2"))) static void ctx_run_hw(CTX_RUN_ARGS) {
+    ctx_run_body(m, n8, w0, base, pu, pf, pu2, pf2, ptop, pch, wide, top, chctx, pv, off, is8, 1);
+}
+__attribute__((target("avx2"))) static void ctx_run_sl(CTX_RUN_ARGS) {
+    ctx_run_body(m, n8, w0, base, pu, pf, pu2, pf2, ptop, pch, wide, top, chctx, pv, off, is8, 0);
 }
 
 /* renormalise the lanes of `need`: each takes the next 16-bit word, in lane order */
@@ -679,24 +715,21 @@ __attribute__((target("avx2"))) static inline void store8(const vk_t *k, __m256i
 /* One group of 8 lanes (the aligned block of 8 coefficient indices holding coefficients j .. j + cnt - 1 of
  * the run, at lanes a .. a + cnt - 1): decodes them into out[j ..] and returns the lanes' new states. pv:
  * the previous channel's values when this channel codes signs as flips, else NULL. */
-__attribute__((target("avx2,popcnt"))) static inline __m256i step8(const vk_t *k, __m256i x, const uint8_t *tab,
-                                                                   const uint32_t *off, const int32_t *pv, int j,
-                                                                   int a, int cnt, char *out, const int is8,
-                                                                   const uint8_t **pp, uint64_t *ppos,
-                                                                   const uint8_t *bits) {
+__attribute__((target("avx2,popcnt"), always_inline)) static inline __m256i step8(
+    const vk_t *k, __m256i x, const uint8_t *tab, const uint32_t *off, const int32_t *pv, int j, int a, int cnt,
+    char *out, const int is8, const uint8_t **pp, uint64_t *ppos, const uint8_t *bits, const int HW) {
     const __m256i act = _mm256_and_si256(_mm256_cmpgt_epi32(k->lane, _mm256_set1_epi32(a - 1)),
                                          _mm256_cmpgt_epi32(_mm256_set1_epi32(a + cnt), k->lane));
     const __m256i offv = _mm256_loadu_si256((const __m256i *)(off + j - a)); /* off is padded by 8 */
     const __m256i slot = _mm256_and_si256(x, k->mask);
-    __m256i t = _mm256_i32gather_epi32((const int *)(tab + CUMB),
-                                       _mm256_add_epi32(offv, _mm256_srli_epi32(slot, SCALE - LUTB)), 1);
+    __m256i t = GATHER(HW, tab + CUMB, _mm256_add_epi32(offv, _mm256_srli_epi32(slot, SCALE - LUTB)), 1);
     t = _mm256_min_epu32(_mm256_and_si256(t, _mm256_set1_epi32(31)), k->ntok1);
-    __m256i pair = _mm256_i32gather_epi32((const int *)tab, _mm256_add_epi32(offv, _mm256_add_epi32(t, t)), 1);
+    __m256i pair = GATHER(HW, tab, _mm256_add_epi32(offv, _mm256_add_epi32(t, t)), 1);
     __m256i hi = _mm256_srli_epi32(pair, 16);
     __m256i more = _mm256_andnot_si256(_mm256_cmpgt_epi32(hi, slot), _mm256_and_si256(act, _mm256_cmpgt_epi32(k->ntok1, t)));
     while (!_mm256_testz_si256(more, more)) { /* lanes whose slot lies past cum[t + 1]: next token */
         t = _mm256_sub_epi32(t, more);
-        pair = _mm256_i32gather_epi32((const int *)tab, _mm256_add_epi32(offv, _mm256_add_epi32(t, t)), 1);
+        pair = GATHER(HW, tab, _mm256_add_epi32(offv, _mm256_add_epi32(t, t)), 1);
         hi = _mm256_srli_epi32(pair, 16);
         more = _mm256_andnot_si256(_mm256_cmpgt_epi32(hi, slot), _mm256_and_si256(more, _mm256_cmpgt_epi32(k->ntok1, t)));
     }
@@ -734,7 +767,7 @@ __attribute__((target("avx2,popcnt"))) static inline __m256i step8(const vk_t *k
     s = _mm256_add_epi32(s, _mm256_slli_si256(s, 8));
     s = _mm256_add_epi32(s, _mm256_and_si256(_mm256_permutevar8x32_epi32(s, k->bcast3), k->upper));
     const __m256i rel = _mm256_add_epi32(_mm256_set1_epi32((int)(pos & 7)), _mm256_sub_epi32(s, nb));
-    __m256i raw = _mm256_i32gather_epi32((const int *)(bits + (pos >> 3)), _mm256_srli_epi32(rel, 3), 1);
+    __m256i raw = GATHER(HW, bits + (pos >> 3), _mm256_srli_epi32(rel, 3), 1);
     raw = _mm256_srlv_epi32(raw, _mm256_and_si256(rel, _mm256_set1_epi32(7)));
     raw = _mm256_and_si256(raw, _mm256_sub_epi32(_mm256_sllv_epi32(k->one, nb), k->one));
     const __m256i big = _mm256_add_epi32(k->dm1, _mm256_sllv_epi32(k->one, eb));
@@ -749,10 +782,9 @@ __attribute__((target("avx2,popcnt"))) static inline __m256i step8(const vk_t *k
 
 /* A run of nw coefficients whose first uses state si: states 0-7 and 8-15 are two vectors whose steps
  * alternate, so one's gathers overlap the other's (each step waits for its own previous one only) */
-__attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *tab, const uint32_t *off,
-                                                                  const int32_t *pv, uint32_t flip1, int nw,
-                                                                  unsigned si, char *out, const int is8, rbuf_t *r,
-                                                                  bitp_t *bp, uint32_t *xs) {
+__attribute__((target("avx2,popcnt"), always_inline)) static inline void dec_run_body(
+    const uint8_t *tab, const uint32_t *off, const int32_t *pv, uint32_t flip1, int nw, unsigned si, char *out,
+    const int is8, rbuf_t *r, bitp_t *bp, uint32_t *xs, const int HW) {
     vk_t k;
     k.lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); k.zero = _mm256_setzero_si256(); k.one = _mm256_set1_epi32(1);
     k.mask = _mm256_set1_epi32(MASK); k.ntok1 = _mm256_set1_epi32(NTOK - 1); k.dv = _mm256_set1_epi32(D);
@@ -770,14 +802,24 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_avx2(const uint8_t *t
     for (int j = 0; j < nw;) {
         const unsigned at = (si + (unsigned)j) & (NS2 - 1);
         const int a = (int)(at & 7), cnt = nw - j < 8 - a ? nw - j : 8 - a;
-        if (at < 8) xa = step8(&k, xa, tab, off, pv, j, a, cnt, out, is8, &p, &pos, bp->base);
-        else xb = step8(&k, xb, tab, off, pv, j, a, cnt, out, is8, &p, &pos, bp->base);
+        if (at < 8) xa = step8(&k, xa, tab, off, pv, j, a, cnt, out, is8, &p, &pos, bp->base, HW);
+        else xb = step8(&k, xb, tab, off, pv, j, a, cnt, out, is8, &p, &pos, bp->base, HW);
         j += cnt;
     }
     _mm256_storeu_si256((__m256i *)xs, xa);
     _mm256_storeu_si256((__m256i *)(xs + 8), xb);
     r->p = p;
     bp->pos = pos;
+}
+
+#define DEC_RUN_ARGS                                                                                            \
+    const uint8_t *tab, const uint32_t *off, const int32_t *pv, uint32_t flip1, int nw, unsigned si, char *out, \
+        const int is8, rbuf_t *r, bitp_t *bp, uint32_t *xs
+__attribute__((target("avx2,popcnt"))) static void dec_run_hw(DEC_RUN_ARGS) {
+    dec_run_body(tab, off, pv, flip1, nw, si, out, is8, r, bp, xs, 1);
+}
+__attribute__((target("avx2,popcnt"))) static void dec_run_sl(DEC_RUN_ARGS) {
+    dec_run_body(tab, off, pv, flip1, nw, si, out, is8, r, bp, xs, 0);
 }
 #else
 #define HAVE_SIMD 0
@@ -911,9 +953,12 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
 #if HAVE_SIMD
                     if (!use_lt && g_simd && m->vsteps && nw >= VEC_CTX_MIN) {
                         j0 = nw & ~7;
-                        ctx_run_avx2(m, j0, w0, base, pu, pf, pu2, pf2, hb > 0 ? pl - rowstride * es : NULL,
-                                     c > 0 ? pch : NULL, use_wide, use_top, chctx, NS == NS2 && sflag ? pv : NULL, off,
-                                     IS8);
+                        const char *ptop = hb > 0 ? pl - rowstride * es : NULL, *pch0 = c > 0 ? pch : NULL;
+                        int32_t *pvr = NS == NS2 && sflag ? pv : NULL;
+                        if (g_gather_hw)
+                            ctx_run_hw(m, j0, w0, base, pu, pf, pu2, pf2, ptop, pch0, use_wide, use_top, chctx, pvr, off, IS8);
+                        else
+                            ctx_run_sl(m, j0, w0, base, pu, pf, pu2, pf2, ptop, pch0, use_wide, use_top, chctx, pvr, off, IS8);
                     }
 #endif
                     for (int j = j0; j < nw; j++) {
@@ -938,8 +983,9 @@ static inline __attribute__((always_inline)) Py_ssize_t dec_walk(const model_t *
                                      (bp.pos >> 3) + (uint64_t)nw * 3 + 8 <= (uint64_t)bp.len;
 #if HAVE_SIMD
                     if (NS == NS2 && room && !use_lt && g_simd) {
-                        dec_run_avx2(tab, off, sflag ? pv : NULL, flip1, nw, si, pl + (Py_ssize_t)w0 * es, IS8, &r,
-                                     &bp, xv);
+                        char *out = pl + (Py_ssize_t)w0 * es;
+                        if (g_gather_hw) dec_run_hw(tab, off, sflag ? pv : NULL, flip1, nw, si, out, IS8, &r, &bp, xv);
+                        else dec_run_sl(tab, off, sflag ? pv : NULL, flip1, nw, si, out, IS8, &r, &bp, xv);
                         si = (si + (unsigned)nw) & (NS2 - 1);
                         continue;
                     }
@@ -1150,11 +1196,28 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     return PyBool_FromLong(was);
 }
 
+/* set_gather(instruction) -> the previous setting: the vector decoder's lookups by the gather instruction
+ * (True) or by scalar loads (False); tests and benchmarks run both on one machine */
+static PyObject *py_set_gather(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+#if HAVE_SIMD
+    const int was = g_gather_hw;
+    g_gather_hw = on;
+#else
+    const int was = 0; /* no vector decoder in this build */
+    (void)on;
+#endif
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize) -> bytes"},
     {"decode", py_decode, METH_VARARGS, "decode(model, buf, out, shape, itemsize) -> None"},
     {"decode_many", py_decode_many, METH_VARARGS, "decode_many(model, bufs, out, shape, itemsize) -> decoded"},
     {"set_simd", py_set_simd, METH_VARARGS, "set_simd(on) -> previous: the AVX2 decoder of mode 2 on or off"},
+    {"set_gather", py_set_gather, METH_VARARGS,
+     "set_gather(instruction) -> previous: the AVX2 decoder's lookups by gather instructions or scalar loads"},
     {"contexts", py_contexts, METH_VARARGS, "contexts(model, q, shape, itemsize, ctx_out, tok_out) -> raw bits"},
     {NULL, NULL, 0, NULL}};
 
@@ -1174,6 +1237,7 @@ PyMODINIT_FUNC CAT(PyInit_, MODNAME)(void) {
 #if HAVE_SIMD
     init_rank();
     g_simd = __builtin_cpu_supports("avx2");
+    g_gather_hw = !__builtin_cpu_is("amd"); /* scalar loads on AMD: see the header */
 #endif
     if (mod) {
         PyModule_AddIntConstant(mod, "NTOK", NTOK); PyModule_AddIntConstant(mod, "D", D);
