@@ -17,10 +17,10 @@ stores them, are then coded by:
   here the same way when calibration chose zstd-19 for the pack: the "pack stage" column says which);
 - `ctxrans 2-state`: the same model's streams in the layout version 1 packs store (mode 0: two 64-bit
   states), which the previous release wrote for every size and every release reads;
-- `... no AVX2`: those two decoded with the kernel's vector paths switched off (`_ctxrans.set_simd`), as on
+- `... no AVX2`: those two decoded with the kernel's vector paths switched off (`decoder_settings(simd=False)`), as on
   a CPU without AVX2; `ctxrans 2-state no AVX2` is the previous release's decoder's algorithm;
 - `ctxrans, gather instruction` and `ctxrans, scalar loads`: the vector decoder with each way of making its
-  table lookups (`_ctxrans.set_gather`); the `ctxrans` row is this CPU's default, printed under the table;
+  table lookups (`decoder_settings(gather=...)`); the `ctxrans` row is this CPU's default, printed under the table;
 - `zstd-9`, `zstd-19`: numcodecs' Zstd over the same coefficient bytes.
 
 Decode is `dctdata.lossless.decode_array`, the call the zarr and webdataset readers make per chunk, one
@@ -50,6 +50,7 @@ import numpy as np
 
 import dctdata
 from dctdata.entropy import CtxCodec, _ctxrans
+from dctdata.entropy.ctxrans import decoder_settings
 from dctdata.lossless import decode_array, get_codec, is_entropy
 
 SETS = ("em", "atoms", "beam", "clouds", "camera", "astronaut")
@@ -105,21 +106,13 @@ def _timed(passes: dict[str, list[float]], name: str, fn, *args) -> None:
 
 def default_lookups() -> str:
     """How this CPU's vector decoder makes its table lookups by default."""
-    default = _ctxrans.set_gather(True)
-    _ctxrans.set_gather(default)
-    return "gather instruction" if default else "scalar loads"
+    return "gather instruction" if _ctxrans.set_gather() else "scalar loads"
 
 
 def _decode_all(codec, bufs, shape, dtype, where, simd: bool = True, gather: bool | None = None) -> None:
-    was_simd = _ctxrans.set_simd(simd)
-    was_gather = _ctxrans.set_gather(True)
-    _ctxrans.set_gather(was_gather if gather is None else gather)
-    try:
+    with decoder_settings(simd, gather):
         for b in bufs:
             decode_array(codec, b, shape, dtype, where)
-    finally:
-        _ctxrans.set_simd(was_simd)
-        _ctxrans.set_gather(was_gather)
 
 
 class _TwoState:

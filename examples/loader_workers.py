@@ -23,21 +23,18 @@ import torch
 
 import dctdata
 from dctdata.bench.loader import synthetic
-from dctdata.entropy import _ctxrans
+from dctdata.entropy.ctxrans import decoder_settings
 from dctdata.loaders.wds_dataset import DCTWebDataset
 from dctdata.lossless import parse_lossless_option
 
 
 def _epoch(loader, simd: bool) -> tuple[int, float]:
-    was = _ctxrans.set_simd(simd)
-    try:
+    with decoder_settings(simd=simd):
         t0, n = time.perf_counter(), 0
         for batch in loader:
             coeffs = batch[0][0] if isinstance(batch[0], (list, tuple)) else batch[0]
             n += len(coeffs)
         return n, time.perf_counter() - t0
-    finally:
-        _ctxrans.set_simd(was)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

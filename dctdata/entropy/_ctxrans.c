@@ -1183,27 +1183,29 @@ done:
     return res;
 }
 
-/* set_simd(on) -> the previous setting: tests run mode 2 through both decoders on one machine */
+/* set_simd([on]) -> the previous setting (without `on`: the current one, unchanged): tests run mode 2 through
+ * both decoders on one machine */
 static PyObject *py_set_simd(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
     const int was = g_simd;
 #if HAVE_SIMD
-    g_simd = on && __builtin_cpu_supports("avx2");
+    if (on >= 0) g_simd = on && __builtin_cpu_supports("avx2");
 #else
     (void)on; /* no vector decoder in this build (not x86-64, or CTX_NO_SIMD) */
 #endif
     return PyBool_FromLong(was);
 }
 
-/* set_gather(instruction) -> the previous setting: the vector decoder's lookups by the gather instruction
- * (True) or by scalar loads (False); tests and benchmarks run both on one machine */
+/* set_gather([instruction]) -> the previous setting (without an argument: the current one, unchanged): the
+ * vector decoder's lookups by the gather instruction (True) or by scalar loads (False); tests and benchmarks
+ * run both on one machine */
 static PyObject *py_set_gather(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
 #if HAVE_SIMD
     const int was = g_gather_hw;
-    g_gather_hw = on;
+    if (on >= 0) g_gather_hw = on;
 #else
     const int was = 0; /* no vector decoder in this build */
     (void)on;
@@ -1215,9 +1217,9 @@ static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize) -> bytes"},
     {"decode", py_decode, METH_VARARGS, "decode(model, buf, out, shape, itemsize) -> None"},
     {"decode_many", py_decode_many, METH_VARARGS, "decode_many(model, bufs, out, shape, itemsize) -> decoded"},
-    {"set_simd", py_set_simd, METH_VARARGS, "set_simd(on) -> previous: the AVX2 decoder of mode 2 on or off"},
+    {"set_simd", py_set_simd, METH_VARARGS, "set_simd([on]) -> previous: the AVX2 decoder of mode 2 on or off"},
     {"set_gather", py_set_gather, METH_VARARGS,
-     "set_gather(instruction) -> previous: the AVX2 decoder's lookups by gather instructions or scalar loads"},
+     "set_gather([instruction]) -> previous: the AVX2 decoder's lookups by gather instructions or scalar loads"},
     {"contexts", py_contexts, METH_VARARGS, "contexts(model, q, shape, itemsize, ctx_out, tok_out) -> raw bits"},
     {NULL, NULL, 0, NULL}};
 

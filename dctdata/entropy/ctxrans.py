@@ -51,12 +51,13 @@ tests/core/test_entropy.py, also against an ASan/UBSan build of the kernel: the 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import math
 import zlib
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -759,3 +760,21 @@ class CtxCodec:
 def fit(q_samples, cf: int, mask: str = "square", **options) -> dict[str, Any]:
     """Fit on calibration samples and return the JSON config (the manifest entry); see CtxCodec.fit."""
     return CtxCodec.fit(q_samples, cf, mask, **options).get_config()
+
+
+@contextlib.contextmanager
+def decoder_settings(simd: bool | None = None, gather: bool | None = None) -> Iterator[None]:
+    """The kernel's 16-lane decoder for the block, then its settings as they were: `simd` switches the AVX2
+    paths (off: the scalar decoder, as on a CPU without AVX2), `gather` makes their table lookups with the
+    gather instruction (True) or scalar loads (False; the default on AMD CPUs). None keeps a setting.
+    Process-wide; for benchmarks and tests that run every decoder on one machine."""
+    was_simd, was_gather = _ctxrans.set_simd(), _ctxrans.set_gather()
+    try:
+        if simd is not None:
+            _ctxrans.set_simd(simd)
+        if gather is not None:
+            _ctxrans.set_gather(gather)
+        yield
+    finally:
+        _ctxrans.set_simd(was_simd)
+        _ctxrans.set_gather(was_gather)

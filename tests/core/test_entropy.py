@@ -19,7 +19,6 @@ one (then reinstall: `pip install -e .`):
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import time
@@ -31,25 +30,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dctdata.entropy import _ctxrans
-from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError
+from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError, decoder_settings
 from dctdata.transform import kept_frequencies
 
 FUZZ_EXAMPLES = int(os.environ.get("CTXCODER_FUZZ_EXAMPLES", "3000"))
 RNG = np.random.default_rng(1234)
-# The kernel's decoders of mode 2 on this machine: (AVX2 on, lookups by the gather instruction); the
-# vector decoder with each kind of lookup, then the scalar one
-DECODERS = ((True, True), (True, False), (False, True))
-
-
-@contextlib.contextmanager
-def decoder(simd: bool, gather: bool):
-    """The kernel set to one of DECODERS for the block, then back to its defaults."""
-    was_simd, was_gather = _ctxrans.set_simd(simd), _ctxrans.set_gather(gather)
-    try:
-        yield
-    finally:
-        _ctxrans.set_simd(was_simd)
-        _ctxrans.set_gather(was_gather)
+# The kernel's decoders of mode 2 on this machine (decoder_settings): the vector decoder with each kind of
+# table lookup, then the scalar one
+DECODERS = ((True, True), (True, False), (False, None))
 
 
 def laplace_coeffs(shape, dtype=np.int8, scale=3.0, dc_scale=40.0, rng=RNG):
@@ -366,14 +354,15 @@ def test_lanes_round_trip_through_both_decoders(shape, dtype, features, scale):
     buf = lanes_encode(codec, q)
     assert buf[0] == 2
     for simd, gather in DECODERS:
-        with decoder(simd, gather):
+        with decoder_settings(simd, gather):
             out = codec.decode(buf, q.shape, q.dtype)
         np.testing.assert_array_equal(out, q)
 
 
 def test_the_vector_decoders_lookups_default_to_scalar_loads_on_amd_only():
     """Eight scalar loads decode 13-17% faster than the gather instruction on AMD EPYC (Zen 4); elsewhere the
-    instruction stays (not measured). set_gather returns the setting it replaces."""
+    instruction stays (not measured). set_gather returns the setting it replaces (with no argument: the current
+    one); decoder_settings puts both settings back, also after an error."""
     try:
         with open("/proc/cpuinfo") as f:
             vendor = next((line.split(":")[1].strip() for line in f if line.startswith("vendor_id")), None)
@@ -381,10 +370,16 @@ def test_the_vector_decoders_lookups_default_to_scalar_loads_on_amd_only():
         vendor = None
     if vendor is None:
         pytest.skip("no /proc/cpuinfo vendor_id to compare the default with")
-    default = _ctxrans.set_gather(True)
+    default, simd = _ctxrans.set_gather(), _ctxrans.set_simd()
+    assert default is (vendor != "AuthenticAMD")
+    assert _ctxrans.set_gather() is default  # asking does not change it
+    with pytest.raises(RuntimeError, match="inside"):
+        with decoder_settings(simd=False, gather=not default):
+            assert _ctxrans.set_gather() is (not default) and _ctxrans.set_simd() is False
+            raise RuntimeError("inside")
+    assert _ctxrans.set_gather() is default and _ctxrans.set_simd() is simd
     try:
-        assert default is (vendor != "AuthenticAMD")
-        assert _ctxrans.set_gather(False) is True and _ctxrans.set_gather(True) is False
+        assert _ctxrans.set_gather(not default) is default and _ctxrans.set_gather(default) is (not default)
     finally:
         _ctxrans.set_gather(default)
 
@@ -467,7 +462,7 @@ def check_decode(codec, buf, shape, dtype):
     outcomes = []
     for simd, gather in DECODERS:
         t = time.perf_counter()
-        with decoder(simd, gather):
+        with decoder_settings(simd, gather):
             try:
                 out = codec.decode(buf, shape, dtype)
             except CtxCodecError as exc:
