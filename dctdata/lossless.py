@@ -12,11 +12,15 @@ codecs whose decoder runs code (`pickle`). Decoding is bounded by the size the r
 small hostile stream cannot make it allocate more (a zstd "bomb" stops at the expected size).
 
 Choice of the defaults (measured on quantized coefficients of package-shipped images and SciML fields,
-README "Lossless stage"): the entropy coder stores about 24% less than zstd-19, encodes faster than
-zstd-9 and decodes at 300-1400 MB/s of float32-equivalent output per core; zstd-19 stores 8.5% less than
-zstd-9 at the same decode speed but encodes about 18x slower. So: integer dct fields get the smaller of
-the fitted entropy coder and zstd-19 ("auto"; zstd-19 wins on periodic textures its long matches catch),
-everything else zstd-9 (packing speed; masks and labels are a small share of a pack).
+README "Lossless stage" and examples/entropy_decode_speed.py): the entropy coder stores 13-45% less than
+zstd-19, encodes faster than zstd-9 and decodes at 750-2000 MB/s of float32-equivalent output per core;
+zstd-19 stores 3-13% less than zstd-9 and decodes at 0.9-1.9x its speed (on the int8 sets decoding speeds up
+from level 13 on; examples/zstd_levels.py), but encodes 7-25x slower. So: integer dct fields get the smaller
+of the fitted entropy coder and zstd-19 ("auto": bytes first; zstd-19 wins on periodic textures its long
+matches catch), everything else zstd-9 (packing speed; masks and labels are a small share of a pack).
+`--lossless zstd` (zstd-19 on the dct fields too) is the read-speed choice: 4.6-7.8x the entropy coder's
+decode speed per core for 15-80% more bytes, which reads a zarr batch at about the speed tensorstore reads
+the same samples as raw float32.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ ZSTD_LEVELS = (1, 22)
 
 def parse_lossless_option(text: object, where: str = "--lossless") -> dict[str, Any] | str:
     """The pack's lossless stage from its CLI spelling: "auto" (the default: per dct field the smaller of the
-    entropy coder and zstd-19), "zstd" (zstd-19 everywhere: about 15-20% more bytes than "auto" on most sets,
-    but the loader workers decode it 3-4x faster) or "zstd:LEVEL" (1..22)."""
+    entropy coder and zstd-19: bytes first), "zstd" (zstd-19 everywhere, the read-speed choice: 15-80% more
+    bytes than "auto", decoded 4.6-7.8x faster per core) or "zstd:LEVEL" (1..22)."""
     if not isinstance(text, str):
         raise TypeError(f"{where}: expected a string such as 'auto' or 'zstd:9'. Got {type(text).__name__}")
     name, colon, level = text.strip().partition(":")

@@ -10,7 +10,8 @@ Two tables:
 - pipeline: samples/s from local packs of one synthetic set (`dctdata.bench.loader.synthetic`)
   through `make_loader(..., pin_memory=True)` and `DevicePrefetcher` to the float32 model input on
   the device: dctdata zarr coefficients -> `Decompress` (the default entropy-coded pack, and the
-  same settings with zstd, which stores more and decodes faster in the workers); raw float32 rows ->
+  same settings with `--lossless zstd` (zstd-19), which stores more and decodes faster in the workers); raw
+  float32 rows ->
   host-to-device copy; JPEG files at the first quality that reaches dctdata's median PSNR ->
   `torchvision.io.decode_jpeg(device=...)` (nvJPEG on CUDA), the loader moving the encoded bytes.
   Bytes to device per sample and the transfer ratio (float32 bytes over them) are counted.
@@ -168,7 +169,7 @@ def pipeline_rows(device="cuda", n=2048, size=256, batch=32, workers=2, epochs=2
     from dctdata.bench.loader import jpeg_files, synthetic
     from dctdata.loaders.device import DevicePrefetcher
     from dctdata.loaders.distributed import make_loader
-    from dctdata.lossless import DEFAULT_CODEC
+    from dctdata.lossless import parse_lossless_option
 
     dev = torch.device(device)
     pin = dev.type == "cuda"
@@ -180,11 +181,12 @@ def pipeline_rows(device="cuda", n=2048, size=256, batch=32, workers=2, epochs=2
         dctdata.pack(os.path.join(tmp, "x.npy"), out, quant="int8", target_psnr=target_psnr, quiet=True)
         ds = dctdata.open_dataset(out)
         layer = ds.decompressor().to(dev)
-        out_zstd = os.path.join(tmp, "dct_zstd")  # the same settings, zstd instead of the entropy coder
+        out_zstd = os.path.join(tmp, "dct_zstd")  # the same settings, `--lossless zstd` instead of the entropy coder
+        zstd_stage = parse_lossless_option("zstd")
         dctdata.pack(os.path.join(tmp, "x.npy"), out_zstd, quant="int8", target_psnr=target_psnr, quiet=True,
-                     codec=dict(DEFAULT_CODEC))  # fmt: skip
+                     codec=zstd_stage)  # fmt: skip
         ds_zstd = dctdata.open_dataset(out_zstd)
-        zstd_name = f"dctdata zarr ({ds_zstd.manifest.field('image').codec.dtype}, zstd-{DEFAULT_CODEC['level']})"
+        zstd_name = f"dctdata zarr ({ds_zstd.manifest.field('image').codec.dtype}, zstd-{zstd_stage['level']})"
         zstd_name += " -> Decompress"
         q, jpgs, jpeg_psnr = jpeg_files(
             x[:, 0].astype(np.uint8), os.path.join(tmp, "jpg"), ds.manifest.stats["image"].psnr_median

@@ -8,6 +8,7 @@ import torch
 
 from dctdata.bench import gpu
 from dctdata.cli import main
+from dctdata.lossless import ZSTD_MAX
 
 
 def test_gpu_bench_skips_in_one_line_without_cuda(capsys, monkeypatch):
@@ -37,7 +38,8 @@ def test_gpu_pipeline_table_on_the_cpu():
     names = [r["pipeline"] for r in rows]
     assert names[0] == "dctdata zarr (int8) -> Decompress" and names[1] == "raw float32 -> host-to-device copy"
     assert names[2].startswith("JPEG q=") and names[2].endswith("decode_jpeg(device)")
-    assert names[3] == "dctdata zarr (int8, zstd-9) -> Decompress" and rows[3]["moved"] == rows[0]["moved"]
+    assert names[3] == f"dctdata zarr (int8, zstd-{ZSTD_MAX['level']}) -> Decompress"  # what `--lossless zstd` packs
+    assert rows[3]["moved"] == rows[0]["moved"]
     assert all(r["sps"] > 0 for r in rows) and rows[1]["bytes"] == 32 * 32 * 4 == rows[1]["moved"]
     assert rows[0]["moved"] < rows[1]["moved"] / 2  # int8 coefficients (and a side) cross, not float32
     assert rows[2]["psnr"] >= rows[0]["psnr"] or "q=100" in names[2]  # JPEG at no lower PSNR than dctdata
@@ -53,7 +55,9 @@ def test_read_path_table():
     names = [r["name"] for r in rows]
     assert names[0].startswith("dctdata zarr reader, default pack (") and names[0].endswith(", 1 thread")
     assert names[1].startswith(names[0].removesuffix("1 thread")) and names[1].endswith(" threads")
-    for path in ("tensorstore, raw float32 zarr", "tensorstore, same zstd-9 pack (no missing-chunk check)"):
+    zpack = f"dctdata zarr reader, --lossless zstd pack (zstd-{ZSTD_MAX['level']}) (coefficients)"  # what users pack
+    assert {f"{zpack}, 1 thread", f"{zpack}, {names[1].rsplit(', ', 1)[1]}"} <= set(names)
+    for path in ("tensorstore, raw float32 zarr", "tensorstore, same zstd pack (no missing-chunk check)"):
         assert {f"{path}, 1 thread", f"{path}, default concurrency"} <= set(names)
     assert {r["threads"] for r in rows} == {"1", "all"} and rows[1]["threads"] == "all"
     assert all(r["ms"] > 0 for r in rows)

@@ -1,0 +1,136 @@
+"""Which zstd level for stored coefficients: bytes, encode and decode speed of each level on the same
+coefficients, so the `--lossless zstd` default (zstd-19) and the array fields' zstd-9 rest on a measurement.
+
+    python examples/zstd_levels.py [--sets em,atoms,beam,camera,astronaut] [--levels 1,3,9,12,13,16,19,22]
+        [--samples 64] [--size 256] [--target-psnr 40] [--repeat 5] [--json PATH]
+
+The sets are those of examples/entropy_decode_speed.py (`load_set`), each packed by the product
+(`dctdata.pack(..., target_psnr=T)`) and its stored integer coefficients read back; every level then codes
+them one stream per sample, as a pack stores them, through numcodecs' Zstd (the pack's codec). Decode is
+`dctdata.lossless.decode_array` (the readers' per-chunk call). One thread; every pass times every level in
+turn (encode, then decode), best of `--repeat` passes. Columns: stored bytes per sample and against
+zstd-9, encode and decode MB/s of float32-equivalent output (samples x C x H x W x 4 bytes / s, per core),
+and the decode speed against zstd-9 as the median over passes of their time ratio in the same pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numcodecs
+import numpy as np
+from entropy_decode_speed import load_set
+
+import dctdata
+from dctdata.lossless import ZSTD_LEVELS, decode_array
+
+SETS = ("em", "atoms", "beam", "camera", "astronaut")
+LEVELS = (1, 3, 9, 12, 13, 16, 19, 22)
+BASE = 9  # the array fields' level, the reference of the ratio columns
+
+
+def measure_set(name: str, x: np.ndarray, levels: tuple[int, ...], target_psnr: float, repeat: int, workdir: str):
+    """Rows of one set: one per level."""
+    src, out = os.path.join(workdir, f"{name}.npy"), os.path.join(workdir, name)
+    np.save(src, x)
+    dctdata.pack(src, out, target_psnr=target_psnr, quiet=True)
+    ds = dctdata.open_dataset(out)
+    field = next(f for f in ds.manifest.fields if f.codec is not None)
+    n = ds.manifest.samples
+    q = ds.reader.read(field, 0, n)
+    shape = (1, *q.shape[1:])
+    samples = [np.ascontiguousarray(q[i : i + 1]) for i in range(n)]
+    codecs = {level: numcodecs.Zstd(level=level) for level in levels}
+    enc: dict[int, list[float]] = {level: [] for level in levels}
+    dec: dict[int, list[float]] = {level: [] for level in levels}
+    streams: dict[int, list[bytes]] = {}
+    for _ in range(repeat):
+        for level, codec in codecs.items():
+            t0 = time.perf_counter()
+            streams[level] = [bytes(codec.encode(s)) for s in samples]
+            enc[level].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            got = [decode_array(codec, b, shape, q.dtype, f"{name} zstd-{level}") for b in streams[level]]
+            dec[level].append(time.perf_counter() - t0)
+            if not all(np.array_equal(g, s) for g, s in zip(got, samples)):
+                raise RuntimeError(f"{name}: zstd-{level} did not decode to the coefficients")
+    floats = n * int(np.prod(field.shape)) * 4
+    base_bytes = sum(map(len, streams[BASE])) / n if BASE in streams else None
+    rows = []
+    for level in levels:
+        # paired: zstd-9's decode time over this level's in the same pass, median over passes
+        paired = float(np.median([b / t for b, t in zip(dec[BASE], dec[level])])) if base_bytes else None
+        stored = sum(map(len, streams[level])) / n
+        rows.append(
+            {
+                "set": name,
+                "level": level,
+                "dtype": str(q.dtype),
+                "samples": n,
+                "sample_shape": list(field.shape),
+                "bytes_per_sample": stored,
+                "bytes_vs_base": stored / base_bytes if base_bytes else None,
+                "encode_seconds": min(enc[level]),
+                "decode_seconds": min(dec[level]),
+                "encode_mb_s": floats / min(enc[level]) / 1e6,
+                "decode_mb_s": floats / min(dec[level]) / 1e6,
+                "decode_vs_base": paired,
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"| set | dtype | level | stored B/sample | bytes vs zstd-{BASE} | encode MB/s (float32, 1 core) "
+        f"| decode MB/s (float32, 1 core) | decode speed vs zstd-{BASE} (median of passes) |"
+    )
+    lines = [head, "|" + "---|" * 8]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for r in rows:
+        lines.append(
+            f"| {r['set']} | {r['dtype']} | zstd-{r['level']} | {r['bytes_per_sample']:.0f} | "
+            f"{fmt(r['bytes_vs_base'])} | {r['encode_mb_s']:.0f} | {r['decode_mb_s']:.0f} | "
+            f"{fmt(r['decode_vs_base'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sets", default=",".join(SETS))
+    p.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--target-psnr", type=float, default=40.0)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.samples < 1 or a.size < 8 or a.repeat < 1:
+        raise SystemExit("--samples, --repeat: expected >= 1, --size >= 8")
+    words = [w.strip() for w in a.levels.split(",") if w.strip()]
+    if not words or not all(w.isdigit() and ZSTD_LEVELS[0] <= int(w) <= ZSTD_LEVELS[1] for w in words):
+        raise SystemExit(f"--levels: expected zstd levels in {ZSTD_LEVELS[0]}..{ZSTD_LEVELS[1]}. Got {a.levels!r}")
+    levels = tuple(dict.fromkeys(int(w) for w in words))
+    load = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in [s for s in a.sets.split(",") if s]:
+            rows += measure_set(name, load_set(name, a.samples, a.size), levels, a.target_psnr, a.repeat, workdir)
+    payload = {"rows": rows, "loadavg_before": list(load), "loadavg_after": list(os.getloadavg()), "argv": sys.argv}
+    print(table(rows))
+    print(f"\nload average before {load[0]:.2f}, after {payload['loadavg_after'][0]:.2f} (one thread)")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(payload, fh, indent=1)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
