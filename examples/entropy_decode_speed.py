@@ -215,33 +215,55 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sets", default=",".join(SETS))
+def add_set_arguments(p: argparse.ArgumentParser, sets: tuple[str, ...]) -> None:
+    """The options of the scripts that measure coders on these sets (this one, zstd_levels.py)."""
+    p.add_argument("--sets", default=",".join(sets))
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--target-psnr", type=float, default=40.0)
     p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--quant", default="", help="int8 or int16; unset: calibration chooses, as pack does")
     p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+
+
+def check_set_arguments(a: argparse.Namespace) -> None:
     if a.samples < 1 or a.size < 8 or a.repeat < 1:
         raise SystemExit("--samples, --repeat: expected >= 1, --size >= 8")
-    rows: list[dict[str, Any]] = []
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_set_arguments(p, SETS)
+    p.add_argument("--quant", default="", help="int8 or int16; unset: calibration chooses, as pack does")
+    a = p.parse_args(argv)
+    check_set_arguments(a)
     # per core: the reader would otherwise decode a batch's chunks on torch's threads (as a DataLoader
     # worker does not: it has one)
     os.environ["DCTDATA_READ_THREADS"] = "1"
+
+    def measure(name: str, x: np.ndarray, workdir: str) -> list[dict[str, Any]]:
+        return measure_set(name, x, a.target_psnr, a.repeat, workdir, a.quant or None)
+
+    def lookups(payload: dict[str, Any]) -> list[str]:
+        payload["default_lookups"] = default_lookups()
+        return [f"this CPU's default lookups (the ctxrans row): {payload['default_lookups']}"]
+
+    return run_sets(a, measure, table, lookups)
+
+
+def run_sets(a: argparse.Namespace, measure, to_table, notes=lambda payload: []) -> dict[str, Any]:
+    """Rows of `measure(name, samples, workdir)` for each set of `--sets`, then the table, the load average,
+    `notes(payload)`'s lines and the JSON (`--json`); returns the payload."""
     load = os.getloadavg()
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as workdir:
         for name in [s for s in a.sets.split(",") if s]:
-            x = load_set(name, a.samples, a.size)
-            rows += measure_set(name, x, a.target_psnr, a.repeat, workdir, a.quant or None)
+            rows += measure(name, load_set(name, a.samples, a.size), workdir)
     payload = {"rows": rows, "loadavg_before": list(load), "loadavg_after": list(os.getloadavg()), "argv": sys.argv}
-    print(table(rows))
+    print(to_table(rows))
     after = payload["loadavg_after"][0]
-    payload["default_lookups"] = default_lookups()
     print(f"\nload average before {load[0]:.2f}, after {after:.2f} (one thread; shared machines vary)")
-    print(f"this CPU's default lookups (the ctxrans row): {payload['default_lookups']}")
+    for line in notes(payload):
+        print(line)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(payload, fh, indent=1)

@@ -16,16 +16,13 @@ and the decode speed against zstd-9 as the median over passes of their time rati
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import tempfile
 import time
 from typing import Any
 
 import numcodecs
 import numpy as np
-from entropy_decode_speed import load_set
+from entropy_decode_speed import add_set_arguments, check_set_arguments, run_sets
 
 import dctdata
 from dctdata.lossless import ZSTD_LEVELS, decode_array
@@ -104,32 +101,19 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sets", default=",".join(SETS))
+    add_set_arguments(p, SETS)
     p.add_argument("--levels", default=",".join(map(str, LEVELS)))
-    p.add_argument("--samples", type=int, default=64)
-    p.add_argument("--size", type=int, default=256)
-    p.add_argument("--target-psnr", type=float, default=40.0)
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    if a.samples < 1 or a.size < 8 or a.repeat < 1:
-        raise SystemExit("--samples, --repeat: expected >= 1, --size >= 8")
+    check_set_arguments(a)
     words = [w.strip() for w in a.levels.split(",") if w.strip()]
     if not words or not all(w.isdigit() and ZSTD_LEVELS[0] <= int(w) <= ZSTD_LEVELS[1] for w in words):
         raise SystemExit(f"--levels: expected zstd levels in {ZSTD_LEVELS[0]}..{ZSTD_LEVELS[1]}. Got {a.levels!r}")
     levels = tuple(dict.fromkeys(int(w) for w in words))
-    load = os.getloadavg()
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as workdir:
-        for name in [s for s in a.sets.split(",") if s]:
-            rows += measure_set(name, load_set(name, a.samples, a.size), levels, a.target_psnr, a.repeat, workdir)
-    payload = {"rows": rows, "loadavg_before": list(load), "loadavg_after": list(os.getloadavg()), "argv": sys.argv}
-    print(table(rows))
-    print(f"\nload average before {load[0]:.2f}, after {payload['loadavg_after'][0]:.2f} (one thread)")
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(payload, fh, indent=1)
-    return payload
+
+    def measure(name: str, x: np.ndarray, workdir: str) -> list[dict[str, Any]]:
+        return measure_set(name, x, levels, a.target_psnr, a.repeat, workdir)
+
+    return run_sets(a, measure, table)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,8 @@ Two tables:
 - pipeline: samples/s from local packs of one synthetic set (`dctdata.bench.loader.synthetic`)
   through `make_loader(..., pin_memory=True)` and `DevicePrefetcher` to the float32 model input on
   the device: dctdata zarr coefficients -> `Decompress` (the default entropy-coded pack, and the
-  same settings with `--lossless zstd` (zstd-19), which stores more and decodes faster in the workers); raw
-  float32 rows ->
-  host-to-device copy; JPEG files at the first quality that reaches dctdata's median PSNR ->
+  same settings with `--lossless zstd` (zstd-19), which stores more and decodes faster in the workers);
+  raw float32 rows -> host-to-device copy; JPEG files at the first quality that reaches dctdata's median PSNR ->
   `torchvision.io.decode_jpeg(device=...)` (nvJPEG on CUDA), the loader moving the encoded bytes.
   Bytes to device per sample and the transfer ratio (float32 bytes over them) are counted.
 

@@ -36,7 +36,8 @@ def test_zstd_levels_bytes_are_the_codecs(tmp_path, monkeypatch):
     import dctdata
 
     levels = load_example("zstd_levels", monkeypatch)
-    rows = levels.measure_set("em", levels.load_set("em", 2, 64), (3, 9), 40.0, 1, str(tmp_path))
+    x = load_example("entropy_decode_speed", monkeypatch).load_set("em", 2, 64)
+    rows = levels.measure_set("em", x, (3, 9), 40.0, 1, str(tmp_path))
     ds = dctdata.open_dataset(tmp_path / "em")  # the pack the example measured
     field = next(f for f in ds.manifest.fields if f.codec is not None)
     q = ds.reader.read(field, 0, ds.manifest.samples)
