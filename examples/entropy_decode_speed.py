@@ -130,17 +130,23 @@ class _TwoState:
         return self.codec.decode(buf, shape, dtype)
 
 
-def measure_set(
-    name: str, x: np.ndarray, target_psnr: float, repeat: int, workdir: str, quant: str | None = None
-) -> list[dict[str, Any]]:
-    """Rows of one set: one per coder and the pack reader's."""
+def packed_coefficients(name: str, x: np.ndarray, target_psnr: float, workdir: str, quant: str | None = None):
+    """The set packed by the product under workdir/name (calibration, quantization, its lossless stage) and
+    read back: (dataset, its dct field, the stored coefficients (N, C, Hb, K, Wb))."""
     src, out = os.path.join(workdir, f"{name}.npy"), os.path.join(workdir, name)
     np.save(src, x)
     dctdata.pack(src, out, target_psnr=target_psnr, quiet=True, **({"quant": quant} if quant else {}))
     ds = dctdata.open_dataset(out)
     field = next(f for f in ds.manifest.fields if f.codec is not None)
+    return ds, field, ds.reader.read(field, 0, ds.manifest.samples)
+
+
+def measure_set(
+    name: str, x: np.ndarray, target_psnr: float, repeat: int, workdir: str, quant: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows of one set: one per coder and the pack reader's."""
+    ds, field, q = packed_coefficients(name, x, target_psnr, workdir, quant)
     n = ds.manifest.samples
-    q = ds.reader.read(field, 0, n)  # (N, C, Hb, K, Wb) stored coefficients
     shape = (1, *q.shape[1:])
     lossless = field.lossless
     stage = "ctxrans" if is_entropy(lossless) else f"{lossless.get('id')}-{lossless.get('level')}"

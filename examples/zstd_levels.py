@@ -16,15 +16,13 @@ and the decode speed against zstd-9 as the median over passes of their time rati
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Any
 
 import numcodecs
 import numpy as np
-from entropy_decode_speed import add_set_arguments, check_set_arguments, run_sets
+from entropy_decode_speed import add_set_arguments, check_set_arguments, packed_coefficients, run_sets
 
-import dctdata
 from dctdata.lossless import ZSTD_LEVELS, decode_array
 
 SETS = ("em", "atoms", "beam", "camera", "astronaut")
@@ -34,13 +32,8 @@ BASE = 9  # the array fields' level, the reference of the ratio columns
 
 def measure_set(name: str, x: np.ndarray, levels: tuple[int, ...], target_psnr: float, repeat: int, workdir: str):
     """Rows of one set: one per level."""
-    src, out = os.path.join(workdir, f"{name}.npy"), os.path.join(workdir, name)
-    np.save(src, x)
-    dctdata.pack(src, out, target_psnr=target_psnr, quiet=True)
-    ds = dctdata.open_dataset(out)
-    field = next(f for f in ds.manifest.fields if f.codec is not None)
+    ds, field, q = packed_coefficients(name, x, target_psnr, workdir)
     n = ds.manifest.samples
-    q = ds.reader.read(field, 0, n)
     shape = (1, *q.shape[1:])
     samples = [np.ascontiguousarray(q[i : i + 1]) for i in range(n)]
     codecs = {level: numcodecs.Zstd(level=level) for level in levels}
