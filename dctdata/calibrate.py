@@ -46,15 +46,23 @@ from dctdata.layer import Decompress
 from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
 from dctdata.metrics import ItemErrors, item_nmse
 from dctdata.parse import is_number, parse_number
-from dctdata.quantize import F32_SAFE_MAX, encode, item_side, keep_floor, normalize, quantize_per_sample, rotate
+from dctdata.quantize import (
+    F32_SAFE_MAX,
+    encode,
+    item_side,
+    keep_floor,
+    normalize,
+    quantize_per_sample,
+    rotate,
+)
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
 
 THETA = 0.4  # dead-zone rounding: q = sign(v) floor(|v| + 0.4)
-MARGIN_DB = 0.15  # land at target + margin on the calibration subset ...
-TOL_DB = 0.12  # ... within this tolerance
+MARGIN_DB = 0.1  # land every channel at target + margin on the calibration subset ...
+TOL_DB = 0.09  # ... within this tolerance: in target + 0.01 .. target + 0.19 dB
 FLOOR_BELOW_DB = 0.4  # default min_psnr: no sample more than this below the target
 SUB_VALUES = 1 << 20  # coefficients in the subsample the search runs on
 FIT_VALUES = 1 << 22  # coefficients the entropy coder's model is fitted on (evenly spaced samples)
@@ -217,8 +225,30 @@ class _Coded:
 
 
 # The search --------------------------------------------------------------------------------------
+KAPPA = 2.0  # d log(nmse) / d log(step) of a fine uniform quantizer: every channel's first slope guess
+MAX_EVALUATIONS = 10  # exact evaluations of the whole subset per landing
+FLOOR_ROUNDS = 3  # times the int8 floors may be raised so the per-sample floor can lift every item
+
+
+def _vector(s: object, channels: int) -> torch.Tensor:
+    """A (C,) float64 tensor of per-channel steps from a number or a sequence."""
+    t = torch.as_tensor(s, dtype=torch.float64).flatten()
+    return t.expand(channels).clone() if t.numel() == 1 else t.clone()
+
+
+def _db(nm: torch.Tensor) -> torch.Tensor:
+    """dB of a tensor of nmse values (+inf for 0)."""
+    return -10.0 * torch.log10(nm.to(torch.float64))
+
+
 class _Setting:
-    """One (rotation, cf, mask, dtype) being fitted: its floors and subsample error model."""
+    """One (rotation, cf, mask, dtype) being fitted: its floors and subsample error model.
+
+    Steps are per coded channel (a (C,) vector of base steps; a number means the same for every channel),
+    so every channel is landed at the target on its own: with one step for all channels, the worst
+    channel decided and the others were stored above their target (1.2-1.4 dB on multi-channel sets).
+    `mix` (C out x C coded) says how the coded channels' errors reach the output channels: the identity
+    without rotation, R[o, c]^2 with one (orthonormal R, independent quantization errors)."""
 
     def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str) -> None:
         self.coded, self.cf, self.mask, self.dtype = coded, cf, mask, dtype
@@ -230,12 +260,20 @@ class _Setting:
             self.floors = (torch.minimum(data, bound) / (INT_LIMITS[dtype] - 0.5)).clamp(min=1e-12)
         else:
             self.floors = torch.zeros(c, len(self.idx), dtype=torch.float64)
+        rot = coded.rotation
+        self.mix = None if rot is None else rot.double().pow(2).T.contiguous()
 
-    def steps(self, s: float) -> torch.Tensor:
-        return torch.maximum(torch.full_like(self.floors, s), self.floors)
+    @property
+    def channels(self) -> int:
+        return self.floors.shape[0]
 
-    def subsample(self, s: float) -> tuple[float, torch.Tensor, torch.Tensor]:
-        """(worst output channel's mean nmse on the subsample, quantized planes, recon offsets)."""
+    def steps(self, s: object) -> torch.Tensor:
+        """(C, K) steps: each channel's base step, or the frequency's floor where that is coarser."""
+        return torch.maximum(_vector(s, self.channels)[:, None].expand_as(self.floors), self.floors)
+
+    def subsample(self, s: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(mean nmse per output channel, per coded channel, quantized planes, recon offsets) on the
+        subsample."""
         sub = self.coded.sub
         st = self.steps(s).to(torch.float32).reshape(1, -1, len(self.idx), 1)
         kept = sub[:, :, self.idx, :]
@@ -251,32 +289,99 @@ class _Setting:
             rec, delta = q.to(torch.float32), None
         err = -sub.double()
         err[:, :, self.idx, :] = (rec - kept).double()
+        coded = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels  # (C,) normalized MSE per coded channel
         if self.coded.rotation is not None:
             err = torch.einsum("oc,rokw->rckw", self.coded.rotation.double(), err)
-        nm = err.pow(2).sum(dim=(2, 3)) / self.coded.pixels  # (R, C) normalized MSE of each row
-        return float(nm.mean(0).max()), q, delta
+            out = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels
+        else:
+            out = coded
+        return out, coded, q, delta
 
-    def land(self, goal_db: float, s: float) -> tuple[float, float, torch.Tensor]:
-        """Secant on log(step) until the subsample is at goal_db: (step, slope dB per log-step, q)."""
-        pts: list[tuple[float, float]] = []
+    def land(self, goal_db: float, s: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel secant on log(step) until every output channel of the subsample is at goal_db:
+        (steps (C,), quantized planes)."""
+        u = torch.log(_vector(s, self.channels))
+        steer = _Steer(nmse_of(goal_db), self.mix)
         q = None
         for _ in range(10):
-            d, q, _ = self.subsample(s)
-            pts.append((math.log(s), db(d)))
-            if abs(pts[-1][1] - goal_db) < 0.03:
+            out, coded, q, _ = self.subsample(torch.exp(u))
+            if float((_db(out) - goal_db).abs().max()) < 0.05:
                 break
-            slope = _slope(pts)
-            s = math.exp(pts[-1][0] + max(-1.0, min(1.0, (goal_db - pts[-1][1]) / slope)))
-        return s, _slope(pts), q
+            u = steer.next(u, out, coded)
+        return torch.exp(u), q
+
+    def raise_floors(self, coef: torch.Tensor, g: torch.Tensor, steps: torch.Tensor) -> bool:
+        """Coarser per-frequency floors wherever the samples of `coef` (B, C, Hb, K, Wb), coded with their
+        stored ranges scaled by g (B, C) (what the per-sample floor does), would overflow the integers at
+        `steps` (C, K). Whether any floor moved."""
+        y = _rescaled(coef, g, self.coded.rotation)
+        need = y.abs().amax(dim=(0, 2, 4)).double() * 1.02 / (INT_LIMITS[self.dtype] - 0.5)
+        moved = bool((need > torch.maximum(self.floors, steps) * 1.0001).any())
+        self.floors = torch.maximum(self.floors, need)
+        return moved
 
 
-def _slope(pts: list[tuple[float, float]]) -> float:
-    """dB per unit of log(step) from the last two points (about -8.7 for a uniform quantizer)."""
-    if len(pts) >= 2:
-        (l0, d0), (l1, d1) = pts[-2], pts[-1]
-        if l1 != l0 and (d1 - d0) / (l1 - l0) < -0.3:
-            return (d1 - d0) / (l1 - l0)
-    return -20.0 / math.log(10.0)
+def _rescaled(coef: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
+    """`quantize.rescaled` for a rotation given as a tensor."""
+    inv = (1.0 / g).to(torch.float32)
+    if rotation is None:
+        return coef * inv[:, :, None, None, None]
+    r = rotation.to(torch.float32)
+    return torch.einsum("bod,bdhkw->bohkw", torch.einsum("oc,bc,dc->bod", r, inv, r), coef)
+
+
+class _Steer:
+    """The next per-channel log-steps of a landing: a damped Newton step on log(error) per output channel.
+
+    The model: each coded channel's error moves as step^kappa (kappa measured per coded channel between
+    the last two points where its step moved, KAPPA before); the output channels get `mix` of the coded
+    errors; and only the `free` share of an output channel's error moves at all: the items the
+    per-sample floor lifts are pinned just inside its cap whatever the step (without that share the
+    landing took every channel's error as movable, moved too little and kept channels 0.4 dB above the
+    target). Without rotation the channels are independent and the step is that channel's own Newton
+    step; with one, the C x C Jacobian is solved with a little damping (a KLT mixes every coded channel
+    into every output channel, so the system is ill-conditioned and only its well-determined part is
+    used). Moves are at most a factor e per channel."""
+
+    def __init__(self, goal_nm: float, mix: torch.Tensor | None) -> None:
+        self.goal, self.mix = goal_nm, mix
+        self.points: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-steps, coded errors)
+        self.kappa = torch.full((1,), KAPPA, dtype=torch.float64)
+
+    def slopes(self) -> torch.Tensor:
+        """d log(coded error) / d log(step) per coded channel, measured between the last two points where
+        that channel's step moved by at least 5% (smaller moves measure quantization noise), kept in 0.3..3."""
+        u1, e1 = self.points[-1]
+        if len(self.points) >= 2:
+            u0, e0 = self.points[-2]
+            du = u1 - u0
+            dl = torch.log(e1.clamp(min=1e-300)) - torch.log(e0.clamp(min=1e-300))
+            moved = du.abs() > 0.05
+            k = (dl / torch.where(moved, du, torch.ones_like(du))).clamp(0.3, 3.0)
+            self.kappa = torch.where(moved, k, self.kappa)
+        return self.kappa.expand_as(u1)
+
+    def next(self, u: torch.Tensor, out: torch.Tensor, coded: torch.Tensor, goal=None, free=None) -> torch.Tensor:
+        """The next log-steps after measuring the output and coded channel errors at log-steps u. goal: each
+        output channel's error goal (default the landing's); free: the share of each output channel's
+        error that moves with the steps (default all of it)."""
+        self.points.append((u, coded))
+        kappa = self.slopes()
+        goal = torch.full_like(out, self.goal) if goal is None else torch.as_tensor(goal, dtype=out.dtype)
+        free = torch.ones_like(out) if free is None else torch.as_tensor(free, dtype=out.dtype).clamp(min=0.05)
+        r = torch.log(goal.clamp(min=1e-300)) - torch.log(out.clamp(min=1e-300))
+        if self.mix is None:
+            du = r / (free * kappa)
+        else:
+            model = (self.mix @ coded).clamp(min=1e-300)
+            jac = (free / model)[:, None] * self.mix * (coded * kappa)[None, :]
+            jtj = jac.T @ jac
+            damp = 1e-3 * float(torch.trace(jtj)) / len(u)
+            du = torch.linalg.solve(jtj + damp * torch.eye(len(u), dtype=jtj.dtype), jac.T @ r)
+        # where the floor pins most of the error the model is only good near here (a coarser step leaves
+        # more items below the floor, a finer one frees them): small moves there
+        reach = 1.0 if free is None or float(free.min()) >= 0.5 else 0.15
+        return u + du.clamp(-reach, reach)
 
 
 def fit_recon(v: torch.Tensor, q: torch.Tensor, dims) -> torch.Tensor:
@@ -340,6 +445,7 @@ def calibrate_report(
     normalize: bool = False,
     rotation: bool | None = None,
     progress: Callable[[int, float], None] | None = None,
+    where: Callable[[int], str] | None = None,
 ) -> Calibration:
     """Choose a CodecSpec for one `dct` field from a calibration subset (N, C, H, W) and say what it
     achieves there (see the module docstring). `calibrate` returns only the spec.
@@ -349,7 +455,8 @@ def calibrate_report(
     have (default target - 0.4 dB). valid: bool mask broadcastable to the samples; pixels where it is
     False count nowhere (masked data). normalize: also store per-channel mean/std so `Decompress`
     outputs standardised values. rotation: for C > 1, True/False forces the channel rotation on/off (None:
-    the smaller pack decides). progress(evaluation, dB) is called after each exact evaluation.
+    the smaller pack decides). progress(evaluation, dB) is called after each exact evaluation (dB: the
+    worst channel). where(i) names sample i of the subset in errors (a pack passes the source's names).
     """
     t0 = time.perf_counter()
     x, valid, errors = _check_samples(samples, valid)
@@ -378,7 +485,18 @@ def calibrate_report(
         evaluations, candidates = 0, ()
     else:
         spec, evaluations, candidates, result = _search(
-            x, side, target_psnr, min_psnr, cfs, masks, dtype, codec, rotation, progress, errors
+            x,
+            side,
+            target_psnr,
+            min_psnr,
+            cfs,
+            masks,
+            dtype,
+            codec,
+            rotation,
+            progress,
+            errors,
+            where or (lambda i: f"calibration sample {i}"),
         )
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
@@ -412,7 +530,7 @@ def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     return CodecSpec(**common, steps=steps.tolist(), side="range_mid")
 
 
-def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors):
+def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where):
     n, c, h, w = x.shape
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
@@ -428,8 +546,8 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
             for dt in dtypes:
                 setting = _Setting(coded, cc, mm, dt)
                 if dt not in INTEGER_DTYPES:
-                    d, q, _ = setting.subsample(1.0)
-                    s, slope = 1.0, _slope([])
+                    s = torch.ones(c, dtype=torch.float64)
+                    out, _, q, _ = setting.subsample(s)
                 else:
                     if (
                         dt == "int16"
@@ -439,15 +557,16 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
                         and not best["floors_bind"]
                     ):
                         continue  # int16 only pays where an int8 floor binds
-                    s, slope, q = setting.land(goal, math.sqrt(12 * budget) * 1.4)
-                    d, q, _ = setting.subsample(s)
+                    s, _ = setting.land(goal, math.sqrt(12 * budget) * 1.4)
+                    out, _, q, _ = setting.subsample(s)
+                d = db(float(out.max()))
                 size = size_of(q, dt, cc, mm)
-                candidates.append(Candidate(cc, mm, dt, rot is not None, db(d), size))
-                if db(d) < goal - 0.3:
+                candidates.append(Candidate(cc, mm, dt, rot is not None, d, size))
+                if d < goal - 0.3:
                     continue  # this setting cannot reach the target (its floors or precision cap the PSNR)
-                floors_bind = bool((setting.floors > s).any())
+                floors_bind = bool((setting.floors > s[:, None]).any())
                 if best is None or size < best["size"]:
-                    best = dict(setting=setting, s=s, slope=slope, size=size, dtype=dt, floors_bind=floors_bind)
+                    best = dict(setting=setting, s=s, size=size, dtype=dt, floors_bind=floors_bind)
     if best is None:
         reach = max((cand.subsample_psnr for cand in candidates), default=None)
         settings = f"cf={cf}, mask={mask}, quant={dtype}"
@@ -457,29 +576,57 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
             + ("" if reach is None else f" (best reachable {reach:.1f} dB)")
             + "; lower the target or free cf/quant"
         )
-    try:
-        spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
-    except _Missed as missed:
-        if not (best["dtype"] == "int8" and dtype is None):
-            raise _missed_error(target, missed) from None
-        # the int8 per-sample floor cannot lift some items without overflowing: land int16 instead
-        setting = _Setting(best["setting"].coded, best["setting"].cf, best["setting"].mask, "int16")
-        s, slope, q = setting.land(goal, math.sqrt(12 * budget) * 1.4)
-        best = dict(setting=setting, s=s, slope=slope, size=size_of(q, "int16", setting.cf, setting.mask))
+    used = 0
+
+    def settle(setting: _Setting, s) -> tuple:
+        """Land `setting`; where int8 cannot hold the target or the per-sample floor on some items (and
+        quant is free), land int16 instead."""
+        nonlocal used
         try:
-            spec, evaluations, result = _land(x, side, best, target, min_psnr, progress, errors)
-        except _Missed as missed16:
-            raise _missed_error(target, missed16) from None
-    return spec, evaluations, tuple(candidates), result
+            landed = _land_with_floor(x, side, setting, s, target, min_psnr, progress, errors, used)
+        except (_Missed, _FloorMissed) as missed:
+            if not (setting.dtype == "int8" and dtype is None):
+                raise _missed_error(target, missed, where) from None
+            setting = _Setting(setting.coded, setting.cf, setting.mask, "int16")
+            s, _ = setting.land(goal, math.sqrt(12 * budget) * 1.4)
+            try:
+                landed = _land_with_floor(x, side, setting, s, target, min_psnr, progress, errors, used)
+            except (_Missed, _FloorMissed) as missed16:
+                raise _missed_error(target, missed16, where) from None
+        used = landed[1]
+        return landed
+
+    spec, _, result, inside = settle(best["setting"], best["s"])
+    if not inside and best["setting"].coded.rotation is not None and rotation is None:
+        # A rotated sample's per-sample floor scales all its channels alike, lifting the channels that did not
+        # need it too; where many items sit below the floor the landing then cannot put every channel in the
+        # window. The same setting without the rotation lands per channel: it keeps the promise.
+        plain = _Setting(_Coded(x, side, None), best["setting"].cf, best["setting"].mask, best["dtype"])
+        try:
+            alt = settle(plain, plain.land(goal, best["s"].mean())[0])
+        except DctDataError:
+            alt = None
+        if alt is not None and alt[3]:
+            spec, _, result, inside = alt
+    return spec, used, tuple(candidates), result
 
 
-def _missed_error(target: float, missed: _Missed) -> DctDataError:
+def _missed_error(target: float, missed: Exception, where: Callable[[int], str]) -> DctDataError:
     spec = missed.spec
     hint = (
         "some items need finer steps than int8 holds: use quant int16, or leave quant unset"
         if spec.dtype == "int8"
         else "values too small or their range too narrow for float32 arithmetic? subtract an offset or rescale"
     )
+    if isinstance(missed, _FloorMissed):
+        low = missed.items
+        names = "; ".join(f"{where(i)} channel {ch} at {p:.2f} dB" for i, ch, p in low[:5])
+        more = f" and {len(low) - 5} more" if len(low) > 5 else ""
+        return DctDataError(
+            f"min_psnr: expected every item of the calibration subset at or above the per-sample floor "
+            f"{spec.min_psnr:.2f} dB the manifest would record. Got {len(low)} below it after decoding with "
+            f"cf={spec.cf} {spec.mask} {spec.dtype}: {names}{more} ({hint}; or set a lower min_psnr)"
+        )
     return DctDataError(
         f"target_psnr: expected {target} dB on the calibration subset. Got {missed.psnr:.1f} dB after decoding with "
         f"cf={spec.cf} {spec.mask} {spec.dtype} ({hint})"
@@ -503,7 +650,7 @@ def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: floa
     return out
 
 
-def _spec_for(setting: _Setting, s: float, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
+def _spec_for(setting: _Setting, s, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
     n, c, h, w = x_shape
     rot = setting.coded.rotation
     integer = setting.dtype in INTEGER_DTYPES
@@ -515,86 +662,121 @@ def _spec_for(setting: _Setting, s: float, x_shape, recon: torch.Tensor | None, 
     )  # fmt: skip
 
 
-def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
-    """Exact evaluations of the whole subset, regula falsi on log(step) until the worst channel's dataset
-    PSNR is in the window: (spec, evaluations, (wire, overflow, x_hat, nmse) of the spec returned).
+def _land_with_floor(x, side, setting: _Setting, s, target, min_psnr, progress, errors: ItemErrors, done: int = 0):
+    """`_land`, then the per-sample floor checked on every item of the subset: where the floor could not
+    lift an item because its finer effective step would overflow the integers, the frequencies that
+    overflow get coarser floors (`_Setting.raise_floors`; usually the DC of items whose range one flat
+    block sets) and the landing is redone, at most FLOOR_ROUNDS times. `_FloorMissed` names the items
+    still below it."""
+    evaluations = done
+    for attempt in range(FLOOR_ROUNDS + 1):
+        spec, used, result, inside = _land(x, side, setting, s, target, min_psnr, progress, errors, evaluations)
+        evaluations += used
+        nm = result[3]
+        if spec.min_psnr is None:
+            return spec, evaluations, result, inside
+        cap = nmse_of(spec.min_psnr)
+        low = errors.ok & (nm > cap)
+        if not bool(low.any()):
+            return spec, evaluations, result, inside
+        steps = torch.as_tensor(spec.steps, dtype=torch.float64)
+        needs = _lift_needs(setting, spec, low, nm, result[0][1], side)
+        if attempt == FLOOR_ROUNDS or not setting.raise_floors(*needs):
+            break
+        s = steps.min(1).values  # the landed base steps are where the next landing starts
+    items = [(int(i), int(ch), db(float(nm[i, ch]))) for i, ch in low.nonzero().tolist()]
+    raise _FloorMissed(spec, sorted(items, key=lambda t: t[2]))
+
+
+def _lift_needs(setting: _Setting, spec: CodecSpec, low, nm, floored_side, side):
+    """(coefficients, range scales, steps) for `_Setting.raise_floors`: the coded coefficients of the
+    samples with items below the floor (`low`), and the scale of their stored ranges that would lift those
+    items (the scale the floor already applied, times what a power-1.4 model says is still missing)."""
+    cap = nmse_of(spec.min_psnr)
+    rows = low.any(1).nonzero().flatten()
+    applied = (floored_side[rows, :, 0] / side[rows, :, 0]).double()
+    more = torch.where(low[rows], (cap / nm[rows].clamp(min=1e-300)).pow(1 / 1.4) * 0.95, torch.ones_like(nm[rows]))
+    if spec.rotation is not None:  # the floor scales a rotated sample's channels alike
+        more = more.amin(1, keepdim=True).expand_as(more)
+    coef = setting.coded.coef[rows][:, :, :, setting.idx, :]
+    return coef, (applied * more).clamp(max=1.0), torch.as_tensor(spec.steps, dtype=torch.float64)
+
+
+def _coded_nmse(x: torch.Tensor, x_hat: torch.Tensor, side: torch.Tensor, errors: ItemErrors, rotation) -> torch.Tensor:
+    """(C,) mean squared error per coded (rotated) channel of the normalized samples (x - mid) / range."""
+    d = (x_hat.to(torch.float32) - x) / side[..., 0, None, None]
+    if errors.valid is not None:
+        d = d.masked_fill(~errors.valid, 0.0)
+    d = d * errors.ok[..., None, None]
+    e = torch.einsum("oc,nchw->nohw", rotation.to(torch.float32), d)
+    return e.double().pow(2).mean(dim=(0, 2, 3))
+
+
+def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: ItemErrors, done: int = 0):
+    """Exact evaluations of the whole subset, per-channel secant on log(step) until every channel's
+    dataset PSNR is in the window: (spec, evaluations, (wire, overflow, x_hat, nmse) of the spec returned,
+    whether it is in the window).
 
     Each evaluation is what encode + Decompress give (the per-sample floor included), from the subset's
     coefficients computed once (`_Coded`): quantize, decode, one float32 error pass (`ItemErrors`)."""
-    setting, s, slope = best["setting"], best["s"], best["slope"]
     goal = target + MARGIN_DB
     lo_ok, hi_ok = goal - TOL_DB, goal + TOL_DB
+    integer = setting.dtype in INTEGER_DTYPES
     coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
-    above = below = accepted = pending = None
-    pts: list[tuple[float, float]] = []
-    spec = None
-    blocked = torch.zeros_like(errors.ok)  # items the floor could not lift (int overflow) are not predicted to
-    for evaluation in range(1, 9):
-        recon = setting.subsample(s)[2] if setting.dtype in INTEGER_DTYPES else None  # offsets: a statistic
-        spec = _spec_for(setting, s, x.shape, recon, min_psnr)
+    rotation = setting.coded.rotation
+    u = torch.log(_vector(s, setting.channels))
+    steer = _Steer(nmse_of(goal), setting.mix)
+    accepted = None
+    spec, d = None, None
+    raised = 0
+    for evaluation in range(1, MAX_EVALUATIONS + 1):
+        steps = torch.exp(u)
+        recon = setting.subsample(steps)[3] if integer else None  # offsets: a statistic of the subsample
+        spec = _spec_for(setting, steps, x.shape, recon, min_psnr)
         q, over = quantize_per_sample(coef, spec, checked=True)
         with torch.inference_mode():
             x_hat = Decompress(spec, normalize=False)((q, side))
         nm = errors.nmse(x_hat)
-        sd = side
-        d = db(float(errors.channel_nmse(nm).max()))
+        out = errors.channel_nmse(nm)
+        coded = out if rotation is None else _coded_nmse(x, x_hat, side, errors, rotation)  # before any lift
+        sd, free = side, None
         if spec.min_psnr is not None:
-            # the floor lifts the items below it to just under its cap: predicted first, applied (re-coding
-            # those items) only where the prediction is in the window
-            cap = nmse_of(spec.min_psnr)
-            lifted = torch.where(errors.ok & (nm > cap) & ~blocked, torch.full_like(nm, 0.95 * cap), nm)
-            d = db(float(errors.channel_nmse(lifted).max()))
-            if lo_ok <= d <= hi_ok:
-                q, sd, over, x_hat, nm, d = _floored(coef, spec, q, side, over, errors, x_hat)
-                blocked |= errors.ok & (nm > cap)
-        result = ((q, sd), int(over.sum()), x_hat, nm)
+            # the per-sample floor re-codes the items below it, as the encoder will: what it lifts is pinned
+            # just inside its cap and no longer moves with the steps (the `free` share does)
+            q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
+            lifted = errors.ok & (sd[..., 0] < side[..., 0])
+            out = errors.channel_nmse(nm)
+            low = errors.ok & (nm > nmse_of(spec.min_psnr))
+            if bool(low.any()) and float((_db(out) - goal).abs().max()) < 0.3 and raised < FLOOR_ROUNDS:
+                # items the floor cannot lift without overflowing the integers, near the landing: coarser
+                # floors where they would overflow, and the same steps evaluated again with them
+                if setting.raise_floors(*_lift_needs(setting, spec, low, nm, sd, side)):
+                    raised += 1
+                    continue
+            free = 1.0 - errors.channel_nmse(torch.where(lifted, nm, torch.zeros_like(nm))) / out.clamp(min=1e-300)
+        d = _db(out)
         if progress is not None:
-            progress(evaluation, d)
-        if setting.dtype not in INTEGER_DTYPES:
-            return spec, evaluation, result
-        ls = math.log(s)
-        floored = spec.min_psnr is None or sd is not side
-        if floored and d >= lo_ok and (accepted is None or d < accepted[1]):
-            accepted = (spec, d, result)
-        if not floored and d >= lo_ok and (pending is None or d < pending[1]):
-            pending = (spec, d, q, over, x_hat, nm)  # above target once its floor is applied (it only lifts)
-        if floored and lo_ok <= d <= hi_ok:
-            return spec, evaluation, result
-        if d > goal:
-            above = (ls, d) if above is None or ls > above[0] else above
-        else:
-            below = (ls, d) if below is None or ls < below[0] else below
-        pts.append((ls, d))
-        if above and below:
-            (l0, d0), (l1, d1) = above, below
-            nxt = l0 + (goal - d0) * (l1 - l0) / (d1 - d0)
-            nxt = min(max(nxt, l0 + 0.1 * (l1 - l0)), l1 - 0.1 * (l1 - l0))
-        else:
-            sl = _slope(pts) if len(pts) >= 2 else (slope if slope < -3 else -20 / math.log(10))
-            nxt = ls + max(-1.0, min(1.0, (goal - d) / sl))
-        s = math.exp(nxt)
+            progress(done + evaluation, float(d.min()))
+        result = ((q, sd), int(over.sum()), x_hat, nm)
+        if not integer:
+            return spec, evaluation, result, True
+        if bool((d >= lo_ok).all()) and (accepted is None or float(u.sum()) > accepted[0]):
+            accepted = (float(u.sum()), spec, result)  # the coarsest steps that keep every channel up
+        if bool(((d >= lo_ok) & (d <= hi_ok)).all()):
+            return spec, evaluation, result, True
+        u = steer.next(u, out, coded, free=free)
     if accepted is not None:  # never return a spec that misses the target on the calibration set
-        return accepted[0], 8, accepted[2]
-    if pending is not None:  # the lift was predicted outside the window at every step: apply it to the best
-        spec, _, q, over, x_hat, nm = pending
-        q, sd, over, x_hat, nm, d = _floored(coef, spec, q, side, over, errors, x_hat)
-        if d >= lo_ok:  # the floor lifted as predicted (it cannot where lifting would overflow the integers)
-            return spec, 8, ((q, sd), int(over.sum()), x_hat, nm)
+        return accepted[1], MAX_EVALUATIONS, accepted[2], False
     if spec.min_psnr is not None and spec.min_psnr < goal:
         # the integer floors cap every item below the target: a per-sample floor at the goal lifts each
         # item with its own finer effective step (a smaller stored range), as the encoder will on every sample
         spec = dataclasses.replace(spec, min_psnr=round(goal, 2))
         q, over = quantize_per_sample(coef, spec, checked=True)
-        q, sd, over, x_hat, nm, d = _floored(coef, spec, q, side, over, errors)
-        if d >= lo_ok:
-            return spec, 9, ((q, sd), int(over.sum()), x_hat, nm)
-    raise _Missed(spec, d)
-
-
-def _floored(coef, spec: CodecSpec, q, side, over, errors: ItemErrors, x_hat=None):
-    """`keep_floor` on a copy of the side information: (q, side, over, x_hat, nmse, worst channel's PSNR)."""
-    q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors, x_hat=x_hat)
-    return q, sd, over, x_hat, nm, db(float(errors.channel_nmse(nm).max()))
+        q, sd, over, x_hat, nm = keep_floor(coef, spec, q, side.clone(), over, errors)
+        d = _db(errors.channel_nmse(nm))
+        if bool((d >= lo_ok).all()):
+            return spec, MAX_EVALUATIONS + 1, ((q, sd), int(over.sum()), x_hat, nm), False
+    raise _Missed(spec, float(d.min()))
 
 
 class _Missed(Exception):
@@ -603,6 +785,15 @@ class _Missed(Exception):
     def __init__(self, spec: CodecSpec, psnr: float) -> None:
         super().__init__(spec, psnr)
         self.spec, self.psnr = spec, psnr
+
+
+class _FloorMissed(Exception):
+    """The landing reached the target but left items of the subset below the per-sample floor:
+    `items` is [(sample, channel, dB)], lowest first."""
+
+    def __init__(self, spec: CodecSpec, items: list[tuple[int, int, float]]) -> None:
+        super().__init__(spec, items)
+        self.spec, self.items = spec, items
 
 
 def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations, errors, result=None) -> Calibration:

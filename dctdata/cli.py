@@ -45,13 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit 2 with the command's own usage and, for a mistyped flag, the flag it most likely meant
+    (argparse alone prints the top-level usage and no suggestion)."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for arg in unknown:
+        if arg.startswith("-"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{arg.split('=', 1)[0]}: did you mean {close[0]}?")
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()  # imports torch through the commands: a Ctrl-C here is one line too
     except KeyboardInterrupt:
         print("dctdata: interrupted", file=sys.stderr)
         return 130
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, args.command, unknown)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

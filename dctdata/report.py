@@ -59,6 +59,19 @@ def pack_summary(m: Manifest) -> dict[str, Any]:
     }
 
 
+def stage_name(lossless) -> str:
+    """A field's lossless stage as a reader would name it: `dctdata_ctxrans` (the entropy coder, which
+    only dctdata decodes), `zstd-19`, `blosc zstd-5`, or `none` (plain arrays other zarr readers read)."""
+    if not lossless:
+        return "none"
+    cid = lossless.get("id", "?")
+    if cid == "zstd":
+        return f"zstd-{lossless.get('level', 0)}"
+    if cid == "blosc":
+        return f"blosc {lossless.get('cname', '?')}-{lossless.get('clevel', '?')}"
+    return str(cid)
+
+
 def num(v: float | None, fmt: str = "{:.2f}") -> str:
     """A table cell: '-' for unknown, 'exact' for an infinite PSNR."""
     if v is None:

@@ -219,6 +219,15 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
             f"still seen exactly once); {fix}"
         )
 
+    def __getitem__(self, index):
+        """Refused with a message that says what to do: a stream of tar shards has no random access
+        (torch's IterableDataset raises a bare NotImplementedError)."""
+        raise TypeError(
+            f"{self.root}: DCTWebDataset[{index!r}]: expected iteration (`for sample in ds`, or a DataLoader). Got an "
+            "index: a webdataset pack is a stream of tar shards without random access; pack with --format zarr for "
+            "ds[i]"
+        )
+
     # Iteration -----------------------------------------------------------------------------------
     def __iter__(self) -> "_Stream":
         rank, world = self._node()

@@ -21,6 +21,7 @@ from dctdata.metrics import psnr
 
 TILE = 224
 PAD = 24
+BAR = 22  # room under each row for the error map's colour bar
 INVALID_RGB = (70, 80, 110)
 
 
@@ -42,6 +43,28 @@ def radial_power_spectrum(img: np.ndarray, bins: int | None = None) -> tuple[np.
     return (edges[:-1] + edges[1:]) / 2, np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
+def _heat(u8: np.ndarray) -> np.ndarray:
+    """uint8 levels -> RGB: black -> red -> yellow -> white (error maps and their colour bar)."""
+    v = u8.astype(int)
+    return np.stack([np.clip(3 * v, 0, 255), np.clip(3 * v - 255, 0, 255), np.clip(3 * v - 510, 0, 255)], -1).astype(
+        np.uint8
+    )
+
+
+def _colour_bar(hi: float):
+    """The error map's scale: a heat gradient from 0 to `hi`, labelled at both ends."""
+    from PIL import Image, ImageDraw
+
+    bar = Image.new("RGB", (TILE, BAR), "white")
+    ramp = np.linspace(0, 255, TILE).astype(np.uint8)
+    bar.paste(Image.fromarray(np.repeat(_heat(ramp)[None], 7, 0), "RGB"), (0, 1))
+    d = ImageDraw.Draw(bar)
+    d.text((0, 9), "0", fill="black")
+    label = f"{hi:.3g}"
+    d.text((TILE - 6 * len(label) - 2, 9), label, fill="black")
+    return bar
+
+
 def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray", valid: np.ndarray | None = None):
     from PIL import Image
 
@@ -49,15 +72,7 @@ def _to_tile(a: np.ndarray, lo: float, hi: float, cmap: str = "gray", valid: np.
     a = np.asarray(a, dtype=np.float64)
     u8 = np.clip(np.nan_to_num((a - lo) * scale, nan=0.0), 0, 255).astype(np.uint8)
     if cmap == "heat":  # black -> red -> yellow -> white, for error maps
-        rgb = np.stack(
-            [
-                np.clip(3 * u8.astype(int), 0, 255),
-                np.clip(3 * u8.astype(int) - 255, 0, 255),
-                np.clip(3 * u8.astype(int) - 510, 0, 255),
-            ],
-            -1,
-        )
-        im = Image.fromarray(rgb.astype(np.uint8), "RGB")
+        im = Image.fromarray(_heat(u8), "RGB")
     else:
         im = Image.fromarray(u8, "L").convert("RGB")
     if valid is not None and not valid.all():
@@ -105,8 +120,9 @@ def inspect_figure(
 ) -> str:
     """Write the figure for items (S, H, W) to `path` (PNG); returns the path.
 
-    originals may be None (reconstruction and its spectrum only). Error maps share one colour scale
-    per row: 0 -> black, the row's max |error| -> white; titles give each row's PSNR when originals exist.
+    originals may be None (reconstruction and its spectrum only). Each row's error map has its own colour
+    scale, 0 -> black to the row's max |error| -> white, drawn as a colour bar under it; titles give each
+    row's PSNR when originals exist.
     valid: bool (S, H, W), True where a pixel counts (None: all).
     """
     from PIL import Image, ImageDraw
@@ -131,13 +147,13 @@ def inspect_figure(
         else ["reconstruction", "radial power spectrum"]
     )
     width = PAD + len(cols) * (TILE + PAD)
-    height = PAD + rec.shape[0] * (TILE + 2 * PAD)
+    height = PAD + rec.shape[0] * (TILE + 2 * PAD + BAR)
     fig = Image.new("RGB", (width, height), "white")
     d = ImageDraw.Draw(fig)
     for j, name in enumerate(cols):
         d.text((PAD + j * (TILE + PAD), 6), name, fill="black")
     for i in range(rec.shape[0]):
-        y = PAD + i * (TILE + 2 * PAD) + PAD
+        y = PAD + i * (TILE + 2 * PAD + BAR) + PAD
         r = rec[i]
         v = None if valid is None else valid[i]
         ref = org[i] if org is not None else r
@@ -172,4 +188,6 @@ def inspect_figure(
         d.text((PAD, y - PAD + 6), label, fill="black")
         for j, t in enumerate(tiles):
             fig.paste(t, (PAD + j * (TILE + PAD), y))
+        if org is not None:  # the error map's scale, under it
+            fig.paste(_colour_bar(float(err.max())), (PAD + 2 * (TILE + PAD), y + TILE + 2))
     return atomic_write(path, lambda fh: fig.save(fh, format="PNG"))

@@ -211,7 +211,9 @@ def pack(
         )
         ordered = [results[i] for i in range(len(parts))]
         result = writer.finish(root, specs, n, ordered)
-        manifest = build_manifest(settings, record, specs, ordered, result, n, coords=src.coords, info=src.info)
+        manifest = build_manifest(
+            settings, record, specs, ordered, result, n, coords=src.coords, info=src.info, where=src.where
+        )
         commit(manifest, root, out, storage_options, before_rename=None if journal is None else journal.remove)
         keep_partial = False
         owned = False

@@ -34,6 +34,8 @@ from dctdata.quantize import F32_SAFE_MAX, encode
 from dctdata.wire import split_wire
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
+BELOW_KEEP = 20  # items below the per-sample floor named per field and part (all are counted)
+FLOOR_SLACK_DB = 1e-6  # the floor is recorded at float32 precision; the figures are float64
 # Decoding again for the figures runs in float64 with a few full-size temporaries: done in slices of
 # this many float64 bytes so a batch's temporaries stay small (measured: 130 -> 45 MiB peak for a
 # 16 MiB batch of 256x256 samples).
@@ -157,6 +159,10 @@ def new_stats(specs: tuple[FieldSpec, ...]) -> dict:
         "overflow": {f.name: 0 for f in dct},
         "nan_filled": 0,
         "valid": {f.name: [0, 0] for f in dct if f.valid is not None},
+        # items below the per-sample floor their codec records: [sample, channel, dB], the first BELOW_KEEP,
+        # and how many in all (the floor lifts every item it can; one it cannot, because the finer step
+        # would overflow the integers, is reported, not hidden)
+        "below_floor": {f.name: [[], 0] for f in dct if f.codec.min_psnr is not None},
     }
 
 
@@ -184,7 +190,8 @@ class Encoder:
             if name in self.derived:
                 continue
             x = batch[name]
-            expect = f.shape if not f.is_dct or x.ndim - 1 == 3 else f.shape[1:]
+            # a dct field's (C, H, W) came from (H, W) (C = 1) or a 1-D (L,) sample (C = H = 1)
+            expect = f.shape[4 - x.ndim :] if f.is_dct and 1 < x.ndim < 4 else f.shape
             if tuple(x.shape[1:]) != tuple(expect):
                 raise DctDataError(
                     f"{at(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} "
@@ -212,7 +219,7 @@ class Encoder:
                         f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
                         f"Got {over} clamped coefficients"
                     )
-            self._figures(f, xt, wire, valid)
+            self._figures(f, xt, wire, valid, first)
             q, side = split_wire(wire, f.codec)
             stored[name] = f.to_stored(q)
             if side is not None:
@@ -225,7 +232,7 @@ class Encoder:
                     stored[f.valid] = valid if valid is not None else np.ones(xf.shape, bool)
         return stored
 
-    def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None) -> None:
+    def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
         from a float64 decode of the stored coefficients (in slices, see FIGURE_BYTES)."""
         step = max(1, FIGURE_BYTES // (8 * math.prod(f.shape)))
@@ -235,10 +242,21 @@ class Encoder:
             mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](part), dims=2, valid=v)
             scores = psnr_from_mse(mse, rng)
             per_channel = peak.amax(0).tolist()
+            if f.codec.min_psnr is not None:
+                self._below_floor(f, scores, rng, first + a)
             for c in range(f.shape[0]):
                 # A constant item (zero range) has no PSNR against its range: left out, not reported as -inf/NaN.
                 self.stats["psnr"][f.name][c].extend(scores[:, c][rng[:, c] > 0].tolist())
                 self.stats["max_error"][f.name][c] = max(self.stats["max_error"][f.name][c], per_channel[c])
+
+    def _below_floor(self, f: FieldSpec, scores: torch.Tensor, rng: torch.Tensor, first: int) -> None:
+        low = (scores < f.codec.min_psnr - FLOOR_SLACK_DB) & (rng > 0)
+        if not bool(low.any()):
+            return
+        kept, count = self.stats["below_floor"][f.name]
+        hits = low.nonzero().tolist()
+        kept.extend([first + i, c, float(scores[i, c])] for i, c in hits[: max(0, BELOW_KEEP - len(kept))])
+        self.stats["below_floor"][f.name][1] = count + len(hits)
 
 
 def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None = None) -> dict:

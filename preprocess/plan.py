@@ -2,10 +2,12 @@
 incremental `Writer` (streams): the validated settings, each field's kind and CodecSpec (calibration
 included), and, at the end, the manifest's error figures.
 
-Field kinds: floating arrays with >= 2 dims per sample -> `dct`, integer scalars -> `label`,
-everything else -> `array`; a source may default decoded images to `dct`; `fields={"mask": "array"}`
-overrides. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.calibrate`
-on a calibration subset when quant is int8/int16 or the field has a target PSNR.
+Field kinds (`kind_and_reason`): numeric arrays with >= 2 dims per sample -> `dct` (integers only with a
+lossy setting for them: a target PSNR, --quant or --cf), integer scalars -> `label`, everything else ->
+`array`; a source may default decoded images to `dct`; `fields={"mask": "array"}` overrides. Each field
+carries the reason for its kind, which the pack summary prints. A `dct` field's CodecSpec comes from
+cf/mask/quant directly, or from `dctdata.calibrate` on a calibration subset when quant is int8/int16 or
+the field has a target PSNR.
 
 Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
 `noisy=40,clean=45` (per field; a bare number is the default of the fields not named). A dct field
@@ -255,12 +257,58 @@ def parse_settings(
 
 
 # Fields ------------------------------------------------------------------------------------------
-def default_kind(shape: tuple[int, ...], dtype: np.dtype) -> FieldKind:
-    if dtype.kind == "f" and len(shape) >= 2:
-        return FieldKind.DCT
-    if dtype.kind in "iu" and shape == ():
-        return FieldKind.LABEL
-    return FieldKind.ARRAY
+def default_kind(shape: tuple[int, ...], dtype: np.dtype, lossy: bool = False) -> FieldKind:
+    """The kind a field gets when nothing names it (`kind_and_reason` says why)."""
+    return kind_and_reason("field", shape, dtype, lossy=lossy)[0]
+
+
+def kind_and_reason(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    *,
+    lossy: bool = False,
+    override: FieldKind | None = None,
+    source_default: str | None = None,
+    mask_of: str | None = None,
+) -> tuple[FieldKind, str]:
+    """(kind, why) of a field: the pack summary prints the why.
+
+    Numeric samples of at least 2 dims are `dct`: floats always, integers when the pack has a lossy
+    setting for the field (its target PSNR, --quant other than none, or --cf): a target PSNR is a request
+    for lossy coding of the data fields, whatever dtype the instrument wrote (int16 elevations, uint16
+    counts, uint8 photos). Without one, integers stay exact, as before. Integer scalars are labels; bool
+    fields, masks, and samples of fewer than 2 dims are stored exactly (the codec is 2-D; `--field
+    NAME=dct` codes a 1-D sample as one row, (1, 1, L))."""
+    dims = f"{len(shape)}-D"
+    if override is not None:
+        return override, f"--field {name}={override.value}"
+    if mask_of is not None:
+        return FieldKind.ARRAY, f"validity mask of {mask_of!r}, stored exactly"
+    if source_default is not None:
+        return FieldKind(source_default), "decoded images"
+    if dtype.kind == "b":
+        return FieldKind.ARRAY, "bool, stored exactly"
+    if shape == () and dtype.kind in "iu":
+        return FieldKind.LABEL, "one integer per sample"
+    if len(shape) < 2:
+        what = "one number per sample" if shape == () else f"{dims} samples"
+        return FieldKind.ARRAY, (
+            f"{what}, stored exactly (the codec is 2-D; --field {name}=dct codes a 1-D sample as one row)"
+            if shape != ()
+            else f"{what}, stored exactly"
+        )
+    if dtype.kind == "f":
+        return FieldKind.DCT, f"{dtype.name} samples of {dims}"
+    if lossy:
+        return (
+            FieldKind.DCT,
+            f"{dtype.name} samples of {dims} with a lossy setting (--field {name}=array keeps them exact)",
+        )
+    return (
+        FieldKind.ARRAY,
+        f"{dtype.name} samples without a lossy setting, stored exactly (a target PSNR codes them as dct)",
+    )
 
 
 def looks_channels_last(shape: tuple[int, ...]) -> bool:
@@ -269,7 +317,10 @@ def looks_channels_last(shape: tuple[int, ...]) -> bool:
 
 
 def dct_shape(name: str, shape: tuple[int, ...], where: str, channels_last: bool | None = None) -> tuple[int, int, int]:
-    """Per-sample shape of a dct field as (C, H, W); refuses the likely channels-last mistake."""
+    """Per-sample shape of a dct field as (C, H, W) (a 1-D sample is one row, (1, 1, L)); refuses the likely
+    channels-last mistake."""
+    if len(shape) == 1:
+        return (1, 1, *shape)
     if len(shape) == 2:
         return (1, *shape)
     if len(shape) == 3:
@@ -281,7 +332,8 @@ def dct_shape(name: str, shape: tuple[int, ...], where: str, channels_last: bool
             )
         return shape
     raise DctDataError(
-        f"{where}: field {name!r}: expected 2 or 3 dims per sample for kind dct ((H, W) or (C, H, W)). Got {shape}"
+        f"{where}: field {name!r}: expected 1, 2 or 3 dims per sample for kind dct ((L,), (H, W) or (C, H, W)). Got "
+        f"{shape}"
     )
 
 
@@ -298,7 +350,7 @@ def calibration_indices(n: int, sample_values: int) -> list[int]:
 
 
 def _calibrate(
-    x: torch.Tensor, name: str, cf, mask, quant, target_psnr, valid: np.ndarray | None, codec, quiet: bool
+    x: torch.Tensor, name: str, cf, mask, quant, target_psnr, valid: np.ndarray | None, codec, quiet: bool, where=None
 ) -> tuple[CodecSpec, dict]:
     """(spec, lossless stage) of one dct field from its calibration subset (invalid pixels do not count),
     with a progress bar on a terminal while the search runs."""
@@ -315,8 +367,9 @@ def _calibrate(
 
     try:
         report = calibrate_report(
-            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress
-        )
+            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress,
+            where=where,
+        )  # fmt: skip
     finally:
         bar.close()
     return report.spec, report.codec
@@ -361,12 +414,15 @@ def plan_fields(
             )
     specs: list[FieldSpec] = []
     derived: list[str] = []
-    masks_used = set(valid.values())
     cal = calibration if calibration is not None else source
     cal_probe = cal.probe() if calibration is not None else probe
+    lossy_settings = cf is not None or quant not in (None, "float32")
     for name, (shape, dtype) in probe.items():
-        default = source.default_kinds.get(name) or default_kind(shape, dtype)
-        kind = FieldKind(overrides.get(name) or (FieldKind.ARRAY if name in masks_used else default))
+        kind, reason = kind_and_reason(
+            name, shape, dtype, lossy=lossy_settings or targets.get(name) is not None,
+            override=overrides.get(name), source_default=source.default_kinds.get(name),
+            mask_of=next((k for k, m in valid.items() if m == name), None),
+        )  # fmt: skip
         if dtype.kind not in "biuf":
             raise DctDataError(f"{where}: field {name!r}: expected a numeric dtype. Got {dtype}")
         if kind is FieldKind.LABEL and shape != ():
@@ -378,7 +434,7 @@ def plan_fields(
             if name in valid or name in targets.fields:
                 what = "--valid" if name in valid else "--target-psnr"
                 raise DctDataError(f"{what} {name}: expected a dct field. Got kind {kind!r}")
-            specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs))
+            specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs, reason=reason))
             continue
         if dtype.kind == "b":
             raise DctDataError(
@@ -399,11 +455,14 @@ def plan_fields(
         spec, stage = _codec(
             name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
         )
-        specs.append(FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs))
+        specs.append(
+            FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs, reason=reason)
+        )
         if has_side(specs[-1]):
             specs.append(side_field(specs[-1]))
         if mask_field in derived:
-            specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, default_stage))
+            why = f"validity mask of {name!r} (--nan mask), stored exactly"
+            specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, default_stage, reason=why))
     by_name = {f.name: f for f in specs}
     for f in specs:
         if f.valid is not None and f.valid not in derived:
@@ -435,7 +494,7 @@ def _codec(
     if target is None:
         cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
     x = torch.from_numpy(np.ascontiguousarray(x))
-    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet)
+    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet, lambda j: cal.where(idx[j]))
     if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
         raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
     return spec, stage
@@ -482,6 +541,30 @@ def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict
     return stats, sum(p["stats"]["nan_filled"] for p in parts)
 
 
+def below_floor(specs: tuple[FieldSpec, ...], parts: list[dict], where=None) -> list[str]:
+    """One line per dct field with items below the per-sample floor its codec records (samples outside
+    the calibration subset, where the floor could not lift them without overflowing the integers), naming
+    the lowest ones; `where(i)` names sample i."""
+    lines = []
+    for f in user_fields(specs):
+        if not f.is_dct or f.codec.min_psnr is None:
+            continue
+        hits = [tuple(h) for p in parts for h in p["stats"].get("below_floor", {}).get(f.name, [[], 0])[0]]
+        count = sum(p["stats"].get("below_floor", {}).get(f.name, [[], 0])[1] for p in parts)
+        if not count:
+            continue
+        name = where or (lambda i: f"sample {i}")
+        worst = sorted(hits, key=lambda h: h[2])[:5]
+        named = ", ".join(f"{name(int(i))} channel {int(c)} at {db:.2f} dB" for i, c, db in worst)
+        lines.append(
+            f"field {f.name!r}: {count} item(s) below the per-sample floor {f.codec.min_psnr:.2f} dB the manifest "
+            f"records (samples outside the calibration subset the floor could not lift without overflowing "
+            f"{f.codec.dtype}): {named}{' ...' if count > len(worst) else ''} (quant int16, or a calibration set "
+            "that holds such samples, keeps the floor)"
+        )
+    return lines
+
+
 def plan(src: Source, settings: Settings, calibration: Source | None = None, quiet: bool = True):
     """(field specs, derived mask fields) of a source under the settings."""
     return plan_fields(
@@ -510,10 +593,13 @@ def build_manifest(
     *,
     coords: Mapping[str, Any] | None = None,
     info: Mapping[str, Any] | None = None,
+    where=None,
 ) -> Manifest:
     """The manifest of a finished pack: settings, fields, figures, the writer's checksums and layout,
     and the source's coordinates and info."""
     stats, filled = combine_stats(specs, parts)
+    for line in below_floor(specs, parts, where):
+        log.warning(line)
     pack_entry = {
         **{k: v for k, v in record.items() if k not in ("codec", "writer_options", "fields", "format", "samples")},
         "nan_filled": filled,
@@ -537,12 +623,14 @@ __all__ = [
     "DEFAULT_CF",
     "Settings",
     "Targets",
+    "below_floor",
     "build_manifest",
     "calibration_count",
     "calibration_indices",
     "combine_stats",
     "default_kind",
     "dct_shape",
+    "kind_and_reason",
     "looks_channels_last",
     "parse_field_overrides",
     "parse_nan",

@@ -36,6 +36,13 @@ def register(sub) -> None:
     )
     p.add_argument("--width", type=int, default=d.width, help=f"denoiser channels (default {d.width})")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=d.threads,
+        help=f"torch and Blosc threads for the run (default {d.threads}: its tensors are small, and more threads "
+        "than free cores slow it down)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_main)
 
@@ -54,6 +61,7 @@ def _main(args) -> int:
         quant=args.quant,
         width=args.width,
         seed=args.seed,
+        threads=args.threads,
     )
     result = run_demo(s, out=args.out, quiet=args.quiet)
     rows = result["rows"]
@@ -64,7 +72,7 @@ def _main(args) -> int:
         f"packed with --target-psnr {s.target_psnr:g} --quant {s.quant} ("
         + ", ".join(f"{k}: {v}" for k, v in settings.items())
         + f"); denoiser trained {s.epochs} epochs on {s.crop}x{s.crop} crops, batch {s.batch_size}, CPU threads "
-        f"{_threads()}"
+        f"{s.threads}"
     )
     print()
     print(format_table(rows))
@@ -74,9 +82,3 @@ def _main(args) -> int:
     where = f"artifacts kept in {result['work']}" if args.out else "artifacts removed (use --out DIR to keep them)"
     print(f"wall time {result['seconds']:.1f} s; {where}", file=sys.stdout)
     return 0
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()

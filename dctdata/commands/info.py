@@ -17,7 +17,7 @@ def _main(args) -> int:
     from dctdata.format.checksum import sha256_file
     from dctdata.format.location import is_url, manifest_location
     from dctdata.format.manifest import MAX_MANIFEST_BYTES, read_manifest
-    from dctdata.report import field_rows, num
+    from dctdata.report import field_rows, num, stage_name
 
     m = read_manifest(args.dataset)
     print(f"{args.dataset}: {m.format} v{m.version} ({m.storage}), written by dctdata {m.dctdata_version}")
@@ -29,26 +29,27 @@ def _main(args) -> int:
     print("pack settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
     print()
     print(
-        "| field | kind | shape | dtype | stored as | codec | stored MB | ratio vs f32 | ratio vs source | transfer "
-        "ratio | PSNR dataset dB | PSNR min dB | PSNR median dB | max error | overflow | valid |"
+        "| field | kind | shape | dtype | stored as | codec | lossless stage | stored MB | ratio vs f32 | ratio vs "
+        "source | transfer ratio | PSNR dataset dB | PSNR min dB | PSNR median dB | max error | overflow | valid |"
     )
-    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in field_rows(m):
         f, s = r["field"], r["stats"]
-        codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "lossless"
+        codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "exact"
         stored = None if r["stored"] is None else r["stored"] / 1e6
         valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"
         dataset = num(s.psnr_dataset) if s is not None and f.is_dct else "-" if s is None else num(s.psnr_min)
         print(
             f"| {f.name} | {f.kind} | {list(f.shape)} | {f.dtype} | {list(f.stored_shape)} {f.stored_dtype} | {codec} "
-            f"| {num(stored, '{:.3f}')} | {num(r['ratio_f32'])} | {num(r['ratio_src'])} | {num(r['transfer'])} | "
+            f"| {stage_name(f.lossless)} | {num(stored, '{:.3f}')} | {num(r['ratio_f32'])} | {num(r['ratio_src'])} | "
+            f"{num(r['transfer'])} | "
             f"{dataset} | {num(s and s.psnr_min)} | {num(s and s.psnr_median)} | "
             f"{num(s and s.max_abs_error, '{:.4g}')} | {s.overflow if s else '-'} | {valid} |"
         )
         names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
         for i, ch in enumerate(s.channels if s is not None and s.channels and len(s.channels) > 1 else ()):
             print(
-                f"| {f.name}[{i}] | channel{' ' + str(names[i]) if i < len(names) else ''} | | | | | | | | | "
+                f"| {f.name}[{i}] | channel{' ' + str(names[i]) if i < len(names) else ''} | | | | | | | | | | "
                 f"{num(ch.psnr_dataset)} | {num(ch.psnr_min)} | "
                 f"{num(ch.psnr_median)} | {num(ch.max_abs_error, '{:.4g}')} | | |"
             )

@@ -10,8 +10,16 @@ def register(sub) -> None:
     p = sub.add_parser("inspect", help="PNG: original vs reconstruction vs error (+ spectrum) for a few samples")
     p.add_argument("out", metavar="OUT", help="packed dataset (directory or URL with manifest.json)")
     p.add_argument("--field", default=None, help="dct field to show (default: the only dct field)")
-    p.add_argument("--samples", type=int, default=3, help="how many samples (evenly spaced)")
-    p.add_argument("--channels", type=int, default=1, help="channels shown per sample")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=3,
+        help="how many samples: the worst (lowest PSNR) of up to --scan samples when the originals are at hand, "
+        "else evenly spaced ones",
+    )
+    p.add_argument("--scan", type=int, default=256, help="samples searched for the worst ones (default 256)")
+    p.add_argument("--channel", type=int, default=None, help="show only this channel (default: every channel)")
+    p.add_argument("--channels", type=int, default=None, help="show the first N channels (default: every channel)")
     p.add_argument(
         "--original",
         default=None,
@@ -34,7 +42,9 @@ def _main(args) -> int:
 
         name = os.path.basename(manifest_location(args.out)[0].rstrip("/"))
         png = f"{name if name not in ('', '.', '..') else 'pack'}-inspect.png"
-    path, shown = inspect_dataset(args.out, png, args.field, args.samples, args.channels, args.original)
+    path, shown = inspect_dataset(
+        args.out, png, args.field, args.samples, args.channels, args.original, channel=args.channel, scan=args.scan
+    )
     print(f"wrote {path}")
     if not shown:
         print(

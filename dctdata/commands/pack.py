@@ -188,6 +188,8 @@ def _main(args) -> int:
                     f"overflow {s.overflow}{valid}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
+            if f.reason:
+                print(f"    kind {f.kind}: {f.reason}")
             names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
             label = lambda i, names=names: f" ({names[i]})" if i < len(names) else ""  # noqa: E731
             for i, ch in enumerate((s.channels or ()) if len(s.channels or ()) > 1 else ()):

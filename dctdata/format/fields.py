@@ -77,6 +77,9 @@ class FieldSpec:
     lossless: Mapping[str, Any] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CODEC))
     valid: str | None = None
     attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Why the pack gave the field its kind (the pack summary prints it). Not stored: a manifest read back has
+    # None, and it takes no part in equality.
+    reason: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):

@@ -46,6 +46,22 @@ def test_unknown_command_exits_with_usage(capsys):
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
+def test_a_mistyped_flag_names_the_flag_it_most_likely_meant(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["pack", "x.npy", "out", "--target-psrn", "40"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: dctdata pack" in err  # the command's own usage, not the top-level one
+    assert (
+        "dctdata pack: error: unrecognized arguments: --target-psrn 40 (--target-psrn: did you mean --target-psnr?)"
+        in err
+    )
+    with pytest.raises(SystemExit):
+        main(["info", "x", "--zzz"])
+    err = capsys.readouterr().err
+    assert "dctdata info: error: unrecognized arguments: --zzz" in err and "did you mean" not in err
+
+
 def test_library_errors_become_one_line_without_traceback(capsys):
     # cf out of range through a real command path
     assert main(["bench", "codec", "--sizes", "64", "--paper-sizes", "64", "--cf", "9", "--repeat", "1"]) == 1

@@ -202,9 +202,11 @@ def test_pack_summary_names_the_shards_and_info_gives_labels_no_ratios(tmp_path,
     rc, out, _ = run(["info", tmp_path / "z"], capsys)
     label_row = next(line for line in out.splitlines() if line.startswith("| label |"))
     cells = [c.strip() for c in label_row.strip("|").split("|")]
-    assert cells[7:10] == ["-", "-", "-"]  # ratios vs float32 and source, transfer ratio: meaningless for labels
+    assert cells[8:11] == ["-", "-", "-"]  # ratios vs float32 and source, transfer ratio: meaningless for labels
+    assert cells[6] == "zstd-9"  # info names each field's lossless stage (issue 31)
     image_row = next(line for line in out.splitlines() if line.startswith("| image |"))
-    assert float(image_row.split("|")[8]) > 1  # the dct field keeps its ratios
+    assert float(image_row.split("|")[9]) > 1  # the dct field keeps its ratios
+    assert image_row.split("|")[7].strip() in ("dctdata_ctxrans", "zstd-19")
 
 
 def test_debug_does_not_flood_with_pil_tiff_tags(tmp_path, capsys, caplog):

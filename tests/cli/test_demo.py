@@ -47,6 +47,25 @@ def test_demo_prints_one_table_and_packed_losses_decrease(capsys, tmp_path):
     assert re.search(r"wall time [\d.]+ s; artifacts kept in ", out)
 
 
+def test_demo_runs_on_its_own_threads_and_explains_the_loader_rates(capsys, monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    seen = []
+    import dctdata.demo.pipeline as pipeline
+
+    real = pipeline._run
+    monkeypatch.setattr(pipeline, "_run", lambda *a: (seen.append(torch.get_num_threads()), real(*a))[1])
+    assert main(["demo", *TINY]) == 0
+    assert seen == [1] and torch.get_num_threads() == before  # one thread while it runs, put back after
+    out = capsys.readouterr().out
+    assert "CPU threads 1" in out
+    assert "The raw row only indexes float32 tensors already in memory (no file, no decode)" in out
+    assert "the packed rows read their files and run the lossless stage" in out
+    assert main(["demo", *TINY, "--threads", "0"]) == 1
+    assert "--threads: expected an integer >= 1" in capsys.readouterr().err
+
+
 def test_demo_without_out_removes_its_work_directory(tmp_path):
     result = run_demo(DemoSettings(n=4, test=1, size=16, crop=8, epochs=1, batch_size=2, width=2), quiet=True)
     assert result["rows"][1]["data"] == "dctdata zarr"

@@ -368,3 +368,13 @@ def test_open_dataset_refuses_pipe_urls_with_the_explicit_message():
         dctdata.DctDataError, match=r"Got a shell 'pipe:' URL, which runs a command \(pass allow_pipe=True to opt in\)"
     ):
         dctdata.open_dataset("pipe:cat /tmp/x/{}")
+
+
+def test_indexing_a_stream_says_to_iterate_or_use_zarr(tmp_path):
+    dctdata.pack(fields(4, 1, 16, 16), tmp_path / "w", format="webdataset", cf=4, quiet=True)
+    ds = open_dataset(tmp_path / "w")
+    with pytest.raises(
+        TypeError, match=r"DCTWebDataset\[0\]: expected iteration .* pack with --format zarr for ds\[i\]"
+    ):
+        ds[0]
+    assert len(list(ds)) == 4  # iterating is what works

@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+from sample_fields import smooth_fields
 
 import dctdata
 from dctdata.cli import main
@@ -107,3 +109,61 @@ def test_a_recorded_module_callable_is_never_run(tmp_path, monkeypatch):
     assert not (tmp_path / "ran").exists()  # not imported, not run
     assert inspect_dataset(str(tmp_path / "out"), str(tmp_path / "b.png"), original="evilmod:make")[1]
     assert (tmp_path / "ran").exists()  # run because the user asked
+
+
+# Issue 31: the worst samples, a colour bar, every channel or one, and --field named ---------------
+def _rows_titles(monkeypatch):
+    """Capture the titles `inspect_figure` draws (one per row)."""
+    import dctdata.preprocess.inspect as mod
+
+    seen = {}
+    real = mod.inspect_figure
+
+    def spy(org, rec, png, titles, valid=None):
+        seen["titles"] = titles
+        return real(org, rec, png, titles, valid=valid)
+
+    monkeypatch.setattr(mod, "inspect_figure", spy)
+    return seen
+
+
+def test_shows_the_worst_samples_every_channel_and_a_colour_bar(tmp_path, monkeypatch):
+    from dctdata.metrics import psnr
+
+    rng = np.random.default_rng(0)
+    x = smooth_fields(12, 2, 32, 32, noise="gaussian")  # (12, 2, 32, 32), 20 +- 10
+    x[7] += rng.normal(0, 2, x[7].shape).astype(np.float32)  # fine noise the chop loses
+    x[3, 1] += rng.normal(0, 2, x[3, 1].shape).astype(np.float32)  # in channel 1 only
+    np.save(tmp_path / "x.npy", x)
+    dctdata.pack(str(tmp_path / "x.npy"), tmp_path / "out", cf=3, quiet=True)
+    ds = dctdata.open_dataset(tmp_path / "out")
+    scores = psnr(torch.from_numpy(x).double(), ds.decompressor()(ds[0:12][0]).double())  # (12, 2)
+
+    def worst(s):
+        return sorted(torch.argsort(s)[:2].tolist())
+
+    seen = _rows_titles(monkeypatch)
+    png, shown = inspect_dataset(str(tmp_path / "out"), str(tmp_path / "w.png"), samples=2)
+    assert 7 in worst(scores.amin(1))  # the noisy sample is among the worst: the test data does what it should
+    expected = [f"image sample {i} channel {c}" for i in worst(scores.amin(1)) for c in (0, 1)]
+    assert shown and seen["titles"] == expected  # the worst two samples, every channel
+    inspect_dataset(str(tmp_path / "out"), str(tmp_path / "c.png"), samples=2, channel=0)
+    assert seen["titles"] == [f"image sample {i} channel 0" for i in worst(scores[:, 0])]
+    with Image.open(png) as img:  # the colour bar: a heat ramp under the error map, black to white
+        rgb = np.asarray(img.convert("RGB"))
+    from dctdata.preprocess.inspect_figure import BAR, PAD, TILE
+
+    bar_row = rgb[PAD + PAD + TILE + 2 + 3, PAD + 2 * (TILE + PAD) : PAD + 2 * (TILE + PAD) + TILE]
+    assert bar_row[0].tolist() == [0, 0, 0] and bar_row[-1].tolist() == [255, 255, 255] and BAR > 8
+    assert (np.diff(bar_row.astype(int).sum(1)) >= 0).all()  # brighter from 0 to the row's max error
+    with pytest.raises(dctdata.DctDataError, match=r"--channel: expected a channel of field 'image', 0\.\.1. Got 2"):
+        inspect_dataset(str(tmp_path / "out"), str(tmp_path / "e.png"), channel=2)
+
+
+def test_two_dct_fields_name_the_field_flag(tmp_path, capsys):
+    x = synthetic_fields(n=4, size=32)["clouds"]
+    dctdata.pack({"noisy": x, "clean": x}, tmp_path / "out", cf=4, quiet=True)
+    assert main(["inspect", str(tmp_path / "out"), "--png", str(tmp_path / "a.png")]) == 1
+    err = capsys.readouterr().err
+    assert "--field: expected one of the dct fields ['noisy', 'clean'] (this pack has 2). Got none" in err
+    assert main(["inspect", str(tmp_path / "out"), "--field", "clean", "--png", str(tmp_path / "a.png")]) == 0

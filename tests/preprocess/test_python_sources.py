@@ -229,3 +229,12 @@ def test_the_writer_calibrates_decoded_images_on_a_window(tmp_path, monkeypatch)
         for i, a in enumerate(rgb):
             w.write(Image.fromarray(a))
             assert (w.specs is None) == (i < plan.CALIBRATION_SAMPLES - 1)
+
+
+def test_a_list_of_ragged_arrays_names_the_sample(tmp_path):
+    a, b = np.zeros((64, 64), np.float32), np.zeros((32, 64), np.float32)
+    with pytest.raises(
+        DctDataError, match=r"sample 1: field 'image': expected shape \(64, 64\) like sample 0\. Got \(32, 64\)"
+    ):
+        dctdata.pack([a, b], tmp_path / "out", quiet=True)
+    assert not (tmp_path / "out").exists()
