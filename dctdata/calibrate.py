@@ -53,7 +53,6 @@ from dctdata.quantize import (
     keep_floor,
     normalize,
     quantize_per_sample,
-    rotate,
 )
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
@@ -198,17 +197,25 @@ def worst_case_amax(cf: int, mask: str, rotation: torch.Tensor | None, channels:
 
 
 class _Coded:
-    """The calibration subset in the coded domain (normalized, rotated, all 64 frequencies) and a
-    random subsample of its block rows, for one rotation choice."""
+    """The calibration subset in the coded domain (normalized, weighted, rotated, all 64 frequencies) and
+    a random subsample of its block rows, for one rotation choice and channel weights (codec v3).
+    `reweighted(w)` gives the same subset with other weights without a DCT (channel mixing commutes with
+    the spatial transform)."""
 
-    def __init__(self, x: torch.Tensor, side: torch.Tensor, rotation: torch.Tensor | None) -> None:
-        self.rotation = rotation
-        n, c, h, w = x.shape
-        xn = normalize(x, side)
-        if rotation is not None:
-            xn = rotate(xn, rotation)
-        self.coef = compress(xn, 8, "square", "symmetric")  # (N, C, Hb, 64, Wb)
-        hb, wb = self.coef.shape[2], self.coef.shape[4]
+    def __init__(
+        self,
+        x: torch.Tensor | None,
+        side: torch.Tensor | None,
+        rotation: torch.Tensor | None,
+        weights: torch.Tensor | None = None,
+        base: torch.Tensor | None = None,
+    ) -> None:
+        self.rotation, self.weights = rotation, weights
+        if base is None:
+            base = compress(normalize(x, side), 8, "square", "symmetric")  # (N, C, Hb, 64, Wb), unrotated
+        self.base = base if rotation is not None else None
+        self.coef = base if rotation is None else torch.einsum("oc,nchkw->nohkw", self.mixer.float(), base)
+        n, c, hb, _, wb = self.coef.shape
         rows = n * hb
         take = min(rows, max(1, SUB_VALUES // (c * 64 * wb)))
         pick = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:take].sort().values
@@ -216,17 +223,36 @@ class _Coded:
         self.amax = self.coef.abs().amax(dim=(0, 2, 4)).double()  # (C, 64)
         self.pixels = 64 * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
 
+    @property
+    def mixer(self) -> torch.Tensor | None:
+        """R diag(w): what the encoder applies over the channels (None without a rotation)."""
+        if self.rotation is None:
+            return None
+        r = self.rotation.double()
+        return r if self.weights is None else r * self.weights.double()[None, :]
+
+    def reweighted(self, weights: torch.Tensor) -> "_Coded":
+        return _Coded(None, None, self.rotation, weights, self.base)
+
+    def to_output(self, e: torch.Tensor) -> torch.Tensor:
+        """(C, ...) mean squared errors per coded channel -> per output channel: (R^2)^T e / w^2."""
+        if self.rotation is None:
+            return e
+        out = torch.einsum("oc,o...->c...", self.rotation.double().pow(2), e.double())
+        if self.weights is not None:
+            out = out / self.weights.double().pow(2).reshape(-1, *([1] * (out.dim() - 1)))
+        return out
+
     def energy(self) -> torch.Tensor:
         """(C, 64) mean squared coefficient per output channel: the nmse of dropping each frequency."""
         e = self.sub.double().pow(2).sum(dim=(0, 3)) / (self.pixels * self.sub.shape[0])
-        if self.rotation is not None:  # dropped energy spreads over output channels through R^T
-            e = self.rotation.double().pow(2).T @ e
-        return e
+        return self.to_output(e)  # dropped energy spreads over output channels through the rotation
 
 
 # The search --------------------------------------------------------------------------------------
 KAPPA = 2.0  # d log(nmse) / d log(step) of a fine uniform quantizer: every channel's first slope guess
-MAX_EVALUATIONS = 10  # exact evaluations of the whole subset per landing
+MAX_EVALUATIONS = 10  # exact evaluations of the whole subset per landing ...
+WEIGHT_MOVES = 4  # ... plus at most this many that only move a rotated setting's channel weights
 FLOOR_ROUNDS = 3  # times the int8 floors may be raised so the per-sample floor can lift every item
 
 
@@ -250,18 +276,24 @@ class _Setting:
     `mix` (C out x C coded) says how the coded channels' errors reach the output channels: the identity
     without rotation, R[o, c]^2 with one (orthonormal R, independent quantization errors)."""
 
-    def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str) -> None:
+    def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str, raised: torch.Tensor | None = None) -> None:
         self.coded, self.cf, self.mask, self.dtype = coded, cf, mask, dtype
         self.idx = [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
         c = coded.coef.shape[1]
         if dtype in INTEGER_DTYPES:
-            bound = worst_case_amax(cf, mask, coded.rotation, c)
+            bound = worst_case_amax(cf, mask, coded.mixer, c)
             data = coded.amax[:, self.idx] * 1.1
             self.floors = (torch.minimum(data, bound) / (INT_LIMITS[dtype] - 0.5)).clamp(min=1e-12)
         else:
             self.floors = torch.zeros(c, len(self.idx), dtype=torch.float64)
-        rot = coded.rotation
-        self.mix = None if rot is None else rot.double().pow(2).T.contiguous()
+        self.raised = torch.zeros_like(self.floors) if raised is None else raised  # what raise_floors added
+        self.floors = torch.maximum(self.floors, self.raised)
+        self.mix = None if coded.rotation is None else coded.to_output(torch.eye(c, dtype=torch.float64))
+
+    def set_weights(self, weights: torch.Tensor) -> None:
+        """The same setting with other channel weights (its raised floors kept)."""
+        other = _Setting(self.coded.reweighted(weights), self.cf, self.mask, self.dtype, self.raised)
+        self.coded, self.floors, self.mix = other.coded, other.floors, other.mix
 
     @property
     def channels(self) -> int:
@@ -292,6 +324,8 @@ class _Setting:
         coded = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels  # (C,) normalized MSE per coded channel
         if self.coded.rotation is not None:
             err = torch.einsum("oc,rokw->rckw", self.coded.rotation.double(), err)
+            if self.coded.weights is not None:
+                err = err / self.coded.weights.double()[None, :, None, None]
             out = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels
         else:
             out = coded
@@ -318,6 +352,7 @@ class _Setting:
         need = y.abs().amax(dim=(0, 2, 4)).double() * 1.02 / (INT_LIMITS[self.dtype] - 0.5)
         moved = bool((need > torch.maximum(self.floors, steps) * 1.0001).any())
         self.floors = torch.maximum(self.floors, need)
+        self.raised = torch.maximum(self.raised, need)
         return moved
 
 
@@ -346,6 +381,10 @@ class _Steer:
     def __init__(self, goal_nm: float, mix: torch.Tensor | None) -> None:
         self.goal, self.mix = goal_nm, mix
         self.points: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-steps, coded errors)
+        self.below: tuple[float, float] | None = None  # the bracket on the mean log-step (see `_common`)
+        self.above: tuple[float, float | None] | None = None
+        self.last: tuple[float, float] | None = None
+        self.spread_ok = 0.8 * 2 * TOL_DB * math.log(10) / 10  # a spread of log-errors the window holds
         self.kappa = torch.full((1,), KAPPA, dtype=torch.float64)
 
     def slopes(self) -> torch.Tensor:
@@ -369,19 +408,36 @@ class _Steer:
         kappa = self.slopes()
         goal = torch.full_like(out, self.goal) if goal is None else torch.as_tensor(goal, dtype=out.dtype)
         free = torch.ones_like(out) if free is None else torch.as_tensor(free, dtype=out.dtype).clamp(min=0.05)
-        r = torch.log(goal.clamp(min=1e-300)) - torch.log(out.clamp(min=1e-300))
-        if self.mix is None:
-            du = r / (free * kappa)
-        else:
-            model = (self.mix @ coded).clamp(min=1e-300)
-            jac = (free / model)[:, None] * self.mix * (coded * kappa)[None, :]
-            jtj = jac.T @ jac
-            damp = 1e-3 * float(torch.trace(jtj)) / len(u)
-            du = torch.linalg.solve(jtj + damp * torch.eye(len(u), dtype=jtj.dtype), jac.T @ r)
+        r = torch.log(goal.clamp(min=1e-300)) - torch.log(out.clamp(min=1e-300))  # > 0: room to spare
         # where the floor pins most of the error the model is only good near here (a coarser step leaves
-        # more items below the floor, a finer one frees them): small moves there
-        reach = 1.0 if free is None or float(free.min()) >= 0.5 else 0.15
-        return u + du.clamp(-reach, reach)
+        # more items below the floor, a finer one frees them): smaller moves there
+        reach = 1.0 if float(free.min()) >= 0.5 else 0.4
+        if self.mix is None:
+            return u + (r / (free * kappa)).clamp(-reach, reach)
+        # with a rotation the steps move together; the channel weights even the channels out (`_land`)
+        return u + self._common(u, r, float((free * kappa).mean()), reach)
+
+    def _common(self, u: torch.Tensor, r: torch.Tensor, gain: float, reach: float) -> float:
+        """The move of every channel's log-step together that puts the middle of the output channels' range
+        at the goal: regula falsi once the evaluations bracket it (bisection where a side is only known to
+        be too coarse), a Newton step before. The error is not smooth in the steps (a coarser step leaves
+        items the floor cannot lift without overflowing the integers, or lifts whole rotated samples for
+        their neediest channel) and a Newton step alone cycled between the two sides or ran away: a
+        coarser move that made the channels better marks that point too coarse."""
+        m, mid = float(u.mean()), float(r.max() + r.min()) / 2
+        last, self.last = self.last, (m, mid)
+        if last is not None and m > last[0] + 0.01 and mid > last[1] + 0.02:
+            self.above = (m, None) if self.above is None or m < self.above[0] else self.above
+        elif mid > 0:
+            self.below = (m, mid) if self.below is None or m > self.below[0] else self.below
+        else:
+            self.above = (m, mid) if self.above is None or m < self.above[0] else self.above
+        if self.below is not None and self.above is not None and self.below[0] < self.above[0]:
+            (m0, r0), (m1, r1) = self.below, self.above
+            at = (m0 + m1) / 2 if r1 is None else m0 + r0 * (m1 - m0) / (r0 - r1)
+            return min(max(at, m0 + 0.1 * (m1 - m0)), m1 - 0.1 * (m1 - m0)) - m
+        step = max(-reach, min(reach, mid / max(gain, 0.05)))
+        return min(step, (self.above[0] - m) / 2) if self.above is not None and step > 0 else step
 
 
 def fit_recon(v: torch.Tensor, q: torch.Tensor, dims) -> torch.Tensor:
@@ -559,7 +615,7 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
                         continue  # int16 only pays where an int8 floor binds
                     s, _ = setting.land(goal, math.sqrt(12 * budget) * 1.4)
                     out, _, q, _ = setting.subsample(s)
-                d = db(float(out.max()))
+                d = db(float(out.max() if rot is None else out.mean()))  # weights even out a rotated setting
                 size = size_of(q, dt, cc, mm)
                 candidates.append(Candidate(cc, mm, dt, rot is not None, d, size))
                 if d < goal - 0.3:
@@ -659,6 +715,7 @@ def _spec_for(setting: _Setting, s, x_shape, recon: torch.Tensor | None, min_psn
         steps=setting.steps(s).tolist() if integer else None, theta=THETA if integer else None,
         recon=None if recon is None else recon.tolist(), rotation=None if rot is None else rot.tolist(),
         side="range_mid", min_psnr=min_psnr if integer else None,
+        weights=None if setting.coded.weights is None else setting.coded.weights.tolist(),
     )  # fmt: skip
 
 
@@ -702,13 +759,14 @@ def _lift_needs(setting: _Setting, spec: CodecSpec, low, nm, floored_side, side)
     return coef, (applied * more).clamp(max=1.0), torch.as_tensor(spec.steps, dtype=torch.float64)
 
 
-def _coded_nmse(x: torch.Tensor, x_hat: torch.Tensor, side: torch.Tensor, errors: ItemErrors, rotation) -> torch.Tensor:
-    """(C,) mean squared error per coded (rotated) channel of the normalized samples (x - mid) / range."""
+def _coded_nmse(x: torch.Tensor, x_hat: torch.Tensor, side: torch.Tensor, errors: ItemErrors, mixer) -> torch.Tensor:
+    """(C,) mean squared error per coded channel (weighted and rotated by `mixer`) of the normalized samples
+    (x - mid) / range."""
     d = (x_hat.to(torch.float32) - x) / side[..., 0, None, None]
     if errors.valid is not None:
         d = d.masked_fill(~errors.valid, 0.0)
     d = d * errors.ok[..., None, None]
-    e = torch.einsum("oc,nchw->nohw", rotation.to(torch.float32), d)
+    e = torch.einsum("oc,nchw->nohw", mixer.to(torch.float32), d)
     return e.double().pow(2).mean(dim=(0, 2, 3))
 
 
@@ -725,11 +783,13 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
     coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
     rotation = setting.coded.rotation
     u = torch.log(_vector(s, setting.channels))
+    w = setting.coded.weights
+    logw = torch.zeros(setting.channels, dtype=torch.float64) if w is None else torch.log(w.double())
     steer = _Steer(nmse_of(goal), setting.mix)
     accepted = None
     spec, d = None, None
-    raised = 0
-    for evaluation in range(1, MAX_EVALUATIONS + 1):
+    raised = reweighed = 0
+    for evaluation in range(1, MAX_EVALUATIONS + (WEIGHT_MOVES if rotation is not None else 0) + 1):
         steps = torch.exp(u)
         recon = setting.subsample(steps)[3] if integer else None  # offsets: a statistic of the subsample
         spec = _spec_for(setting, steps, x.shape, recon, min_psnr)
@@ -738,7 +798,7 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
             x_hat = Decompress(spec, normalize=False)((q, side))
         nm = errors.nmse(x_hat)
         out = errors.channel_nmse(nm)
-        coded = out if rotation is None else _coded_nmse(x, x_hat, side, errors, rotation)  # before any lift
+        coded = out if rotation is None else _coded_nmse(x, x_hat, side, errors, setting.coded.mixer)  # before lifts
         sd, free = side, None
         if spec.min_psnr is not None:
             # the per-sample floor re-codes the items below it, as the encoder will: what it lifts is pinned
@@ -764,6 +824,18 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
             accepted = (float(u.sum()), spec, result)  # the coarsest steps that keep every channel up
         if bool(((d >= lo_ok) & (d <= hi_ok)).all()):
             return spec, evaluation, result, True
+        if rotation is not None and float(d.max() - d.min()) > 0.8 * (hi_ok - lo_ok) and reweighed < WEIGHT_MOVES:
+            # a rotation mixes every channel into every coded channel: each channel's weight (codec v3) moves
+            # its own error (as 1/w^2 at the same steps, 20 log10 w dB): 0.6 of that move, as the floor's
+            # per-sample lifts follow each sample's neediest channel and take part of it back. The steps stay
+            # put meanwhile, and what bracketed them is forgotten (it was for other weights).
+            logw = logw - (0.6 * (d - d.mean()) * (math.log(10) / 20)).clamp(-0.3, 0.3)
+            logw = logw - logw.mean()
+            setting.set_weights(torch.exp(logw).to(torch.float32))
+            steer.below = steer.above = steer.last = None
+            coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()
+            reweighed += 1
+            continue
         u = steer.next(u, out, coded, free=free)
     if accepted is not None:  # never return a spec that misses the target on the calibration set
         return accepted[1], MAX_EVALUATIONS, accepted[2], False

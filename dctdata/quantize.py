@@ -3,7 +3,8 @@
 Encoding, in order (each step only where the spec asks for it):
 1. per-sample side information (spec.side == "range_mid"): each sample channel is coded as
    (x - mid) / range, so every item is quantized against its own range (the project's PSNR);
-2. channel rotation (spec.rotation, an orthonormal C x C matrix) mixes the channels before the DCT;
+2. channel weights (spec.weights, codec v3) scale the channels, and a channel rotation (spec.rotation, an
+   orthonormal C x C matrix) mixes them, before the DCT;
 3. padding to whole blocks (spec.pad) and the block DCT of the kept frequencies;
 4. quantization q = round((coef - offset) / step): plain rounding (v1), or dead-zone rounding
    sign(v) floor(|v| + theta) when spec.theta is set.
@@ -84,6 +85,8 @@ def coded_coefficients(
     if spec.side is not None:
         side = item_side(x, valid) if side is None else side
         x = normalize(x, side)
+    if spec.weights is not None:
+        x = x * torch.as_tensor(spec.weights, dtype=torch.float32, device=x.device).reshape(-1, 1, 1)
     if spec.rotation is not None:
         x = rotate(x, spec.rotation)
     return compress(x, spec.cf, spec.mask, spec.pad), side
@@ -170,8 +173,9 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
 
 def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
     """The coded coefficients (B, C, Hb, K, Wb) the samples would have with their stored ranges scaled by
-    g (B, C): each channel's normalized values grow by 1/g, mixed by the rotation (y = R n, so
-    y' = R diag(1/g) R^T y); the transform is linear, so no DCT is needed."""
+    g (B, C): each channel's normalized values grow by 1/g, mixed by the rotation (y = R W n, so
+    y' = R W diag(1/g) W^-1 R^T y = R diag(1/g) R^T y: diagonal channel weights W commute with the
+    scales); the transform is linear, so no DCT is needed."""
     inv = (1.0 / g).to(torch.float32)
     if spec.rotation is None:
         return coeffs * inv[:, :, None, None, None]
@@ -261,12 +265,14 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
 
 def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     """The plain decoder, step by step in float64 where it matters: dequantize -> inverse DCT ->
-    inverse rotation -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
+    inverse rotation -> / weights -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
     q, side = split_wire(wire, spec)
     coeffs = dequantize(q, spec)
     x = decompress(coeffs, spec.cf, (spec.height, spec.width), spec.mask).to(torch.float64)
     if spec.rotation is not None:
         x = torch.einsum("oc,...ohw->...chw", torch.tensor(spec.rotation, dtype=torch.float64), x)
+    if spec.weights is not None:
+        x = x / torch.tensor(spec.weights, dtype=torch.float64).reshape(-1, 1, 1)
     if side is not None:
         x = x * side[..., 0, None, None].double() + side[..., 1, None, None].double()
     if spec.mean is not None:

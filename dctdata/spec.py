@@ -118,6 +118,12 @@ class CodecSpec:
     rotation applied before the DCT (the decoder applies its transpose). side: "range_mid" when every
     sample carries its own (range, mid) per channel, stored beside the coefficients: the encoder codes
     (x - mid) / range, the first layer applies x = range * y + mid.
+
+    Codec v3: weights (C,), with a rotation only: each channel is multiplied by its weight before the
+    rotation and divided by it after the inverse rotation (the decoders fold 1/w into the rotation's
+    transpose, `dequant_tables`). A rotation mixes every channel into every coded channel, so steps per
+    coded channel cannot give each output channel its own error; a weight does: channel c's error scales
+    by 1/w_c^2 at the same steps, and calibration lands every channel at its target with them.
     """
 
     cf: int
@@ -137,6 +143,7 @@ class CodecSpec:
     rotation: tuple | None = None
     side: str | None = None
     min_psnr: float | None = None
+    weights: tuple | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -182,6 +189,12 @@ class CodecSpec:
                     f"rotation: expected an orthonormal {self.channels}x{self.channels} matrix. Got {self.rotation!r}"
                 )
         object.__setattr__(self, "rotation", rotation)
+        weights = _parse_table("weights", self.weights, (self.channels,), positive=True)
+        if weights is not None and rotation is None:
+            raise DctDataError(
+                f"weights: expected a rotation whose channels they weight. Got weights {self.weights!r} without one"
+            )
+        object.__setattr__(self, "weights", weights)
         if self.side is not None:
             parse_choice(self.side, "side", SIDES)
         if self.min_psnr is not None:
@@ -231,7 +244,10 @@ class CodecSpec:
     # Config round trip --------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        """1 when the spec only uses what a v1 reader knows (edge padding, plain rounding), else 2."""
+        """1 when the spec only uses what a v1 reader knows (edge padding, plain rounding), 3 with channel
+        weights, else 2."""
+        if self.weights is not None:
+            return 3
         v2 = (self.pad != "edge", self.theta, self.recon, self.rotation, self.side, self.min_psnr)
         return 2 if any(v not in (False, None) for v in v2) else 1
 
@@ -249,7 +265,7 @@ class CodecSpec:
                 d["dc_offset"] = [row[0] for row in self.offsets]
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
-        for name in ("mean", "std", "theta", "side", "min_psnr"):
+        for name in ("mean", "std", "theta", "side", "min_psnr", "weights"):
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):
@@ -301,6 +317,15 @@ class DequantTables(NamedTuple):
     mean: torch.Tensor
 
 
+def _rotation_t(spec: CodecSpec) -> torch.Tensor:
+    """diag(1 / weights) R^T in float64 (R^T without weights): what the decoder applies over the channels,
+    so every decoder of a v3 spec is a v2 decoder."""
+    rt = torch.tensor(spec.rotation, dtype=torch.float64).T
+    if spec.weights is not None:
+        rt = rt / torch.tensor(spec.weights, dtype=torch.float64)[:, None]
+    return rt.contiguous()
+
+
 def dequant_tables(spec: CodecSpec, normalize: bool = True) -> DequantTables:
     """The tables every decoder of `spec` starts from (`Decompress` and the fused CPU kernel), in one place."""
     c, k = spec.channels, spec.kept
@@ -311,7 +336,7 @@ def dequant_tables(spec: CodecSpec, normalize: bool = True) -> DequantTables:
         table(spec.steps, torch.ones(c, k, **f64)),
         table(spec.offsets, torch.zeros(c, k, **f64)),
         table(spec.recon, None),
-        None if spec.rotation is None else torch.tensor(spec.rotation, **f64).T.contiguous(),
+        None if spec.rotation is None else _rotation_t(spec),
         torch.ones(c, **f64) if std is None else 1.0 / torch.as_tensor(std, **f64).reshape(c),
         torch.zeros(c, **f64) if mean is None else torch.as_tensor(mean, **f64).reshape(c),
     )

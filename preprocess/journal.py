@@ -19,6 +19,7 @@ from typing import Any
 from dctdata.errors import DctDataError
 from dctdata.format.checksum import sha256_file
 from dctdata.format.fields import FieldSpec
+from dctdata.format.manifest import FORMAT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Journal:
                 f"{root}: --resume: expected the settings of the interrupted pack. Got different {', '.join(diff)} "
                 f"(was {', '.join(f'{k}={old.get(k)!r}' for k in diff)}; run without --resume to start over)"
             )
-        specs = tuple(FieldSpec.from_dict(d) for d in header["fields"])
+        specs = tuple(FieldSpec.from_dict(d, version=FORMAT_VERSION) for d in header["fields"])
         parts = {int(d["result"]["index"]): d["result"] for d in lines[1:] if d.get("kind") == "part"}
         return cls(root, specs, parts, tuple(header.get("derived", ())))
 

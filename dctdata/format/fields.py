@@ -195,13 +195,19 @@ class FieldSpec:
 
     @classmethod
     def from_dict(cls, d: object, where: str = "field", version: int = 2) -> "FieldSpec":
-        """From a manifest's JSON; `version` is the manifest's (keys `valid`/`attrs` exist from version 2)."""
+        """From a manifest's JSON; `version` is the manifest's (keys `valid`/`attrs` exist from version 2, codec
+        `weights` from version 5)."""
         optional = {"valid", "attrs"} if version >= 2 else set()
         d = parse_object(d, where, {"name", "kind", "shape", "dtype", "codec", "lossless"}, optional, error=FormatError)
         where = f"field {d['name']!r}" if isinstance(d["name"], str) else where
         if not isinstance(d["shape"], list):
             raise FormatError(f"{where}: shape: expected a list of ints. Got {d['shape']!r}")
         codec = None
+        if version < 5 and isinstance(d["codec"], Mapping) and "weights" in d["codec"]:
+            raise FormatError(
+                f"{where}: codec: weights: expected none in a version {version} manifest (channel weights are version "
+                f"5). Got {d['codec']['weights']!r}"
+            )
         if d["codec"] is not None:
             try:
                 codec = CodecSpec.from_dict(d["codec"])

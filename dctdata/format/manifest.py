@@ -31,6 +31,9 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   samples x channels) in `layout.arrays` as {"inline": base64} instead of an array with its own files
   (about 850 bytes of zarr.json, shard index, checksums and layout). A version 3 reader refuses it by its
   version; everything else is as version 3.
+- 5: a dct field's codec may carry channel `weights` (codec v3, `dctdata.spec.CodecSpec`: with a channel
+  rotation, each output channel's own error at the same steps, so every channel lands at its target);
+  an older manifest naming them is refused. Everything else is as version 4.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 STORAGES = ("zarr", "webdataset")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
