@@ -92,7 +92,7 @@ def mri_stack(depth: int = 8, stride: int = 32) -> np.ndarray:
 
 SETS = {
     "dem": (dem_tiles, {"fields": {"image": "dct"}}),
-    "rgb": (rgb_tiles, {}),
+    "rgb": (rgb_tiles, {"fields": {"image": "dct"}}),
     "volume": (volume_tiles, {}),
     "mri": (mri_stack, {}),
 }

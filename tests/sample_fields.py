@@ -54,3 +54,37 @@ def files(root) -> dict[str, bytes]:
             with open(path, "rb") as fh:
                 out[os.path.relpath(path, root)] = fh.read()
     return out
+
+
+def volume_stack(n: int = 8, depth: int = 4, size: int = 32, beta: float = 3.6, seed: int = 0) -> np.ndarray:
+    """Synthetic volumes (N, D, size, size) float32: `depth` adjacent slices of 3-D power-law noise (spectrum
+    k^-beta) around 1000 counts with Gaussian read noise of 2, depth as channels (correlated channels)."""
+    rng = np.random.default_rng(seed)
+    d = depth * 4
+    k = np.sqrt(
+        np.fft.fftfreq(d)[:, None, None] ** 2
+        + np.fft.fftfreq(size)[None, :, None] ** 2
+        + np.fft.rfftfreq(size)[None, None, :] ** 2
+    )
+    k[0, 0, 0] = 1.0
+    amp = k ** (-beta / 2)
+    amp[0, 0, 0] = 0.0
+    out = []
+    for _ in range(n):
+        v = np.fft.irfftn(
+            amp * (rng.standard_normal(amp.shape) + 1j * rng.standard_normal(amp.shape)), s=(d, size, size)
+        )
+        v = v[:depth]
+        out.append(1000 + 300 * v / v.std() + rng.normal(0, 2, v.shape))
+    return np.stack(out).astype(np.float32)
+
+
+def dem_tiles(tile: int = 64, stride: int = 32) -> np.ndarray:
+    """matplotlib's Jacksboro fault elevation model (int16 metres) cut into tiles (N, tile, tile) int16."""
+    from dctdata.datasets.images import elevation_model
+
+    z = elevation_model()
+    h, w = z.shape
+    return np.stack(
+        [z[i : i + tile, j : j + tile] for i in range(0, h - tile + 1, stride) for j in range(0, w - tile + 1, stride)]
+    )
