@@ -7,11 +7,11 @@ batched read: the byte ranges of every chunk the batch needs, fetched together. 
 a batch: each field's samples stacked on a new first axis, as a DataLoader collates them, ready for
 `ds.decompressor()`.
 
-Reading, per-process opening (fork and spawn safe) and every integrity check are the job of
-`dctdata.format.zarr.ZarrReader`; this class is the torch Dataset over it. A missing shard or chunk,
-a truncated shard or a chunk failing its crc32c raises `IntegrityError` naming the file, field and
-samples; `on_error="skip"` drops bad samples from `__getitems__` batches instead (logged and counted
-in `ds.skipped`).
+Reading, per-process opening (fork and spawn safe) and every integrity check are the job of the pack's
+storage reader (`dctdata.format.zarr.ZarrReader`, through `dctdata.format.storages`); this class is the
+torch Dataset over it. A missing shard or chunk, a truncated shard or a chunk failing its crc32c raises
+`IntegrityError` naming the file, field and samples; `on_error="skip"` drops bad samples from
+`__getitems__` batches instead (logged and counted in `ds.skipped`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import storages
 from dctdata.format.fields import with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
-from dctdata.format.zarr.reader import ZarrReader
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import is_int
 
@@ -51,7 +51,8 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.manifest = (
             manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
         )
-        if self.manifest.storage != "zarr":
+        reader = storages.get(self.manifest.storage).reader
+        if not reader.random_access:  # map-style needs a storage read by index
             raise DctDataError(
                 f"{self.root}: expected a zarr dataset. Got storage {self.manifest.storage!r} (use "
                 "dctdata.open_dataset)"
@@ -63,7 +64,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.as_dict = bool(as_dict)
         self.on_error = on_error
         self.skipped = 0
-        self.reader = ZarrReader(self.root, self.manifest, self.fields, storage_options)
+        self.reader = reader(self.root, self.manifest, self.fields, storage_options)
 
     def _index(self, i: object) -> int:
         if isinstance(i, torch.Tensor):

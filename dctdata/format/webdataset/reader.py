@@ -1,4 +1,6 @@
-"""Read access to webdataset shards of a pack: the primitive under the iterable dataset and verify.
+"""Read access to webdataset shards of a pack: the storage reader (`dctdata.format.reader`) under the
+iterable dataset, verify and inspect. Its units are the shards, read one after the other (no random
+access).
 
 A shard is read whole into memory (shards are capped at --max-shard-size), its byte count and sha256
 are checked against the manifest while it is read, and its tar member names, keys and fields are
@@ -30,7 +32,16 @@ from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, is_url, join, open_file
 from dctdata.format.manifest import Manifest, parse_manifest, read_manifest_bytes
 from dctdata.format.npy import decode_npy, npy_size, split_npy
-from dctdata.format.webdataset.layout import MEMBER_RE, TAR_META, entry_name, sample_key
+from dctdata.format.reader import StorageReader, Unit, UnitReader
+from dctdata.format.webdataset.layout import (
+    MEMBER_RE,
+    TAR_META,
+    entry_name,
+    sample_key,
+    samples_of_file,
+    select_shards,
+    shard_list,
+)
 from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
 
 
@@ -103,7 +114,48 @@ def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
     return {f.name: get_codec(f.lossless) for f in fields}
 
 
-class ShardReader:
+class WebDatasetReader(StorageReader):
+    """The shards of a webdataset pack (all, or those `shards` names), read whole and verified one at a
+    time (`open_unit` -> `ShardReader`). `root` may be a shell `pipe:` command (see `check_location`);
+    `cache` keeps fetched shards in a local `ShardCache`."""
+
+    storage = "webdataset"
+    units_hash_files = True
+
+    def __init__(
+        self,
+        root: str,
+        manifest: Manifest,
+        fields: tuple[FieldSpec, ...] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        shards: tuple[str, ...] | None = None,
+        cache: ShardCache | None = None,
+    ) -> None:
+        self.root, self.manifest = root, manifest
+        self.fields = tuple(manifest.fields if fields is None else fields)
+        self.storage_options = dict(storage_options or {})
+        self.files = Files(root, storage_options, cache)
+        where = self.files.location(MANIFEST_NAME)
+        self.all_shards = shard_list(manifest, where)
+        self.shards = select_shards(self.all_shards, shards, where)
+        self.codecs = codecs_for(manifest.fields)
+
+    def units(self) -> list[Unit]:
+        names = tuple(f.name for f in user_fields(self.fields))
+        return [
+            Unit(self.files.location(e["name"]), e["start"], e["start"] + e["samples"], names, e) for e in self.shards
+        ]
+
+    def open_unit(self, unit: Unit) -> "ShardReader":
+        """The shard, read whole and verified; its samples hold every field of the pack (a shard's members
+        are checked against all of them)."""
+        return ShardReader(self.files, unit.key, self.manifest.fields, self.codecs)
+
+    def file_samples(self, rel: str) -> str:
+        return samples_of_file(self.manifest, rel)
+
+
+class ShardReader(UnitReader):
     """A shard read whole and verified (size, sha256, member names, keys, fields) before use."""
 
     def __init__(
@@ -114,6 +166,7 @@ class ShardReader:
         self.where = files.location(entry["name"])
         first, last = entry["start"], entry["start"] + entry["samples"] - 1
         self.span = f"samples {first}..{last}"
+        self.first = first
         self._members, self._order = member_plan(fields, self.codecs)
         self.data = self._read(files)
         self.samples = self._index()
@@ -207,14 +260,15 @@ class ShardReader:
             for m in tf:
                 yield m.name, m.isreg(), m.type, m.offset_data, m.size
 
-    def decode(self, j: int) -> list[torch.Tensor]:
+    def sample(self, j: int, stored=()) -> list[torch.Tensor]:
         """Tensors of sample j of this shard, in field order (a side partner comes out of its dct
         field's member)."""
         members, values = self.samples[j], []
         for suffix, parts, codec in self._members:
             off, size = members[suffix]
             where = f"{self.where}: sample {self.entry['start'] + j} field {parts[0].name!r}"
-            for g, arr in zip(parts, member_arrays(parts, codec, self.data[off : off + size], where)):
+            raw = self.data[off : off + size]
+            for g, arr in zip(parts, member_arrays(parts, codec, raw, where)):
                 values.append(g.to_tensor(arr))
         return values if self._order is None else [values[k] for k in self._order]
 

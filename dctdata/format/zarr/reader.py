@@ -1,5 +1,6 @@
-"""Read access to a zarr pack with every integrity check: the primitive under the map-style dataset
-and `dctdata verify`.
+"""Read access to a zarr pack with every integrity check: the storage reader (`dctdata.format.reader`)
+under the map-style dataset, `dctdata verify` and `inspect`. Random access; its units are the fields
+(verify reads each field chunk by chunk, so one bad chunk is one problem).
 
 Opening (once per process): each field's zarr.json is fetched (all in one batch), checked against the
 manifest's sha256 when the manifest lists it, parsed (`metadata.parse_array_json`) and cross-checked
@@ -49,11 +50,19 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import FieldSpec, user_fields
 from dctdata.format.location import join
 from dctdata.format.manifest import Manifest
 from dctdata.format.ranges import RangeSource
-from dctdata.format.zarr.layout import CRC_BYTES, check_shard_index, index_bytes, shard_key, zarr_layout
+from dctdata.format.reader import StorageReader, Unit, UnitReader, batch_values
+from dctdata.format.zarr.layout import (
+    CRC_BYTES,
+    check_shard_index,
+    index_bytes,
+    shard_key,
+    shard_of_file,
+    zarr_layout,
+)
 from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
 from dctdata.kinds import FieldKind
 from dctdata.lossless import CTX_ID, decode_array, get_codec
@@ -108,8 +117,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_open_lock)
 
 
-class ZarrReader:
+class ZarrReader(StorageReader):
     """Stored samples of a zarr pack's fields, integrity-checked (see the module docstring)."""
+
+    storage = "zarr"
+    random_access = True
 
     def __init__(
         self,
@@ -204,10 +216,6 @@ class ZarrReader:
         return out
 
     # Reading -------------------------------------------------------------------------------------
-    def read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
-        """Stored samples [a, b) of a field, integrity-checked."""
-        return self.read_samples((f,), range(a, b))[f.name]
-
     def read_samples(self, fields: Iterable[FieldSpec], indices: Sequence[int]) -> dict[str, np.ndarray]:
         """{field name: stored samples `indices` (in that order)} for each field, integrity-checked.
         Every chunk of every field is fetched in one batch."""
@@ -295,6 +303,33 @@ class ZarrReader:
         run_split(decode, len(todo), decode_threads(len(todo), decode_us))
         return out
 
+    # Units (verify, peek) ------------------------------------------------------------------------
+    def units(self) -> list[Unit]:
+        """One unit per user field: all its chunks (its side partner's read with them)."""
+        return [Unit(self.root, 0, self.manifest.samples, (f.name,), f.name) for f in user_fields(self.fields)]
+
+    def open_unit(self, unit: Unit) -> UnitReader:
+        """A reader of the unit's field alone, its metadata checked (a field with bad metadata does not stop
+        the others)."""
+        reader = ZarrReader(self.root, self.manifest, self._fields_of(unit), self.storage_options)
+        reader.ensure_open()
+        return _FieldUnit(reader)
+
+    def read_unit(self, unit: Unit, batch: int):
+        """The field chunk by chunk (`batch` is the field's chunk): a bad chunk is yielded as its error and
+        reading goes on with the next."""
+        reader = self.open_unit(unit).reader
+        fields, chunk = reader.fields, self.layout[unit.key]["chunk"]
+        for a in range(0, self.manifest.samples if batch else 0, chunk):
+            b = min(a + chunk, self.manifest.samples)
+            try:
+                yield a, batch_values(fields, reader.read_samples(fields, range(a, b)))
+            except DctDataError as exc:
+                yield a, exc
+
+    def file_samples(self, rel: str) -> str:
+        return shard_of_file(self.manifest, rel)
+
     # Shard indexes -------------------------------------------------------------------------------
     def _load_indexes(self, shards: list[tuple[FieldSpec, int]]) -> dict[tuple[str, int], np.ndarray]:
         """{(field name, shard): index entries} for `shards`; those not held yet are fetched in one batch
@@ -379,6 +414,20 @@ class ZarrReader:
             raise IntegrityError(f"{where}: expected a shard file. Got none (missing)") from exc
         except OSError as exc:
             raise IntegrityError(f"{where}: expected a readable shard file. Got {type(exc).__name__}: {exc}") from exc
+
+
+class _FieldUnit(UnitReader):
+    """A zarr unit (one field), sample by sample."""
+
+    def __init__(self, reader: ZarrReader) -> None:
+        self.reader, self.fields = reader, reader.fields
+
+    def __len__(self) -> int:
+        return self.reader.manifest.samples
+
+    def sample(self, j: int, stored=()) -> list:
+        arrays = self.reader.read_samples(self.reader.fields, [j])
+        return [f.to_tensor(arrays[f.name])[0] for f in self.reader.fields]
 
 
 class _FieldPlan:
