@@ -36,8 +36,11 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     (`dctdata.format.storages`). `path_or_url` is the pack's directory or URL, its
     manifest.json, or (webdataset) a list or brace expression of its shard files, e.g.
     `.../shard-{000000..000015}.tar`, with the manifest beside them. Keywords go to that class (e.g.
-    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). A shell `pipe:` URL
-    can only be a webdataset stream and is refused there unless the caller passes allow_pipe=True.
+    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). decode: "cpu" (the
+    default: the workers decode the lossless stage, coefficients cross) or "device" (the workers check
+    the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.wire`).
+    A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
+    allow_pipe=True.
     sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a
     manifest with any other bytes is refused (its checksums then pin every stored file)."""
     sha256 = kwargs.pop("sha256", None)

@@ -3,7 +3,9 @@
 Samples are tuples of tensors in manifest field order (`as_dict=True`: a dict), decoded exactly like
 `DCTZarrDataset`: a `dct` field is its stored coefficient tensor (C, Hb, K, Wb) in the wire dtype
 (bfloat16 viewed back from its uint16 bits), `array` fields as stored, labels as 0-d tensors. Decode
-on the device with `ds.decompressor()`.
+on the device with `ds.decompressor()`. With `decode="device"` a `dct` field is its member's checked
+stored stream (`dctdata.wire.StoredSample`; collated: one `StoredBatch`), decoded by `ds.decompressor()`
+where it runs.
 
 Order and splitting (every sample exactly once per epoch; `dctdata.loaders.wds_plan` has the rules):
 - Training path: the shard list is permuted by a generator seeded with (seed, epoch), dealt
@@ -67,6 +69,7 @@ from dctdata.format.webdataset.reader import Files, check_location
 from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import SEED_MAX, is_int, parse_int
+from dctdata.wire import parse_decode
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         manifest: Manifest | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str = DEFAULT_CACHE_LIMIT,
+        decode: str = "cpu",
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -130,6 +134,9 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
             largest = max((e["bytes"] for e in self.shards), default=0)
             self.reader.files.cache = ShardCache(cache_dir, cache_limit, largest=largest)
         self.fields = self.manifest.fields
+        self.decode = parse_decode(decode)
+        # decode="device": the dct fields cross as their checked stored bytes
+        self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
         self.shuffle, self.seed, self.buffer_size = bool(shuffle), seed, buffer_size
         self.initial = min(buffer_size, 100) if initial is None else initial
         self.as_dict, self.on_error, self.split_by_node = bool(as_dict), on_error, bool(split_by_node)
@@ -311,7 +318,7 @@ class _Stream:
                 if reader is None:
                     reader = self._open[s] = ds.reader.open_unit(self._units[s])
                 i = int(self.entry[k])
-                self._decoded[i] = reader.sample(i - entry["start"])
+                self._decoded[i] = reader.sample(i - entry["start"], ds._stored)
             except IntegrityError as exc:
                 if ds.on_error == "raise":
                     raise
