@@ -171,6 +171,7 @@ class ShardReader(UnitReader):
         self.span = f"samples {first}..{last}"
         self.first = first
         self._members, self._order = member_plan(fields, self.codecs)
+        self._forms: dict[str, StreamForm] = {}  # decode="device": each dct field's stream form, once a shard
         self.data = self._read(files)
         self.samples = self._index()
 
@@ -273,7 +274,8 @@ class ShardReader(UnitReader):
             where = f"{self.where}: sample {self.entry['start'] + j} field {parts[0].name!r}"
             raw = self.data[off : off + size]
             if parts[0].name in stored:
-                values += member_stored(parts, codec, raw, where, stream_form(parts[0]), self.entry["start"] + j)
+                form = self._forms.get(parts[0].name) or self._forms.setdefault(parts[0].name, stream_form(parts[0]))
+                values += member_stored(parts, codec, raw, where, form, self.entry["start"] + j)
                 continue
             for g, arr in zip(parts, member_arrays(parts, codec, raw, where)):
                 values.append(g.to_tensor(arr))
