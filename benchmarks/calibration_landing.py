@@ -52,7 +52,11 @@ def rgb_tiles(stride: int = TILE) -> np.ndarray:
     for img in sample_images(("astronaut", "coffee", "chelsea"), include_sklearn=False).values():
         x = img.transpose(2, 0, 1)
         _, h, w = x.shape
-        out += [x[:, i : i + TILE, j : j + TILE] for i in range(0, h - TILE + 1, stride) for j in range(0, w - TILE + 1, stride)]
+        out += [
+            x[:, i : i + TILE, j : j + TILE]
+            for i in range(0, h - TILE + 1, stride)
+            for j in range(0, w - TILE + 1, stride)
+        ]
     return np.stack(out)
 
 
@@ -71,7 +75,7 @@ def volume_tiles(n: int = 24, depth: int = 8, beta: float = 3.6, seed: int = 0) 
     out = []
     for _ in range(n):
         spec = amp * (rng.standard_normal(amp.shape) + 1j * rng.standard_normal(amp.shape))
-        v = np.fft.irfftn(spec, s=(d, TILE, TILE))[:depth]
+        v = np.fft.irfftn(spec, s=(d, TILE, TILE), axes=(0, 1, 2))[:depth]
         out.append(1000 + 300 * v / v.std() + rng.normal(0, 2, v.shape))
     return np.stack(out).astype(np.float32)
 
