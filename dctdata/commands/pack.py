@@ -118,6 +118,14 @@ def register(sub) -> None:
         help="webdataset: samples per shard (default: as many as fit the cap, and at least 16 shards for a set of "
         "16 samples or more, so ranks x DataLoader workers each get whole shards)",
     )
+    p.add_argument(
+        "--samples-per-member",
+        type=int,
+        default=None,
+        metavar="K",
+        help="webdataset: samples per tar member, 1..256 (default: about 64 KiB of source per member, 1 for larger "
+        "samples; each member costs a 512-byte tar header and padding)",
+    )
     p.set_defaults(func=_main)
 
 
@@ -127,10 +135,16 @@ def _writer_options(args) -> dict:
     from dctdata.parse import parse_size
 
     size = None if args.max_shard_size is None else parse_size(args.max_shard_size, "--max-shard-size")
-    opts = {k: v for k, v in (("max_shard_size", size), ("samples_per_shard", args.samples_per_shard)) if v is not None}
+    given = (
+        ("max_shard_size", size),
+        ("samples_per_shard", args.samples_per_shard),
+        ("samples_per_member", args.samples_per_member),
+    )
+    opts = {k: v for k, v in given if v is not None}
     if opts and args.format != "webdataset":
         raise DctDataError(
-            f"--max-shard-size/--samples-per-shard: expected --format webdataset. Got --format {args.format}"
+            "--max-shard-size/--samples-per-shard/--samples-per-member: expected --format webdataset. Got --format "
+            f"{args.format}"
         )
     return opts
 

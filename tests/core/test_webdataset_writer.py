@@ -6,6 +6,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import tarfile
 
 import numpy as np
@@ -73,54 +74,89 @@ def test_size_cap_is_a_real_upper_bound(source, tmp_path):
 
 @pytest.mark.parametrize("n, expected", [(64, [4] * 16), (50, [3] * 16 + [2]), (16, [1] * 16), (5, [1] * 5)])
 def test_small_sets_get_enough_shards_for_ranks_times_workers(n, expected):
-    """The rule: at least 16 shards (2 ranks x 8 workers) once a set has 16 samples, however small."""
+    """The rule: at least 16 shards (2 ranks x 8 workers) once a set has 16 members' worth of samples."""
     f = FieldSpec("x", "array", (8,), "float32")
-    assert [b - a for a, b in WebDatasetWriter().plan((f,), n)] == expected
+    one = WebDatasetWriter(samples_per_member=1)
+    assert [b - a for a, b in one.plan((f,), n)] == expected
     assert [b - a for a, b in WebDatasetWriter(samples_per_shard=32).plan((f,), n)][0] == min(32, n)  # as given
     big = FieldSpec("x", "array", (1 << 20,), "float32")  # 4 MiB samples: the size cap still decides
     assert len(WebDatasetWriter(max_shard_size=16 << 20).plan((big,), 64)) == 22
 
 
-def test_tar_members_are_pinned_and_in_sample_order(source, tmp_path):
+def test_small_samples_share_members_and_shards_hold_whole_groups():
+    """32-byte samples: 256 a member by default; with 4 a member, 16 shards of whole groups."""
+    f = FieldSpec("x", "array", (8,), "float32")
+    assert WebDatasetWriter().group((f,)) == 256
+    assert [b - a for a, b in WebDatasetWriter().plan((f,), 64)] == [64]
+    assert [b - a for a, b in WebDatasetWriter(samples_per_member=4).plan((f,), 256)] == [16] * 16
+    tile = FieldSpec("x", "array", (64, 64), "int16")  # 8 KiB: 8 a member
+    assert WebDatasetWriter().group((tile,)) == 8
+    assert WebDatasetWriter(samples_per_shard=6).group((tile,)) == 6  # shards as asked: K divides them
+    big = FieldSpec("x", "array", (256, 256), "float32")  # 256 KiB: one sample a member
+    assert WebDatasetWriter().group((big,)) == 1
+
+
+def test_tar_members_are_pinned_and_hold_one_array_each(source, tmp_path):
     m = pack(source, tmp_path / "a", samples_per_shard=7)
-    image = "image.ctx" if m.field("image").lossless["id"] == "dctdata_ctxrans" else "image.npy.zst"
+    assert m.layout["samples_per_member"] == 7  # 4.8 KB samples: as many as divide the 7 a shard asked for
+    assert m.field("image").lossless["id"] == m.field("mask").lossless["id"] == "dctdata_ctxrans"  # uint8 mask: dct
     with tarfile.open(tmp_path / "a" / "shard-000001.tar") as tf:
         members = tf.getmembers()
         names = [t.name for t in members]
-        assert names == [
-            f"{sample_key(i)}.{f}"
-            for i in range(7, 14)
-            for f in (image, "label.npy.zst", "mask.npy.zst")  # image's side rides in its member
-        ]
+        entries = ("image.ctx", "image__side.npy", "label.npy.zst", "mask.ctx", "mask__side.npy")
+        assert names == [f"{sample_key(7)}.{f}" for f in entries]
         assert {(t.mtime, t.uid, t.gid, t.uname, t.gname, t.mode) for t in members} == {
             (0, 0, 0, "dctdata", "dctdata", 0o444)
         }
         assert not any(t.pax_headers for t in members)
         codec = dctdata.lossless.get_codec(m.field("label").lossless)
-        raw = codec.decode(tf.extractfile(f"{sample_key(9)}.label.npy.zst").read())
+        raw = codec.decode(tf.extractfile(f"{sample_key(7)}.label.npy.zst").read())
+        side = np.load(io.BytesIO(tf.extractfile(f"{sample_key(7)}.image__side.npy").read()), allow_pickle=False)
     label = np.load(io.BytesIO(raw), allow_pickle=False)
-    assert label.shape == () and int(label) == 9
+    assert label.tolist() == list(range(7, 14))
+    assert side.dtype == np.float32 and side.shape == (7, 1, 2)  # (range, mid) of each sample's channel
 
 
 def test_uncompressed_entries_are_plain_npy(source, tmp_path):
-    m = dctdata.pack(source, tmp_path / "a", format="webdataset", quiet=True, codec=None)
+    m = dctdata.pack(
+        source, tmp_path / "a", format="webdataset", quiet=True, codec=None, writer_options={"samples_per_member": 1}
+    )
     with tarfile.open(tmp_path / "a" / m.layout["shards"][0]["name"]) as tf:
         names = tf.getnames()
         assert names[:3] == [f"{sample_key(0)}.image.npy", f"{sample_key(0)}.label.npy", f"{sample_key(0)}.mask.npy"]
         img = np.load(io.BytesIO(tf.extractfile(names[0]).read()), allow_pickle=False)
     f = m.field("image")
-    assert img.dtype.name == f.stored_dtype and img.shape == f.stored_shape
+    assert img.dtype.name == f.stored_dtype and img.shape == (1, *f.stored_shape)
 
 
 def test_sample_bigger_than_cap_gets_its_own_shard(tmp_path, caplog):
     f = FieldSpec("x", "array", (4000,), "float32", lossless=None)
-    w = WebDatasetWriter(max_shard_size=10240)
+    w = WebDatasetWriter(max_shard_size=10240, samples_per_member=1)
     w.open(str(tmp_path), (f,), 3)
     with caplog.at_level(logging.WARNING, logger="dctdata.format.webdataset.writer"):
         w.write(0, {"x": np.zeros((3, 4000), np.float32)})
     out = w.close()
     assert [s["samples"] for s in out["layout"]["shards"]] == [1, 1, 1]
-    assert "exceeds max_shard_size" in caplog.text
+    assert "samples 0..0 (16896 bytes) exceed max_shard_size 10240" in caplog.text
+
+
+def test_small_samples_warn_of_tar_overhead(tmp_path, caplog):
+    """One 256-byte sample a member: headers and padding are most of the shard, and the warning says what to
+    do; grouped (256 a member by default), the same samples pass without it."""
+    src = tmp_path / "src.npz"
+    np.savez(src, x=np.random.default_rng(0).normal(size=(2048, 64)).astype(np.float32))
+    with caplog.at_level(logging.WARNING, logger="dctdata.format.webdataset.writer"):
+        pack_plain = dctdata.pack(
+            src, tmp_path / "a", format="webdataset", quiet=True, writer_options={"samples_per_member": 1}
+        )
+    assert pack_plain.layout["samples_per_member"] == 1
+    assert re.search(
+        r"tar headers and padding are \d+% of the \d+ stored bytes .* store tighter with --format zarr", caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dctdata.format.webdataset.writer"):
+        grouped = dctdata.pack(src, tmp_path / "b", format="webdataset", quiet=True)
+    assert grouped.layout["samples_per_member"] == 256 and "tar headers" not in caplog.text
 
 
 def test_cli_pack_webdataset_then_verify(source, tmp_path, capsys):
@@ -152,6 +188,8 @@ def test_overwrite_replaces(source, tmp_path):
         ({"max_shard_size": 100}, "max_shard_size: expected an int >= 10240"),
         ({"samples_per_shard": 0}, "samples_per_shard: expected a positive int"),
         ({"max_shard_size": True}, "max_shard_size: expected an int"),
+        ({"samples_per_member": 0}, "samples_per_member: expected an int in 1..256 or None"),
+        ({"samples_per_member": 257}, "samples_per_member: expected an int in 1..256 or None"),
     ],
 )
 def test_bad_options(options, match):

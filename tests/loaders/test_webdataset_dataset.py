@@ -38,7 +38,13 @@ def src(tmp_path_factory):
 def packed(src, tmp_path_factory):
     out = tmp_path_factory.mktemp("packs") / "wds"
     dctdata.pack(
-        src, out, format="webdataset", quant="int8", target_psnr=35, quiet=True, writer_options={"samples_per_shard": 4}
+        src,
+        out,
+        format="webdataset",
+        quant="int8",
+        target_psnr=35,
+        quiet=True,
+        writer_options={"samples_per_shard": 4, "samples_per_member": 2},  # two groups of members a shard
     )
     return out
 
@@ -260,7 +266,7 @@ def test_writer_made_shards_are_indexed_without_tarfile(packed, monkeypatch):
     data = (packed / "shard-000000.tar").read_bytes()
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         members = [(m.name, m.isreg(), m.type, m.offset_data, m.size) for m in tf]
-    assert len(members) == 8 and writer_tar_members(memoryview(data)) == members
+    assert len(members) == 6 and writer_tar_members(memoryview(data)) == members  # 2 groups x (image, side, label)
     monkeypatch.setattr(reader.tarfile, "open", None)  # the reader never needs it for the writer's shards
     assert sorted(labels(DCTWebDataset(packed))) == list(range(N))
 
@@ -299,7 +305,7 @@ def test_bad_header_checksums_keep_tarfiles_errors(copy):
     ):
         list(DCTWebDataset(copy, shuffle=False))
     data[5] ^= 1
-    third = writer_tar_members(memoryview(bytes(data)))[2][3] - 512  # sample 1's first header
+    third = writer_tar_members(memoryview(bytes(data)))[3][3] - 512  # the second group's first header
     data[third + 5] ^= 1  # tarfile ends the archive at a bad header after the first: the key check names it
     reseal(copy, "shard-000000.tar", bytes(data))
     with pytest.raises(IntegrityError, match=r"shard-000000\.tar: expected sample keys .* in order \(samples 0\.\.3\)"):

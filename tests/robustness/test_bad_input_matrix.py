@@ -373,7 +373,9 @@ def _(t):
 
 
 @case(
-    "pack settings", "--max-shard-size with zarr", r"--max-shard-size/--samples-per-shard: expected --format webdataset"
+    "pack settings",
+    "--max-shard-size with zarr",
+    r"--max-shard-size/--samples-per-shard/--samples-per-member: expected --format webdataset",
 )
 def _(t):
     return pack_args(npy(t, fields(2)), t / "out", "--max-shard-size", "100000")

@@ -1,10 +1,23 @@
-"""The webdataset (tar) layout of a pack, shared by its writer and reader.
+"""The webdataset (tar) layout of a pack, shared by its writer and reader (the specification, with
+the decoder webdataset's own pipeline needs, is docs/format.md).
 
-Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order; sample keys are
-`sample_key(index)` (zero-padded, so lexical order is sample order). Each field is one member
-`<key>.<field>.npy` (`.npy` bytes, never pickle), or `<key>.<field>.npy.zst` after the field's
-lossless stage (`entry_name`). Tar metadata is pinned (mtime 0, uid/gid 0, uname/gname "dctdata",
-mode 0o444, USTAR), so the same input gives byte-identical shards.
+Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order. Tar metadata is pinned
+(mtime 0, uid/gid 0, uname/gname "dctdata", mode 0o444, USTAR), so the same input gives byte-identical
+shards. Two member layouts:
+
+- Grouped members (manifest version 5, `layout.samples_per_member` K): every member holds one standard
+  array of K consecutive samples of one stored field, `<key>.<name>.<ext>` with `key` the group's first
+  sample (`sample_key`): `.npy` (no lossless stage), `.npy.zst` (the `.npy` through zstd or another bytes
+  codec), `.ctx` (the entropy coder's stream of the (K, ...) coefficients). A dct field's side values are
+  their own member, `<key>.<name>__side.npy` ((K, C, 2) float32, plain .npy). A pack's last group is
+  padded with zero rows to K; the manifest's sample count says how many are real. K is chosen so a group
+  holds about GROUP_SOURCE_BYTES of source (1 for samples of 64 KiB or more: one sample per member, the
+  usual webdataset shape): a tar member costs a 512-byte header and pads its data to 512 bytes, which
+  for 64 x 64 tiles had cost more than the coefficients themselves. A shard ends at its two zero blocks,
+  without tarfile's padding to a 10 KiB record.
+- Per-sample members (versions up to 4, still read): one member per user field and sample,
+  `<key>.<field>.npy[.zst]` or `.ctx` (`entry_name`), a dct field's side values inside its member (after
+  the coefficients' .npy, or as raw float32 before the entropy coder's stream).
 
 Shards that fit the loader: whole shards are the unit a rank or DataLoader worker reads, so a pack
 has at least `MIN_SHARDS` shards (16: 2 ranks x 8 workers, or 4 x 4, each get one) whenever it has that
@@ -29,6 +42,8 @@ from dctdata.parse import is_int
 SAMPLE_KEY_DIGITS = 9
 SHARD_PATTERN = "shard-{:06d}.tar"
 MIN_SHARDS = 16  # a pack of >= 16 samples gets >= 16 shards unless --samples-per-shard says otherwise
+GROUP_SOURCE_BYTES = 64 << 10  # grouped members: about this much source per member ...
+MAX_GROUP = 256  # ... and at most this many samples
 BLOCK = 512  # tar block
 RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
 USTAR_NAME_MAX = 100
@@ -52,14 +67,33 @@ def entry_name(field: str, lossless: Mapping[str, Any] | bool | None = None) -> 
     return f"{field}.npy.zst" if lossless else f"{field}.npy"
 
 
+def group_name(f, side: bool = False) -> str:
+    """Member suffix of a stored field in the grouped layout: a side partner is plain `.npy`; a field after
+    the entropy coder `.ctx`, after a bytes codec `.npy.zst`, else `.npy`."""
+    return f"{f.name}.npy" if side else entry_name(f.name, f.lossless)
+
+
+def samples_per_member(layout: Mapping[str, Any] | None, where: str) -> int | None:
+    """K of a grouped-member pack (its `layout.samples_per_member`), None for per-sample members."""
+    k = layout.get("samples_per_member") if isinstance(layout, Mapping) else None
+    if k is None:
+        return None
+    if not is_int(k) or not 1 <= k <= MAX_GROUP:
+        raise FormatError(f"{where}: layout.samples_per_member: expected an int in 1..{MAX_GROUP}. Got {k!r}")
+    return int(k)
+
+
 def member_bytes(size: int) -> int:
     """Bytes one tar member takes: a header block plus data padded to whole blocks."""
     return BLOCK + BLOCK * math.ceil(size / BLOCK)
 
 
-def archive_bytes(members: int) -> int:
-    """Total tar size for `members` bytes of members: two zero end blocks, padded to a record."""
-    return RECORD * math.ceil((members + 2 * BLOCK) / RECORD)
+def archive_bytes(members: int, padded: bool = True) -> int:
+    """Total tar size for `members` bytes of members: two zero end blocks, padded to a 10 KiB record
+    (tarfile's habit, kept by per-sample packs) or not (grouped packs: tar readers stop at the zero blocks,
+    and on small shards the record padding had been most of the file)."""
+    end = members + 2 * BLOCK
+    return RECORD * math.ceil(end / RECORD) if padded else end
 
 
 def shard_list(m, where: str) -> list[dict[str, Any]]:
@@ -70,7 +104,8 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
             f"{where}: layout.shards: expected a list of {{name, samples, bytes, sha256}}. Got {shards!r}"
         )
     out, start = [], 0
-    members = len(user_fields(m.fields))  # a dct field's side partner shares its member
+    group = samples_per_member(m.layout, where)
+    members = len(user_fields(m.fields)) if group is None else len(m.fields)  # per sample, or per group
     for i, s in enumerate(shards):
         if not isinstance(s, Mapping) or "name" not in s:
             raise FormatError(f"{where}: layout.shards[{i}]: expected {{name, samples, bytes, sha256}}. Got {s!r}")
@@ -92,11 +127,12 @@ def shard_list(m, where: str) -> list[dict[str, Any]]:
         n = s["samples"]
         if not is_int(n) or n < 0 or not is_int(s["bytes"]):
             raise FormatError(f"{where}: layout.shards[{i}]: expected int samples and bytes. Got {s!r}")
-        least = archive_bytes(n * members * 2 * BLOCK)  # every member has a header block and a data block
+        units = n if group is None else -(-n // group)  # samples, or groups of samples
+        least = archive_bytes(units * members * 2 * BLOCK, padded=group is None)  # a header block and a data block
         if s["bytes"] < least:
             raise FormatError(
                 f"{where}: layout.shards[{i}]: expected at least {least} bytes for {n} samples of {members} tar "
-                f"members each. Got {s['bytes']} bytes"
+                f"members each{'' if group is None else f' per {group} samples'}. Got {s['bytes']} bytes"
             )
         out.append({"index": i, "name": name, "samples": n, "bytes": s["bytes"], "sha256": s["sha256"], "start": start})
         start += n

@@ -38,8 +38,10 @@ from dctdata.format.webdataset.layout import (
     MEMBER_RE,
     TAR_META,
     entry_name,
+    group_name,
     sample_key,
     samples_of_file,
+    samples_per_member,
     select_shards,
     shard_list,
 )
@@ -142,6 +144,7 @@ class WebDatasetReader(StorageReader):
         self.all_shards = shard_list(manifest, where)
         self.shards = select_shards(self.all_shards, shards, where)
         self.codecs = codecs_for(manifest.fields)
+        self.group = samples_per_member(manifest.layout, where)  # None: per-sample members (versions <= 4)
 
     def units(self) -> list[Unit]:
         names = tuple(f.name for f in user_fields(self.fields))
@@ -152,6 +155,8 @@ class WebDatasetReader(StorageReader):
     def open_unit(self, unit: Unit) -> "ShardReader":
         """The shard, read whole and verified; its samples hold every field of the pack (a shard's members
         are checked against all of them)."""
+        if self.group is not None:
+            return GroupShardReader(self.files, unit.key, self.manifest.fields, self.codecs, self.group)
         return ShardReader(self.files, unit.key, self.manifest.fields, self.codecs)
 
     def file_samples(self, rel: str) -> str:
@@ -201,9 +206,18 @@ class ShardReader(UnitReader):
             )
         return memoryview(data)
 
+    def _wanted(self) -> set[str]:
+        """The member suffixes every key holds."""
+        return {entry_name(f.name, f.lossless) for f in user_fields(self.fields)}
+
+    def _keys(self) -> list[str]:
+        """The member keys the shard holds, in order."""
+        return [sample_key(self.entry["start"] + j) for j in range(self.entry["samples"])]
+
     def _index(self) -> list[dict[str, tuple[int, int]]]:
-        """[{entry suffix: (offset, size)}] per sample, after checking every member header."""
-        want = {entry_name(f.name, f.lossless) for f in user_fields(self.fields)}
+        """[{entry suffix: (offset, size)}] per key (sample, or group of samples), after checking every
+        member header."""
+        want = self._wanted()
         samples: list[dict[str, tuple[int, int]]] = []
         keys: list[str] = []
         try:
@@ -239,7 +253,7 @@ class ShardReader(UnitReader):
             raise IntegrityError(
                 f"{self.where}: expected a readable tar ({self.span}). Got {type(exc).__name__}: {exc}"
             ) from exc
-        expected = [sample_key(self.entry["start"] + j) for j in range(self.entry["samples"])]
+        expected = self._keys()
         if keys != expected:
             raise IntegrityError(
                 f"{self.where}: expected sample keys {expected[:1]}..{expected[-1:]} in order ({self.span}). "
@@ -280,6 +294,92 @@ class ShardReader(UnitReader):
             for g, arr in zip(parts, member_arrays(parts, codec, raw, where)):
                 values.append(g.to_tensor(arr))
         return values if self._order is None else [values[k] for k in self._order]
+
+
+class GroupShardReader(ShardReader):
+    """A shard of grouped members (manifest version 5, `layout.samples_per_member` = K): member key g holds
+    samples [start + g K, start + (g + 1) K) of every stored field, one standard array each; sample j is
+    row j mod K of group j // K. A group's members are decoded once and kept while its samples are read."""
+
+    def __init__(
+        self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict, group: int
+    ) -> None:
+        self.group = group
+        partners = {side_field(f).name for f in fields if has_side(f)}
+        self._parts = [(f, f.name in partners) for f in fields]  # (stored field, a side partner?)
+        self._decoded: dict[str, np.ndarray] = {}
+        self._streams: dict[str, bytes] = {}
+        self._at = -1  # the group whose members `_decoded` and `_streams` hold
+        super().__init__(files, entry, fields, codecs)
+
+    def _wanted(self) -> set[str]:
+        return {group_name(f, side) for f, side in self._parts}
+
+    def _keys(self) -> list[str]:
+        start, n = self.entry["start"], self.entry["samples"]
+        return [sample_key(start + a) for a in range(0, n, self.group)]
+
+    def _member(self, g: int, f: FieldSpec, side: bool) -> memoryview:
+        off, size = self.samples[g][group_name(f, side)]
+        return self.data[off : off + size]
+
+    def _arrays(self, g: int, f: FieldSpec, side: bool) -> np.ndarray:
+        if self._at != g:
+            self._decoded, self._streams, self._at = {}, {}, g
+        if f.name not in self._decoded:
+            where = f"{self.where}: samples {self.entry['start'] + g * self.group}.. field {f.name!r}"
+            codec = None if side else self.codecs[f.name]
+            self._decoded[f.name] = group_member(f, codec, self._member(g, f, side), self.group, where)
+        return self._decoded[f.name]
+
+    def sample(self, j: int, stored: Collection[str] = ()) -> list[Any]:
+        """Tensors of sample j of this shard, in field order. A dct field named in `stored` is its group
+        member's checked stream (`StoredSample`, its row j mod K), its side partner the side values (read
+        from their own member)."""
+        g, r = divmod(j, self.group)
+        values = []
+        for f, side in self._parts:
+            if f.name in stored:
+                if self._at != g:
+                    self._decoded, self._streams, self._at = {}, {}, g
+                form = self._forms.get(f.name) or self._forms.setdefault(f.name, group_form(f, self.group))
+                if f.name not in self._streams:
+                    raw = self._member(g, f, side)
+                    check_stream(self.codecs[f.name], raw, form.decoded, f"{self.where}: group {g} field {f.name!r}")
+                    self._streams[f.name] = bytes(raw)  # shared by the group's samples, not a view of the shard
+                index = self.entry["start"] + j
+                values.append(StoredSample(self._streams[f.name], (self.entry["name"], g, f.name), r, form, index))
+                continue
+            values.append(f.to_tensor(np.array(self._arrays(g, f, side)[r])))
+        return values
+
+
+def group_member(f: FieldSpec, codec, raw: memoryview, k: int, where: str) -> np.ndarray:
+    """A grouped member's (k, *stored_shape) array, checked against its spec: plain `.npy`, `.npy` through
+    a bytes codec (bounded: the .npy of a known shape has a known length), or the entropy coder's stream."""
+    if codec is not None and is_entropy(f.lossless):
+        return decode_array(codec, raw, (k, *f.stored_shape), f.stored_dtype, where)
+    if codec is not None:
+        raw = decode_bounded(codec, raw, npy_size((k, *f.stored_shape), f.stored_dtype), where)
+    arr = decode_npy(raw, where)
+    if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != (k, *f.stored_shape):
+        raise IntegrityError(
+            f"{where}: expected {f.stored_dtype} {(k, *f.stored_shape)}. Got {arr.dtype.name} {tuple(arr.shape)}"
+        )
+    return arr
+
+
+def group_form(f: FieldSpec, k: int) -> StreamForm:
+    """How a grouped dct member decodes when it crosses as stored bytes: the entropy coder's stream is the
+    (k, ...) coefficients; a `.npy` member holds its header, then them. Side values travel beside."""
+    stage = stage_key(f.lossless)
+    if is_entropy(f.lossless):
+        return StreamForm(f.name, stage, f.stored_shape, f.stored_dtype, rows=k, decoded=k * f.stored_sample_bytes)
+    head = npy_header((k, *f.stored_shape), f.stored_dtype)
+    return StreamForm(
+        f.name, stage, f.stored_shape, f.stored_dtype, rows=k, decoded=len(head) + k * f.stored_sample_bytes,
+        at=len(head), expect=((0, head),),
+    )  # fmt: skip
 
 
 def stream_form(f: FieldSpec) -> StreamForm:

@@ -1,18 +1,24 @@
-"""WebDataset writer of a pack (the tar layout is in `dctdata.format.webdataset.layout`).
+"""WebDataset writer of a pack (the tar layout is in `dctdata.format.webdataset.layout`, the
+specification in docs/format.md).
 
 webdataset's own `TarWriter` does the tar work; we pin what it lets vary (`layout.TAR_META`) and it
-writes the members of a sample in sorted name order. Each field is `.npy` bytes after the field's
-lossless stage.
+writes the members of a group in sorted name order. Members are grouped: each holds one standard array of
+`samples_per_member` (K) consecutive samples of one stored field, a dct field's side values their own
+member (`layout.group_name`).
 
-Shard cap: every shard holds the same number of samples (the last one fewer), as many as fit
-`max_shard_size` even if the lossless stage saved nothing (the exact tar size including headers,
-end-of-archive blocks and record padding is computed from each entry's worst-case size), so the cap is
+Shard cap: every shard holds the same number of samples, a multiple of K (the last one fewer), as many
+as fit `max_shard_size` even if the lossless stage saved nothing (the exact tar size including headers,
+end-of-archive blocks and record padding is computed from each member's worst-case size), so the cap is
 a real upper bound and the shard list is known before encoding: shards are independent parts that
-Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided
-by the compression ratio. `samples_per_shard` lowers the count. A sample larger than the cap gets a
-shard of its own (a sample is never split) and a warning is logged. Without `samples_per_shard`, a
-set of at least `layout.MIN_SHARDS` samples gets at least that many shards, so the README's loader
-gives every rank and worker whole shards of its own.
+Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided by
+the compression ratio. `samples_per_shard` lowers the count. A group larger than the cap gets a shard of
+its own (a sample is never split) and a warning is logged. Without `samples_per_shard`, a set of at
+least `layout.MIN_SHARDS` groups gets at least that many shards, so the README's loader gives every
+rank and worker whole shards of its own.
+
+K (`samples_per_member`, default: about `layout.GROUP_SOURCE_BYTES` of source per group) depends on the
+fields only, never on the sample count, so parts written before the count is known agree. Tar headers
+and padding that still pass 25% of the stored bytes are reported with a warning that points to zarr.
 """
 
 from __future__ import annotations
@@ -22,23 +28,24 @@ import os
 from typing import Any, Iterable
 
 import numpy as np
-import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
 from dctdata.format.checksum import HashingWriter
-from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
+from dctdata.format.fields import FieldSpec, has_side, side_field
 from dctdata.format.location import is_url, join, open_file
-from dctdata.format.npy import encode_npy
+from dctdata.format.npy import encode_npy, npy_size
 from dctdata.format.webdataset.layout import (
     BLOCK,
+    GROUP_SOURCE_BYTES,
+    MAX_GROUP,
     MIN_SHARDS,
     RECORD,
     SHARD_PATTERN,
     TAR_META,
     USTAR_NAME_MAX,
     archive_bytes,
-    entry_name,
+    group_name,
     member_bytes,
     sample_key,
 )
@@ -62,19 +69,71 @@ def _bound(raw: int, codec: Any) -> int:
     return raw + raw // 16 + 1024
 
 
-def samples_per_shard_for(fields: Fields, max_shard_size: int, samples_per_shard: int | None = None) -> int:
-    """Fixed samples per shard: as many as fit the cap even if nothing compresses (so the cap is a
-    real upper bound), at most `samples_per_shard`; at least 1."""
-    per = 0
-    for f in user_fields(fields):
-        parts = [f, side_field(f)] if has_side(f) else [f]
-        raw = sum(len(encode_npy(np.zeros(g.stored_shape, g.stored_dtype))) for g in parts)
-        per += member_bytes(_bound(raw, get_codec(f.lossless or None)))
-    k = max(1, (max_shard_size - 2 * BLOCK) // per)
-    while k > 1 and archive_bytes(k * per) > max_shard_size:
-        k -= 1
-    k = min(k, max(1, SHARD_SOURCE_BYTES // max(1, sum(f.source_sample_bytes for f in fields))))
-    return k if samples_per_shard is None else min(k, samples_per_shard)
+OVERHEAD_WARN = 0.25  # tar headers and padding above this share of the stored bytes are reported
+
+
+def group_size(fields: Fields, samples_per_member: int | None = None, samples_per_shard: int | None = None) -> int:
+    """K: samples per member, given, or about GROUP_SOURCE_BYTES of source per group (1..MAX_GROUP) and
+    then the largest that divides an explicit `samples_per_shard` (so its shards are as asked)."""
+    if samples_per_member is not None:
+        return samples_per_member
+    per = max(1, sum(f.source_sample_bytes for f in fields))
+    k = max(1, min(MAX_GROUP, -(-GROUP_SOURCE_BYTES // per)))
+    if samples_per_shard is not None:
+        k = max(d for d in range(1, min(k, samples_per_shard) + 1) if samples_per_shard % d == 0)
+    return k
+
+
+def _members(fields: Fields) -> list[tuple[FieldSpec, bool]]:
+    """(stored field, is a side partner) for every member of a group, in field order."""
+    partners = {side_field(f).name for f in fields if has_side(f)}
+    return [(f, f.name in partners) for f in fields]
+
+
+def group_bound(fields: Fields, k: int) -> int:
+    """The most bytes the members of one group of k samples can take, tar headers and padding included."""
+    total = 0
+    for f, side in _members(fields):
+        raw = npy_size((k, *f.stored_shape), f.stored_dtype)
+        total += member_bytes(raw if side else _bound(raw, get_codec(f.lossless or None)))
+    return total
+
+
+def samples_per_shard_for(fields: Fields, max_shard_size: int, samples_per_shard: int | None = None, k: int = 1) -> int:
+    """Fixed samples per shard, a multiple of the group size k: as many as fit the cap even if nothing
+    compresses (so the cap is a real upper bound), at most `samples_per_shard` (rounded down to whole
+    groups); at least one group."""
+    per = group_bound(fields, k)
+    groups = max(1, (max_shard_size - 2 * BLOCK) // per)
+    while groups > 1 and archive_bytes(groups * per, padded=False) > max_shard_size:
+        groups -= 1
+    n = groups * k
+    n = min(n, max(k, SHARD_SOURCE_BYTES // max(1, sum(f.source_sample_bytes for f in fields)) // k * k))
+    return n if samples_per_shard is None else max(k, min(n, samples_per_shard // k * k))
+
+
+class Unpadded:
+    """The file tarfile writes to, passing on everything up to `limit` bytes (set before the tar is closed:
+    its members and two zero end blocks) and dropping the zeros tarfile pads a record with after them."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.at, self.limit = fh, 0, None
+
+    def write(self, data) -> int:
+        n = len(data)
+        keep = n if self.limit is None else max(0, min(n, self.limit - self.at))
+        if keep < n and any(memoryview(data)[keep:]):
+            raise DctDataError(f"tar: expected only zero padding after byte {self.limit}. Got data")
+        if keep:
+            self.fh.write(data[:keep] if keep < n else data)
+        self.at += n
+        return n
+
+    def tell(self) -> int:
+        return self.at
+
+    def flush(self) -> None:
+        self.fh.flush()
 
 
 class WebDatasetWriter(PartWriter):
@@ -82,13 +141,14 @@ class WebDatasetWriter(PartWriter):
     (bytes), samples_per_shard, storage_options for URLs."""
 
     storage = "webdataset"
-    options = ("max_shard_size", "samples_per_shard", "storage_options")
+    options = ("max_shard_size", "samples_per_shard", "samples_per_member", "storage_options")
 
     def __init__(
         self,
         max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
         samples_per_shard: int | None = None,
         storage_options: dict | None = None,
+        samples_per_member: int | None = None,
     ) -> None:
         self.max_shard_size = parse_int(
             max_shard_size,
@@ -105,16 +165,28 @@ class WebDatasetWriter(PartWriter):
             type_error=DctDataError,
         )
         self.storage_options = dict(storage_options or {})
+        self.samples_per_member = parse_optional_int(
+            samples_per_member,
+            "samples_per_member",
+            minimum=1,
+            maximum=MAX_GROUP,
+            expected=f"an int in 1..{MAX_GROUP} or None",
+            type_error=DctDataError,
+        )
+
+    def group(self, fields: Fields) -> int:
+        return group_size(tuple(fields), self.samples_per_member, self.samples_per_shard)
 
     # Part API ------------------------------------------------------------------------------------
     def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]:
-        k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
-        if self.samples_per_shard is None:
-            k = min(k, max(1, n // MIN_SHARDS))  # >= MIN_SHARDS shards when n >= MIN_SHARDS (layout.MIN_SHARDS)
+        g = self.group(fields)
+        k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard, g)
+        if self.samples_per_shard is None:  # >= MIN_SHARDS shards when n >= MIN_SHARDS groups (layout.MIN_SHARDS)
+            k = min(k, max(g, n // MIN_SHARDS // g * g))
         return [(a, min(a + k, n)) for a in range(0, n, k)]
 
     def part_samples(self, fields: Fields) -> int:
-        return samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard)
+        return samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard, self.group(fields))
 
     def resize(self, root: str, fields: Fields, n: int) -> None:
         self.create(root, fields, n)  # tar needs no metadata: only the member-name check depends on n
@@ -126,8 +198,8 @@ class WebDatasetWriter(PartWriter):
             raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
         if not is_url(root) and not os.path.isdir(root):
             raise DctDataError(f"{root}: expected an existing empty directory. Got none")
-        for f in user_fields(fields):
-            longest = f"{sample_key(max(n - 1, 0))}.{entry_name(f.name, f.lossless)}"
+        for f, side in _members(fields):
+            longest = f"{sample_key(max(n - 1, 0))}.{group_name(f, side)}"
             if len(longest) > USTAR_NAME_MAX:
                 raise DctDataError(
                     f"field {f.name!r}: expected a name short enough for a {USTAR_NAME_MAX}-character tar member. Got "
@@ -137,76 +209,100 @@ class WebDatasetWriter(PartWriter):
     def write_part(
         self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
     ) -> dict:
-        """Write shard `index` (samples [start, stop)) from stored batches; returns its entry."""
+        """Write shard `index` (samples [start, stop), start a multiple of the group size) from stored
+        batches; returns its entry."""
         from webdataset import TarWriter
 
+        fields = tuple(fields)
+        g = self.group(fields)
         codecs = {f.name: get_codec(f.lossless or None) for f in fields}
+        members = _members(fields)
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
-        members_total, count = 0, start
+        members_total = payload = 0
+        count = start
+        pending: list[Batch] = []
         with open_file(path, "wb", self.storage_options) as fh:
             hfile = HashingWriter(fh)
-            tar = TarWriter(hfile, encoder=False, **TAR_META)
+            unpadded = Unpadded(hfile)
+            tar = TarWriter(unpadded, encoder=False, **TAR_META)
+
+            def flush(first: int, rows: int) -> None:
+                nonlocal members_total, payload
+                group = {f.name: np.concatenate([b[f.name] for b in pending])[:rows] for f in fields}
+                data = {
+                    group_name(f, side): self._encode(f, side, group[f.name], g, first, codecs) for f, side in members
+                }
+                size = sum(member_bytes(len(v)) for v in data.values())
+                if archive_bytes(size, padded=False) > self.max_shard_size:
+                    log.warning(
+                        "samples %d..%d (%d bytes) exceed max_shard_size %d: written alone in %s",
+                        first, first + rows - 1, size, self.max_shard_size, name,
+                    )  # fmt: skip
+                tar.write({"__key__": sample_key(first), **data})
+                members_total += size
+                payload += sum(len(v) for v in data.values())
+
+            held = 0
             for batch in batches:
                 b = len(next(iter(batch.values())))
-                for i in range(b):
-                    members = {
-                        entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
-                        for f in user_fields(fields)
-                    }
-                    size = sum(member_bytes(len(v)) for v in members.values())
-                    if archive_bytes(size) > self.max_shard_size:
-                        log.warning(
-                            "sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s",
-                            count,
-                            size,
-                            self.max_shard_size,
-                            name,
-                        )
-                    tar.write({"__key__": sample_key(count), **members})
-                    members_total += size
-                    count += 1
+                at = 0
+                while at < b:
+                    take = min(b - at, g - held)
+                    pending.append({f.name: np.asarray(batch[f.name][at : at + take]) for f in fields})
+                    held, at, count = held + take, at + take, count + take
+                    if held == g:
+                        flush(count - g, g)
+                        pending, held = [], 0
+            if held:
+                flush(count - held, held)
+            unpadded.limit = archive_bytes(members_total, padded=False)  # the end blocks, not the record padding
             tar.close()
             fh.flush()
             if not is_url(path):
                 os.fsync(fh.fileno())
         if count != stop:
             raise DctDataError(f"{name}: expected samples {start}..{stop - 1}. Got {count - start} samples")
-        expected = archive_bytes(members_total)
+        expected = archive_bytes(members_total, padded=False)
         if hfile.bytes != expected:  # the cap relies on this prediction: never let it drift silently
             raise DctDataError(f"{name}: expected a {expected}-byte tar. Got {hfile.bytes} bytes (tar layout changed?)")
         log.debug("wrote %s: %d samples, %d bytes", name, stop - start, hfile.bytes)
         entry = {"name": name, "samples": stop - start, **hfile.entry()}
-        return {"files": {name: hfile.entry()}, "shard": entry}
+        return {"files": {name: hfile.entry()}, "shard": entry, "payload": payload}
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         layout = {
             "shards": [dict(p["shard"]) for p in parts],
             "max_shard_size": self.max_shard_size,
             "samples_per_shard": self.samples_per_shard,
+            "samples_per_member": self.group(fields),
         }
         checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in layout["shards"]}
+        total = sum(s["bytes"] for s in layout["shards"])
+        payload = sum(p.get("payload", 0) for p in parts)
+        if total and payload and (total - payload) / total > OVERHEAD_WARN:
+            log.warning(
+                "webdataset: tar headers and padding are %.0f%% of the %d stored bytes (%.0f bytes per sample, %d "
+                "sample(s) per member): samples this small store tighter with --format zarr, or with more "
+                "samples per member (--samples-per-member)",
+                100 * (total - payload) / total, total, (total - payload) / max(1, n), self.group(fields),
+            )  # fmt: skip
         return {"layout": layout, "checksums": checksums}
 
-    def _encode(self, f: FieldSpec, batch: Batch, i: int, index: int, codecs: dict) -> bytes:
-        """One member. With a bytes codec: the field's .npy bytes through it (a dct field with side
-        information: its coefficients' .npy then its side's, in one member, so tiny samples do not pay a
-        tar header per part). With the entropy coder: the side's raw float32 bytes (if any), then the
-        coefficients' stream (`member_parts` reads it back)."""
-        parts = [f, side_field(f)] if has_side(f) else [f]
-        arrays = []
-        for g in parts:
-            value = batch[g.name][i]
-            arr = g.to_stored(value) if isinstance(value, torch.Tensor) else np.asarray(value)
-            if arr.dtype.name != g.stored_dtype or tuple(arr.shape) != g.stored_shape:
-                raise DctDataError(
-                    f"sample {index} field {g.name!r}: expected stored {g.stored_dtype} {g.stored_shape}. Got "
-                    f"{arr.dtype.name} {tuple(arr.shape)}"
-                )
-            arrays.append(arr)
-        codec = codecs[f.name]
-        if is_entropy(f.lossless):
-            side = b"".join(a.astype("<f4").tobytes() for a in arrays[1:])
-            return side + encode_array(codec, arrays[0][None])
-        raw = b"".join(encode_npy(a) for a in arrays)
+    def _encode(self, f: FieldSpec, side: bool, arr: np.ndarray, k: int, first: int, codecs: dict) -> bytes:
+        """One member: the (k, *stored_shape) array of a group's samples (padded with zero rows to k), as
+        `.npy` bytes (a side partner's always plain), through the field's bytes codec, or the entropy
+        coder's stream of it."""
+        if arr.dtype.name != f.stored_dtype or tuple(arr.shape[1:]) != f.stored_shape:
+            raise DctDataError(
+                f"samples {first}..{first + len(arr) - 1} field {f.name!r}: expected stored {f.stored_dtype} "
+                f"{f.stored_shape}. Got {arr.dtype.name} {tuple(arr.shape[1:])}"
+            )
+        if len(arr) < k:
+            arr = np.concatenate([arr, np.zeros((k - len(arr), *f.stored_shape), arr.dtype)])
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        codec = None if side else codecs[f.name]
+        if codec is not None and is_entropy(f.lossless):
+            return encode_array(codec, arr)
+        raw = encode_npy(arr)
         return raw if codec is None else bytes(codec.encode(raw))
