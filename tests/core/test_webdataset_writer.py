@@ -74,20 +74,22 @@ def test_size_cap_is_a_real_upper_bound(source, tmp_path):
 
 @pytest.mark.parametrize("n, expected", [(64, [4] * 16), (50, [3] * 16 + [2]), (16, [1] * 16), (5, [1] * 5)])
 def test_small_sets_get_enough_shards_for_ranks_times_workers(n, expected):
-    """The rule: at least 16 shards (2 ranks x 8 workers) once a set has 16 members' worth of samples."""
+    """The rule: at least 16 shards (2 ranks x 8 workers) once a set has 16 samples, however small (its
+    samples per member are at most n / 16)."""
     f = FieldSpec("x", "array", (8,), "float32")
-    one = WebDatasetWriter(samples_per_member=1)
-    assert [b - a for a, b in one.plan((f,), n)] == expected
+    assert [b - a for a, b in WebDatasetWriter().plan((f,), n)] == expected
+    assert [b - a for a, b in WebDatasetWriter(samples_per_member=1).plan((f,), n)] == expected
     assert [b - a for a, b in WebDatasetWriter(samples_per_shard=32).plan((f,), n)][0] == min(32, n)  # as given
     big = FieldSpec("x", "array", (1 << 20,), "float32")  # 4 MiB samples: the size cap still decides
     assert len(WebDatasetWriter(max_shard_size=16 << 20).plan((big,), 64)) == 22
 
 
 def test_small_samples_share_members_and_shards_hold_whole_groups():
-    """32-byte samples: 256 a member by default; with 4 a member, 16 shards of whole groups."""
+    """32-byte samples: 256 a member once the set has 16 x 256 of them; with 4 a member, 16 shards of whole
+    groups."""
     f = FieldSpec("x", "array", (8,), "float32")
-    assert WebDatasetWriter().group((f,)) == 256
-    assert [b - a for a, b in WebDatasetWriter().plan((f,), 64)] == [64]
+    assert WebDatasetWriter().group((f,)) == WebDatasetWriter().group((f,), 5000) == 256
+    assert WebDatasetWriter().group((f,), 64) == 4
     assert [b - a for a, b in WebDatasetWriter(samples_per_member=4).plan((f,), 256)] == [16] * 16
     tile = FieldSpec("x", "array", (64, 64), "int16")  # 8 KiB: 8 a member
     assert WebDatasetWriter().group((tile,)) == 8
@@ -142,7 +144,7 @@ def test_sample_bigger_than_cap_gets_its_own_shard(tmp_path, caplog):
 
 def test_small_samples_warn_of_tar_overhead(tmp_path, caplog):
     """One 256-byte sample a member: headers and padding are most of the shard, and the warning says what to
-    do; grouped (256 a member by default), the same samples pass without it."""
+    do; grouped (by default 128 a member: 16 groups), the same samples pass without it."""
     src = tmp_path / "src.npz"
     np.savez(src, x=np.random.default_rng(0).normal(size=(2048, 64)).astype(np.float32))
     with caplog.at_level(logging.WARNING, logger="dctdata.format.webdataset.writer"):
@@ -156,7 +158,7 @@ def test_small_samples_warn_of_tar_overhead(tmp_path, caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dctdata.format.webdataset.writer"):
         grouped = dctdata.pack(src, tmp_path / "b", format="webdataset", quiet=True)
-    assert grouped.layout["samples_per_member"] == 256 and "tar headers" not in caplog.text
+    assert grouped.layout["samples_per_member"] == 128 and "tar headers" not in caplog.text  # 16 groups of 128
 
 
 def test_cli_pack_webdataset_then_verify(source, tmp_path, capsys):

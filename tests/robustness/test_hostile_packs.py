@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -345,8 +346,8 @@ def test_h3_a_trillion_samples_over_three_shards_is_refused_at_open(pack, capsys
         r"layout\.arrays\['image'\]: expected 250000000000 shard files listed in checksums \(1000000000000 samples, "
         r"\d+ per shard\)\. Got 3"
         if pack.name == "zarr"
-        else r"layout\.shards\[2\]: expected at least \d+ bytes for 999999999992 samples of 2 tar members each\. Got "
-        r"10240 bytes"
+        else r"layout\.shards\[2\]: expected at least \d+ bytes for 999999999992 samples of \d tar members each"
+        r"( per \d+ samples)?\. Got \d+ bytes"
     )
     with pytest.raises(DctDataError, match=expected):
         dctdata.open_dataset(pack)
@@ -694,10 +695,16 @@ BOMB = 2 << 30  # 2 GiB declared, 64 KiB stored
 
 def test_h1_a_bomb_member_in_a_webdataset_shard_is_refused_from_its_header(packs, tmp_path, capsys):
     pack = Path(shutil.copytree(packs / "webdataset", tmp_path / "webdataset"))
-    replace_member(pack / "shard-000001.tar", "000000005.label.npy.zst", zstd_bomb(BOMB))
+    with tarfile.open(pack / "shard-000001.tar") as tf:  # the shard's first label member (one per group)
+        label = next(t.name for t in tf if t.name.endswith(".label.npy.zst"))
+    replace_member(pack / "shard-000001.tar", label, zstd_bomb(BOMB))
     rehash_shard(pack, "shard-000001.tar")  # a tamperer who recomputes checksums
     before = peak_rss()
-    with pytest.raises(IntegrityError, match=r"sample 5 field 'label': expected a stream of at most \d+ decoded bytes"):
+    first = int(label.split(".")[0])
+    with pytest.raises(
+        IntegrityError,
+        match=rf"samples? {first}(\.\.\d+)? field 'label': expected a stream of at most \d+ decoded bytes",
+    ):
         read_all(dctdata.open_dataset(pack, shuffle=False))
     rc, text = verify(capsys, pack)
     assert rc == 1 and "expected a stream of at most" in text, text

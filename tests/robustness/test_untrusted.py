@@ -126,7 +126,7 @@ def wds(tmp_path):
         format="webdataset",
         codec={},
         quiet=True,
-        writer_options={"samples_per_shard": 4},
+        writer_options={"samples_per_shard": 4, "samples_per_member": 1},  # a member per sample and field
     )
     return tmp_path / "wds"
 

@@ -319,6 +319,11 @@ class GroupShardReader(ShardReader):
         start, n = self.entry["start"], self.entry["samples"]
         return [sample_key(start + a) for a in range(0, n, self.group)]
 
+    def _span(self, g: int) -> str:
+        """The samples of group g, as messages name them."""
+        a = self.entry["start"] + g * self.group
+        return f"sample {a}" if self.group == 1 else f"samples {a}..{a + self.group - 1}"
+
     def _member(self, g: int, f: FieldSpec, side: bool) -> memoryview:
         off, size = self.samples[g][group_name(f, side)]
         return self.data[off : off + size]
@@ -327,7 +332,7 @@ class GroupShardReader(ShardReader):
         if self._at != g:
             self._decoded, self._streams, self._at = {}, {}, g
         if f.name not in self._decoded:
-            where = f"{self.where}: samples {self.entry['start'] + g * self.group}.. field {f.name!r}"
+            where = f"{self.where}: {self._span(g)} field {f.name!r}"
             codec = None if side else self.codecs[f.name]
             self._decoded[f.name] = group_member(f, codec, self._member(g, f, side), self.group, where)
         return self._decoded[f.name]
@@ -345,7 +350,8 @@ class GroupShardReader(ShardReader):
                 form = self._forms.get(f.name) or self._forms.setdefault(f.name, group_form(f, self.group))
                 if f.name not in self._streams:
                     raw = self._member(g, f, side)
-                    check_stream(self.codecs[f.name], raw, form.decoded, f"{self.where}: group {g} field {f.name!r}")
+                    where = f"{self.where}: {self._span(g)} field {f.name!r}"
+                    check_stream(self.codecs[f.name], raw, form.decoded, where)
                     self._streams[f.name] = bytes(raw)  # shared by the group's samples, not a view of the shard
                 index = self.entry["start"] + j
                 values.append(StoredSample(self._streams[f.name], (self.entry["name"], g, f.name), r, form, index))

@@ -72,13 +72,18 @@ def _bound(raw: int, codec: Any) -> int:
 OVERHEAD_WARN = 0.25  # tar headers and padding above this share of the stored bytes are reported
 
 
-def group_size(fields: Fields, samples_per_member: int | None = None, samples_per_shard: int | None = None) -> int:
-    """K: samples per member, given, or about GROUP_SOURCE_BYTES of source per group (1..MAX_GROUP) and
-    then the largest that divides an explicit `samples_per_shard` (so its shards are as asked)."""
+def group_size(
+    fields: Fields, samples_per_member: int | None = None, samples_per_shard: int | None = None, n: int | None = None
+) -> int:
+    """K: samples per member, given, or about GROUP_SOURCE_BYTES of source per group (1..MAX_GROUP), at most
+    n / MIN_SHARDS when the sample count n is known (so a small set still has MIN_SHARDS groups, one a
+    shard), and then the largest that divides an explicit `samples_per_shard` (so its shards are as asked)."""
     if samples_per_member is not None:
         return samples_per_member
     per = max(1, sum(f.source_sample_bytes for f in fields))
     k = max(1, min(MAX_GROUP, -(-GROUP_SOURCE_BYTES // per)))
+    if n is not None and samples_per_shard is None:
+        k = max(1, min(k, n // MIN_SHARDS))
     if samples_per_shard is not None:
         k = max(d for d in range(1, min(k, samples_per_shard) + 1) if samples_per_shard % d == 0)
     return k
@@ -174,12 +179,21 @@ class WebDatasetWriter(PartWriter):
             type_error=DctDataError,
         )
 
-    def group(self, fields: Fields) -> int:
-        return group_size(tuple(fields), self.samples_per_member, self.samples_per_shard)
+    def group(self, fields: Fields, n: int | None = None) -> int:
+        """K for a pack of n samples (None: not known yet). A pack streamed without a count keeps the K it
+        started with (`_begin`), so every part agrees whatever count it is written under."""
+        fixed = getattr(self, "_stream_group", None)
+        if fixed is not None:
+            return fixed
+        return group_size(tuple(fields), self.samples_per_member, self.samples_per_shard, n)
+
+    def _begin(self, root: str, fields: Fields, n: int | None) -> None:
+        self._stream_group = None if n is not None else self.group(fields)
+        super()._begin(root, fields, n)
 
     # Part API ------------------------------------------------------------------------------------
     def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]:
-        g = self.group(fields)
+        g = self.group(fields, n)
         k = samples_per_shard_for(tuple(fields), self.max_shard_size, self.samples_per_shard, g)
         if self.samples_per_shard is None:  # >= MIN_SHARDS shards when n >= MIN_SHARDS groups (layout.MIN_SHARDS)
             k = min(k, max(g, n // MIN_SHARDS // g * g))
@@ -214,7 +228,7 @@ class WebDatasetWriter(PartWriter):
         from webdataset import TarWriter
 
         fields = tuple(fields)
-        g = self.group(fields)
+        g = self.group(fields, n)
         codecs = {f.name: get_codec(f.lossless or None) for f in fields}
         members = _members(fields)
         name = SHARD_PATTERN.format(index)
@@ -275,7 +289,7 @@ class WebDatasetWriter(PartWriter):
             "shards": [dict(p["shard"]) for p in parts],
             "max_shard_size": self.max_shard_size,
             "samples_per_shard": self.samples_per_shard,
-            "samples_per_member": self.group(fields),
+            "samples_per_member": self.group(fields, n),
         }
         checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in layout["shards"]}
         total = sum(s["bytes"] for s in layout["shards"])
@@ -285,7 +299,7 @@ class WebDatasetWriter(PartWriter):
                 "webdataset: tar headers and padding are %.0f%% of the %d stored bytes (%.0f bytes per sample, %d "
                 "sample(s) per member): samples this small store tighter with --format zarr, or with more "
                 "samples per member (--samples-per-member)",
-                100 * (total - payload) / total, total, (total - payload) / max(1, n), self.group(fields),
+                100 * (total - payload) / total, total, (total - payload) / max(1, n), self.group(fields, n),
             )  # fmt: skip
         return {"layout": layout, "checksums": checksums}
 
