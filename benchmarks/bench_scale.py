@@ -1,11 +1,11 @@
 """Scale benchmarks for issue 7: pack throughput with 1 and 2 Dask workers (and byte identity), peak
 RSS of `dctdata pack` for a 1 GiB and an 8 GiB generated source, and RSS per DataLoader worker.
 
-    python examples/bench_scale.py throughput [--size 1gb] [--format zarr]
-    python examples/bench_scale.py rss
-    python examples/bench_scale.py loader
+    python -m benchmarks scale throughput [--size 1gb] [--format zarr]
+    python -m benchmarks scale rss
+    python -m benchmarks scale loader
 
-Sources are `examples/scale_sources.py` callables (generated on the fly; no disk for the source).
+Sources are `benchmarks/scale_sources.py` callables (generated on the fly; no disk for the source).
 Outputs go to a temporary directory that is deleted afterwards. Settings: --quant int8 --cf 4.
 """
 
@@ -128,17 +128,21 @@ def loader(workers: int) -> None:
         )
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks scale", description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["throughput", "rss", "loader"])
     ap.add_argument("--size", default="1gb", choices=list(SIZES))
     ap.add_argument("--format", default="zarr")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.what == "throughput":
         throughput(a.size, a.format, a.repeat)
     elif a.what == "rss":
         rss(a.format)
     else:
         loader(a.workers)
+
+
+if __name__ == "__main__":
+    main()

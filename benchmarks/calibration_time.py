@@ -1,6 +1,6 @@
 """Issue 12, "calibration speed": pack time and settings-search time on the 40-frame TIFF case, before and after.
 
-    python examples/calibration_time.py --before-python PATH [--frames 40] [--size 492x656] [--target-psnr 40]
+    python -m benchmarks calibration-time --before-python PATH [--frames 40] [--size 492x656] [--target-psnr 40]
         [--repeat 1] [--tty-check] [--json PATH] [--workdir DIR]
 
 The case: 40 frames of the optical_damage stand-in (`dctdata.datasets.optical_damage`, 492 x 656
@@ -222,7 +222,7 @@ def speedups(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks calibration-time", description=__doc__.splitlines()[0])
     p.add_argument("--before-python", required=True, help="a python whose `import dctdata` is the old version")
     p.add_argument("--frames", type=int, default=40)
     p.add_argument("--size", default="x".join(map(str, OPTICAL_SHAPE)), help="frame HxW (default the real 492x656)")

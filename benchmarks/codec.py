@@ -1,4 +1,4 @@
-"""`dctdata bench codec`: decode throughput of the DCT+Chop core on this CPU.
+"""`python -m benchmarks codec`: decode throughput of the DCT+Chop core on this CPU.
 
 Reports, per thread count, image size and CF, decode time as a ratio to copying the same output
 bytes into a preallocated buffer, twice: with outputs that stay in the CPU caches, and with outputs

@@ -1,9 +1,9 @@
 """Issue 12, "each of fixes 1-6: bytes before and after at equal PSNR", measured on the product code.
 
-    python examples/codec_ablation.py [--items mri,astronaut] [--modes tiles,whole] [--max-tiles 48]
+    python -m benchmarks codec-ablation [--items mri,astronaut] [--modes tiles,whole] [--max-tiles 48]
         [--levels 35,40,45] [--before-python PATH] [--json PATH] [--threads 1]
 
-Packs: the rate-distortion bench's (`dctdata.bench.items`: package-shipped images and SciML stand-ins,
+Packs: the rate-distortion bench's (`benchmarks.items`: package-shipped images and SciML stand-ins,
 as tiles of 60x76 and whole). Per pack, the final codec F is calibrated once with
 `calibrate_report(x, quant=None, target_psnr=40, codec=zstd-19)`: zstd-19 as the lossless stage, so the
 rows isolate issue 12 from the entropy stage (row 7 adds that). Each row switches ONE fix off in F
@@ -20,7 +20,7 @@ rows isolate issue 12 from the entropy stage (row 7 adds that). Each row switche
   codec has it + the manifest of a one-shard webdataset pack built with the real `Manifest`,
   `FieldSpec` and `CodecSpec.to_dict` (compact JSON, `Manifest.to_json`).
 - PSNR is the project's dataset PSNR (`dctdata.calibrate.dataset_psnr`, every item against its own
-  range); bytes at exactly each level come from `dctdata.bench.curves.bytes_at` (log-linear between
+  range); bytes at exactly each level come from `benchmarks.curves.bytes_at` (log-linear between
   the Pareto points that bracket it, never extrapolated). Each row's cell is the geometric mean over
   packs of bytes after / bytes before, minus 1 (negative: the fix stores less), with the count of packs
   where both codecs bracket the level.
@@ -68,8 +68,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dctdata.bench.curves import Point, bytes_at, geomean
-from dctdata.bench.items import MAX_TILES, MODES, load_items, packs_of
+from benchmarks.curves import Point, bytes_at, geomean
+from benchmarks.items import MAX_TILES, MODES, load_items, packs_of
 from dctdata.calibrate import INT_LIMITS, calibrate_report, choose_stage, dataset_psnr, fit_recon, worst_case_amax
 from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec, FieldStats, Manifest
@@ -482,7 +482,7 @@ def _clean(value):
 
 # Command line ----------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks codec-ablation", description=__doc__.splitlines()[0])
     p.add_argument("--items", help="comma-separated bench items (default: all installed)")
     p.add_argument("--modes", default=",".join(MODES), help="tiles,whole (default both)")
     p.add_argument("--max-tiles", type=int, default=MAX_TILES)

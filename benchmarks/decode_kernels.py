@@ -2,7 +2,7 @@
 
 Times, interleaved round-robin (best of `--repeat`, so a busy machine hurts every variant alike), for
 outputs of at least 64 MB: copying the output bytes into a preallocated buffer (the yardstick of
-`dctdata bench codec`), the portable kernel (`synthesize_portable`: the exported graph, and the eager
+`python -m benchmarks codec`), the portable kernel (`synthesize_portable`: the exported graph, and the eager
 CPU path before the chunked kernel), the chunked torch kernel with a fresh output and into a reused
 `out=` buffer, and the fused C kernel (`dctdata.fused`, what `Decompress` takes) both ways. Fresh
 outputs pay for page faults: run once more with `THP_MEM_ALLOC_ENABLE=1` (torch then backs large
@@ -10,8 +10,8 @@ tensors with huge pages) to see how much. With more than one thread the torch co
 graph (the chunked kernel runs on one thread only, see `transform.synthesize`) and the fused kernel
 splits the batch over the threads.
 
-    python examples/decode_kernels.py --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --repeat 5
-    python examples/decode_kernels.py --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --wire int8
+    python -m benchmarks decode-kernels --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --repeat 5
+    python -m benchmarks decode-kernels --threads 1 --sizes 256 1024 --cf 2 4 6 8 --codec v1 v2 --wire int8
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def best_interleaved(fns: dict, repeat: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks decode-kernels", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count()])
     p.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8])

@@ -1,12 +1,12 @@
 """Issue 13, "decode MB/s per core next to zstd's": the entropy stage's decode speed beside zstd-9 and
 zstd-19 on the same coefficients, with the bytes each stores.
 
-    python examples/entropy_decode_speed.py [--sets em,atoms,beam,clouds,camera,astronaut] [--samples 64]
+    python -m benchmarks entropy-decode-speed [--sets em,atoms,beam,clouds,camera,astronaut] [--samples 64]
         [--size 256] [--target-psnr 40] [--repeat 5] [--quant int8|int16] [--json PATH]
 
-Sets: `em` is the pipeline bench's field (`dctdata.bench.loader.synthetic`: the noisy micrographs of
-`dctdata bench gpu`'s loader table); `atoms`, `beam`, `clouds` are the synthetic SciML fields of
-`dctdata.datasets.fields`; `camera` (grey) and `astronaut` (RGB) are scikit-image's shipped photos, cut
+Sets: `em` is the pipeline bench's field (`benchmarks.loader.synthetic`: the noisy micrographs of
+`python -m benchmarks gpu`'s loader table); `atoms`, `beam`, `clouds` are the synthetic SciML fields of
+`benchmarks.fields`; `camera` (grey) and `astronaut` (RGB) are scikit-image's shipped photos, cut
 into size x size tiles. Each set is packed by the product (`dctdata.pack(..., target_psnr=T)`:
 calibration, quantization and the fitted entropy model, zarr with one sample per chunk) and its stored
 integer coefficients are read back (int8 where calibration reaches the target with int8 steps, as on
@@ -77,15 +77,15 @@ READER_BATCH = 32
 def load_set(name: str, samples: int, size: int) -> np.ndarray:
     """float32 (N, C, size, size) samples of a set."""
     if name == "em":
-        from dctdata.bench.loader import synthetic
+        from benchmarks.loader import synthetic
 
         return synthetic(samples, size)
     if name in ("atoms", "beam", "clouds"):
-        from dctdata.datasets.fields import synthetic_fields
+        from benchmarks.fields import synthetic_fields
 
         return synthetic_fields(n=samples, size=size, kinds=(name,))[name]
     if name in ("camera", "astronaut"):
-        from dctdata.datasets.images import sample_images
+        from benchmarks.images import sample_images
 
         img = np.asarray(sample_images((name,), include_sklearn=False)[name], dtype=np.float32)
         img = img[None] if img.ndim == 2 else img.transpose(2, 0, 1)
@@ -237,7 +237,7 @@ def check_set_arguments(a: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks entropy-decode-speed", description=__doc__.split("\n\n")[0])
     add_set_arguments(p, SETS)
     p.add_argument("--quant", default="", help="int8 or int16; unset: calibration chooses, as pack does")
     a = p.parse_args(argv)

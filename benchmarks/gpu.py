@@ -1,4 +1,4 @@
-"""`dctdata bench gpu`: `Decompress` on an accelerator, and the whole loader path to it.
+"""`python -m benchmarks gpu`: `Decompress` on an accelerator, and the whole loader path to it.
 
 Two tables:
 - decode: `Decompress` GB/s of decoded output for each CF at each square size, in float32 (the
@@ -7,7 +7,7 @@ Two tables:
   CUDA events after warm-up (wall clock off CUDA). Codec "v1" folds dequantization into the weights;
   "v2" is what a calibrated single-channel pack carries (dead-zone reconstruction offsets and a
   per-sample (range, mid) side input), which adds elementwise work before the first matmul.
-- pipeline: samples/s from local packs of one synthetic set (`dctdata.bench.loader.synthetic`)
+- pipeline: samples/s from local packs of one synthetic set (`benchmarks.loader.synthetic`)
   through `make_loader(..., pin_memory=True)` and `DevicePrefetcher` to the float32 model input on
   the device: dctdata zarr coefficients -> `Decompress` (the default entropy-coded pack, and the
   same settings with `--lossless zstd` (zstd-19), which stores more and decodes faster in the workers);
@@ -165,7 +165,7 @@ def pipeline_rows(device="cuda", n=2048, size=256, batch=32, workers=2, epochs=2
     import torchvision.io as tio
 
     import dctdata
-    from dctdata.bench.loader import jpeg_files, synthetic
+    from benchmarks.loader import jpeg_files, synthetic
     from dctdata.loaders.device import DevicePrefetcher
     from dctdata.loaders.distributed import make_loader
     from dctdata.lossless import parse_lossless_option

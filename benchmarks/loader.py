@@ -1,4 +1,4 @@
-"""`dctdata bench loader`: samples/s through DataLoader(num_workers) to the model input.
+"""`python -m benchmarks loader`: samples/s through DataLoader(num_workers) to the model input.
 
 One synthetic set (the em_denoise stand-in's noisy micrographs in an 8-bit value range, so JPEG/PNG
 can hold them) stored
@@ -122,7 +122,7 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
     batches, `_time_interleaved`) from a local pack: the dctdata zarr reader
     (coefficients) of the default pack (its lossless stage chosen by size, usually the entropy coder) and
     of a `--lossless zstd` pack (zstd-19: what a user who wants tensorstore-speed reads packs; on this
-    bench's field its streams decoded 1.25-1.93x as fast as zstd-9's, examples/zstd_levels.py),
+    bench's field its streams decoded 1.25-1.93x as fast as zstd-9's, benchmarks/zstd_levels.py),
     tensorstore and zarr-python on that zstd pack (they cannot decode the entropy coder), and both on raw
     float32 zarr of the same samples. The dctdata reader and tensorstore run at one
     thread and at all cores (the reader: torch's threads = the cores; tensorstore: its default

@@ -2,10 +2,10 @@
 and the rate with DataLoader workers, for the default pack (entropy coder) decoded with the kernel's
 vector paths on and off, and for the same data with `--lossless zstd`.
 
-    python examples/loader_workers.py [--samples 512] [--size 256] [--workers 0 2] [--epochs 3]
+    python -m benchmarks loader-workers [--samples 512] [--size 256] [--workers 0 2] [--epochs 3]
 
-Packs `dctdata.bench.loader.synthetic` fields at `--target-psnr 40` into webdataset shards of 64
-samples (as `dctdata bench stream` does), then iterates `DataLoader(DCTWebDataset(...), batch_size=32,
+Packs `benchmarks.loader.synthetic` fields at `--target-psnr 40` into webdataset shards of 64
+samples (as `python -m benchmarks stream` does), then iterates `DataLoader(DCTWebDataset(...), batch_size=32,
 persistent_workers=True)` over every pack and setting: one warm-up epoch (the workers start, under the
 setting, which they inherit), then the best of `--epochs` epochs; the settings alternate inside each
 round, so they see the same machine load. One table: samples/s and µs per sample.
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import dctdata
-from dctdata.bench.loader import synthetic
+from benchmarks.loader import synthetic
 from dctdata.entropy.ctxrans import decoder_settings
 from dctdata.loaders.wds_dataset import DCTWebDataset
 from dctdata.lossless import parse_lossless_option
@@ -38,7 +38,7 @@ def _epoch(loader, simd: bool) -> tuple[int, float]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks loader-workers", description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])

@@ -1,7 +1,7 @@
 """What a fill costs: the README's masked-data numbers.
 
-    python examples/masked_fill.py            # 24 SLSTR-like scenes of 128x128, about a minute on 2 cores
-    python examples/masked_fill.py --n 8      # quicker
+    python -m benchmarks masked-fill            # 24 SLSTR-like scenes of 128x128, about a minute on 2 cores
+    python -m benchmarks masked-fill --n 8      # quicker
 
 The set is the issue's: 3 reflectances (0..1) and 3 brightness temperatures (~290 K) per scene, NaN
 beyond a slanted swath edge in every channel (`dctdata.datasets.slstr.cloud_field`).
@@ -40,11 +40,11 @@ def channel_psnr(x: np.ndarray, x_hat: torch.Tensor) -> list[float]:
     return [round(dctdata.metrics.pooled_psnr(p[:, c]), 2) for c in range(x.shape[1])]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks masked-fill", description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=24, help="scenes")
     ap.add_argument("--size", type=int, default=128, help="scene height and width")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     x = scenes(args.n, args.size)
     valid = np.isfinite(x)
     codec = get_codec({"id": "zstd", "level": 9})

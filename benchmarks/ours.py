@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import dctdata
-from dctdata.bench.curves import Point, pack_psnr
+from benchmarks.curves import Point, pack_psnr
 from dctdata.errors import DctDataError
 from dctdata.format import MANIFEST_NAME
 

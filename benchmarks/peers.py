@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from dctdata.bench.curves import Point, pack_psnr
+from benchmarks.curves import Point, pack_psnr
 
 
 @dataclasses.dataclass(frozen=True)

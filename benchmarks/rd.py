@@ -1,11 +1,11 @@
-"""`dctdata bench rd`: compression ratio at equal PSNR, dctdata against ZFP, SZ3, SPERR, JPEG 2000 and JPEG.
+"""`python -m benchmarks rd`: compression ratio at equal PSNR, dctdata against ZFP, SZ3, SPERR, JPEG 2000 and JPEG.
 
-Items are arrays that ship inside installed packages and synthetic SciML stand-ins (`dctdata.bench.items`),
+Items are arrays that ship inside installed packages and synthetic SciML stand-ins (`benchmarks.items`),
 each packed as small tiles and whole. dctdata's points are real packs at a sweep of `--target-psnr`
-(`dctdata.bench.ours`); each peer sweeps its own knob (`dctdata.bench.peers`). PSNR is the project's:
+(`benchmarks.ours`); each peer sweeps its own knob (`benchmarks.peers`). PSNR is the project's:
 per item (channel of a sample) against its own range, and a pack's PSNR the dataset-level
 10 log10(1 / mean(MSE / range^2)). CR = float32 bytes / every stored byte. log(CR) is interpolated
-linearly in PSNR at each level (`dctdata.bench.curves`); per pack the ratio of our CR to the peer's,
+linearly in PSNR at each level (`benchmarks.curves`); per pack the ratio of our CR to the peer's,
 then geometric means over packs, overall and per group.
 """
 
@@ -21,10 +21,10 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from dctdata.bench.curves import Point, best_of, cr_at, geomean
-from dctdata.bench.items import MAX_TILES, MODES, Pack, load_items, packs_of
-from dctdata.bench.ours import TARGETS, dctdata_points
-from dctdata.bench.peers import BEST_PEERS, PEERS
+from benchmarks.curves import Point, best_of, cr_at, geomean
+from benchmarks.items import MAX_TILES, MODES, Pack, load_items, packs_of
+from benchmarks.ours import TARGETS, dctdata_points
+from benchmarks.peers import BEST_PEERS, PEERS
 from dctdata.errors import DctDataError
 from dctdata.parse import parse_choice, parse_int, parse_number
 

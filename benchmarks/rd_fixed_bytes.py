@@ -1,8 +1,8 @@
-"""How much of `dctdata bench rd`'s bytes are fixed per pack (manifest.json and zarr.json files), and
+"""How much of `python -m benchmarks rd`'s bytes are fixed per pack (manifest.json and zarr.json files), and
 what the ratios would be without them: the README's "Fixed bytes are what is left at 35 dB" numbers.
 
-    python examples/rd_fixed_bytes.py ratios RD.json        # RD.json from `dctdata bench rd --json RD.json`
-    python examples/rd_fixed_bytes.py files OUT.json [--target-psnr 35] [--items mri cell ...]
+    python -m benchmarks rd-fixed-bytes ratios RD.json        # RD.json from `python -m benchmarks rd --json RD.json`
+    python -m benchmarks rd-fixed-bytes files OUT.json [--target-psnr 35] [--items mri cell ...]
 
 `ratios`: the geometric-mean ratios of the run as measured, and with each dctdata point's fixed bytes
 (its note's "metadata N B") taken out of its size, peers unchanged.
@@ -22,10 +22,10 @@ import tempfile
 import numpy as np
 
 import dctdata
-from dctdata.bench.curves import Point, geomean
-from dctdata.bench.items import load_items, packs_of
-from dctdata.bench.ours import metadata_size
-from dctdata.bench.rd import BEST, PackResult, ratios
+from benchmarks.curves import Point, geomean
+from benchmarks.items import load_items, packs_of
+from benchmarks.ours import metadata_size
+from benchmarks.rd import BEST, PackResult, ratios
 
 
 def _results(run: dict, payload_only: bool) -> list[PackResult]:
@@ -79,7 +79,7 @@ def list_files(out: str, target: float, names: list[str] | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks rd-fixed-bytes", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     r = sub.add_parser("ratios")
     r.add_argument("run")

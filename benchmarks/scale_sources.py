@@ -1,6 +1,6 @@
 """Cheap, deterministic `module:callable` sources for the scale benchmarks (no disk for the source).
 
-    PYTHONPATH=examples dctdata pack scale_sources:fields_1gb OUT ...
+    PYTHONPATH=benchmarks dctdata pack scale_sources:fields_1gb OUT ...   # what `python -m benchmarks scale` runs
 
 Each sample is a smooth random field plus noise, float32 (1, 256, 256) = 256 KiB, a pure function of
 its index (so any process/Dask worker generates the same bytes). Generation costs ~1 ms per sample,

@@ -1,9 +1,9 @@
-"""`dctdata bench stream`: DataLoader samples/s of dctdata packs against the peers, from a local
+"""`python -m benchmarks stream`: DataLoader samples/s of dctdata packs against the peers, from a local
 directory and from a loopback HTTP server throttled to a bandwidth (a stand-in for an object store).
 
-One synthetic set (`dctdata.bench.loader.synthetic`, float32 (1, S, S)) is stored as a dctdata
+One synthetic set (`benchmarks.loader.synthetic`, float32 (1, S, S)) is stored as a dctdata
 webdataset pack, a dctdata zarr pack (calibrated int8 at a target PSNR) and, raw float32, by each peer
-of `dctdata.bench.loader_peers` (webdataset .npy shards, zarr via tensorstore and zarr-python, LitData and
+of `benchmarks.loader_peers` (webdataset .npy shards, zarr via tensorstore and zarr-python, LitData and
 MosaicML Streaming where installed). Each is read for `epochs` shuffled epochs through
 `DataLoader(num_workers=W, batch_size=B)`; rows report the best epoch's samples/s locally and over
 HTTP (peers without an HTTP reader: "-"), the stored bytes per sample and the body bytes the server
@@ -30,9 +30,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from dctdata.bench.loader import synthetic  # one generator for both loader benches
-from dctdata.bench.loader_peers import peers
-from dctdata.bench.loopback import LoopbackServer
+from benchmarks.loader import synthetic  # one generator for both loader benches
+from benchmarks.loader_peers import peers
+from benchmarks.loopback import LoopbackServer
 
 
 def _first_tensor(batch) -> torch.Tensor:

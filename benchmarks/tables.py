@@ -1,5 +1,5 @@
-"""`dctdata bench KIND`: throughput and rate-distortion tables (`dctdata.bench`, imported only when a
-benchmark runs, except the rd bench's light option defaults)."""
+"""`python -m benchmarks codec|rd|loader|stream|gpu`: the throughput and rate-distortion tables (each
+table's module is imported only when it runs, except the rd bench's light option defaults)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,13 @@ import argparse
 
 
 def register(sub) -> None:
-    from dctdata.bench.items import ITEMS, MAX_TILES, MODES
-    from dctdata.bench.ours import TARGETS
-    from dctdata.bench.peers import PEERS
-    from dctdata.bench.rd import LEVELS
+    """Add the five tables to `sub` (the subcommands of `python -m benchmarks`)."""
+    from benchmarks.items import ITEMS, MAX_TILES, MODES
+    from benchmarks.ours import TARGETS
+    from benchmarks.peers import PEERS
+    from benchmarks.rd import LEVELS
 
-    p = sub.add_parser(
-        "bench",
-        help="throughput and rate-distortion benchmarks",
-        description="Throughput and rate-distortion benchmarks.",
-    )
-    kinds = p.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
-
+    kinds = sub
     c = _kind(
         kinds,
         "codec",
@@ -113,7 +108,7 @@ def _pipeline_options(p: argparse.ArgumentParser) -> None:
 def _codec(args) -> int:
     import torch
 
-    from dctdata.bench.codec import format_rows, run_codec_bench
+    from benchmarks.codec import format_rows, run_codec_bench
     from dctdata.loaders.threads import available_cores
 
     threads = args.threads or sorted({1, available_cores()})
@@ -128,7 +123,7 @@ def _codec(args) -> int:
 
 
 def _rd(args) -> int:
-    from dctdata.bench.rd import Config, report, timed_run
+    from benchmarks.rd import Config, report, timed_run
 
     config = Config(args.items, args.modes, args.peers, args.targets, args.levels, args.max_tiles, args.threads)
     results, notes, seconds = timed_run(config, args.json)
@@ -139,7 +134,7 @@ def _rd(args) -> int:
 
 
 def _loader(args) -> int:
-    from dctdata.bench.loader import format_batch_rows, format_rows, run_batch_bench, run_loader_bench
+    from benchmarks.loader import format_batch_rows, format_rows, run_batch_bench, run_loader_bench
 
     batch_rows = run_batch_bench(args.samples, args.size, args.batch, args.target_psnr)
     print(
@@ -162,7 +157,7 @@ def _loader(args) -> int:
 def _gpu(args) -> int:
     import torch
 
-    from dctdata.bench import gpu
+    from benchmarks import gpu
 
     reason = gpu.skip_reason(args.device)
     if reason:
@@ -188,7 +183,7 @@ def _gpu(args) -> int:
 def _stream(args) -> int:
     import torch
 
-    from dctdata.bench.stream import format_rows, run_stream_bench
+    from benchmarks.stream import format_rows, run_stream_bench
 
     rate = None if args.rate_mbps <= 0 else args.rate_mbps * 1e6
     rows, meta = run_stream_bench(

@@ -1,10 +1,10 @@
 """Which zstd level for stored coefficients: bytes, encode and decode speed of each level on the same
 coefficients, so the `--lossless zstd` default (zstd-19) and the array fields' zstd-9 rest on a measurement.
 
-    python examples/zstd_levels.py [--sets em,atoms,beam,camera,astronaut] [--levels 1,3,9,12,13,16,19,22]
+    python -m benchmarks zstd-levels [--sets em,atoms,beam,camera,astronaut] [--levels 1,3,9,12,13,16,19,22]
         [--samples 64] [--size 256] [--target-psnr 40] [--repeat 5] [--json PATH]
 
-The sets are those of examples/entropy_decode_speed.py (`load_set`), each packed by the product
+The sets are those of benchmarks/entropy_decode_speed.py (`load_set`), each packed by the product
 (`dctdata.pack(..., target_psnr=T)`) and its stored integer coefficients read back; every level then codes
 them one stream per sample, as a pack stores them, through numcodecs' Zstd (the pack's codec). Decode is
 `dctdata.lossless.decode_array` (the readers' per-chunk call). One thread; every pass times every level in
@@ -21,8 +21,8 @@ from typing import Any
 
 import numcodecs
 import numpy as np
-from entropy_decode_speed import add_set_arguments, check_set_arguments, packed_coefficients, run_sets
 
+from benchmarks.entropy_decode_speed import add_set_arguments, check_set_arguments, packed_coefficients, run_sets
 from dctdata.lossless import ZSTD_LEVELS, decode_array
 
 SETS = ("em", "atoms", "beam", "camera", "astronaut")
@@ -93,7 +93,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks zstd-levels", description=__doc__.split("\n\n")[0])
     add_set_arguments(p, SETS)
     p.add_argument("--levels", default=",".join(map(str, LEVELS)))
     a = p.parse_args(argv)

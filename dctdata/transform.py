@@ -6,7 +6,7 @@ Row [hb, k, :] holds frequency (u_k, v_k) of the Wb blocks of block row hb; kept
 listed in row-major (u, v) order (see `kept_frequencies`). Runs of one frequency are smooth, which
 zstd likes, and the inverse transform reads them as a transposed BLAS operand and writes image rows
 directly, with no permute pass (the fully planar (..., K, Hb, Wb) order needs one extra transpose
-pass over a full-size tensor; `dctdata bench codec` measures the result). A DCT-domain network that
+pass over a full-size tensor; `python -m benchmarks codec` measures the result). A DCT-domain network that
 wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
 
 All work is per block (two small separable matmuls), so the cost per pixel does not depend on the

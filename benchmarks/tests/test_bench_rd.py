@@ -1,4 +1,4 @@
-"""`dctdata bench rd`: the equal-PSNR arithmetic, the items and packs, dctdata's points through the real
+"""`python -m benchmarks rd`: the equal-PSNR arithmetic, the items and packs, dctdata's points through the real
 product path, peers skipped when their library is missing, and the CLI end to end."""
 
 import json
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import dctdata
-from dctdata.bench import curves, items, ours, peers, rd
-from dctdata.bench.curves import Point
-from dctdata.cli import main
+from benchmarks import curves, items, ours, peers, rd
+from benchmarks.__main__ import main
+from benchmarks.curves import Point
 
 
 def _log_linear(b0: float, p0: float, b1: float, p1: float, level: float) -> float:
@@ -215,7 +215,7 @@ def test_peers_skip_cleanly_when_their_library_is_missing(monkeypatch):
 def test_cli_tiny_run_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "imagecodecs", None)  # SZ3 is skipped with one line, ZFP runs
     out = tmp_path / "rd.json"
-    argv = "bench rd --items mri --modes tiles --max-tiles 4 --targets 36 44 --peers zfp sz3 --levels 40 --per-pack"
+    argv = "rd --items mri --modes tiles --max-tiles 4 --targets 36 44 --peers zfp sz3 --levels 40 --per-pack"
     assert main([*argv.split(), "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "- SZ3 skipped: imagecodecs is not installed" in text
@@ -244,23 +244,19 @@ def test_cli_tiny_run_end_to_end(tmp_path, capsys, monkeypatch):
     ],
 )
 def test_bad_arguments_get_one_clear_line(args, message, capsys):
-    assert main(["bench", "rd", *args.split()]) == 1
+    assert main(["rd", *args.split()]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("dctdata bench: error: ")
+    assert err.startswith("python -m benchmarks rd: error: ")
     assert message in err
 
 
 def test_rd_fixed_bytes_example_takes_each_points_metadata_out(tmp_path, capsys, monkeypatch):
-    """examples/rd_fixed_bytes.py: the README's fixed-bytes figures from a bench rd JSON and from packs."""
-    import importlib.util
+    """benchmarks/rd_fixed_bytes.py: the README's fixed-bytes figures from a bench rd JSON and from packs."""
+    from benchmarks import rd_fixed_bytes as example
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "rd_fixed_bytes.py")
-    spec = importlib.util.spec_from_file_location("rd_fixed_bytes", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
     out = tmp_path / "rd.json"
-    argv = "bench rd --items mri --modes tiles --max-tiles 4 --targets 36 44 --peers zfp --levels 40"
+    argv = "rd --items mri --modes tiles --max-tiles 4 --targets 36 44 --peers zfp --levels 40"
     assert main([*argv.split(), "--json", str(out)]) == 0
     capsys.readouterr()
     data = json.loads(out.read_text())

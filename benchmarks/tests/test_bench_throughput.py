@@ -1,19 +1,19 @@
-"""The throughput benchmarks' table code, run small on the CPU: `bench gpu` (which skips without
-CUDA), the read-path table of `bench loader` and the peers of `bench stream`."""
+"""The throughput benchmarks' table code, run small on the CPU: `gpu` (which skips without
+CUDA), the read-path table of `loader` and the peers of `stream`."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dctdata.bench import gpu
-from dctdata.cli import main
+from benchmarks import gpu
+from benchmarks.__main__ import main
 from dctdata.lossless import ZSTD_MAX
 
 
 def test_gpu_bench_skips_in_one_line_without_cuda(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(["bench", "gpu"]) == 0
+    assert main(["gpu"]) == 0
     assert capsys.readouterr().out == "bench gpu: skipped: no CUDA device (torch.cuda.is_available() is False)\n"
 
 
@@ -49,7 +49,7 @@ def test_gpu_pipeline_table_on_the_cpu():
 
 
 def test_read_path_table():
-    from dctdata.bench.loader import format_batch_rows, run_batch_bench
+    from benchmarks.loader import format_batch_rows, run_batch_bench
 
     rows = run_batch_bench(n=48, size=32, batch=8, target_psnr=35, rounds=1, batches=2)
     names = [r["name"] for r in rows]
@@ -68,7 +68,7 @@ def test_read_path_table():
 
 
 def test_stream_table_counts_http_bytes(tmp_path):
-    from dctdata.bench.stream import format_rows, run_stream_bench
+    from benchmarks.stream import format_rows, run_stream_bench
 
     rows, meta = run_stream_bench(
         n=32, size=32, samples_per_shard=8, workers=0, batch=8, epochs=1, rate=100e6, decode=False, only=["webdataset"]
@@ -89,7 +89,7 @@ def test_stream_table_counts_http_bytes(tmp_path):
 
 
 def test_stream_local_epochs_alternate_after_one_untimed_epoch():
-    from dctdata.bench.stream import _time_alternating
+    from benchmarks.stream import _time_alternating
 
     log = []
 
@@ -117,7 +117,7 @@ def test_stream_local_epochs_alternate_after_one_untimed_epoch():
 
 
 def test_read_path_cases_take_turns_in_blocks_on_different_batches():
-    from dctdata.bench.loader import _time_interleaved
+    from benchmarks.loader import _time_interleaved
 
     log = []
     picks = list(range(10, 16))

@@ -1,17 +1,19 @@
-"""The issue-12 and -17 measurement scripts (examples/codec_ablation.py, examples/calibration_time.py,
-examples/decode_kernels.py) on tiny configurations: every row and column is there, sizes are positive,
+"""The issue-12 and -17 measurement scripts (benchmarks/codec_ablation.py, benchmarks/calibration_time.py,
+benchmarks/decode_kernels.py) on tiny configurations: every row and column is there, sizes are positive,
 sweeps bracket the level, the JSON round-trips. The current interpreter stands in for the "before" one
 (the scripts only need a python whose `import dctdata` works)."""
 
+import importlib
 import json
 import math
 import os
 import sys
 
 import pytest
-from example_loading import load_example
 
-_load = load_example
+
+def _load(name, monkeypatch):
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""examples/entropy_decode_speed.py on a tiny configuration: one row per set and coder plus the pack
+"""benchmarks/entropy_decode_speed.py on a tiny configuration: one row per set and coder plus the pack
 reader's, in order; the table's numbers agree with each other (MB/s of float32 output and M symbols/s
 from the same seconds), the reader row stores what the pack's stage stores, and the JSON round-trips."""
 
@@ -6,11 +6,12 @@ import json
 import math
 
 import pytest
-from example_loading import load_example
+
+from benchmarks import entropy_decode_speed
 
 
 def _load(monkeypatch):
-    return load_example("entropy_decode_speed", monkeypatch)
+    return entropy_decode_speed
 
 
 def test_entropy_decode_speed_table(tmp_path, capsys, monkeypatch):

@@ -1,12 +1,13 @@
-"""examples/loader_workers.py on a tiny configuration: one row per case and worker count, rates from the
+"""benchmarks/loader_workers.py on a tiny configuration: one row per case and worker count, rates from the
 samples and seconds the rows carry, every sample of the pack delivered, and its argument errors."""
 
 import pytest
-from example_loading import load_example
+
+from benchmarks import loader_workers
 
 
 def _load(monkeypatch):
-    return load_example("loader_workers", monkeypatch)
+    return loader_workers
 
 
 def test_loader_workers_table(capsys, monkeypatch):

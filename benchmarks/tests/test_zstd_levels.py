@@ -1,4 +1,4 @@
-"""examples/zstd_levels.py on a tiny configuration: one row per set and level, in order; the table says what
+"""benchmarks/zstd_levels.py on a tiny configuration: one row per set and level, in order; the table says what
 the JSON says, zstd-9's own ratios are exactly 1, each level's bytes are what numcodecs' Zstd stores for the
 pack's coefficients, and a bad --levels is refused with one message."""
 
@@ -7,11 +7,12 @@ import math
 import numcodecs
 import numpy as np
 import pytest
-from example_loading import load_example
+
+from benchmarks import entropy_decode_speed, zstd_levels
 
 
 def test_zstd_levels_table(tmp_path, capsys, monkeypatch):
-    levels = load_example("zstd_levels", monkeypatch)
+    levels = zstd_levels
     argv = ["--sets", "em,camera", "--levels", "19,9,1,9", "--samples", "3", "--size", "64", "--repeat", "2"]
     payload = levels.main([*argv, "--json", str(tmp_path / "z.json")])
     rows = payload["rows"]
@@ -35,8 +36,8 @@ def test_zstd_levels_table(tmp_path, capsys, monkeypatch):
 def test_zstd_levels_bytes_are_the_codecs(tmp_path, monkeypatch):
     import dctdata
 
-    levels = load_example("zstd_levels", monkeypatch)
-    x = load_example("entropy_decode_speed", monkeypatch).load_set("em", 2, 64)
+    levels = zstd_levels
+    x = entropy_decode_speed.load_set("em", 2, 64)
     rows = levels.measure_set("em", x, (3, 9), 40.0, 1, str(tmp_path))
     ds = dctdata.open_dataset(tmp_path / "em")  # the pack the example measured
     field = next(f for f in ds.manifest.fields if f.codec is not None)
@@ -49,6 +50,6 @@ def test_zstd_levels_bytes_are_the_codecs(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", ["0", "23", "9,x", ","])
 def test_zstd_levels_refuses_bad_levels(bad, monkeypatch):
-    levels = load_example("zstd_levels", monkeypatch)
+    levels = zstd_levels
     with pytest.raises(SystemExit, match=r"--levels: expected zstd levels in 1\.\.22\. Got"):
         levels.main(["--levels", bad])

@@ -19,7 +19,6 @@ JOINERS = (
     "dctdata.cli",
     "dctdata.__main__",
     "dctdata.commands",
-    "dctdata.bench",
     "dctdata.demo",
 )
 UPPER = (
@@ -27,7 +26,6 @@ UPPER = (
     "dctdata.loaders",
     "dctdata.cli",
     "dctdata.commands",
-    "dctdata.bench",
     "dctdata.demo",
     "dctdata.api",
 )
@@ -150,6 +148,21 @@ def test_no_cycles():
         if v not in index:
             visit(v)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_product_never_imports_the_benchmarks_or_tests():
+    """benchmarks/ and tests/ are outside the wheel: a product module importing them breaks the installed package."""
+    bad = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            bad.update((name, t) for t in targets if t.split(".")[0] in ("benchmarks", "tests", "examples"))
+    assert not bad, sorted(bad)
 
 
 def test_version_module_has_no_imports():
