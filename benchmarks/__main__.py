@@ -26,6 +26,10 @@ SCRIPTS = {
     ),
     "codec-ablation": ("benchmarks.codec_ablation", "bytes at equal PSNR with each codec fix switched off in turn"),
     "decode-kernels": ("benchmarks.decode_kernels", "the CPU decode kernels side by side (copy, torch, fused C)"),
+    "device-decode": (
+        "benchmarks.device_decode",
+        'bytes crossing to the device and loader samples/s, decode="cpu" beside decode="device"',
+    ),
     "entropy-decode-speed": (
         "benchmarks.entropy_decode_speed",
         "the entropy stage's decode MB/s and bytes beside zstd-9 and zstd-19 on the same coefficients",

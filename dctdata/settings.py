@@ -29,7 +29,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from dctdata.errors import DctDataError
-from dctdata.format import STORAGES
+from dctdata.format import storages
 from dctdata.kinds import FIELD_KINDS, FieldKind
 from dctdata.lossless import AUTO, parse_codec_config, parse_lossless_option
 from dctdata.parse import parse_number, parse_optional_int, parse_size
@@ -326,8 +326,7 @@ class PackSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.format not in STORAGES:
-            raise DctDataError(f"--format: expected one of {STORAGES}. Got {self.format!r}")
+        storages.get(self.format, "--format")  # a registered storage, else an error naming them
         if self.cf is not None:
             parse_cf(self.cf)
         if self.mask is not None:

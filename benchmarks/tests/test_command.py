@@ -95,3 +95,17 @@ def test_python_dash_m_benchmarks_from_the_repository_root():
     )
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == "python -m benchmarks codec: error: cf: expected an int in 1..8. Got 0\n"
+
+
+def test_device_decode_rows_on_the_cpu(capsys, tmp_path):
+    from benchmarks import device_decode
+
+    argv = ["--samples", "8", "--size", "32", "--workers", "0", "--epochs", "1", "--json", str(tmp_path / "d.json")]
+    rows = device_decode.main(argv)
+    assert [(r["storage"], r["stage"]) for r in rows] == [
+        (s, g) for s in ("zarr", "webdataset") for g in ("default", "zstd")
+    ]
+    for r in rows:
+        assert r["samples_per_s_cpu"] > 0 and r["samples_per_s_device"] > 0 and r["stored_per_sample"] > 0
+        assert r["crossed_per_sample_device"] < r["crossed_per_sample_cpu"]  # stored bytes, not coefficients
+    assert capsys.readouterr().out.count("B/sample") == 4 and (tmp_path / "d.json").exists()
