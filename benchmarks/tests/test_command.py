@@ -108,4 +108,4 @@ def test_device_decode_rows_on_the_cpu(capsys, tmp_path):
     for r in rows:
         assert r["samples_per_s_cpu"] > 0 and r["samples_per_s_device"] > 0 and r["stored_per_sample"] > 0
         assert r["crossed_per_sample_device"] < r["crossed_per_sample_cpu"]  # stored bytes, not coefficients
-    assert capsys.readouterr().out.count("B/sample") == 4 and (tmp_path / "d.json").exists()
+    assert capsys.readouterr().out.count("samples/s cpu") == 4 and (tmp_path / "d.json").exists()
