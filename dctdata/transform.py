@@ -266,6 +266,12 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
     export and torch.func transforms (vmap, grad) all see the portable path, so exported graphs keep
     matmul/reshape/transpose/cat ops only.
     """
+    return eager_on("cpu", *tensors)
+
+
+def eager_on(device_type: str, *tensors: torch.Tensor) -> bool:
+    """`eager_cpu` for plain tensors on devices of `device_type` ("cpu", "cuda"): the condition of the
+    hand-written kernels (the fused C kernel on CPU, the fused Triton kernel on CUDA)."""
     if torch.compiler.is_compiling() or getattr(torch.compiler, "is_exporting", lambda: False)():
         return False
     if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():
@@ -273,7 +279,9 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
     if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False
     grad = torch.is_grad_enabled()
-    return all(type(t) is torch.Tensor and t.device.type == "cpu" and not (grad and t.requires_grad) for t in tensors)
+    return all(
+        type(t) is torch.Tensor and t.device.type == device_type and not (grad and t.requires_grad) for t in tensors
+    )
 
 
 def synthesize(
