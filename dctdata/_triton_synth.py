@@ -13,8 +13,10 @@ so Triton's default layout gives each thread all 8 rows of its columns when the 
 32 x num_warps x (elements per thread) columns (`fused_cuda.launch_config` keeps BLOCKS = 16 x num_warps):
 a column's coefficients are then loaded and dequantized by one thread, not once per row.
 
-Written for Triton 3.x (3.6 on the GPU image, 3.8 here): loads, stores, elementwise arithmetic, static
-(compile-time) loops and one runtime loop over channels; no tl.dot, no reductions, no newer features.
+Written for Triton 3.x (3.6 on the GPU image, 3.8 here): loads, stores, elementwise arithmetic, one static
+(compile-time) loop and runtime loops; no tl.dot, no reductions, no newer features. Only `triton.language`
+builtins, none of its @jit-defined helpers (tl.zeros is one): those stay compiled-mode functions when Triton
+was imported before TRITON_INTERPRET=1 was set, and the interpreter cannot call them (the tests' case).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _coefficient(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb
                  COLS: tl.constexpr, HAS_R: tl.constexpr, HAS_M: tl.constexpr):  # fmt: skip
     """Coefficient k of output channel c: dequantized and rotated (M[c, :] over the input channels)."""
     if HAS_M:
-        y = tl.zeros((COLS,), dtype=tl.float32)
+        y = tl.full((COLS,), 0.0, tl.float32)
         for ch in range(0, C):
             m = tl.load(m_ptr + c * C + ch)
             y += m * _dequantized(q_ptr, a_ptr, d_ptr, r_ptr, b64, ch, hb, C, HB, K, WB, wb, in_w, k, HAS_R)
@@ -87,9 +89,9 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
             beta = alpha * mid + beta
             alpha = alpha * rng
         beta = beta * 8.0  # a constant b is 8 b on the DC coefficient (the DC basis function is 1/8)
-    acc = tl.zeros((8, COLS), dtype=tl.float32)
+    acc = tl.full((8, COLS), 0.0, tl.float32)
     for u in range(0, CF):
-        z = tl.zeros((COLS,), dtype=tl.float32)
+        z = tl.full((COLS,), 0.0, tl.float32)
         for v in tl.static_range(CF):
             if TRIANGLE:  # row u keeps v < CF - u, after u CF - u (u - 1) / 2 kept frequencies of the rows above
                 keep = u + v < CF
