@@ -13,9 +13,9 @@ All work is per block (two small separable matmuls), so the cost per pixel does 
 image size. `synthesize` has two kernels with the same math: a portable graph of matmul/reshape/
 transpose/cat ops (CUDA, autograd, torch.compile, torch.export, ONNX) and, for plain CPU tensors in
 eager mode, a chunked kernel that keeps every intermediate in cache and writes the output once.
-`Decompress` and `decompress` take a fused kernel before both where one applies: the C kernel of
-`dctdata.fused` on CPU, the Triton kernel of `dctdata.fused_cuda` on CUDA (dequantization and inverse DCT
-in one pass); this module's kernels are their fallback.
+`Decompress` and `dctdata.decompress` (`dctdata.functional`) take a fused kernel before both where one
+applies: the C kernel of `dctdata.fused` on CPU, the Triton kernel of `dctdata.fused_cuda` on CUDA
+(dequantization and inverse DCT in one pass); this module's kernels are their fallback.
 """
 
 from __future__ import annotations
@@ -426,54 +426,16 @@ def synthesize_chunked(
 
 
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
-    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding).
-
-    Takes the kernels `Decompress` takes, where they apply: the fused C kernel on plain CPU tensors in eager
-    mode (`dctdata.fused`), the fused Triton kernel on CUDA (`dctdata.fused_cuda`), with unit dequantization
-    tables; `synthesize` otherwise (autograd, compile, export, other devices).
-    """
+    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding), with this module's
+    torch kernels only: the reference path (`quantize.decode_reference`). The public `dctdata.decompress`
+    (`dctdata.functional`) takes the fused kernels first."""
     if not isinstance(coeffs, torch.Tensor):
         raise TypeError(f"coeffs: expected a torch.Tensor of shape (..., Hb, K, Wb). Got {type(coeffs).__name__}")
     size = parse_size(size)
     k = num_kept(cf, mask)
     check_coeff_grid(tuple(coeffs.shape), k, size, "coeffs")
     *lead, hb, _, wb = coeffs.shape
-    y = coeffs.reshape(-1, 1, hb, k, wb)
-    img = _fused_decompress(y, cf, mask, size)
-    if img is None:
-        wcol, _, trows = fold_basis(cf, mask)
-        kw = dict(dtype=torch.float32, device=coeffs.device)
-        img = synthesize(y.to(torch.float32), wcol.to(**kw), trows.to(**kw), mask, size)
-    return img.reshape(*lead, *size)
-
-
-def _fused_decompress(y: torch.Tensor, cf: int, mask: str, size: tuple[int, int]) -> torch.Tensor | None:
-    """`decompress` through a fused kernel (B, 1, Hb, K, Wb) -> (B, 1, H, W) float32, or None where none applies."""
-    from dctdata import fused, fused_cuda  # they import this module
-
-    if y.dtype not in fused_cuda.WIRES:
-        y = y.to(torch.float32)
-    if fused_cuda.usable(y, torch.float32, None):
-        img = fused_cuda.guarded(fused_cuda.synthesize, y, _unit_device_tables(cf, mask, y.device), cf, mask, size)
-        if img is not None:
-            return img
-    if fused.usable(y, torch.float32, None):
-        return fused.synthesize(y, _unit_tables(cf, mask), cf, mask, size)
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def _unit_tables(cf: int, mask: str):
-    """The fused kernels' tables of plain coefficients: one channel, step 1, offset 0."""
-    from dctdata.fused import Tables
-
-    k = num_kept(cf, mask)
-    return Tables(torch.ones(1, k), torch.zeros(1, k), None, None, None, None)
-
-
-@functools.lru_cache(maxsize=None)
-def _unit_device_tables(cf: int, mask: str, device: torch.device):
-    """`_unit_tables` on `device`, copied there once."""
-    from dctdata.fused_cuda import device_tables
-
-    return device_tables(_unit_tables(cf, mask), device)
+    wcol, _, trows = fold_basis(cf, mask)
+    kw = dict(dtype=torch.float32, device=coeffs.device)
+    y = coeffs.to(torch.float32).reshape(-1, 1, hb, k, wb)
+    return synthesize(y, wcol.to(**kw), trows.to(**kw), mask, size).reshape(*lead, *size)

@@ -1,6 +1,6 @@
 """The functional `dctdata.decompress` takes the fused kernels where `Decompress` does (the C kernel on plain
 CPU tensors in eager mode, the Triton kernel on CUDA) and equals its previous path, the torch kernels of
-`transform.synthesize`. Measured (AVX2 loop, the cases of the first test): at most 2.9e-7 x the output's
+`transform.decompress`. Measured (AVX2 loop, the cases of the first test): at most 2.9e-7 x the output's
 largest magnitude (float32 sums in another order); the tests allow 1e-6 x."""
 
 import pytest
