@@ -240,8 +240,10 @@ def decode_batch(
     """Decode a collated batch: sample i is the zstd stream buffer[offsets[i] : offsets[i+1]] and decodes to one
     `sample_shape` array of `dtype` (C order, the zstd stage's raw bytes). Returns ((N, *sample_shape) tensor on
     the buffer's device, DecodeStatus); call `status.check()` (it waits for the decode) before trusting the
-    values. `frames` (from `zstd_frames.frame_table`, in the workers) lists several frames per sample; without
-    it each stream is one frame. Offsets stay on the host (a CUDA tensor of them costs a synchronization)."""
+    values. `frames` (from `zstd_frames.frame_table`, in the workers) lists the frames of each sample (several,
+    or streams placed with padding between them); without it each stream is one frame spanning its offsets.
+    Offsets stay on the host (a CUDA tensor of them costs a synchronization). Streams at offsets that are not
+    multiples of ALIGNMENT are first copied to aligned ones on the device."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype: expected a torch.dtype. Got {dtype!r}")
     shape = tuple(int(s) for s in sample_shape)
@@ -313,11 +315,12 @@ class ZstdBatches:
 
 
 def merge(batches: Sequence[Streams], sample_bytes: int) -> tuple[torch.Tensor, np.ndarray, FrameTable, list[int]]:
-    """One buffer, offsets table and frame table for several batches' streams (each batch's bytes start at a
-    multiple of ALIGNMENT), and the sample count of each batch."""
+    """One buffer, offsets and frame table for several batches' streams, and the sample count of each batch. Each
+    batch's bytes start at a multiple of ALIGNMENT (zero padding between batches), so the frame table, not the
+    offsets (sample i starts at offsets[i]; the last entry is the buffer's end), says where streams end."""
     if not batches:
         raise DctDataError("batches: expected at least one batch to decode")
-    parts, offsets, tables, counts = [], [np.zeros(1, np.int64)], [], []
+    parts, offsets, tables, counts = [], [], [], []
     byte_base = sample_base = 0
     for s in batches:
         if not isinstance(s, Streams):
@@ -330,7 +333,7 @@ def merge(batches: Sequence[Streams], sample_bytes: int) -> tuple[torch.Tensor, 
         tables.append(
             FrameTable(table.starts + byte_base, table.ends + byte_base, table.sizes, table.samples + sample_base)
         )
-        offsets.append(off[1:] + byte_base)
+        offsets.append(off[:-1] + byte_base)
         pad = -s.data.numel() % ALIGNMENT
         parts.append(s.data)
         if pad:
@@ -340,6 +343,7 @@ def merge(batches: Sequence[Streams], sample_bytes: int) -> tuple[torch.Tensor, 
         counts.append(n)
     data = parts[0] if len(parts) == 1 else torch.cat(parts)
     merged = FrameTable(*(np.concatenate([getattr(t, f) for t in tables]) for f in FrameTable._fields))
+    offsets.append(np.array([byte_base], np.int64))
     return data, np.concatenate(offsets), merged, counts
 
 
