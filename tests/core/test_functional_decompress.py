@@ -9,7 +9,6 @@ import torch
 import dctdata
 import dctdata.fused as fused
 import dctdata.fused_cuda as fused_cuda
-import dctdata.transform as transform
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
 
@@ -99,7 +98,7 @@ def test_autograd_compile_and_export_keep_the_torch_kernels(monkeypatch):
 def test_errors_are_unchanged():
     with pytest.raises(TypeError, match=r"coeffs: expected a torch.Tensor of shape \(\.\.\., Hb, K, Wb\)"):
         dctdata.decompress([1.0], 2, (8, 8))
-    with pytest.raises(dctdata.DctDataError, match=r"coeffs: expected shape \(\.\.\., Hb, K, Wb\) = \(\.\.\., 2, 4, 1\)"):
+    with pytest.raises(dctdata.DctDataError, match=r"coeffs: expected shape \(\.\.\., Hb, K, Wb\) = \(\.\.\., 2, 4, 1"):
         dctdata.decompress(torch.ones(1, 4, 1), cf=2, size=(16, 8))
 
 
