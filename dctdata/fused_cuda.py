@@ -112,8 +112,9 @@ def device_tables(tables: Tables, device: torch.device | str) -> DeviceTables:
 
 def launch_config(wb: int) -> tuple[int, int]:
     """(blocks per strip, warps per program): 16 blocks (128 columns) per warp, so each thread owns whole
-    columns (see `dctdata._triton_synth`); 2 warps for 256-pixel-wide samples, 4 from 512 up, 1 below 256."""
-    warps = 1 if wb <= 16 else 2 if wb <= 32 else 4
+    columns (see `dctdata._triton_synth`); 1 warp for samples up to 128 pixels wide, else 2 (wider samples
+    take several strips per block row, which keeps one compiled kernel per codec for every larger size)."""
+    warps = 1 if wb <= 16 else 2
     return 16 * warps, warps
 
 

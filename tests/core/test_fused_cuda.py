@@ -122,8 +122,9 @@ def test_half_outputs_are_the_float32_result_rounded(dtype, interpreted):
 
 
 def test_nothing_is_written_outside_out_and_strips_cover_wide_rows(interpreted):
-    """A 137-wide sample has 18 block columns: two strips of 16 blocks (one warp's), the last one cropped."""
-    spec = v1_spec(2, channels=1, height=5, width=137, wire="int8")
+    """A 270-wide sample has 34 block columns: two strips of 32 blocks (two warps'), the second one cropped."""
+    assert fused_cuda.launch_config(34) == (32, 2)
+    spec = v1_spec(2, channels=1, height=5, width=270, wire="int8")
     wire = wire_of(spec, b=1)
     n = math.prod(spec.sample_shape)
     guard = torch.full((n + 64,), -7.0)
@@ -252,7 +253,7 @@ def test_side_with_v1_tables_and_misplaced_tables_are_errors():
     [
         (dict(CF=2, TRIANGLE=False, HAS_R=False, HAS_M=False, HAS_OUT=False, HAS_SIDE=False), 1),
         (dict(CF=8, TRIANGLE=False, HAS_R=True, HAS_M=False, HAS_OUT=True, HAS_SIDE=True), 2),
-        (dict(CF=5, TRIANGLE=True, HAS_R=True, HAS_M=True, HAS_OUT=True, HAS_SIDE=True), 4),
+        (dict(CF=5, TRIANGLE=True, HAS_R=True, HAS_M=True, HAS_OUT=True, HAS_SIDE=True), 2),
     ],
     ids=["v1-cf2", "v2-cf8-side", "v2-cf5-triangle-rotation"],
 )
@@ -339,7 +340,8 @@ def test_cuda_out_buffer_big_batch_and_launch_runs(cuda_kernel_calls, monkeypatc
     layer = Decompress(spec).cuda()
     buf = torch.empty(16, *spec.sample_shape, device="cuda")
     assert layer(to_cuda(wire), out=buf) is buf
-    monkeypatch.setattr(fused_cuda, "MAX_PROGRAMS", 2 * 64 * 32)  # 2 x (channels x block rows x strips): runs of 2
+    strips = -(-32 // fused_cuda.launch_config(32)[0])
+    monkeypatch.setattr(fused_cuda, "MAX_PROGRAMS", 2 * (2 * 32 * strips))  # 2 x (channels x block rows x strips)
     again = layer(to_cuda(wire))
     torch.testing.assert_close(again, buf, atol=0, rtol=0)
     ref = decode_reference(wire, spec).float()
