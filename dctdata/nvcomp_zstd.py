@@ -279,13 +279,17 @@ class _Pending(NamedTuple):
     status: DecodeStatus
     counts: list[int]
     first: int
+    done: object  # the CUDA event recorded after the decode on the side stream, or None off CUDA
 
 
 class ZstdBatches:
     """Decodes the streams of several loader batches in one nvCOMP call (`start`) and hands the decoded samples
     back batch by batch (`finish`, which checks the status): the group decoder `DecodeAhead` drives.
 
-    `decode` is `decode_batch` (tests pass a CPU stand-in); `device` is where merged host buffers go."""
+    On CUDA the decode runs on a side stream of its own, after the work queued so far on the current stream (the
+    batches' copies), so it can overlap the model's work on the group before; `finish` makes the current stream
+    wait for it. `decode` is `decode_batch` (tests pass a CPU stand-in); `device` is where merged host buffers
+    go."""
 
     def __init__(self, sample_shape, dtype: torch.dtype, device=None, decode=decode_batch) -> None:
         self.sample_shape = tuple(int(s) for s in sample_shape)
@@ -293,17 +297,34 @@ class ZstdBatches:
         self.device = None if device is None else torch.device(device)
         self.decode = decode
         self.sample_bytes = math.prod(self.sample_shape) * torch.empty((), dtype=dtype).element_size()
+        self._streams: dict = {}
 
     def start(self, batches: Sequence[Streams], first: int = 0) -> _Pending:
         """Queue one decode of `batches` (numbered from `first` in errors)."""
         data, offsets, frames, counts = merge(batches, self.sample_bytes)
         if self.device is not None and data.device != self.device:
             data = data.to(self.device, non_blocking=True)
-        values, status = self.decode(data, offsets, self.sample_shape, self.dtype, frames)
-        return _Pending(values, status, counts, first)
+        if data.device.type != "cuda":
+            values, status = self.decode(data, offsets, self.sample_shape, self.dtype, frames)
+            return _Pending(values, status, counts, first, None)
+        side = self._streams.get(data.device)
+        if side is None:
+            side = self._streams[data.device] = torch.cuda.Stream(data.device)
+        side.wait_stream(torch.cuda.current_stream(data.device))  # the batches' bytes are there
+        with torch.cuda.stream(side):
+            values, status = self.decode(data, offsets, self.sample_shape, self.dtype, frames)
+            done = torch.cuda.Event()
+            done.record(side)
+        data.record_stream(side)  # allocated on the current stream, read on the side one
+        return _Pending(values, status, counts, first, done)
 
     def finish(self, pending: _Pending) -> list[torch.Tensor]:
         """The decoded samples of each batch of `pending`, after checking nvCOMP's status (waits for the decode)."""
+        if pending.done is not None:
+            pending.done.synchronize()
+            current = torch.cuda.current_stream(pending.values.device)
+            current.wait_event(pending.done)
+            pending.values.record_stream(current)  # allocated on the side stream, used on the current one
         bounds = np.concatenate([[0], np.cumsum(pending.counts)])
 
         def name(i: int) -> str:

@@ -20,6 +20,7 @@ import sys
 import pytest
 import torch
 from decode_checks import check_decompress
+from gpu_fakes import forget_kernel, interpreted_kernel
 
 import dctdata
 import dctdata.fused as fused
@@ -33,16 +34,9 @@ triton = pytest.importorskip("triton")
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """The kernel module imported afresh under TRITON_INTERPRET=1 (runs on CPU tensors); removed afterwards so
-    later imports compile for the GPU again."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    sys.modules.pop("dctdata._triton_synth", None)
-    monkeypatch.setattr(fused_cuda, "_kernel_module", None)
-    monkeypatch.setattr(fused_cuda, "_broken", None)
-    module = fused_cuda._module()
-    assert type(module.synthesize_kernel).__name__ == "InterpretedFunction"
-    yield module
-    sys.modules.pop("dctdata._triton_synth", None)
+    """The kernel module under Triton's interpreter (runs on CPU tensors)."""
+    yield interpreted_kernel(monkeypatch)
+    forget_kernel()
 
 
 def v2_spec(cf=3, mask="square", channels=2, height=11, width=19, wire="int8", rotation=True, normalized=True):

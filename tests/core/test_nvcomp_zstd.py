@@ -9,12 +9,12 @@ nvCOMP (`-m cuda`): bit-exact decodes of zstd-19 frames against the CPU decoder.
 """
 
 import sys
-import types
 
 import numpy as np
 import pytest
 import torch
 import zstandard
+from gpu_fakes import install_fake_nvcomp
 
 import dctdata.nvcomp_zstd as nz
 from dctdata.errors import DctDataError, IntegrityError, MissingExtraError
@@ -22,85 +22,9 @@ from dctdata.loaders.decode_ahead import DecodeAhead
 from dctdata.zstd_frames import FrameTable, encode_frames, frame_table
 
 
-class FakeBatch:
-    """nvcomp.BatchArray: entries viewing one buffer (torch CPU tensors here), and their sizes."""
-
-    def __init__(self, entries, sizes=None):
-        self.entries = entries
-        self.sizes = [e.numel() for e in entries] if sizes is None else sizes
-
-    def __len__(self):
-        return len(self.entries)
-
-    def __getitem__(self, i):
-        return self.entries[i][: self.sizes[i]]
-
-    @property
-    def buffer_sizes(self):
-        return list(self.sizes)
-
-
-class FakeCodec:
-    def __init__(self, owner, **kwargs):
-        self.owner, self.kwargs = owner, kwargs
-        owner.codecs.append(self)
-
-    def decompression_config(self, srcs):
-        self.owner.configs += 1
-        return ("config", tuple(e.numel() for e in srcs.entries))
-
-    def decode(self, srcs, data_type="", out=None, decompression_config=None):
-        assert decompression_config is not None and decompression_config[0] == "config"
-        if out is not None and self.owner.refuse_out:
-            raise TypeError("decode(): incompatible function arguments")
-        self.owner.decodes += 1
-        dctx = zstandard.ZstdDecompressor()
-        results, sizes = [], []
-        for f, src in enumerate(srcs.entries):
-            raw = dctx.decompress(src.numpy().tobytes())
-            if f in self.owner.short_frames:
-                raw = raw[:-1]
-            value = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-            if out is not None:
-                if len(raw) > out.entries[f].numel():
-                    raise ValueError("output buffer too small")
-                out.entries[f][: len(raw)] = value
-            results.append(value)
-            sizes.append(len(raw))
-        return FakeBatch(out.entries if out is not None else results, sizes)
-
-
-class FakeNvcomp(types.ModuleType):
-    """The parts of nvidia.nvcomp that dctdata.nvcomp_zstd uses."""
-
-    def __init__(self):
-        super().__init__("nvidia.nvcomp")
-        self.BitstreamKind = types.SimpleNamespace(RAW="RAW")
-        self.codecs, self.configs, self.decodes, self.arrays = [], 0, 0, []
-        self.refuse_out, self.short_frames, self.allocator = False, set(), "unset"
-
-    def Codec(self, **kwargs):  # noqa: N802 - nvCOMP's name
-        return FakeCodec(self, **kwargs)
-
-    def as_arrays(self, buffer, offsets, sizes, cuda_stream=0):
-        assert isinstance(offsets, list) and isinstance(sizes, list) and isinstance(cuda_stream, int)
-        for o in offsets:
-            if (buffer.data_ptr() + o) % 8:
-                raise RuntimeError("nvcompErrorAlignment")
-        self.arrays.append((offsets, sizes))
-        return FakeBatch([buffer[o : o + s] for o, s in zip(offsets, sizes)])
-
-    def set_device_allocator(self, allocator=None):
-        self.allocator = allocator
-
-
 @pytest.fixture
 def nv(monkeypatch):
-    fake = FakeNvcomp()
-    monkeypatch.setitem(sys.modules, "nvidia.nvcomp", fake)
-    monkeypatch.setattr(nz, "DEVICE_TYPES", ("cuda", "cpu"))  # the stand-in decodes CPU tensors
-    monkeypatch.setattr(nz, "_DECODERS", {})
-    return fake
+    return install_fake_nvcomp(monkeypatch)
 
 
 def coefficients(n, seed=0):
