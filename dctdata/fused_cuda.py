@@ -23,6 +23,7 @@ graph runs: a Triton or driver mismatch costs speed, not the decode.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -195,13 +196,14 @@ def synthesize(
         HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
     )  # fmt: skip
     run = max(1, MAX_PROGRAMS // per_sample)  # samples per launch
-    for b0 in range(0, b, run):
-        b1 = min(b, b0 + run)
-        module.synthesize_kernel[((b1 - b0) * per_sample,)](
-            q[b0:b1], out[b0:b1], tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy),
-            _or(tables.scale, dummy), _or(tables.shift, dummy), dummy if side is None else side[b0:b1], tables.t,
-            c, hb, wb, h, w, k, strips, **flags,
-        )  # fmt: skip
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # Triton launches on the current one
+        for b0 in range(0, b, run):
+            b1 = min(b, b0 + run)
+            module.synthesize_kernel[((b1 - b0) * per_sample,)](
+                q[b0:b1], out[b0:b1], tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy),
+                _or(tables.scale, dummy), _or(tables.shift, dummy), dummy if side is None else side[b0:b1], tables.t,
+                c, hb, wb, h, w, k, strips, **flags,
+            )  # fmt: skip
     return out
 
 

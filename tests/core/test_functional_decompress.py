@@ -10,7 +10,7 @@ import dctdata
 import dctdata.fused as fused
 import dctdata.fused_cuda as fused_cuda
 
-pytestmark = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
+needs_fused = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +39,7 @@ def assert_same(a, b, rel=1e-6):
     torch.testing.assert_close(a, b, atol=rel * max(1.0, float(b.abs().max())), rtol=0)
 
 
+@needs_fused
 @pytest.mark.parametrize("cf", range(1, 9))
 @pytest.mark.parametrize("mask", ["square", "triangle"])
 @pytest.mark.parametrize("lead, size", [((), (29, 43)), ((3,), (32, 64)), ((2, 2), (9, 70))])
@@ -53,6 +54,7 @@ def test_fused_path_equals_the_previous_path(cf, mask, lead, size, fused_calls, 
         torch.testing.assert_close(out, x, atol=1e-5, rtol=0)
 
 
+@needs_fused
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16, torch.int16])
 def test_every_input_dtype_equals_the_previous_path(dtype, fused_calls, monkeypatch):
     y = (40 * dctdata.compress(torch.rand(2, 3, 24, 40), 4)).to(dtype)
@@ -61,6 +63,7 @@ def test_every_input_dtype_equals_the_previous_path(dtype, fused_calls, monkeypa
     assert_same(out, previous_path(y, 4, (24, 40), "square", monkeypatch))
 
 
+@needs_fused
 def test_several_threads_split_the_batch_with_the_same_values(monkeypatch):
     monkeypatch.setattr(fused, "SPLIT_MIN_BYTES", 1 << 10)  # small outputs split too
     previous = torch.get_num_threads()
