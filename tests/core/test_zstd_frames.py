@@ -5,7 +5,6 @@ import io
 
 import numpy as np
 import pytest
-import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +20,8 @@ from dctdata.zstd_frames import (
     frame_table,
     walk,
 )
+
+zstandard = pytest.importorskip("zstandard")
 
 
 def coefficients(n: int, seed: int = 0) -> bytes:
