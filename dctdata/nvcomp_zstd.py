@@ -1,10 +1,12 @@
 """zstd on the GPU with nvCOMP: the zstd stage's device decoder (what its `device_decoder()` hook returns).
 
-`decode_batch(buffer, offsets, sample_shape, dtype)` decodes a collated batch (one uint8 CUDA buffer, (N+1)
-offsets on the host) of standard zstd streams, one sample each, in one nvCOMP call, into an (N, *sample_shape)
-tensor on the buffer's device, and returns it with a `DecodeStatus`. Needs the `gpu` extra
-(`pip install 'dctdata[gpu]'`: nvidia-nvcomp-cu13, which brings nvidia-libnvcomp-cu13; a CUDA 12 build of torch
-takes nvidia-nvcomp-cu12 instead); without it every entry point raises `MissingExtraError` naming the extra.
+`device_decoder(device)` gives the function the readers' `decode="device"` path calls with one batch's
+streams. Underneath, `decode_batch(buffer, offsets, sample_shape, dtype)` decodes a collated batch (one uint8
+CUDA buffer, (N+1) offsets) of standard zstd streams, one sample each, in one nvCOMP call, into an
+(N, *sample_shape) tensor on the buffer's device, and returns it with a `DecodeStatus`. Needs the `gpu` extra
+(`pip install 'dctdata[gpu]'`: nvidia-nvcomp-cu13, which brings nvidia-libnvcomp-cu13; a CUDA 12 build of
+torch takes nvidia-nvcomp-cu12 instead); without it every entry point raises `MissingExtraError` naming the
+extra.
 
 Why nvCOMP: it is NVIDIA's maintained GPU codec library and decodes standard zstd frames bit-exactly
 (`BitstreamKind.RAW`), so packs need no new format. What it cannot do, and how this module copes:
@@ -263,6 +265,26 @@ def decode_batch(
         raise DctDataError(f"frames: sample {i}: expected frames declaring {sample_bytes} bytes. Got {got}")
     flat, status = decode_frames(buffer, table)
     return flat.view(dtype).view(n, *shape), status
+
+
+def device_decoder(device) -> Callable | None:
+    """What the zstd stage's `device_decoder(device)` hook returns (`dctdata.stored.decode_stored` calls it for
+    `decode="device"`): on CUDA, `decode(buffer, offsets, sample_shape, dtype, where=None)` -> the
+    (S, *sample_shape) tensor of the S streams, decoded by nvCOMP and checked (an IntegrityError names
+    `where(k)`, default "stream k", of a stream that decoded short or long); None on other devices, where the
+    CPU decoder runs. On CUDA without nvCOMP: MissingExtraError naming the `gpu` extra."""
+    if torch.device(device).type not in DEVICE_TYPES:
+        return None
+    nvcomp()
+    return _decode_streams
+
+
+def _decode_streams(buffer, offsets, sample_shape, dtype, where: Callable[[int], str] | None = None):
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.from_numpy(np.zeros(0, np.dtype(dtype))).dtype  # numpy's (little-endian) dtype
+    values, status = decode_batch(buffer, offsets, sample_shape, dtype)
+    status.check("zstd device decode (nvCOMP)", where or (lambda k: f"stream {k}"))
+    return values
 
 
 class Streams(NamedTuple):

@@ -309,3 +309,89 @@ def test_cuda_decode_ahead_over_device_batches(real_nvcomp):
     on_device = [nz.Streams(b.data.cuda(), b.offsets, b.frames) for b in batches]
     decoded = list(DecodeAhead(on_device, nz.ZstdBatches((4096,), torch.int8), group=4))
     assert [d.cpu().numpy().tobytes() for d in decoded] == raws
+
+
+def test_device_decoder_is_the_stage_hook(nv, monkeypatch):
+    """The function the readers' decode_stored calls: numpy dtype in, checked tensor out, streams named."""
+    monkeypatch.setattr(nz, "DEVICE_TYPES", ("cuda",))
+    assert nz.device_decoder("cpu") is None  # the CPU decoder runs there
+    monkeypatch.setattr(nz, "DEVICE_TYPES", ("cuda", "cpu"))
+    decode = nz.device_decoder(torch.device("cpu"))
+    raws = [coefficients(2 * 30, s) for s in range(3)]
+    data, offsets, _ = collated([zstandard.ZstdCompressor(level=19).compress(r) for r in raws])
+    out = decode(data, torch.from_numpy(offsets), (2, 15), np.dtype("<i2"))
+    assert out.dtype == torch.int16 and out.shape == (3, 2, 15) and out.numpy().tobytes() == b"".join(raws)
+    nv.short_frames = {2}
+    with pytest.raises(IntegrityError, match=r"zstd device decode \(nvCOMP\): .* in stream 2 \(59 of 60 bytes\)"):
+        decode(data, offsets, (60,), np.uint8)
+    with pytest.raises(IntegrityError, match=r"in field 'x' sample 7 \(59 of 60 bytes\)"):
+        decode(data, offsets, (60,), np.uint8, where=lambda k: f"field 'x' sample {5 + k}")
+    monkeypatch.setitem(sys.modules, "nvidia.nvcomp", None)
+    with pytest.raises(MissingExtraError, match=r"pip install 'dctdata\[gpu\]'"):
+        nz.device_decoder("cpu")
+
+
+def zstd_pack(tmp_path, fmt):
+    """A small zstd-19 pack of two-channel fields, side values in its streams (the readers' test packs' kind)."""
+    from sample_fields import smooth_fields
+
+    import dctdata
+
+    src = tmp_path / "src.npz"
+    np.savez(src, image=smooth_fields(12, 2, 24, 40, seed=3), label=np.arange(12, dtype=np.int64))
+    out = tmp_path / fmt
+    kw = {"writer_options": {"samples_per_shard": 4}} if fmt == "webdataset" else {}
+    dctdata.pack(str(src), str(out), format=fmt, target_psnr=35, codec={"id": "zstd", "level": 19}, quiet=True, **kw)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_device_decoder_on_the_readers_stored_batches(nv, tmp_path, fmt, monkeypatch):
+    """The streams `open_dataset(decode="device")` yields (zarr chunks, webdataset members with their .npy
+    headers) decode through the hook to the bytes the CPU decoder gives."""
+    import dctdata
+    from dctdata.loaders.distributed import make_loader
+    from dctdata.stored import decode_stored
+
+    path = zstd_pack(tmp_path, fmt)
+    ds = dctdata.open_dataset(str(path), decode="device", as_dict=True, **({"shuffle": False} if fmt != "zarr" else {}))
+    lossless = ds.decompressor("image").lossless
+    decode = nz.device_decoder("cpu")
+    batches = list(make_loader(ds, batch_size=5, shuffle=False))
+    assert batches
+    for b in batches:
+        stored = b["image"]
+        form = stored.form
+        shape, dtype = ((form.rows, *form.shape), np.dtype(form.dtype)) if form.raw else ((form.decoded,), np.uint8)
+        cpu = decode_stored(lossless, stored.data, stored.offsets, shape, dtype)
+        dev = decode(stored.data, stored.offsets, shape, np.dtype(dtype).newbyteorder("<"))
+        assert torch.equal(dev, cpu)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_cuda_decode_device_through_nvcomp_is_cpu_decode_bit_for_bit(real_nvcomp, tmp_path, fmt, monkeypatch):
+    """`open_dataset(decode="device")` on CUDA with the zstd stage's hook returning this decoder (what the stages
+    package wires): the layer's arrays are those of decode="cpu", bit for bit."""
+    import dctdata
+    from dctdata.lossless import get_codec
+    from dctdata.loaders.distributed import make_loader
+
+    path = zstd_pack(tmp_path, fmt)
+    calls = []
+
+    def hook(self, device):
+        decode = nz.device_decoder(device)
+        return None if decode is None else (lambda *a, **k: calls.append(1) or decode(*a, **k))
+
+    monkeypatch.setattr(type(get_codec({"id": "zstd", "level": 19})), "device_decoder", hook, raising=False)
+    kw = {"shuffle": False} if fmt != "zarr" else {}
+    cpu = dctdata.open_dataset(str(path), as_dict=True, **kw)
+    dev = dctdata.open_dataset(str(path), decode="device", as_dict=True, **kw)
+    layer = dev.decompressor("image").to("cuda")
+    pairs = zip(make_loader(cpu, batch_size=5, shuffle=False), make_loader(dev, batch_size=5, shuffle=False))
+    for a, b in pairs:
+        want = a["image"]
+        want = tuple(t.cuda() for t in want) if isinstance(want, (tuple, list)) else want.cuda()
+        assert torch.equal(layer(b["image"].to("cuda")), layer(want))
+    assert calls
