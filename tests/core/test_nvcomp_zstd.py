@@ -374,8 +374,8 @@ def test_cuda_decode_device_through_nvcomp_is_cpu_decode_bit_for_bit(real_nvcomp
     """`open_dataset(decode="device")` on CUDA with the zstd stage's hook returning this decoder (what the stages
     package wires): the layer's arrays are those of decode="cpu", bit for bit."""
     import dctdata
-    from dctdata.lossless import get_codec
     from dctdata.loaders.distributed import make_loader
+    from dctdata.lossless import get_codec
 
     path = zstd_pack(tmp_path, fmt)
     calls = []
