@@ -63,7 +63,7 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
     scale, shift (C,) float32 and side (B, C, 2) = [range, mid]: the output map alpha = scale range,
     beta = scale mid + shift (alpha = scale, beta = shift without side); t (8, 8) float32: the DCT matrix.
     Pointers of absent tables are never read (their flags are off). The loop over u runs at run time and
-    the one over v is unrolled (CF terms): a fully unrolled CF 8 kernel took 13x longer to compile. Sizes are
+    the one over v is unrolled (CF terms): unrolling both made the CF 8 kernel many times slower to compile. Sizes are
     not specialized on (only W, whose multiples of 16 let rows be stored aligned), so one compile serves
     every sample size of a codec.
     """

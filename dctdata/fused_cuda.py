@@ -2,11 +2,11 @@
 
 Why hand-written: on CUDA the portable graph (`transform.synthesize_portable`) runs each step as its own
 kernel, and a v2 codec (dead zone with reconstruction offsets, channel rotation, per-sample (range, mid),
-normalization) adds half a dozen elementwise passes over the coefficients before the two matmuls, so it
-decoded at about half of v1's GB/s (issue 28). torch.compile fuses them too, but compiles per shape and
-cannot run inside a DataLoader-fed eager loop without its start-up cost; a Triton kernel is compiled once
-per codec shape class and does dequantization, rotation, side map, normalization, inverse DCT and crop in
-one pass that reads the stored coefficients once and writes each output pixel once.
+normalization) adds half a dozen elementwise passes over the coefficients before the two matmuls, each a
+round trip through device memory, so v2 decoded well below v1 (issue 28). torch.compile fuses them too,
+but it compiles per shape and only inside a compiled model; a Triton kernel is compiled once per codec
+class and does dequantization, rotation, side map, normalization, inverse DCT and crop in one pass that
+reads the stored coefficients once and writes each output pixel once.
 
 What it computes is the fused CPU kernel's (`dctdata.fused`, from the same `fused.tables_for` tables):
     y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + 8 beta[b, c] [k = 0]

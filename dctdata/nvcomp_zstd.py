@@ -15,8 +15,8 @@ Why nvCOMP: it is NVIDIA's maintained GPU codec library and decodes standard zst
   each stream's frame and block headers and checks the declared sizes add up to the sample (also in the
   workers, on the host). `DecodeStatus` then compares the sizes nvCOMP reports with the declared ones: a
   last check, not a defence against hostile bytes.
-- Each call has a fixed cost of milliseconds whatever its size (issue 28 measured about 4 ms on an H200 for
-  32 to 1,024 frames of 64 KiB), so one call per loader batch of 32 caps a loader far below the CPU path.
+- Each call has a fixed cost of milliseconds whatever its size (issue 28), so one call per loader batch of
+  32 caps a loader far below the CPU path.
   `ZstdBatches` merges several batches' streams into one call, and `dctdata.loaders.decode_ahead.DecodeAhead`
   drives it with the next group's call queued before this group's batches are handed out.
 - Input, output and temporary buffers must be 8-byte aligned (`nvcompZstdRequiredDecompressionAlignment`):
