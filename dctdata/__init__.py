@@ -39,7 +39,7 @@ _LAZY = {
     "basis": "dctdata.transform",
     "compress": "dctdata.transform",
     "dct_matrix": "dctdata.transform",
-    "decompress": "dctdata.transform",
+    "decompress": "dctdata.functional",
     "dequantize": "dctdata.quantize",
     "encode": "dctdata.quantize",
     "kept_frequencies": "dctdata.transform",
