@@ -4,8 +4,9 @@ Why hand-written: the project's rule is to use a maintained entropy coder librar
 job at the speed the loaders need (>= 300 MB/s of float32-equivalent output per core). Measured side by
 side on the same coefficients: constriction (rANS) 10-40x slower with per-context models (7 MB/s on
 60x76 tiles), numba 0.6x the C kernel plus ~2 s of JIT start-up per DataLoader worker, numpy-vectorized
-interleaved lanes at most 42 MB/s. So the kernel is ~500 lines of C (`_ctxrans.c`, built by setuptools at
-install time), fuzzed in tests/core/test_entropy.py (and under ASan/UBSan when it was written).
+interleaved lanes at most 42 MB/s. So the kernel is C: `ctxrans_core.c` (no Python; scalar and AVX2 decoders) and
+the CPython module around it, `_ctxrans.c`, built by setuptools at install time, fuzzed in
+tests/core/test_entropy.py (the command to run that under ASan/UBSan is there).
 
 Drop-in for the product's lossless stage (numcodecs style, config in the manifest):
 
@@ -14,7 +15,7 @@ Drop-in for the product's lossless stage (numcodecs style, config in the manifes
     buf = codec.encode(q)                                      # q: (B, C, Hb, K, Wb) int8/int16 -> bytes
     q2 = CtxCodec.from_config(config).decode(buf, q.shape, q.dtype)
 
-What is coded (_ctxrans.c has the bit-exact definition): every coefficient, in memory order of the
+What is coded (ctxrans_core.c has the bit-exact definition): every coefficient, in memory order of the
 (B, C, Hb, K, Wb) layout, so the decoder writes its output sequentially.
   * DC (k = 0): residual from floor((left + top) / 2), context = local DC activity |L - TL| + |T - TL|.
   * AC (k > 0): the value, context = frequency class of k (k itself, or the diagonal u + v: fewer

@@ -11,7 +11,8 @@ one (then reinstall: `pip install -e .`):
 
     SO=$(python -c "import dctdata.entropy._ctxrans as k; print(k.__file__)")
     gcc -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -std=c99 -shared -fPIC \
-        -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") dctdata/entropy/_ctxrans.c -o $SO
+        -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") dctdata/entropy/_ctxrans.c \
+        dctdata/entropy/ctxrans_core.c -o $SO
     LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
         ASAN_OPTIONS=detect_leaks=0 pytest -q -p no:cacheprovider tests/core/test_entropy.py
 """
