@@ -108,10 +108,10 @@ static PyObject *py_decode(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*w*Oi", &mb, &ib, &ob, &shape, &itemsize)) return NULL;
     PyObject *res = NULL;
     model_t m; int dims[5]; Py_ssize_t n;
-    const char *err = NULL;
+    const char *err = NULL; char msg[CTX_MSG];
     if (decode_setup(&mb, shape, itemsize, ob.len, 1, &m, dims, &n) == 0) {
         Py_BEGIN_ALLOW_THREADS
-        err = ctx_decode(&m, (const uint8_t *)ib.buf, ib.len, ob.buf, ob.len, dims, itemsize);
+        err = ctx_decode(&m, (const uint8_t *)ib.buf, ib.len, ob.buf, ob.len, dims, itemsize, msg, sizeof msg);
         Py_END_ALLOW_THREADS
         if (err) PyErr_SetString(PyExc_ValueError, err);
         else { res = Py_None; Py_INCREF(res); }
@@ -128,7 +128,7 @@ static PyObject *py_decode_many(PyObject *self, PyObject *args) {
     Py_buffer mb, ob; PyObject *seq, *shape; int itemsize;
     if (!PyArg_ParseTuple(args, "y*Ow*Oi", &mb, &seq, &ob, &shape, &itemsize)) return NULL;
     PyObject *res = NULL, *fast = PySequence_Fast(seq, "ctxrans: bufs must be a sequence of bytes-like objects");
-    Py_buffer *bufs = NULL; Py_ssize_t got = 0, k = 0;
+    Py_buffer *bufs = NULL; Py_ssize_t got = 0, k = 0; char msg[CTX_MSG];
     model_t m; int dims[5]; Py_ssize_t n;
     if (!fast) goto done;
     const Py_ssize_t items = PySequence_Fast_GET_SIZE(fast);
@@ -141,7 +141,7 @@ static PyObject *py_decode_many(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (; k < items; k++)
         if (ctx_decode(&m, (const uint8_t *)bufs[k].buf, bufs[k].len, (uint8_t *)ob.buf + k * each, each, dims,
-                       itemsize)) break;
+                       itemsize, msg, sizeof msg)) break;
     Py_END_ALLOW_THREADS
     res = PyLong_FromSsize_t(k);
 done:
@@ -169,6 +169,13 @@ static PyObject *py_set_gather(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ctx_set_gather(on));
 }
 
+/* max_coefficients(nbytes) -> the most coefficients a stream of nbytes can code (decode refuses larger shapes) */
+static PyObject *py_max_coefficients(PyObject *self, PyObject *args) {
+    long long len;
+    if (!PyArg_ParseTuple(args, "L", &len)) return NULL;
+    return PyLong_FromLongLong((long long)ctx_max_coefficients(len));
+}
+
 static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize) -> bytes"},
     {"decode", py_decode, METH_VARARGS, "decode(model, buf, out, shape, itemsize) -> None"},
@@ -176,6 +183,8 @@ static PyMethodDef methods[] = {
     {"set_simd", py_set_simd, METH_VARARGS, "set_simd([on]) -> previous: the AVX2 decoder of mode 2 on or off"},
     {"set_gather", py_set_gather, METH_VARARGS,
      "set_gather([instruction]) -> previous: the AVX2 decoder's lookups by gather instructions or scalar loads"},
+    {"max_coefficients", py_max_coefficients, METH_VARARGS,
+     "max_coefficients(nbytes) -> the most coefficients a stream of nbytes bytes can code"},
     {"contexts", py_contexts, METH_VARARGS, "contexts(model, q, shape, itemsize, ctx_out, tok_out) -> raw bits"},
     {NULL, NULL, 0, NULL}};
 

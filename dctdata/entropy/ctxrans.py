@@ -66,7 +66,7 @@ import dctdata.entropy._ctxrans as _ctxrans
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.transform import kept_frequencies as _kept_frequencies
 
-__all__ = ["CtxCodec", "CtxCodecError", "fit", "kept_frequencies"]
+__all__ = ["CtxCodec", "CtxCodecError", "check_coefficients", "fit", "kept_frequencies", "max_coefficients"]
 
 
 def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
@@ -100,6 +100,21 @@ MAX_ELEMENTS = 1 << 34  # refuse absurd declared shapes before allocating
 
 class CtxCodecError(IntegrityError):
     """Malformed stream, config or arguments (an IntegrityError, so a DctDataError and a ValueError)."""
+
+
+def max_coefficients(nbytes: int) -> int:
+    """The most coefficients a stream of `nbytes` bytes can code: 2^19 + 2^14 per byte, a bound that follows
+    from the coder's arithmetic (ctxrans_core.c, ctx_max_coefficients, has the derivation) and holds for every
+    stream this codec writes; the most compressible array, all zeros, codes about 6,500 per byte. A reader
+    checks a declared shape against it before allocating, so a small stream cannot claim a huge array."""
+    return _ctxrans.max_coefficients(int(nbytes))
+
+
+def check_coefficients(nbytes: int, count: int) -> None:
+    """CtxCodecError when a stream of `nbytes` bytes cannot hold `count` coefficients (`max_coefficients`)."""
+    most = max_coefficients(nbytes)
+    if count > most:
+        raise CtxCodecError(f"ctxrans: a stream of {nbytes} bytes cannot hold {count} coefficients (at most {most})")
 
 
 def _check_out(out) -> None:
@@ -554,7 +569,11 @@ class CtxCodec:
             _check_out(out)
             shape, dtype = out.shape, out.dtype
         shape, dt = self._declared(shape, dtype)
-        if out is None:
+        if out is None:  # a declared shape the stream cannot hold is refused before its array is allocated
+            try:
+                check_coefficients(memoryview(buf).nbytes, math.prod(shape))
+            except TypeError:
+                raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
             out = np.empty(shape, dt)
         try:
             self._k.decode(self._blob, buf, out, shape, dt.itemsize)

@@ -53,6 +53,7 @@
  * examples/entropy_decode_speed.py), so they are the default on AMD CPUs; elsewhere the instruction is (not
  * measured). `set_gather` switches it; both read the same bytes, and only the loads are visible to ASan.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -819,6 +820,11 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_sl(DEC_RUN_ARGS) {
         j += cnt;                                                                                                     \
     }
 
+/* A stream that ran past the end of its words or of its bits cannot end cleanly: the walk stops at the start of the
+ * next block row or run after that (its caller reports how far it got), so the work done on a stream that ends early
+ * is bounded by the stream, not by the declared shape. */
+#define OVERRUN (r.over || bp.pos > (uint64_t)bp.len * 8)
+
 static inline __attribute__((always_inline)) ptrdiff_t dec_walk(const model_t *m, void *q, int B, int C, int Hb,
                                                                  int K, int Wb, rans_t *x, rbuf_t *rr, bitp_t *br,
                                                                  const int IS8, const int FL, const int NS) {
@@ -855,6 +861,7 @@ static inline __attribute__((always_inline)) ptrdiff_t dec_walk(const model_t *m
         const int chctx = use_ch && c > 0, sflag = use_sflip && c > 0;
         for (int hb = 0; hb < Hb; hb++) {
             char *row = pc + hb * rowstride * es;
+            if (OVERRUN) goto stop;
             { /* DC plane: the prediction and context use the left neighbour, decoded just before */
                 const int32_t base = kc[0];
                 for (int wb = 0; wb < Wb; wb++) {
@@ -883,6 +890,7 @@ static inline __attribute__((always_inline)) ptrdiff_t dec_walk(const model_t *m
                 const char *pch = c > 0 ? pl - chstride * es : pl; /* only read when c > 0 */
                 const int32_t base = kc[k];
                 for (int w0 = 0; w0 < Wb; w0 += DEC_BLOCK) {
+                    if (OVERRUN) { n += w0; goto stop; }
                     const int nw = Wb - w0 < DEC_BLOCK ? Wb - w0 : DEC_BLOCK;
                     int j0 = 0; /* contexts from decoded neighbours only: 8 at a time, then one at a time */
 #if HAVE_SIMD
@@ -978,6 +986,7 @@ static inline __attribute__((always_inline)) ptrdiff_t dec_walk(const model_t *m
             }
         }
     }
+stop:
     *rr = r; *br = bp;
     if (NS == NS0) {
         if (n & 1) { x[0] = xb; x[1] = xa; } else { x[0] = xa; x[1] = xb; }
@@ -1010,12 +1019,32 @@ static dec_fn pick_decoder(int flags, int itemsize, int lanes) {
     return lanes ? (itemsize == 1 ? dec_i8_any_l : dec_i16_any_l) : (itemsize == 1 ? dec_i8_any : dec_i16_any);
 }
 
+/* What a stream of len bytes can code at most (mode 0, 2 or 3 with tables whose frequencies are all >= 1, as
+ * ctxrans.py builds them; mode 1 holds fewer). Decoding a coefficient takes a token symbol, which multiplies its
+ * state x by at most (2 fmax + M - 1) / (3 M) with M = 2^15 and fmax = M - (NTOK - 1) (every other token keeps a
+ * frequency of 1 or more): x' = f (x >> 15) + (x mod M) - cum[t], x >> 15 >= 2 in mode 2 (x >= 2^16), the
+ * worst case; so log2 x falls by at least 0.000822 per coefficient (mode 0: 0.00121); sign-flip symbols never
+ * raise it. It rises only by the words read: at most 16.6 bits per 16-bit word (x' >= 2 before one), 32.0001
+ * per 32-bit word. From initial states below 2^32 (2^63) to final ones at L = 2^16 (2^31): a mode 2 stream of
+ * len bytes codes at most (16 * 16 + 8.3 len) / 0.000822 < 311,500 + 10,100 len coefficients, a mode 0 one at
+ * most (2 * 32 + 8.0001 len) / 0.00121 < 53,000 + 6,700 len; a mode 3 stream is segments of those, each at least
+ * 66 (18) bytes long, at most 14,900 (9,700) coefficients per byte of the segment. 2^19 + 2^14 len covers all.
+ * The most compressible array (all zeros, every token at fmax) costs 0.00123 bits a coefficient: 6,500 per byte. */
+int64_t ctx_max_coefficients(int64_t len) { return ((int64_t)1 << 19) + ((int64_t)1 << 14) * (len < 0 ? 0 : len); }
+
 /* One stream into `out` (n * itemsize bytes of shape dims), without the GIL's help: NULL when it decoded
- * cleanly, else the error. The model's vector steps (m->vsteps) are set by the caller for these dims. */
+ * cleanly, else the error (a static string, or `msg` with numbers in it). The model's vector steps (m->vsteps)
+ * are set by the caller for these dims. */
 const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void *out, ptrdiff_t outlen,
-                       const int dims[5], int itemsize) {
+                       const int dims[5], int itemsize, char *msg, size_t cap) {
     const uint8_t *end = in + len;
+    const ptrdiff_t total = dims_count(dims);
     if (len < 1) return "ctxrans: empty stream";
+    if (total > ctx_max_coefficients(len)) {
+        snprintf(msg, cap, "ctxrans: a stream of %td bytes cannot hold %td coefficients (at most %lld)", len, total,
+                 (long long)ctx_max_coefficients(len));
+        return msg;
+    }
     if (in[0] == MODE_RAW) {
         if (len - 1 != outlen) return "ctxrans: raw stream has the wrong length";
         memcpy(out, in + 1, outlen);
@@ -1040,15 +1069,19 @@ const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void 
     if (nr > (uint64_t)(end - p)) return "ctxrans: truncated stream (section length beyond the end)";
     rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
     bitp_t b; b.base = p + nr; b.len = end - (p + nr); b.pos = 0; b.fast = b.len >= 8 ? (uint64_t)(b.len - 7) : 0;
-    pick_decoder(m->flags, itemsize, lanes)(m, out, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
-    if (r.over) return "ctxrans: truncated stream";
+    const ptrdiff_t done =
+        pick_decoder(m->flags, itemsize, lanes)(m, out, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
+    if (r.over || b.pos > (uint64_t)b.len * 8) {
+        snprintf(msg, cap, "ctxrans: truncated stream (its %s ran out by coefficient %td of %td)",
+                 r.over ? "rANS words" : "raw bits", done, total);
+        return msg;
+    }
     int clean = r.p == r.end;
     for (int s = 0; s < ns; s++) clean &= x[s] == lo;
     if (!clean) return "ctxrans: corrupt stream (does not end cleanly)";
     if ((b.pos + 7) / 8 != (uint64_t)b.len) return "ctxrans: corrupt stream (bit section length)";
     return NULL;
 }
-
 
 void ctx_decode_setup(model_t *m, const int dims[5]) {
     m->vsteps = g_simd && dims[4] >= VEC_CTX_MIN && find_steps(m->bin, &m->sin) && find_steps(m->blt, &m->slt) &&

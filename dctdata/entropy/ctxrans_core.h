@@ -63,8 +63,12 @@ const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int i
 const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int itemsize, int32_t *ctx, uint8_t *tok,
                          int64_t *bits);
 void ctx_decode_setup(model_t *m, const int dims[5]); /* before ctx_decode of arrays of these dims */
-/* One stream into `out` (outlen = the array's bytes), never reading outside `in` or writing outside `out` */
+/* One stream into `out` (outlen = the array's bytes), never reading outside `in` or writing outside `out`; an
+ * error with numbers in it is written to msg (cap bytes) */
 const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void *out, ptrdiff_t outlen,
-                       const int dims[5], int itemsize);
+                       const int dims[5], int itemsize, char *msg, size_t cap);
+#define CTX_MSG 200 /* enough for any message of ctx_decode */
+/* The most coefficients a stream of len bytes can code (ctx_decode refuses a larger declared shape at once) */
+int64_t ctx_max_coefficients(int64_t len);
 
 #endif
