@@ -45,21 +45,23 @@ static int parse_shape(PyObject *shape, int dims[5], Py_ssize_t *n) {
 }
 
 
-/* encode(model, q_buffer, shape, itemsize, mode=0) -> bytes: mode 0 or 2 (the rANS layouts of ctxrans_core.c), or
- * mode 1 = raw when coding does not save */
+/* encode(model, q_buffer, shape, itemsize, mode=0, nseg=0) -> bytes: mode 0, 2 or 3 with nseg segments (the layouts
+ * of ctxrans_core.c), or mode 1 = raw when coding does not save */
 static PyObject *py_encode(PyObject *self, PyObject *args) {
-    Py_buffer mb, qb; PyObject *shape; int itemsize, mode = MODE_RANS;
-    if (!PyArg_ParseTuple(args, "y*y*Oi|i", &mb, &qb, &shape, &itemsize, &mode)) return NULL;
+    Py_buffer mb, qb; PyObject *shape; int itemsize, mode = MODE_RANS, nseg = 0;
+    if (!PyArg_ParseTuple(args, "y*y*Oi|ii", &mb, &qb, &shape, &itemsize, &mode, &nseg)) return NULL;
     PyObject *res = NULL;
     model_t m; int dims[5]; Py_ssize_t n;
-    if (mode != MODE_RANS && mode != MODE_LANES) { raise_core("ctxrans: encode mode must be 0 or 2"); goto done; }
+    if (mode != MODE_RANS && mode != MODE_LANES && mode != MODE_SEGMENTS) {
+        raise_core("ctxrans: encode mode must be 0, 2 or 3"); goto done;
+    }
     if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
     if ((itemsize != 1 && itemsize != 2) || qb.len != n * itemsize) {
         PyErr_SetString(PyExc_ValueError, "ctxrans: buffer size does not match shape * itemsize"); goto done;
     }
     const char *err; uint8_t *out; ptrdiff_t outlen;
     Py_BEGIN_ALLOW_THREADS
-    err = ctx_encode(&m, qb.buf, dims, itemsize, mode, &out, &outlen);
+    err = ctx_encode(&m, qb.buf, dims, itemsize, mode, nseg, &out, &outlen);
     Py_END_ALLOW_THREADS
     if (err) raise_core(err);
     else res = PyBytes_FromStringAndSize((const char *)out, outlen);
@@ -177,7 +179,7 @@ static PyObject *py_max_coefficients(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize) -> bytes"},
+    {"encode", py_encode, METH_VARARGS, "encode(model, q, shape, itemsize, mode=0, nseg=0) -> bytes"},
     {"decode", py_decode, METH_VARARGS, "decode(model, buf, out, shape, itemsize) -> None"},
     {"decode_many", py_decode_many, METH_VARARGS, "decode_many(model, bufs, out, shape, itemsize) -> decoded"},
     {"set_simd", py_set_simd, METH_VARARGS, "set_simd([on]) -> previous: the AVX2 decoder of mode 2 on or off"},
@@ -206,6 +208,7 @@ PyMODINIT_FUNC CAT(PyInit_, MODNAME)(void) {
         PyModule_AddIntConstant(mod, "SCALE", SCALE); PyModule_AddIntConstant(mod, "NFEAT", NFEAT);
         PyModule_AddIntConstant(mod, "LUTB", LUTB); PyModule_AddIntConstant(mod, "MAGIC", MAGIC);
         PyModule_AddIntConstant(mod, "TABPAD", TABPAD); PyModule_AddIntConstant(mod, "MODE_LANES", MODE_LANES);
+        PyModule_AddIntConstant(mod, "MODE_SEGMENTS", MODE_SEGMENTS);
     }
     return mod;
 }

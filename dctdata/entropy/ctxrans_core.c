@@ -135,12 +135,14 @@ static inline int token_of(uint32_t m, int *nb, uint32_t *extra) {
  * each coefficient it computes the context, then runs STEP with: ctx, p (pointer to the value: the
  * encoder reads *p, the decoder writes it), pred (DC prediction, 0 for AC), prevv (previous-channel
  * value, 0 if none), sflag (sign coded as a flip of prevv's). Per plane the neighbour pointers are
- * hoisted; edge cases use pointer aliasing instead of branches. */
+ * hoisted; edge cases use pointer aliasing instead of branches. The walk covers Hb block rows of an array of
+ * Hf (strides), from q: a segment's rows (mode 3) are walked as an array of their own, the first of them
+ * without a row above. */
 #define WALK(T, STEP) WALKF(T, STEP, m->flags)
 /* FL: the flags, a constant in the specialised decoders (the compiler then drops unused features) */
 #define WALKF(T, STEP, FL)                                                                                \
 {                                                                                                         \
-    const ptrdiff_t rowstride = (ptrdiff_t)K * Wb, chstride = (ptrdiff_t)Hb * K * Wb;                  \
+    const ptrdiff_t rowstride = (ptrdiff_t)K * Wb, chstride = (ptrdiff_t)Hf * K * Wb;                  \
     const int use_lt = (FL) & F_LT, use_ch = (FL) & F_CH, use_top = (FL) & F_TOP;                         \
     const int use_wide = (FL) & F_WIDE, use_sflip = (FL) & F_SFLIP;                                       \
     for (int b = 0; b < B; b++) for (int c = 0; c < C; c++) {                                             \
@@ -255,7 +257,7 @@ static inline void enc_put(rans_t *x, uint8_t **ptr, uint32_t start, uint32_t fr
       ctxo[n] = ctx; toko[n] = (uint8_t)t; n++; }
 
 #define FILL_FUNC(T, SUF)                                                                                 \
-static ptrdiff_t fill_##SUF(const model_t *m, T *q, int B, int C, int Hb, int K, int Wb,                \
+static ptrdiff_t fill_##SUF(const model_t *m, T *q, int B, int C, int Hb, int Hf, int K, int Wb,        \
                              int32_t *ctxo, uint8_t *toko, bitw_t *bw) {                                  \
     ptrdiff_t n = 0;                                                                                     \
     WALK(T, ENC_STEP)                                                                                     \
@@ -275,13 +277,32 @@ static ptrdiff_t dims_count(const int dims[5]) {
     return n;
 }
 
-/* mode 0 or 2 (the rANS layouts above), or the raw copy (mode 1) when coding does not save */
-const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int itemsize, int mode, uint8_t **out,
-                       ptrdiff_t *outlen) {
+/* The rows h0 .. h0 + Hs - 1 of q (dims: the whole array) as they are coded: in walk order (b, c, row, k, wb) */
+static void gather_rows(const void *q, const int dims[5], int h0, int Hs, int itemsize, uint8_t *dst) {
+    const ptrdiff_t row = (ptrdiff_t)dims[3] * dims[4] * itemsize, ch = row * dims[2];
+    for (ptrdiff_t bc = 0; bc < (ptrdiff_t)dims[0] * dims[1]; bc++, dst += row * Hs)
+        memcpy(dst, (const uint8_t *)q + bc * ch + h0 * row, row * Hs);
+}
+
+/* Mode 1: the raw copy of rows h0 .. h0 + Hs - 1 of q, into a malloc'd *out */
+static const char *raw_part(const void *q, const int dims[5], int h0, int Hs, int itemsize, uint8_t **out,
+                            ptrdiff_t *outlen) {
+    const ptrdiff_t qlen = (ptrdiff_t)dims[0] * dims[1] * Hs * dims[3] * dims[4] * itemsize;
+    *out = (uint8_t *)malloc(qlen + 1);
+    if (!*out) return CTX_ENOMEM;
+    (*out)[0] = MODE_RAW; gather_rows(q, dims, h0, Hs, itemsize, *out + 1); *outlen = qlen + 1;
+    return NULL;
+}
+
+/* One part of a stream: rows h0 .. h0 + Hs - 1 of q (all of it in modes 0 and 2, a segment in mode 3) in
+ * `mode` (0 or 2), or the raw copy of those rows (mode 1) when coding does not save, into a malloc'd *out */
+static const char *encode_part(const model_t *m, const void *q, const int dims[5], int h0, int Hs, int itemsize,
+                               int mode, uint8_t **out, ptrdiff_t *outlen) {
     *out = NULL; *outlen = 0;
-    if (mode != MODE_RANS && mode != MODE_LANES) return "ctxrans: encode mode must be 0 or 2";
     const int w16 = mode == MODE_LANES, ns = w16 ? NS2 : NS0, state_bytes = w16 ? 4 : 8;
-    const ptrdiff_t n = dims_count(dims), qlen = n * itemsize;
+    const int B = dims[0], C = dims[1], Hf = dims[2], K = dims[3], Wb = dims[4];
+    const ptrdiff_t n = (ptrdiff_t)B * C * Hs * K * Wb, qlen = n * itemsize;
+    const void *q0 = (const uint8_t *)q + (ptrdiff_t)h0 * K * Wb * itemsize;
     const char *err = NULL;
     int32_t *ctxo = (int32_t *)malloc(n * sizeof(int32_t)); uint8_t *toko = (uint8_t *)malloc(n);
     ptrdiff_t rcap = n * 4 + 64;        /* token + flip cost < 32 bits per coefficient, + header */
@@ -291,12 +312,11 @@ const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int i
     if (!ctxo || !toko || !rbuf || !bw.buf) { err = CTX_ENOMEM; goto done; }
     uint8_t *ptr = rbuf + rcap;
     {
-        const int B = dims[0], C = dims[1], Hb = dims[2], K = dims[3], Wb = dims[4];
-        if (itemsize == 1) fill_i8(m, (int8_t *)q, B, C, Hb, K, Wb, ctxo, toko, &bw);
-        else fill_i16(m, (int16_t *)q, B, C, Hb, K, Wb, ctxo, toko, &bw);
+        if (itemsize == 1) fill_i8(m, (int8_t *)q0, B, C, Hs, Hf, K, Wb, ctxo, toko, &bw);
+        else fill_i16(m, (int16_t *)q0, B, C, Hs, Hf, K, Wb, ctxo, toko, &bw);
         if (bw.n) bw.buf[bw.len++] = (uint8_t)bw.acc; /* zero-padded last byte */
         for (ptrdiff_t i = 0; i < n; i++) if (ctxo[i] < 0 || ctxo[i] >= m->nctx) { err = "ctxrans: model context out of range"; goto done; }
-        const ptrdiff_t chstride = (ptrdiff_t)Hb * K * Wb;
+        const ptrdiff_t chstride = (ptrdiff_t)Hs * K * Wb; /* of the coded sequence */
         rans_t x[NSMAX];
         for (int s = 0; s < ns; s++) x[s] = w16 ? RANS_L2 : RANS_L;
 #define ENC_FLIP(i)                                                                                       \
@@ -332,10 +352,8 @@ const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int i
     }
     {
         const ptrdiff_t head = rbuf + rcap - ptr, total = head + bw.len;
-        if (total >= qlen + 1) { /* raw fallback: never larger than the array + 1 byte */
-            *out = (uint8_t *)malloc(qlen + 1);
-            if (!*out) { err = CTX_ENOMEM; goto done; }
-            (*out)[0] = MODE_RAW; memcpy(*out + 1, q, qlen); *outlen = qlen + 1;
+        if (total >= qlen + 1) { /* raw fallback: never larger than the part + 1 byte */
+            err = raw_part(q, dims, h0, Hs, itemsize, out, outlen);
         } else {
             *out = (uint8_t *)malloc(total);
             if (!*out) { err = CTX_ENOMEM; goto done; }
@@ -347,14 +365,77 @@ done:
     return err;
 }
 
+/* LEB128 at *p (at most 5 bytes, before end): 1 and *v, or 0 */
+static int get_leb(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+        if (*p >= end) return 0;
+        const uint8_t byte = *(*p)++;
+        *v |= (uint64_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) return 1;
+    }
+    return 0;
+}
+
+/* the first row of segment s of nseg over Hb rows */
+static int seg_row(int s, int nseg, int Hb) { return (int)((int64_t)s * Hb / nseg); }
+
+static int put_leb(uint8_t *p, uint64_t v) {
+    int h = 0;
+    do { uint8_t byte = v & 0x7f; v >>= 7; p[h++] = byte | (v ? 0x80 : 0); } while (v);
+    return h;
+}
+
+/* mode 0 or 2 (the rANS layouts above), or 3 (nseg segments of block rows, each a mode 2 stream, or a raw copy
+ * when coding does not save); the whole array's raw copy (mode 1) when the stream would not be smaller */
+const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int itemsize, int mode, int nseg,
+                       uint8_t **out, ptrdiff_t *outlen) {
+    *out = NULL; *outlen = 0;
+    if (mode != MODE_RANS && mode != MODE_LANES && mode != MODE_SEGMENTS) return "ctxrans: encode mode must be 0, 2 or 3";
+    if (mode != MODE_SEGMENTS) return encode_part(m, q, dims, 0, dims[2], itemsize, mode, out, outlen);
+    if (nseg < 1 || nseg > dims[2]) return "ctxrans: encode needs 1 to Hb segments";
+    const ptrdiff_t qlen = dims_count(dims) * itemsize;
+    uint8_t **part = (uint8_t **)calloc(nseg, sizeof(uint8_t *));
+    ptrdiff_t *plen = (ptrdiff_t *)calloc(nseg, sizeof(ptrdiff_t));
+    const char *err = NULL;
+    if (!part || !plen) { err = CTX_ENOMEM; goto done; }
+    ptrdiff_t total = 0;
+    for (int s = 0; s < nseg && !err; s++) {
+        const int h0 = seg_row(s, nseg, dims[2]);
+        err = encode_part(m, q, dims, h0, seg_row(s + 1, nseg, dims[2]) - h0, itemsize, MODE_LANES, &part[s], &plen[s]);
+        total += plen[s];
+    }
+    if (err) goto done;
+    uint8_t *head = (uint8_t *)malloc(11 + 10 * (size_t)nseg);
+    if (!head) { err = CTX_ENOMEM; goto done; }
+    int h = 0;
+    head[h++] = MODE_SEGMENTS;
+    h += put_leb(head + h, (uint64_t)nseg);
+    for (int s = 0; s < nseg; s++) h += put_leb(head + h, (uint64_t)plen[s]);
+    if (h + total >= qlen + 1) { /* raw fallback: never larger than the array + 1 byte */
+        free(head);
+        err = raw_part(q, dims, 0, dims[2], itemsize, out, outlen);
+        goto done;
+    }
+    *out = (uint8_t *)malloc(h + total);
+    if (!*out) { free(head); err = CTX_ENOMEM; goto done; }
+    memcpy(*out, head, h); *outlen = h;
+    for (int s = 0; s < nseg; s++) { memcpy(*out + *outlen, part[s], plen[s]); *outlen += plen[s]; }
+    free(head);
+done:
+    if (part) for (int s = 0; s < nseg; s++) free(part[s]);
+    free(part); free(plen);
+    return err;
+}
+
 /* contexts: tok as in the encoder: token | 0x40 if a sign-flip symbol follows | 0x80 if the sign flips */
 const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int itemsize, int32_t *ctx, uint8_t *tok,
                          int64_t *bits) {
     bitw_t bw = {0};
     bw.cap = dims_count(dims) * 3 + 16; bw.buf = (uint8_t *)malloc(bw.cap);
     if (!bw.buf) return CTX_ENOMEM;
-    if (itemsize == 1) fill_i8(m, (int8_t *)q, dims[0], dims[1], dims[2], dims[3], dims[4], ctx, tok, &bw);
-    else fill_i16(m, (int16_t *)q, dims[0], dims[1], dims[2], dims[3], dims[4], ctx, tok, &bw);
+    if (itemsize == 1) fill_i8(m, (int8_t *)q, dims[0], dims[1], dims[2], dims[2], dims[3], dims[4], ctx, tok, &bw);
+    else fill_i16(m, (int16_t *)q, dims[0], dims[1], dims[2], dims[2], dims[3], dims[4], ctx, tok, &bw);
     *bits = (int64_t)bw.len * 8 + bw.n;
     free(bw.buf);
     return NULL;
@@ -826,11 +907,11 @@ __attribute__((target("avx2,popcnt"))) static void dec_run_sl(DEC_RUN_ARGS) {
 #define OVERRUN (r.over || bp.pos > (uint64_t)bp.len * 8)
 
 static inline __attribute__((always_inline)) ptrdiff_t dec_walk(const model_t *m, void *q, int B, int C, int Hb,
-                                                                 int K, int Wb, rans_t *x, rbuf_t *rr, bitp_t *br,
-                                                                 const int IS8, const int FL, const int NS) {
+                                                                 int Hf, int K, int Wb, rans_t *x, rbuf_t *rr,
+                                                                 bitp_t *br, const int IS8, const int FL, const int NS) {
     const int use_top = FL & F_TOP, use_lt = (FL & F_LT) && !use_top, use_ch = FL & F_CH; /* as WALKF */
     const int use_wide = FL & F_WIDE, use_sflip = FL & F_SFLIP;
-    const ptrdiff_t rowstride = (ptrdiff_t)K * Wb, chstride = (ptrdiff_t)Hb * K * Wb;
+    const ptrdiff_t rowstride = (ptrdiff_t)K * Wb, chstride = (ptrdiff_t)Hf * K * Wb; /* Hb of Hf rows: WALKF */
     const uint32_t nctx = (uint32_t)m->nctx;
     const int32_t *tidx = m->tidx, *bin = m->bin, *blt = m->blt, *bch = m->bch, *bdc = m->bdc;
     const uint8_t *tab = m->tab;
@@ -994,11 +1075,11 @@ stop:
     return n;
 }
 
-typedef ptrdiff_t (*dec_fn)(const model_t *, void *, int, int, int, int, int, rans_t *, rbuf_t *, bitp_t *);
+typedef ptrdiff_t (*dec_fn)(const model_t *, void *, int, int, int, int, int, int, rans_t *, rbuf_t *, bitp_t *);
 #define DECODE_FUNC(SUF, IS8, FL, NS)                                                                     \
-static ptrdiff_t dec_##SUF(const model_t *m, void *q, int B, int C, int Hb, int K, int Wb, rans_t *x,   \
-                            rbuf_t *rr, bitp_t *br) {                                                     \
-    return dec_walk(m, q, B, C, Hb, K, Wb, x, rr, br, IS8, FL, NS);                                       \
+static ptrdiff_t dec_##SUF(const model_t *m, void *q, int B, int C, int Hb, int Hf, int K, int Wb,       \
+                           rans_t *x, rbuf_t *rr, bitp_t *br) {                                           \
+    return dec_walk(m, q, B, C, Hb, Hf, K, Wb, x, rr, br, IS8, FL, NS);                                   \
 }
 /* per mode: generic (any flags) plus versions specialised for the layouts `fit` produces */
 #define SPEC(FLV, NAME)                                                                                   \
@@ -1032,13 +1113,19 @@ static dec_fn pick_decoder(int flags, int itemsize, int lanes) {
  * The most compressible array (all zeros, every token at fmax) costs 0.00123 bits a coefficient: 6,500 per byte. */
 int64_t ctx_max_coefficients(int64_t len) { return ((int64_t)1 << 19) + ((int64_t)1 << 14) * (len < 0 ? 0 : len); }
 
-/* One stream into `out` (n * itemsize bytes of shape dims), without the GIL's help: NULL when it decoded
- * cleanly, else the error (a static string, or `msg` with numbers in it). The model's vector steps (m->vsteps)
- * are set by the caller for these dims. */
-const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void *out, ptrdiff_t outlen,
-                       const int dims[5], int itemsize, char *msg, size_t cap) {
+/* Rows h0 .. h0 + Hs - 1 of out (dims: the whole array) from src, in walk order (b, c, row, k, wb) */
+static void scatter_rows(void *out, const int dims[5], int h0, int Hs, int itemsize, const uint8_t *src) {
+    const ptrdiff_t row = (ptrdiff_t)dims[3] * dims[4] * itemsize, ch = row * dims[2];
+    for (ptrdiff_t bc = 0; bc < (ptrdiff_t)dims[0] * dims[1]; bc++, src += row * Hs)
+        memcpy((uint8_t *)out + bc * ch + h0 * row, src, row * Hs);
+}
+
+/* One part of a stream (mode 0, 1 or 2: a whole array, or one segment of mode 3) into rows h0 .. h0 + Hs - 1
+ * of out (dims: the whole array): NULL when it decoded cleanly, else the error (a static string, or msg) */
+static const char *decode_part(const model_t *m, const uint8_t *in, ptrdiff_t len, void *out, const int dims[5],
+                               int h0, int Hs, int itemsize, char *msg, size_t cap) {
     const uint8_t *end = in + len;
-    const ptrdiff_t total = dims_count(dims);
+    const ptrdiff_t total = (ptrdiff_t)dims[0] * dims[1] * Hs * dims[3] * dims[4];
     if (len < 1) return "ctxrans: empty stream";
     if (total > ctx_max_coefficients(len)) {
         snprintf(msg, cap, "ctxrans: a stream of %td bytes cannot hold %td coefficients (at most %lld)", len, total,
@@ -1046,8 +1133,8 @@ const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void 
         return msg;
     }
     if (in[0] == MODE_RAW) {
-        if (len - 1 != outlen) return "ctxrans: raw stream has the wrong length";
-        memcpy(out, in + 1, outlen);
+        if (len - 1 != total * itemsize) return "ctxrans: raw stream has the wrong length";
+        scatter_rows(out, dims, h0, Hs, itemsize, in + 1);
         return NULL;
     }
     const int lanes = in[0] == MODE_LANES, ns = lanes ? NS2 : NS0, state_bytes = lanes ? 4 : 8;
@@ -1069,8 +1156,9 @@ const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void 
     if (nr > (uint64_t)(end - p)) return "ctxrans: truncated stream (section length beyond the end)";
     rbuf_t r; r.p = p; r.end = p + nr; r.over = 0;
     bitp_t b; b.base = p + nr; b.len = end - (p + nr); b.pos = 0; b.fast = b.len >= 8 ? (uint64_t)(b.len - 7) : 0;
-    const ptrdiff_t done =
-        pick_decoder(m->flags, itemsize, lanes)(m, out, dims[0], dims[1], dims[2], dims[3], dims[4], x, &r, &b);
+    void *q0 = (uint8_t *)out + (ptrdiff_t)h0 * dims[3] * dims[4] * itemsize;
+    const ptrdiff_t done = pick_decoder(m->flags, itemsize, lanes)(m, q0, dims[0], dims[1], Hs, dims[2], dims[3],
+                                                                  dims[4], x, &r, &b);
     if (r.over || b.pos > (uint64_t)b.len * 8) {
         snprintf(msg, cap, "ctxrans: truncated stream (its %s ran out by coefficient %td of %td)",
                  r.over ? "rANS words" : "raw bits", done, total);
@@ -1080,6 +1168,52 @@ const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void 
     for (int s = 0; s < ns; s++) clean &= x[s] == lo;
     if (!clean) return "ctxrans: corrupt stream (does not end cleanly)";
     if ((b.pos + 7) / 8 != (uint64_t)b.len) return "ctxrans: corrupt stream (bit section length)";
+    return NULL;
+}
+
+/* One stream into `out` (n * itemsize bytes of shape dims), without the GIL's help: NULL when it decoded
+ * cleanly, else the error (a static string, or `msg` with numbers in it). The model's vector steps (m->vsteps)
+ * are set by the caller for these dims. Mode 3: byte 0, LEB128 nseg (1 .. Hb), nseg LEB128 segment lengths
+ * that add up to the rest of the stream, then the segments, each a mode 0, 1 or 2 stream of its rows. */
+const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void *out, ptrdiff_t outlen,
+                       const int dims[5], int itemsize, char *msg, size_t cap) {
+    (void)outlen; /* the caller checked it: dims * itemsize */
+    if (len < 1 || in[0] != MODE_SEGMENTS) return decode_part(m, in, len, out, dims, 0, dims[2], itemsize, msg, cap);
+    const ptrdiff_t total = dims_count(dims);
+    if (total > ctx_max_coefficients(len)) {
+        snprintf(msg, cap, "ctxrans: a stream of %td bytes cannot hold %td coefficients (at most %lld)", len, total,
+                 (long long)ctx_max_coefficients(len));
+        return msg;
+    }
+    const uint8_t *p = in + 1, *end = in + len;
+    uint64_t nseg; /* the segment lengths are read twice: to check them all first, then to decode */
+    if (!get_leb(&p, end, &nseg) || nseg < 1 || nseg > (uint64_t)dims[2]) return "ctxrans: corrupt stream (bad segment count)";
+    uint64_t sum = 0;
+    const uint8_t *lens = p;
+    for (uint64_t s = 0; s < nseg; s++) {
+        uint64_t v;
+        if (!get_leb(&p, end, &v)) return "ctxrans: corrupt stream (bad segment length)";
+        sum += v;
+        if (sum > (uint64_t)(end - p)) return "ctxrans: truncated stream (segments beyond the end)";
+    }
+    if (sum != (uint64_t)(end - p)) return "ctxrans: corrupt stream (segments do not fill the stream)";
+    const uint8_t *seg = p;
+    p = lens;
+    for (int s = 0; s < (int)nseg; s++) {
+        uint64_t v;
+        get_leb(&p, end, &v);
+        const int h0 = seg_row(s, (int)nseg, dims[2]);
+        const char *err = seg[0] == MODE_SEGMENTS ? "ctxrans: bad stream header"
+                          : decode_part(m, seg, (ptrdiff_t)v, out, dims, h0, seg_row(s + 1, (int)nseg, dims[2]) - h0,
+                                        itemsize, msg, cap);
+        if (err) { /* "ctxrans: what" -> "ctxrans: segment s of n: what" */
+            char what[CTX_MSG];
+            snprintf(what, sizeof what, "%s", err + 9);
+            snprintf(msg, cap, "ctxrans: segment %d of %d: %s", s, (int)nseg, what);
+            return msg;
+        }
+        seg += v;
+    }
     return NULL;
 }
 

@@ -27,6 +27,7 @@
 #define MODE_RANS 0
 #define MODE_RAW 1
 #define MODE_LANES 2
+#define MODE_SEGMENTS 3
 
 enum { F_LT = 1, F_CH = 2, F_TOP = 4, F_SFLIP = 8, F_WIDE = 16 };
 
@@ -54,10 +55,11 @@ int ctx_set_gather(int on); /* its lookups by gather instruction (1) or scalar l
 
 const char *ctx_parse_model(const void *blob, ptrdiff_t len, model_t *m);
 const char *ctx_check_shape(const model_t *m, const int dims[5]); /* dims = (B, C, Hb, K, Wb) against the model */
-/* The stream of q (dims, itemsize 1 or 2) in `mode` (MODE_RANS or MODE_LANES; the raw copy when coding would
- * not save) into a malloc'd *out of *outlen bytes, which the caller frees */
-const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int itemsize, int mode, uint8_t **out,
-                       ptrdiff_t *outlen);
+/* The stream of q (dims, itemsize 1 or 2) in `mode` (MODE_RANS, MODE_LANES or MODE_SEGMENTS with nseg segments
+ * of block rows; the raw copy when coding would not save) into a malloc'd *out of *outlen bytes, which the caller
+ * frees */
+const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int itemsize, int mode, int nseg,
+                       uint8_t **out, ptrdiff_t *outlen);
 /* Per coefficient its context (ctx) and token (tok, as the encoder's: | 0x40 when a sign-flip symbol follows,
  * | 0x80 when the sign flips), and the bits of the bit section (*bits) */
 const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int itemsize, int32_t *ctx, uint8_t *tok,
