@@ -1203,7 +1203,7 @@ const char *ctx_decode(const model_t *m, const uint8_t *in, ptrdiff_t len, void 
         uint64_t v;
         get_leb(&p, end, &v);
         const int h0 = seg_row(s, (int)nseg, dims[2]);
-        const char *err = seg[0] == MODE_SEGMENTS ? "ctxrans: bad stream header"
+        const char *err = v >= 1 && seg[0] == MODE_SEGMENTS ? "ctxrans: bad stream header"
                           : decode_part(m, seg, (ptrdiff_t)v, out, dims, h0, seg_row(s + 1, (int)nseg, dims[2]) - h0,
                                         itemsize, msg, cap);
         if (err) { /* "ctxrans: what" -> "ctxrans: segment s of n: what" */
