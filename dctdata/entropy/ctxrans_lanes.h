@@ -330,9 +330,17 @@ CL_FN void cl_put(const cl_part *P, cl_i16 *cur, int c, int hb, int k, int wb, c
 }
 
 /* Serial: the DC plane of block row hl of channel c, from state si on (states xs, ns of them) */
-CL_BIG void cl_dc_row(const cl_part *P, cl_i16 *cur, const cl_i16 *top, int c, int hl, cl_io *io, unsigned si,
+/* (The serial functions work on copies of the part, the model and where the stream stands: kept in registers in the
+ * CUDA build, not reloaded from the caller's frame after every store.) */
+CL_BIG void cl_dc_row(const cl_part *Pc, cl_i16 *cur, const cl_i16 *top, int c, int hl, cl_io *iop, unsigned si,
                      int ns) {
-    const cl_model *m = P->m;
+    cl_model mc = *Pc->m;
+    cl_part Pl = *Pc;
+    Pl.m = &mc;
+    cl_io iol = *iop;
+    const cl_part *P = &Pl;
+    const cl_model *m = &mc;
+    cl_io *io = &iol;
     const int hb = P->h0 + hl, w16 = ns == 16;
     for (int wb = 0; wb < P->Wb; wb++) {
         cl_i32 pred = 0;
@@ -348,13 +356,20 @@ CL_BIG void cl_dc_row(const cl_part *P, cl_i16 *cur, const cl_i16 *top, int c, i
         cl_put(P, cur, c, hb, 0, wb, pred + v);
         si = (si + 1) & (unsigned)(ns - 1);
     }
+    *iop = iol;
 }
 
 /* Serial: coefficients w0 .. w0 + nw - 1 of AC plane k (a run), from state si on. Mode 0: each in mode 0's order.
  * Mode 2 (the F_LT planes): by groups of the aligned 8 state indices, the tokens, then the sign flips. */
-CL_BIG void cl_serial_run(const cl_part *P, cl_i16 *cur, const cl_i16 *top, int c, int hl, int k, int w0, int nw,
-                         cl_io *io, unsigned si, int ns) {
-    const cl_model *m = P->m;
+CL_BIG void cl_serial_run(const cl_part *Pc, cl_i16 *cur, const cl_i16 *top, int c, int hl, int k, int w0, int nw,
+                         cl_io *iop, unsigned si, int ns) {
+    cl_model mc = *Pc->m;
+    cl_part Pl = *Pc;
+    Pl.m = &mc;
+    cl_io iol = *iop;
+    const cl_part *P = &Pl;
+    const cl_model *m = &mc;
+    cl_io *io = &iol;
     const int hb = P->h0 + hl, fl = m->flags, w16 = ns == 16;
     const int use_lt = (fl & CL_F_LT) && !(fl & CL_F_TOP), sflag = (fl & CL_F_SFLIP) && c > 0;
     const cl_u32 flip1 = (cl_u32)m->flipf[c];
@@ -388,6 +403,7 @@ CL_BIG void cl_serial_run(const cl_part *P, cl_i16 *cur, const cl_i16 *top, int 
             }
         j += cnt;
     }
+    *iop = iol;
 }
 
 /* ------------------------------------------------------------------ a part, decoded */
