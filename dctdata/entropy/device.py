@@ -65,6 +65,7 @@ __all__ = [
     "kernel_source",
     "compile_kernel",
     "launch_info",
+    "make_plan",
     "plan_launch",
     "raise_for_status",
     "status_of",
@@ -377,6 +378,16 @@ class LaunchPlan:
         return 16 * self.units_per_block
 
 
+def make_plan(units: int, blob_bytes: int, K: int, Wb: int, upb: int, smem_tables: bool, smem_rows: bool) -> LaunchPlan:
+    """The launch of `units` half-warps with upb of them a block, the model and the row buffers in shared memory or
+    not: the dynamic shared memory it takes (the kernel's layout: the model, each unit's rows, each unit's 16
+    spilled states)."""
+    rows = -(-2 * K * Wb * 2 // _ROW_ALIGN) * _ROW_ALIGN
+    tab = -(-blob_bytes // 16) * 16
+    smem = (tab if smem_tables else 0) + upb * ((rows if smem_rows else 0) + 128)
+    return LaunchPlan(upb, -(-units // upb), smem_tables, smem_rows, smem)
+
+
 def plan_launch(
     units: int, blob_bytes: int, K: int, Wb: int, sms: int, smem_block: int, smem_sm: int, regs: int = 255
 ) -> LaunchPlan:
@@ -385,21 +396,19 @@ def plan_launch(
     model and the rows in shared memory, the one that keeps the most units resident at once (blocks per SM as
     shared memory and `regs` registers a thread allow), then the one with more in shared memory, then the
     fewest units per block (two units of a warp that diverge wait for each other)."""
-    rows = -(-2 * K * Wb * 2 // _ROW_ALIGN) * _ROW_ALIGN
-    tab = -(-blob_bytes // 16) * 16
     best = None
     for smem_tables in (True, False):
         for smem_rows in (True, False):
             for upb in (1, 2, 4, 8):
-                smem = (tab if smem_tables else 0) + upb * ((rows if smem_rows else 0) + 128)
-                if smem > smem_block:
+                plan = make_plan(units, blob_bytes, K, Wb, upb, smem_tables, smem_rows)
+                if plan.smem_bytes > smem_block:
                     continue
                 warps = -(-upb // 2)
-                per_sm = min(32, smem_sm // max(smem, 1), 65536 // (regs * 32 * warps)) * upb
+                per_sm = min(32, smem_sm // plan.smem_bytes, 65536 // (regs * 32 * warps)) * upb
                 resident = min(units, per_sm * sms)
                 score = (resident, smem_tables, smem_rows, -upb)
                 if best is None or score > best[0]:
-                    best = (score, LaunchPlan(upb, -(-units // upb), smem_tables, smem_rows, smem))
+                    best = (score, plan)
     if best is None:  # no shared memory at all would be needed beyond 128 bytes a unit: any GPU has that
         raise DctDataError(f"the GPU entropy decoder needs {128} bytes of shared memory a unit. Got {smem_block}")
     return best[1]

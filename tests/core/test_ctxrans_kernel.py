@@ -349,6 +349,21 @@ def test_kernel_agrees_with_the_emulator_on_hostile_streams():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("upb", [1, 2, 8])
+@pytest.mark.parametrize("smem_tables, smem_rows", [(True, True), (True, False), (False, True), (False, False)])
+def test_kernel_in_every_launch_layout(sets, monkeypatch, upb, smem_tables, smem_rows):
+    """The model and the row buffers in shared memory or read from global memory, 1 to 8 units a block (two units
+    in a warp): the same arrays (RGB with sign flips, and the left-block contexts' serial planes)."""
+    monkeypatch.setattr(
+        device,
+        "plan_launch",
+        lambda units, blob, K, Wb, *a: device.make_plan(units, blob, K, Wb, upb, smem_tables, smem_rows),
+    )
+    for _, codec, q in sets[3:]:
+        assert check_same(codec, encode_samples(codec, q), q.shape[1:], q.dtype, run=_on_cuda) == [0] * len(q)
+
+
+@pytest.mark.cuda
 def test_kernel_on_a_non_default_stream(sets):
     _, codec, q = sets[0]
     bufs = encode_samples(codec, q)
