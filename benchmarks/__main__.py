@@ -34,6 +34,15 @@ SCRIPTS = {
         "benchmarks.entropy_decode_speed",
         "the entropy stage's decode MB/s and bytes beside zstd-9 and zstd-19 on the same coefficients",
     ),
+    "functional-decompress": (
+        "benchmarks.functional_decompress",
+        "the functional dctdata.decompress against the Decompress module, CPU (fused C) and CUDA (Triton)",
+    ),
+    "gpu-ctxrans": (
+        "benchmarks.gpu_ctxrans",
+        "the entropy stage's CUDA decoder: bit-exactness, batch decode time, hostile streams",
+    ),
+    "gpu-layer": ("benchmarks.gpu_layer", "fused CUDA Decompress v1 vs v2 GB/s, nvCOMP zstd batch decode"),
     "loader-workers": (
         "benchmarks.loader_workers",
         "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",

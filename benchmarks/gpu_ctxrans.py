@@ -1,6 +1,6 @@
 r"""GPU decode of the entropy stage (dctdata.entropy.device): batches of 256x256 samples on a CUDA device.
 
-Packs the synthetic set `dctdata bench gpu` uses (`dctdata.bench.loader.synthetic`: noisy micrographs, float32
+Packs the synthetic set `python -m benchmarks gpu` uses (`benchmarks.loader.synthetic`: noisy micrographs, float32
 0..255) with the default settings at `--target-psnr 40` (int8 coefficients, the context-modelled entropy coder,
 config version 3: each 256x256 sample is 4 segments), takes each sample's stream (the encoder is deterministic:
 the bytes the pack stores), and on the GPU:
@@ -13,15 +13,15 @@ the bytes the pack stores), and on the GPU:
 It prints a Markdown table and writes JSON to `--out`. On the CPU (`--device cpu`) it runs the lane emulator
 instead (the same results; the timings are not the GPU's): the tests run it that way.
 
-    python benchmarks/gpu_ctxrans.py --out gpu_ctxrans.json                       # ~1 min on an H200
-    python benchmarks/gpu_ctxrans.py --quick --device cpu --out /tmp/q.json       # no GPU: the script's checks
+    python -m benchmarks gpu-ctxrans --out gpu_ctxrans.json                       # ~1 min on an H200
+    python -m benchmarks gpu-ctxrans --quick --device cpu --out /tmp/q.json       # no GPU: the script's checks
 
 Under compute-sanitizer (a few samples, each hostile stream decoded alone in a buffer of exactly its bytes, the
 caching allocator off so that each tensor is its own allocation); compute-sanitizer comes with the CUDA toolkit
 or the `nvidia-cuda-sanitizer-api` wheel (nvidia/cu13/bin/compute-sanitizer):
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
-        python benchmarks/gpu_ctxrans.py --quick --out /tmp/gpu_ctxrans_quick.json
+        python -m benchmarks gpu-ctxrans --quick --out /tmp/gpu_ctxrans_quick.json
     (also --tool racecheck and --tool synccheck: shared-memory races, warp-synchronous misuse)
 """
 
@@ -48,7 +48,7 @@ from dctdata.lossless import get_codec, is_entropy
 
 def pack_streams(n: int, size: int, target_psnr: float, workdir: str) -> tuple[CtxCodec, np.ndarray]:
     """The synthetic set packed by the product: (its dct field's entropy codec, its coefficients (n, C, Hb, K, Wb))."""
-    from dctdata.bench.loader import synthetic
+    from benchmarks.loader import synthetic
 
     src = os.path.join(workdir, "x.npy")
     np.save(src, synthetic(n, size))

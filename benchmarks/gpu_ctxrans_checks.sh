@@ -18,7 +18,7 @@ timeout 300 python -m pytest -q -p no:cacheprovider -m cuda tests/core/test_ctxr
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== 2. benchmark"
-timeout 300 python benchmarks/gpu_ctxrans.py --out "$OUT/gpu_ctxrans.json" 2>&1 | tee "$OUT/bench.txt"
+timeout 300 python -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tee "$OUT/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== 3. compute-sanitizer memcheck (--quick)"
@@ -28,7 +28,7 @@ found = [p for d in sys.path for p in glob.glob(d + '/nvidia/*/bin/compute-sanit
 print(found[0] if found else '')")
 if [ -n "$SAN" ]; then
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 420 "$SAN" --tool memcheck --error-exitcode 1 \
-        python benchmarks/gpu_ctxrans.py --quick --out "$OUT/gpu_ctxrans_quick.json" 2>&1 | tee "$OUT/memcheck.txt"
+        python -m benchmarks gpu-ctxrans --quick --out "$OUT/gpu_ctxrans_quick.json" 2>&1 | tee "$OUT/memcheck.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else
     echo "no compute-sanitizer found: memcheck not run" | tee "$OUT/memcheck.txt"

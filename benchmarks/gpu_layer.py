@@ -1,7 +1,7 @@
 """GPU layer benchmark (issue 28): the fused CUDA decode against the portable graph, and nvCOMP's zstd decode.
 
 Two tables, printed as Markdown and written to `--out` as JSON:
-- decode: `Decompress` GB/s of output, v1 and v2 codecs (those of `dctdata bench gpu`'s decode table: int8
+- decode: `Decompress` GB/s of output, v1 and v2 codecs (those of `python -m benchmarks gpu`'s decode table: int8
   coefficients; v2 = dead zone, reconstruction offsets and a per-sample (range, mid)), each through the portable
   graph ("eager": the Triton kernel off) and the fused Triton kernel ("fused"), at every size x CF x output dtype,
   batches of about 64 MB of output, best of --repeat calls timed with CUDA events after two warm-ups. Also: the
@@ -14,7 +14,7 @@ Two tables, printed as Markdown and written to `--out` as JSON:
   samples/s and GB/s of decoded bytes; every decode is compared byte for byte with the source.
 
 Run from the repository root on a CUDA machine (about a minute on an H200; without CUDA it prints one line):
-    python benchmarks/gpu_layer.py --out gpu_layer.json
+    python -m benchmarks gpu-layer --out gpu_layer.json
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ BATCH_BYTES = 64 << 20
 
 
 def v1_spec(cf: int, size: int) -> CodecSpec:
-    """`dctdata bench gpu`'s v1 codec: int8, steps and offsets folded into the weights."""
+    """`python -m benchmarks gpu`'s v1 codec: int8, steps and offsets folded into the weights."""
     k = cf * cf
     return CodecSpec(cf=cf, height=size, width=size, dtype="int8", steps=((0.05,) * k,), offsets=((0.0,) * k,))
 
 
 def v2_spec(cf: int, size: int) -> CodecSpec:
-    """`dctdata bench gpu`'s v2 codec: a calibrated single-channel pack (dead zone, recon offsets, side)."""
+    """`python -m benchmarks gpu`'s v2 codec: a calibrated single-channel pack (dead zone, recon offsets, side)."""
     k = cf * cf
     return CodecSpec(cf=cf, height=size, width=size, dtype="int8", steps=((0.002,) * k,), offsets=((0.0,) * k,),
                      theta=0.4, recon=((0.1,) * k,), side="range_mid")  # fmt: skip

@@ -28,4 +28,4 @@ timeout 420 pytest -m cuda -q -rs -p no:cacheprovider \
     tests/core/test_fused_cuda.py tests/core/test_functional_decompress.py tests/core/test_nvcomp_zstd.py \
     tests/core/test_layer.py 2>&1 | tee "$OUT/gpu_layer_tests.log"
 # about 1 minute on an H200
-timeout 240 python3 benchmarks/gpu_layer.py --out "$OUT/gpu_layer.json" 2>&1 | tee "$OUT/gpu_layer_bench.log"
+timeout 240 python3 -m benchmarks gpu-layer --out "$OUT/gpu_layer.json" 2>&1 | tee "$OUT/gpu_layer_bench.log"

@@ -23,7 +23,7 @@ def quantized(x: np.ndarray, cf: int, step: float, dtype) -> np.ndarray:
 
 def tiles(name: str, size: int, n: int) -> np.ndarray:
     """n tiles of size x size of a scikit-image photo (camera: grey, astronaut: RGB), float32 (N, C, size, size)."""
-    from dctdata.datasets.images import sample_images
+    from benchmarks.images import sample_images
 
     img = np.asarray(sample_images((name,), include_sklearn=False)[name], dtype=np.float32)
     img = img[None] if img.ndim == 2 else img.transpose(2, 0, 1)
@@ -37,8 +37,8 @@ def real_sets() -> list[tuple[str, CtxCodec, np.ndarray]]:
     segments from version 3; CF 4: 16384 coefficients, mode 2), int16 photos (grey 256x256, RGB 128x128: 3
     segments, with sign flips across channels), each with the starting layout of `fit` (the "top" context and,
     for RGB, "ch" and "sign"), and the RGB one again with the left-block ("lt") and "wide" contexts."""
-    from dctdata.bench.loader import synthetic
-    from dctdata.datasets.fields import synthetic_fields
+    from benchmarks.fields import synthetic_fields
+    from benchmarks.loader import synthetic
 
     atoms = synthetic_fields(n=3, size=256, kinds=("atoms",))["atoms"]
     sets = [  # (name, q, fit options)
