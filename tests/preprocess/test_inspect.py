@@ -7,8 +7,8 @@ from PIL import Image
 from sample_fields import smooth_fields
 
 import dctdata
+from benchmarks.fields import synthetic_fields
 from dctdata.cli import main
-from dctdata.datasets.fields import synthetic_fields
 from dctdata.preprocess.inspect import inspect_dataset
 from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spectrum
 
