@@ -5,7 +5,7 @@ Jacksboro fault elevation model cut into 64 x 64 int16 tiles at a stride of 16 (
     python -m benchmarks wds-overhead [--target 40] [--json PATH]
 
 Rows: zarr; webdataset with one sample per member (`samples_per_member=1`, a dct field's side values
-their own member); webdataset as packed by default (about 64 KiB of source per member). Each row gives
+their own member); webdataset as packed by default (about 256 KiB of source per member). Each row gives
 the stored bytes of the pack (manifest and shards), bytes per sample, the ratio over the float32 tiles,
 and the share of the shards that tar headers and padding take. Run it with an older checkout's
 interpreter (`PYTHONPATH=/old/checkout /old/venv/bin/python benchmarks/wds_overhead.py`) for that

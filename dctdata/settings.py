@@ -315,7 +315,7 @@ class PackSettings:
         None,
         type=int,
         metavar="K",
-        help="webdataset: samples per tar member, 1..256 (default: about 64 KiB of source per member, 1 for larger "
+        help="webdataset: samples per tar member, 1..256 (default: about 256 KiB of source per member, 1 for larger "
         "samples, at most 1/16 of the set; each member costs a 512-byte tar header and padding)",
     )
     # Python only

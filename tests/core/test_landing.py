@@ -9,8 +9,8 @@ from decode_checks import check_decompress
 from sample_fields import dem_tiles, volume_stack
 
 import dctdata
+from benchmarks.images import sample_images, to_chw_float
 from dctdata.calibrate import calibrate_report
-from dctdata.datasets.images import sample_images, to_chw_float
 from dctdata.errors import DctDataError, FormatError
 from dctdata.metrics import ItemErrors, psnr
 from dctdata.quantize import encode

@@ -91,8 +91,8 @@ def test_small_samples_share_members_and_shards_hold_whole_groups():
     assert WebDatasetWriter().group((f,)) == WebDatasetWriter().group((f,), 5000) == 256
     assert WebDatasetWriter().group((f,), 64) == 4
     assert [b - a for a, b in WebDatasetWriter(samples_per_member=4).plan((f,), 256)] == [16] * 16
-    tile = FieldSpec("x", "array", (64, 64), "int16")  # 8 KiB: 8 a member
-    assert WebDatasetWriter().group((tile,)) == 8
+    tile = FieldSpec("x", "array", (64, 64), "int16")  # 8 KiB: 32 a member (256 KiB), at most n / 16
+    assert WebDatasetWriter().group((tile,)) == 32 and WebDatasetWriter().group((tile,), 396) == 24
     assert WebDatasetWriter(samples_per_shard=6).group((tile,)) == 6  # shards as asked: K divides them
     big = FieldSpec("x", "array", (256, 256), "float32")  # 256 KiB: one sample a member
     assert WebDatasetWriter().group((big,)) == 1

@@ -1,5 +1,5 @@
 """The webdataset (tar) layout of a pack, shared by its writer and reader (the specification, with
-the decoder webdataset's own pipeline needs, is docs/format.md).
+the decoder webdataset's own pipeline needs, is docs/guides/field-kinds-and-webdataset.md).
 
 Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order. Tar metadata is pinned
 (mtime 0, uid/gid 0, uname/gname "dctdata", mode 0o444, USTAR), so the same input gives byte-identical
@@ -11,7 +11,7 @@ shards. Two member layouts:
   codec), `.ctx` (the entropy coder's stream of the (K, ...) coefficients). A dct field's side values are
   their own member, `<key>.<name>__side.npy` ((K, C, 2) float32, plain .npy). A pack's last group is
   padded with zero rows to K; the manifest's sample count says how many are real. K is chosen so a group
-  holds about GROUP_SOURCE_BYTES of source (1 for samples of 64 KiB or more: one sample per member, the
+  holds about GROUP_SOURCE_BYTES of source (1 for samples of 256 KiB or more: one sample per member, the
   usual webdataset shape): a tar member costs a 512-byte header and pads its data to 512 bytes, which
   for 64 x 64 tiles had cost more than the coefficients themselves. A shard ends at its two zero blocks,
   without tarfile's padding to a 10 KiB record.
@@ -42,7 +42,7 @@ from dctdata.parse import is_int
 SAMPLE_KEY_DIGITS = 9
 SHARD_PATTERN = "shard-{:06d}.tar"
 MIN_SHARDS = 16  # a pack of >= 16 samples gets >= 16 shards unless --samples-per-shard says otherwise
-GROUP_SOURCE_BYTES = 64 << 10  # grouped members: about this much source per member ...
+GROUP_SOURCE_BYTES = 256 << 10  # grouped members: about this much source per member ...
 MAX_GROUP = 256  # ... and at most this many samples
 BLOCK = 512  # tar block
 RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it

@@ -1,5 +1,5 @@
 """Reading a webdataset pack with webdataset's own pipeline instead of dctdata's loader (the layout is in
-docs/format.md):
+docs/guides/field-kinds-and-webdataset.md):
 
     import webdataset as wds
     from dctdata.format.webdataset import WdsDecoder

@@ -1,5 +1,5 @@
 """WebDataset writer of a pack (the tar layout is in `dctdata.format.webdataset.layout`, the
-specification in docs/format.md).
+specification in docs/guides/field-kinds-and-webdataset.md).
 
 webdataset's own `TarWriter` does the tar work; we pin what it lets vary (`layout.TAR_META`) and it
 writes the members of a group in sorted name order. Members are grouped: each holds one standard array of
@@ -16,8 +16,9 @@ its own (a sample is never split) and a warning is logged. Without `samples_per_
 least `layout.MIN_SHARDS` groups gets at least that many shards, so the README's loader gives every
 rank and worker whole shards of its own.
 
-K (`samples_per_member`, default: about `layout.GROUP_SOURCE_BYTES` of source per group) depends on the
-fields only, never on the sample count, so parts written before the count is known agree. Tar headers
+K (`samples_per_member`, default: about `layout.GROUP_SOURCE_BYTES` of source per group, at most
+n / MIN_SHARDS when the count n is known) is settled before the first part is written: a pack streamed
+without a count keeps the K its fields give, so parts written before the count is known agree. Tar headers
 and padding that still pass 25% of the stored bytes are reported with a warning that points to zarr.
 """
 
