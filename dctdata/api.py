@@ -46,6 +46,7 @@ def pack(
     resume: bool = False,
     max_shard_size: int | str | None = None,
     samples_per_shard: int | None = None,
+    samples_per_member: int | None = None,
     calibration: Any = None,
     length: int | None = None,
     writer_options: Mapping[str, Any] | None = None,

@@ -92,6 +92,7 @@ class Writer:
         quiet: bool = False,
         max_shard_size: int | str | None = None,
         samples_per_shard: int | None = None,
+        samples_per_member: int | None = None,
         writer_options: Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Mapping[str, Any]] | None = None,
