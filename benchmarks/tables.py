@@ -84,7 +84,9 @@ def _register_gpu(kinds) -> None:
     g = _kind(kinds, "gpu", "Decompress and the loader path on a CUDA device (skips without one)", what)
     g.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048], help="square image sides")
     g.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
-    g.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    g.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"], help="output dtypes"
+    )
     g.add_argument("--repeat", type=int, default=20, help="timed calls per decode row (best is kept)")
     g.add_argument("--device", default="cuda", help="torch device (cpu runs the same tables, for a check)")
     g.add_argument("--samples", type=int, default=1024, help="distinct samples generated and packed")
