@@ -221,6 +221,9 @@ def _gpu(args) -> int:
     def save(rows=None) -> None:
         if rows is not None:
             result["pipeline_rows"] = rows
+            r = rows[-1]
+            print(f"  {time.perf_counter() - t0:5.0f} s  workers={r['workers']} batch={r['batch']} {r['pipeline']}: "
+                  f"{r['samples_per_s']:.0f} samples/s", flush=True)  # fmt: skip
         result["must_show"] = gpu.must_show(result["pipeline_rows"], result["decode_rows"])
         result["seconds"]["total"] = time.perf_counter() - t0
         if args.json:
@@ -248,10 +251,11 @@ def _gpu(args) -> int:
         rows = gpu.pipeline_rows(args.device, setup, args.workers, args.batch, args.epochs, args.epoch_samples,
                                  on_row=save)  # fmt: skip
         result["seconds"]["pipeline"] = time.perf_counter() - t
+    print()
     print(gpu.format_pipeline_rows(rows))
     print()
     result["complete"] = True
-    save(rows)
+    save()
     print(gpu.format_must_show(result["must_show"]))
     print(f"{time.perf_counter() - t0:.0f} s" + (f"; rows: {args.json}" if args.json else ""))
     return 0
