@@ -74,7 +74,7 @@ fi
 if step 6; then
     note "6. gpu table"
     # the JSON is rewritten after every row: a run cut short by the timeout keeps the rows it finished
-    timeout 300 python3 -m benchmarks gpu --sizes 256 1024 --cf 2 4 8 --repeat 10 --json "$OUT/bench_gpu.json" 2>&1 \
+    timeout ${GPU_T:-300} python3 -m benchmarks gpu --sizes 256 1024 --cf 2 4 8 --repeat 10 --json "$OUT/bench_gpu.json" 2>&1 \
         | tail -100 | tee "$OUT/bench_gpu.txt" || status=1
     python3 -m benchmarks gpu-doc-table "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" || status=1
 fi
