@@ -433,7 +433,7 @@ def measure(case, device: torch.device, workers: int, batch: int, epochs: int, l
     }
 
 
-def pipeline_rows(device="cuda", setup: Setup | None = None, workers=(4, 8), batches=(32, 256), epochs=2,
+def pipeline_rows(device: str, setup: Setup, workers=(4, 8), batches=(32, 256), epochs=2,
                   min_epoch_samples=MIN_EPOCH_SAMPLES, pipelines=PIPELINES, on_row=None) -> list[dict]:  # fmt: skip
     """Rows (one per pipeline, count of workers and batch size): pipeline key, name, decode, workers,
     batch, samples_per_s, stored_per_sample, crossed_per_sample, decode_ms (median per batch, None for

@@ -82,7 +82,13 @@ def _register_gpu(kinds) -> None:
         "time per batch. Without CUDA it prints one line and exits 0."
     )
     g = _kind(kinds, "gpu", "Decompress and the loader path on a CUDA device (skips without one)", what)
-    g.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048], help="square image sides")
+    g.add_argument(
+        "--sizes",
+        type=int,
+        nargs="*",
+        default=[256, 512, 1024, 2048],
+        help="square image sides (none: no decode table)",
+    )
     g.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
     g.add_argument(
         "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"], help="output dtypes"

@@ -3,7 +3,9 @@ the packs, the loader rows, decode="cpu" beside decode="device", the JSON and it
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
 import json
 import re
 
@@ -25,9 +27,6 @@ def run(tmp_path_factory):
     """One small run (two processes make the data, as on a GPU host), its JSON and what it printed."""
     out = tmp_path_factory.mktemp("gpu") / "bench_gpu.json"
     argv = ["gpu", *ARGS, "--jobs", "2", "--json", str(out)]
-    import contextlib
-    import io
-
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0
@@ -190,3 +189,27 @@ def test_gpu_doc_table_refuses_what_gpu_did_not_write(tmp_path, capsys):
 def test_gpu_refuses_settings_it_cannot_run(extra, message, capsys):
     assert main(["gpu", *ARGS, *extra]) == 1
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_gpu_json_keeps_the_rows_of_a_run_cut_short(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def measure(case, device, workers, batch, epochs, length):
+        calls.append(case[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # what a timeout's signal does to the run, as far as the rows go
+        return {"samples_per_s": 10.0 * len(calls), "crossed_per_sample": 1.0, "decode_ms": 1.0,
+                "decode_ms_min": 1.0, "epoch_samples": length}  # fmt: skip
+
+    monkeypatch.setattr(gpu, "measure", measure)
+    out = tmp_path / "cut.json"
+    args = ["gpu", "--device", "cpu", "--sizes", "--samples", "8", "--size", "32", "--batch", "4", "--workers", "0",
+            "--jobs", "1", "--target-psnr", "35", "--json", str(out)]  # fmt: skip
+    assert main(args) == 130
+    got = json.loads(out.read_text())
+    assert got["complete"] is False and got["decode_rows"] == []
+    assert [r["samples_per_s"] for r in got["pipeline_rows"]] == [10.0, 20.0]
+    assert [r["pipeline"] for r in got["pipeline_rows"]] == list(gpu.PIPELINES[:2])
+    assert got["must_show"]["device_vs_cpu_8w"]["value"] == 2.0  # from the rows it has
+    printed = capsys.readouterr().out
+    assert re.search(r"^ +\d+ s  workers=0 batch=4 default-device: 20 samples/s$", printed, re.M)
