@@ -34,6 +34,7 @@ Without CUDA the command prints one line and exits 0 (`--device cpu` runs the sa
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -45,6 +46,7 @@ from dctdata.layer import Decompress
 from dctdata.spec import CodecSpec
 from dctdata.wire import StoredBatch
 
+log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BATCH_BYTES = 64 << 20
 
@@ -360,8 +362,23 @@ def _stage_name(ds) -> str:
     return f"{lossless.get('id', 'none')}-{lossless['level']}" if "level" in lossless else lossless.get("id", "none")
 
 
+def stage_decoder(lossless, device: torch.device) -> str:
+    """Where `decode="device"` decodes a stage's streams on `device`: "device" (the stage's `device_decoder`
+    hook gives one), "cpu" (the device is the CPU) or "cpu fallback" (the streams go to the CPU and back)."""
+    from dctdata.lossless import get_codec
+
+    if device.type == "cpu":
+        return "cpu"
+    hook = getattr(get_codec(lossless), "device_decoder", None)
+    try:
+        return "device" if callable(hook) and hook(device) is not None else "cpu fallback"
+    except Exception as exc:  # the decode will raise it too: the row records it
+        return f"none ({type(exc).__name__}: {exc})"
+
+
 def _cases(setup: Setup, device: torch.device) -> dict:
-    """pipeline key -> (name, dataset opener, collate_fn or None, decode step, stored B/sample, PSNR)."""
+    """pipeline key -> {name, dataset, collate (or None), decode step (or None), stored B/sample, psnr (None:
+    lossless), where (where the lossless stage decodes: "workers", or `stage_decoder`'s answer)}."""
     import torchvision.io as tio
 
     import dctdata
@@ -372,21 +389,31 @@ def _cases(setup: Setup, device: torch.device) -> dict:
     for pack, path, what in packs:
         probe = dctdata.open_dataset(path)
         stored, psnr = _bytes(path, n), probe.manifest.stats["image"].psnr_median
+        lossless = probe.manifest.field("image").lossless
         for decode in ("cpu", "device"):
             ds = dctdata.open_dataset(path, decode=decode)
             layer = ds.decompressor().to(device)
-            name = f'{what} ({_stage_name(probe)}), decode="{decode}" -> ds.decompressor()'
-            cases[f"{pack}-{decode}"] = (name, ds, None, lambda b, layer=layer: layer(b[0]), stored, psnr)
+            cases[f"{pack}-{decode}"] = {
+                "name": f'{what} ({_stage_name(probe)}), decode="{decode}" -> ds.decompressor()',
+                "dataset": ds,
+                "collate": None,
+                "decode": lambda b, layer=layer: layer(b[0]),
+                "stored": stored,
+                "psnr": psnr,
+                "where": "workers" if decode == "cpu" else stage_decoder(lossless, device),
+            }
     x = np.load(setup.x, mmap_mode="r", allow_pickle=False)
-    cases["raw"] = ("raw float32 -> host-to-device copy", _Rows(setup.x), None, None, x[0].nbytes, None)
+    cases["raw"] = {"name": "raw float32 -> host-to-device copy", "dataset": _Rows(setup.x), "collate": None,
+                    "decode": None, "stored": x[0].nbytes, "psnr": None, "where": None}  # fmt: skip
     q, files, jpeg_psnr = setup.jpeg
 
     def jpeg_decode(files):
         images = tio.decode_jpeg([torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files], device=device)
         return torch.stack(images).float()
 
-    name = f"JPEG q={q} -> torchvision decode_jpeg(device) (nvJPEG on CUDA)"
-    cases["jpeg"] = (name, _EncodedFiles(files), _as_list, jpeg_decode, _bytes(setup.jpg, n), jpeg_psnr)
+    cases["jpeg"] = {"name": f"JPEG q={q} -> torchvision decode_jpeg(device) (nvJPEG on CUDA)",
+                     "dataset": _EncodedFiles(files), "collate": _as_list, "decode": jpeg_decode,
+                     "stored": _bytes(setup.jpg, n), "psnr": jpeg_psnr, "where": None}  # fmt: skip
     return cases
 
 
@@ -400,7 +427,7 @@ def measure(case, device: torch.device, workers: int, batch: int, epochs: int, l
     from dctdata.loaders.device import DevicePrefetcher
     from dctdata.loaders.distributed import make_loader
 
-    _, dataset, collate, decode, _, _ = case
+    dataset, collate, decode = case["dataset"], case["collate"], case["decode"]
     kw = {"collate_fn": collate} if collate else {}
     pin = device.type == "cuda"
     loader = make_loader(
@@ -437,7 +464,9 @@ def pipeline_rows(device: str, setup: Setup, workers=(4, 8), batches=(32, 256), 
                   min_epoch_samples=MIN_EPOCH_SAMPLES, pipelines=PIPELINES, on_row=None) -> list[dict]:  # fmt: skip
     """Rows (one per pipeline, count of workers and batch size): pipeline key, name, decode, workers,
     batch, samples_per_s, stored_per_sample, crossed_per_sample, decode_ms (median per batch, None for
-    the raw copy), decode_ms_min, psnr (None: lossless), epoch_samples, epochs. `on_row(rows)` is called after each."""
+    the raw copy), decode_ms_min, psnr (None: lossless), stage_decodes_on (where the lossless stage ran:
+    "workers", "device", "cpu", "cpu fallback"), epoch_samples, epochs; a row whose loader failed has None
+    figures and its `error`. `on_row(rows)` is called after each."""
     dev = torch.device(device)
     setup.wait()
     cases = _cases(setup, dev)
@@ -445,11 +474,18 @@ def pipeline_rows(device: str, setup: Setup, workers=(4, 8), batches=(32, 256), 
     for b in batches:
         for w in workers:
             for key in pipelines:
-                name, _, _, _, stored, psnr = case = cases[key]
-                got = measure(case, dev, w, b, epochs, epoch_samples(w, b, min_epoch_samples))
+                case = cases[key]
+                try:
+                    got = measure(case, dev, w, b, epochs, epoch_samples(w, b, min_epoch_samples))
+                except (DctDataError, RuntimeError, ImportError, OSError) as exc:  # the other rows still run
+                    log.error("%s, workers=%d, batch=%d: %s", key, w, b, exc)
+                    got = dict.fromkeys(("samples_per_s", "crossed_per_sample", "decode_ms", "decode_ms_min",
+                                         "epoch_samples"))  # fmt: skip
+                    got["error"] = f"{type(exc).__name__}: {exc}"
                 decode = key.rsplit("-", 1)[1] if key.endswith(("-cpu", "-device")) else None
-                rows.append({"pipeline": key, "name": name, "decode": decode, "workers": w, "batch": b, **got,
-                             "stored_per_sample": stored, "psnr": psnr, "epochs": epochs})  # fmt: skip
+                rows.append({"pipeline": key, "name": case["name"], "decode": decode, "workers": w, "batch": b,
+                             **got, "stored_per_sample": case["stored"], "psnr": case["psnr"],
+                             "stage_decodes_on": case["where"], "epochs": epochs})  # fmt: skip
                 if on_row is not None:
                     on_row(rows)
     return rows
@@ -478,23 +514,24 @@ def must_show(rows: list[dict], decode: list[dict]) -> dict:
 
         if dev and cpu:
             out["device_vs_cpu_8w"] = entry(
-                dev["samples_per_s"] / cpu["samples_per_s"], ">=", 1.5,
+                _ratio(dev["samples_per_s"], cpu["samples_per_s"]), ">=", 1.5,
                 'default pack samples/s, decode="device" over decode="cpu"')  # fmt: skip
             out["device_vs_cpu_8w"]["by_batch"] = {
-                str(r["batch"]): r["samples_per_s"] / c["samples_per_s"]
+                str(r["batch"]): _ratio(r["samples_per_s"], c["samples_per_s"])
                 for r in rows if r["pipeline"] == "default-device" and r["workers"] == w
                 for c in [_find(rows, "default-cpu", w, r["batch"])] if c
             }  # fmt: skip
         if dev and zcpu:
             out["device_vs_zstd_cpu"] = entry(
-                dev["samples_per_s"] / zcpu["samples_per_s"],
+                _ratio(dev["samples_per_s"], zcpu["samples_per_s"]),
                 ">=",
                 1.0,
                 'default pack with decode="device" over the --lossless zstd pack with decode="cpu", samples/s',
             )
         if dev:
+            out["stage_decodes_on"] = dev.get("stage_decodes_on")  # "device" once the stage has a decoder there
             out["crossing_over_stored"] = entry(
-                dev["crossed_per_sample"] / dev["stored_per_sample"],
+                _ratio(dev["crossed_per_sample"], dev["stored_per_sample"]),
                 "<=",
                 1.02,
                 'default pack with decode="device": bytes crossing per sample over stored bytes per sample',
@@ -529,6 +566,10 @@ def must_show(rows: list[dict], decode: list[dict]) -> dict:
     return out
 
 
+def _ratio(a, b) -> float | None:
+    return None if a is None or not b else a / b
+
+
 def write_json(path: str, result: dict) -> None:
     """`result` as JSON at `path`, replaced whole (a run cut short leaves the rows it finished)."""
     import json
@@ -558,30 +599,39 @@ def format_decode_rows(rows) -> str:
 
 def format_pipeline_rows(rows) -> str:
     """The pipeline rows as markdown; "vs default CPU": samples/s over the default pack's decode="cpu" row
-    at the same workers and batch."""
+    at the same workers and batch; "stage decoded on": where the lossless stage ran (the loader's workers,
+    the device, or the CPU of the main process as a fallback)."""
     lines = [
         "| pipeline | workers | batch | samples/s | vs default CPU | stored B/sample | B/sample to device | "
-        "decode ms/batch | median PSNR dB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "decode ms/batch | stage decoded on | median PSNR dB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         base = _find(rows, "default-cpu", r["workers"], r["batch"])
-        vs = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x" if base and base["samples_per_s"] else "—"
+        vs = _ratio(r["samples_per_s"], base["samples_per_s"] if base else None)
         q = "lossless" if r["psnr"] is None else f"{r['psnr']:.1f}"
-        ms = "—" if r["decode_ms"] is None else f"{r['decode_ms']:.3f}"
+        sps = f"failed: {r['error'][:100]}" if r.get("error") else f"{r['samples_per_s']:,.0f}"
         lines.append(
-            f"| {r['name']} | {r['workers']} | {r['batch']} | {r['samples_per_s']:,.0f} | {vs} | "
-            f"{r['stored_per_sample']:,.0f} | {r['crossed_per_sample']:,.0f} | {ms} | {q} |"
+            f"| {r['name']} | {r['workers']} | {r['batch']} | {sps} | {'—' if vs is None else f'{vs:.2f}x'} | "
+            f"{r['stored_per_sample']:,.0f} | {_int(r['crossed_per_sample'])} | {_num(r['decode_ms'])} | "
+            f"{r.get('stage_decodes_on') or '—'} | {q} |"
         )
     return "\n".join(lines)
+
+
+def _int(v) -> str:
+    return "—" if v is None else f"{v:,.0f}"
 
 
 def format_must_show(checks: dict) -> str:
     """The must-show figures as markdown."""
     lines = ["| check | value | threshold | met | what |", "|---|---:|---|---|---|"]
     for key, c in checks.items():
+        if not isinstance(c, dict):
+            lines.append(f'| {key} | {c} | — | — | where the default pack\'s stage decoded with decode="device" |')
+            continue
         if "value" not in c:
-            value = f"{c['samples_per_s']:,.0f} samples/s, {_num(c['decode_ms'])} ms/batch decode"
+            value = f"{_int(c['samples_per_s'])} samples/s, {_num(c['decode_ms'])} ms/batch decode"
             lines.append(f"| {key} | {value} | — | — | {c['what']} |")
             continue
         met = "—" if c["met"] is None else ("yes" if c["met"] else "**no**")

@@ -228,8 +228,9 @@ def _gpu(args) -> int:
         if rows is not None:
             result["pipeline_rows"] = rows
             r = rows[-1]
+            got = f"failed: {r['error']}" if r.get("error") else f"{r['samples_per_s']:.0f} samples/s"
             print(f"  {time.perf_counter() - t0:5.0f} s  workers={r['workers']} batch={r['batch']} {r['pipeline']}: "
-                  f"{r['samples_per_s']:.0f} samples/s", flush=True)  # fmt: skip
+                  f"{got}", flush=True)  # fmt: skip
         result["must_show"] = gpu.must_show(result["pipeline_rows"], result["decode_rows"])
         result["seconds"]["total"] = time.perf_counter() - t0
         if args.json:

@@ -52,9 +52,12 @@ def test_gpu_json_records_the_device_date_command_and_every_row(run):
         assert (r["decode_ms"] is None) == (r["pipeline"] == "raw")
         assert r["decode_ms"] is None or 0 < r["decode_ms_min"] <= r["decode_ms"]
         assert r["decode"] == {"cpu": "cpu", "device": "device"}.get(r["pipeline"].rsplit("-", 1)[-1])
+        # where the lossless stage ran: the workers with decode="cpu", the (CPU) device with decode="device"
+        assert r["stage_decodes_on"] == {"cpu": "workers", "device": "cpu", None: None}[r["decode"]]
+        assert "error" not in r
     starts = ("| default pack (", "| `--lossless zstd` pack (", "| raw float32 ", "| JPEG q=")
     table = [line for line in printed.splitlines() if line.startswith(starts)]
-    assert len(table) == len(rows) and all(line.count("|") == 10 for line in table)
+    assert len(table) == len(rows) and all(line.count("|") == 11 for line in table)
     assert all(s >= 0 for s in got["seconds"].values()) and set(got["seconds"]) >= {"setup", "pipeline", "total"}
 
 
@@ -155,7 +158,7 @@ def test_gpu_doc_table_renders_one_run(run, tmp_path, capsys):
     assert f"- **Command:** `{got['command']}`" in text and f"- **Recorded:** {got['date']}" in text
     assert "- **Machine:** CPU, " in text and "wall clock" in text
     rows = [line for line in text.splitlines() if line.startswith("| default pack (entropy coder)")]
-    assert len(rows) == 8 and all(line.count("|") == 10 for line in rows)
+    assert len(rows) == 8 and all(line.count("|") == 11 for line in rows)
     assert re.search(r"^\| device_vs_cpu_8w \| \d+\.\d{3} \| >= 1\.5 \| (yes|\*\*no\*\*) \|", text, re.M)
     assert "| size | CF | float32 v1 | float32 v2 | float32 v2/v1 |" in text and "| 16² | 8 |" in text
     main(["gpu-doc-table", str(path), "--no-decode"])
@@ -191,12 +194,14 @@ def test_gpu_refuses_settings_it_cannot_run(extra, message, capsys):
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_gpu_json_keeps_the_rows_of_a_run_cut_short(tmp_path, monkeypatch, capsys):
+def test_gpu_json_keeps_the_rows_of_a_run_cut_short(tmp_path, monkeypatch, capsys, caplog):
     calls = []
 
     def measure(case, device, workers, batch, epochs, length):
-        calls.append(case[0])
-        if len(calls) == 3:
+        calls.append(case["name"])
+        if len(calls) == 2:
+            raise DctDataError("boom")  # one pipeline failing: the others still run
+        if len(calls) == 4:
             raise KeyboardInterrupt  # what a timeout's signal does to the run, as far as the rows go
         return {"samples_per_s": 10.0 * len(calls), "crossed_per_sample": 1.0, "decode_ms": 1.0,
                 "decode_ms_min": 1.0, "epoch_samples": length}  # fmt: skip
@@ -208,8 +213,16 @@ def test_gpu_json_keeps_the_rows_of_a_run_cut_short(tmp_path, monkeypatch, capsy
     assert main(args) == 130
     got = json.loads(out.read_text())
     assert got["complete"] is False and got["decode_rows"] == []
-    assert [r["samples_per_s"] for r in got["pipeline_rows"]] == [10.0, 20.0]
-    assert [r["pipeline"] for r in got["pipeline_rows"]] == list(gpu.PIPELINES[:2])
-    assert got["must_show"]["device_vs_cpu_8w"]["value"] == 2.0  # from the rows it has
-    printed = capsys.readouterr().out
-    assert re.search(r"^ +\d+ s  workers=0 batch=4 default-device: 20 samples/s$", printed, re.M)
+    rows = got["pipeline_rows"]
+    assert [r["samples_per_s"] for r in rows] == [10.0, None, 30.0]
+    assert [r["pipeline"] for r in rows] == list(gpu.PIPELINES[:3])
+    assert rows[1]["error"] == "DctDataError: boom" and rows[1]["decode_ms"] is None
+    checks = got["must_show"]  # from the rows it has
+    assert checks["device_vs_cpu_8w"]["value"] is None and checks["device_vs_cpu_8w"]["met"] is None
+    assert checks["device_vs_zstd_cpu"]["value"] is None and checks["crossing_over_stored"]["met"] is None
+    printed = capsys.readouterr()
+    assert re.search(r"^ +\d+ s  workers=0 batch=4 default-device: failed: DctDataError: boom$", printed.out, re.M)
+    assert re.search(r"^ +\d+ s  workers=0 batch=4 zstd-cpu: 30 samples/s$", printed.out, re.M)
+    assert "default-device, workers=0, batch=4: boom" in caplog.text
+    table = gpu.format_pipeline_rows(rows).splitlines()
+    assert "| failed: DctDataError: boom | — |" in table[3] and table[3].count("|") == 11
