@@ -224,7 +224,7 @@ def synthetic_part(n: int, size: int, start: int, stop: int, seed: int = 0) -> n
 def _pack(source: str, out: str, target_psnr: float, codec) -> None:
     import dctdata
 
-    dctdata.pack(source, out, quant="int8", target_psnr=target_psnr, quiet=True, codec=codec)
+    dctdata.pack(source, out, quant="int8", target_psnr=target_psnr, quiet=True, codec=codec, overwrite=True)
 
 
 def _jpeg(source: str, directory: str, target_psnr: float):
@@ -276,25 +276,34 @@ class Setup:
 
         t0 = time.perf_counter()
         zstd = dict(ZSTD_MAX)  # what `--lossless zstd` packs
+        if self.jobs > 1:
+            from concurrent.futures.process import BrokenProcessPool
+
+            try:
+                self._make_in_processes(zstd)
+            except BrokenProcessPool as exc:  # a host that cannot spawn: the same work in this process
+                log.warning("packing in %d processes failed (%s): packing in this one", self.jobs, exc)
+                self.jobs = 1
         if self.jobs == 1:
             np.save(self.x, synthetic_part(self.n, self.size, 0, self.n))
             _pack(self.x, self.default, self.target_psnr, "auto")
             _pack(self.x, self.zstd, self.target_psnr, zstd)
             self.jpeg = _jpeg(self.x, self.jpg, self._psnr())
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            cuts = np.linspace(0, self.n, min(self.n, self.jobs) + 1).astype(int)
-            spans = [(self.n, self.size, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-            with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                parts = [pool.submit(synthetic_part, *span) for span in spans]
-                np.save(self.x, np.concatenate([p.result() for p in parts]))
-                slow = pool.submit(_pack, self.x, self.zstd, self.target_psnr, zstd)
-                pool.submit(_pack, self.x, self.default, self.target_psnr, "auto").result()
-                self.jpeg = pool.submit(_jpeg, self.x, self.jpg, self._psnr()).result()
-                slow.result()
         self.seconds = time.perf_counter() - t0
+
+    def _make_in_processes(self, zstd: dict) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        cuts = np.linspace(0, self.n, min(self.n, self.jobs) + 1).astype(int)
+        spans = [(self.n, self.size, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = [pool.submit(synthetic_part, *span) for span in spans]
+            np.save(self.x, np.concatenate([p.result() for p in parts]))
+            slow = pool.submit(_pack, self.x, self.zstd, self.target_psnr, zstd)
+            pool.submit(_pack, self.x, self.default, self.target_psnr, "auto").result()
+            self.jpeg = pool.submit(_jpeg, self.x, self.jpg, self._psnr()).result()
+            slow.result()
 
     def _psnr(self) -> float:
         import dctdata

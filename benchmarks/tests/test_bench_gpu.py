@@ -226,3 +226,17 @@ def test_gpu_json_keeps_the_rows_of_a_run_cut_short(tmp_path, monkeypatch, capsy
     assert "default-device, workers=0, batch=4: boom" in caplog.text
     table = gpu.format_pipeline_rows(rows).splitlines()
     assert "| failed: DctDataError: boom | — |" in table[3] and table[3].count("|") == 11
+
+
+def test_setup_packs_in_this_process_where_processes_cannot_start(tmp_path, monkeypatch, caplog):
+    from concurrent.futures.process import BrokenProcessPool
+
+    def broken(self, zstd):
+        raise BrokenProcessPool("no spawn here")
+
+    monkeypatch.setattr(gpu.Setup, "_make_in_processes", broken)
+    setup = gpu.Setup(str(tmp_path), 6, 32, 35.0, jobs=3).start().wait()
+    assert setup.jobs == 1 and "packing in 3 processes failed (no spawn here): packing in this one" in caplog.text
+    assert np.load(setup.x).shape == (6, 1, 32, 32) and setup.seconds > 0
+    q, files, _ = setup.jpeg
+    assert len(files) == 6 and all((tmp_path / name / "manifest.json").exists() for name in ("default", "zstd"))
