@@ -42,7 +42,7 @@ from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
 from dctdata.metrics import pooled_psnr
 from dctdata.parse import parse_number
 from dctdata.preprocess.masking import NanPolicy, parse_nan, valid_name
-from dctdata.preprocess.parts import prepare_dct
+from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
 from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
 from dctdata.transform import parse_cf, parse_mask
@@ -168,11 +168,13 @@ class Settings:
     sample_dim: str | None = None
     variables: Any = None
     stack: str | None = None
+    allow_external: bool = False  # an HDF5 source may read other local files (a trust choice: not recorded)
 
     @property
     def source_options(self) -> dict[str, Any]:
         """Keywords of `open_source`."""
         return {
+            "allow_external": self.allow_external,
             "key": self.key,
             "channels_last": bool(self.channels_last),
             "sample_dim": self.sample_dim,
@@ -221,6 +223,7 @@ def parse_settings(
     sample_dim: str | None = None,
     variables: Any = None,
     stack: str | None = None,
+    allow_external: bool = False,
 ) -> Settings:
     if format not in STORAGES:
         raise DctDataError(f"--format: expected one of {STORAGES}. Got {format!r}")
@@ -232,6 +235,8 @@ def parse_settings(
         raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {quant!r}")
     if channels_last is not None and not isinstance(channels_last, bool):
         raise TypeError(f"channels_last: expected True, False or None. Got {channels_last!r}")
+    if not isinstance(allow_external, bool):
+        raise TypeError(f"allow_external: expected True or False. Got {allow_external!r}")
     for name, v in (("sample_dim", sample_dim), ("stack", stack)):
         if v is not None and (not isinstance(v, str) or not v):
             raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
@@ -251,6 +256,7 @@ def parse_settings(
         sample_dim=sample_dim,
         variables=variables,
         stack=stack,
+        allow_external=allow_external,
     )
 
 
@@ -427,7 +433,9 @@ def _codec(
         raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
     idx = calibration_indices(len(cal), c * h * w)
     batch = cal.take(idx)
-    x = np.asarray(batch[name]).reshape(len(idx), c, h, w).astype(np.float32)
+    x = np.asarray(batch[name]).reshape(len(idx), c, h, w)
+    check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
+    x = x.astype(np.float32)
     explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
     if explicit is not None:
         explicit = np.asarray(explicit)

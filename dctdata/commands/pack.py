@@ -74,6 +74,12 @@ def register(sub) -> None:
         help="NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each)",
     )
     p.add_argument(
+        "--allow-external",
+        action="store_true",
+        help="HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets, "
+        "external links); only for a file you trust",
+    )
+    p.add_argument(
         "--lossless",
         default="auto",
         metavar="auto|zstd|zstd:LEVEL",
@@ -157,6 +163,7 @@ def _main(args) -> int:
         sample_dim=args.sample_dim,
         variables=args.variables,
         stack=args.stack,
+        allow_external=args.allow_external,
         codec=parse_lossless_option(args.lossless),
         strict=args.strict,
         overwrite=args.overwrite,
