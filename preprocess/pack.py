@@ -44,6 +44,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
+from dctdata.format.manifest import check_manifest_size, entry_sizes
 from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
@@ -57,8 +58,8 @@ from dctdata.preprocess.commit import (
     remove_manifest,
     rename_into_place,
 )
-from dctdata.preprocess.journal import JOURNAL_NAME, Journal
-from dctdata.preprocess.parts import PartJob, run_part
+from dctdata.preprocess.journal import JOURNAL_NAME, Journal, source_identity
+from dctdata.preprocess.parts import PartJob, run_part, source_digest
 from dctdata.preprocess.plan import build_manifest, parse_settings, plan
 from dctdata.preprocess.sources import describe, is_path, is_sample_iterable, open_source
 
@@ -82,6 +83,7 @@ def pack(
     sample_dim: str | None = None,
     variables: str | list[str] | None = None,
     stack: str | None = None,
+    allow_external: bool = False,
     calibration: Any = None,
     length: int | None = None,
     strict: bool = False,
@@ -97,12 +99,13 @@ def pack(
     """Pack SOURCE into a dctdata dataset at OUT; returns the manifest written (see module docstring).
 
     calibration: an explicit calibration set (anything `pack` takes) instead of the source's own
-    samples. length: the sample count of an iterable source, when known.
+    samples. length: the sample count of an iterable source, when known. allow_external: let an HDF5 or
+    NetCDF-4 source read data from other files (external storage, virtual datasets, external links).
     """
     settings = parse_settings(
         format=format, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, fields=fields, nan=nan, valid=valid,
         codec=codec, strict=strict, channels_last=channels_last, key=key, sample_dim=sample_dim, variables=variables,
-        stack=stack,
+        stack=stack, allow_external=allow_external,
     )  # fmt: skip
     parse_optional_int(workers, "--workers", minimum=1, expected="a positive int", type_error=DctDataError)
     if workers not in (None, 1) and scheduler is not None:
@@ -169,7 +172,7 @@ def pack(
                 log.warning("%s: --resume: no progress journal (stopped before its first part); starting over", root)
                 shutil.rmtree(root)
             elif resume:
-                journal = Journal.resume(root, record)
+                journal = Journal.resume(root, record, source_identity(source))
                 specs, derived = journal.specs, journal.derived
                 owned = True
             else:
@@ -179,6 +182,7 @@ def pack(
             log.warning("%s: --resume: no unfinished pack to resume; starting from the beginning", out)
         if specs is None:
             specs, derived = plan(src, settings, cal, quiet=quiet)
+            check_manifest_estimate(specs, src.coords, writer.plan(specs, n), settings.format)
             if url:
                 remove_manifest(out, storage_options)  # an --overwrite target stops being a dataset now
             else:
@@ -186,7 +190,7 @@ def pack(
                 owned = True
             writer.open(root, specs, n)
             if not url:
-                journal = Journal.start(root, record, specs, derived)
+                journal = Journal.start(root, record, specs, derived, source_identity(source))
         parts = writer.plan(specs, n)
         results: dict[int, dict] = journal.verified(parts) if journal is not None else {}
         if results:
@@ -195,6 +199,12 @@ def pack(
             source if not is_path(source) else os.fspath(source), settings.source_options, specs, settings.nan,
             settings.strict, writer, root, n, derived, threads=1,
         )  # fmt: skip
+        if results:  # the source values the kept parts read must be the same now
+            try:
+                results = journal.check_source(results, lambda a, b: source_digest(job, a, b, src))
+            except DctDataError:
+                owned = False  # refused: the partial pack stays as it was (its source may come back)
+                raise
         todo = [(i, a, b) for i, (a, b) in enumerate(parts) if i not in results]
         keep_partial = not url and is_path(source)  # from here on an interruption leaves resumable work
         _run(
@@ -229,6 +239,22 @@ def pack(
             shutil.rmtree(root, ignore_errors=True)
         if lock is not None:
             lock.release()
+
+
+# Bytes of a stored file's entries in a manifest (its checksum, a webdataset shard's layout entry): 110-160
+# as written. The estimate errs low, so only a pack certain to fail is refused before packing (the commit
+# checks the exact size).
+FILE_ENTRY_BYTES = 100
+
+
+def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
+    """Refuse, before packing, a pack whose manifest would be past what readers open (`check_manifest_size`):
+    its fields (attributes included) and coordinates are known now, and each part adds a file per field
+    (zarr) or one shard (webdataset)."""
+    known = {"fields": [f.to_dict() for f in specs], "coords": dict(coords or {})}
+    files = len(parts) * (len(specs) if storage == "zarr" else 1)
+    sizes = entry_sizes(known) + [(files * FILE_ENTRY_BYTES, f"the entries of {files} stored files")]
+    check_manifest_size(sum(n for n, _ in sizes), sizes, estimated=True)
 
 
 def _run(
