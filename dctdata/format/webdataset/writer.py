@@ -26,7 +26,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
-from dctdata.format.checksum import HashingWriter
+from dctdata.format.checksum import HashingWriter, with_path
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy
@@ -143,33 +143,26 @@ class WebDatasetWriter(PartWriter):
         codecs = {f.name: get_codec(f.lossless or None) for f in fields}
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
-        members_total, count = 0, start
-        with open_file(path, "wb", self.storage_options) as fh:
+        count = start
+        try:
+            fh = open_file(path, "wb", self.storage_options)
+        except OSError as exc:
+            raise with_path(exc, path) from exc
+        with fh:
             hfile = HashingWriter(fh)
             tar = TarWriter(hfile, encoder=False, **TAR_META)
-            for batch in batches:
-                b = len(next(iter(batch.values())))
-                for i in range(b):
-                    members = {
-                        entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
-                        for f in user_fields(fields)
-                    }
-                    size = sum(member_bytes(len(v)) for v in members.values())
-                    if archive_bytes(size) > self.max_shard_size:
-                        log.warning(
-                            "sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s",
-                            count,
-                            size,
-                            self.max_shard_size,
-                            name,
-                        )
-                    tar.write({"__key__": sample_key(count), **members})
-                    members_total += size
-                    count += 1
-            tar.close()
-            fh.flush()
-            if not is_url(path):
-                os.fsync(fh.fileno())
+            try:
+                members_total, count = self._members(tar, fields, batches, codecs, name, count)
+                tar.close()
+                fh.flush()
+                if not is_url(path):
+                    os.fsync(fh.fileno())
+            except OSError as exc:  # a full disk: say which file, and leave no second traceback behind
+                hfile.abandon()
+                raise with_path(exc, path) from exc
+            except BaseException:
+                hfile.abandon()
+                raise
         if count != stop:
             raise DctDataError(f"{name}: expected samples {start}..{stop - 1}. Got {count - start} samples")
         expected = archive_bytes(members_total)
@@ -178,6 +171,30 @@ class WebDatasetWriter(PartWriter):
         log.debug("wrote %s: %d samples, %d bytes", name, stop - start, hfile.bytes)
         entry = {"name": name, "samples": stop - start, **hfile.entry()}
         return {"files": {name: hfile.entry()}, "shard": entry}
+
+    def _members(self, tar, fields: Fields, batches: Iterable[Batch], codecs: dict, name: str, count: int):
+        """Write the samples of `batches` into `tar` from sample `count` on: (member bytes written, next sample)."""
+        members_total = 0
+        for batch in batches:
+            b = len(next(iter(batch.values())))
+            for i in range(b):
+                members = {
+                    entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
+                    for f in user_fields(fields)
+                }
+                size = sum(member_bytes(len(v)) for v in members.values())
+                if archive_bytes(size) > self.max_shard_size:
+                    log.warning(
+                        "sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s",
+                        count,
+                        size,
+                        self.max_shard_size,
+                        name,
+                    )
+                tar.write({"__key__": sample_key(count), **members})
+                members_total += size
+                count += 1
+        return members_total, count
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         layout = {
