@@ -203,6 +203,10 @@ class ZarrReader:
                 check_group_json(data, where)
         return out
 
+    def close(self) -> None:
+        """Close this process's file descriptors (`RangeSource.close`); a later read opens them again."""
+        self.source.close()
+
     # Reading -------------------------------------------------------------------------------------
     def read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
         """Stored samples [a, b) of a field, integrity-checked."""
