@@ -17,9 +17,10 @@ gives every rank and worker whole shards of its own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -143,26 +144,33 @@ class WebDatasetWriter(PartWriter):
         codecs = {f.name: get_codec(f.lossless or None) for f in fields}
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
-        count = start
-        try:
-            fh = open_file(path, "wb", self.storage_options)
-        except OSError as exc:
-            raise with_path(exc, path) from exc
-        with fh:
-            hfile = HashingWriter(fh)
+        members_total, count = 0, start
+        with _shard_file(path, self.storage_options) as hfile:
+            fh = hfile.fh
             tar = TarWriter(hfile, encoder=False, **TAR_META)
-            try:
-                members_total, count = self._members(tar, fields, batches, codecs, name, count)
-                tar.close()
-                fh.flush()
-                if not is_url(path):
-                    os.fsync(fh.fileno())
-            except OSError as exc:  # a full disk: say which file, and leave no second traceback behind
-                hfile.abandon()
-                raise with_path(exc, path) from exc
-            except BaseException:
-                hfile.abandon()
-                raise
+            for batch in batches:
+                b = len(next(iter(batch.values())))
+                for i in range(b):
+                    members = {
+                        entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
+                        for f in user_fields(fields)
+                    }
+                    size = sum(member_bytes(len(v)) for v in members.values())
+                    if archive_bytes(size) > self.max_shard_size:
+                        log.warning(
+                            "sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s",
+                            count,
+                            size,
+                            self.max_shard_size,
+                            name,
+                        )
+                    tar.write({"__key__": sample_key(count), **members})
+                    members_total += size
+                    count += 1
+            tar.close()
+            fh.flush()
+            if not is_url(path):
+                os.fsync(fh.fileno())
         if count != stop:
             raise DctDataError(f"{name}: expected samples {start}..{stop - 1}. Got {count - start} samples")
         expected = archive_bytes(members_total)
@@ -171,30 +179,6 @@ class WebDatasetWriter(PartWriter):
         log.debug("wrote %s: %d samples, %d bytes", name, stop - start, hfile.bytes)
         entry = {"name": name, "samples": stop - start, **hfile.entry()}
         return {"files": {name: hfile.entry()}, "shard": entry}
-
-    def _members(self, tar, fields: Fields, batches: Iterable[Batch], codecs: dict, name: str, count: int):
-        """Write the samples of `batches` into `tar` from sample `count` on: (member bytes written, next sample)."""
-        members_total = 0
-        for batch in batches:
-            b = len(next(iter(batch.values())))
-            for i in range(b):
-                members = {
-                    entry_name(f.name, f.lossless): self._encode(f, batch, i, count, codecs)
-                    for f in user_fields(fields)
-                }
-                size = sum(member_bytes(len(v)) for v in members.values())
-                if archive_bytes(size) > self.max_shard_size:
-                    log.warning(
-                        "sample %d (%d bytes) exceeds max_shard_size %d: written alone in %s",
-                        count,
-                        size,
-                        self.max_shard_size,
-                        name,
-                    )
-                tar.write({"__key__": sample_key(count), **members})
-                members_total += size
-                count += 1
-        return members_total, count
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
         layout = {
@@ -227,3 +211,24 @@ class WebDatasetWriter(PartWriter):
             return side + encode_array(codec, arrays[0][None])
         raw = b"".join(encode_npy(a) for a in arrays)
         return raw if codec is None else bytes(codec.encode(raw))
+
+
+@contextlib.contextmanager
+def _shard_file(path: str, storage_options: dict) -> Iterator[HashingWriter]:
+    """A shard being written, hashed as it goes. A failed write (a full disk) names the file, and nothing
+    more reaches the file: tarfile's stream, collected later, would flush its buffer into the closed file
+    and print a second traceback after the real error."""
+    try:
+        fh = open_file(path, "wb", storage_options)
+    except OSError as exc:
+        raise with_path(exc, path) from exc
+    with fh:
+        hfile = HashingWriter(fh)
+        try:
+            yield hfile
+        except OSError as exc:
+            hfile.abandon()
+            raise with_path(exc, path) from exc
+        except BaseException:
+            hfile.abandon()
+            raise
