@@ -22,7 +22,10 @@ import asyncio
 import re
 from typing import Sequence
 
-from dctdata.format.location import RemoteError
+
+class RemoteError(OSError):
+    """A remote read that failed for a reason other than a missing file: a timeout, an HTTP error status,
+    a body cut short, an answer that is not what was asked. Its message names the URL and the cause."""
 
 
 class NoRangeSupport(RemoteError):
@@ -72,12 +75,14 @@ async def _cat_range(fs, url: str, start: int, stop: int) -> bytes:
         if r.status == 206:
             said = _CONTENT_RANGE.match(r.headers.get("Content-Range", "").strip())
             if said is not None and int(said.group(1)) != start:
+                r.close()  # drop the connection: none of this body is wanted
                 raise RemoteError(
                     f"{url}: expected a 206 answer from byte {start} (bytes {start}..{stop - 1}). Got bytes "
                     f"{said.group(1)}..{said.group(2)}"
                 )
         elif r.status != 200 or start != 0 or length is None or not length.isdigit() or int(length) > n:
             what = f"{length}-byte" if length is not None and length.isdigit() else "unsized"
+            r.close()  # drop the connection: none of this body is wanted
             raise NoRangeSupport(
                 f"{url}: expected a 206 partial answer to a range request (bytes {start}..{stop - 1}). Got {r.status} "
                 f"with a {what} body: the server does not support range requests, which zarr packs are read by "
@@ -85,6 +90,7 @@ async def _cat_range(fs, url: str, start: int, stop: int) -> bytes:
             )
         data = await _read_at_most(r.content, n + 1)
         if len(data) > n:
+            r.close()
             raise RemoteError(
                 f"{url}: expected at most {n} bytes for bytes {start}..{stop - 1}. Got more (the server sent a longer "
                 "body than asked)"

@@ -10,6 +10,8 @@ import os
 import stat
 from typing import Any, Mapping
 
+from dctdata.format.http import RemoteError
+
 MANIFEST_NAME = "manifest.json"
 
 
@@ -166,11 +168,6 @@ def fsspec_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
         client["timeout"] = aiohttp.ClientTimeout(total=deadline, sock_connect=timeout, sock_read=timeout)
         options["client_kwargs"] = client
     return options
-
-
-class RemoteError(OSError):
-    """A remote read that failed for a reason other than a missing file: a timeout, an HTTP error status,
-    a body cut short. Its message names the URL and the cause."""
 
 
 def remote_error(exc: BaseException, url: str) -> BaseException:

@@ -614,7 +614,9 @@ def _checked_json(manifest: Manifest) -> str:
     if not isinstance(manifest, Manifest):
         raise TypeError(f"manifest: expected a dctdata.format.Manifest. Got {type(manifest).__name__}")
     text = manifest.to_json()
-    check_manifest_size(len(text.encode("utf-8")), entry_sizes(manifest.to_dict()))  # a reader would refuse it
+    nbytes = len(text.encode("utf-8"))
+    if nbytes > MAX_MANIFEST_BYTES:  # a reader would refuse it
+        check_manifest_size(nbytes, entry_sizes(manifest.to_dict()))
     Manifest.from_dict(json.loads(text))  # validate what a reader will see before committing
     return text
 

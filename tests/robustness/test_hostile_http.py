@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import dctdata
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 
 N = 16
-CAP = 64 << 20  # what a misbehaving answer may send at most here: "endless" stops there
+CAP = 256 << 20  # what a misbehaving answer may send at most here: "endless" stops there
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,12 @@ class Server:
                     return
                 self._send(rel, data)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Quiet(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:  # a client that hung up, as it should
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)
+
+        self.server = Quiet(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -165,7 +171,8 @@ def test_4_an_endless_answer_to_a_range_request_is_not_read(packs, capsys, mode,
         ds = dctdata.open_dataset(srv.url)
         with pytest.raises(IntegrityError, match=re.escape(SHARD) + ".*" + said):
             ds.__getitems__([0, 5])
-        assert srv.sent[SHARD] < 16 << 20  # the server stopped being read: it would send CAP = 64 MiB
+        # the server stopped being read (it would send CAP = 256 MiB): what it got out fit the sockets' buffers
+        assert srv.sent[SHARD] < 64 << 20
         assert ds.reader.source.bytes < 1 << 20  # what the reader received and kept
         rc, text = verify(capsys, srv.url)
     assert rc == 1 and re.search(said, text), text
