@@ -52,19 +52,22 @@ def test_9_reopening_a_zarr_dataset_leaks_no_descriptors(packs):
     for _ in range(50):
         once()
     gc.collect()
-    assert _open_fds() - before == 0  # was 6-8 more per open
+    assert _open_fds() <= before  # was 6-8 more per open (other tests' leftovers may close meanwhile: <=)
+    gc.collect()
+    before = _open_fds()
     ds = dctdata.open_dataset(packs / "zarr")
     ds.__getitems__([0, 9, 17, 30])
     assert _open_fds() > before
     ds.close()  # now, without waiting for the collector
-    assert _open_fds() == before
+    assert _open_fds() <= before
     assert len(ds.__getitems__([1, 2])) == 2  # a closed dataset opens again when read
+    reopened = _open_fds()
     with dctdata.open_dataset(packs / "zarr") as ds2:
         ds2.__getitems__([40, 50])
-    assert _open_fds() <= before + 4  # only `ds`'s reopened descriptors remain
+    assert _open_fds() <= reopened  # the with block closed what it opened
     del ds
     gc.collect()
-    assert _open_fds() == before
+    assert _open_fds() <= before
 
 
 REOPEN_UNDER_A_LOW_LIMIT = """
