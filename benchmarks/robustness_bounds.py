@@ -1,7 +1,7 @@
 """What each resource bomb of issue 30 costs a reader now: peak RSS growth and the longest block.
 
-    python benchmarks/robustness_bounds.py            # every case, a Markdown table
-    python benchmarks/robustness_bounds.py --json out.json --case http_drip
+    python -m benchmarks robustness-bounds            # every case, a Markdown table
+    python -m benchmarks robustness-bounds --json out.json --case http_drip
 
 The packs and hostile servers are made once in this process; each case then runs in a fresh child
 process, which first does the same call on an honest pack (so imports, codec tables and thread pools are
@@ -254,12 +254,12 @@ def run_case(name: str, env: dict) -> dict:
             "block_s": round(block, 2)}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", choices=CASES, help="run only these cases (default: all)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:  # in the child: one case, the environment from the parent
         env = json.loads(os.environ["ROBUSTNESS_BOUNDS_ENV"])
         print(json.dumps(run_case(args.child, env)))
