@@ -255,3 +255,55 @@ def test_12_a_fortran_order_npy_is_refused_naming_the_fix(tmp_path):
     np.save(tmp_path / "f.npy", np.asfortranarray(np.zeros((4, 8, 8), np.float32)))
     with pytest.raises(DctDataError, match=r"f\.npy: expected a C-order array \(read by rows\)\. Got Fortran order"):
         dctdata.pack(tmp_path / "f.npy", tmp_path / "out", cf=4, quiet=True)
+
+
+# 15: float64 values float32 cannot carry ---------------------------------------------------------------------
+CARRY = (
+    r"sample 0: field 'image' channel 0: expected values float32 can carry \(the codec computes in float32\)\. "
+    r"Got float64 values near 1e\+15 that vary by [\d.]+: float32 rounds them by up to [\d.e+]+, "
+    r"[\d.e+]+% of their range \(subtract the offset first, or keep the field exact: --field image=array\)"
+)
+
+
+def _offset(n=8):
+    return 1e15 + np.random.default_rng(0).standard_normal((n, 1, 16, 16))  # float64
+
+
+@pytest.mark.parametrize("settings", [{"cf": 4}, {"target_psnr": 40}], ids=["fixed", "target_psnr"])
+def test_15_float64_values_float32_cannot_carry_are_refused_with_the_true_reason(tmp_path, settings):
+    with pytest.raises(DctDataError, match=CARRY):  # packed "fine" before; --target-psnr said "only constant items"
+        dctdata.pack(_offset(), tmp_path / "out", quiet=True, **settings)
+    assert _no_out(tmp_path)
+
+
+def test_15_the_cli_and_the_stream_writer_refuse_them_too(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", _offset())
+    assert main(["pack", str(tmp_path / "x.npy"), str(tmp_path / "out"), "--target-psnr", "40", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(re.escape(str(tmp_path / "x.npy")) + " " + CARRY, err) and "Traceback" not in err, err
+    with pytest.raises(DctDataError, match=r"<Writer> " + CARRY.replace("image", "u")):
+        with dctdata.Writer(tmp_path / "w", cf=4, quiet=True) as w:
+            for s in _offset():
+                w.write({"u": s})
+    assert _no_out(tmp_path, "w")
+
+
+@pytest.mark.parametrize("settings", [{"cf": 4}, {"target_psnr": 40}], ids=["fixed", "target_psnr"])
+def test_15_finite_values_past_float32_are_named_by_magnitude_not_as_nan(tmp_path, settings):
+    x = np.random.default_rng(0).standard_normal((8, 1, 16, 16))
+    x[3, 0, 2, 2] = 1e300
+    with pytest.raises(
+        DctDataError, match=r"sample 3: field 'image': expected \|x\| <= 4\.25e\+37 .*Got max \|x\| = 1e\+300"
+    ):
+        dctdata.pack(x, tmp_path / "out", quiet=True, **settings)
+
+
+def test_15_float64_data_float32_carries_still_packs_and_the_offset_fix_works(tmp_path):
+    x = _offset()
+    m = dctdata.pack(x - 1e15, tmp_path / "centered", cf=4, quiet=True)  # the fix the message names
+    ds = dctdata.open_dataset(tmp_path / "centered")
+    y = ds.decompressor()(ds[0:8][0]).numpy()
+    assert m.samples == 8 and np.abs(y - (x - 1e15)).max() < 0.5 * np.ptp(x - 1e15)
+    exact = dctdata.pack(x, tmp_path / "exact", fields=["image=array"], quiet=True)  # or kept exact
+    assert exact.samples == 8
+    assert np.array_equal(np.stack([np.asarray(s[0]) for s in dctdata.open_dataset(tmp_path / "exact")]), x)
