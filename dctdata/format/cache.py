@@ -33,6 +33,7 @@ import shutil
 import tempfile
 
 from dctdata.errors import DctDataError
+from dctdata.format.atomic import create_exclusive
 from dctdata.format.checksum import read_expected
 from dctdata.format.location import open_regular
 from dctdata.parse import parse_size
@@ -131,7 +132,7 @@ class ShardCache:
         path = self.path(sha256)
         tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".part-", suffix=SUFFIX)
+            fd, tmp = create_exclusive(self.directory, ".part-", SUFFIX)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             if os.path.isdir(path):  # not an entry of ours in the way: leave it, cache nothing

@@ -6,6 +6,7 @@ reproducing it from scratch.
 10: a manifest past the readers' cap is never committed (refused before packing when it can be told).
 11: `--overwrite` of an OUT that is a symlink replaces the pack it points to, atomically.
 16: a full disk names the file, prints no second traceback, and leaves a resumable pack.
+(reproducer 11 of the issue's folder) every file a pack writes takes the user's umask, the manifest too.
 17: array and label fields have a shape bound like dct fields.
 """
 
@@ -277,6 +278,42 @@ def test_11_overwrite_through_a_symlink_replaces_the_pack_it_points_to(tmp_path,
     np.save(tmp_path / "x.npy", np.ones((3, 1, 16, 16), np.float32))
     assert main(["pack", str(tmp_path / "x.npy"), str(link), "--cf", "4", "--overwrite", "--quiet"]) == 0
     assert link.is_symlink() and len(dctdata.open_dataset(target)) == 3
+
+
+# The manifest's mode (reproducer 11): files take the user's umask -------------------------------------------------
+@pytest.mark.parametrize("umask", [0o022, 0o007])
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_every_file_of_a_pack_and_a_cache_entry_take_the_umask(tmp_path, fmt, umask):
+    old = os.umask(umask)
+    try:
+        dctdata.pack(np.zeros((4, 1, 16, 16), np.float32), tmp_path / "out", format=fmt, cf=4, quiet=True)
+        if fmt == "webdataset":
+            read_all(dctdata.open_dataset(tmp_path / "out", cache_dir=tmp_path / "cache", shuffle=False))
+    finally:
+        os.umask(old)
+    files = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    files += [p for p in (tmp_path / "cache").glob("*") if p.is_file()] if fmt == "webdataset" else []
+    assert tmp_path / "out" / "manifest.json" in files and (fmt == "zarr" or any("cache" in str(p) for p in files))
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in files}
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes  # the manifest was 0600 whatever the umask
+
+
+def test_atomic_write_takes_the_umask_and_never_follows_a_planted_link(tmp_path):
+    from dctdata.format.atomic import atomic_write, create_exclusive
+
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "a.json", b"{}")
+        fd, name = create_exclusive(str(tmp_path), ".x.", ".tmp")
+        os.close(fd)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640 and os.stat(name).st_mode & 0o777 == 0o640
+    (tmp_path / "secret").write_bytes(b"keep")
+    os.symlink(tmp_path / "secret", tmp_path / "b.json")
+    atomic_write(tmp_path / "b.json", b"new")  # the link is replaced, not written through
+    assert (tmp_path / "secret").read_bytes() == b"keep" and (tmp_path / "b.json").read_bytes() == b"new"
+    assert not (tmp_path / "b.json").is_symlink()
 
 
 # 16: a full disk ------------------------------------------------------------------------------------------------------
