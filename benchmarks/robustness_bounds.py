@@ -84,6 +84,14 @@ def make_packs(tmp: str) -> dict[str, str]:
             s.pop("bytes", None)
 
     _reseal(out["size_liar"], lie)
+    out["entropy_bomb"] = shutil.copytree(out["webdataset"], f"{tmp}/entropy_bomb")  # item 6: 3 x 16384^2 declared
+
+    def huge(m):
+        f = m["fields"][0]
+        f["shape"] = [3, 16384, 16384]
+        f["codec"].update(height=16384, width=16384)
+
+    _reseal(out["entropy_bomb"], huge)
     return out
 
 
@@ -206,6 +214,12 @@ def case_calls(name: str, env: dict) -> tuple:
             lambda: _read_all(dctdata.open_dataset(p["webdataset"], cache_dir=cache, shuffle=False)), \
             lambda: _read_all(dctdata.open_dataset(p["size_liar"], cache_dir=cache, shuffle=False,
                                                    cache_limit=64 << 30))  # fmt: skip
+    if name == "entropy_shape_bomb":
+        lossless = json.load(open(os.path.join(p["webdataset"], "manifest.json")))["fields"][0].get("lossless")
+        stage = (lossless or {}).get("id")
+        what = f"a webdataset sample's shape edited to 3 x 16384 x 16384 (stage {stage}), first sample"
+        return 6, what, lambda: next(iter(dctdata.open_dataset(p["webdataset"], shuffle=False))), \
+            lambda: next(iter(dctdata.open_dataset(p["entropy_bomb"], shuffle=False)))  # fmt: skip
     if name == "zarr_reopen_fds":
 
         def reopen():
@@ -229,7 +243,8 @@ def case_calls(name: str, env: dict) -> tuple:
     raise SystemExit(f"unknown case {name!r}")
 
 
-CASES = ("zarr_chunk_bomb", "array_shape_bomb", "http_endless_200", "http_endless_206", "http_no_range", "http_drip",
+CASES = ("zarr_chunk_bomb", "array_shape_bomb", "entropy_shape_bomb", "http_endless_200", "http_endless_206",
+         "http_no_range", "http_drip",
          "cache_fifo", "cache_size_lie", "zarr_reopen_fds", "manifest_too_big")  # fmt: skip
 
 
