@@ -38,7 +38,10 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   matches its checksum) is refused. A seal is not a signature: whoever rewrites a manifest can reseal it
   (`open_dataset(path, sha256=...)` pins a pack against that). Versions 1-4 have no seal and still read
   (a version 4 reader refuses version 5 by its version); the pack settings, error figures and writing
-  dctdata version stay outside it (they describe the pack, decoding never reads them).
+  dctdata version stay outside it (they describe the pack, decoding never reads them). The seal is
+  optional within version 5 (every writer of this release adds it; other version 5 features were developed
+  beside it, and a version 5 manifest written without it still reads, unchecked); a seal that is there
+  must match.
 """
 
 from __future__ import annotations
@@ -393,8 +396,8 @@ class Manifest:
         if d.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: format: expected {FORMAT_NAME!r}. Got {d.get('format')!r}")
         version = _check_version(d.get("version"), where)
-        required = _MANIFEST_KEYS | ({"seal"} if version >= SEAL_VERSION else set())
-        d = parse_object(d, where, required, _MANIFEST_KEYS_V2 if version >= 2 else (), error=FormatError)
+        optional = (_MANIFEST_KEYS_V2 if version >= 2 else set()) | ({"seal"} if version >= SEAL_VERSION else set())
+        d = parse_object(d, where, _MANIFEST_KEYS, optional, error=FormatError)
         written = d
         if not isinstance(d["fields"], list):
             raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
@@ -431,7 +434,7 @@ class Manifest:
             raise
         except (DctDataError, TypeError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
-        if version >= SEAL_VERSION:  # last: what is malformed gets its own message first
+        if "seal" in written:  # last: what is malformed gets its own message first
             want = manifest_seal(written)
             if written["seal"] != want:
                 got = written["seal"] if isinstance(written["seal"], str) else type(written["seal"]).__name__
