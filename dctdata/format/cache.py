@@ -132,7 +132,7 @@ class ShardCache:
         path = self.path(sha256)
         tmp = None
         try:
-            fd, tmp = create_exclusive(self.directory, ".part-", SUFFIX)
+            fd, tmp = create_exclusive(self.directory, "part")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             if os.path.isdir(path):  # not an entry of ours in the way: leave it, cache nothing

@@ -303,7 +303,7 @@ def test_atomic_write_takes_the_umask_and_never_follows_a_planted_link(tmp_path)
     old = os.umask(0o027)
     try:
         atomic_write(tmp_path / "a.json", b"{}")
-        fd, name = create_exclusive(str(tmp_path), ".x.", ".tmp")
+        fd, name = create_exclusive(str(tmp_path), "x")
         os.close(fd)
     finally:
         os.umask(old)
