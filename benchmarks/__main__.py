@@ -42,6 +42,10 @@ SCRIPTS = {
         "benchmarks.gpu_ctxrans",
         "the entropy stage's CUDA decoder: bit-exactness, batch decode time, hostile streams",
     ),
+    "gpu-doc-table": (
+        "benchmarks.gpu_doc_table",
+        "the markdown for docs/benchmarks/ from a `python -m benchmarks gpu --json` run: device, date, command, rows",
+    ),
     "gpu-layer": ("benchmarks.gpu_layer", "fused CUDA Decompress v1 vs v2 GB/s, nvCOMP zstd batch decode"),
     "loader-workers": (
         "benchmarks.loader_workers",
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(SCRIPTS[name][0]).main(argv[1:])
             return 0
         args = build_parser().parse_args(argv)
+        args.argv = argv  # what the tables record of their command (gpu --json)
         return int(args.func(args) or 0)
     except (DctDataError, OSError) as exc:
         msg = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.strerror}: {exc.filename}"
