@@ -59,7 +59,7 @@ def real_sets() -> list[tuple[str, CtxCodec, np.ndarray]]:
 
 def versioned(codec: CtxCodec, version: int) -> CtxCodec:
     """The same model under another config version (1: mode 0 streams, 2: mode 2, 3: mode 3 for large samples)."""
-    return CtxCodec.from_config({**codec.get_config(), "version": version})
+    return codec.with_streams(version=version)
 
 
 def encode_samples(codec: CtxCodec, q: np.ndarray) -> list[bytes]:

@@ -39,13 +39,16 @@ Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS wo
 section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
 LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
 AVX2 vectors of 8 lanes (faster; 48 more header bytes and coarser words: 0.2-0.4% more bytes in all;
-examples/entropy_decode_speed.py measures both). Mode 3 (config version 3, arrays of 2 * SEG_COEFFS
-coefficients or more): the array's block rows cut into about one segment per SEG_COEFFS coefficients, each
-a mode 2 stream of its rows (contexts restart at a segment's top row, as at the array's), after a header of
-the segment count and lengths. Why: a GPU decodes a mode 2 stream with 16 lanes of one warp, one dependent
-step after another, and a 256x256 sample is about 5,000 such steps; independent segments are decoded by
-warps of their own (dctdata.entropy.device). It costs the segments' headers, about 69 bytes each: 0.6% of
-an int8 256x256 sample's bytes with 4 segments, 2.6% of an int16 one (camera). Mode 1: a raw copy when
+examples/entropy_decode_speed.py measures both). Mode 3 (config version 3, arrays of 2 * `segment`
+coefficients or more): the array's block rows cut into about one segment per `segment` coefficients (the
+config's "segment": SEGMENT for new fits, SEGMENT_V3 = 16384 for the version 3 configs written before it was
+recorded), each a mode 2 stream of its rows (contexts restart at a segment's top row, as at the array's),
+after a header of the segment count and lengths. Why: a GPU decodes a mode 2 stream with 16 lanes of one warp,
+one dependent step after another, and a 256x256 sample is about 5,000 such steps; independent segments are
+decoded by warps of their own (dctdata.entropy.device), so the segment length sets a batch's GPU decode time.
+It costs the segments' headers, about 69 bytes each, and the context of the row above at each segment's top
+(docs/gpu-entropy-decoder.md has the bytes per segment length). The decoder reads the segment count from the
+stream: `segment` only decides what the encoder writes. Mode 1: a raw copy when
 coding would not save. No model, shape or dtype in the stream: the caller passes the shape and dtype it
 expects (the decoded size is known up front, and `max_coefficients` of the stream's length bounds it).
 
@@ -87,13 +90,17 @@ log = logging.getLogger(__name__)
 
 CODEC_ID = "dctdata_ctxrans"
 # 2: streams of LANES_MIN coefficients or more use the kernel's 16-lane layout (mode 2);
-# 3: streams of 2 * SEG_COEFFS coefficients or more are segments of block rows (mode 3)
+# 3: streams of 2 * segment coefficients or more are segments of block rows (mode 3); the config may name
+#    `segment` (coefficients per segment; without it SEGMENT_V3, what the first version 3 packs were written with)
 FORMAT_VERSION = 3
 READ_VERSIONS = (1, 2, 3)  # an older config keeps writing what the release that wrote it reads
 MODE_LANES = _ctxrans.MODE_LANES
 MODE_SEGMENTS = _ctxrans.MODE_SEGMENTS
 LANES_MIN = 1 << 14  # below this, the 16-lane layout's 48 more header bytes outweigh its faster decode
-SEG_COEFFS = 1 << 14  # coefficients per segment (mode 3): a 256x256 sample at CF 8 is 4 segments
+SEGMENT_V3 = 1 << 14  # coefficients per segment (mode 3) of a version 3 config without "segment"
+SEGMENT = 1 << 13  # what `fit` writes: a 256x256 sample at CF 8 is 8 segments (the byte cost and GPU time it
+# was picked by are in docs/gpu-entropy-decoder.md)
+SEGMENT_RANGE = (1 << 10, 1 << 24)  # the segment lengths a config may name
 SCALE = _ctxrans.SCALE  # frequency precision: tables sum to 2^15
 MTOT = 1 << SCALE
 D = _ctxrans.D  # magnitudes 0..D-1 are tokens of their own
@@ -427,15 +434,31 @@ def _check_int_list(name, v, lo, hi, maxlen) -> list[int]:
     return out
 
 
+def _check_segment(segment, name: str = "segment") -> int:
+    lo, hi = SEGMENT_RANGE
+    if isinstance(segment, bool) or not isinstance(segment, (int, np.integer)) or not lo <= segment <= hi:
+        raise CtxCodecError(f"{name}: expected coefficients per segment, an int in [{lo}, {hi}]. Got {segment!r}")
+    return int(segment)
+
+
 # -------------------------------------------------------------------------------------------------
 class CtxCodec:
     """numcodecs-style codec. Construct with `fit` or `from_config`; the config carries the model."""
 
     codec_id = CODEC_ID
 
-    def __init__(self, layout: _Layout, iz: np.ndarray, ir: np.ndarray, kernel=None, version: int = FORMAT_VERSION):
+    def __init__(
+        self,
+        layout: _Layout,
+        iz: np.ndarray,
+        ir: np.ndarray,
+        kernel=None,
+        version: int = FORMAT_VERSION,
+        segment: int = SEGMENT,
+    ):
         self._k = kernel or _ctxrans
         self.version = version
+        self.segment = _check_segment(segment)  # coefficients per segment of a mode 3 stream (version 3)
         self.layout = layout
         self.iz = np.asarray(iz, np.uint8)
         self.ir = np.asarray(ir, np.uint8)
@@ -447,7 +470,15 @@ class CtxCodec:
 
     def with_kernel(self, kernel) -> "CtxCodec":
         """Same model on another build of the kernel (benchmarks of compile variants)."""
-        return CtxCodec(self.layout, self.iz, self.ir, kernel, self.version)
+        return CtxCodec(self.layout, self.iz, self.ir, kernel, self.version, self.segment)
+
+    def with_streams(self, version: int | None = None, segment: int | None = None) -> "CtxCodec":
+        """The same model writing another config version's streams (1: mode 0, 2: mode 2, 3: segments) or another
+        segment length (None keeps this codec's); every codec of the model reads them all."""
+        version = self.version if version is None else version
+        if isinstance(version, bool) or version not in READ_VERSIONS:
+            raise CtxCodecError(f"version: expected one of {READ_VERSIONS}. Got {version!r}")
+        return CtxCodec(self.layout, self.iz, self.ir, self._k, version, self.segment if segment is None else segment)
 
     # ---- config -------------------------------------------------------------------------------
     def get_config(self) -> dict[str, Any]:
@@ -462,6 +493,8 @@ class CtxCodec:
             **lay.layout_config(),
             "params": base64.b64encode(zlib.compress(params, 9)).decode("ascii"),
             "table_crc": self.table_crc,
+            # a version 3 config without it means SEGMENT_V3: the configs written before keep their bytes
+            **({"segment": self.segment} if self.version >= 3 and self.segment != SEGMENT_V3 else {}),
         }
 
     @classmethod
@@ -486,8 +519,8 @@ class CtxCodec:
             "params",
             "table_crc",
         }
-        if set(config) != keys:
-            raise CtxCodecError(f"config: expected keys {sorted(keys)}. Got {sorted(config)}")
+        if not keys <= set(config) <= keys | {"segment"}:
+            raise CtxCodecError(f"config: expected keys {sorted(keys)} (and 'segment'). Got {sorted(config)}")
         version = config["version"]
         is_int = isinstance(version, int) and not isinstance(version, bool)
         if config["id"] != CODEC_ID or not is_int or version not in READ_VERSIONS:
@@ -496,6 +529,9 @@ class CtxCodec:
                 f"config: expected id {CODEC_ID!r} version {' or '.join(map(str, READ_VERSIONS))}. "
                 f"Got {config['id']!r} {version!r}" + (": written by a newer dctdata, upgrade dctdata" if newer else "")
             )
+        if "segment" in config and version < 3:
+            raise CtxCodecError(f"config segment: expected only in a version 3 config. Got version {version}")
+        segment = _check_segment(config.get("segment", SEGMENT_V3), "config segment")
         cf = config["cf"]
         if isinstance(cf, bool) or not isinstance(cf, int) or not 1 <= cf <= 8:
             raise CtxCodecError(f"config cf: expected 1..8. Got {cf!r}")
@@ -540,7 +576,7 @@ class CtxCodec:
         if len(raw) != 2 * lay.nctx:
             raise CtxCodecError(f"config params: expected {2 * lay.nctx} bytes. Got {len(raw)}")
         p = np.frombuffer(raw, np.uint8).reshape(-1, 2)
-        codec = cls(lay, p[:, 0], p[:, 1], version=version)
+        codec = cls(lay, p[:, 0], p[:, 1], version=version, segment=segment)
         if codec.table_crc != config["table_crc"]:
             raise CtxCodecError("config table_crc: the frequency tables built here differ from the writer's")
         return codec
@@ -572,11 +608,12 @@ class CtxCodec:
 
     def stream_mode(self, shape: Sequence[int]) -> tuple[int, int]:
         """(mode, segments) this codec writes an array of `shape` (B, C, Hb, K, Wb) in: mode 3 with one segment per
-        SEG_COEFFS coefficients (at most one per block row) from version 3, mode 2 from version 2, else mode 0
-        (segments 0 outside mode 3). The encoder may still store a raw copy (mode 1) where coding does not save."""
+        `segment` coefficients (at most one per block row) from version 3, for arrays of two segments or more; mode 2
+        from version 2, else mode 0 (segments 0 outside mode 3). The encoder may still store a raw copy (mode 1)
+        where coding does not save."""
         n = math.prod(int(s) for s in shape)
-        if self.version >= 3 and n >= 2 * SEG_COEFFS and int(shape[2]) >= 2:
-            return MODE_SEGMENTS, min(int(shape[2]), n // SEG_COEFFS)
+        if self.version >= 3 and n >= 2 * self.segment and int(shape[2]) >= 2:
+            return MODE_SEGMENTS, min(int(shape[2]), n // self.segment)
         return (MODE_LANES if self.version >= 2 and n >= LANES_MIN else 0), 0
 
     def decode(self, buf, shape: Sequence[int] | None = None, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -669,6 +706,7 @@ class CtxCodec:
         *,
         features: Sequence[str] = FEATURES,
         layouts=None,
+        segment: int = SEGMENT,
         return_report: bool = False,
         _first_only: bool = False,
     ):
@@ -684,7 +722,9 @@ class CtxCodec:
           "sign" sign coded relative to the previous channel's (C > 1: 10-14% smaller on RGB and
                  multi-band fields before any channel decorrelation, ~3% slower)
           "lt"   left block too (the symbol decoded just before: longest dependency chain; off by default)
-        `layouts`: explicit list of layout dicts to try instead (benchmarks)."""
+        `layouts`: explicit list of layout dicts to try instead (benchmarks). `segment`: coefficients per segment
+        of the mode 3 streams the codec writes (shorter: a faster GPU decode, more bytes)."""
+        segment = _check_segment(segment)
         unknown = set(features) - set(FEATURES_ALL)
         if unknown:
             raise CtxCodecError(f"features: expected a subset of {FEATURES_ALL}. Got {sorted(unknown)}")
@@ -724,7 +764,7 @@ class CtxCodec:
                     spec["sign_flip"], flip_bits = (), float(n_has.sum())
                 lay = _Layout(cf, mask, channels, **spec)
             iz, ir, _ = _fit_params(h)
-            codec = cls(lay, iz, ir)
+            codec = cls(lay, iz, ir, segment=segment)
             model_bytes = len(json.dumps(codec.get_config(), separators=(",", ":")))
             bits = _table_bits(h, iz, ir) + raw + flip_bits + 8 * model_bytes
             report.append((spec, bits, model_bytes))
