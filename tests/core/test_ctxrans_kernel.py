@@ -330,7 +330,9 @@ def _on_cuda(codec, bufs, shape, dtype):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("version, segment", [(1, None), (2, None), (3, SEGMENT_V3), (3, SEGMENT), (3, 4096), (3, 1024)])
+@pytest.mark.parametrize(
+    "version, segment", [(1, None), (2, None), (3, SEGMENT_V3), (3, SEGMENT), (3, 4096), (3, 1024)]
+)
 def test_kernel_decodes_real_streams_as_the_cpu_does(sets, version, segment):
     for _, codec, q in sets:
         c = versioned(codec, version, segment)
@@ -396,10 +398,17 @@ def test_the_gpu_benchmark_runs_its_checks_on_the_cpu(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "r.json"
-    result = bench.main(["--quick", "--device", "cpu", "--out", str(out)])
+    result = bench.main(["--quick", "--device", "cpu", "--segment", "4096", "16384", "--out", str(out)])
     assert result["bit_exact"] and result["hostile_ok"]
     saved = json.loads(out.read_text())
-    assert saved["sample_shape"] == [1, 32, 64, 32] and saved["dtype"] == "int8"
-    assert [r["mode"] for r in saved["rows"]] == [3, 2]
+    assert saved["sample_shape"] == [1, 32, 64, 32] and saved["dtype"] == "int8" and saved["pack_segment"] == SEGMENT
+    rows = [(r["layout"], r["mode"], r["segment"], r["units_per_sample"]) for r in saved["rows"]]
+    assert rows == [
+        ("mode 3, segment 4096", 3, 4096, 16),
+        ("mode 3, segment 16384", 3, 16384, 4),
+        ("mode 2 (one unit a sample)", 2, None, 1),
+    ]
+    b = {r["segment"]: r["bytes_per_sample"] for r in saved["rows"]}
+    assert b[None] < b[16384] < b[4096]
     assert saved["hostile"]["streams"] == 40 and saved["hostile"]["oversized_refused"] == 2
     assert 0 < saved["hostile"]["failed"] <= 40
