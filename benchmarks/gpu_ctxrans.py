@@ -155,9 +155,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         result["pack_s"] = time.perf_counter() - t0
     shape, dtype = q.shape[1:], q.dtype
     bound = codec.segment_bytes if a.segment_bytes is None else a.segment_bytes
-    layouts = {
-        f"mode 3, segment {s}": codec.with_streams(version=3, segment=s, segment_bytes=bound) for s in a.segment
-    }
+    layouts = {f"mode 3, segment {s}": codec.with_streams(version=3, segment=s, segment_bytes=bound) for s in a.segment}
     layouts["mode 2 (one unit a sample)"] = codec.with_streams(version=2)
     result["pack_segment"], result["segment_bytes"] = codec.segment, bound
     result["sample_shape"], result["dtype"] = list(shape), str(dtype)
@@ -225,9 +223,9 @@ def table(result: dict[str, Any]) -> str:
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['layout']} | {r['segments_per_sample']:g} | {r['units_per_sample']} | {r['batch']} | {r['bytes_per_sample']:.0f} | "
-            f"{r['ms_median']:.3f} | "
-            f"{r['ms_min']:.3f} | {r['samples_per_s']:.0f} | {r['output_GBps']:.1f} | {r['cpu_1thread_ms']:.2f} |"
+            f"| {r['layout']} | {r['segments_per_sample']:g} | {r['units_per_sample']} | {r['batch']} | "
+            f"{r['bytes_per_sample']:.0f} | {r['ms_median']:.3f} | {r['ms_min']:.3f} | {r['samples_per_s']:.0f} | "
+            f"{r['output_GBps']:.1f} | {r['cpu_1thread_ms']:.2f} |"
         )
     return "\n".join(lines)
 
