@@ -53,6 +53,14 @@ SCRIPTS = {
     ),
     "masked-fill": ("benchmarks.masked_fill", "bytes and PSNR of the fills of masked pixels; --nan mask vs fill=0"),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
+    "robustness-bounds": (
+        "benchmarks.robustness_bounds",
+        "what each resource bomb of issue 30 costs a reader: peak RSS growth and longest block",
+    ),
+    "segment-cost": (
+        "benchmarks.segment_cost",
+        "bytes of the entropy stage's segments (GPU decode units) per segment length, fields and photos",
+    ),
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
     "zstd-levels": ("benchmarks.zstd_levels", "bytes, encode and decode speed of each zstd level on coefficients"),
 }

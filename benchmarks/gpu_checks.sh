@@ -46,6 +46,9 @@ if step 2; then
     note "2. gpu-ctxrans"
     timeout 180 python3 -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tail -30 | tee "$OUT/gpu_ctxrans.txt" \
         || status=1
+    # batch-32 time of shorter segments, by coefficients alone (the pack's bound keeps a 28 KB sample at 8)
+    timeout 150 python3 -m benchmarks gpu-ctxrans --segment 4096 2048 --segment-bytes 0 --batches 32 --samples 32 \
+        --repeat 30 --out "$OUT/gpu_ctxrans_sweep.json" 2>&1 | tail -12 | tee "$OUT/gpu_ctxrans_sweep.txt" || status=1
 fi
 if step 3; then
     note "3. compute-sanitizer memcheck of gpu-ctxrans --quick"
