@@ -149,19 +149,39 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
     per-sample side information (computed from x over its `valid` pixels unless given). With
     spec.min_psnr, any item (channel of a sample) that would decode below it is coded again with a
     finer effective step (its stored range shrinks by g < 1, the decoder is unchanged), so every sample,
-    seen at calibration or not, keeps the floor.
+    seen at calibration or not, keeps the floor. With spec.max_error/max_rel_error, every item whose
+    float32 decode misses the bound is coded again the same way (`dctdata.bounds`), or `BoundError` is
+    raised.
     """
     if isinstance(x, torch.Tensor) and tuple(x.shape[-3:]) != spec.sample_shape:
         raise DctDataError(
             f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). Got "
             f"{tuple(x.shape)}"
         )
+    if spec.bounded and x.dim() == 3:  # one sample: bound it as a batch of one
+        wire, over = encode(x[None], spec, None if side is None else side[None], None if valid is None else valid[None])
+        return (wire[0][0], wire[1][0]), over
     coeffs, side = coded_coefficients(x, spec, side, valid)
+    if spec.bounded:
+        from dctdata.bounds import initial_scale, item_bounds
+
+        bound, margin, rng = item_bounds(x, spec, valid)
+        g = initial_scale(bound, rng, spec)
+        if g is not None:  # every item starts at the step its own bound needs
+            coeffs, side = rescaled(coeffs, g, spec), side.clone()
+            side[..., 0] = (side[..., 0].double() * g).to(side.dtype)
     q, over = quantize_per_sample(coeffs, spec)
+    coded_side = side
     if spec.min_psnr is not None and spec.side is not None and x.dim() == 4:
         from dctdata.metrics import ItemErrors
 
         q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid))
+    if spec.bounded:
+        from dctdata.bounds import keep_bound
+
+        if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
+            coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
+        q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
