@@ -209,7 +209,8 @@ class CodecSpec:
             value = getattr(self, name)
             if value is not None:
                 below = float(torch.finfo(torch.float32).max)
-                object.__setattr__(self, name, parse_number(value, name, above=0, below=below))
+                value = parse_number(value, name, above=0, below=below)
+                object.__setattr__(self, name, f32(value) if name == "bound_ref" else value)
         if self.max_error is None and self.max_rel_error is None:
             if self.bound_ref is not None:
                 raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")

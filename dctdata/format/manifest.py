@@ -31,6 +31,10 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   samples x channels) in `layout.arrays` as {"inline": base64} instead of an array with its own files
   (about 850 bytes of zarr.json, shard index, checksums and layout). A version 3 reader refuses it by its
   version; everything else is as version 3.
+- 5: one version for this release's format changes. A dct field's codec may record a pointwise error
+  bound (`max_error`, `max_rel_error`, `bound_ref`: `dctdata.bounds`; the decoder is unchanged), the `pack`
+  entry the `max_error`/`max_rel_error` settings; an older manifest naming a bound is refused. A version 5
+  manifest without them is as version 4.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 STORAGES = storage_names()  # the registered storages (`dctdata.format.storages`)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -98,6 +102,8 @@ PACK_DEFAULTS: Mapping[str, Any] = {
     "mask": None,
     "quant": None,
     "target_psnr": None,
+    "max_error": None,
+    "max_rel_error": None,
     "key": None,
     "channels_last": False,
     "nan": "error",
