@@ -131,7 +131,9 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     if bool(bad.any()):
         j, c = (int(v) for v in bad.nonzero()[0])
         why = (
-            f"finer steps overflow {spec.dtype}: use --quant int16"
+            "the bound is below float32's precision for these values: loosen it or subtract an offset"
+            if float(margin[j, c]) >= float(bound[j, c])
+            else f"finer steps overflow {spec.dtype}: use --quant int16"
             if bool(stuck[j, c]) and spec.dtype == "int8"
             else "finer steps overflow the integer dtype: loosen the bound"
             if bool(stuck[j, c])

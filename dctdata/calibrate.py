@@ -456,9 +456,8 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
             elif best[0].dtype == dt:
                 break  # sizes fall to one step and rise after it
     if best is None:
-        spec = probe.replace(
-            bound_ref=ref, steps=(worst_case_amax(cf, mask, None, c) / (INT_LIMITS["int16"] - 0.5)).tolist()
-        )
+        dt = dtype or "int16"
+        spec = probe.replace(dtype=dt, bound_ref=ref, steps=(reach / (INT_LIMITS[dt] - 0.5)).tolist())
         encode(x, spec, valid=valid)  # raises the BoundError that names the item
         raise DctDataError(f"max_error: expected a step that meets the bound ({bounds}). Got none")  # pragma: no cover
     return best[0], tuple(candidates)
