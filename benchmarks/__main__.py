@@ -48,6 +48,10 @@ SCRIPTS = {
         "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",
     ),
     "masked-fill": ("benchmarks.masked_fill", "bytes and PSNR of the fills of masked pixels; --nan mask vs fill=0"),
+    "max-error": (
+        "benchmarks.max_error",
+        "bytes at equal pointwise error bound: --max-rel-error against SZ3 (abs), ZFP (fixed accuracy), SPERR (pwe)",
+    ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
     "zstd-levels": ("benchmarks.zstd_levels", "bytes, encode and decode speed of each zstd level on coefficients"),
