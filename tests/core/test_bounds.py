@@ -227,3 +227,21 @@ def test_manifest_version_gate(tmp_path):
     assert FieldSpec.from_dict(d, version=5).codec == spec
     with pytest.raises(FormatError, match=r"expected no max_error/max_rel_error in a version 4 manifest"):
         FieldSpec.from_dict(d, version=4)
+
+
+def test_info_and_verify_report_the_bound(tmp_path, capsys):
+    from dctdata.cli import main
+
+    x = smooth(np.random.default_rng(9), 6, 2, 16, 16).astype(np.float32)
+    dctdata.pack(x, tmp_path / "p", max_error=0.05, quiet=True)
+    assert main(["info", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "--max-error 0.05" in out and "| image[1] |" in out
+    assert main(["verify", str(tmp_path / "p")]) == 0
+    d = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    d["stats"]["image"]["channels"][1]["max_abs_error"] = 0.07  # a pack whose record breaks its bound
+    (tmp_path / "p" / "manifest.json").write_text(json.dumps(d))
+    assert main(["verify", str(tmp_path / "p")]) != 0
+    assert "field 'image' channel 1: expected a largest error <= 0.05 (--max-error). Got 0.07 recorded" in (
+        capsys.readouterr().out
+    )
