@@ -414,6 +414,7 @@ def _parse_bounds(max_error, max_rel_error, dtype: str | None) -> dict[str, floa
 # over 64 orthonormal coefficients spread like N(0, s^2/12), so the largest of a few thousand pixels is
 # about 1.2 s; the search takes the one that stores least once items that miss are re-coded.
 BOUND_STEPS = (0.7, 0.85, 1.0, 1.2, 1.45)
+FINER_STEPS = (0.5, 0.35, 0.25, 0.0)  # when every one of them misses: finer, down to the floors alone
 
 
 def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple[Candidate, ...]]:
@@ -455,11 +456,20 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
                 best = (spec, size)
             elif best[0].dtype == dt:
                 break  # sizes fall to one step and rise after it
-    if best is None:
+    if best is None:  # finer steps than the search's (their re-codes overflowed), down to the floors alone
         dt = dtype or "int16"
-        spec = probe.replace(dtype=dt, bound_ref=ref, steps=(reach / (INT_LIMITS[dt] - 0.5)).tolist())
-        encode(x, spec, valid=valid)  # raises the BoundError that names the item
-        raise DctDataError(f"max_error: expected a step that meets the bound ({bounds}). Got none")  # pragma: no cover
+        floors = reach / (INT_LIMITS[dt] - 0.5)
+        for m in FINER_STEPS:
+            spec = probe.replace(
+                dtype=dt, bound_ref=ref, steps=torch.maximum(floors, m * ref * torch.ones_like(floors)).tolist()
+            )
+            try:
+                encode(x, spec, valid=valid)
+            except BoundError:
+                if m == FINER_STEPS[-1]:
+                    raise  # names the item that cannot hold its bound
+                continue
+            return spec, tuple(candidates)
     return best[0], tuple(candidates)
 
 
