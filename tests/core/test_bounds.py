@@ -245,3 +245,43 @@ def test_info_and_verify_report_the_bound(tmp_path, capsys):
     assert "field 'image' channel 1: expected a largest error <= 0.05 (--max-error). Got 0.07 recorded" in (
         capsys.readouterr().out
     )
+
+
+def _bounded_wire(seed: int = 10):
+    x = torch.from_numpy(spiky(np.random.default_rng(seed), 4, 2, 24, 32).astype(np.float32))
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-3).spec
+    wire, _ = encode(x, spec)
+    return x, spec, wire
+
+
+def test_onnx_runtime_decode_meets_the_bound(tmp_path):
+    """The exported first layer (ONNX Runtime, CPU) decodes a bounded pack within its bound: the bound
+    needs no decoder op of its own, and the float32 margin covers ORT's arithmetic."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    x, spec, (q, side) = _bounded_wire()
+    layer = Decompress(spec, normalize=False).eval()
+    path = tmp_path / "bounded.onnx"
+    torch.onnx.export(layer, ((q, side),), str(path), input_names=["coeffs", "side"], dynamo=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"coeffs": q.numpy(), "side": side.numpy()})
+    y = torch.from_numpy(out)
+    check_bound(x, y, spec)
+    scale = x.double().abs().amax((-1, -2))
+    assert float(((y.double() - layer((q, side)).double()).abs().amax((-1, -2)) / scale).max()) < MARGIN_REL
+
+
+@pytest.mark.cuda
+def test_cuda_decode_meets_the_bound():
+    """On CUDA (the fused Triton kernel in eager mode) the decode differs from the CPU's by less than the
+    margin, so the bound checked on the CPU at pack time holds there too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x, spec, (q, side) = _bounded_wire()
+    layer = Decompress(spec, normalize=False)
+    cpu = layer((q, side)).double()
+    gpu = layer.to("cuda")((q.cuda(), side.cuda())).double().cpu()
+    check_bound(x, gpu.float(), spec)
+    scale = x.double().abs().amax((-1, -2))
+    drift = float(((gpu - cpu).abs().amax((-1, -2)) / scale).max())
+    assert drift < MARGIN_REL, drift
