@@ -30,7 +30,6 @@ from dctdata.spec import CodecSpec
 # (the inverse DCT's 64 terms of the normalized sample, then range * y + mid); 16 ulps covers another
 # summation order or fused multiply-adds on another device with room to spare.
 MARGIN_REL = 2.0**-19
-ROUNDS = 16  # re-codes of an item before its bound is declared unreachable
 
 
 class BoundError(DctDataError):
@@ -89,64 +88,3 @@ def initial_scale(bound: torch.Tensor, rng: torch.Tensor, spec: CodecSpec) -> to
 def missing(err: torch.Tensor, bound: torch.Tensor, margin: torch.Tensor) -> torch.Tensor:
     """Items whose decode misses the bound less the margin (an exact decode always holds)."""
     return (err + margin > bound) & (err > 0)
-
-
-def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None, margin=None):
-    """Re-code the items whose float32 decode misses spec's bound with a smaller stored range until every
-    item holds: (q, side, over, largest error per item). `coeffs` are the coded coefficients `q` was
-    quantized from with `side`; `x` the samples (B, C, H, W). Raises `BoundError` for an item that cannot
-    hold (re-coding it would overflow the integer dtype, or the bound is below float32's precision)."""
-    from dctdata.layer import Decompress  # the readers' decoder; layer does not import this module
-    from dctdata.quantize import quantize_per_sample, rescaled
-
-    if bound is None or margin is None:
-        bound, margin, _ = item_bounds(x, spec, valid)
-    layer = Decompress(spec, normalize=False)
-    with torch.no_grad():
-        err = item_max_error(x, layer((q, side)), valid)
-    g = torch.ones(side.shape[:-1], dtype=torch.float64)
-    base = side[..., 0].to(torch.float64).clone()  # the ranges `coeffs` were coded with (g = 1)
-    stuck = torch.zeros_like(err, dtype=torch.bool)
-    for _ in range(ROUNDS):
-        bad = missing(err, bound, margin) & ~stuck
-        if not bool(bad.any()):
-            break
-        rows = bad.any(1).nonzero().flatten()
-        room = (bound[rows] - margin[rows]).clamp(min=0)
-        # pixel errors scale with the step: aim 10% under the room, and move at least 10% per round
-        want = (0.9 * room / err[rows].clamp(min=1e-300)).clamp(min=0.05, max=0.9)
-        trial = g[rows] * torch.where(bad[rows], want, torch.ones_like(want))
-        qb, ob = quantize_per_sample(rescaled(coeffs[rows], trial, spec), spec, checked=True)
-        grew = ob > over[rows]  # finer steps would clamp coefficients: these items cannot be helped
-        stuck[rows[grew]] |= bad[rows[grew]]
-        rows, trial, qb, ob = rows[~grew], trial[~grew], qb[~grew], ob[~grew]
-        if not len(rows):
-            continue
-        sb = side[rows].clone()
-        sb[..., 0] = (base[rows] * trial).to(side.dtype)
-        with torch.no_grad():
-            eb = item_max_error(x[rows], layer((qb, sb)), None if valid is None else _rows(valid, rows, x))
-        g[rows], side[rows], q[rows], over[rows], err[rows] = trial, sb, qb, ob, eb
-    bad = missing(err, bound, margin)
-    if bool(bad.any()):
-        j, c = (int(v) for v in bad.nonzero()[0])
-        why = (
-            "the bound is below float32's precision for these values: loosen it or subtract an offset"
-            if float(margin[j, c]) >= float(bound[j, c])
-            else f"finer steps overflow {spec.dtype}: use --quant int16"
-            if bool(stuck[j, c]) and spec.dtype == "int8"
-            else "finer steps overflow the integer dtype: loosen the bound"
-            if bool(stuck[j, c])
-            else "the bound is near float32's precision for these values: loosen it or subtract an offset"
-        )
-        raise BoundError(
-            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
-            f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} ({why})",
-            j,
-            c,
-        )
-    return q, side, over, err
-
-
-def _rows(valid: torch.Tensor, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return torch.broadcast_to(valid, x.shape)[rows]
