@@ -285,3 +285,14 @@ def test_cuda_decode_meets_the_bound():
     scale = x.double().abs().amax((-1, -2))
     drift = float(((gpu - cpu).abs().amax((-1, -2)) / scale).max())
     assert drift < MARGIN_REL, drift
+
+
+def test_bound_holds_with_a_channel_rotation():
+    """A landed spec with a channel rotation (correlated channels at a PSNR target), bounded afterwards:
+    re-coding an item rescales it through the rotation and the bound holds on every channel."""
+    torch.manual_seed(0)
+    base = torch.cumsum(torch.cumsum(torch.randn(8, 1, 32, 32), -1), -2)
+    x = torch.cat([base, 0.9 * base + 0.1 * torch.randn_like(base), 0.05 * torch.randn_like(base) - base], 1)
+    spec = calibrate_report(x, quant="int16", target_psnr=40).spec.replace(max_rel_error=5e-3)
+    assert spec.rotation is not None
+    check_bound(x, decoded(spec, x), spec)
