@@ -53,3 +53,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object] |
             pass
         raise
     return path
+
+
+def create_exclusive(directory: str, base: str) -> tuple[int, str]:
+    """(fd, path) of a new file `.<base>.<random>.tmp` in `directory`, as `atomic_write` makes its own, for a
+    writer that renames it itself (the shard cache)."""
+    return _fresh(directory, base)

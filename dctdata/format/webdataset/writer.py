@@ -24,15 +24,16 @@ and padding that still pass 25% of the stored bytes are reported with a warning 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
-from dctdata.format.checksum import HashingWriter
+from dctdata.format.checksum import HashingWriter, with_path
 from dctdata.format.fields import FieldSpec, has_side, side_field
 from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy, npy_size
@@ -237,8 +238,8 @@ class WebDatasetWriter(PartWriter):
         members_total = payload = 0
         count = start
         pending: list[Batch] = []
-        with open_file(path, "wb", self.storage_options) as fh:
-            hfile = HashingWriter(fh)
+        with _shard_file(path, self.storage_options) as hfile:
+            fh = hfile.fh
             unpadded = Unpadded(hfile)
             tar = TarWriter(unpadded, encoder=False, **TAR_META)
 
@@ -321,3 +322,24 @@ class WebDatasetWriter(PartWriter):
             return encode_array(codec, arr)
         raw = encode_npy(arr)
         return raw if codec is None else bytes(codec.encode(raw))
+
+
+@contextlib.contextmanager
+def _shard_file(path: str, storage_options: dict) -> Iterator[HashingWriter]:
+    """A shard being written, hashed as it goes. A failed write (a full disk) names the file, and nothing
+    more reaches the file: tarfile's stream, collected later, would flush its buffer into the closed file
+    and print a second traceback after the real error."""
+    try:
+        fh = open_file(path, "wb", storage_options)
+    except OSError as exc:
+        raise with_path(exc, path) from exc
+    with fh:
+        hfile = HashingWriter(fh)
+        try:
+            yield hfile
+        except OSError as exc:
+            hfile.abandon()
+            raise with_path(exc, path) from exc
+        except BaseException:
+            hfile.abandon()
+            raise
