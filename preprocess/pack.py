@@ -44,7 +44,6 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
-from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.commit import (
@@ -61,6 +60,7 @@ from dctdata.preprocess.journal import JOURNAL_NAME, Journal
 from dctdata.preprocess.parts import PartJob, run_part
 from dctdata.preprocess.plan import build_manifest, parse_settings, plan
 from dctdata.preprocess.sources import describe, is_path, is_sample_iterable, open_source
+from dctdata.stages import AUTO
 
 log = logging.getLogger(__name__)
 

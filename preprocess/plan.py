@@ -38,13 +38,13 @@ from dctdata.format import STORAGES, ChannelStats, FieldSpec, FieldStats, Manife
 from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.format.manifest import figure
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
 from dctdata.metrics import pooled_psnr
 from dctdata.parse import parse_number
 from dctdata.preprocess.masking import NanPolicy, parse_nan, valid_name
 from dctdata.preprocess.parts import prepare_dct
 from dctdata.preprocess.sources import Source
 from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
+from dctdata.stages import AUTO, DEFAULT_CODEC, parse_config
 from dctdata.transform import parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
@@ -244,7 +244,7 @@ def parse_settings(
         overrides=parse_field_overrides(fields),
         nan=parse_nan(nan),
         valid=parse_valid(valid),
-        codec=codec if codec == AUTO else parse_codec_config(codec),
+        codec=codec if codec == AUTO else parse_config(codec),
         strict=bool(strict),
         channels_last=channels_last,
         key=key,

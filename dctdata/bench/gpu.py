@@ -168,7 +168,7 @@ def pipeline_rows(device="cuda", n=2048, size=256, batch=32, workers=2, epochs=2
     from dctdata.bench.loader import jpeg_files, synthetic
     from dctdata.loaders.device import DevicePrefetcher
     from dctdata.loaders.distributed import make_loader
-    from dctdata.lossless import parse_lossless_option
+    from dctdata.stages import ZSTD_MAX
 
     dev = torch.device(device)
     pin = dev.type == "cuda"
@@ -181,7 +181,7 @@ def pipeline_rows(device="cuda", n=2048, size=256, batch=32, workers=2, epochs=2
         ds = dctdata.open_dataset(out)
         layer = ds.decompressor().to(dev)
         out_zstd = os.path.join(tmp, "dct_zstd")  # the same settings, `--lossless zstd` instead of the entropy coder
-        zstd_stage = parse_lossless_option("zstd")
+        zstd_stage = dict(ZSTD_MAX)
         dctdata.pack(os.path.join(tmp, "x.npy"), out_zstd, quant="int8", target_psnr=target_psnr, quiet=True,
                      codec=zstd_stage)  # fmt: skip
         ds_zstd = dctdata.open_dataset(out_zstd)

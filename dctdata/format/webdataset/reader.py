@@ -31,7 +31,7 @@ from dctdata.format.location import MANIFEST_NAME, is_url, join, open_file
 from dctdata.format.manifest import Manifest, parse_manifest, read_manifest_bytes
 from dctdata.format.npy import decode_npy, npy_size, split_npy
 from dctdata.format.webdataset.layout import MEMBER_RE, TAR_META, entry_name, sample_key
-from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
+from dctdata.stages import get_stage
 
 
 def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
@@ -98,9 +98,8 @@ class Files:
 
 
 def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
-    """The lossless codec of each field (None where there is none; built once per process, see
-    `dctdata.lossless.get_codec`)."""
-    return {f.name: get_codec(f.lossless) for f in fields}
+    """The lossless stage of each field (built once per process, see `dctdata.stages.get_stage`)."""
+    return {f.name: get_stage(f.lossless) for f in fields}
 
 
 class ShardReader:
@@ -299,20 +298,19 @@ def member_arrays(
     """The stored arrays of one member (a field, then its side partner if any), checked against their
     specs (see `WebDatasetWriter._encode` for the two layouts)."""
     f = parts[0]
-    if is_entropy(f.lossless):
+    if codec.needs_shape:
         sizes = [math.prod(g.stored_shape) * 4 for g in parts[1:]]
         side_bytes = sum(sizes)
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
-        out = [decode_array(codec, raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
+        out = [codec.decode(raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
         at = 0
         for g, n in zip(parts[1:], sizes):
             out.append(np.frombuffer(raw[at : at + n], "<f4").reshape(g.stored_shape).astype(np.float32))
             at += n
         return out
-    if codec is not None:  # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
-        size = sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts)
-        raw = decode_bounded(codec, raw, size, where)
+    # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
+    raw = codec.decode_bounded(raw, sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts), where)
     out = []
     for k, g in enumerate(parts):
         if k == len(parts) - 1:
