@@ -15,6 +15,7 @@ from dctdata.stages.auto import AUTO, Auto
 from dctdata.stages.base import BytesStage, RawStage, Stage
 from dctdata.stages.blosc import BloscStage
 from dctdata.stages.ctxrans import CtxransStage
+from dctdata.stages.lz4 import LZ4Stage
 from dctdata.stages.registry import (
     RAW,
     get_stage,
@@ -33,6 +34,7 @@ from dctdata.stages.zstd import ZstdStage
 register(ZstdStage)
 register(BloscStage)
 register(CtxransStage)
+register(LZ4Stage)
 
 
 def for_setting(codec) -> Stage | Auto:
