@@ -254,7 +254,7 @@ class BytesStage(Stage):
         try:
             return numcodecs.get_codec(dict(config))
         except (ValueError, TypeError, KeyError) as exc:
-            raise DctDataError(f"codec: numcodecs cannot build {dict(config)!r}: {exc}") from exc
+            raise DctDataError(f"numcodecs cannot build {dict(config)!r}: {exc}") from exc
 
     def encode(self, data) -> bytes:
         if isinstance(data, np.ndarray):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from dctdata.errors import DctDataError
 from dctdata.stages.base import BytesStage
 from dctdata.stages.zstd import ZstdStage
 
 CODEC_ID = "blosc"
 _SHUFFLE = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}  # numcodecs' ints -> zarr v3's names
 _HEADER = 16  # blosc's frame header
+_INTS = ("clevel", "shuffle", "blocksize", "typesize")
 
 
 class BloscStage(BytesStage):
@@ -24,6 +26,22 @@ class BloscStage(BytesStage):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "BloscStage":
+        from numcodecs.blosc import list_compressors
+
+        c = {"cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0, "typesize": 1, **config}
+        ints = all(isinstance(c[k], int) and not isinstance(c[k], bool) for k in _INTS)
+        if (
+            set(config) - {"id", "cname", *_INTS}
+            or not ints
+            or c["cname"] not in list_compressors()
+            or not (
+                0 <= c["clevel"] <= 9 and c["shuffle"] in (-1, 0, 1, 2) and c["blocksize"] >= 0 and c["typesize"] >= 1
+            )
+        ):
+            raise DctDataError(
+                f"expected a blosc config {{'id', 'cname': one of {list_compressors()}, 'clevel': 0..9, "
+                f"'shuffle': -1..2, 'blocksize': int >= 0, 'typesize': int >= 1}}. Got {dict(config)!r}"
+            )
         return cls(config, cls._numcodecs(config))
 
     @classmethod

@@ -30,7 +30,7 @@ class LZ4Stage(BytesStage):
     def from_config(cls, config: Mapping[str, Any]) -> "LZ4Stage":
         acceleration = config.get("acceleration", 1)
         if isinstance(acceleration, bool) or not isinstance(acceleration, int) or acceleration < 1:
-            raise DctDataError(f"codec: expected an lz4 acceleration of 1 or more. Got {dict(config)!r}")
+            raise DctDataError(f"expected an lz4 acceleration of 1 or more. Got {dict(config)!r}")
         return cls(config, cls._numcodecs(config))
 
     @classmethod

@@ -58,7 +58,10 @@ def parse_config(config: object, where: str = "codec") -> dict[str, Any]:
             f"{where}: expected one of {ids()}. Got {config['id']!r} (a manifest may not name other codecs: some "
             "decoders run code)"
         )
-    _build(dict(config))
+    try:
+        _build(dict(config))
+    except DctDataError as exc:  # the stage's own check, named here
+        raise type(exc)(f"{where}: {exc}") from exc
     return dict(config)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from dctdata.errors import IntegrityError
+from dctdata.errors import DctDataError, IntegrityError
 from dctdata.stages.base import BytesStage
 
 CODEC_ID = "zstd"
@@ -26,6 +26,10 @@ MAX_CONFIG: dict[str, Any] = {"id": CODEC_ID, "level": 19}  # `--lossless zstd`,
 _MAGIC = 0xFD2FB528
 
 _LOCAL = threading.local()
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class ZstdStage(BytesStage):
@@ -41,6 +45,9 @@ class ZstdStage(BytesStage):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "ZstdStage":
+        level, checksum = config.get("level", 0), config.get("checksum", False)
+        if set(config) - {"id", "level", "checksum"} or not _is_int(level) or not isinstance(checksum, bool):
+            raise DctDataError(f"expected a zstd config {{'id', 'level': int, 'checksum': bool}}. Got {dict(config)!r}")
         return cls(config, cls._numcodecs(config))
 
     @classmethod

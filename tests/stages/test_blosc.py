@@ -6,7 +6,8 @@ import pytest
 import zarr
 import zarr.codecs as zc
 
-from dctdata.errors import IntegrityError
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import FieldSpec
 from dctdata.format.webdataset import entry_name
 from dctdata.format.zarr.metadata import check_chunk_codecs, parse_array_json
 from dctdata.stages import BloscStage, ZstdStage, get_stage
@@ -54,3 +55,13 @@ def test_members_keep_the_suffix_blosc_packs_always_had():
     bytes; the reader takes the stage from the manifest, never from the suffix."""
     assert entry_name("label", CONFIG) == "label.npy.zst" == entry_name("label", ZstdStage.default_config())
     assert BloscStage.shares_suffix and not ZstdStage.shares_suffix
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"clevel": "5"}, {"clevel": 10}, {"shuffle": 3}, {"shuffle": "bit"}, {"typesize": 0}, {"blocksize": -1},
+     {"cname": "brotli"}, {"cname": 3}, {"filters": []}],
+)  # fmt: skip
+def test_a_manifests_config_of_other_types_is_refused_when_read(change):
+    with pytest.raises(DctDataError, match=r"^field 'x': lossless: expected a blosc config .*Got \{'id': 'blosc'"):
+        FieldSpec("x", "array", (3,), "int16", lossless={**CONFIG, **change})

@@ -355,6 +355,7 @@ def test_packs_round_trip_in_both_storages_and_verify(tmp_path, cls):
     assert samples["zarr"][0]["image[0]"].dtype == torch.int8
 
 
+@pytest.mark.filterwarnings("ignore:Numcodecs codecs are not in the Zarr version 3 specification")
 @pytest.mark.parametrize("cls", STAGES)
 def test_zarr_python_opens_a_pack_of_a_stage_it_knows(tmp_path, cls):
     stage = configured(cls, arrays("int8"))

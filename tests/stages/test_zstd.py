@@ -106,3 +106,18 @@ def test_lossless_option_spells_zstd_configs():
     for bad in ("zstd:0", "zstd:23", "zstd:x", "zstd:"):
         with pytest.raises(dctdata.DctDataError, match=rf"--lossless: expected one of: .*zstd:LEVEL .*Got '{bad}'"):
             parse_option(bad)
+
+
+@pytest.mark.parametrize(
+    "config", [{"id": "zstd", "level": "9"}, {"id": "zstd", "level": None}, {"id": "zstd", "level": True},
+               {"id": "zstd", "checksum": "yes"}, {"id": "zstd", "level": 9, "window": 1}],
+)  # fmt: skip
+def test_a_manifests_config_of_other_types_is_refused_when_read(config):
+    with pytest.raises(
+        dctdata.DctDataError, match=r"^field 'x': lossless: expected a zstd config .*Got \{'id': 'zstd'"
+    ):
+        dctdata.format.FieldSpec("x", "array", (3,), "int16", lossless=config)
+    assert get_stage({"id": "zstd", "level": -5, "checksum": True}).zarr_codec(2)["configuration"] == {
+        "level": -5,
+        "checksum": True,
+    }
