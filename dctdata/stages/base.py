@@ -58,9 +58,11 @@ class Stage:
     # `decode_many` decodes a run of streams in one call that releases the GIL once (a reader thread then
     # takes runs of one-sample chunks)
     decodes_runs: ClassVar[bool] = False
-    # `--lossless` spelling (None: not selectable by name) and its help; see `from_option`
+    # `--lossless NAME[:ARG]`: NAME (None: not selectable by name; see `from_option`), the spellings listed in
+    # errors and the CLI's metavar ("zstd:LEVEL (LEVEL in 1..22)"), and the CLI help's words for them
     option: ClassVar[str | None] = None
-    option_help: ClassVar[tuple[tuple[str, str], ...]] = ()  # (spelling, what it means)
+    option_spellings: ClassVar[tuple[str, ...]] = ()
+    option_help: ClassVar[str] = ""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = dict(config)

@@ -14,7 +14,7 @@ from dctdata.stages.base import RawStage, Stage
 
 _STAGES: dict[str, type[Stage]] = {}
 RAW = RawStage({})
-_BUILT: dict[str, Stage] = {}  # canonical JSON of a config -> its stage
+_BUILT: dict[str, Stage] = {}  # JSON of a config (in its key order) -> its stage
 _BUILT_MAX = 64
 
 
