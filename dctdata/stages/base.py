@@ -14,6 +14,7 @@ all (the manifest's `{}`), so callers never special-case it.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -175,6 +176,10 @@ class Stage:
     def _decode(self, buf, shape: tuple[int, ...], dtype: np.dtype, out, writeable: bool) -> np.ndarray:
         raise NotImplementedError
 
+    def check_stream(self, stream, decoded: int, where: str | Callable[[], str]) -> None:
+        """The checks a stream passes before it leaves a reader undecoded (decode="device"): none here, a stream
+        without a size header (its decoder is bounded to the output and names a bad stream)."""
+
     def decode_many(self, bufs: Sequence, out: np.ndarray) -> int:
         """Streams `bufs` into out[0], out[1], ... (each out[i] the declared array of bufs[i]). Returns how many
         decoded before the first that did not (len(bufs) when all did); `decode` of that one gives its error."""
@@ -186,21 +191,25 @@ class Stage:
         return len(bufs)
 
     # ---- batches -------------------------------------------------------------------------------
-    def decode_batch(self, buffer, offsets, sample_shape: Sequence[int], dtype, where: str = "batch"):
+    def decode_batch(
+        self, buffer, offsets, sample_shape: Sequence[int], dtype, where: str | Callable[[int], str] = "batch"
+    ):
         """Samples stored back to back in one 1-D uint8 tensor, sample i in buffer[offsets[i]:offsets[i+1]]
         (offsets: int64, N+1 entries), decoded into a (N, *sample_shape) tensor of `dtype` on the buffer's
         device. On the CPU each stream is decoded into the preallocated output; elsewhere the stage's
         `device_decoder` does the work. A stream that does not decode is an IntegrityError naming its
-        sample index in the batch."""
+        sample: "<where> sample i", or `where(i)` when `where` is a function (a reader's sample names)."""
         import torch
 
         shape, dt, np_dt = _check_batch(buffer, offsets, sample_shape, dtype)
         n = int(offsets.numel()) - 1
+        name = where if callable(where) else (lambda i: f"{where} sample {i}")
         if buffer.device.type != "cpu":
             decoder = self.device_decoder(buffer.device)
             if decoder is None:
+                said = where if isinstance(where, str) else "batch"
                 raise DctDataError(
-                    f"{where}: the {self.label} stage has no decoder for {buffer.device.type} buffers. Decode the "
+                    f"{said}: the {self.label} stage has no decoder for {buffer.device.type} buffers. Decode the "
                     "batch on the CPU (pass buffer.cpu()) or pack with a stage that has one"
                 )
             out, status = decoder(buffer, offsets, shape, dt)
@@ -208,7 +217,7 @@ class Stage:
             if bad.numel():
                 i = int(bad[0])
                 raise IntegrityError(
-                    f"{where} sample {i}: expected {self.label} bytes of {np_dt} {shape}. Got a stream the "
+                    f"{name(i)}: expected {self.label} bytes of {np_dt} {shape}. Got a stream the "
                     f"{buffer.device.type} decoder refused (status {int(status[i])})"
                 )
             return out
@@ -221,7 +230,7 @@ class Stage:
         while done < n:
             done += self.decode_many(bufs[done:], arr[done:])
             if done < n:  # this one did not decode: `decode` raises its error naming the sample
-                self.decode(bufs[done], shape, np_dt, where=f"{where} sample {done}", out=arr[done])
+                self.decode(bufs[done], shape, np_dt, where=partial(name, done), out=arr[done])
                 done += 1
         return out
 
@@ -279,6 +288,14 @@ class BytesStage(Stage):
         out = np.empty(size, np.uint8) if target is None else target
         self.codec.decode(buf, out=out)
         return out
+
+    def check_stream(self, stream, decoded: int, where: str | Callable[[], str]) -> None:
+        """Refuse a stream whose header does not declare exactly `decoded` bytes (a raw stream: is not that
+        long)."""
+        n = self.declared_size(stream)
+        if n != decoded:
+            said = "a damaged or truncated header" if n is None else f"one of {n}"
+            raise IntegrityError(f"{described(where)}: expected a stream of {decoded} decoded bytes. Got {said}")
 
     def decode_bounded(self, buf, limit: int, where: str) -> memoryview:
         """The bytes of a stream declaring at most `limit` decoded bytes (a member whose contents say their own
