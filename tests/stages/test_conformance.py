@@ -123,10 +123,9 @@ def test_runs_decode_like_single_streams(cls, dtype):
 
 def batch(bufs: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
     """The streams back to back in one uint8 tensor, and the offsets that cut it."""
-    ends = np.cumsum([0] + [len(b) for b in bufs])
-    return torch.frombuffer(bytearray(b"".join(bufs)) or bytearray(1), dtype=torch.uint8)[: ends[-1]], torch.from_numpy(
-        ends.astype(np.int64)
-    )
+    ends = torch.tensor([0] + [len(b) for b in bufs], dtype=torch.int64).cumsum(0)
+    buffer = torch.tensor(list(b"".join(bufs)), dtype=torch.uint8)
+    return buffer, ends
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
