@@ -6,9 +6,9 @@ passes in the worker before it may leave, and the decode that finishes it where 
   coder's streams have no header to check; its decoder is bounded to the output's size and names a bad
   stream (every decoder of stored bytes is fuzzed), so nothing corrupt is decoded past its bounds.
 - `decode_stored(codec_config, buffer, offsets, sample_shape, dtype)`: the streams of one buffer through
-  the lossless stage, on the buffer's device (`Stage.decode_batch`, whose `device_decoder` hook a stage
-  fills for a device); on a device a stage has no decoder for, the streams are decoded on the CPU and the
-  result moved back (logged once).
+  the lossless stage, on the buffer's device (`Stage.decode_batch`): the stage's `DeviceDecoder` where it
+  has one for that device (the entropy coder: CUDA and CPU; zstd: CUDA, through nvCOMP), else its host
+  decoders, the result copied back to the device (blosc, LZ4, raw).
 - `decode_batch(batch, lossless, spec)`: a `StoredBatch` -> (coefficients, side), what `Decompress`
   then takes: the stage's decode, the .npy headers a webdataset member holds checked, the coefficients
   and in-stream side values cut out, byte order, each sample's row picked.
@@ -16,7 +16,6 @@ passes in the worker before it may leave, and the decode that finishes it where 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -26,9 +25,6 @@ from dctdata.errors import DctDataError, IntegrityError
 from dctdata.spec import CodecSpec
 from dctdata.stages import get_stage
 from dctdata.wire import StoredBatch, StreamForm, stage_key
-
-log = logging.getLogger(__name__)
-_WARNED: set[tuple[str, str]] = set()
 
 
 def check_stream(codec, stream, decoded: int, where: str | Callable[[], str]) -> None:
@@ -48,16 +44,8 @@ def decode_stored(
     """(S, *sample_shape) of numpy `dtype` (as a tensor) from the S streams buffer[offsets[k]:offsets[k+1]]
     through the lossless stage `codec_config`, on `buffer`'s device. A stream that does not decode to
     exactly that raises IntegrityError naming `where(k)`."""
-    stage = get_stage(codec_config)
-    device = buffer.device
     name = (lambda k: f"stream {k}") if where is None else where
-    if device.type != "cpu" and stage.device_decoder(device) is None:
-        key = (stage.label, device.type)
-        if key not in _WARNED:
-            _WARNED.add(key)
-            log.warning("lossless stage %r has no %s decoder: its streams are decoded on the CPU", *key)
-        return decode_stored(codec_config, buffer.cpu(), offsets.cpu(), sample_shape, dtype, where).to(device)
-    return stage.decode_batch(buffer, offsets, sample_shape, np.dtype(dtype), where=name)
+    return get_stage(codec_config).decode_batch(buffer, offsets, sample_shape, np.dtype(dtype), where=name)
 
 
 def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):

@@ -216,7 +216,7 @@ def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch:
     flat = data.numpy()
     for b, a, n in zip(streams, offsets[:-1].tolist(), sizes.tolist()):
         flat[a : a + n] = np.frombuffer(b, np.uint8)
-    same = rows == list(range(len(rows)))
+    same = rows == list(range(len(streams) * form.rows))  # every decoded row is the batch's sample, in order
     side = None if samples[0].side is None else torch.stack([s.side for s in samples])
     return StoredBatch(
         data,

@@ -4,7 +4,8 @@ registry, a JSON config that round-trips through the manifest).
 
 `Stage` is the interface and the generic parts: bounded decoding with errors that name the chunk or
 sample (`decode`), runs of streams (`decode_many`), a batch of streams cut from one byte buffer by an
-offsets table (`decode_batch`, CPU here and a device hook for accelerators). `BytesStage` is a codec over
+offsets table (`decode_batch`: through the stage's `DeviceDecoder` where it has one for the buffer's device,
+the `device_decoder` hook, else on the host). `BytesStage` is a codec over
 an array's raw bytes whose stream declares its decoded size in a header (zstd, blosc, LZ4): the size is
 checked against the expected one before anything is decoded, so a small hostile stream cannot make a
 reader allocate more than the array it expects (a "bomb" stops at the header). `RawStage` is no stage at
@@ -13,6 +14,7 @@ all (the manifest's `{}`), so callers never special-case it.
 
 from __future__ import annotations
 
+import logging
 import math
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
@@ -24,9 +26,28 @@ from dctdata.errors import DctDataError, IntegrityError
 if TYPE_CHECKING:  # torch is imported where a batch is decoded: the stages load without it
     import torch
 
-# A device decoder: (buffer, offsets, sample_shape, torch dtype) -> (decoded (N, *sample_shape) on the
-# buffer's device, int32 status per sample: 0 decoded, anything else refused)
-DeviceDecoder = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
+log = logging.getLogger(__name__)
+_HOST_NOTED: set[tuple[str, str]] = set()  # (stage, device type) whose batches were decoded on the host, logged once
+
+
+class DeviceDecoder:
+    """A stage's decoder of collated batches on one device, what `Stage.device_decoder(device)` returns (one small
+    class per stage, numcodecs' model): `decode_batch(buffer, offsets, sample_shape, dtype)` decodes sample i
+    from buffer[offsets[i]:offsets[i+1]] into an (N, *sample_shape) tensor of torch `dtype` on the buffer's
+    device, and returns it with an int32 status per sample (0: decoded; anything else: refused, and
+    `describe(status)` says why). Bad bytes never raise here: `Stage.decode_batch` raises an IntegrityError
+    naming the first refused sample. The arguments were checked by the stage (`Stage.decode_batch`)."""
+
+    def supports(self, sample_shape: tuple[int, ...]) -> bool:
+        """Whether this decoder takes streams of `sample_shape` (others are decoded on the host and copied)."""
+        return True
+
+    def decode_batch(self, buffer, offsets, sample_shape: tuple[int, ...], dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def describe(self, status: int) -> str:
+        """A refused sample's status in words."""
+        return f"status {int(status)}"
 
 
 class Refused(Exception):
@@ -196,32 +217,44 @@ class Stage:
     ):
         """Samples stored back to back in one 1-D uint8 tensor, sample i in buffer[offsets[i]:offsets[i+1]]
         (offsets: int64, N+1 entries), decoded into a (N, *sample_shape) tensor of `dtype` on the buffer's
-        device. On the CPU each stream is decoded into the preallocated output; elsewhere the stage's
-        `device_decoder` does the work. A stream that does not decode is an IntegrityError naming its
-        sample: "<where> sample i", or `where(i)` when `where` is a function (a reader's sample names)."""
-        import torch
-
+        device. Where the stage has a `DeviceDecoder` for that device (`device_decoder`) it does the work;
+        otherwise the streams are decoded on the host (each into the preallocated output) and, for a buffer
+        on an accelerator, copied there (logged once per stage and device: the decoded bytes cross instead of
+        the stored ones). A stream that does not decode is an IntegrityError naming its sample: "<where>
+        sample i", or `where(i)` when `where` is a function (a reader's sample names)."""
         shape, dt, np_dt = _check_batch(buffer, offsets, sample_shape, dtype)
-        n = int(offsets.numel()) - 1
         name = where if callable(where) else (lambda i: f"{where} sample {i}")
-        if buffer.device.type != "cpu":
-            decoder = self.device_decoder(buffer.device)
-            if decoder is None:
-                said = where if isinstance(where, str) else "batch"
-                raise DctDataError(
-                    f"{said}: the {self.label} stage has no decoder for {buffer.device.type} buffers. Decode the "
-                    "batch on the CPU (pass buffer.cpu()) or pack with a stage that has one"
-                )
-            out, status = decoder(buffer, offsets, shape, dt)
-            bad = torch.nonzero(status).flatten()
-            if bad.numel():
-                i = int(bad[0])
+        device = buffer.device
+        decoder = self.device_decoder(device)
+        if decoder is not None and decoder.supports(shape):
+            out, status = decoder.decode_batch(buffer, offsets, shape, dt)
+            bad = _refused(status)
+            if bad:
+                i = bad[0]
+                more = f" ({len(bad) - 1} more samples of the batch were refused)" if len(bad) > 1 else ""
                 raise IntegrityError(
-                    f"{name(i)}: expected {self.label} bytes of {np_dt} {shape}. Got a stream the "
-                    f"{buffer.device.type} decoder refused (status {int(status[i])})"
+                    f"{name(i)}: expected {self.label} bytes of {np_dt} {shape}. Got a stream the {device.type} "
+                    f"decoder refused ({decoder.describe(int(status[i]))}){more}"
                 )
             return out
+        if device.type == "cpu":
+            return self._decode_batch_host(buffer, offsets, shape, dt, np_dt, name, pin=False)
+        key = (self.label, device.type)
+        if key not in _HOST_NOTED:
+            _HOST_NOTED.add(key)
+            log.info("the %s stage has no %s decoder for these streams: they are decoded on the host and copied", *key)
+        host = self._decode_batch_host(buffer.cpu(), offsets.cpu(), shape, dt, np_dt, name, pin=device.type == "cuda")
+        return host.to(device, non_blocking=True)
+
+    def _decode_batch_host(self, buffer, offsets, shape, dt, np_dt, name: Callable[[int], str], pin: bool):
+        """`decode_batch` of CPU tensors with the stage's own decoders (runs through `decode_many`), into pinned
+        memory when `pin` (the result is copied to a CUDA device next)."""
+        import torch
+
+        n = int(offsets.numel()) - 1
         out = torch.empty((n, *shape), dtype=dt)
+        if pin and n:
+            out = out.pin_memory()
         arr = out.numpy()
         data = buffer.numpy()
         at = offsets.tolist()
@@ -235,9 +268,15 @@ class Stage:
         return out
 
     def device_decoder(self, device) -> DeviceDecoder | None:
-        """The decoder of batches on `device` (a torch.device that is not the CPU), or None where this stage
-        has none. The device-decode work fills this in per stage."""
+        """The decoder of this stage's batches on `device` (a torch.device), or None where the stage has none
+        (its batches are then decoded on the host by `decode_batch`). A stage whose decoder needs an optional
+        package raises MissingExtraError naming the extra where it is missing."""
         return None
+
+
+def _refused(status) -> list[int]:
+    """The samples whose status is not 0 (read on the host: a synchronization on an accelerator)."""
+    return status.detach().cpu().nonzero().flatten().tolist()
 
 
 class BytesStage(Stage):

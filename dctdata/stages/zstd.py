@@ -6,6 +6,12 @@ Encoding is numcodecs' (the stored frames are what zarr-python and tensorstore r
 codec). Decoding is python-zstandard's with one context per thread: numcodecs makes a new decompression
 context per call, a quarter of decoding a 64 KiB chunk (measured), and zstandard decodes exactly the
 frame's declared size (one-shot into a buffer of that size: it cannot write past it).
+
+On CUDA (`decode="device"`) a batch's frames are decoded by nvCOMP in one call (`NvcompZstdDecoder`, over
+`dctdata.nvcomp_zstd`; the `gpu` extra, `pip install 'dctdata[gpu]'`, and a clear error naming it where it is
+missing). nvCOMP is undefined on invalid input, so a stream leaves a reader's worker only after
+`check_stream` walked its frame and block headers (`dctdata.zstd_frames.walk`). On the CPU the stage's own
+decoder runs.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.stages.base import BytesStage
+from dctdata.stages.base import BytesStage, DeviceDecoder, described
 
 CODEC_ID = "zstd"
 LEVELS = (1, 22)
@@ -106,6 +112,50 @@ class ZstdStage(BytesStage):
             target[...] = arr
             return target
         return arr.copy() if writeable else arr
+
+    def check_stream(self, stream, decoded: int, where) -> None:
+        """The stream is one zstd frame declaring exactly `decoded` bytes, with well-formed frame and block headers
+        whose blocks lie inside it (what a device decoder may be given: nvCOMP is undefined on anything else)."""
+        super().check_stream(stream, decoded, where)
+        from dctdata.zstd_frames import walk
+
+        frames = walk(stream, described(where))
+        if len(frames) != 1:
+            said = described(where)
+            raise IntegrityError(f"{said}: expected one zstd frame (the writer makes one). Got {len(frames)}")
+
+    def device_decoder(self, device) -> "NvcompZstdDecoder | None":
+        """`NvcompZstdDecoder` on CUDA (MissingExtraError naming the `gpu` extra without nvCOMP); None elsewhere."""
+        import torch
+
+        from dctdata import nvcomp_zstd
+
+        if torch.device(device).type not in nvcomp_zstd.DEVICE_TYPES:
+            return None
+        nvcomp_zstd.nvcomp()  # MissingExtraError: pip install 'dctdata[gpu]'
+        return NvcompZstdDecoder()
+
+
+class NvcompZstdDecoder(DeviceDecoder):
+    """A batch of zstd streams, one frame a sample, decoded by nvCOMP in one call (`dctdata.nvcomp_zstd.decode_batch`:
+    aligned buffers, cached decompression configs, torch's allocator). A sample whose frame nvCOMP reports at
+    another size than it declared gets status 1. The status is read when the stage checks it (a synchronization:
+    the loaders' grouped decode, `nvcomp_zstd.ZstdBatches`, amortizes nvCOMP's per-call cost instead)."""
+
+    def decode_batch(self, buffer, offsets, sample_shape, dtype):
+        import torch
+
+        from dctdata import nvcomp_zstd
+
+        values, report = nvcomp_zstd.decode_batch(buffer, offsets.cpu(), sample_shape, dtype)
+        status = torch.zeros(len(values), dtype=torch.int32)
+        status[report.failed()] = 1
+        return values, status
+
+    def describe(self, status: int) -> str:
+        if status == 1:
+            return "nvCOMP decoded its frame to another size than the frame declares"
+        return super().describe(status)
 
 
 @functools.lru_cache(maxsize=1)

@@ -47,6 +47,18 @@ def test_big_endian_chunks_of_several_samples_decode_to_native_values():
     assert side is None and torch.equal(got, torch.from_numpy(q[[3, 0, 2]]))
 
 
+def test_the_first_samples_of_a_chunk_keep_their_rows():
+    """A batch of a chunk's first rows, in order, still says which rows: the chunk decodes to all of its rows."""
+    q = _values(4, seed=2)
+    form = StreamForm("x", stage_key({}), SHAPE, "int16", rows=4, decoded=q.nbytes)
+    batch = collate_stored([S(q.tobytes(), 0, i, form, i) for i in range(2)])
+    assert batch.rows.tolist() == [0, 1]
+    got, _ = decode_batch(batch, {}, SPEC)
+    assert torch.equal(got, torch.from_numpy(q[:2]))
+    whole = collate_stored([S(q.tobytes(), 0, i, form, i) for i in range(4)])
+    assert whole.rows is None and torch.equal(decode_batch(whole, {}, SPEC)[0], torch.from_numpy(q))
+
+
 def test_an_npy_member_with_side_values_in_its_stream():
     spec = CodecSpec(
         cf=2, mask="square", channels=1, height=8, width=16, dtype="int16", steps=[[1.0] * 4], side="range_mid"

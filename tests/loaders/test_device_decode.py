@@ -140,6 +140,27 @@ def _zarr_stream_bytes(root) -> int:
     return total
 
 
+@pytest.mark.parametrize("name", ["wds-ctx", "zarr-ctx-1"])
+def test_the_entropy_kernels_program_decodes_like_the_cpu_decoder(packs, name, monkeypatch):
+    """decode="device" through the entropy stage's device hook running the lane emulator (the CUDA kernel's source
+    compiled as C): decode="cpu"'s arrays bit for bit, every batch through the hook."""
+    from dctdata.stages import CtxransStage
+    from dctdata.stages.ctxrans import CtxransDeviceDecoder
+
+    calls = []
+
+    class Emulated(CtxransDeviceDecoder):
+        def decode_batch(self, buffer, offsets, sample_shape, dtype):
+            calls.append(len(offsets) - 1)
+            return super().decode_batch(buffer, offsets, sample_shape, dtype)
+
+    monkeypatch.setattr(CtxransStage, "device_decoder", lambda self, device: Emulated(self.codec, emulate=True))
+    _, cpu = _batches(packs / name, "cpu")
+    ds, dev = _batches(packs / name, "device")
+    _same(cpu, dev, ds.decompressor("image"))
+    assert sum(calls) == 2 * N  # each batch decoded twice by _same
+
+
 @pytest.mark.parametrize("name", ["wds-ctx", "wds-zstd", "zarr-ctx-1", "zarr-zstd"])
 def test_bytes_crossing_are_the_stored_bytes(packs, name):
     _, dev = _batches(packs / name, "device")

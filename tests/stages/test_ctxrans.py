@@ -93,3 +93,32 @@ def test_fields_it_cannot_code_are_refused_when_the_spec_is_built(stage):
     spec = dctdata.CodecSpec(cf=CF, height=40, width=48, channels=2, mask=MASK, dtype="float16")
     with pytest.raises(dctdata.DctDataError, match=r"expected a bytes codec for a dct field of float16"):
         FieldSpec("image", "dct", (2, 40, 48), "float32", codec=spec, lossless=config)
+
+
+def test_its_device_decoder_is_the_entropy_kernels_batch_decoder(stage):
+    """On CUDA and the CPU (`dctdata.entropy.device.decode_batch`: the CUDA kernel there, the CPU decoder or the
+    lane emulator here), one sample a stream: a zarr chunk of several samples is decoded on the host."""
+    import torch
+
+    from dctdata.stages.ctxrans import CtxransDeviceDecoder
+
+    assert isinstance(stage.device_decoder(torch.device("cpu")), CtxransDeviceDecoder)
+    assert isinstance(stage.device_decoder("cuda"), CtxransDeviceDecoder)  # built without a GPU
+    assert stage.device_decoder(torch.device("meta")) is None
+    decoder = stage.device_decoder("cpu")
+    assert decoder.supports((2, 5, CF * CF, 6)) and decoder.supports((1, 2, 5, CF * CF, 6))
+    assert not decoder.supports((4, 2, 5, CF * CF, 6))
+    q = coefficients()
+    bufs = [stage.encode(s) for s in q]
+    offsets = torch.tensor(np.cumsum([0] + [len(b) for b in bufs]), dtype=torch.int64)
+    buffer = torch.frombuffer(bytearray(b"".join(bufs)), dtype=torch.uint8)
+    for emulate in (False, True):
+        got, status = CtxransDeviceDecoder(stage.codec, emulate=emulate).decode_batch(
+            buffer, offsets, (1, *q.shape[1:]), torch.int8
+        )
+        assert got.shape == (4, 1, *q.shape[1:]) and torch.equal(got[:, 0], torch.from_numpy(q))
+        assert status.tolist() == [0] * 4
+    bad = offsets.clone()
+    bad[2] -= 5  # sample 1 loses its last bytes (and sample 2 gains them)
+    _, status = decoder.decode_batch(buffer, bad, q.shape[1:], torch.int8)
+    assert status[0] == 0 and status[1] != 0 and decoder.describe(int(status[1])).startswith("ctxrans: ")

@@ -121,3 +121,17 @@ def test_a_manifests_config_of_other_types_is_refused_when_read(config):
         "level": -5,
         "checksum": True,
     }
+
+
+def test_a_stream_leaves_a_worker_only_as_one_well_formed_frame_of_the_expected_size():
+    """`check_stream` (decode="device", in the worker) keeps from nvCOMP, which is undefined on invalid input,
+    everything the CPU decoder would refuse: another declared size, a second frame, a block past the end."""
+    stage = get_stage(ZSTD_MAX)
+    blob = stage.encode(np.arange(4096, dtype=np.int16) % 7)
+    stage.check_stream(blob, 8192, "chunk 1")
+    with pytest.raises(IntegrityError, match=r"^chunk 1: expected a stream of 4096 decoded bytes\. Got one of 8192"):
+        stage.check_stream(blob, 4096, "chunk 1")
+    with pytest.raises(IntegrityError, match=r"^chunk 1: expected one zstd frame \(the writer makes one\)\. Got 2"):
+        stage.check_stream(blob + blob, 8192, lambda: "chunk 1")
+    with pytest.raises(IntegrityError, match=r"^chunk 1: byte 0: expected a zstd frame\. Got a block past the end"):
+        stage.check_stream(blob[:-2], 8192, "chunk 1")
