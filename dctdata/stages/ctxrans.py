@@ -17,11 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from dctdata.stages.base import DeviceDecoder, Stage
+from dctdata.stages.ctxrans_id import CODEC_ID  # in the manifest and as a zarr codec name
 from dctdata.stages.zstd import max_stage
-
-# The stage's id, in the manifest and as a zarr codec name (`dctdata.entropy.CODEC_ID` is the codec's own
-# copy; tests/stages/test_ctxrans_stage.py checks they agree)
-CODEC_ID = "dctdata_ctxrans"
 
 
 class CtxransStage(Stage):
