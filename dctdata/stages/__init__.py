@@ -5,14 +5,16 @@ Two kinds: a codec over an array's raw bytes (`BytesStage`: zstd, blosc; every f
 array stage that codes arrays of a stated shape (`needs_shape`: the context-modelled entropy coder,
 integer DCT coefficients only, its fitted model in its config). Readers, writers and calibration ask the
 stage (its sizes, zarr codec JSON, webdataset member suffix, decode cost, batch decode) and never compare
-ids; the registry is the allow-list of what a manifest may name.
+ids; the registry is the allow-list of what a manifest may name. A stage decodes batches on a device
+through the `DeviceDecoder` its `device_decoder(device)` hook returns (the entropy coder: CUDA and CPU;
+zstd: CUDA, with nvCOMP); the others decode on the host and copy.
 
 Adding a stage: a module with a `Stage` subclass, one `register` line below, and its tests (the shared
 conformance suite in tests/stages/ runs over every registered stage).
 """
 
 from dctdata.stages.auto import AUTO, Auto
-from dctdata.stages.base import BytesStage, RawStage, Stage
+from dctdata.stages.base import BytesStage, DeviceDecoder, RawStage, Stage
 from dctdata.stages.blosc import BloscStage
 from dctdata.stages.ctxrans import CtxransStage
 from dctdata.stages.lz4 import LZ4Stage
@@ -52,6 +54,7 @@ __all__ = [
     "BloscStage",
     "BytesStage",
     "CtxransStage",
+    "DeviceDecoder",
     "RawStage",
     "Stage",
     "ZstdStage",
