@@ -25,7 +25,7 @@ import torch
 from dctdata.errors import DctDataError, FormatError
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_int, parse_object
-from dctdata.spec import INTEGER_DTYPES, CodecSpec
+from dctdata.spec import INTEGER_DTYPES, MAX_SAMPLE_VALUES, CodecSpec
 from dctdata.stages import DEFAULT_CODEC, get_stage, parse_config
 
 # Field names become zarr paths and webdataset extensions: keep them plain.
@@ -48,6 +48,9 @@ SAMPLE_DTYPES = (
     "float32",
     "float64",
 )
+# An array field's per-sample dims at most (numpy allows 64); its values are bounded as a dct field's
+# (MAX_SAMPLE_VALUES): a manifest must not size a reader's arrays past what numpy can even describe.
+MAX_DIMS = 32
 # Coefficient dtype (CodecSpec.dtype) -> numpy dtype used on disk.
 _CODEC_STORAGE_DTYPE = {
     "float32": "float32",
@@ -87,6 +90,11 @@ class FieldSpec:
         if not isinstance(self.shape, (tuple, list)) or any(not is_int(s) or s < 1 for s in self.shape):
             raise DctDataError(f"{where}: shape: expected a tuple of positive ints. Got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if len(self.shape) > MAX_DIMS or math.prod(self.shape) > MAX_SAMPLE_VALUES:
+            raise DctDataError(
+                f"{where}: shape: expected at most {MAX_DIMS} dims and {MAX_SAMPLE_VALUES} values per sample. Got "
+                f"{list(self.shape)} ({math.prod(self.shape)} values)"
+            )
         dtype = np.dtype(self.dtype).name if isinstance(self.dtype, (np.dtype, type)) else self.dtype
         if dtype not in SAMPLE_DTYPES:
             raise DctDataError(f"{where}: dtype: expected one of {SAMPLE_DTYPES}. Got {self.dtype!r}")
