@@ -50,7 +50,15 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class Decompress(nn.Module):
-    """Coefficients -> images. `normalize=False` ignores the spec's mean/std."""
+    """Coefficients -> images. `normalize=False` ignores the spec's mean/std. A volume spec (`spec.depth`) gets
+    the subclass `dctdata.volume.VolumeDecompress`."""
+
+    def __new__(cls, spec=None, *args, **kwargs):
+        if cls is Decompress and isinstance(spec, CodecSpec) and spec.depth is not None:
+            from dctdata.volume import VolumeDecompress  # imports this module
+
+            cls = VolumeDecompress
+        return super().__new__(cls)
 
     def __init__(
         self,
