@@ -62,15 +62,19 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 import dctdata.entropy._ctxrans as _ctxrans
+from dctdata import transform3d
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.transform import kept_frequencies as _kept_frequencies
 
-__all__ = ["CtxCodec", "CtxCodecError", "fit", "kept_frequencies"]
+__all__ = ["CtxCodec", "CtxCodecError", "fit", "kept_frequencies", "supports"]
 
 
-def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
-    """dctdata's kept frequencies; a bad cf or mask in a config is a CtxCodecError like any other."""
+def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, ...], ...]:
+    """dctdata's kept frequencies ((u, v, w) triples for the volume masks "cube" and "tetra"); a bad cf or mask
+    in a config is a CtxCodecError like any other."""
     try:
+        if mask in transform3d.MASKS3:
+            return transform3d.kept_frequencies(cf, mask)
         return _kept_frequencies(cf, mask)
     except (DctDataError, TypeError) as exc:
         raise CtxCodecError(str(exc)) from None
@@ -94,6 +98,7 @@ TABPAD = _ctxrans.TABPAD
 LUTN = 1 << LUTB
 MAGIC = _ctxrans.MAGIC
 MAX_CONTEXTS = 1 << 16
+MAX_KEPT = getattr(_ctxrans, "MAX_K", 64)  # kept frequencies per block the kernel codes (a volume block has up to 512)
 MAX_ELEMENTS = 1 << 34  # refuse absurd declared shapes before allocating
 
 
@@ -236,8 +241,18 @@ def _bucket_table(edges: Sequence[int], stride: int) -> np.ndarray:
 
 
 def _neighbours(freqs) -> np.ndarray:
-    """(4, K) plane index of (u-1, v), (u, v-1), (u-2, v), (u, v-2) in the same block, -1 if not kept."""
+    """(4, K) plane index of (u-1, v), (u, v-1), (u-2, v), (u, v-2) in the same block, -1 if not kept.
+
+    Volumes ((u, v, w) frequencies of 8x8x8 blocks): the lower neighbours along w, v and u that are kept, in
+    that order, then -1 (the kernel's s_in sums the first two; "wide" adds the third)."""
     pos = {uv: k for k, uv in enumerate(freqs)}
+    if freqs and len(freqs[0]) == 3:
+        rows = np.full((4, len(freqs)), -1, np.int32)
+        for k, (u, v, w) in enumerate(freqs):
+            lower = [pos.get(f, -1) for f in ((u, v, w - 1), (u, v - 1, w), (u - 1, v, w))] if k else []
+            for j, n in enumerate(n for n in lower if n >= 0):
+                rows[j, k] = n
+        return rows
     offs = ((-1, 0), (0, -1), (-2, 0), (0, -2))
     return np.array(
         [[pos.get((u + du, v + dv), -1) if k else -1 for k, (u, v) in enumerate(freqs)] for du, dv in offs], np.int32
@@ -265,6 +280,10 @@ class _Layout:
         self.cf, self.mask, self.channels = cf, mask, channels
         self.freqs = kept_frequencies(cf, mask)
         self.K = len(self.freqs)
+        self.volume = mask in transform3d.MASKS3  # 8x8x8 blocks: arrays (B, C, Db, Hb, K, Wb) are coded as their
+        # (B, C, Db * Hb, K, Wb) view of block rows
+        if self.K > MAX_KEPT:
+            raise CtxCodecError(f"cf={cf} mask={mask!r}: expected at most {MAX_KEPT} kept frequencies. Got {self.K}")
         self.freq_classes = freq_classes
         self.channel_groups = list(channel_groups)
         self.edges_in, self.edges_lt = tuple(edges_in), tuple(edges_lt)
@@ -272,7 +291,7 @@ class _Layout:
         if freq_classes == "k":
             fc = list(range(self.K))
         elif freq_classes == "uv":
-            fc = [u + v for u, v in self.freqs]
+            fc = [sum(f) for f in self.freqs]  # the diagonal u + v (+ w for a volume)
         else:
             raise CtxCodecError(f"freq_classes: expected 'k' or 'uv'. Got {freq_classes!r}")
         nfc = max(fc) + 1
@@ -530,9 +549,17 @@ class CtxCodec:
         )
 
     # ---- coding -------------------------------------------------------------------------------
+    def _rows(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A volume model's array shape (B, C, Db, Hb, K, Wb) as the (B, C, Db * Hb, K, Wb) it is coded as."""
+        if self.layout.volume and len(shape) == 6:
+            return (*shape[:2], shape[2] * shape[3], *shape[4:])
+        return tuple(shape)
+
     def _check_array(self, q: np.ndarray) -> np.ndarray:
         if not isinstance(q, np.ndarray):
             raise TypeError(f"q: expected a numpy array (B, C, Hb, K, Wb). Got {type(q).__name__}")
+        if isinstance(q, np.ndarray) and q.ndim == 6 and self.layout.volume:
+            q = np.ascontiguousarray(q).reshape(self._rows(q.shape))
         if q.dtype not in (np.int8, np.int16) or q.ndim != 5 or q.size == 0:
             raise CtxCodecError(f"q: expected int8/int16 of shape (B, C, Hb, K, Wb). Got {q.dtype} {q.shape}")
         if q.shape[3] != self.layout.K or q.shape[1] > self.layout.channels:
@@ -548,15 +575,18 @@ class CtxCodec:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.
 
         Either shape and dtype, or `out`: a C-contiguous int8/int16 array of 5 dims to decode into
-        (a zarr chunk buffer, a slice of a pinned batch); out's shape/dtype are the declared ones."""
+        (a zarr chunk buffer, a slice of a pinned batch); out's shape/dtype are the declared ones. A volume
+        model also takes 6 dims (B, C, Db, Hb, K, Wb)."""
         if out is not None:
             _check_out(out)
             shape, dtype = out.shape, out.dtype
         shape, dt = self._declared(shape, dtype)
+        declared = shape
+        shape = self._rows(shape)
         if out is None:
-            out = np.empty(shape, dt)
+            out = np.empty(declared, dt)
         try:
-            self._k.decode(self._blob, buf, out, shape, dt.itemsize)
+            self._k.decode(self._blob, buf, out.reshape(shape), shape, dt.itemsize)
         except ValueError as exc:
             raise CtxCodecError(f"{exc}") from None
         except TypeError:  # not a bytes-like object
@@ -571,11 +601,12 @@ class CtxCodec:
         if not isinstance(bufs, (list, tuple)):
             raise TypeError(f"bufs: expected a list or tuple of bytes-like objects. Got {type(bufs).__name__}")
         _check_out(out)
-        if out.ndim != 6 or out.shape[0] != len(bufs):
+        if out.ndim not in ((6, 7) if self.layout.volume else (6,)) or out.shape[0] != len(bufs):
             raise CtxCodecError(f"out: expected shape (len(bufs)={len(bufs)}, B, C, Hb, K, Wb). Got {out.shape}")
         shape, dt = self._declared(out.shape[1:], out.dtype)
+        shape = self._rows(shape)
         try:
-            return self._k.decode_many(self._blob, bufs, out, shape, dt.itemsize)
+            return self._k.decode_many(self._blob, bufs, out.reshape(len(bufs), *shape), shape, dt.itemsize)
         except ValueError as exc:
             raise CtxCodecError(f"{exc}") from None
         except (TypeError, BufferError) as exc:
@@ -593,6 +624,12 @@ class CtxCodec:
             shape = tuple(int(s) for s in shape)
         except (TypeError, ValueError) as exc:
             raise CtxCodecError(f"shape: expected 5 ints. Got {shape!r}") from exc
+        if self.layout.volume and len(shape) == 6:  # (B, C, Db, Hb, K, Wb)
+            if min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
+                raise CtxCodecError(f"shape: expected 6 positive ints (B, C, Db, Hb, K, Wb). Got {shape}")
+            if shape[4] != self.layout.K or shape[1] > self.layout.channels:
+                raise CtxCodecError(f"shape: expected K={self.layout.K} and C <= {self.layout.channels}. Got {shape}")
+            return shape, dt
         if len(shape) != 5 or min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
             raise CtxCodecError(f"shape: expected 5 positive ints (B, C, Hb, K, Wb). Got {shape}")
         if shape[3] != self.layout.K or shape[1] > self.layout.channels:
@@ -650,7 +687,9 @@ class CtxCodec:
         if unknown:
             raise CtxCodecError(f"features: expected a subset of {FEATURES_ALL}. Got {sorted(unknown)}")
         qs = [q_samples] if isinstance(q_samples, np.ndarray) else list(q_samples)
+        volume = mask in transform3d.MASKS3  # (N, C, Db, Hb, K, Wb) arrays: their block rows' view
         qs = [np.ascontiguousarray(q) for q in qs]
+        qs = [q.reshape(*q.shape[:2], -1, *q.shape[4:]) if volume and q.ndim == 6 else q for q in qs]
         if not qs or any(q.ndim != 5 or q.dtype not in (np.int8, np.int16) for q in qs):
             raise CtxCodecError("q_samples: expected int8/int16 arrays of shape (N, C, Hb, K, Wb)")
         channels = qs[0].shape[1]
@@ -755,6 +794,12 @@ class CtxCodec:
         that today measures zstd sizes. Typically within 1-2% of what `fit` + `encode` store."""
         _, report = cls.fit(q_samples, cf, mask, features=features, return_report=True, _first_only=True)
         return report[0][1] / 8
+
+
+def supports(cf: int, mask: str) -> bool:
+    """Whether this kernel codes blocks of (cf, mask): at most MAX_KEPT kept frequencies (a volume's "cube" mask
+    keeps cf^3)."""
+    return len(kept_frequencies(cf, mask)) <= MAX_KEPT
 
 
 def fit(q_samples, cf: int, mask: str = "square", **options) -> dict[str, Any]:
