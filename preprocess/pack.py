@@ -82,6 +82,7 @@ def pack(
     sample_dim: str | None = None,
     variables: str | list[str] | None = None,
     stack: str | None = None,
+    dims: int | None = None,
     calibration: Any = None,
     length: int | None = None,
     strict: bool = False,
@@ -97,12 +98,13 @@ def pack(
     """Pack SOURCE into a dctdata dataset at OUT; returns the manifest written (see module docstring).
 
     calibration: an explicit calibration set (anything `pack` takes) instead of the source's own
-    samples. length: the sample count of an iterable source, when known.
+    samples. length: the sample count of an iterable source, when known. dims=3: dct fields are volumes
+    ((D, H, W) or (C, D, H, W) samples as 8x8x8 blocks).
     """
     settings = parse_settings(
         format=format, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, fields=fields, nan=nan, valid=valid,
         codec=codec, strict=strict, channels_last=channels_last, key=key, sample_dim=sample_dim, variables=variables,
-        stack=stack,
+        stack=stack, dims=dims,
     )  # fmt: skip
     parse_optional_int(workers, "--workers", minimum=1, expected="a positive int", type_error=DctDataError)
     if workers not in (None, 1) and scheduler is not None:

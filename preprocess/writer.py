@@ -83,6 +83,7 @@ class Writer:
         nan: object = "error",
         valid: Mapping[str, str] | list[str] | None = None,
         channels_last: bool | None = None,
+        dims: int | None = None,
         strict: bool = False,
         overwrite: bool = False,
         codec: Mapping[str, Any] | str | None = AUTO,
@@ -96,7 +97,7 @@ class Writer:
         if settings is None:
             settings = parse_settings(
                 format=format, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, fields=fields, nan=nan,
-                valid=valid, codec=codec, strict=strict, channels_last=channels_last,
+                valid=valid, codec=codec, strict=strict, channels_last=channels_last, dims=dims,
             )  # fmt: skip
         self.settings = settings
         self.samples = parse_optional_int(
@@ -201,10 +202,12 @@ class Writer:
     def _plan(self) -> None:
         window = SampleListSource(self._window, self.description)
         window.default_kinds = {k: "dct" for k in self._images}
-        src = ChannelsLast(window) if self.settings.channels_last else window
+        src = ChannelsLast(window, self.settings.dims or 2) if self.settings.channels_last else window
         cal = None
         if self._calibration is not None:
-            cal = open_source(self._calibration, channels_last=bool(self.settings.channels_last))
+            cal = open_source(
+                self._calibration, channels_last=bool(self.settings.channels_last), dims=self.settings.dims or 2
+            )
         try:
             specs, derived = plan(src, self.settings, cal, quiet=False)
         finally:
@@ -242,7 +245,7 @@ class Writer:
             return
         batch = {k: np.stack([s[k] for s in take]) for k in take[0]}
         if self.settings.channels_last:
-            batch = ChannelsLast._fix(batch)
+            batch = ChannelsLast._fix(batch, (self.settings.dims or 2) + 1)
         with torch.inference_mode():
             stored = self.encoder.encode(batch, self._written, self._where)
         self.storage.write(self._written, stored)

@@ -25,7 +25,20 @@ def register(sub) -> None:
     )
     p.add_argument("--format", default="zarr", help="zarr (random access, default) or webdataset (streaming shards)")
     p.add_argument("--cf", type=int, default=None, help="chop factor 1..8 (default 4 without --target-psnr)")
-    p.add_argument("--mask", default=None, choices=["square", "triangle"], help="kept-frequency mask (default square)")
+    p.add_argument(
+        "--mask",
+        default=None,
+        choices=["square", "triangle", "cube", "tetra"],
+        help="kept-frequency mask (default square; volumes: cube = square, tetra = triangle: u + v + w < CF)",
+    )
+    p.add_argument(
+        "--dims",
+        type=int,
+        default=None,
+        choices=[2, 3],
+        help="spatial dims of a dct sample: 2 ((H, W) or (C, H, W), default) or 3 (volumes: (D, H, W) or "
+        "(C, D, H, W) as 8x8x8 blocks)",
+    )
     p.add_argument(
         "--quant", default=None, choices=list(QUANT_TO_DTYPE), help="coefficient dtype (default none = fp32)"
     )
@@ -139,7 +152,7 @@ def _main(args) -> int:
     from dctdata.api import pack
     from dctdata.format.fields import user_fields
     from dctdata.lossless import parse_lossless_option
-    from dctdata.report import num, pack_summary
+    from dctdata.report import num, pack_summary, volume_hint
 
     manifest = pack(
         args.source,
@@ -157,6 +170,7 @@ def _main(args) -> int:
         sample_dim=args.sample_dim,
         variables=args.variables,
         stack=args.stack,
+        dims=args.dims,
         codec=parse_lossless_option(args.lossless),
         strict=args.strict,
         overwrite=args.overwrite,
@@ -195,4 +209,7 @@ def _main(args) -> int:
                     f"    channel {i}{label(i)}: PSNR min {num(ch.psnr_min)} / median {num(ch.psnr_median)} / dataset "
                     f"{num(ch.psnr_dataset)} dB, max error {num(ch.max_abs_error, '{:.4g}')}"
                 )
+        if args.dims is None:  # not said: offer volumes where a field looks like one
+            for hint in filter(None, map(volume_hint, user_fields(manifest.fields))):
+                print(f"  hint: {hint}")
     return 0

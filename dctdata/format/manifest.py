@@ -31,6 +31,9 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   samples x channels) in `layout.arrays` as {"inline": base64} instead of an array with its own files
   (about 850 bytes of zarr.json, shard index, checksums and layout). A version 3 reader refuses it by its
   version; everything else is as version 3.
+- 5 (`VOLUMES_VERSION`): a dct field may be a volume: per-sample shape (C, D, H, W), its codec has a `depth`
+  (8x8x8 blocks, masks "cube"/"tetra", coefficients (C, Db, Hb, K, Wb)), and the pack entry `dims` (2 by
+  default). A version 4 reader refuses it by its version; a volume field in an older version is an error.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
+VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes
 STORAGES = storage_names()  # the registered storages (`dctdata.format.storages`)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -107,6 +111,7 @@ PACK_DEFAULTS: Mapping[str, Any] = {
     "stack": None,
     "nan_filled": 0,
     "source_info": {},
+    "dims": 2,
 }
 FIGURE_DIGITS = 6
 
@@ -294,6 +299,12 @@ class Manifest:
                     f"{f.name!r}. "
                     "Got none or another shape"
                 )
+        volumes = [f.name for f in fields if f.is_dct and f.codec.depth is not None]
+        if volumes and self.version < VOLUMES_VERSION:
+            raise FormatError(
+                f"field {volumes[0]!r}: a volume (C, D, H, W): expected manifest version >= {VOLUMES_VERSION}. "
+                f"Got version {self.version}"
+            )
         unknown = sorted(set(self.stats) - set(names))
         if unknown:
             raise DctDataError(f"stats: expected entries for fields {names}. Got unknown {unknown}")

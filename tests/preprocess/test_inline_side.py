@@ -179,4 +179,4 @@ def test_a_changed_inline_value_changes_the_decode_and_verify_still_reads_it(tmp
     )
     after = _decoded(tmp_path / "p")
     assert not np.allclose(before, after) and torch.isfinite(torch.from_numpy(after)).all()
-    assert read_manifest(tmp_path / "p").version == 4
+    assert read_manifest(tmp_path / "p").version >= 4
