@@ -80,6 +80,21 @@ def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, ...], ...]:
         raise CtxCodecError(str(exc)) from None
 
 
+def coded_plane(cf: int, mask: str) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """(the frequencies of one row the kernel codes, rows per block row) for blocks of (cf, mask).
+
+    2-D blocks: the block's kept (u, v), one row. Volumes (8x8x8 blocks, `kept_frequencies` of "cube" or
+    "tetra"): a "cube" block row (K = cf^3 planes, u outermost) is coded as cf rows of the (v, w) square, one per
+    depth frequency u, a view of the same memory: in-block contexts see the (v - 1, w) and (v, w - 1)
+    neighbours, "top" sees the same (v, w) at u - 1, and every row keeps the kernel's limit of 64 planes. A
+    "tetra" row's planes differ in number per u, so it is coded as one row of its (u, v, w) triples (its lower
+    neighbours along w and v in-block, u with "wide"), which the kernel takes up to cf 6 (56 planes)."""
+    freqs = kept_frequencies(cf, mask)
+    if mask == "cube":
+        return tuple((v, w) for v in range(cf) for w in range(cf)), cf
+    return freqs, 1
+
+
 log = logging.getLogger(__name__)
 
 CODEC_ID = "dctdata_ctxrans"
@@ -278,10 +293,10 @@ class _Layout:
         sign_flip=(),
     ):
         self.cf, self.mask, self.channels = cf, mask, channels
-        self.freqs = kept_frequencies(cf, mask)
-        self.K = len(self.freqs)
-        self.volume = mask in transform3d.MASKS3  # 8x8x8 blocks: arrays (B, C, Db, Hb, K, Wb) are coded as their
-        # (B, C, Db * Hb, K, Wb) view of block rows
+        self.volume = mask in transform3d.MASKS3  # 8x8x8 blocks: arrays (B, C, Db, Hb, K, Wb) (`coded_plane`)
+        self.kept = len(kept_frequencies(cf, mask))  # planes per block of the arrays this model codes
+        self.freqs, self.split = coded_plane(cf, mask)
+        self.K = len(self.freqs)  # planes per row the kernel codes
         if self.K > MAX_KEPT:
             raise CtxCodecError(f"cf={cf} mask={mask!r}: expected at most {MAX_KEPT} kept frequencies. Got {self.K}")
         self.freq_classes = freq_classes
@@ -550,21 +565,19 @@ class CtxCodec:
 
     # ---- coding -------------------------------------------------------------------------------
     def _rows(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """A volume model's array shape (B, C, Db, Hb, K, Wb) as the (B, C, Db * Hb, K, Wb) it is coded as."""
-        if self.layout.volume and len(shape) == 6:
-            return (*shape[:2], shape[2] * shape[3], *shape[4:])
-        return tuple(shape)
+        """The kernel's (B, C, rows, K, Wb) of an array shape this model codes: itself for 2-D blocks; a volume's
+        (B, C, Db, Hb, K, Wb) or (B, C, Db * Hb, K, Wb) as the view `coded_plane` describes."""
+        return _kernel_shape(tuple(shape), self.layout.volume, self.layout.split)
 
     def _check_array(self, q: np.ndarray) -> np.ndarray:
         if not isinstance(q, np.ndarray):
             raise TypeError(f"q: expected a numpy array (B, C, Hb, K, Wb). Got {type(q).__name__}")
-        if isinstance(q, np.ndarray) and q.ndim == 6 and self.layout.volume:
-            q = np.ascontiguousarray(q).reshape(self._rows(q.shape))
-        if q.dtype not in (np.int8, np.int16) or q.ndim != 5 or q.size == 0:
+        lay = self.layout
+        if q.dtype not in (np.int8, np.int16) or q.ndim not in ((5, 6) if lay.volume else (5,)) or q.size == 0:
             raise CtxCodecError(f"q: expected int8/int16 of shape (B, C, Hb, K, Wb). Got {q.dtype} {q.shape}")
-        if q.shape[3] != self.layout.K or q.shape[1] > self.layout.channels:
-            raise CtxCodecError(f"q: expected K={self.layout.K} and C <= {self.layout.channels}. Got shape {q.shape}")
-        return np.ascontiguousarray(q)
+        if q.shape[-2] != lay.kept or q.shape[1] > lay.channels:
+            raise CtxCodecError(f"q: expected K={lay.kept} and C <= {lay.channels}. Got shape {q.shape}")
+        return np.ascontiguousarray(q).reshape(self._rows(q.shape))
 
     def encode(self, q: np.ndarray) -> bytes:
         q = self._check_array(q)
@@ -627,13 +640,14 @@ class CtxCodec:
         if self.layout.volume and len(shape) == 6:  # (B, C, Db, Hb, K, Wb)
             if min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
                 raise CtxCodecError(f"shape: expected 6 positive ints (B, C, Db, Hb, K, Wb). Got {shape}")
-            if shape[4] != self.layout.K or shape[1] > self.layout.channels:
-                raise CtxCodecError(f"shape: expected K={self.layout.K} and C <= {self.layout.channels}. Got {shape}")
+            lay = self.layout
+            if shape[4] != lay.kept or shape[1] > lay.channels:
+                raise CtxCodecError(f"shape: expected K={lay.kept} and C <= {lay.channels}. Got {shape}")
             return shape, dt
         if len(shape) != 5 or min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
             raise CtxCodecError(f"shape: expected 5 positive ints (B, C, Hb, K, Wb). Got {shape}")
-        if shape[3] != self.layout.K or shape[1] > self.layout.channels:
-            raise CtxCodecError(f"shape: expected K={self.layout.K} and C <= {self.layout.channels}. Got {shape}")
+        if shape[3] != self.layout.kept or shape[1] > self.layout.channels:
+            raise CtxCodecError(f"shape: expected K={self.layout.kept} and C <= {self.layout.channels}. Got {shape}")
         return shape, dt
 
     # ---- fitting ------------------------------------------------------------------------------
@@ -687,18 +701,20 @@ class CtxCodec:
         if unknown:
             raise CtxCodecError(f"features: expected a subset of {FEATURES_ALL}. Got {sorted(unknown)}")
         qs = [q_samples] if isinstance(q_samples, np.ndarray) else list(q_samples)
-        volume = mask in transform3d.MASKS3  # (N, C, Db, Hb, K, Wb) arrays: their block rows' view
         qs = [np.ascontiguousarray(q) for q in qs]
-        qs = [q.reshape(*q.shape[:2], -1, *q.shape[4:]) if volume and q.ndim == 6 else q for q in qs]
-        if not qs or any(q.ndim != 5 or q.dtype not in (np.int8, np.int16) for q in qs):
+        volume = mask in transform3d.MASKS3  # (N, C, Db, Hb, K, Wb) or (N, C, Db * Hb, K, Wb) arrays
+        if not qs or any(q.ndim not in ((5, 6) if volume else (5,)) or q.dtype not in (np.int8, np.int16) for q in qs):
             raise CtxCodecError("q_samples: expected int8/int16 arrays of shape (N, C, Hb, K, Wb)")
         channels = qs[0].shape[1]
         if any(q.shape[1] != channels for q in qs):
             raise CtxCodecError("q_samples: expected the same number of channels in every array")
-        if qs[0].shape[3] != len(kept_frequencies(cf, mask)):
+        if qs[0].shape[-2] != len(kept_frequencies(cf, mask)):
             raise CtxCodecError(
                 f"q_samples: expected K={len(kept_frequencies(cf, mask))} for cf={cf} {mask}. Got {qs[0].shape}"
             )
+        if volume:
+            split = coded_plane(cf, mask)[1]
+            qs = [q.reshape(_kernel_shape(q.shape, True, split)) for q in qs]
         # scale the bucket edges to the data: int16 packs often have magnitudes 10x int8's
         sample = (
             np.concatenate([np.abs(q[:, :, :, 1:2].astype(np.int32)).ravel() for q in qs])
@@ -797,9 +813,20 @@ class CtxCodec:
 
 
 def supports(cf: int, mask: str) -> bool:
-    """Whether this kernel codes blocks of (cf, mask): at most MAX_KEPT kept frequencies (a volume's "cube" mask
-    keeps cf^3)."""
-    return len(kept_frequencies(cf, mask)) <= MAX_KEPT
+    """Whether this kernel codes blocks of (cf, mask): at most MAX_KEPT planes per coded row (`coded_plane`: every
+    2-D block and volume "cube"; "tetra" up to cf 6)."""
+    return len(coded_plane(cf, mask)[0]) <= MAX_KEPT
+
+
+def _kernel_shape(shape: tuple[int, ...], volume: bool, split: int) -> tuple[int, ...]:
+    """(B, C, rows, K, Wb) the kernel codes for an array shape: a volume's (B, C, Db, Hb, K, Wb) merges Db and Hb,
+    and each block row of `split` rows becomes `split` rows of K / split planes (a view of the same memory)."""
+    if not volume:
+        return tuple(shape)
+    if len(shape) == 6:
+        shape = (*shape[:2], shape[2] * shape[3], *shape[4:])
+    b, c, r, k, wb = shape
+    return (b, c, r * split, k // split, wb)
 
 
 def fit(q_samples, cf: int, mask: str = "square", **options) -> dict[str, Any]:
