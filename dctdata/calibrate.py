@@ -456,7 +456,7 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
     size_of = _sizer(codec)
     rotations: list[torch.Tensor | None] = [] if rotation else [None]
     if c > 1 and rotation in (None, True):
-        rotations.insert(0, _klt(normalize(x, side)).to(torch.float32))
+        rotations.insert(0, _klt(normalize(x, side, x.dim() - 2)).to(torch.float32))  # volumes: (N, C, D, H, W)
     dtypes = [dtype] if dtype is not None else ["int8", "int16"]
     candidates, best = [], None
     for rot in rotations:

@@ -27,6 +27,8 @@ calibration that sees the filled data sees the right range. O(pixels) per item, 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -75,11 +77,14 @@ def fill_invalid(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
 def _pull_push(vals: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """vals (M, 1, H, W) or (M, 1, D, H, W) (0 where weight is 0), weight in [0, 1]: every pixel gets a value."""
     volume = vals.dim() == 5
-    pool, mode, children = (F.avg_pool3d, "trilinear", 8) if volume else (F.avg_pool2d, "bilinear", 4)
+    pool, mode = (F.avg_pool3d, "trilinear") if volume else (F.avg_pool2d, "bilinear")
     levels = [(vals, weight)]
     while max(vals.shape[2:]) > 1:
-        s = pool(vals * weight, 2, ceil_mode=True)
-        wsum = pool(weight, 2, ceil_mode=True)
+        # a volume's axis already at 1 stays (avg_pool3d refuses a window past an axis of 1; avg_pool2d takes it)
+        kernel = tuple(2 if n > 1 else 1 for n in vals.shape[2:]) if volume else (2, 2)
+        children = math.prod(kernel)
+        s = pool(vals * weight, kernel, ceil_mode=True)
+        wsum = pool(weight, kernel, ceil_mode=True)
         vals = torch.where(wsum > 0, s / wsum.clamp(min=1e-300), torch.zeros_like(s))
         weight = (children * wsum).clamp(max=1.0)  # a coarse pixel with one fully valid child is fully known
         levels.append((vals, weight))
