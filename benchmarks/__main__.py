@@ -50,6 +50,10 @@ SCRIPTS = {
     "masked-fill": ("benchmarks.masked_fill", "bytes and PSNR of the fills of masked pixels; --nan mask vs fill=0"),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
+    "volumes-rd": (
+        "benchmarks.volumes_rd",
+        "volumes (dims=3) at equal PSNR against SZ3, ZFP and 2-D packing; 3-D vs 2-D Decompress GB/s",
+    ),
     "zstd-levels": ("benchmarks.zstd_levels", "bytes, encode and decode speed of each zstd level on coefficients"),
 }
 
