@@ -5,6 +5,7 @@ decode speed on volumes beside the 2-D layer's on the same output bytes.
     python -m benchmarks volumes-rd                       # the docs table (docs/guides/volumes.md)
     python -m benchmarks volumes-rd --quick               # a smoke run: small volumes, three targets
     python -m benchmarks volumes-rd --json OUT.json --size 64 --samples 4
+    python -m benchmarks volumes-rd --device cuda --targets 40 --size 128 --samples 8   # the layers' GPU GB/s
 
 Items (`dctdata.datasets.volumes`): a power-law Gaussian random field (a density box), one component of a
 solenoidal von Karman velocity field, and an advected and diffused scalar. Each is N float32 volumes.
@@ -89,22 +90,26 @@ def dctdata_curve(x: np.ndarray, dims: int, targets, workdir: str, keep: float |
     return points, kept
 
 
-def decode_speed(path: str, repeat: int) -> tuple[float, tuple[int, ...]]:
-    """(output GB/s of the pack's decompressor on all its samples, output shape): best of `repeat`."""
+def decode_speed(path: str, repeat: int, device: str = "cpu") -> tuple[float, tuple[int, ...]]:
+    """(output GB/s of the pack's decompressor on all its samples on `device`, output shape): best of `repeat`."""
     ds = dctdata.open_dataset(path)
     batch = ds[0 : len(ds)][0]
-    layer = ds.decompressor()
+    layer = ds.decompressor().to(device)
+    batch = [t.to(device) for t in batch] if isinstance(batch, (tuple, list)) else batch.to(device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     best = math.inf
     with torch.inference_mode():
         out = layer(batch)
         for _ in range(repeat):
+            sync()
             t0 = time.perf_counter()
             layer(batch, out=out)
+            sync()
             best = min(best, time.perf_counter() - t0)
     return out.numel() * 4 / best / 1e9, tuple(out.shape)
 
 
-def run(n: int, size: int, targets, repeat: int, workdir: str) -> dict:
+def run(n: int, size: int, targets, repeat: int, workdir: str, device: str = "cpu") -> dict:
     results = {}
     speed_target = min(targets, key=lambda t: abs(t - 40.0))
     for name, x in items(n, size).items():
@@ -120,7 +125,7 @@ def run(n: int, size: int, targets, repeat: int, workdir: str) -> dict:
         speed = {}
         for label, path in (("dctdata 3-D", vol_pack), ("dctdata 2-D", flat_pack), ("2-D slices", slices)):
             if path is not None:
-                gbs, shape = decode_speed(path, repeat)
+                gbs, shape = decode_speed(path, repeat, device)
                 speed[label] = {"gb_per_s": gbs, "output_shape": list(shape)}
         results[name] = {
             "shape": list(x.shape),
@@ -132,7 +137,7 @@ def run(n: int, size: int, targets, repeat: int, workdir: str) -> dict:
     return results
 
 
-def report(results: dict, targets) -> str:
+def report(results: dict, targets, device: str = "cpu") -> str:
     lines = [f"compression ratio (float32 bytes / stored bytes) at {' / '.join(f'{v:g}' for v in LEVELS)} dB"]
     codecs = list(next(iter(results.values()))["cr"])
     lines.append("| item | " + " | ".join(codecs) + " |")
@@ -153,7 +158,7 @@ def report(results: dict, targets) -> str:
             per.append(f"{geomean(vals):.2f}" if vals else "-")
         lines.append(f"| {other} | " + " | ".join(per) + f" | {geomean(everything):.2f} |")
     lines.append("")
-    lines.append("Decompress on the CPU (the 40 dB packs' whole batch, output float32 GB/s, best of runs)")
+    lines.append(f"Decompress on {device} (the packs nearest 40 dB, whole batch, output float32 GB/s, best of runs)")
     lines.append("| item | 3-D layer | 2-D layer, D channels | 2-D layer, slices | 3-D / 2-D slices |")
     lines.append("|---|---|---|---|---|")
     for name, r in results.items():
@@ -172,16 +177,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=5, help="decode timing runs (best counts; default 5)")
     p.add_argument("--quick", action="store_true", help="16^3 volumes, 2 per item, three targets")
     p.add_argument("--json", default=None, metavar="OUT", help="also write every point as JSON")
+    p.add_argument("--targets", default=None, metavar="DB,DB,...", help="dctdata's targets (default: the sweep)")
+    p.add_argument("--device", default="cpu", help="where the decode speed is measured (cpu, cuda)")
     args = p.parse_args(argv)
     for name, v in (("--samples", args.samples), ("--size", args.size), ("--repeat", args.repeat)):
         if v < 1:
             raise DctDataError(f"{name}: expected a positive int. Got {v}")
     n, size = (2, 16) if args.quick else (args.samples, args.size)
     targets = QUICK_TARGETS if args.quick else TARGETS
+    if args.targets is not None:
+        try:
+            targets = tuple(float(t) for t in args.targets.split(","))
+        except ValueError:
+            raise DctDataError(f"--targets: expected dB values separated by commas. Got {args.targets!r}") from None
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="dctdata-volumes-rd-") as tmp:
-        results = run(n, size, targets, args.repeat, tmp)
-    print(report(results, targets))
+        results = run(n, size, targets, args.repeat, tmp, args.device)
+    print(report(results, targets, args.device))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"samples": n, "size": size, "targets": list(targets), "items": results}, f, indent=1)

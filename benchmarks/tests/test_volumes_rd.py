@@ -44,3 +44,5 @@ def test_volumes_rd_quick_run(tmp_path, capsys):
 def test_volumes_rd_refuses_bad_options():
     with pytest.raises(DctDataError, match=r"--size: expected a positive int\. Got 0"):
         volumes_rd.main(["--size", "0"])
+    with pytest.raises(DctDataError, match=r"--targets: expected dB values separated by commas\. Got '40,x'"):
+        volumes_rd.main(["--targets", "40,x"])
