@@ -160,3 +160,29 @@ def test_packed_volumes_decode_on_cuda_as_on_the_cpu(volumes, packs, fmt, decode
         gpu = layer.cuda()(gpu_batch)
     assert gpu.is_cuda and gpu.shape == cpu.shape
     torch.testing.assert_close(gpu.cpu(), cpu, atol=2e-5 * float(cpu.abs().max()), rtol=0)
+
+
+def test_netcdf_and_hdf5_variables_with_a_level_axis(tmp_path):
+    """A (time, level, lat, lon) NetCDF variable is one volume a time step with --sample-dim time --dims 3; two
+    such variables --stack as the channels of one field; an HDF5 (N, D, H, W) dataset packs like the array."""
+    import h5py
+    import xarray as xr
+
+    u = power_law_field(n=3, size=(8, 16, 24), seed=7)
+    v = velocity_component(n=3, size=(8, 16, 24), seed=8)
+    dims = ("time", "level", "lat", "lon")
+    xr.Dataset({"u": (dims, u), "v": (dims, v)}, coords={"time": np.arange(3)}).to_netcdf(
+        tmp_path / "run.nc", engine="h5netcdf"
+    )
+    m = dctdata.pack(
+        tmp_path / "run.nc", tmp_path / "nc", dims=3, sample_dim="time", stack="uv", target_psnr=40, quiet=True
+    )
+    f = m.field("uv")
+    assert f.shape == (2, 8, 16, 24) and f.codec.depth == 8
+    ds = dctdata.open_dataset(tmp_path / "nc", as_dict=True)
+    rec = ds.decompressor("uv")(ds[0:3]["uv"]).numpy()
+    assert psnr(np.stack([u, v], 1), rec) >= 39.5
+    with h5py.File(tmp_path / "v.h5", "w") as h5:
+        h5["rho"] = u
+    m = dctdata.pack(tmp_path / "v.h5", tmp_path / "h5", dims=3, key="rho", target_psnr=40, quiet=True)
+    assert m.field("rho").shape == (1, 8, 16, 24) and m.field("rho").codec.depth == 8
