@@ -38,6 +38,7 @@ def pack(
     sample_dim: str | None = None,
     variables: str | Sequence[str] | None = None,
     stack: str | None = None,
+    allow_external: bool = False,
     codec: Mapping[str, Any] | str | None = AUTO,
     strict: bool = False,
     overwrite: bool = False,

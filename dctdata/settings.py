@@ -276,6 +276,13 @@ class PackSettings:
         metavar="NAME",
         help="NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each)",
     )
+    allow_external: bool = setting(
+        False,
+        writer=False,
+        action="store_true",
+        help="HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets, "
+        "external links); only for a file you trust",
+    )
     codec: Mapping[str, Any] | str | None = setting(
         AUTO,
         flag="--lossless",
@@ -355,6 +362,8 @@ class PackSettings:
             raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {self.quant!r}")
         if self.channels_last is not None and not isinstance(self.channels_last, bool):
             raise TypeError(f"channels_last: expected True, False or None. Got {self.channels_last!r}")
+        if not isinstance(self.allow_external, bool):
+            raise TypeError(f"allow_external: expected True or False. Got {self.allow_external!r}")
         for name, v in (("sample_dim", self.sample_dim), ("stack", self.stack)):
             if v is not None and (not isinstance(v, str) or not v):
                 raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
@@ -438,8 +447,10 @@ class PackSettings:
 
     @property
     def source_options(self) -> dict[str, Any]:
-        """Keywords of `dctdata.preprocess.sources.open_source`."""
+        """Keywords of `dctdata.preprocess.sources.open_source` (`allow_external` is a trust choice about this
+        source file, not how the pack is stored: the manifest does not record it)."""
         return {
+            "allow_external": self.allow_external,
             "key": self.key,
             "channels_last": bool(self.channels_last),
             "sample_dim": self.sample_dim,

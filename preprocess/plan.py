@@ -45,7 +45,7 @@ from dctdata.kinds import FieldKind
 from dctdata.lossless import AUTO, DEFAULT_CODEC
 from dctdata.metrics import pooled_psnr
 from dctdata.preprocess.masking import NanPolicy, valid_name
-from dctdata.preprocess.parts import prepare_dct
+from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
 from dctdata.settings import PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
 from dctdata.spec import CodecSpec
@@ -256,7 +256,9 @@ def _codec(
         raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
     idx = calibration_indices(len(cal), math.prod(shape))
     batch = cal.take(idx)
-    x = np.asarray(batch[name]).reshape(len(idx), *shape).astype(np.float32)
+    x = np.asarray(batch[name]).reshape(len(idx), *shape)
+    check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
+    x = x.astype(np.float32)
     explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
     if explicit is not None:
         explicit = np.asarray(explicit)
