@@ -52,6 +52,10 @@ SCRIPTS = {
         "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",
     ),
     "masked-fill": ("benchmarks.masked_fill", "bytes and PSNR of the fills of masked pixels; --nan mask vs fill=0"),
+    "max-error": (
+        "benchmarks.max_error",
+        "bytes at equal pointwise error bound: --max-rel-error against SZ3 (abs), ZFP (fixed accuracy), SPERR (pwe)",
+    ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
     "robustness-bounds": (
         "benchmarks.robustness_bounds",

@@ -119,7 +119,9 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks segment-cost",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--samples", type=int, default=16, help="samples of each synthetic set (default 16)")
     p.add_argument("--size", type=int, default=256, help="sample height and width (default 256)")
