@@ -186,3 +186,11 @@ def test_netcdf_and_hdf5_variables_with_a_level_axis(tmp_path):
         h5["rho"] = u
     m = dctdata.pack(tmp_path / "v.h5", tmp_path / "h5", dims=3, key="rho", target_psnr=40, quiet=True)
     assert m.field("rho").shape == (1, 8, 16, 24) and m.field("rho").codec.depth == 8
+
+
+def test_volumes_refuse_pointwise_error_bounds():
+    with pytest.raises(DctDataError, match=r"max_error/max_rel_error: expected a 2-D spec \(volumes do not take"):
+        steps = [[0.01] * 64]
+        dctdata.CodecSpec(
+            cf=4, height=8, width=8, depth=8, mask="cube", dtype="int8", steps=steps, side="range_mid", max_error=0.1
+        )
