@@ -260,7 +260,7 @@ class VolumeDecompress(Decompress):
         if dtype not in _OUT_DTYPES:
             raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
         self.spec, self.dtype, self.normalize = spec, dtype, normalize
-        self.lossless = None if lossless is None else parse_codec_config(lossless, "lossless")
+        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         self.folded, self.bias_row = False, False
         c, k = spec.channels, spec.kept
