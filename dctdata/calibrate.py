@@ -31,7 +31,6 @@ PSNR here is always against each item's own value range (`dctdata.metrics`). "Da
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import statistics
@@ -41,9 +40,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from dctdata import transform3d
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
-from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
 from dctdata.metrics import ItemErrors, item_nmse
 from dctdata.parse import is_number, parse_number
 from dctdata.quantize import (
@@ -55,6 +54,7 @@ from dctdata.quantize import (
     quantize_per_sample,
 )
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
+from dctdata.stages import AUTO, for_setting, get_stage
 from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,6 @@ MARGIN_DB = 0.1  # land every channel at target + margin on the calibration subs
 TOL_DB = 0.09  # ... within this tolerance: in target + 0.01 .. target + 0.19 dB
 FLOOR_BELOW_DB = 0.4  # default min_psnr: no sample more than this below the target
 SUB_VALUES = 1 << 20  # coefficients in the subsample the search runs on
-FIT_VALUES = 1 << 22  # coefficients the entropy coder's model is fitted on (evenly spaced samples)
 DROP_SHARE = 0.15  # a smaller cf may drop at most this share of the error budget
 INT_LIMITS = {"int8": 127.0, "int16": 32767.0}
 
@@ -145,8 +144,11 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
-    if samples.dim() != 4 or samples.shape[0] < 1 or samples.numel() == 0:
-        raise DctDataError(f"samples: expected shape (N, C, H, W) with N >= 1. Got {tuple(samples.shape)}")
+    if samples.dim() not in (4, 5) or samples.shape[0] < 1 or samples.numel() == 0:
+        raise DctDataError(
+            "samples: expected shape (N, C, H, W) (or (N, C, D, H, W), volumes) with N >= 1. Got "
+            f"{tuple(samples.shape)}"
+        )
     if not samples.is_floating_point():
         raise TypeError(f"samples: expected a floating tensor. Got {samples.dtype}")
     if not bool(torch.isfinite(samples).all()):
@@ -167,7 +169,7 @@ def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.
             raise DctDataError(
                 f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
             ) from exc
-    errors = ItemErrors(x, valid)
+    errors = ItemErrors(x, valid, dims=x.dim() - 2)
     if not bool(errors.ok.any()):
         raise DctDataError(
             "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
@@ -190,17 +192,18 @@ def _klt(xn: torch.Tensor) -> torch.Tensor:
 
 def worst_case_amax(cf: int, mask: str, rotation: torch.Tensor | None, channels: int) -> torch.Tensor:
     """(C, K) the largest |coefficient| an item normalized to [-0.5, 0.5] can have: 0.5 ||b_k||_1 ||R_c||_1."""
-    b = basis(cf, mask, dtype=torch.float64)
+    b = transform3d.basis(cf, mask) if mask in transform3d.MASKS3 else basis(cf, mask, dtype=torch.float64)
     per_k = 0.5 * b.abs().sum(1)
     rows = torch.ones(channels, dtype=torch.float64) if rotation is None else rotation.abs().sum(1)
     return rows[:, None] * per_k[None, :]
 
 
 class _Coded:
-    """The calibration subset in the coded domain (normalized, weighted, rotated, all 64 frequencies) and
-    a random subsample of its block rows, for one rotation choice and channel weights (codec v3).
-    `reweighted(w)` gives the same subset with other weights without a DCT (channel mixing commutes with
-    the spatial transform)."""
+    """The calibration subset in the coded domain (normalized, weighted, rotated, all 64 frequencies; 512 of a
+    volume's 8x8x8 blocks) and a random subsample of its block rows, for one rotation choice and channel
+    weights (codec v3). `coef` has the spec's coefficient layout; `sub` and the statistics see a volume's
+    (Db, Hb) as one axis of block rows. `reweighted(w)` gives the same subset with other weights without a
+    DCT (channel mixing commutes with the spatial transform)."""
 
     def __init__(
         self,
@@ -212,16 +215,23 @@ class _Coded:
     ) -> None:
         self.rotation, self.weights = rotation, weights
         if base is None:
-            base = compress(normalize(x, side), 8, "square", "symmetric")  # (N, C, Hb, 64, Wb), unrotated
+            dims = x.dim() - 2
+            xn = normalize(x, side, dims)
+            if dims == 3:  # (N, C, Db, Hb, 512, Wb), unrotated
+                base = transform3d.compress(xn, 8, "cube", "symmetric")
+            else:  # (N, C, Hb, 64, Wb), unrotated
+                base = compress(xn, 8, "square", "symmetric")
         self.base = base if rotation is not None else None
-        self.coef = base if rotation is None else torch.einsum("oc,nchkw->nohkw", self.mixer.float(), base)
-        n, c, hb, _, wb = self.coef.shape
-        rows = n * hb
-        take = min(rows, max(1, SUB_VALUES // (c * 64 * wb)))
+        self.coef = base if rotation is None else torch.einsum("oc,nc...->no...", self.mixer.float(), base)
+        n, c = self.coef.shape[:2]
+        f, wb = self.coef.shape[-2:]
+        by_rows = self.coef.reshape(n, c, -1, f, wb)
+        rows = n * by_rows.shape[2]
+        take = min(rows, max(1, SUB_VALUES // (c * f * wb)))
         pick = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:take].sort().values
-        self.sub = self.coef.permute(0, 2, 1, 3, 4).reshape(rows, c, 64, wb)[pick]  # (R, C, 64, Wb)
-        self.amax = self.coef.abs().amax(dim=(0, 2, 4)).double()  # (C, 64)
-        self.pixels = 64 * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
+        self.sub = by_rows.permute(0, 2, 1, 3, 4).reshape(rows, c, f, wb)[pick]  # (R, C, F, Wb)
+        self.amax = by_rows.abs().amax(dim=(0, 2, 4)).double()  # (C, F)
+        self.pixels = f * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
 
     @property
     def mixer(self) -> torch.Tensor | None:
@@ -247,6 +257,25 @@ class _Coded:
         """(C, 64) mean squared coefficient per output channel: the nmse of dropping each frequency."""
         e = self.sub.double().pow(2).sum(dim=(0, 3)) / (self.pixels * self.sub.shape[0])
         return self.to_output(e)  # dropped energy spreads over output channels through the rotation
+
+
+# Volumes: the same search over 8x8x8 blocks (a 5-D calibration subset) --------------------------
+def _masks(dims: int) -> tuple[str, str]:
+    """(reduced, full) mask names: ("triangle", "square"), or a volume's ("tetra", "cube")."""
+    return ("triangle", "square") if dims == 2 else transform3d.MASKS3[::-1]
+
+
+def _frequency_index(cf: int, mask: str) -> list[int]:
+    """Each kept frequency's plane among a full block's (64, or 512 for a volume mask)."""
+    if mask in transform3d.MASKS3:
+        return transform3d.frequency_index(cf, mask)
+    return [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
+
+
+def _shape_kw(shape) -> dict[str, int]:
+    """CodecSpec's shape keywords of a calibration subset (N, C, H, W) or (N, C, D, H, W)."""
+    *_, h, w = shape
+    return dict(channels=shape[1], height=h, width=w, **({"depth": shape[2]} if len(shape) == 5 else {}))
 
 
 # The search --------------------------------------------------------------------------------------
@@ -278,7 +307,7 @@ class _Setting:
 
     def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str, raised: torch.Tensor | None = None) -> None:
         self.coded, self.cf, self.mask, self.dtype = coded, cf, mask, dtype
-        self.idx = [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
+        self.idx = _frequency_index(cf, mask)
         c = coded.coef.shape[1]
         if dtype in INTEGER_DTYPES:
             bound = worst_case_amax(cf, mask, coded.mixer, c)
@@ -345,11 +374,13 @@ class _Setting:
         return torch.exp(u), q
 
     def raise_floors(self, coef: torch.Tensor, g: torch.Tensor, steps: torch.Tensor) -> bool:
-        """Coarser per-frequency floors wherever the samples of `coef` (B, C, Hb, K, Wb), coded with their
+        """Coarser per-frequency floors wherever the samples of `coef` (B, C, Hb, K, Wb; a volume's
+        (B, C, Db, Hb, K, Wb)), coded with their
         stored ranges scaled by g (B, C) (what the per-sample floor does), would overflow the integers at
         `steps` (C, K). Whether any floor moved."""
         y = _rescaled(coef, g, self.coded.rotation)
-        need = y.abs().amax(dim=(0, 2, 4)).double() * 1.02 / (INT_LIMITS[self.dtype] - 0.5)
+        per_kept = y.abs().amax(dim=(0, *range(2, y.dim() - 2), y.dim() - 1)).double()  # (C, K)
+        need = per_kept * 1.02 / (INT_LIMITS[self.dtype] - 0.5)
         moved = bool((need > torch.maximum(self.floors, steps) * 1.0001).any())
         self.floors = torch.maximum(self.floors, need)
         self.raised = torch.maximum(self.raised, need)
@@ -360,9 +391,9 @@ def _rescaled(coef: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | None
     """`quantize.rescaled` for a rotation given as a tensor."""
     inv = (1.0 / g).to(torch.float32)
     if rotation is None:
-        return coef * inv[:, :, None, None, None]
+        return coef * inv.reshape(*inv.shape, *(1,) * (coef.dim() - 2))
     r = rotation.to(torch.float32)
-    return torch.einsum("bod,bdhkw->bohkw", torch.einsum("oc,bc,dc->bod", r, inv, r), coef)
+    return torch.einsum("bod,bd...->bo...", torch.einsum("oc,bc,dc->bod", r, inv, r), coef)
 
 
 class _Steer:
@@ -451,40 +482,23 @@ def fit_recon(v: torch.Tensor, q: torch.Tensor, dims) -> torch.Tensor:
 
 def _sizer(codec: Mapping[str, Any] | str | None) -> Callable[[torch.Tensor, str, int, str], int]:
     """Bytes of quantized planes (R, C, K, Wb) after the lossless stage: the search compares settings by
-    this. With "auto" (or the entropy coder), integer planes are sized by the entropy coder's one-pass
-    estimate (each block row a sample of one row: the cheapest consistent proxy)."""
-    entropy = codec == AUTO or is_entropy(codec if isinstance(codec, Mapping) else None)
-    c = get_codec(DEFAULT_CODEC if codec == AUTO else codec) if not entropy else get_codec(ZSTD_MAX)
+    this. The stage (or "auto") says how it sizes them (`Stage.estimate_size`: the entropy coder has a
+    one-pass estimate, a bytes codec encodes)."""
+    stage = for_setting(codec)
 
     def size(q: torch.Tensor, dtype: str, cf: int, mask: str) -> int:
         raw = q.to(COEFF_DTYPES[dtype][0]).contiguous()
-        if entropy and dtype in INTEGER_DTYPES:
-            from dctdata.entropy import CtxCodec
-
-            return int(CtxCodec.estimate_bytes(raw.unsqueeze(2).numpy(), cf, mask))
         raw = raw.view(torch.int16) if raw.dtype == torch.bfloat16 else raw
-        return len(encode_array(c, raw.numpy()))
+        return stage.estimate_size(raw.unsqueeze(2).numpy(), cf, mask, dtype in INTEGER_DTYPES)
 
     return size
 
 
 def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str | None) -> dict[str, Any]:
     """The lossless stage config of a dct field from its quantized calibration coefficients: with "auto",
-    the entropy coder fitted on them, unless zstd-19 stores them in fewer bytes (periodic textures that
-    long matches catch); else `codec` as given."""
-    if codec != AUTO:
-        return dict(codec or {})
-    if spec.dtype not in INTEGER_DTYPES:
-        return dict(DEFAULT_CODEC)
-    from dctdata.entropy import CtxCodec
-
-    per = max(1, q[0].size)
-    pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
-    coder = CtxCodec.fit(q[pick], spec.cf, spec.mask)  # counts of a few million coefficients fit the model
-    config = coder.get_config()
-    sub = q[: max(1, SUB_VALUES // max(1, q[0].size))]  # zstd-19 encodes slowly: compare on a bounded share
-    ctx = len(encode_array(coder, sub)) + len(json.dumps(config)) * len(sub) / len(q)  # the model is in the manifest
-    return config if ctx < len(encode_array(get_codec(ZSTD_MAX), sub)) else dict(ZSTD_MAX)
+    the policy's choice (`dctdata.stages.auto`: the smaller of the fitted entropy coder and zstd-19 for
+    integers); else `codec` as given."""
+    return for_setting(codec).choose(q, spec.cf, spec.mask, spec.dtype in INTEGER_DTYPES, SUB_VALUES)
 
 
 # Entry points ------------------------------------------------------------------------------------
@@ -535,10 +549,9 @@ def calibrate_report(
     if min_psnr is not None:
         min_psnr = parse_number(min_psnr, "min_psnr", above=0, below=200, expected="a PSNR in dB between 0 and 200")
     cfs = None if cf is None else parse_cf(cf)
-    masks = None if mask is None else parse_mask(mask)
+    masks = None if mask is None else (transform3d.parse_mask3(mask) if x.dim() == 5 else parse_mask(mask))
     dtype = None if quant is None else parse_coeff_dtype(quant)
-    n, c, h, w = x.shape
-    side = item_side(x, valid)
+    side = item_side(x, valid, x.dim() - 2)
     stats = _stats(x, valid)
     result = None
     bounds = _parse_bounds(max_error, max_rel_error, dtype)
@@ -546,7 +559,7 @@ def calibrate_report(
         spec, candidates = _bounded(x, valid, cfs or 8, masks or "square", dtype, bounds, codec)
         evaluations = len(candidates)
     elif target_psnr is None:
-        spec = _untargeted(x, side, cfs, masks or "square", dtype or "float32", min_psnr)
+        spec = _untargeted(x, side, cfs, masks or _masks(x.dim() - 2)[1], dtype or "float32", min_psnr)
         evaluations, candidates = 0, ()
     else:
         spec, evaluations, candidates, result = _search(
@@ -688,8 +701,8 @@ def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]
 
 def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     """No target: the given cf and dtype; integer dtypes get the finest steps no item can overflow."""
-    n, c, h, w = x.shape
-    common = dict(cf=cf, mask=mask, channels=c, height=h, width=w, dtype=dtype, pad="symmetric")
+    c = x.shape[1]
+    common = dict(cf=cf, mask=mask, **_shape_kw(x.shape), dtype=dtype, pad="symmetric")
     if dtype not in INTEGER_DTYPES:
         return CodecSpec(**common)
     steps = worst_case_amax(cf, mask, None, c) / (INT_LIMITS[dtype] - 0.5)
@@ -697,13 +710,13 @@ def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
 
 
 def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where):
-    n, c, h, w = x.shape
+    n, c = x.shape[:2]
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
     size_of = _sizer(codec)
     rotations: list[torch.Tensor | None] = [] if rotation else [None]
     if c > 1 and rotation in (None, True):
-        rotations.insert(0, _klt(normalize(x, side)).to(torch.float32))
+        rotations.insert(0, _klt(normalize(x, side, x.dim() - 2)).to(torch.float32))  # volumes: (N, C, D, H, W)
     dtypes = [dtype] if dtype is not None else ["int8", "int16"]
     candidates, best = [], None
     for rot in rotations:
@@ -802,26 +815,26 @@ def _missed_error(target: float, missed: Exception, where: Callable[[int], str])
 def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: float) -> list[tuple[int, str]]:
     """(cf, mask) pairs to try: the given ones, else the smallest whose dropped energy is at most
     DROP_SHARE of the budget, and cf 8."""
+    reduced, full = _masks(coded.coef.dim() - 3)
     if cf is not None:
-        return [(cf, mask or "square")]
-    masks = (mask,) if mask is not None else ("triangle", "square")
+        return [(cf, mask or full)]
+    masks = (mask,) if mask is not None else (reduced, full)
     e = coded.energy()
-    out = [(8, "square")] if mask in (None, "square") else [(8, "triangle")]
+    out = [(8, full)] if mask in (None, full) else [(8, reduced)]
     for cc in range(1, 8):
         for mm in masks:
-            keep = set(u * BLOCK + v for u, v in kept_frequencies(cc, mm))
-            dropped = float(e[:, [k for k in range(64) if k not in keep]].sum(1).max())
+            keep = set(_frequency_index(cc, mm))
+            dropped = float(e[:, [k for k in range(e.shape[1]) if k not in keep]].sum(1).max())
             if dropped <= DROP_SHARE * budget:
                 return [(cc, mm), *out]
     return out
 
 
 def _spec_for(setting: _Setting, s, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
-    n, c, h, w = x_shape
     rot = setting.coded.rotation
     integer = setting.dtype in INTEGER_DTYPES
     return CodecSpec(
-        cf=setting.cf, mask=setting.mask, channels=c, height=h, width=w, dtype=setting.dtype, pad="symmetric",
+        cf=setting.cf, mask=setting.mask, **_shape_kw(x_shape), dtype=setting.dtype, pad="symmetric",
         steps=setting.steps(s).tolist() if integer else None, theta=THETA if integer else None,
         recon=None if recon is None else recon.tolist(), rotation=None if rot is None else rot.tolist(),
         side="range_mid", min_psnr=min_psnr if integer else None,
@@ -865,19 +878,20 @@ def _lift_needs(setting: _Setting, spec: CodecSpec, low, nm, floored_side, side)
     more = torch.where(low[rows], (cap / nm[rows].clamp(min=1e-300)).pow(1 / 1.4) * 0.95, torch.ones_like(nm[rows]))
     if spec.rotation is not None:  # the floor scales a rotated sample's channels alike
         more = more.amin(1, keepdim=True).expand_as(more)
-    coef = setting.coded.coef[rows][:, :, :, setting.idx, :]
+    coef = setting.coded.coef[rows][..., setting.idx, :]
     return coef, (applied * more).clamp(max=1.0), torch.as_tensor(spec.steps, dtype=torch.float64)
 
 
 def _coded_nmse(x: torch.Tensor, x_hat: torch.Tensor, side: torch.Tensor, errors: ItemErrors, mixer) -> torch.Tensor:
     """(C,) mean squared error per coded channel (weighted and rotated by `mixer`) of the normalized samples
     (x - mid) / range."""
-    d = (x_hat.to(torch.float32) - x) / side[..., 0, None, None]
+    pixels = (1,) * (x.dim() - 2)  # (H, W), or a volume's (D, H, W)
+    d = (x_hat.to(torch.float32) - x) / side[..., 0].reshape(*side.shape[:2], *pixels)
     if errors.valid is not None:
         d = d.masked_fill(~errors.valid, 0.0)
-    d = d * errors.ok[..., None, None]
-    e = torch.einsum("oc,nchw->nohw", mixer.to(torch.float32), d)
-    return e.double().pow(2).mean(dim=(0, 2, 3))
+    d = d * errors.ok.reshape(*errors.ok.shape, *pixels)
+    e = torch.einsum("oc,nc...->no...", mixer.to(torch.float32), d)
+    return e.double().pow(2).mean(dim=(0, *range(2, e.dim())))
 
 
 def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: ItemErrors, done: int = 0):
@@ -890,7 +904,7 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
     goal = target + MARGIN_DB
     lo_ok, hi_ok = goal - TOL_DB, goal + TOL_DB
     integer = setting.dtype in INTEGER_DTYPES
-    coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
+    coef = setting.coded.coef[..., setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
     rotation = setting.coded.rotation
     u = torch.log(_vector(s, setting.channels))
     w = setting.coded.weights
@@ -943,7 +957,7 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
             logw = logw - logw.mean()
             setting.set_weights(torch.exp(logw).to(torch.float32))
             steer.below = steer.above = steer.last = None
-            coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()
+            coef = setting.coded.coef[..., setting.idx, :].contiguous()
             reweighed += 1
             continue
         u = steer.next(u, out, coded, free=free)
@@ -991,7 +1005,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
-    nbytes = len(encode_array(get_codec(stage), qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
+    nbytes = len(get_stage(stage).encode(qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
     diff = (x_hat.to(torch.float32) - x).abs()
     if valid is not None:
         diff = diff.masked_fill(~valid, 0)

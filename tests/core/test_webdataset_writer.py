@@ -111,7 +111,7 @@ def test_tar_members_are_pinned_and_hold_one_array_each(source, tmp_path):
             (0, 0, 0, "dctdata", "dctdata", 0o444)
         }
         assert not any(t.pax_headers for t in members)
-        codec = dctdata.lossless.get_codec(m.field("label").lossless)
+        codec = dctdata.stages.get_stage(m.field("label").lossless).codec
         raw = codec.decode(tf.extractfile(f"{sample_key(7)}.label.npy.zst").read())
         side = np.load(io.BytesIO(tf.extractfile(f"{sample_key(7)}.image__side.npy").read()), allow_pickle=False)
     label = np.load(io.BytesIO(raw), allow_pickle=False)

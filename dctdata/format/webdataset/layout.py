@@ -1,14 +1,15 @@
 """The webdataset (tar) layout of a pack, shared by its writer and reader (the specification, with
 the decoder webdataset's own pipeline needs, is docs/guides/field-kinds-and-webdataset.md).
 
-Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order. Tar metadata is pinned
+Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order; sample keys are
+`sample_key(index)` (zero-padded, so lexical order is sample order). Never pickle. Tar metadata is pinned
 (mtime 0, uid/gid 0, uname/gname "dctdata", mode 0o444, USTAR), so the same input gives byte-identical
 shards. Two member layouts:
 
 - Grouped members (manifest version 5, `layout.samples_per_member` K): every member holds one standard
   array of K consecutive samples of one stored field, `<key>.<name>.<ext>` with `key` the group's first
-  sample (`sample_key`): `.npy` (no lossless stage), `.npy.zst` (the `.npy` through zstd or another bytes
-  codec), `.ctx` (the entropy coder's stream of the (K, ...) coefficients). A dct field's side values are
+  sample (`sample_key`): the suffix the field's lossless stage names (`entry_name`; `.npy` without one, `.npy.zst`
+  for zstd, `.ctx` for the entropy coder's stream of the (K, ...) coefficients). A dct field's side values are
   their own member, `<key>.<name>__side.npy` ((K, C, 2) float32, plain .npy). A pack's last group is
   padded with zero rows to K; the manifest's sample count says how many are real. K is chosen so a group
   holds about GROUP_SOURCE_BYTES of source (1 for samples of 256 KiB or more: one sample per member, the
@@ -38,6 +39,7 @@ from typing import Any, Mapping
 from dctdata.errors import FormatError
 from dctdata.format.fields import user_fields
 from dctdata.parse import is_int
+from dctdata.stages import get_stage
 
 SAMPLE_KEY_DIGITS = 9
 SHARD_PATTERN = "shard-{:06d}.tar"
@@ -47,7 +49,8 @@ MAX_GROUP = 256  # ... and at most this many samples
 BLOCK = 512  # tar block
 RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
 USTAR_NAME_MAX = 100
-MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*\.(?:npy(?:\.zst)?|ctx))$")
+# A plain member name: key, field, the suffix of a stage (which the reader then checks against the manifest)
+MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9]+)+)$")
 # Pinned tar metadata (TarWriter keeps uid/gid at TarInfo's default 0). mtime must be an int: a float
 # makes tarfile's default PAX format add an extended header per member. (TarWriter 1.0.2 ignores its
 # `format` argument; with plain-ASCII names and ints PAX writes exactly the USTAR bytes.)
@@ -59,17 +62,15 @@ def sample_key(index: int) -> str:
     return f"{index:0{SAMPLE_KEY_DIGITS}d}"
 
 
-def entry_name(field: str, lossless: Mapping[str, Any] | bool | None = None) -> str:
-    """Member suffix holding a field: `<field>.npy` without a lossless stage, `.npy.zst` with a bytes
-    codec, `.ctx` with the entropy coder (its stream, after the side information if any)."""
-    if isinstance(lossless, Mapping) and lossless.get("id") == "dctdata_ctxrans":
-        return f"{field}.ctx"
-    return f"{field}.npy.zst" if lossless else f"{field}.npy"
+def entry_name(field: str, lossless: Mapping[str, Any] | None = None) -> str:
+    """Member entry holding a field: `<field>.<suffix>` with the suffix of its lossless stage (`.npy`
+    without one)."""
+    return f"{field}.{get_stage(lossless).member_suffix}"
 
 
 def group_name(f, side: bool = False) -> str:
-    """Member suffix of a stored field in the grouped layout: a side partner is plain `.npy`; a field after
-    the entropy coder `.ctx`, after a bytes codec `.npy.zst`, else `.npy`."""
+    """Member suffix of a stored field in the grouped layout: a side partner is plain `.npy`; any other the
+    suffix of its lossless stage (`entry_name`)."""
     return f"{f.name}.npy" if side else entry_name(f.name, f.lossless)
 
 

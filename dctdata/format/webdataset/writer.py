@@ -51,24 +51,14 @@ from dctdata.format.webdataset.layout import (
     member_bytes,
     sample_key,
 )
-from dctdata.lossless import encode_array, get_codec, is_entropy
 from dctdata.parse import parse_int, parse_optional_int
+from dctdata.stages import get_stage
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_SIZE = 256 * 2**20
 # A shard is also a unit of parallel work: at most this much *source* data per shard.
 SHARD_SOURCE_BYTES = 128 << 20
-
-
-def _bound(raw: int, codec: Any) -> int:
-    """Largest size `raw` bytes can take after the lossless stage (zstd's ZSTD_COMPRESSBOUND; a
-    generous generic bound for other codecs)."""
-    if codec is None:
-        return raw
-    if getattr(codec, "codec_id", None) == "zstd":
-        return raw + (raw >> 8) + ((128 * 1024 - raw) >> 11 if raw < 128 * 1024 else 0) + 64
-    return raw + raw // 16 + 1024
 
 
 OVERHEAD_WARN = 0.25  # tar headers and padding above this share of the stored bytes are reported
@@ -102,7 +92,7 @@ def group_bound(fields: Fields, k: int) -> int:
     total = 0
     for f, side in _members(fields):
         raw = npy_size((k, *f.stored_shape), f.stored_dtype)
-        total += member_bytes(raw if side else _bound(raw, get_codec(f.lossless or None)))
+        total += member_bytes(raw if side else get_stage(f.lossless).max_encoded_size(raw))
     return total
 
 
@@ -231,7 +221,7 @@ class WebDatasetWriter(PartWriter):
 
         fields = tuple(fields)
         g = self.group(fields, n)
-        codecs = {f.name: get_codec(f.lossless or None) for f in fields}
+        codecs = {f.name: get_stage(f.lossless) for f in fields}
         members = _members(fields)
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
@@ -307,8 +297,8 @@ class WebDatasetWriter(PartWriter):
 
     def _encode(self, f: FieldSpec, side: bool, arr: np.ndarray, k: int, first: int, codecs: dict) -> bytes:
         """One member: the (k, *stored_shape) array of a group's samples (padded with zero rows to k), as
-        `.npy` bytes (a side partner's always plain), through the field's bytes codec, or the entropy
-        coder's stream of it."""
+        `.npy` bytes (a side partner's always plain), through the field's bytes stage, or an array stage's
+        (`needs_shape`, the entropy coder) stream of it."""
         if arr.dtype.name != f.stored_dtype or tuple(arr.shape[1:]) != f.stored_shape:
             raise DctDataError(
                 f"samples {first}..{first + len(arr) - 1} field {f.name!r}: expected stored {f.stored_dtype} "
@@ -317,11 +307,10 @@ class WebDatasetWriter(PartWriter):
         if len(arr) < k:
             arr = np.concatenate([arr, np.zeros((k - len(arr), *f.stored_shape), arr.dtype)])
         arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
-        codec = None if side else codecs[f.name]
-        if codec is not None and is_entropy(f.lossless):
-            return encode_array(codec, arr)
-        raw = encode_npy(arr)
-        return raw if codec is None else bytes(codec.encode(raw))
+        if side:
+            return encode_npy(arr)
+        stage = codecs[f.name]
+        return stage.encode(arr) if stage.needs_shape else stage.encode(encode_npy(arr))
 
 
 @contextlib.contextmanager
