@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from decode_checks import check_decompress
-from sample_fields import dem_tiles, volume_stack
+from sample_fields import dem_tiles, smooth_fields, volume_stack
 
 import dctdata
 from benchmarks.images import sample_images, to_chw_float
@@ -136,3 +136,37 @@ def test_a_manifest_older_than_version_5_may_not_name_weights():
     assert FieldSpec.from_dict(d, version=5).codec == spec
     with pytest.raises(FormatError, match=r"codec: weights: expected none in a version 4 manifest"):
         FieldSpec.from_dict(d, version=4)
+
+
+@pytest.mark.parametrize("scale", [1e-40, 1e-20, 1e25])
+def test_item_errors_of_tiny_and_huge_values_are_their_float64_figures(scale):
+    """The landing's error pass on values whose squared errors leave float32's range (subnormal ranges, huge
+    ones): the same nmse as float64 arithmetic gives, never 0 or inf (0 made calibration take the coarsest
+    steps it tried: 11.9 dB packed for a 40 dB target on values x 1e-40)."""
+    from dctdata.metrics import item_nmse
+
+    x = torch.from_numpy(smooth_fields(3, 2, 16, 16, offset=0.0, amp=10.0, noise="normal") * scale).float()
+    if scale < 1e-38:  # the values are subnormal float32
+        assert float(x.abs().max()) < 1.2e-38 and float(x.abs().max()) > 0
+    y = (
+        x
+        + (torch.rand(x.shape, generator=torch.Generator().manual_seed(0)) - 0.5).to(torch.float32) * x.abs().max() / 50
+    )
+    got = ItemErrors(x).nmse(y)
+    want, ok = item_nmse(x.double(), y.double())
+    assert bool(ok.all()) and bool(torch.isfinite(got).all()) and bool((got > 0).all())
+    assert torch.allclose(got, want, rtol=1e-3 if scale < 1e-38 else 1e-5)
+
+
+def test_subnormal_values_land_at_the_target():
+    """Values x 1e-40 are ordinary once normalized by their per-sample range: int8 at 40 dB lands there and
+    every item holds the floor (as the pack of `test_bad_input_matrix` promises)."""
+    x = torch.from_numpy(smooth_fields(3, 1, 16, 16, offset=0.0, amp=10.0, noise="normal") * 1e-40).float()
+    rep = calibrate_report(x, quant="int8", target_psnr=40)
+    wire, _ = encode(x, rep.spec)
+    y = dctdata.Decompress(rep.spec, normalize=False)(wire)
+    from dctdata.metrics import item_nmse
+
+    nm, _ = item_nmse(x.double(), y.double())
+    lowest = float(-10 * torch.log10(nm.max()))
+    assert lowest >= rep.spec.min_psnr - 1e-3 and lowest < 60, lowest  # held the floor, yet not stored near-exact
