@@ -155,7 +155,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks calibration-landing", description=__doc__.split("\n\n")[0])
     p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {list(SETS)}")
     p.add_argument("--targets", default="38.5,39.5,40.5,41.5", help="target PSNRs in dB, comma-separated")
     p.add_argument("--samples", type=int, default=None, help="keep only the first N samples of each set (tests)")

@@ -79,7 +79,7 @@ def measure(x: np.ndarray, target: float, fmt: str, options: dict | None, root: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="wds-overhead", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks wds-overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", type=float, default=40.0, help="--target-psnr of every pack (default 40)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
