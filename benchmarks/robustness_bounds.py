@@ -270,7 +270,7 @@ def run_case(name: str, env: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks robustness-bounds", description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", choices=CASES, help="run only these cases (default: all)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
