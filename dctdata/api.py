@@ -29,6 +29,8 @@ def pack(
     mask: str | None = None,
     quant: str | None = None,
     target_psnr: float | str | Mapping[str, float] | None = None,
+    max_error: float | str | Mapping[str, float] | None = None,
+    max_rel_error: float | str | Mapping[str, float] | None = None,
     fields: Mapping[str, str] | Sequence[str] | None = None,
     key: str | Sequence[str] | None = None,
     channels_last: bool | None = None,

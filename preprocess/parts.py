@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from dctdata.bounds import BoundError
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.format.fields import SIDE_SUFFIX, user_fields
@@ -239,7 +240,10 @@ class Encoder:
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes
             xt = torch.from_numpy(np.ascontiguousarray(xf))
-            wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
+            try:
+                wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
+            except BoundError as exc:  # nothing of the batch is written: the pack stops here, named
+                raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
             if over:
                 self.stats["overflow"][name] += over
                 if self.strict:

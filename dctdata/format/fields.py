@@ -212,6 +212,11 @@ class FieldSpec:
                 codec = CodecSpec.from_dict(d["codec"])
             except (DctDataError, TypeError) as exc:
                 raise FormatError(f"{where}: codec: {exc}") from exc
+            if codec.bounded and version < BOUNDS_VERSION:
+                raise FormatError(
+                    f"{where}: codec: expected no max_error/max_rel_error in a version {version} manifest (they "
+                    f"came with version {BOUNDS_VERSION}). Got {codec.max_error}/{codec.max_rel_error}"
+                )
         try:
             return cls(
                 d["name"],
@@ -225,6 +230,10 @@ class FieldSpec:
             )
         except (DctDataError, TypeError) as exc:
             raise FormatError(str(exc)) from exc
+
+
+# The manifest version whose dct codecs may record a pointwise error bound (`dctdata.bounds`).
+BOUNDS_VERSION = 5
 
 
 def side_field(f: FieldSpec) -> FieldSpec:

@@ -42,6 +42,10 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   optional within version 5 (every writer of this release adds it; other version 5 features were developed
   beside it, and a version 5 manifest written without it still reads, unchecked); a seal that is there
   must match.
+  Also in version 5, a dct field's codec may record a pointwise error bound (`max_error`,
+  `max_rel_error`, `bound_ref`: `dctdata.bounds`; the decoder is unchanged) and the `pack` entry the
+  `max_error`/`max_rel_error` settings; an older manifest naming a bound is refused. A version 5 manifest
+  without them reads as before.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ PACK_DEFAULTS: Mapping[str, Any] = {
     "mask": None,
     "quant": None,
     "target_psnr": None,
+    "max_error": None,
+    "max_rel_error": None,
     "key": None,
     "channels_last": False,
     "nan": "error",

@@ -114,6 +114,8 @@ def test_the_record_is_the_manifests_pack_entry():
         "mask": None,
         "quant": "int8",
         "target_psnr": {"noisy": 40.0},
+        "max_error": None,
+        "max_rel_error": None,
         "fields": {"m": "array"},
         "key": None,
         "channels_last": False,
@@ -199,3 +201,13 @@ def test_shard_settings_from_python_reach_the_webdataset_writer(tmp_path):
         for sample in x:
             w.write(sample)
     assert [s["samples"] for s in w.manifest.layout["shards"]] == [5, 5]
+
+
+def test_bounds_parse_like_targets_and_are_recorded():
+    s = PackSettings(max_error="0.5,p=2", max_rel_error={"t": 1e-3})
+    assert s.bounds.get("p") == {"max_error": 2.0} and s.bounds.get("u") == {"max_error": 0.5}
+    assert s.bounds.get("t") == {"max_error": 0.5, "max_rel_error": 1e-3}
+    assert s.bounds.named == {"p": "--max-error", "t": "--max-rel-error"} and bool(s.bounds)
+    assert not PackSettings().bounds
+    rec = s.record()
+    assert rec["max_error"] == {"*": 0.5, "p": 2.0} and rec["max_rel_error"] == {"t": 1e-3}
