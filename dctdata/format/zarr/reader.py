@@ -4,9 +4,8 @@ and `dctdata verify`.
 Opening (once per process): each field's zarr.json is fetched (all in one batch), checked against the
 manifest's sha256 when the manifest lists it, parsed (`metadata.parse_array_json`) and cross-checked
 with the manifest: shape, dtype, shard and chunk lengths, and inner chunk codecs that are exactly the
-field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead (about
-1.3 ms per field read on sharded arrays) was the loader's bottleneck, it reads missing chunks as fill
-values, and it does not know dctdata's entropy coder.
+field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead was the
+loader's bottleneck, it reads missing chunks as fill values, and it does not know dctdata's entropy coder.
 
 Reading a batch: the reader works out which inner chunks of which shards hold the asked samples,
 fetches every shard index it does not hold yet (one batch of range reads) and checks it
@@ -25,8 +24,8 @@ chunks and enough estimated decode work for each thread to pay for the handoff (
 the threads (1: none). The output and the errors are the same either way: each thread takes a run of
 chunks in batch order and stops at its first bad chunk, and the first failing run's error is raised.
 Where chunk k fills row k (one-sample chunks of the entropy coder, an increasing batch), a thread's run
-is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk:
-1.3-1.4x faster batches on 16 threads of a 16-core host, 3-8% on 2 cores (measured side by side).
+is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk, so threads
+do not queue for it between chunks (most felt on many cores).
 
 Process safety: fsspec filesystems hold connections and file descriptors are per process, so nothing
 opened in one process is used in another. Everything is opened lazily, once per process (keyed by
@@ -65,15 +64,13 @@ CACHE_BYTES = 16 << 20
 # Parsed shard indexes kept per process (16 bytes per chunk entry): 1M entries is 16 MiB.
 INDEX_CACHE_ENTRIES = 1 << 20
 MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as written)
-# Threading a batch's chunk decode (see `decode_threads`). Handing a run of chunks to the pool costs
-# 25-35 us, so each thread must get at least THREAD_MIN_US of estimated decode. The handing out is serial
+# Threading a batch's chunk decode (see `decode_threads`). Handing a run of chunks to the pool costs about
+# HANDOFF_US, so each thread must get at least THREAD_MIN_US of estimated decode. The handing out is serial
 # in the caller (and the threads' per-chunk Python work shares the GIL), so a batch of work W spread on n
-# threads takes about W/n + HANDOFF_US * n: at most sqrt(W / HANDOFF_US) threads pay. Measured on a
-# 16-core host: the empty split alone took 0.23 ms on 16 threads, and a zstd-9 batch of 32 chunks read in
-# 2.5 ms on 4 threads against 3.2 ms on 16, while the entropy coder's batch gained up to 16 threads.
-# The estimate is the chunks' decoded bytes over their codec's decode rate in bytes per microsecond,
-# measured on 64 KiB chunks of int8 coefficients (one busy core: ctx-rANS 85-100, zstd-9 460-500, crc32c +
-# copy of a raw chunk 15,000) and rounded up, so that an estimate errs toward one thread.
+# threads takes about W/n + HANDOFF_US * n: at most sqrt(W / HANDOFF_US) threads pay; more threads cost more
+# than they save. The estimate is the chunks' decoded bytes over their codec's decode rate in bytes per
+# microsecond, measured on 64 KiB chunks of int8 coefficients and rounded up, so that an estimate errs
+# toward one thread (the measurements behind these constants: docs/benchmarks/design.md).
 THREAD_MIN_US = 100
 HANDOFF_US = 25
 DECODE_BYTES_PER_US = {"dctdata_ctxrans": 200, "zstd": 1_000, "blosc": 1_000, None: 16_000}  # None: no codec
