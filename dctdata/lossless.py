@@ -11,16 +11,14 @@ Only codecs on an allow-list may be named: a manifest comes with the data, and n
 codecs whose decoder runs code (`pickle`). Decoding is bounded by the size the reader expects, so a
 small hostile stream cannot make it allocate more (a zstd "bomb" stops at the expected size).
 
-Choice of the defaults (measured on quantized coefficients of package-shipped images and SciML fields,
-README "Lossless stage" and examples/entropy_decode_speed.py): the entropy coder stores 13-45% less than
-zstd-19, encodes faster than zstd-9 and decodes at 750-2000 MB/s of float32-equivalent output per core;
-zstd-19 stores 3-13% less than zstd-9 and decodes at 0.9-1.9x its speed (on the int8 sets decoding speeds up
-from level 13 on; examples/zstd_levels.py), but encodes 7-25x slower. So: integer dct fields get the smaller
-of the fitted entropy coder and zstd-19 ("auto": bytes first; zstd-19 wins on periodic textures its long
-matches catch), everything else zstd-9 (packing speed; masks and labels are a small share of a pack).
-`--lossless zstd` (zstd-19 on the dct fields too) is the read-speed choice: 4.6-7.8x the entropy coder's
-decode speed per core for 15-80% more bytes, which reads a zarr batch at about the speed tensorstore reads
-the same samples as raw float32.
+Choice of the defaults (measured on quantized coefficients of package-shipped images and SciML fields;
+the figures are in docs/benchmarks/entropy.md): the entropy coder stores the fewest bytes and decodes
+several times slower than zstd; zstd-19 stores fewer bytes than zstd-9 and decodes as fast or faster, but
+encodes much slower, once, offline. So: integer dct fields get the smaller of the fitted entropy coder and
+zstd-19 ("auto": bytes first; zstd-19 wins on periodic textures its long matches catch), everything else
+zstd-9 (packing speed; masks and labels are a small share of a pack). `--lossless zstd` (zstd-19 on the dct
+fields too) is the read-speed choice: several times the entropy coder's decode speed per core for more
+bytes, which reads a zarr batch at about the speed tensorstore reads the same samples as raw float32.
 """
 
 from __future__ import annotations
@@ -51,8 +49,8 @@ ZSTD_LEVELS = (1, 22)
 
 def parse_lossless_option(text: object, where: str = "--lossless") -> dict[str, Any] | str:
     """The pack's lossless stage from its CLI spelling: "auto" (the default: per dct field the smaller of the
-    entropy coder and zstd-19: bytes first), "zstd" (zstd-19 everywhere, the read-speed choice: 15-80% more
-    bytes than "auto", decoded 4.6-7.8x faster per core) or "zstd:LEVEL" (1..22)."""
+    entropy coder and zstd-19: bytes first), "zstd" (zstd-19 everywhere, the read-speed choice: more bytes
+    than "auto", decoded several times faster per core) or "zstd:LEVEL" (1..22)."""
     if not isinstance(text, str):
         raise TypeError(f"{where}: expected a string such as 'auto' or 'zstd:9'. Got {type(text).__name__}")
     name, colon, level = text.strip().partition(":")
@@ -88,9 +86,9 @@ _BUILT_MAX = 64
 
 def _build(config: dict[str, Any]):
     """The codec of a config, built once per process (a DataLoader worker forked after a manifest was
-    read inherits it). Why: building a ctx-rANS codec (its frequency and search tables) takes about
-    20 ms, and the webdataset loader rebuilt it in every worker every epoch: ~100 us a sample of a
-    256-sample worker epoch, a fifth of decoding one (measured). Codecs keep no per-call state, so one
+    read inherits it). Why: building a ctx-rANS codec (its frequency and search tables) takes
+    milliseconds, and the webdataset loader rebuilt it in every worker every epoch, a large share of
+    decoding a small epoch's samples (docs/benchmarks/design.md). Codecs keep no per-call state, so one
     instance serves every caller; a config that fails to build is never cached."""
     try:
         key = json.dumps(config, sort_keys=True)
@@ -192,8 +190,8 @@ def _zstd_frame(buf, size: int, writeable: bool = True) -> np.ndarray:
     """The `size` bytes of one zstd frame that declares them (checked by the caller), as a writeable array
     (a copy of the bytes python-zstandard returns) or, `writeable=False`, a read-only view of them.
 
-    Why not numcodecs here: its decode makes a new decompression context per call (about 15 us, a quarter
-    of decoding a 64 KiB chunk, measured); zstandard (python-zstandard) reuses one per thread. The frame's
+    Why not numcodecs here: its decode makes a new decompression context per call, a cost comparable to
+    decoding a small chunk; zstandard (python-zstandard) reuses one per thread. The frame's
     declared size is the output buffer's (one-shot decode: it cannot write past it); anything after the
     frame (a second frame, trailing bytes) is refused: the writer makes exactly one."""
     dctx = getattr(_ZSTD, "dctx", None)
