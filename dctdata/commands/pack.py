@@ -78,7 +78,7 @@ def register(sub) -> None:
         default="auto",
         metavar="auto|zstd|zstd:LEVEL",
         help="lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd "
-        "(zstd-19, the read-speed choice: 15-80%% more bytes, decoded 4.6-7.8x faster in the loader workers), "
+        "(zstd-19, the read-speed choice: more bytes, decoded several times faster in the loader workers), "
         "zstd:LEVEL (1..22)",
     )
     p.add_argument("--strict", action="store_true", help="fail on any quantization overflow")
