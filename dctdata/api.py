@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from dctdata.errors import DctDataError
-from dctdata.format import Manifest, read_manifest
+from dctdata.format import Manifest, read_manifest, storages
 from dctdata.format.location import shard_selection
 
 
@@ -31,12 +31,16 @@ def pack(source: Any, out: str | os.PathLike, **kwargs: Any) -> Manifest:
 
 
 def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
-    """Open a packed dataset: a map-style `DCTZarrDataset` for zarr storage, the iterable
-    `DCTWebDataset` for webdataset storage. `path_or_url` is the pack's directory or URL, its
+    """Open a packed dataset: a map-style `DCTZarrDataset` for a storage read at random (zarr), the
+    iterable `DCTWebDataset` for one read shard by shard (webdataset); the manifest's storage says which
+    (`dctdata.format.storages`). `path_or_url` is the pack's directory or URL, its
     manifest.json, or (webdataset) a list or brace expression of its shard files, e.g.
     `.../shard-{000000..000015}.tar`, with the manifest beside them. Keywords go to that class (e.g.
-    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). A shell `pipe:` URL
-    can only be a webdataset stream and is refused there unless the caller passes allow_pipe=True.
+    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). decode: "cpu" (the
+    default: the workers decode the lossless stage, coefficients cross) or "device" (the workers check
+    the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.wire`).
+    A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
+    allow_pipe=True.
     sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a
     manifest with any other bytes is refused (its checksums then pin every stored file)."""
     sha256 = kwargs.pop("sha256", None)
@@ -48,28 +52,24 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
         return DCTWebDataset(path_or_url, **kwargs)
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
-    if manifest.storage == "zarr":
+    if storages.get(manifest.storage).reader.random_access:  # map-style over random access
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
         if shards is not None or "cache_dir" in kwargs:
             what = "a list of shard files" if shards is not None else "cache_dir"
             raise DctDataError(
-                f"{root}: {what}: expected a webdataset pack (tar shards). Got a zarr pack, which is opened by its "
-                "directory or URL and read by byte range"
+                f"{root}: {what}: expected a webdataset pack (tar shards). Got a {manifest.storage} pack, which is "
+                "opened by its directory or URL and read by byte range"
             )
         return DCTZarrDataset(path_or_url, manifest=manifest, **kwargs)
-    if manifest.storage == "webdataset":
-        try:
-            from dctdata.loaders.wds_dataset import DCTWebDataset
-        except ModuleNotFoundError as exc:
-            raise DctDataError(
-                f"{path_or_url}: expected a loader for storage 'webdataset'. Got none in this build "
-                "(dctdata.loaders.wds_dataset is missing)"
-            ) from exc
-        return DCTWebDataset(path_or_url, manifest=manifest, **kwargs)
-    raise DctDataError(
-        f"{path_or_url}: expected storage 'zarr' or 'webdataset'. Got {manifest.storage!r}"
-    )  # pragma: no cover
+    try:  # iterable over a storage read shard by shard
+        from dctdata.loaders.wds_dataset import DCTWebDataset
+    except ModuleNotFoundError as exc:
+        raise DctDataError(
+            f"{path_or_url}: expected a loader for storage {manifest.storage!r}. Got none in this build "
+            "(dctdata.loaders.wds_dataset is missing)"
+        ) from exc
+    return DCTWebDataset(path_or_url, manifest=manifest, **kwargs)
 
 
 def __getattr__(name: str):

@@ -3,8 +3,11 @@ rotation, normalization), as matmuls.
 
 It takes a field's value exactly as a DataLoader collates it: the coefficient batch (B, C, Hb, K, Wb)
 in the wire dtype (integer or float), or the pair (coefficients, side) when the spec carries
-per-sample side information (side (B, C, 2) = [range, mid]). It returns (B, C, H, W) in `dtype` on
-the input's device.
+per-sample side information (side (B, C, 2) = [range, mid]), or, from `open_dataset(...,
+decode="device")`, the field's stored bytes as one `dctdata.wire.StoredBatch`, whose lossless stage it
+decodes first on the batch's device (`decode_stored`; the layer then needs the field's stage: `lossless=`,
+which `from_manifest` and `ds.decompressor()` pass). It returns (B, C, H, W) in `dtype` on the input's
+device.
 
 Two paths, both only matmul/reshape/transpose/cat-class ops plus a few elementwise ones (so they
 export to ONNX):
@@ -29,6 +32,7 @@ tens of MB).
 from __future__ import annotations
 
 import math
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -36,9 +40,11 @@ from torch import nn
 from dctdata import fused
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
+from dctdata.lossless import parse_codec_config
 from dctdata.spec import CodecSpec, dequant_tables
+from dctdata.stored import decode_batch
 from dctdata.transform import BLOCK, augment_bias, fold_basis, fold_shift, synthesize
-from dctdata.wire import split_wire
+from dctdata.wire import StoredBatch, split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -46,7 +52,13 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 class Decompress(nn.Module):
     """Coefficients -> images. `normalize=False` ignores the spec's mean/std."""
 
-    def __init__(self, spec: CodecSpec, dtype: torch.dtype = torch.float32, normalize: bool = True) -> None:
+    def __init__(
+        self,
+        spec: CodecSpec,
+        dtype: torch.dtype = torch.float32,
+        normalize: bool = True,
+        lossless: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(spec, CodecSpec):
             raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
@@ -55,6 +67,8 @@ class Decompress(nn.Module):
         self.spec = spec
         self.dtype = dtype
         self.normalize = normalize
+        # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
+        self.lossless = None if lossless is None else parse_codec_config(lossless, "lossless")
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         mean = spec.mean if normalize else None
         std = spec.std if normalize else None
@@ -93,12 +107,14 @@ class Decompress(nn.Module):
         f = manifest.field(field, kind=FieldKind.DCT) if field is None else manifest.field(field)
         if f.kind is not FieldKind.DCT:
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
-        return cls(f.codec, **kwargs)
+        return cls(f.codec, **{"lossless": f.lossless, **kwargs})
 
     def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
+        if isinstance(coeffs, StoredBatch):  # decode="device": the stored bytes, decoded here first
+            coeffs = self.decode_stored(coeffs)
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
             raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
         q, side = split_wire(coeffs, spec)
@@ -136,6 +152,21 @@ class Decompress(nn.Module):
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img
+
+    def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
+        takes from `decode="cpu"`, bit for bit (see `dctdata.stored`)."""
+        if self.lossless is None:
+            raise TypeError(
+                "coeffs: a StoredBatch needs the layer of its dataset, which knows the field's lossless stage "
+                "(ds.decompressor(field), or Decompress(spec, lossless=field.lossless)). Got a layer without one"
+            )
+        q, side = decode_batch(batch, self.lossless, self.spec)
+        if self.spec.side is None:
+            return q
+        if side is None:
+            raise DctDataError(f"field {batch.form.field!r}: stored batch: expected side values. Got none")
+        return q, side
 
     def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:
         if not isinstance(out, torch.Tensor):

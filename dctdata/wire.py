@@ -1,12 +1,27 @@
-"""The wire value of a `dct` field: what a packed dataset yields for it and `Decompress` takes.
+"""The wire value of a `dct` field: what a packed dataset yields for it and `Decompress` takes. This
+module is the one place that defines the wire forms.
 
-A coefficient tensor (..., C, Hb, K, Wb), or the pair (coefficients, side) when the field's spec carries
-per-sample side information (side (..., C, 2) float32 = [range, mid] per channel). A DataLoader
-collates the pair into a pair of batched tensors, so the first layer takes the batch unchanged.
+- `decode="cpu"` (the default): a coefficient tensor (..., C, Hb, K, Wb), or the pair (coefficients,
+  side) when the field's spec carries per-sample side information (side (..., C, 2) float32 = [range,
+  mid] per channel). A DataLoader collates the pair into a pair of batched tensors.
+- `decode="device"`: the field's checked stored bytes. A sample is a `StoredSample`; a DataLoader
+  collates a batch of them (`collate`, registered in torch's default collate map) into one `StoredBatch`:
+  one contiguous uint8 buffer of the batch's streams, an int64 offsets table, each sample's row and its
+  side values, and the `StreamForm` that says how the streams decode. The decompressor decodes the
+  lossless stage on the batch's device (`dctdata.stored`), then dequantizes and inverts the DCT.
+
+Either way the first layer takes the collated batch unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
@@ -31,3 +46,208 @@ def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tenso
             f"{tuple(side.shape)}"
         )
     return q, side
+
+
+# Stored bytes on the wire (`open_dataset(..., decode="device")`) ------------------------------------
+DECODE_CHOICES = ("cpu", "device")
+
+
+def parse_decode(value: object) -> str:
+    """`decode=`: "cpu" (workers decode the lossless stage; coefficients cross) or "device" (workers check
+    the stored bytes; they cross, and the decompressor decodes them where it runs)."""
+    if not isinstance(value, str):
+        raise TypeError(f"decode: expected 'cpu' or 'device'. Got {type(value).__name__}")
+    if value not in DECODE_CHOICES:
+        raise DctDataError(f"decode: expected one of {DECODE_CHOICES}. Got {value!r}")
+    return value
+
+
+def stage_key(lossless: Mapping[str, Any] | None) -> str:
+    """A short name of a lossless stage config (its canonical JSON's sha256): a stored batch carries it so
+    a decompressor built for another stage refuses it instead of decoding garbage."""
+    text = json.dumps(dict(lossless or {}), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamForm:
+    """How the stored streams of one dct field decode; the same for every stream of a batch.
+
+    A stream goes through the field's lossless stage (`stage` names its config) to `decoded` bytes. A raw
+    form (zarr chunks, the entropy coder's streams) decodes straight to `rows` samples of coefficients
+    (rows, *shape) in `dtype` (`little` endian or not); otherwise (a webdataset `.npy` member) the decoded
+    stream holds `expect`'s bytes at their offsets (.npy headers), the coefficients at byte `at` and, when
+    `side_at` is set, the sample's (C, 2) little-endian float32 side values there (else they travel
+    beside, in `StoredBatch.side`)."""
+
+    field: str
+    stage: str
+    shape: tuple[int, ...]
+    dtype: str
+    rows: int = 1
+    decoded: int = 0
+    at: int = 0
+    side_at: int | None = None
+    expect: tuple[tuple[int, bytes], ...] = ()
+    little: bool = True
+
+    @property
+    def sample_bytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+    @property
+    def raw(self) -> bool:
+        """True when a decoded stream is its coefficients and nothing else."""
+        return (
+            not self.at and self.side_at is None and not self.expect and self.decoded == self.rows * self.sample_bytes
+        )
+
+
+class StoredSample:
+    """One sample of a dct field as a worker hands it over with `decode="device"`: the checked stored
+    stream holding it (`key` names that stream: samples of one zarr chunk share it), its row in the
+    decoded stream, the stream's form, the sample's index and its side values (or None)."""
+
+    __slots__ = ("stream", "key", "row", "form", "index", "side")
+
+    def __init__(self, stream, key: Any, row: int, form: StreamForm, index: int, side=None) -> None:
+        self.stream, self.key, self.row, self.form, self.index, self.side = stream, key, row, form, index, side
+
+    def with_side(self, side) -> "StoredSample":
+        """This sample with its side values (None: they are in its stream, or it has none)."""
+        if side is None:
+            return self
+        return StoredSample(self.stream, self.key, self.row, self.form, self.index, side)
+
+    def __reduce__(self):  # a memoryview into a fetched chunk does not pickle; its bytes do
+        return StoredSample, (bytes(self.stream), self.key, self.row, self.form, self.index, self.side)
+
+    def __repr__(self) -> str:
+        return f"StoredSample(field={self.form.field!r}, index={self.index}, stream={len(self.stream)} bytes)"
+
+
+@dataclasses.dataclass
+class StoredBatch:
+    """A batch of one dct field's stored bytes, as `decode="device"` collates it: the value
+    `ds.decompressor(field)` takes unchanged, on any device.
+
+    data: uint8 (total,), every distinct stream of the batch back to back (one contiguous, pinnable
+    buffer); offsets: int64 (streams + 1,), stream k is data[offsets[k]:offsets[k+1]]; rows: int64 (N,),
+    which decoded row is sample k (None: stream k is sample k); side: float32 (N, C, 2) per-sample (range,
+    mid), or None; form: how the streams decode (`StreamForm`); indices: the samples' indices in the pack
+    (for messages; they stay on the host). `pin_memory()` and `to(device, non_blocking=)` make it travel
+    like a tensor (DataLoader's pin-memory thread, `DevicePrefetcher`); `nbytes` is what crosses."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    rows: torch.Tensor | None
+    side: torch.Tensor | None
+    form: StreamForm
+    indices: tuple[int, ...]
+
+    @classmethod
+    def empty(cls, form: StreamForm) -> "StoredBatch":
+        """A batch of no samples."""
+        return cls(torch.zeros(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), None, None, form, ())
+
+    def with_side(self, side: torch.Tensor | None) -> "StoredBatch":
+        """This batch with its side values (`dctdata.format.fields.with_side`)."""
+        return self if side is None else dataclasses.replace(self, side=side)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def streams(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors: the stored streams plus the offsets, rows and side values."""
+        return sum(t.nbytes for t in (self.data, self.offsets, self.rows, self.side) if t is not None)
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "StoredBatch":
+        """The same batch with `fn` applied to each of its tensors."""
+        opt = lambda t: None if t is None else fn(t)  # noqa: E731
+        return StoredBatch(fn(self.data), fn(self.offsets), opt(self.rows), opt(self.side), self.form, self.indices)
+
+    def pin_memory(self, device=None) -> "StoredBatch":
+        return self.apply(lambda t: t if t.is_pinned() else t.pin_memory())
+
+    def is_pinned(self) -> bool:
+        return self.data.is_pinned()
+
+    def to(self, device, non_blocking: bool = False) -> "StoredBatch":
+        return self.apply(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def __repr__(self) -> str:
+        return (
+            f"StoredBatch(field={self.form.field!r}, samples={len(self)}, streams={self.streams}, "
+            f"bytes={self.data.numel()}, device={self.device})"
+        )
+
+
+def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch:
+    """The samples of a batch as one `StoredBatch`: each distinct stream once in one buffer (a zarr chunk
+    holding several of the batch's samples crosses once), its offsets, each sample's row and side."""
+    if not samples:
+        raise DctDataError("stored samples: expected at least one to collate. Got none")
+    form = samples[0].form
+    if any(s.form != form for s in samples):
+        raise DctDataError(f"stored samples: expected one field's samples of one form. Got {form.field!r} mixed")
+    if any((s.side is None) != (samples[0].side is None) for s in samples):
+        raise DctDataError(f"field {form.field!r}: stored samples: expected side values for all or none")
+    position: dict[Any, int] = {}
+    streams, rows = [], []
+    for s in samples:
+        k = position.get(s.key)
+        if k is None:
+            k = position[s.key] = len(streams)
+            streams.append(s.stream)
+        rows.append(k * form.rows + s.row)
+    sizes = np.fromiter((len(b) for b in streams), np.int64, len(streams))
+    offsets = np.zeros(len(streams) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
+    flat = data.numpy()
+    for b, a, n in zip(streams, offsets[:-1].tolist(), sizes.tolist()):
+        flat[a : a + n] = np.frombuffer(b, np.uint8)
+    same = rows == list(range(len(rows)))
+    side = None if samples[0].side is None else torch.stack([s.side for s in samples])
+    return StoredBatch(
+        data,
+        torch.from_numpy(offsets),
+        None if same else torch.tensor(rows, dtype=torch.int64),
+        side,
+        form,
+        tuple(int(s.index) for s in samples),
+    )
+
+
+def _collate_stored_fn(batch, *, collate_fn_map=None) -> StoredBatch:
+    return collate_stored(batch)
+
+
+def _collate_map() -> dict:
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    return default_collate_fn_map
+
+
+def collate(batch: Sequence[Any]) -> Any:
+    """torch's `default_collate` that also collates `StoredSample`s into a `StoredBatch`: the collate_fn
+    `make_loader` uses (a plain DataLoader gets the same from importing dctdata.wire, which registers it
+    in torch's default collate map; pass `collate_fn=dctdata.wire.collate` to be explicit)."""
+    from torch.utils.data._utils.collate import collate as _collate
+
+    return _collate(batch, collate_fn_map={**_collate_map(), StoredSample: _collate_stored_fn})
+
+
+try:  # a plain DataLoader collates stored samples too
+    _collate_map().setdefault(StoredSample, _collate_stored_fn)
+except ImportError:  # pragma: no cover - a torch without the collate map: pass collate_fn=collate
+    pass

@@ -13,7 +13,7 @@ from torch import nn
 
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format.coords import decode_coord
-from dctdata.format.fields import FieldSpec, assemble, user_fields
+from dctdata.format.fields import FieldSpec, assemble, user_fields, with_side
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
 from dctdata.layer import Decompress
@@ -142,7 +142,9 @@ class PackedDataset:
         keys = [f.name for f in user_fields(self.fields)]
         samples = []
         for k in range(len(columns[0]) if columns else 0):
-            values = [(columns[p[0]][k], columns[p[1]][k]) if isinstance(p, tuple) else columns[p][k] for p in plan]
+            values = [
+                with_side(columns[p[0]][k], columns[p[1]][k]) if isinstance(p, tuple) else columns[p][k] for p in plan
+            ]
             samples.append(dict(zip(keys, values)) if self.as_dict else tuple(values))
         return samples
 

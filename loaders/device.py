@@ -37,6 +37,7 @@ from torch import nn
 
 from dctdata.errors import DctDataError
 from dctdata.parse import is_int
+from dctdata.wire import StoredBatch
 
 __all__ = ["AugmentOnDevice", "DevicePrefetcher", "pin", "resolve_device", "to_device", "with_decompress"]
 
@@ -68,6 +69,8 @@ def _map(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Apply fn to every tensor in a nested tuple/list/dict/namedtuple, keeping the container types."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
+    if isinstance(batch, StoredBatch):  # decode="device": its buffer, offsets, rows and side
+        return batch.apply(fn)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(_map(b, fn) for b in batch))
     if isinstance(batch, (list, tuple)):

@@ -43,6 +43,7 @@ from dctdata.errors import DctDataError
 from dctdata.loaders.stateful import PackLoader
 from dctdata.loaders.threads import worker_init
 from dctdata.parse import SEED_MAX, parse_int
+from dctdata.wire import collate
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ def make_loader(
     parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
     parse_int(num_workers, "num_workers", minimum=0, type_error=DctDataError)
     loader_kwargs["worker_init_fn"] = functools.partial(worker_init, then=loader_kwargs.get("worker_init_fn"))
+    loader_kwargs.setdefault("collate_fn", collate)  # torch's default, and decode="device" batches
     if isinstance(dataset, IterableDataset):
         dataset = _configured(dataset, batch_size, shuffle, seed, rank, world_size)
         if message := dataset.fallback_warning(num_workers):

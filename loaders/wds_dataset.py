@@ -3,7 +3,9 @@
 Samples are tuples of tensors in manifest field order (`as_dict=True`: a dict), decoded exactly like
 `DCTZarrDataset`: a `dct` field is its stored coefficient tensor (C, Hb, K, Wb) in the wire dtype
 (bfloat16 viewed back from its uint16 bits), `array` fields as stored, labels as 0-d tensors. Decode
-on the device with `ds.decompressor()`.
+on the device with `ds.decompressor()`. With `decode="device"` a `dct` field is its member's checked
+stored stream (`dctdata.wire.StoredSample`; collated: one `StoredBatch`), decoded by `ds.decompressor()`
+where it runs.
 
 Order and splitting (every sample exactly once per epoch; `dctdata.loaders.wds_plan` has the rules):
 - Training path: the shard list is permuted by a generator seeded with (seed, epoch), dealt
@@ -31,8 +33,8 @@ worker's planned order; loading it fast-forwards without reading (deterministic 
 exactly once. Shards are read when the first sample they must yield enters the worker's stream, and
 dropped once their last one has entered the buffer.
 
-Integrity (verify, then yield): each shard is read whole and verified by
-`dctdata.format.webdataset.ShardReader` (size, sha256, tar structure, keys) before its first sample is
+Integrity (verify, then yield): each shard is read whole and verified by the pack's storage reader
+(`dctdata.format.webdataset.WebDatasetReader`: size, sha256, tar structure, keys) before its first sample is
 yielded (a worker holds about one shard's bytes, plus its shuffle buffer's decoded samples). With
 `on_error="raise"` (default) a bad shard raises `IntegrityError` naming it; with `on_error="skip"` it
 is skipped, logged and counted in `ds.stats` (shared across workers); a sample that fails to decode
@@ -58,14 +60,16 @@ import torch
 from webdataset.utils import pytorch_worker_info
 
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import storages
 from dctdata.format.cache import DEFAULT_CACHE_LIMIT, ShardCache
-from dctdata.format.location import MANIFEST_NAME, shard_selection
+from dctdata.format.location import shard_selection
 from dctdata.format.manifest import Manifest
-from dctdata.format.webdataset.layout import select_shards, shard_list
-from dctdata.format.webdataset.reader import Files, ShardReader, check_location, codecs_for
+from dctdata.format.reader import UnitReader
+from dctdata.format.webdataset.reader import Files, check_location
 from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import SEED_MAX, is_int, parse_int
+from dctdata.wire import parse_decode
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         manifest: Manifest | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str = DEFAULT_CACHE_LIMIT,
+        decode: str = "cpu",
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -116,20 +121,22 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         else:
             s = check_location(path_or_url, allow_pipe)
             self.root, names = (s, None) if s.startswith("pipe:") else shard_selection(s)
-        self._files = Files(self.root, storage_options)
-        self.manifest = manifest if manifest is not None else self._files.manifest()
-        if self.manifest.storage != "webdataset":
+        self.manifest = manifest if manifest is not None else Files(self.root, storage_options).manifest()
+        reader = storages.get(self.manifest.storage).reader
+        if reader.random_access:  # a storage read shard by shard is what this class streams
             raise DctDataError(
                 f"{self.root}: expected a webdataset dataset. Got storage {self.manifest.storage!r} (use "
                 "dctdata.open_dataset)"
             )
-        where = self._files.location(MANIFEST_NAME)
-        all_shards = shard_list(self.manifest, where)
-        self.shards = select_shards(all_shards, names, where)
+        self.reader = reader(self.root, self.manifest, storage_options=storage_options, shards=names)
+        self.shards = self.reader.shards
         if cache_dir is not None:
             largest = max((e["bytes"] for e in self.shards), default=0)
-            self._files.cache = ShardCache(cache_dir, cache_limit, largest=largest)
+            self.reader.files.cache = ShardCache(cache_dir, cache_limit, largest=largest)
         self.fields = self.manifest.fields
+        self.decode = parse_decode(decode)
+        # decode="device": the dct fields cross as their checked stored bytes
+        self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
         self.shuffle, self.seed, self.buffer_size = bool(shuffle), seed, buffer_size
         self.initial = min(buffer_size, 100) if initial is None else initial
         self.as_dict, self.on_error, self.split_by_node = bool(as_dict), on_error, bool(split_by_node)
@@ -138,7 +145,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         self._warned = False
         # Shared memory: set_epoch reaches persistent workers, and workers' counts reach ds.stats.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._counts = torch.zeros(len(all_shards), 4, dtype=torch.int64).share_memory_()
+        self._counts = torch.zeros(len(self.reader.all_shards), 4, dtype=torch.int64).share_memory_()
 
     # Epochs and splitting ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -274,9 +281,9 @@ class _Stream:
         self._floor = 0  # yield positions below it were yielded before a resume
         self._next_entry = 0
         self._decoded: dict[int, list[torch.Tensor]] = {}
-        self._open: dict[int, ShardReader] = {}
+        self._open: dict[int, UnitReader] = {}
         self._bad: set[int] = set()
-        self._codecs = codecs_for(ds.fields)
+        self._units = ds.reader.units()
         self._counts = ds._counts.numpy()  # a view of the shared counters: a count is a plain store, not a torch op
 
     def __iter__(self) -> "_Stream":
@@ -309,9 +316,9 @@ class _Stream:
             try:
                 reader = self._open.get(s)
                 if reader is None:
-                    reader = self._open[s] = ShardReader(ds._files, entry, ds.fields, self._codecs)
+                    reader = self._open[s] = ds.reader.open_unit(self._units[s])
                 i = int(self.entry[k])
-                self._decoded[i] = reader.decode(i - entry["start"])
+                self._decoded[i] = reader.sample(i - entry["start"], ds._stored)
             except IntegrityError as exc:
                 if ds.on_error == "raise":
                     raise

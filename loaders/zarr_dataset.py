@@ -5,13 +5,15 @@ out as their stored coefficients (C, Hb, K, Wb) in the wire dtype, to be decoded
 `ds.decompressor()` (the model's first layer). `__getitems__` serves a DataLoader batch with one
 batched read: the byte ranges of every chunk the batch needs, fetched together. `ds[a:b]` (any slice) is
 a batch: each field's samples stacked on a new first axis, as a DataLoader collates them, ready for
-`ds.decompressor()`.
+`ds.decompressor()`. With `decode="device"` a `dct` field comes out as its checked stored bytes instead
+(`dctdata.wire.StoredSample`; a slice or a DataLoader batch: one `StoredBatch`), which
+`ds.decompressor()` decodes where it runs.
 
-Reading, per-process opening (fork and spawn safe) and every integrity check are the job of
-`dctdata.format.zarr.ZarrReader`; this class is the torch Dataset over it. A missing shard or chunk,
-a truncated shard or a chunk failing its crc32c raises `IntegrityError` naming the file, field and
-samples; `on_error="skip"` drops bad samples from `__getitems__` batches instead (logged and counted
-in `ds.skipped`).
+Reading, per-process opening (fork and spawn safe) and every integrity check are the job of the pack's
+storage reader (`dctdata.format.zarr.ZarrReader`, through `dctdata.format.storages`); this class is the
+torch Dataset over it. A missing shard or chunk, a truncated shard or a chunk failing its crc32c raises
+`IntegrityError` naming the file, field and samples; `on_error="skip"` drops bad samples from
+`__getitems__` batches instead (logged and counted in `ds.skipped`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import storages
 from dctdata.format.fields import with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
-from dctdata.format.zarr.reader import ZarrReader
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import is_int
+from dctdata.wire import StoredBatch, StoredSample, collate_stored, parse_decode
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         on_error: str = "raise",
         storage_options: dict[str, Any] | None = None,
         manifest: Manifest | None = None,
+        decode: str = "cpu",
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise DctDataError(f"on_error: expected 'raise' or 'skip'. Got {on_error!r}")
@@ -51,7 +55,8 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.manifest = (
             manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
         )
-        if self.manifest.storage != "zarr":
+        reader = storages.get(self.manifest.storage).reader
+        if not reader.random_access:  # map-style needs a storage read by index
             raise DctDataError(
                 f"{self.root}: expected a zarr dataset. Got storage {self.manifest.storage!r} (use "
                 "dctdata.open_dataset)"
@@ -62,8 +67,11 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.fields = with_partners(self.manifest.fields, names)
         self.as_dict = bool(as_dict)
         self.on_error = on_error
+        self.decode = parse_decode(decode)
+        # decode="device": the dct fields cross as their checked stored bytes
+        self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
         self.skipped = 0
-        self.reader = ZarrReader(self.root, self.manifest, self.fields, storage_options)
+        self.reader = reader(self.root, self.manifest, self.fields, storage_options)
 
     def _index(self, i: object) -> int:
         if isinstance(i, torch.Tensor):
@@ -84,8 +92,11 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
     def _read_runs(self, idx: list[int]) -> dict[int, Any]:
         """{sample index: the sample} for the distinct indices of `idx`."""
         order = sorted(set(idx))
-        arrays = self.reader.read_samples(self.fields, order)  # every chunk of the batch in one batched read
-        return dict(zip(order, self._make_many([f.to_tensor(arrays[f.name]).unbind(0) for f in self.fields])))
+        arrays = self.reader.read_samples(self.fields, order, self._stored)  # every chunk in one batched read
+        columns = [
+            arrays[f.name] if f.name in self._stored else f.to_tensor(arrays[f.name]).unbind(0) for f in self.fields
+        ]
+        return dict(zip(order, self._make_many(columns)))
 
     def __len__(self) -> int:
         return self.manifest.samples
@@ -100,10 +111,16 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         """Samples `indices` collated: every field stacked on a new first axis (empty slices too)."""
         samples = self.__getitems__(list(indices))
         if not samples:
-            return self._make([f.to_tensor(np.zeros((0, *f.stored_shape), dtype=f.stored_dtype)) for f in self.fields])
+            return self._make([self._empty(f) for f in self.fields])
         if self.as_dict:
             return {k: _stack([s[k] for s in samples]) for k in samples[0]}
         return tuple(_stack(list(column)) for column in zip(*samples))
+
+    def _empty(self, f) -> Any:
+        """A field's value of an empty batch."""
+        if f.name in self._stored:
+            return StoredBatch.empty(self.reader.stream_form(f))
+        return f.to_tensor(np.zeros((0, *f.stored_shape), dtype=f.stored_dtype))
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         idx = [self._index(i) for i in indices]
@@ -137,4 +154,6 @@ def _stack(values: list) -> Any:
     stays a pair of stacked tensors."""
     if isinstance(values[0], tuple):
         return tuple(_stack(list(part)) for part in zip(*values))
+    if isinstance(values[0], StoredSample):
+        return collate_stored(values)
     return torch.stack(values)

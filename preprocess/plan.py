@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.format import STORAGES, ChannelStats, FieldSpec, FieldStats, Manifest
+from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest, storages
 from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.format.manifest import figure
 from dctdata.kinds import FIELD_KINDS, FieldKind
@@ -222,8 +222,7 @@ def parse_settings(
     variables: Any = None,
     stack: str | None = None,
 ) -> Settings:
-    if format not in STORAGES:
-        raise DctDataError(f"--format: expected one of {STORAGES}. Got {format!r}")
+    storages.get(format, "--format")  # a registered storage, else an error naming them
     if cf is not None:
         parse_cf(cf)
     if mask is not None:

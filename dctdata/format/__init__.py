@@ -4,14 +4,15 @@ by job; MosaicML Streaming's `format/<kind>/` packages for the storages).
 - `manifest`: the versioned manifest.json (the commit and the only thing a reader trusts).
 - `fields`: `FieldSpec`, one field of every sample, and how it is stored.
 - `location`, `checksum`, `npy`: paths and URLs, sha256, strict `.npy` bytes.
-- `base`: the writer interface; `zarr/` and `webdataset/`: layout, reader and writer of each storage.
+- `base`: the writer interface; `reader`: the reader interface; `storages`: the registry of storages
+  (name -> reader and writer); `zarr/` and `webdataset/`: layout, reader and writer of each storage.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dctdata.errors import DctDataError
+from dctdata.format import storages
 from dctdata.format.base import PartWriter, Writer
 from dctdata.format.fields import SAMPLE_DTYPES, FieldSpec
 from dctdata.format.location import MANIFEST_NAME, check_relative_path, is_url, join, manifest_location
@@ -32,15 +33,7 @@ from dctdata.kinds import FIELD_KINDS, FieldKind
 
 def make_writer(storage: str, options: Mapping[str, Any] | None = None) -> PartWriter:
     """The writer of a storage format with its options (max_shard_size, chunk_samples, ...)."""
-    if storage == "zarr":
-        from dctdata.format.zarr.writer import ZarrWriter
-
-        return ZarrWriter(**dict(options or {}))
-    if storage == "webdataset":
-        from dctdata.format.webdataset.writer import WebDatasetWriter
-
-        return WebDatasetWriter(**dict(options or {}))
-    raise DctDataError(f"--format: expected one of {STORAGES}. Got {storage!r}")
+    return storages.make_writer(storage, options)
 
 
 __all__ = [

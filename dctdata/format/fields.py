@@ -255,12 +255,19 @@ def with_partners(fields: tuple[FieldSpec, ...], names: Sequence[str]) -> tuple[
 
 def assemble(fields: tuple[FieldSpec, ...], values: Sequence[Any]) -> list[Any]:
     """Stored values of one sample (or batch) in `fields` order -> the user's values: a dct field with
-    side information becomes the pair (coefficients, side) that `Decompress` takes."""
+    side information becomes the pair (coefficients, side) that `Decompress` takes (`with_side`)."""
     by_name = dict(zip((f.name for f in fields), values))
     return [
-        (by_name[f.name], by_name[f.name + SIDE_SUFFIX]) if has_side(f) else by_name[f.name]
+        with_side(by_name[f.name], by_name[f.name + SIDE_SUFFIX]) if has_side(f) else by_name[f.name]
         for f in user_fields(fields)
     ]
+
+
+def with_side(value: Any, side: Any) -> Any:
+    """A dct field's value with its side values: the pair (coefficients, side); a stored sample
+    (`dctdata.wire.StoredSample`, decode="device") carries them itself."""
+    attach = getattr(value, "with_side", None)
+    return attach(side) if attach is not None else (value, side)
 
 
 # Metadata: JSON values (what a source says about a field or coordinate) -----------------------------

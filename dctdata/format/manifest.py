@@ -61,12 +61,14 @@ from dctdata.format.location import (
     manifest_location,
     open_file,
 )
+from dctdata.format.storages import get as get_storage
+from dctdata.format.storages import names as storage_names
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
 FORMAT_VERSION = 4
-STORAGES = ("zarr", "webdataset")
+STORAGES = storage_names()  # the registered storages (`dctdata.format.storages`)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
     "format",
@@ -270,8 +272,7 @@ class Manifest:
         if self.format != FORMAT_NAME:
             raise FormatError(f"manifest format: expected {FORMAT_NAME!r}. Got {self.format!r}")
         _check_version(self.version)
-        if self.storage not in STORAGES:
-            raise DctDataError(f"storage: expected one of {STORAGES}. Got {self.storage!r}")
+        get_storage(self.storage)  # a registered storage, else an error naming them
         _count("samples", self.samples)
         fields = tuple(self.fields)
         if not fields or not all(isinstance(f, FieldSpec) for f in fields):

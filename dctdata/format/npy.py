@@ -35,6 +35,13 @@ def npy_size(shape: tuple[int, ...], dtype: str) -> int:
     return len(buf.getvalue()) + math.prod(shape) * dt.itemsize
 
 
+@functools.lru_cache(maxsize=256)
+def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
+    """The header bytes `encode_npy` writes before an array of this shape and dtype."""
+    dt = np.dtype(dtype)
+    return encode_npy(np.zeros(shape, dt))[: npy_size(shape, dtype) - math.prod(shape) * dt.itemsize]
+
+
 def encode_npy(arr: np.ndarray) -> bytes:
     """Array -> .npy bytes in C order, so the bytes depend on the values only (never pickle)."""
     buf = io.BytesIO()

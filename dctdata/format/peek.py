@@ -1,5 +1,6 @@
 """A few stored samples of one field, for looking at a pack (`dctdata inspect`) without a DataLoader:
-evenly spaced ones from random-access zarr, the first ones in stream order from webdataset."""
+evenly spaced ones where the storage reads at random (zarr), else the first ones in stream order
+(webdataset)."""
 
 from __future__ import annotations
 
@@ -8,36 +9,40 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dctdata.format.fields import FieldSpec, assemble, with_partners
+from dctdata.format import storages
+from dctdata.format.fields import FieldSpec, with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest
-from dctdata.format.webdataset.layout import shard_list
-from dctdata.format.webdataset.reader import Files, ShardReader
-from dctdata.format.zarr.reader import ZarrReader
+from dctdata.format.reader import batch_values
 
 
 def peek(
     path_or_url: str, manifest: Manifest, field: FieldSpec, count: int, storage_options: Mapping[str, Any] | None = None
 ) -> tuple[list[int], Any]:
     """(sample indices, their values of `field` batched: a tensor, or the (coefficients, side) pair)."""
-    root, loc = manifest_location(path_or_url)
-    n = manifest.samples
+    root, _ = manifest_location(path_or_url)
+    n = min(count, manifest.samples)
     fields = with_partners(manifest.fields, [field.name])
-    rows: list[list[torch.Tensor]] = []
-    if manifest.storage == "zarr":
-        reader = ZarrReader(root, manifest, fields, storage_options)
-        indices = sorted({int(i) for i in np.linspace(0, n - 1, min(count, n))})
-        rows = [[g.to_tensor(reader.read(g, i, i + 1))[0] for g in fields] for i in indices]
+    reader = storages.open_reader(root, manifest, fields, storage_options)
+    if reader.random_access:
+        indices = sorted({int(i) for i in np.linspace(0, manifest.samples - 1, n)})
+        (value,) = batch_values(fields, reader.read_samples(fields, indices))
+        return indices, value
+    parts: list[Any] = []
+    got = 0
+    for unit in reader.units():
+        if got >= n:
+            break
+        for _, (value,) in reader.read_unit(unit, n - got):  # the unit's first n - got samples
+            parts.append(value)
+            got += len(_first(value))
+            break
+    if isinstance(parts[0], tuple):
+        value = tuple(torch.cat([p[k] for p in parts]) for k in range(len(parts[0])))
     else:
-        files = Files(root, storage_options)
-        at = [manifest.fields.index(g) for g in fields]
-        for entry in shard_list(manifest, loc):
-            shard = ShardReader(files, entry, manifest.fields)
-            for j in range(min(len(shard), min(count, n) - len(rows))):
-                values = shard.decode(j)
-                rows.append([values[k] for k in at])
-            if len(rows) == min(count, n):
-                break
-        indices = list(range(len(rows)))
-    (value,) = assemble(fields, [torch.stack([r[k] for r in rows]) for k in range(len(fields))])
-    return indices, value
+        value = torch.cat(parts)
+    return list(range(len(_first(value)))), value
+
+
+def _first(value: Any) -> torch.Tensor:
+    return value[0] if isinstance(value, tuple) else value

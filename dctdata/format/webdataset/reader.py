@@ -1,4 +1,6 @@
-"""Read access to webdataset shards of a pack: the primitive under the iterable dataset and verify.
+"""Read access to webdataset shards of a pack: the storage reader (`dctdata.format.reader`) under the
+iterable dataset, verify and inspect. Its units are the shards, read one after the other (no random
+access).
 
 A shard is read whole into memory (shards are capped at --max-shard-size), its byte count and sha256
 are checked against the manifest while it is read, and its tar member names, keys and fields are
@@ -14,11 +16,12 @@ command the caller opted into (`{}` is replaced by the file name relative to the
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import re
 import tarfile
-from typing import Any, Iterator, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -29,9 +32,20 @@ from dctdata.format.checksum import read_expected
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, is_url, join, open_file
 from dctdata.format.manifest import Manifest, parse_manifest, read_manifest_bytes
-from dctdata.format.npy import decode_npy, npy_size, split_npy
-from dctdata.format.webdataset.layout import MEMBER_RE, TAR_META, entry_name, sample_key
+from dctdata.format.npy import decode_npy, npy_header, npy_size, split_npy
+from dctdata.format.reader import StorageReader, Unit, UnitReader
+from dctdata.format.webdataset.layout import (
+    MEMBER_RE,
+    TAR_META,
+    entry_name,
+    sample_key,
+    samples_of_file,
+    select_shards,
+    shard_list,
+)
 from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
+from dctdata.stored import check_stream
+from dctdata.wire import StoredSample, StreamForm, stage_key
 
 
 def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
@@ -103,7 +117,48 @@ def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
     return {f.name: get_codec(f.lossless) for f in fields}
 
 
-class ShardReader:
+class WebDatasetReader(StorageReader):
+    """The shards of a webdataset pack (all, or those `shards` names), read whole and verified one at a
+    time (`open_unit` -> `ShardReader`). `root` may be a shell `pipe:` command (see `check_location`);
+    `cache` keeps fetched shards in a local `ShardCache`."""
+
+    storage = "webdataset"
+    units_hash_files = True
+
+    def __init__(
+        self,
+        root: str,
+        manifest: Manifest,
+        fields: tuple[FieldSpec, ...] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        shards: tuple[str, ...] | None = None,
+        cache: ShardCache | None = None,
+    ) -> None:
+        self.root, self.manifest = root, manifest
+        self.fields = tuple(manifest.fields if fields is None else fields)
+        self.storage_options = dict(storage_options or {})
+        self.files = Files(root, storage_options, cache)
+        where = self.files.location(MANIFEST_NAME)
+        self.all_shards = shard_list(manifest, where)
+        self.shards = select_shards(self.all_shards, shards, where)
+        self.codecs = codecs_for(manifest.fields)
+
+    def units(self) -> list[Unit]:
+        names = tuple(f.name for f in user_fields(self.fields))
+        return [
+            Unit(self.files.location(e["name"]), e["start"], e["start"] + e["samples"], names, e) for e in self.shards
+        ]
+
+    def open_unit(self, unit: Unit) -> "ShardReader":
+        """The shard, read whole and verified; its samples hold every field of the pack (a shard's members
+        are checked against all of them)."""
+        return ShardReader(self.files, unit.key, self.manifest.fields, self.codecs)
+
+    def file_samples(self, rel: str) -> str:
+        return samples_of_file(self.manifest, rel)
+
+
+class ShardReader(UnitReader):
     """A shard read whole and verified (size, sha256, member names, keys, fields) before use."""
 
     def __init__(
@@ -114,7 +169,9 @@ class ShardReader:
         self.where = files.location(entry["name"])
         first, last = entry["start"], entry["start"] + entry["samples"] - 1
         self.span = f"samples {first}..{last}"
+        self.first = first
         self._members, self._order = member_plan(fields, self.codecs)
+        self._forms: dict[str, StreamForm] = {}  # decode="device": each dct field's stream form, once a shard
         self.data = self._read(files)
         self.samples = self._index()
 
@@ -207,16 +264,75 @@ class ShardReader:
             for m in tf:
                 yield m.name, m.isreg(), m.type, m.offset_data, m.size
 
-    def decode(self, j: int) -> list[torch.Tensor]:
+    def sample(self, j: int, stored: Collection[str] = ()) -> list[Any]:
         """Tensors of sample j of this shard, in field order (a side partner comes out of its dct
-        field's member)."""
+        field's member). A dct field named in `stored` is its member's checked stream (`StoredSample`),
+        and its side partner the side values when they lie outside the stream (else None)."""
         members, values = self.samples[j], []
         for suffix, parts, codec in self._members:
             off, size = members[suffix]
             where = f"{self.where}: sample {self.entry['start'] + j} field {parts[0].name!r}"
-            for g, arr in zip(parts, member_arrays(parts, codec, self.data[off : off + size], where)):
+            raw = self.data[off : off + size]
+            if parts[0].name in stored:
+                form = self._forms.get(parts[0].name) or self._forms.setdefault(parts[0].name, stream_form(parts[0]))
+                values += member_stored(parts, codec, raw, where, form, self.entry["start"] + j)
+                continue
+            for g, arr in zip(parts, member_arrays(parts, codec, raw, where)):
                 values.append(g.to_tensor(arr))
         return values if self._order is None else [values[k] for k in self._order]
+
+
+def stream_form(f: FieldSpec) -> StreamForm:
+    """How a dct field's member decodes when it crosses as stored bytes (see `WebDatasetWriter._encode`):
+    the entropy coder's stream (after the side values, which the worker reads) is the coefficients; a
+    `.npy` member (through a bytes codec or not) holds the coefficients' .npy, then the side's."""
+    key = (f.name, json.dumps(dict(f.lossless), sort_keys=True), f.stored_shape, f.stored_dtype, has_side(f))
+    form = _FORMS.get(key)
+    if form is not None:
+        return form
+    stage = stage_key(f.lossless)
+    if is_entropy(f.lossless):
+        form = StreamForm(f.name, stage, f.stored_shape, f.stored_dtype, decoded=f.stored_sample_bytes)
+    else:
+        head = npy_header(f.stored_shape, f.stored_dtype)
+        expect, side_at, decoded = [(0, head)], None, npy_size(f.stored_shape, f.stored_dtype)
+        if has_side(f):
+            g = side_field(f)
+            expect.append((decoded, npy_header(g.stored_shape, g.stored_dtype)))
+            side_at = decoded + len(expect[-1][1])
+            decoded += npy_size(g.stored_shape, g.stored_dtype)
+        form = StreamForm(
+            f.name, stage, f.stored_shape, f.stored_dtype, decoded=decoded, at=len(head), side_at=side_at,
+            expect=tuple(expect),
+        )  # fmt: skip
+    if len(_FORMS) >= 64:
+        _FORMS.clear()
+    _FORMS[key] = form
+    return form
+
+
+_FORMS: dict[tuple, StreamForm] = {}
+
+
+def member_stored(
+    parts: tuple[FieldSpec, ...], codec, raw: memoryview, where: str, form: StreamForm, index: int
+) -> list[Any]:
+    """A dct field's member as it crosses with decode="device": its `StoredSample` (the stream checked,
+    not decoded), then its side partner's value: the side values the entropy coder's member starts with,
+    or None when they are inside the stream."""
+    f = parts[0]
+    side = None
+    if is_entropy(f.lossless):
+        side_bytes = sum(math.prod(g.stored_shape) * 4 for g in parts[1:])
+        if len(raw) < side_bytes:
+            raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
+        if parts[1:]:
+            side = torch.from_numpy(np.frombuffer(raw[:side_bytes], "<f4").reshape(parts[1].stored_shape).copy())
+        raw = raw[side_bytes:]
+    check_stream(codec, raw, form.decoded, where)
+    # a copy: a sample waiting in a shuffle buffer must not keep its whole shard alive
+    values: list[Any] = [StoredSample(bytes(raw), index, 0, form, index)]
+    return values + [side] if len(parts) > 1 else values
 
 
 def member_plan(fields: tuple[FieldSpec, ...], codecs: dict) -> tuple[list[tuple], list[int] | None]:

@@ -1,5 +1,6 @@
-"""Read access to a zarr pack with every integrity check: the primitive under the map-style dataset
-and `dctdata verify`.
+"""Read access to a zarr pack with every integrity check: the storage reader (`dctdata.format.reader`)
+under the map-style dataset, `dctdata verify` and `inspect`. Random access; its units are the fields
+(verify reads each field chunk by chunk, so one bad chunk is one problem).
 
 Opening (once per process): each field's zarr.json is fetched (all in one batch), checked against the
 manifest's sha256 when the manifest lists it, parsed (`metadata.parse_array_json`) and cross-checked
@@ -41,22 +42,32 @@ import os
 import threading
 from collections import OrderedDict
 from functools import partial
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format.fields import FieldSpec
+from dctdata.format.fields import FieldSpec, user_fields
 from dctdata.format.location import join
 from dctdata.format.manifest import Manifest
 from dctdata.format.ranges import RangeSource
-from dctdata.format.zarr.layout import CRC_BYTES, check_shard_index, index_bytes, shard_key, zarr_layout
+from dctdata.format.reader import StorageReader, Unit, UnitReader, batch_values
+from dctdata.format.zarr.layout import (
+    CRC_BYTES,
+    check_shard_index,
+    index_bytes,
+    shard_key,
+    shard_of_file,
+    zarr_layout,
+)
 from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
 from dctdata.kinds import FieldKind
 from dctdata.lossless import CTX_ID, decode_array, get_codec
 from dctdata.pool import run_split
+from dctdata.stored import check_stream
+from dctdata.wire import StoredSample, StreamForm, stage_key
 
 # Fields whose whole stored array is at most this big are read once per process and kept in memory
 # (labels, small targets), so random access does not decompress a chunk per sample for them.
@@ -105,8 +116,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_open_lock)
 
 
-class ZarrReader:
+class ZarrReader(StorageReader):
     """Stored samples of a zarr pack's fields, integrity-checked (see the module docstring)."""
+
+    storage = "zarr"
+    random_access = True
 
     def __init__(
         self,
@@ -201,13 +215,12 @@ class ZarrReader:
         return out
 
     # Reading -------------------------------------------------------------------------------------
-    def read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
-        """Stored samples [a, b) of a field, integrity-checked."""
-        return self.read_samples((f,), range(a, b))[f.name]
-
-    def read_samples(self, fields: Iterable[FieldSpec], indices: Sequence[int]) -> dict[str, np.ndarray]:
+    def read_samples(
+        self, fields: Iterable[FieldSpec], indices: Sequence[int], stored: Collection[str] = ()
+    ) -> dict[str, Any]:
         """{field name: stored samples `indices` (in that order)} for each field, integrity-checked.
-        Every chunk of every field is fetched in one batch."""
+        Every chunk of every field is fetched in one batch. A dct field named in `stored` comes back as a
+        list of `StoredSample`s: each one's chunk checked (length, crc32c, declared size), not decoded."""
         self.ensure_open()
         fields = tuple(fields)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -220,7 +233,7 @@ class ZarrReader:
             else:
                 direct.append(f)
         if direct:
-            out.update(self._read_chunks(direct, idx))
+            out.update(self._read_chunks(direct, idx, frozenset(stored)))
         return {f.name: out[f.name] for f in fields}
 
     def _whole(self, f: FieldSpec) -> np.ndarray | None:
@@ -238,7 +251,9 @@ class ZarrReader:
             return None
         return self._cache[f.name]
 
-    def _read_chunks(self, fields: Sequence[FieldSpec], idx: np.ndarray) -> dict[str, np.ndarray]:
+    def _read_chunks(
+        self, fields: Sequence[FieldSpec], idx: np.ndarray, stored: frozenset = frozenset()
+    ) -> dict[str, Any]:
         groups = {}  # field name -> (chunk numbers, for each the output rows it fills: an int for one row)
         increasing = len(idx) < 2 or bool(np.all(idx[1:] > idx[:-1]))
         for f in fields:
@@ -260,7 +275,7 @@ class ZarrReader:
         spans = {}  # field name -> its [first, stop) in todo, where chunk k fills row k and runs decode in one call
         for f in fields:
             plan = self._plans[f.name]
-            if plan.runs and isinstance(groups[f.name][1], range):
+            if plan.runs and isinstance(groups[f.name][1], range) and f.name not in stored:
                 spans[f.name] = (len(todo), len(todo) + len(idx))
             for c, rows in zip(*groups[f.name]):
                 s, k = divmod(c, plan.chunks_per_shard)
@@ -268,7 +283,10 @@ class ZarrReader:
                 requests.append((plan.key(s), off, off + nbytes))
                 todo.append((f, c, rows))
         got = self.source.fetch(requests)
-        out = {f.name: np.empty((len(idx), *f.stored_shape), dtype=f.stored_dtype) for f in fields}
+        out = {
+            f.name: [None] * len(idx) if f.name in stored else np.empty((len(idx), *f.stored_shape), f.stored_dtype)
+            for f in fields
+        }
 
         def where(k: int) -> str:
             return self._chunk_where(todo[k][0], requests[k][0], todo[k][1])
@@ -284,13 +302,54 @@ class ZarrReader:
                     plan.decode_rows(got[k:end], sizes, where, k, out[f.name][rows:])
                     k = end
                     continue
+                if f.name in stored:  # checked, handed over as they are: samples of the chunk share its bytes
+                    body = plan.stored(got[k], stop - start, partial(where, k))
+                    for r in [rows] if isinstance(rows, int) else rows.tolist():
+                        i = int(idx[r])
+                        out[f.name][r] = StoredSample(body, (f.name, c), i - c * plan.shape[0], plan.form, i)
+                    k += 1
+                    continue
                 values = plan.decode(got[k], stop - start, partial(where, k))
                 out[f.name][rows] = values[idx[rows] - c * plan.shape[0]]
                 k += 1
 
-        decode_us = sum(self._plans[f.name].decode_us for f, _, _ in todo)
+        decode_us = sum(
+            self._plans[f.name].check_us if f.name in stored else self._plans[f.name].decode_us for f, _, _ in todo
+        )
         run_split(decode, len(todo), decode_threads(len(todo), decode_us))
         return out
+
+    def stream_form(self, f: FieldSpec) -> StreamForm:
+        """How a field's chunks decode when they cross as stored bytes (decode="device")."""
+        self.ensure_open()
+        return self._plans[f.name].form
+
+    # Units (verify, peek) ------------------------------------------------------------------------
+    def units(self) -> list[Unit]:
+        """One unit per user field: all its chunks (its side partner's read with them)."""
+        return [Unit(self.root, 0, self.manifest.samples, (f.name,), f.name) for f in user_fields(self.fields)]
+
+    def open_unit(self, unit: Unit) -> UnitReader:
+        """A reader of the unit's field alone, its metadata checked (a field with bad metadata does not stop
+        the others)."""
+        reader = ZarrReader(self.root, self.manifest, self._fields_of(unit), self.storage_options)
+        reader.ensure_open()
+        return _FieldUnit(reader)
+
+    def read_unit(self, unit: Unit, batch: int):
+        """The field chunk by chunk (`batch` is the field's chunk): a bad chunk is yielded as its error and
+        reading goes on with the next."""
+        reader = self.open_unit(unit).reader
+        fields, chunk = reader.fields, self.layout[unit.key]["chunk"]
+        for a in range(0, self.manifest.samples if batch else 0, chunk):
+            b = min(a + chunk, self.manifest.samples)
+            try:
+                yield a, batch_values(fields, reader.read_samples(fields, range(a, b)))
+            except DctDataError as exc:
+                yield a, exc
+
+    def file_samples(self, rel: str) -> str:
+        return shard_of_file(self.manifest, rel)
 
     # Shard indexes -------------------------------------------------------------------------------
     def _load_indexes(self, shards: list[tuple[FieldSpec, int]]) -> dict[tuple[str, int], np.ndarray]:
@@ -378,6 +437,20 @@ class ZarrReader:
             raise IntegrityError(f"{where}: expected a readable shard file. Got {type(exc).__name__}: {exc}") from exc
 
 
+class _FieldUnit(UnitReader):
+    """A zarr unit (one field), sample by sample."""
+
+    def __init__(self, reader: ZarrReader) -> None:
+        self.reader, self.fields = reader, reader.fields
+
+    def __len__(self) -> int:
+        return self.reader.manifest.samples
+
+    def sample(self, j: int, stored=()) -> list:
+        arrays = self.reader.read_samples(self.reader.fields, [j])
+        return [f.to_tensor(arrays[f.name])[0] for f in self.reader.fields]
+
+
 class _FieldPlan:
     """How one field's chunks are stored: shard geometry, the chunk codec, the decoded sample layout."""
 
@@ -389,6 +462,17 @@ class _FieldPlan:
         self.shape = (chunk, *f.stored_shape)
         rate = DECODE_BYTES_PER_US[None if self.codec is None else self.codec.codec_id]
         self.decode_us = math.prod(self.shape) * self.dtype.itemsize / rate  # estimated, for `decode_threads`
+        self.check_us = math.prod(self.shape) * self.dtype.itemsize / DECODE_BYTES_PER_US[None]  # stored: checks only
+        # how its chunks decode when they cross as stored bytes (decode="device")
+        self.form = StreamForm(
+            f.name,
+            stage_key(f.lossless),
+            f.stored_shape,
+            f.stored_dtype,
+            rows=chunk,
+            decoded=math.prod(self.shape) * self.dtype.itemsize,
+            little=little or self.dtype.itemsize == 1,
+        )
         # The entropy coder decodes a run of one-sample chunks in one kernel call (`decode_rows`)
         ctx = self.codec is not None and self.codec.codec_id == CTX_ID
         self.runs = ctx and chunk == 1 and self.dtype == np.dtype(f.stored_dtype)
@@ -425,6 +509,13 @@ class _FieldPlan:
                 done += 1
         if bad is not None:
             raise bad
+
+    def stored(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> memoryview:
+        """A stored chunk's body as it crosses with decode="device": the checks of `decode` that need no
+        decoding (length, crc32c, the declared size of its stream)."""
+        body = self._checked(data, expected, where)
+        check_stream(self.codec, body, self.form.decoded, where)
+        return body
 
     def _checked(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> memoryview:
         """A stored chunk's body after its length and crc32c checks."""

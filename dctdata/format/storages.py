@@ -1,0 +1,77 @@
+"""The registry of storages: a name (the manifest's `storage`, the pack's `--format`) -> its reader and
+writer classes (`dctdata.format.reader.StorageReader`, `dctdata.format.base.PartWriter`).
+
+Adding a storage is a `format/<name>/` package with a reader and a writer and one `register` call
+here; nothing else compares storage names. Classes are imported on first use, so reading a manifest
+does not import every storage's dependencies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Mapping
+
+from dctdata.errors import DctDataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    """A storage's name and where its reader and writer classes live ("module:Class")."""
+
+    name: str
+    reader_path: str
+    writer_path: str
+
+    @property
+    def reader(self) -> type:
+        return _load(self.reader_path)
+
+    @property
+    def writer(self) -> type:
+        return _load(self.writer_path)
+
+
+_REGISTRY: dict[str, Storage] = {}
+
+
+def register(name: str, reader: str, writer: str) -> None:
+    """Register a storage by name with its reader and writer classes given as "module:Class"."""
+    _REGISTRY[name] = Storage(name, reader, writer)
+
+
+def names() -> tuple[str, ...]:
+    """The registered storages' names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get(name: object, what: str = "storage") -> Storage:
+    """The registered storage `name`; anything else is a DctDataError naming the choices (`what` names
+    the setting in it: "--format", a manifest's "storage")."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise DctDataError(f"{what}: expected one of {names()}. Got {name!r}")
+    return _REGISTRY[name]
+
+
+def make_writer(name: str, options: Mapping[str, Any] | None = None):
+    """The writer of storage `name` with its options (max_shard_size, chunk_samples, ...)."""
+    return get(name, "--format").writer(**dict(options or {}))
+
+
+def open_reader(root: str, manifest, fields=None, storage_options: Mapping[str, Any] | None = None, **options):
+    """The reader of `manifest`'s storage over the pack at `root` (options go to its class: shards and
+    cache for webdataset)."""
+    return get(manifest.storage).reader(root, manifest, fields, storage_options, **options)
+
+
+def _load(path: str) -> type:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+register("zarr", "dctdata.format.zarr.reader:ZarrReader", "dctdata.format.zarr.writer:ZarrWriter")
+register(
+    "webdataset",
+    "dctdata.format.webdataset.reader:WebDatasetReader",
+    "dctdata.format.webdataset.writer:WebDatasetWriter",
+)

@@ -1,0 +1,153 @@
+"""Stored bytes of a dct field on the wire (`open_dataset(..., decode="device")`): the checks a stream
+passes in the worker before it may leave, and the decode that finishes it where the decompressor runs.
+
+- `check_stream` (in the worker, after the chunk's crc32c or the shard's sha256): a bytes codec's
+  header declares exactly the bytes the stream must decode to, a raw stream has them. The entropy
+  coder's streams have no header to check; its decoder is bounded to the output's size and names a bad
+  stream (every decoder of stored bytes is fuzzed), so nothing corrupt is decoded past its bounds.
+- `decode_stored(codec_config, buffer, offsets, sample_shape, dtype)`: the streams of one buffer through
+  the lossless stage, on the buffer's device. This is the one call a stage's batched decoder replaces
+  (`stage.decode_batch`); on a device a stage has no decoder for, the streams are decoded on the CPU and
+  the result moved back (logged once).
+- `decode_batch(batch, lossless, spec)`: a `StoredBatch` -> (coefficients, side), what `Decompress`
+  then takes: the stage's decode, the .npy headers a webdataset member holds checked, the coefficients
+  and in-stream side values cut out, byte order, each sample's row picked.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.lossless import CTX_ID, declared_size, decode_array, get_codec
+from dctdata.spec import CodecSpec
+from dctdata.wire import StoredBatch, StreamForm, stage_key
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, str]] = set()
+
+
+def check_stream(codec, stream, decoded: int, where: str | Callable[[], str]) -> None:
+    """Refuse a stream whose header does not declare exactly `decoded` bytes (a raw stream: is not that
+    long). `where` (or `where()`) names the stream in the error."""
+    if getattr(codec, "codec_id", None) == CTX_ID:
+        return  # no header: its decoder is bounded and names a bad stream
+    n = len(memoryview(stream).cast("B")) if codec is None else declared_size(codec, stream)
+    if n != decoded:
+        said = "a damaged or truncated header" if n is None else f"one of {n}"
+        name = where() if callable(where) else where
+        raise IntegrityError(f"{name}: expected a stream of {decoded} decoded bytes. Got {said}")
+
+
+def decode_stored(
+    codec_config: Mapping[str, Any] | None,
+    buffer: torch.Tensor,
+    offsets: torch.Tensor,
+    sample_shape: Sequence[int],
+    dtype: str | np.dtype,
+    where: Callable[[int], str] | None = None,
+) -> torch.Tensor:
+    """(S, *sample_shape) of numpy `dtype` (as a tensor) from the S streams buffer[offsets[k]:offsets[k+1]]
+    through the lossless stage `codec_config`, on `buffer`'s device. A stream that does not decode to
+    exactly that raises IntegrityError naming `where(k)`."""
+    codec = get_codec(codec_config)
+    device = buffer.device
+    if device.type != "cpu":
+        hook = getattr(codec, "device_decoder", None)
+        decoder = hook(device) if callable(hook) else None
+        if decoder is not None:
+            return decoder(buffer, offsets, tuple(sample_shape), np.dtype(dtype))
+        key = (str(dict(codec_config or {}).get("id", "raw")), device.type)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            log.warning("lossless stage %r has no %s decoder: its streams are decoded on the CPU", *key)
+        return decode_stored(codec_config, buffer.cpu(), offsets.cpu(), sample_shape, dtype, where).to(device)
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in sample_shape)
+    data = buffer.numpy()
+    offs = offsets.tolist()
+    out = np.empty((len(offs) - 1, *shape), dtype)
+    name = (lambda k: f"stream {k}") if where is None else where
+    for k in range(len(offs) - 1):
+        stream = memoryview(data[offs[k] : offs[k + 1]])
+        out[k] = decode_array(codec, stream, shape, dtype, lambda k=k: name(k), writeable=False)
+    return torch.from_numpy(out)
+
+
+def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):
+    """(coefficients (N, C, Hb, K, Wb) in the wire dtype, side (N, C, 2) or None) of a stored batch, on
+    its device."""
+    form = batch.form
+    if form.stage != stage_key(lossless):
+        raise DctDataError(
+            f"field {form.field!r}: stored batch: expected streams of this decompressor's lossless stage "
+            f"{dict(lossless or {}).get('id', 'none')!r}. Got another stage's (a batch of another field or pack?)"
+        )
+    if tuple(form.shape) != tuple(spec.coeff_shape):
+        raise DctDataError(
+            f"field {form.field!r}: stored batch: expected coefficients {tuple(spec.coeff_shape)}. Got {form.shape}"
+        )
+    where = _namer(batch)
+    dtype = np.dtype(form.dtype).newbyteorder("<")
+    if form.raw:
+        q = decode_stored(lossless, batch.data, batch.offsets, (form.rows, *form.shape), dtype, where)
+        side = None
+    else:
+        raw = decode_stored(lossless, batch.data, batch.offsets, (form.decoded,), np.uint8, where)
+        _check_expected(raw, form, where)
+        q = _cut(raw, form.at, form.rows * form.sample_bytes, _torch_dtype(dtype))
+        side = None
+        if form.side_at is not None:
+            side = _cut(raw, form.side_at, spec.channels * 8, torch.float32).reshape(-1, spec.channels, 2)
+    if not form.little and dtype.itemsize > 1:  # a big-endian zarr array: swap each value's bytes
+        q = q.contiguous().view(torch.uint8).reshape(*q.shape, dtype.itemsize).flip(-1).contiguous()
+        q = q.view(_torch_dtype(dtype)).squeeze(-1)
+    q = q.reshape(-1, *form.shape)
+    if batch.rows is not None:
+        q = q.index_select(0, batch.rows.to(q.device))
+        side = None if side is None else side.index_select(0, batch.rows.to(q.device))
+    if q.dtype != spec.torch_dtype:  # bfloat16 coefficients are stored as their uint16 bits
+        q = q.view(spec.torch_dtype)
+    return q, batch.side if batch.side is not None else side
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _cut(raw: torch.Tensor, at: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes [at, at + nbytes) of each decoded stream (rows of `raw`), viewed as `dtype`."""
+    return raw[:, at : at + nbytes].contiguous().view(dtype)
+
+
+def _check_expected(raw: torch.Tensor, form: StreamForm, where: Callable[[int], str]) -> None:
+    """Each decoded stream must hold `form.expect`'s bytes (its .npy headers) at their offsets."""
+    for at, expected in form.expect:
+        want = torch.frombuffer(bytearray(expected), dtype=torch.uint8).to(raw.device)
+        bad = (raw[:, at : at + len(expected)] != want).any(1)
+        if bool(bad.any()):
+            k = int(bad.nonzero()[0, 0])
+            raise IntegrityError(
+                f"{where(k)}: expected the .npy header {expected[:60]!r}... of {form.dtype} {form.shape} at byte "
+                f"{at} of its decoded member. Got other bytes"
+            )
+
+
+def _namer(batch: StoredBatch) -> Callable[[int], str]:
+    """Stream k's description for messages: its field and samples."""
+
+    def where(k: int) -> str:
+        if batch.rows is None:
+            samples = [batch.indices[k]]
+        else:
+            rows = batch.rows.tolist()
+            lo, hi = k * batch.form.rows, (k + 1) * batch.form.rows
+            samples = [i for i, r in zip(batch.indices, rows) if lo <= r < hi]
+        said = f"sample {samples[0]}" if len(samples) == 1 else f"samples {samples}"
+        return f"field {batch.form.field!r} {said}"
+
+    return where
