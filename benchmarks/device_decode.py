@@ -1,8 +1,8 @@
 """decode="cpu" against decode="device": bytes crossing to the device per sample and loader throughput with
 the decompressor, for the default pack (entropy coder) and the zstd pack, zarr and webdataset.
 
-    python benchmarks/device_decode.py --size 256 --samples 512 --workers 2 --device cpu
-    python benchmarks/device_decode.py --size 256 --samples 2048 --workers 8 --device cuda --json out.json
+    python -m benchmarks device-decode --size 256 --samples 512 --workers 2 --device cpu
+    python -m benchmarks device-decode --size 256 --samples 2048 --workers 8 --device cuda --json out.json
 
 Each row packs a synthetic set (smooth fields with Poisson noise, `--target-psnr`), then runs `--epochs`
 epochs of `make_loader` (`--batch` samples, `--workers` workers, pinned on CUDA) through
@@ -67,8 +67,8 @@ def run(path: str, decode: str, args) -> dict:
     return {"samples_per_s": best, "crossed_per_sample": moved / len(ds)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks device-decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32)
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--target-psnr", type=float, default=40.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="write the rows here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     x = fields(args.samples, args.size)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dctdata-device-decode-") as d:
@@ -106,6 +106,7 @@ def main() -> None:
         meta = {"device": args.device, "torch": torch.__version__, "dctdata": dctdata.__version__, **vars(args)}
         with open(args.json, "w") as fh:
             json.dump({"settings": meta, "rows": rows}, fh, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,44 +1,68 @@
 """dctdata: block-DCT compressed training sets for scientific ML.
 
-Core (this package): transform kernels, CodecSpec, quantization, the `Decompress` first layer and
-the on-disk format (`dctdata.format`). `dctdata.preprocess` packs datasets offline; `dctdata.loaders`
-streams them; `dctdata.api` joins the two behind `pack` and `open_dataset`.
+The public API is flat; every name imports its module on first use (PEP 562), so `import dctdata`
+loads neither torch nor a storage library, and the CLI starts its error handling (one line for
+Ctrl-C) before torch is imported:
 
-The public names are imported on first use (PEP 562): `import dctdata.cli` stays light, so the CLI
-starts its error handling (one line for Ctrl-C) before torch is imported.
+    import dctdata
+    dctdata.pack(source, "em.dct", target_psnr=40)                  # offline: dctdata.preprocess
+    ds = dctdata.open_dataset("em.dct")                             # online: dctdata.loaders
+    loader = dctdata.make_loader(ds, batch_size=32, num_workers=4)  # any kind, DDP, resumable
+    layer = ds.decompressor()                                       # the model's first layer
+
+- Packing: `pack`, `Writer` (incremental), `PackSettings` (every pack setting, typed and documented).
+- Loading: `open_dataset`, `make_loader`, `set_epoch`, `DevicePrefetcher`, `balance_threads`.
+- The codec: `CodecSpec`, `Decompress` (the first layer), `compress`/`decompress` (no quantization),
+  `encode`/`quantize`/`dequantize`, `dct_matrix`, `basis`, `kept_frequencies`, `num_kept`.
+- Errors: `DctDataError` (a ValueError) and its `FormatError`, `IntegrityError`, `OverflowCountError`.
+
+Where they live: the core (this package: transform kernels, CodecSpec, quantization, `Decompress`,
+the on-disk format `dctdata.format`), `dctdata.preprocess` (packing) and `dctdata.loaders` (loading).
+This module and `dctdata.api` are the only core modules that name the two sides, and only lazily.
 """
 
 import importlib
+import sys
+import types
 
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
 
+# name -> the module that defines it (imported on first use)
 _LAZY = {
     "CodecSpec": "dctdata.spec",
     "Decompress": "dctdata.layer",
+    "DevicePrefetcher": "dctdata.loaders.device",
+    "PackSettings": "dctdata.settings",
     "Writer": "dctdata.api",
+    "balance_threads": "dctdata.loaders.threads",
     "basis": "dctdata.transform",
     "compress": "dctdata.transform",
     "dct_matrix": "dctdata.transform",
-    "decompress": "dctdata.transform",
+    "decompress": "dctdata.functional",
     "dequantize": "dctdata.quantize",
     "encode": "dctdata.quantize",
     "kept_frequencies": "dctdata.transform",
+    "make_loader": "dctdata.loaders.distributed",
     "num_kept": "dctdata.transform",
     "open_dataset": "dctdata.api",
     "pack": "dctdata.api",
     "quantize": "dctdata.quantize",
+    "set_epoch": "dctdata.loaders.distributed",
 }
 
 __all__ = [
     "CodecSpec",
     "Decompress",
     "DctDataError",
+    "DevicePrefetcher",
     "FormatError",
     "IntegrityError",
     "OverflowCountError",
+    "PackSettings",
     "Writer",
     "__version__",
+    "balance_threads",
     "basis",
     "compress",
     "dct_matrix",
@@ -46,10 +70,12 @@ __all__ = [
     "dequantize",
     "encode",
     "kept_frequencies",
+    "make_loader",
     "num_kept",
     "open_dataset",
     "pack",
     "quantize",
+    "set_epoch",
 ]
 
 
@@ -59,10 +85,22 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    if name != "Writer":  # dctdata.api.Writer is itself resolved on each use
-        globals()[name] = value
+    globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """`dctdata.quantize` is the function, also after something imports the module `dctdata.quantize`
+    (the import system then sets the package's attribute of that name to the module)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

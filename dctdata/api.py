@@ -1,33 +1,70 @@
 """Top-level Python API mirroring the CLI: `dctdata.pack(...)`, `dctdata.Writer(...)` and
 `dctdata.open_dataset(...)`.
 
-All import their implementation lazily (`Writer` through the module `__getattr__`), so `import
-dctdata` stays light and the core never imports `dctdata.preprocess`/`dctdata.loaders` at import time.
+All import their implementation lazily (`Writer` through the module `__getattr__`), so the core never
+imports `dctdata.preprocess`/`dctdata.loaders` at import time. `pack`'s keywords are written out (an IDE
+and a type checker see each one) and are `dctdata.settings.PackSettings`' fields, which a test checks.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, read_manifest, storages
 from dctdata.format.location import shard_selection
+from dctdata.lossless import AUTO
+from dctdata.settings import PackSettings
+
+SETTINGS = frozenset(PackSettings.names())
 
 
-def pack(source: Any, out: str | os.PathLike, **kwargs: Any) -> Manifest:
+def pack(
+    source: Any,
+    out: str | os.PathLike,
+    *,
+    format: str = "zarr",
+    cf: int | None = None,
+    mask: str | None = None,
+    quant: str | None = None,
+    target_psnr: float | str | Mapping[str, float] | None = None,
+    fields: Mapping[str, str] | Sequence[str] | None = None,
+    key: str | Sequence[str] | None = None,
+    channels_last: bool | None = None,
+    nan: str | float = "error",
+    valid: Mapping[str, str] | Sequence[str] | None = None,
+    sample_dim: str | None = None,
+    variables: str | Sequence[str] | None = None,
+    stack: str | None = None,
+    codec: Mapping[str, Any] | str | None = AUTO,
+    strict: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    resume: bool = False,
+    max_shard_size: int | str | None = None,
+    samples_per_shard: int | None = None,
+    calibration: Any = None,
+    length: int | None = None,
+    writer_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    settings: PackSettings | None = None,
+) -> Manifest:
     """Pack SOURCE into a dataset at OUT; returns the manifest written.
 
     SOURCE: a path or URL (.npy, .npz, HDF5, NetCDF, zarr store, a directory of per-sample files or
     images), a module:callable, or a Python object: a NumPy array or torch tensor (samples first), a
     dict of arrays (a field each), an xarray.Dataset, a map-style dataset, or an iterable/generator of
-    samples (dicts, tuples or arrays; `length=` when known). Keywords are the CLI's flags in snake_case
-    (see `dctdata.preprocess.pack.pack`): format, cf, mask, quant, target_psnr (a number or
-    {field: dB}), fields, key, channels_last, nan ('error', 'mask', 'fill=V'), valid, sample_dim,
-    variables, stack, calibration, strict, overwrite, quiet, workers, scheduler, resume, ..."""
+    samples (dicts, tuples or arrays; `length=` when known).
+
+    The keywords are the fields of `dctdata.PackSettings` (the CLI's flags in snake_case; each field's
+    help says what it does), or pass `settings=PackSettings(...)` instead of them."""
     from dctdata.preprocess.pack import pack as _pack
 
-    return _pack(source, out, **kwargs)
+    given = {k: v for k, v in locals().items() if k in SETTINGS}
+    return _pack(source, out, PackSettings.resolve(settings, given, "pack"))
 
 
 def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):

@@ -19,7 +19,7 @@ from dctdata.errors import DctDataError
 # One module per subcommand; add a line here when adding a command.
 COMMAND_MODULES = (
     "dctdata.commands.demo",
-    "dctdata.commands.bench",
+    "dctdata.commands.bench_moved",
     "dctdata.commands.pack",
     "dctdata.commands.info",
     "dctdata.commands.verify",

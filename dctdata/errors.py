@@ -15,3 +15,7 @@ class IntegrityError(DctDataError):
 
 class OverflowCountError(DctDataError):
     """Quantized coefficients overflowed the integer range and the caller asked for strictness."""
+
+
+class MissingExtraError(DctDataError, ImportError):
+    """An optional feature's packages are not installed; the message names the extra that installs them."""

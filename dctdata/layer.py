@@ -20,7 +20,9 @@ export to ONNX):
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
 
-On plain CPU tensors in eager mode both run through the fused C kernel
+On CUDA tensors in eager mode both run through the fused Triton kernel (`dctdata.fused_cuda`: the same
+steps in one pass, any float output dtype) where Triton is installed. On plain CPU tensors in eager mode
+both run through the fused C kernel
 (`dctdata.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
 output), or where it does not apply (float64, other output dtypes, the extension off) through
 `transform.synthesize_chunked` with one thread (a few block rows at a time, the affine pass included,
@@ -37,7 +39,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from dctdata import fused
+from dctdata import fused, fused_cuda
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.lossless import parse_codec_config
@@ -99,7 +101,8 @@ class Decompress(nn.Module):
             dc[..., 0, :] = math.sqrt(BLOCK * BLOCK)  # DC basis is 1/8 everywhere: a constant b is 8 b on DC
             self.register_buffer("dc_gain", dc.to(compute), persistent=False)
         self.register_buffer("trows", trows.to(compute), persistent=False)
-        self._fused_tables = None  # `fused.tables_for(spec)`, built on the first fused CPU decode
+        self._fused_tables = None  # `fused.tables_for(spec)`, built on the first fused decode
+        self._device_tables: dict = {}  # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
 
     @classmethod
     def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
@@ -137,16 +140,19 @@ class Decompress(nn.Module):
         if out is not None:
             self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
         target = None if out is None else (out.unsqueeze(0) if unbatched else out)
-        if fused.usable(y, self.dtype, target):
-            if self._fused_tables is None:
-                self._fused_tables = fused.tables_for(spec, self.normalize)
-            img = fused.synthesize(y, self._fused_tables, spec.cf, spec.mask, size, out=target, side=side)
-        elif self.folded:
+        img = None
+        if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
+            img = fused_cuda.guarded(
+                fused_cuda.synthesize, y, self._tables_on(y.device), spec.cf, spec.mask, size, target, side, self.dtype
+            )
+        if img is None and fused.usable(y, self.dtype, target):
+            img = fused.synthesize(y, self._tables(), spec.cf, spec.mask, size, out=target, side=side)
+        if img is None and self.folded:
             shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
             img = synthesize(
                 y, weight, trows, spec.mask, size, self.bias_row, dtype=self.dtype, out=target, shift=shift
             )
-        else:
+        elif img is None:
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
         if out is not None:
@@ -167,6 +173,19 @@ class Decompress(nn.Module):
         if side is None:
             raise DctDataError(f"field {batch.form.field!r}: stored batch: expected side values. Got none")
         return q, side
+
+    def _tables(self) -> fused.Tables:
+        """The fused kernels' tables (`fused.tables_for`), built once."""
+        if self._fused_tables is None:
+            self._fused_tables = fused.tables_for(self.spec, self.normalize)
+        return self._fused_tables
+
+    def _tables_on(self, device: torch.device):
+        """The fused CUDA kernel's tables on `device`, copied there once."""
+        tables = self._device_tables.get(device)
+        if tables is None:
+            tables = self._device_tables[device] = fused_cuda.device_tables(self._tables(), device)
+        return tables
 
     def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:
         if not isinstance(out, torch.Tensor):

@@ -6,15 +6,16 @@ Row [hb, k, :] holds frequency (u_k, v_k) of the Wb blocks of block row hb; kept
 listed in row-major (u, v) order (see `kept_frequencies`). Runs of one frequency are smooth, which
 zstd likes, and the inverse transform reads them as a transposed BLAS operand and writes image rows
 directly, with no permute pass (the fully planar (..., K, Hb, Wb) order needs one extra transpose
-pass over a full-size tensor; `dctdata bench codec` measures the result). A DCT-domain network that
+pass over a full-size tensor; `python -m benchmarks codec` measures the result). A DCT-domain network that
 wants (K, Hb, Wb) planes gets them with `coeffs.transpose(-3, -2)`.
 
 All work is per block (two small separable matmuls), so the cost per pixel does not depend on the
 image size. `synthesize` has two kernels with the same math: a portable graph of matmul/reshape/
 transpose/cat ops (CUDA, autograd, torch.compile, torch.export, ONNX) and, for plain CPU tensors in
 eager mode, a chunked kernel that keeps every intermediate in cache and writes the output once.
-`Decompress` takes a third one before both where it applies: the fused C kernel of `dctdata.fused`
-(dequantization and inverse DCT in one pass, float32 output); this module's kernels are its fallback.
+`Decompress` and `dctdata.decompress` (`dctdata.functional`) take a fused kernel before both where one
+applies: the C kernel of `dctdata.fused` on CPU, the Triton kernel of `dctdata.fused_cuda` on CUDA
+(dequantization and inverse DCT in one pass); this module's kernels are their fallback.
 """
 
 from __future__ import annotations
@@ -266,6 +267,12 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
     export and torch.func transforms (vmap, grad) all see the portable path, so exported graphs keep
     matmul/reshape/transpose/cat ops only.
     """
+    return eager_on("cpu", *tensors)
+
+
+def eager_on(device_type: str, *tensors: torch.Tensor) -> bool:
+    """`eager_cpu` for plain tensors on devices of `device_type` ("cpu", "cuda"): the condition of the
+    hand-written kernels (the fused C kernel on CPU, the fused Triton kernel on CUDA)."""
     if torch.compiler.is_compiling() or getattr(torch.compiler, "is_exporting", lambda: False)():
         return False
     if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():
@@ -273,7 +280,9 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
     if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False
     grad = torch.is_grad_enabled()
-    return all(type(t) is torch.Tensor and t.device.type == "cpu" and not (grad and t.requires_grad) for t in tensors)
+    return all(
+        type(t) is torch.Tensor and t.device.type == device_type and not (grad and t.requires_grad) for t in tensors
+    )
 
 
 def synthesize(
@@ -418,7 +427,9 @@ def synthesize_chunked(
 
 
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
-    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding)."""
+    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding), with this module's
+    torch kernels only: the reference path (`quantize.decode_reference`). The public `dctdata.decompress`
+    (`dctdata.functional`) takes the fused kernels first."""
     if not isinstance(coeffs, torch.Tensor):
         raise TypeError(f"coeffs: expected a torch.Tensor of shape (..., Hb, K, Wb). Got {type(coeffs).__name__}")
     size = parse_size(size)

@@ -27,54 +27,14 @@ calibration that sees the filled data sees the right range. O(pixels) per item, 
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from dctdata.errors import DctDataError
+from dctdata.settings import NAN_MODES, NanPolicy, parse_nan  # noqa: F401 (the policy is a pack setting)
 
-NAN_MODES = ("error", "mask", "fill")
 VALID_SUFFIX = "_valid"
-
-
-@dataclasses.dataclass(frozen=True)
-class NanPolicy:
-    """What to do with non-finite values in dct fields: mode 'error', 'mask' or 'fill' (with value)."""
-
-    mode: str = "error"
-    value: float | None = None
-
-    def __str__(self) -> str:
-        return f"fill={self.value}" if self.mode == "fill" else self.mode
-
-    @property
-    def stores_mask(self) -> bool:
-        return self.mode == "mask"
-
-
-def parse_nan(nan: object) -> NanPolicy:
-    """'error' (or None) | 'mask' | 'fill=V' (or a number V) -> NanPolicy."""
-    if nan is None or nan == "error":
-        return NanPolicy()
-    if isinstance(nan, NanPolicy):
-        return nan
-    if nan == "mask":
-        return NanPolicy("mask")
-    if isinstance(nan, (int, float)) and not isinstance(nan, bool):
-        value = float(nan)
-    elif isinstance(nan, str) and nan.startswith("fill="):
-        try:
-            value = float(nan[5:])
-        except ValueError:
-            value = math.nan
-    else:
-        raise DctDataError(f"nan: expected 'error', 'mask' or 'fill=VALUE'. Got {nan!r}")
-    if not math.isfinite(value):
-        raise DctDataError(f"nan: expected a finite fill value ('fill=0'). Got {nan!r}")
-    return NanPolicy("fill", value)
 
 
 def valid_name(field: str) -> str:

@@ -1,7 +1,7 @@
 """The pack orchestrator for sources with random access: source -> per-field encoding -> a Writer ->
 manifest last.
 
-    pack(source, out, format="zarr", cf=None, mask=None, quant=None, target_psnr=None, ...)
+    pack(source, out, settings)        # settings: a dctdata.settings.PackSettings
 
 Steps: open the source (`dctdata.preprocess.sources`: a path, URL or module:callable, or a Python
 object: array, tensor, dict of arrays, xarray.Dataset, map-style dataset), plan the fields
@@ -38,14 +38,12 @@ import logging
 import os
 import shutil
 import sys
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
-from dctdata.lossless import AUTO
-from dctdata.parse import parse_optional_int
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.commit import (
     check_not_source,
@@ -59,59 +57,19 @@ from dctdata.preprocess.commit import (
 )
 from dctdata.preprocess.journal import JOURNAL_NAME, Journal
 from dctdata.preprocess.parts import PartJob, run_part
-from dctdata.preprocess.plan import build_manifest, parse_settings, plan
+from dctdata.preprocess.plan import build_manifest, plan
 from dctdata.preprocess.sources import describe, is_path, is_sample_iterable, open_source
+from dctdata.settings import PackSettings
 
 log = logging.getLogger(__name__)
 
 
-def pack(
-    source: Any,
-    out: str | os.PathLike,
-    *,
-    format: str = "zarr",
-    cf: int | None = None,
-    mask: str | None = None,
-    quant: str | None = None,
-    target_psnr: object = None,
-    fields: Mapping[str, str] | list[str] | None = None,
-    key: str | list[str] | None = None,
-    channels_last: bool | None = None,
-    nan: object = "error",
-    valid: Mapping[str, str] | list[str] | None = None,
-    sample_dim: str | None = None,
-    variables: str | list[str] | None = None,
-    stack: str | None = None,
-    calibration: Any = None,
-    length: int | None = None,
-    strict: bool = False,
-    overwrite: bool = False,
-    quiet: bool = False,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    resume: bool = False,
-    codec: Mapping[str, Any] | str | None = AUTO,
-    writer_options: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> Manifest:
-    """Pack SOURCE into a dctdata dataset at OUT; returns the manifest written (see module docstring).
-
-    calibration: an explicit calibration set (anything `pack` takes) instead of the source's own
-    samples. length: the sample count of an iterable source, when known.
-    """
-    settings = parse_settings(
-        format=format, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, fields=fields, nan=nan, valid=valid,
-        codec=codec, strict=strict, channels_last=channels_last, key=key, sample_dim=sample_dim, variables=variables,
-        stack=stack,
-    )  # fmt: skip
-    parse_optional_int(workers, "--workers", minimum=1, expected="a positive int", type_error=DctDataError)
-    if workers not in (None, 1) and scheduler is not None:
-        raise DctDataError(
-            f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got workers={workers} "
-            f"scheduler={scheduler!r}"
-        )
-    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
-        raise DctDataError(f"--scheduler: expected a Dask scheduler address such as tcp://host:8786. Got {scheduler!r}")
+def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifest:
+    """Pack SOURCE into a dctdata dataset at OUT under `settings`; returns the manifest written (see the
+    module docstring; `dctdata.pack` is the public front, with every setting as a keyword)."""
+    s = settings
+    workers, scheduler, resume, overwrite, quiet = s.workers, s.scheduler, s.resume, s.overwrite, s.quiet
+    calibration, length = s.calibration, s.length
     parallel = (workers or 1) > 1 or scheduler is not None
     if not is_path(source) and (parallel or resume):
         raise DctDataError(
@@ -123,13 +81,10 @@ def pack(
     if is_sample_iterable(source):
         from dctdata.preprocess.writer import pack_iterable
 
-        return pack_iterable(
-            source, out, settings, length=length, calibration=calibration, overwrite=overwrite, quiet=quiet,
-            writer_options=writer_options, storage_options=storage_options,
-        )  # fmt: skip
+        return pack_iterable(source, out, settings)
     if parallel:
         parallel_mod.require_dask()
-    storage_options = dict(storage_options or {})
+    storage_options = dict(s.storage_options or {})
     out = check_out(out, overwrite, storage_options)
     check_not_source(source, out)
     url = is_url(out)
@@ -137,10 +92,11 @@ def pack(
         raise DctDataError(
             f"--resume: expected a local OUT directory (the progress journal lives in its temporary sibling). Got {out}"
         )
-    options = dict(writer_options or {})
+    writer_options = settings.writer_config
+    options = dict(writer_options)
     if url:
         options["storage_options"] = storage_options
-    record = {"source": describe(source), **settings.record(), "writer_options": dict(writer_options or {})}
+    record = {"source": describe(source), **settings.record(), "writer_options": writer_options}
 
     lock = lock_out(out, overwrite, storage_options)  # one pack per local OUT, held until the commit
     try:
@@ -192,7 +148,7 @@ def pack(
         if results:
             log.info("resuming: %d of %d parts already done and verified", len(results), len(parts))
         job = PartJob(
-            source if not is_path(source) else os.fspath(source), settings.source_options, specs, settings.nan,
+            source if not is_path(source) else os.fspath(source), settings.source_options, specs, settings.nan_policy,
             settings.strict, writer, root, n, derived, threads=1,
         )  # fmt: skip
         todo = [(i, a, b) for i, (a, b) in enumerate(parts) if i not in results]

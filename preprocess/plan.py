@@ -23,7 +23,6 @@ the caller said `channels_last=False` (`--no-channels-last`) on purpose.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import statistics
@@ -34,223 +33,23 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest, storages
+from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.format.manifest import figure
-from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.lossless import AUTO, DEFAULT_CODEC, parse_codec_config
+from dctdata.kinds import FieldKind
+from dctdata.lossless import AUTO, DEFAULT_CODEC
 from dctdata.metrics import pooled_psnr
-from dctdata.parse import parse_number
-from dctdata.preprocess.masking import NanPolicy, parse_nan, valid_name
+from dctdata.preprocess.masking import NanPolicy, valid_name
 from dctdata.preprocess.parts import prepare_dct
 from dctdata.preprocess.sources import Source
-from dctdata.spec import QUANT_TO_DTYPE, CodecSpec
-from dctdata.transform import parse_cf, parse_mask
+from dctdata.settings import PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
+from dctdata.spec import CodecSpec
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CF = 4
 CALIBRATION_SAMPLES = 64
 CALIBRATION_VALUES = 1 << 22
-
-
-# Settings ----------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Targets:
-    """PSNR targets: `default` for every dct field not in `fields`."""
-
-    default: float | None = None
-    fields: Mapping[str, float] = dataclasses.field(default_factory=dict)
-
-    def get(self, name: str) -> float | None:
-        return self.fields.get(name, self.default)
-
-    def record(self) -> float | dict | None:
-        """As the manifest and the journal record it."""
-        if not self.fields:
-            return self.default
-        return {**({"*": self.default} if self.default is not None else {}), **self.fields}
-
-
-def _db(value: object, where: str) -> float:
-    return parse_number(value, where, above=0, expected="a positive number of dB", type_error=DctDataError)
-
-
-def parse_targets(target_psnr: object) -> Targets:
-    """None | 40 | "40" | "noisy=40,clean=45" | "40,clean=45" | {"noisy": 40, "clean": 45} -> Targets."""
-    if target_psnr is None:
-        return Targets()
-    if isinstance(target_psnr, Targets):
-        return target_psnr
-    if isinstance(target_psnr, Mapping):
-        items = list(target_psnr.items())
-    elif isinstance(target_psnr, str):
-        items = []
-        for part in (p.strip() for p in target_psnr.split(",")):
-            if not part:
-                continue
-            name, eq, value = part.rpartition("=")
-            try:
-                items.append((name.strip() if eq else "*", float(value)))
-            except ValueError:
-                raise DctDataError(
-                    f"--target-psnr: expected DB or NAME=DB[,NAME=DB...] (e.g. noisy=40,clean=45). Got {target_psnr!r}"
-                ) from None
-        if not items:
-            raise DctDataError(f"--target-psnr: expected DB or NAME=DB[,NAME=DB...]. Got {target_psnr!r}")
-    else:
-        return Targets(_db(target_psnr, "--target-psnr"))
-    default, fields = None, {}
-    for name, value in items:
-        if not isinstance(name, str):
-            raise TypeError(f"target_psnr: expected field names as keys. Got {name!r}")
-        if name in ("*", ""):
-            default = _db(value, "--target-psnr")
-        else:
-            fields[name] = _db(value, f"--target-psnr {name}")
-    return Targets(default, fields)
-
-
-def _name_pairs(value: object, flag: str, expected: str, what: str) -> list[tuple[str, str]]:
-    """A mapping, or a list of 'A=B' strings (repeated CLI flags), as (A, B) pairs."""
-    if isinstance(value, Mapping):
-        return [(str(k), v) for k, v in value.items()]
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{what}: expected a mapping or a list of '{expected}'. Got {type(value).__name__}")
-    pairs = []
-    for item in value:
-        if not isinstance(item, str) or "=" not in item:
-            raise DctDataError(f"{flag}: expected {expected}. Got {item!r}")
-        a, _, b = item.partition("=")
-        pairs.append((a.strip(), b.strip()))
-    return pairs
-
-
-def parse_field_overrides(fields: object) -> dict[str, FieldKind]:
-    """{'name': 'kind'} or ['name=kind', ...] -> {'name': FieldKind}."""
-    if fields is None:
-        return {}
-    out = {}
-    for name, kind in _name_pairs(fields, "--field", "NAME=dct|array|label", "fields"):
-        if kind not in FIELD_KINDS:
-            raise DctDataError(f"--field {name}: expected kind dct, array or label. Got {kind!r}")
-        out[name] = FieldKind(kind)
-    return out
-
-
-def parse_valid(valid: object) -> dict[str, str]:
-    """Explicit validity masks: {'field': 'maskfield'} or ['field=maskfield', ...]."""
-    if valid is None:
-        return {}
-    items = _name_pairs(valid, "--valid", "FIELD=MASKFIELD", "valid")
-    for name, m in items:
-        if not isinstance(m, str) or not name or not m or name == m:
-            raise DctDataError(f"--valid: expected FIELD=MASKFIELD naming two different fields. Got {name!r}={m!r}")
-    return dict(items)
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Validated pack settings (the CLI's flags in snake_case)."""
-
-    format: str = "zarr"
-    cf: int | None = None
-    mask: str | None = None
-    quant: str | None = None  # the CLI name (none, int8, ...)
-    targets: Targets = Targets()
-    overrides: Mapping[str, FieldKind] = dataclasses.field(default_factory=dict)
-    nan: NanPolicy = NanPolicy()
-    valid: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    codec: Mapping[str, Any] | str = AUTO  # the lossless stage, or "auto" (see plan_fields)
-    strict: bool = False
-    channels_last: bool | None = None  # None: not said (the layout guard applies)
-    key: Any = None
-    sample_dim: str | None = None
-    variables: Any = None
-    stack: str | None = None
-
-    @property
-    def source_options(self) -> dict[str, Any]:
-        """Keywords of `open_source`."""
-        return {
-            "key": self.key,
-            "channels_last": bool(self.channels_last),
-            "sample_dim": self.sample_dim,
-            "variables": self.variables,
-            "stack": self.stack,
-        }
-
-    @property
-    def dtype(self) -> str | None:
-        return None if self.quant is None else QUANT_TO_DTYPE[self.quant]
-
-    def record(self) -> dict[str, Any]:
-        """The settings as the manifest's `pack` entry and the resume journal record them."""
-        return {
-            "format": self.format,
-            "cf": self.cf,
-            "mask": self.mask,
-            "quant": self.quant,
-            "target_psnr": self.targets.record(),
-            "fields": dict(self.overrides),
-            "key": self.key,
-            "channels_last": bool(self.channels_last),
-            "nan": str(self.nan),
-            "valid": dict(self.valid),
-            "sample_dim": self.sample_dim,
-            "variables": self.variables,
-            "stack": self.stack,
-            "codec": self.codec if self.codec == AUTO else dict(self.codec),
-        }
-
-
-def parse_settings(
-    *,
-    format: str = "zarr",
-    cf: int | None = None,
-    mask: str | None = None,
-    quant: str | None = None,
-    target_psnr: object = None,
-    fields: object = None,
-    nan: object = "error",
-    valid: object = None,
-    codec: Mapping[str, Any] | str | None = AUTO,
-    strict: bool = False,
-    channels_last: bool | None = None,
-    key: Any = None,
-    sample_dim: str | None = None,
-    variables: Any = None,
-    stack: str | None = None,
-) -> Settings:
-    storages.get(format, "--format")  # a registered storage, else an error naming them
-    if cf is not None:
-        parse_cf(cf)
-    if mask is not None:
-        parse_mask(mask)
-    if quant is not None and quant not in QUANT_TO_DTYPE:
-        raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {quant!r}")
-    if channels_last is not None and not isinstance(channels_last, bool):
-        raise TypeError(f"channels_last: expected True, False or None. Got {channels_last!r}")
-    for name, v in (("sample_dim", sample_dim), ("stack", stack)):
-        if v is not None and (not isinstance(v, str) or not v):
-            raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
-    return Settings(
-        format=format,
-        cf=cf,
-        mask=mask,
-        quant=quant,
-        targets=parse_targets(target_psnr),
-        overrides=parse_field_overrides(fields),
-        nan=parse_nan(nan),
-        valid=parse_valid(valid),
-        codec=codec if codec == AUTO else parse_codec_config(codec),
-        strict=bool(strict),
-        channels_last=channels_last,
-        key=key,
-        sample_dim=sample_dim,
-        variables=variables,
-        stack=stack,
-    )
 
 
 # Fields ------------------------------------------------------------------------------------------
@@ -481,7 +280,7 @@ def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict
     return stats, sum(p["stats"]["nan_filled"] for p in parts)
 
 
-def plan(src: Source, settings: Settings, calibration: Source | None = None, quiet: bool = True):
+def plan(src: Source, settings: PackSettings, calibration: Source | None = None, quiet: bool = True):
     """(field specs, derived mask fields) of a source under the settings."""
     return plan_fields(
         src,
@@ -490,9 +289,9 @@ def plan(src: Source, settings: Settings, calibration: Source | None = None, qui
         quant=settings.dtype,
         target_psnr=settings.targets,
         overrides=settings.overrides,
-        codec=settings.codec,
-        nan=settings.nan,
-        valid=settings.valid,
+        codec=settings.lossless,
+        nan=settings.nan_policy,
+        valid=settings.valid_masks,
         channels_last=settings.channels_last,
         calibration=calibration,
         quiet=quiet,
@@ -500,7 +299,7 @@ def plan(src: Source, settings: Settings, calibration: Source | None = None, qui
 
 
 def build_manifest(
-    settings: Settings,
+    settings: PackSettings,
     record: dict,
     specs: tuple[FieldSpec, ...],
     parts: list[dict],
@@ -534,7 +333,6 @@ __all__ = [
     "CALIBRATION_SAMPLES",
     "CALIBRATION_VALUES",
     "DEFAULT_CF",
-    "Settings",
     "Targets",
     "build_manifest",
     "calibration_count",
@@ -545,7 +343,6 @@ __all__ = [
     "looks_channels_last",
     "parse_field_overrides",
     "parse_nan",
-    "parse_settings",
     "parse_targets",
     "parse_valid",
     "plan",

@@ -39,7 +39,7 @@ import math
 import os
 import shutil
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess.commit import check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
-from dctdata.preprocess.plan import Settings, build_manifest, calibration_count, parse_settings, plan
+from dctdata.preprocess.plan import build_manifest, calibration_count, plan
 from dctdata.preprocess.sources import (
     ChannelsLast,
     IterableSource,
@@ -61,8 +61,11 @@ from dctdata.preprocess.sources import (
     open_source,
     sample_dict,
 )
+from dctdata.settings import PackSettings
 
 log = logging.getLogger(__name__)
+
+WRITER_SETTINGS = PackSettings.names(writer=True)
 
 
 class Writer:
@@ -78,26 +81,36 @@ class Writer:
         cf: int | None = None,
         mask: str | None = None,
         quant: str | None = None,
-        target_psnr: object = None,
-        fields: Mapping[str, str] | list[str] | None = None,
-        nan: object = "error",
-        valid: Mapping[str, str] | list[str] | None = None,
+        target_psnr: float | str | Mapping[str, float] | None = None,
+        fields: Mapping[str, str] | Sequence[str] | None = None,
         channels_last: bool | None = None,
+        nan: str | float = "error",
+        valid: Mapping[str, str] | Sequence[str] | None = None,
+        codec: Mapping[str, Any] | str | None = AUTO,
         strict: bool = False,
         overwrite: bool = False,
-        codec: Mapping[str, Any] | str | None = AUTO,
+        quiet: bool = False,
+        max_shard_size: int | str | None = None,
+        samples_per_shard: int | None = None,
         writer_options: Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Mapping[str, Any]] | None = None,
         coords: Mapping[str, Any] | None = None,
-        settings: Settings | None = None,
+        settings: PackSettings | None = None,
         description: str = "<Writer>",
     ) -> None:
-        if settings is None:
-            settings = parse_settings(
-                format=format, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, fields=fields, nan=nan,
-                valid=valid, codec=codec, strict=strict, channels_last=channels_last,
-            )  # fmt: skip
+        """OUT: the dataset to write (a directory or fsspec URL). samples: the expected count, when known.
+        The settings are `PackSettings`' fields that apply to a stream (`PackSettings.names(writer=True)`),
+        as keywords or as `settings=`. attrs: {field: {name: value}} stored with each field; coords: {name:
+        one value per sample}. description: how errors name the stream."""
+        given = {k: v for k, v in locals().items() if k in WRITER_SETTINGS}
+        settings = PackSettings.resolve(settings, given, "Writer")
+        stray = settings.stream_only()
+        if stray:
+            raise DctDataError(
+                f"Writer: {stray[0]}: expected a setting that applies to a stream of samples. Got "
+                f"{stray[0]}={getattr(settings, stray[0])!r} (dctdata.pack takes it)"
+            )
         self.settings = settings
         self.samples = parse_optional_int(
             samples, "samples", minimum=1, expected="a positive int or None", type_error=DctDataError
@@ -108,16 +121,16 @@ class Writer:
             raise TypeError(f"coords: expected a mapping name -> 1-D array (one value per sample). Got {coords!r}")
         self._attrs, self._coords = dict(attrs or {}), dict(coords or {})
         self.description = description
-        self.storage_options = dict(storage_options or {})
-        self.out = check_out(out, overwrite, self.storage_options)
+        self.storage_options = dict(settings.storage_options or {})
+        self.out = check_out(out, settings.overwrite, self.storage_options)
         self.url = is_url(self.out)
         self.root = self.out if self.url else partial_dir(self.out)
-        options = dict(writer_options or {})
+        self._writer_options = settings.writer_config
+        options = dict(self._writer_options)
         if self.url:
             options["storage_options"] = self.storage_options
-        self._writer_options = dict(writer_options or {})
         self.storage = make_writer(settings.format, options)
-        self._calibration = calibration
+        self._calibration = settings.calibration
         self._window: list[dict[str, np.ndarray]] = []
         self._pending: list[dict[str, np.ndarray]] = []
         self._ref: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
@@ -130,7 +143,7 @@ class Writer:
         self._owned = False
         self._done = False
         self.manifest: Manifest | None = None
-        self._lock = lock_out(self.out, overwrite, self.storage_options)  # one pack per local OUT, until close
+        self._lock = lock_out(self.out, settings.overwrite, self.storage_options)  # one pack per local OUT, until close
 
     # Samples -------------------------------------------------------------------------------------
     def write(self, sample: Any) -> None:
@@ -206,7 +219,7 @@ class Writer:
         if self._calibration is not None:
             cal = open_source(self._calibration, channels_last=bool(self.settings.channels_last))
         try:
-            specs, derived = plan(src, self.settings, cal, quiet=False)
+            specs, derived = plan(src, self.settings, cal, quiet=self.settings.quiet)
         finally:
             if cal is not None:
                 cal.close()
@@ -228,7 +241,7 @@ class Writer:
         self._owned = True
         self.specs, self.derived = specs, derived
         self.storage.open(self.root, specs, self.samples)
-        self.encoder = Encoder(specs, self.settings.nan, self.settings.strict, derived)
+        self.encoder = Encoder(specs, self.settings.nan_policy, self.settings.strict, derived)
         per = sum(max(f.source_sample_bytes, 4 * math.prod(f.shape)) for f in specs)
         self._batch = max(1, min(4096, BATCH_BYTES // max(per, 1)))
         self._pending, self._window = self._window, []
@@ -311,18 +324,7 @@ class Writer:
         return f"Writer({self.out!r}, format={self.settings.format!r}, {state})"
 
 
-def pack_iterable(
-    source: Iterable[Any],
-    out: str | os.PathLike,
-    settings: Settings,
-    *,
-    length: int | None = None,
-    calibration: Any = None,
-    overwrite: bool = False,
-    quiet: bool = False,
-    writer_options: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> Manifest:
+def pack_iterable(source: Iterable[Any], out: str | os.PathLike, settings: PackSettings) -> Manifest:
     """`dctdata.pack` of an iterable/generator of samples, through the Writer (read once, in order)."""
     from tqdm.auto import tqdm
 
@@ -331,12 +333,12 @@ def pack_iterable(
             f"--key/--sample-dim/--variables/--stack: expected an HDF5/NetCDF/zarr source. Got an iterable "
             f"{describe(source)}"
         )
-    it = IterableSource(source, length, describe(source))
-    w = Writer(
-        out, samples=it.length, calibration=calibration, overwrite=overwrite, writer_options=writer_options,
-        storage_options=storage_options, settings=settings, description=it.description,
-    )  # fmt: skip
-    bar = tqdm(total=it.length, unit="sample", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False)
+    it = IterableSource(source, settings.length, describe(source))
+    stream = settings.for_stream()  # the Writer counts with samples=; the source options were checked above
+    w = Writer(out, samples=it.length, settings=stream, description=it.description)
+    bar = tqdm(
+        total=it.length, unit="sample", desc="pack", disable=settings.quiet or not sys.stderr.isatty(), leave=False
+    )
     with bar, w:
         for _, sample, images in it:
             w._check_open()

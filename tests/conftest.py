@@ -1,13 +1,25 @@
 """Shared fixtures. pytest puts this folder on sys.path (no tests/__init__.py, so the installed
 dctdata is the one imported), which also makes the helper modules beside it importable:
 `sample_fields` (test data, pack comparison), `decode_checks` (the decode invariant), `servers`
-(a loopback HTTP server)."""
+(a loopback HTTP server).
+
+The repository root is appended to sys.path (after site-packages, so the installed dctdata still wins
+over the source folder) for `benchmarks`: the loopback server and the package-shipped test images live
+there, outside the wheel, shared by the tests and the benchmarks."""
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import pytest
 import torch
-from sample_fields import labelled_npz
+
+ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.append(ROOT)
+
+from sample_fields import labelled_npz  # noqa: E402
 
 
 @pytest.fixture(scope="module")

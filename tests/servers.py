@@ -1,13 +1,13 @@
 """A loopback HTTP server for the tests: serves a directory with byte ranges (zarr reads shard indexes
 and chunks with range requests, as real servers allow) and counts the requests it answers and the
-bytes it sends. One implementation, shared with the benchmarks: `dctdata.bench.loopback`."""
+bytes it sends. One implementation, shared with the benchmarks: `benchmarks.loopback`."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
 
-from dctdata.bench.loopback import LoopbackServer
+from benchmarks.loopback import LoopbackServer
 
 __all__ = ["LoopbackServer", "ServedURL", "serve"]
 

@@ -1,5 +1,7 @@
-"""Synthetic SciML-Bench stand-ins and package-shipped photos: data for the demo, examples, tests and
-benchmarks, made in milliseconds with no download. Not part of the storage product.
+"""Synthetic SciML-Bench stand-ins: the data of `dctdata demo` and of the paper-task examples, made in
+milliseconds with no download, so a first pack needs no data set. Not part of the storage product
+(nothing in dctdata imports it but the demo); the benchmarks' package-shipped photos live in the
+repository's benchmarks/ folder, outside the wheel.
 
 Map-style datasets (`len(ds)`, `ds[i]` -> dict of numpy arrays, `ds.fields` -> suggested field kinds),
 one generator per stand-in, and the factories `dctdata pack` calls as a `module:callable` source

@@ -4,8 +4,9 @@ Why hand-written: the project's rule is to use a maintained entropy coder librar
 job at the speed the loaders need (>= 300 MB/s of float32-equivalent output per core). Measured side by
 side on the same coefficients: constriction (rANS) 10-40x slower with per-context models (7 MB/s on
 60x76 tiles), numba 0.6x the C kernel plus ~2 s of JIT start-up per DataLoader worker, numpy-vectorized
-interleaved lanes at most 42 MB/s. So the kernel is ~500 lines of C (`_ctxrans.c`, built by setuptools at
-install time), fuzzed in tests/core/test_entropy.py (and under ASan/UBSan when it was written).
+interleaved lanes at most 42 MB/s. So the kernel is C: `ctxrans_core.c` (no Python; scalar and AVX2 decoders) and
+the CPython module around it, `_ctxrans.c`, built by setuptools at install time, fuzzed in
+tests/core/test_entropy.py (the command to run that under ASan/UBSan is there).
 
 Drop-in for the product's lossless stage (numcodecs style, config in the manifest):
 
@@ -14,7 +15,7 @@ Drop-in for the product's lossless stage (numcodecs style, config in the manifes
     buf = codec.encode(q)                                      # q: (B, C, Hb, K, Wb) int8/int16 -> bytes
     q2 = CtxCodec.from_config(config).decode(buf, q.shape, q.dtype)
 
-What is coded (_ctxrans.c has the bit-exact definition): every coefficient, in memory order of the
+What is coded (ctxrans_core.c has the bit-exact definition): every coefficient, in memory order of the
 (B, C, Hb, K, Wb) layout, so the decoder writes its output sequentially.
   * DC (k = 0): residual from floor((left + top) / 2), context = local DC activity |L - TL| + |T - TL|.
   * AC (k > 0): the value, context = frequency class of k (k itself, or the diagonal u + v: fewer
@@ -38,9 +39,15 @@ Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS wo
 section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
 LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
 AVX2 vectors of 8 lanes (faster; 48 more header bytes and coarser words cost a fraction of a percent of
-bytes; docs/benchmarks/entropy.md has both measured). Mode 1: a raw copy when coding would not save. No
-model, shape or dtype in the stream: the caller passes the shape and dtype it expects (the decoded size
-is known up front).
+bytes; docs/benchmarks/entropy.md has both measured). Mode 3 (config version 3, arrays of 2 * SEG_COEFFS
+coefficients or more): the array's block rows cut into about one segment per SEG_COEFFS coefficients, each
+a mode 2 stream of its rows (contexts restart at a segment's top row, as at the array's), after a header of
+the segment count and lengths. Why: a GPU decodes a mode 2 stream with 16 lanes of one warp, one dependent
+step after another, thousands of them for a 256x256 sample; independent segments are decoded by warps of
+their own (dctdata.entropy.device). It costs each segment its own states and header (docs/guides/gpu-entropy-decoder.md
+has the steps and the bytes measured). Mode 1: a raw copy when coding would not save. No model, shape or dtype
+in the stream: the caller passes the shape and dtype it expects (the decoded size is known up front, and
+`max_coefficients` of the stream's length bounds it).
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
 config, or returns an array of the declared shape; it never reads or writes out of bounds, does a
@@ -65,7 +72,7 @@ import dctdata.entropy._ctxrans as _ctxrans
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.transform import kept_frequencies as _kept_frequencies
 
-__all__ = ["CtxCodec", "CtxCodecError", "fit", "kept_frequencies"]
+__all__ = ["CtxCodec", "CtxCodecError", "check_coefficients", "fit", "kept_frequencies", "max_coefficients"]
 
 
 def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
@@ -79,10 +86,14 @@ def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
 log = logging.getLogger(__name__)
 
 CODEC_ID = "dctdata_ctxrans"
-FORMAT_VERSION = 2  # 2: streams of LANES_MIN coefficients or more use the kernel's 16-lane layout (mode 2)
-READ_VERSIONS = (1, 2)  # a version 1 config keeps writing the 2-state layout, which earlier releases read
+# 2: streams of LANES_MIN coefficients or more use the kernel's 16-lane layout (mode 2);
+# 3: streams of 2 * SEG_COEFFS coefficients or more are segments of block rows (mode 3)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)  # an older config keeps writing what the release that wrote it reads
 MODE_LANES = _ctxrans.MODE_LANES
+MODE_SEGMENTS = _ctxrans.MODE_SEGMENTS
 LANES_MIN = 1 << 14  # below this, the 16-lane layout's 48 more header bytes outweigh its faster decode
+SEG_COEFFS = 1 << 14  # coefficients per segment (mode 3): a 256x256 sample at CF 8 is 4 segments
 SCALE = _ctxrans.SCALE  # frequency precision: tables sum to 2^15
 MTOT = 1 << SCALE
 D = _ctxrans.D  # magnitudes 0..D-1 are tokens of their own
@@ -99,6 +110,21 @@ MAX_ELEMENTS = 1 << 34  # refuse absurd declared shapes before allocating
 
 class CtxCodecError(IntegrityError):
     """Malformed stream, config or arguments (an IntegrityError, so a DctDataError and a ValueError)."""
+
+
+def max_coefficients(nbytes: int) -> int:
+    """The most coefficients a stream of `nbytes` bytes can code: 2^19 + 2^14 per byte, a bound that follows
+    from the coder's arithmetic (ctxrans_core.c, ctx_max_coefficients, has the derivation) and holds for every
+    stream this codec writes; the most compressible array, all zeros, codes about 6,500 per byte. A reader
+    checks a declared shape against it before allocating, so a small stream cannot claim a huge array."""
+    return _ctxrans.max_coefficients(int(nbytes))
+
+
+def check_coefficients(nbytes: int, count: int) -> None:
+    """CtxCodecError when a stream of `nbytes` bytes cannot hold `count` coefficients (`max_coefficients`)."""
+    most = max_coefficients(nbytes)
+    if count > most:
+        raise CtxCodecError(f"ctxrans: a stream of {nbytes} bytes cannot hold {count} coefficients (at most {most})")
 
 
 def _check_out(out) -> None:
@@ -541,8 +567,17 @@ class CtxCodec:
 
     def encode(self, q: np.ndarray) -> bytes:
         q = self._check_array(q)
-        mode = MODE_LANES if self.version >= 2 and q.size >= LANES_MIN else 0
-        return self._k.encode(self._blob, q, tuple(int(s) for s in q.shape), q.itemsize, mode)
+        mode, nseg = self.stream_mode(q.shape)
+        return self._k.encode(self._blob, q, tuple(int(s) for s in q.shape), q.itemsize, mode, nseg)
+
+    def stream_mode(self, shape: Sequence[int]) -> tuple[int, int]:
+        """(mode, segments) this codec writes an array of `shape` (B, C, Hb, K, Wb) in: mode 3 with one segment per
+        SEG_COEFFS coefficients (at most one per block row) from version 3, mode 2 from version 2, else mode 0
+        (segments 0 outside mode 3). The encoder may still store a raw copy (mode 1) where coding does not save."""
+        n = math.prod(int(s) for s in shape)
+        if self.version >= 3 and n >= 2 * SEG_COEFFS and int(shape[2]) >= 2:
+            return MODE_SEGMENTS, min(int(shape[2]), n // SEG_COEFFS)
+        return (MODE_LANES if self.version >= 2 and n >= LANES_MIN else 0), 0
 
     def decode(self, buf, shape: Sequence[int] | None = None, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.
@@ -553,7 +588,11 @@ class CtxCodec:
             _check_out(out)
             shape, dtype = out.shape, out.dtype
         shape, dt = self._declared(shape, dtype)
-        if out is None:
+        if out is None:  # a declared shape the stream cannot hold is refused before its array is allocated
+            try:
+                check_coefficients(memoryview(buf).nbytes, math.prod(shape))
+            except TypeError:
+                raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
             out = np.empty(shape, dt)
         try:
             self._k.decode(self._blob, buf, out, shape, dt.itemsize)

@@ -1,5 +1,7 @@
-"""The four paper examples end to end on tiny settings: every run's loss decreases, the table, JSON and
-PNG plot exist with one row for raw and one per pack setting."""
+"""The how-tos of examples/ on tiny settings. The four paper examples: every run's loss decreases, the
+table, JSON and PNG plot exist with one row for raw and one per pack setting. The quick start, packing
+from Python, and DDP + resume (every sample once per epoch across a stop and a resume). The GPU pipeline's
+test is tests/loaders/test_device.py's."""
 
 import importlib
 import json
@@ -72,3 +74,55 @@ def test_batch_larger_than_the_set_is_refused(tmp_path, monkeypatch):
         module.main(
             ["--n", "8", "--test", "4", "--batch-size", "16", "--settings", "cf=4", "--out", str(tmp_path / "x")]
         )
+
+
+# The how-tos -------------------------------------------------------------------------------------
+def test_quick_start_packs_trains_and_learns(monkeypatch, capsys):
+    module = _load("quick_start", monkeypatch)
+    result = module.main(["--n", "64", "--size", "32", "--workers", "0", "--epochs", "3", "--device", "cpu"])
+    assert result["batches"] == 2 and len(result["losses"]) == 6
+    assert result["losses"][-1] < result["losses"][0] and result["psnr_min"] >= 40 - 0.5
+    out = capsys.readouterr().out
+    assert out.startswith("packed 64 samples: ") and out.count("epoch ") == 3
+
+
+def test_from_python_packs_every_kind_of_source(monkeypatch, capsys, tmp_path):
+    module = _load("from_python", monkeypatch)
+    result = module.main(["--n", "20", "--size", "32", "--out", str(tmp_path)])
+    packs = result["packs"]
+    assert {k: m.samples for k, m in packs.items()} == dict.fromkeys(packs, 20)
+    assert [m.storage for m in packs.values()] == ["zarr", "zarr", "webdataset", "zarr", "webdataset"]
+    assert packs["dict"].names == ("u", "t") and packs["generator"].names == ("u", "step")
+    assert [s["samples"] for s in packs["writer"].layout["shards"]] == [16, 4]  # samples_per_shard=16
+    assert sorted(result["times"]) == pytest.approx([i * 0.1 for i in range(20)])  # every sample once, shuffled
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dict.dct", "em.dct", "fields.dct", "gen.dct", "sim.dct"]
+    assert capsys.readouterr().out.count(" samples, ") == 5
+
+
+def test_ddp_resume_stops_and_resumes_with_every_sample_once(monkeypatch, capsys, tmp_path):
+    module = _load("ddp_resume", monkeypatch)
+    argv = ["--out", str(tmp_path), "--samples", "48", "--batch-size", "8", "--workers", "1", "--epochs", "2"]
+    stopped = module.main([*argv, "--stop-after", "4"])
+    assert stopped["stopped"] and stopped["epoch"] == 0 and len(stopped["seen"]) == 32
+    assert (tmp_path / "ckpt" / "rank0.pt").exists()
+    finished = module.main(argv)  # the same command again: it resumes
+    assert finished == {"stopped": False, "checked": [0, 1]}  # each epoch: all 48 ids, each once
+    out = capsys.readouterr().out
+    assert "rank 0: resuming epoch 0 after 32 samples" in out
+    assert "epoch 1: loss" in out and "all 48 samples seen once across 1 rank(s)" in out
+
+
+@pytest.mark.slow
+def test_ddp_resume_on_two_ranks_with_torchrun(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(EXAMPLES / "ddp_resume.py")]
+    argv = ["--out", str(tmp_path), "--samples", "64", "--workers", "1", "--epochs", "2"]
+    first = subprocess.run([*cmd, *argv, "--stop-after", "3"], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "rank 1: stopped after 3 steps" in first.stdout and "epoch 0: loss" in first.stdout
+    second = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "rank 1: resuming epoch 1 after 16 samples" in second.stdout
+    assert "epoch 1: loss" in second.stdout and "all 64 samples seen once across 2 rank(s)" in second.stdout

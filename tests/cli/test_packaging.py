@@ -1,9 +1,11 @@
 """The explicit package list must name every package folder, or the wheel silently misses it."""
 
 import importlib
+import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -31,6 +33,45 @@ def test_every_package_folder_is_in_the_explicit_list():
     missing = package_folders() - listed
     assert not missing, f"add to [tool.setuptools] packages: {sorted(missing)}"
     assert config["tool"]["setuptools"]["package-dir"] == {v: k for k, v in MAPPING.items()}
+
+
+def wheel_modules() -> dict[str, pathlib.Path]:
+    """module name -> source file of every Python module the wheel holds, as setuptools' build_py (what
+    `pip wheel` runs) finds them from pyproject.toml."""
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the configuration's paths are relative to the project
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ext-modules in pyproject.toml is "experimental"
+            dist = Distribution({"script_name": "setup.py"})
+            apply_configuration(dist, "pyproject.toml")
+            build_py = dist.get_command_obj("build_py")
+            build_py.ensure_finalized()
+            found = build_py.find_all_modules()
+    finally:
+        os.chdir(cwd)
+    return {f"{package}.{module}".removesuffix(".__init__"): ROOT / path for package, module, path in found}
+
+
+def test_the_wheel_holds_the_product_and_no_benchmark():
+    modules = wheel_modules()
+    # every product module, from the three mapped folders
+    for folder, package in MAPPING.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join([package, *parts]).removesuffix(".__init__")
+            assert name in modules, f"the wheel lacks {name}"
+    assert {"dctdata.demo.pipeline", "dctdata.datasets.em", "dctdata.commands.pack"} <= set(modules)
+    # nothing from the benchmarks, the tests or the examples
+    outside = sorted(n for n, path in modules.items() if path.parts[len(ROOT.parts)] not in MAPPING)
+    assert not outside, outside
+    moved = {"dctdata.bench", "dctdata.commands.bench", "dctdata.datasets.images", "dctdata.datasets.fields"}
+    benches = sorted(n for n in modules if n in moved or n.startswith("dctdata.bench."))
+    assert not benches, benches
+    assert not (ROOT / "dctdata" / "bench").exists()
 
 
 @pytest.mark.parametrize("name", sorted(package_folders()))

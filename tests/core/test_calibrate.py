@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import dctdata
+from benchmarks.fields import synthetic_fields
+from benchmarks.images import sample_images, to_chw_float
 from dctdata.calibrate import calibrate, calibrate_report, dataset_psnr
-from dctdata.datasets.fields import synthetic_fields
-from dctdata.datasets.images import sample_images, to_chw_float
 from dctdata.lossless import DEFAULT_CODEC, decode_array, encode_array, get_codec
 from dctdata.metrics import psnr
 
@@ -181,7 +181,7 @@ def test_errors():
 def test_items_int8_cannot_lift_to_the_floor_land_in_int16():
     """MRI tiles with a few bright pixels on dark background: at 44 dB the per-sample floor would
     overflow int8 on two of four tiles, so an unset quant lands int16 and every tile holds the floor."""
-    from dctdata.bench.items import load_items, packs_of
+    from benchmarks.items import load_items, packs_of
 
     (pack,) = packs_of(load_items(["mri"])[0], ("tiles",), 4)
     x = torch.from_numpy(np.asarray(pack.x, dtype=np.float32))

@@ -11,7 +11,8 @@ one (then reinstall: `pip install -e .`):
 
     SO=$(python -c "import dctdata.entropy._ctxrans as k; print(k.__file__)")
     gcc -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -std=c99 -shared -fPIC \
-        -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") dctdata/entropy/_ctxrans.c -o $SO
+        -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])") dctdata/entropy/_ctxrans.c \
+        dctdata/entropy/ctxrans_core.c -o $SO
     LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
         ASAN_OPTIONS=detect_leaks=0 pytest -q -p no:cacheprovider tests/core/test_entropy.py
 """
@@ -75,6 +76,12 @@ def lanes_encode(codec, q):
     """q in the 16-lane layout (mode 2), whatever its size: the codec picks it for large arrays only."""
     q = np.ascontiguousarray(q)
     return _ctxrans.encode(codec._blob, q, q.shape, q.itemsize, 2)
+
+
+def segments_encode(codec, q, nseg=None):
+    """q as segments of block rows (mode 3; by default as many as it has rows, at most 3), whatever its size."""
+    q = np.ascontiguousarray(q)
+    return _ctxrans.encode(codec._blob, q, q.shape, q.itemsize, 3, nseg or min(3, q.shape[2]))
 
 
 def roundtrip(codec, q):
@@ -394,7 +401,7 @@ def test_lanes_layout_costs_its_header_and_little_more():
 
 def test_codec_writes_lanes_for_large_arrays_only():
     codec, q = fitted((1, 1, 16, 16, 64), np.int8)  # 16384 coefficients: LANES_MIN
-    assert codec.get_config()["version"] == 2
+    assert codec.get_config()["version"] == 3
     big, small = codec.encode(q), codec.encode(q[:, :, :8])
     assert big[0] == 2 and small[0] == 0
     np.testing.assert_array_equal(codec.decode(big, q.shape, q.dtype), q)
@@ -404,13 +411,90 @@ def test_codec_writes_lanes_for_large_arrays_only():
     np.testing.assert_array_equal(old.decode(big, q.shape, q.dtype), q)
 
 
+def test_codec_writes_segments_for_arrays_of_two_segments_or_more():
+    """Version 3 cuts arrays of 2 * SEG_COEFFS coefficients or more into one segment per SEG_COEFFS (mode 3, at
+    most one per block row); a version 2 config (packs written before) keeps writing mode 2, and both read all."""
+    codec, q = fitted((1, 1, 32, 64, 32), np.int8)  # a 256x256 sample at CF 8: 65536 coefficients
+    assert codec.stream_mode(q.shape) == (3, 4) and codec.stream_mode((1, 1, 2, 64, 256)) == (3, 2)
+    assert codec.stream_mode((1, 1, 1, 64, 1024)) == (2, 0)  # one block row: one segment at most
+    assert codec.stream_mode((1, 1, 8, 64, 63)) == (2, 0)  # 32256 coefficients: below two segments
+    buf = codec.encode(q)
+    assert buf[0] == 3 and buf[1] == 4  # mode, LEB128 segment count
+    np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
+    v2 = CtxCodec.from_config({**codec.get_config(), "version": 2})
+    lanes = v2.encode(q)
+    assert lanes[0] == 2 and len(lanes) < len(buf) <= len(lanes) + 3 * 72 + 12  # 3 more segment headers at most
+    np.testing.assert_array_equal(v2.decode(buf, q.shape, q.dtype), q)
+    np.testing.assert_array_equal(codec.decode(lanes, q.shape, q.dtype), q)
+
+
+@pytest.mark.parametrize("shape, dtype", [((1, 3, 7, 9, 20), np.int16), ((2, 1, 5, 16, 300), np.int8)])
+def test_segments_round_trip_for_every_count(shape, dtype):
+    """Every segment count from 1 to Hb, with channels (sign flips across channels stay inside a segment), two
+    arrays in one stream, rows split into runs; each segment starts without a row above."""
+    codec, q = fitted_case(shape, dtype, None, np.random.default_rng(shape[2]))
+    for nseg in range(1, shape[2] + 1):
+        buf = segments_encode(codec, q, nseg)
+        assert buf[0] == 3
+        for simd, gather in DECODERS:
+            with decoder_settings(simd, gather):
+                np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
+
+
+def _leb(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def test_segments_errors_name_the_problem_and_the_segment():
+    codec, q = fitted((1, 1, 6, 16, 40), np.int8)
+    buf = segments_encode(codec, q, 3)  # rows 0-1, 2-3, 4-5 (2 segments would be rows 0-2 and 3-5)
+    # the header: mode, count, three lengths
+    p, lens = 2, []
+    for _ in range(3):
+        v, shift = 0, 0
+        while True:
+            v |= (buf[p] & 0x7F) << shift
+            shift += 7
+            p += 1
+            if not buf[p - 1] & 0x80:
+                break
+        lens.append(v)
+    body = buf[p:]
+    assert sum(lens) == len(body)
+    with pytest.raises(ValueError, match="ctxrans: encode needs 1 to Hb segments"):
+        _ctxrans.encode(codec._blob, q, q.shape, 1, 3, 7)
+    for bad, message in (
+        (b"\x03" + _leb(0) + body, r"ctxrans: corrupt stream \(bad segment count\)"),
+        (b"\x03" + _leb(7) + body, r"ctxrans: corrupt stream \(bad segment count\)"),  # more than Hb = 6
+        (b"\x03\x03" + b"\xff" * 5 + body, r"ctxrans: corrupt stream \(bad segment length\)"),
+        (b"\x03\x03" + b"".join(map(_leb, lens)) + body[:-1], r"ctxrans: truncated stream \(segments beyond"),
+        (b"\x03\x03" + b"".join(map(_leb, lens)) + body + b"\x00", r"segments do not fill the stream"),
+        (
+            b"\x03\x02" + b"".join(map(_leb, lens[:2])) + body[: lens[0] + lens[1]],
+            r"^ctxrans: segment 0 of 2: truncated",
+        ),
+        (b"\x03\x03" + b"".join(map(_leb, lens)) + b"\x03" + body[1:], r"ctxrans: segment 0 of 3: bad stream header"),
+    ):
+        with pytest.raises(CtxCodecError, match=message):
+            codec.decode(bad, q.shape, q.dtype)
+    cut = bytearray(buf)
+    cut[p + lens[0] + 70] ^= 0xFF  # a rANS word of segment 1
+    with pytest.raises(CtxCodecError, match=r"^ctxrans: segment 1 of 3: (corrupt|truncated) stream"):
+        codec.decode(bytes(cut), q.shape, q.dtype)
+
+
 def test_lanes_kernel_errors():
     codec, q = fitted((1, 1, 4, 16, 32), np.int8)
-    with pytest.raises(ValueError, match="encode mode must be 0 or 2"):
+    with pytest.raises(ValueError, match="encode mode must be 0, 2 or 3"):
         _ctxrans.encode(codec._blob, q, q.shape, 1, 1)
     buf = lanes_encode(codec, q)
     with pytest.raises(CtxCodecError, match="bad stream header"):
-        codec.decode(b"\x03" + buf[1:], q.shape, q.dtype)
+        codec.decode(b"\x07" + buf[1:], q.shape, q.dtype)
     with pytest.raises(CtxCodecError, match="bad stream header"):
         codec.decode(buf[:40], q.shape, q.dtype)  # shorter than the 16 states
     with pytest.raises(CtxCodecError, match="bad initial state"):
@@ -421,35 +505,41 @@ def test_lanes_kernel_errors():
 
 def test_config_from_a_newer_dctdata_says_upgrade():
     codec, _ = fitted((1, 1, 2, 16, 4), np.int8)
-    with pytest.raises(CtxCodecError, match="version 1 or 2. Got 'dctdata_ctxrans' 3: written by a newer dctdata"):
-        CtxCodec.from_config({**codec.get_config(), "version": 3})
+    with pytest.raises(CtxCodecError, match="version 1 or 2 or 3. Got 'dctdata_ctxrans' 4: written by a newer dctdata"):
+        CtxCodec.from_config({**codec.get_config(), "version": 4})
     for bad in (0, True, 2.0, "2"):
-        with pytest.raises(CtxCodecError, match="expected id 'dctdata_ctxrans' version 1 or 2"):
+        with pytest.raises(CtxCodecError, match="expected id 'dctdata_ctxrans' version 1 or 2 or 3"):
             CtxCodec.from_config({**codec.get_config(), "version": bad})
 
 
 # ------------------------------------------------------------------------------------------ fuzzing
+_CASES = [
+    ((1, 1, 3, 16, 4), np.int8, None),
+    ((1, 3, 4, 9, 5), np.int8, None),
+    ((1, 2, 3, 25, 3), np.int16, None),
+    ((2, 1, 1, 1, 7), np.int16, None),
+    ((1, 1, 8, 64, 10), np.int8, None),
+    ((1, 3, 2, 9, 260), np.int8, None),
+    ((1, 1, 2, 16, 300), np.int16, None),
+    ((1, 2, 2, 9, 270), np.int8, ("lt", "wide", "ch", "sign")),
+]
+
+
 def _corpus():
     """A few valid streams of different kinds (int8/int16, C=1/3, tiny/medium, sign flips). The wide ones
     (Wb > 256) make the decoder split block rows into runs, take its unchecked path for the runs that
     have room and the checked one near the end; the last is fitted with the left-neighbour ("lt") and
-    "wide" contexts, whose decoder walk is the generic one."""
+    "wide" contexts, whose decoder walk is the generic one. Each array comes in mode 0 and mode 2; those of more
+    than one block row also in mode 3 (segments), after all the pairs."""
     items = []
-    for shape, dtype, features in [
-        ((1, 1, 3, 16, 4), np.int8, None),
-        ((1, 3, 4, 9, 5), np.int8, None),
-        ((1, 2, 3, 25, 3), np.int16, None),
-        ((2, 1, 1, 1, 7), np.int16, None),
-        ((1, 1, 8, 64, 10), np.int8, None),
-        ((1, 3, 2, 9, 260), np.int8, None),
-        ((1, 1, 2, 16, 300), np.int16, None),
-        ((1, 2, 2, 9, 270), np.int8, ("lt", "wide", "ch", "sign")),
-    ]:
+    for shape, dtype, features in _CASES:
         codec, q = fitted_case(shape, dtype, features, np.random.default_rng(len(items)))
         if features is not None:
             assert codec.layout.lt_mode == "lt" and codec.layout.wide
         items.append((codec, q, codec.encode(q)))
         items.append((codec, q, lanes_encode(codec, q)))  # the same array in the 16-lane layout
+    # and in segments of block rows (mode 3), after the pairs
+    items += [(codec, q, segments_encode(codec, q)) for codec, q, _ in items[::2] if q.shape[2] > 1]
     return items
 
 
@@ -589,9 +679,11 @@ def test_decode_many_refuses_bad_arguments():
 
 def test_corpus_round_trips():
     """Every corpus stream decodes to its array (the wide ones through runs of both decoder paths)."""
-    modes = [buf[0] for _, _, buf in CORPUS]
+    pairs = 2 * len(_CASES)
+    modes = [buf[0] for _, _, buf in CORPUS[:pairs]]
     assert set(modes[0::2]) == {0}  # coded, not the raw fallback
     assert modes[1::2].count(2) >= len(modes) // 2 - 1  # the tiniest one's 16 states may not pay: raw
+    assert {buf[0] for _, _, buf in CORPUS[pairs:]} <= {1, 3} and [b[0] for _, _, b in CORPUS[pairs:]].count(3) >= 5
     for codec, q, buf in CORPUS:
         np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
 

@@ -223,8 +223,8 @@ def test_decompressor_from_a_packed_dataset_and_non_dct_fields(tmp_path):
 
 def v2_wire(channels=3, b=4, seed=1):
     """A real version-2 codec (dead zone, recon offset, per-sample side, KLT rotation) and its wire."""
+    from benchmarks.fields import synthetic_fields
     from dctdata.calibrate import calibrate_report
-    from dctdata.datasets.fields import synthetic_fields
 
     fields = synthetic_fields(n=8, size=48, seed=seed)
     x = torch.from_numpy(np.stack([fields[k][:, 0] for k in ("atoms", "beam", "clouds")][:channels], axis=1))

@@ -5,8 +5,8 @@ import pytest
 from PIL import Image
 
 import dctdata
+from benchmarks.fields import synthetic_fields
 from dctdata.cli import main
-from dctdata.datasets.fields import synthetic_fields
 from dctdata.preprocess.inspect import inspect_dataset
 from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spectrum
 

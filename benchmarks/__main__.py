@@ -1,0 +1,92 @@
+"""`python -m benchmarks NAME [options]`: the one command for every benchmark and measurement script.
+
+Run it from the repository root with the development install (`pip install -e ".[dev]"`), which is
+what imports `dctdata` here; `python -m benchmarks --help` lists the names, `python -m benchmarks NAME
+--help` the options of one. The tables (`codec`, `rd`, `loader`, `stream`, `gpu`) are
+`benchmarks.tables`; every other name is one module with its own `main(argv)`. As in the `dctdata`
+CLI, an error a user can cause (`DctDataError`, `OSError`) prints one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from dctdata.errors import DctDataError
+
+PROG = "python -m benchmarks"
+
+# The measurement scripts: name -> (module, what it measures). Add a line here when adding one.
+SCRIPTS = {
+    "calibration-time": (
+        "benchmarks.calibration_time",
+        "pack and settings-search time on optical_damage TIFF frames, against an older install",
+    ),
+    "codec-ablation": ("benchmarks.codec_ablation", "bytes at equal PSNR with each codec fix switched off in turn"),
+    "decode-kernels": ("benchmarks.decode_kernels", "the CPU decode kernels side by side (copy, torch, fused C)"),
+    "device-decode": (
+        "benchmarks.device_decode",
+        'bytes crossing to the device and loader samples/s, decode="cpu" beside decode="device"',
+    ),
+    "entropy-decode-speed": (
+        "benchmarks.entropy_decode_speed",
+        "the entropy stage's decode MB/s and bytes beside zstd-9 and zstd-19 on the same coefficients",
+    ),
+    "functional-decompress": (
+        "benchmarks.functional_decompress",
+        "the functional dctdata.decompress against the Decompress module, CPU (fused C) and CUDA (Triton)",
+    ),
+    "gpu-ctxrans": (
+        "benchmarks.gpu_ctxrans",
+        "the entropy stage's CUDA decoder: bit-exactness, batch decode time, hostile streams",
+    ),
+    "gpu-layer": ("benchmarks.gpu_layer", "fused CUDA Decompress v1 vs v2 GB/s, nvCOMP zstd batch decode"),
+    "loader-workers": (
+        "benchmarks.loader_workers",
+        "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",
+    ),
+    "masked-fill": ("benchmarks.masked_fill", "bytes and PSNR of the fills of masked pixels; --nan mask vs fill=0"),
+    "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
+    "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
+    "zstd-levels": ("benchmarks.zstd_levels", "bytes, encode and decode speed of each zstd level on coefficients"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from benchmarks import tables
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="dctdata's benchmarks (tables against the peers) and measurement scripts. Run from the "
+        "repository root; see benchmarks/README.md.",
+    )
+    sub = parser.add_subparsers(dest="name", metavar="NAME", required=True)
+    tables.register(sub)
+    for name, (_, help) in SCRIPTS.items():
+        sub.add_parser(name, help=help, add_help=False)  # listed in --help; the script parses its own options
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    name = argv[0] if argv else ""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if name in SCRIPTS:
+            importlib.import_module(SCRIPTS[name][0]).main(argv[1:])
+            return 0
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except (DctDataError, OSError) as exc:
+        msg = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.strerror}: {exc.filename}"
+        print(f"{PROG} {name}: error: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG} {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one go, from the repository root of a checkout on a CUDA machine:
+#   0. set-up: wheels in .whl/ (if any) to /tmp/site, then an editable install (builds the C kernels here);
+#   1. the CUDA tests (pytest -m cuda, the whole suite's CUDA cases);
+#   2. the entropy stage's CUDA decoder: bit-exactness, batch decode times, hostile streams (gpu-ctxrans);
+#   3. the same under compute-sanitizer memcheck (--quick), where a compute-sanitizer is found;
+#   4. the fused Decompress and nvCOMP zstd (gpu-layer);
+#   5. bytes crossing and loader rate, decode="cpu" beside decode="device" (device-decode);
+#   6. the gpu table (python -m benchmarks gpu), when STEPS names it.
+# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps.
+# Each step has its own timeout; the whole run is about 6-8 minutes on an H200.
+set -u -o pipefail
+OUT=${OUT:-gpu_out}
+STEPS=${STEPS:-"1 2 3 4 5 6"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export DCTDATA_CACHE_DIR="$OUT/kernel-cache"
+status=0
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+note() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
+
+note "0. set-up"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1; then
+    echo "editable install failed (see install.log): using the source tree"
+    ln -sfn ../loaders dctdata/loaders
+    ln -sfn ../preprocess dctdata/preprocess
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+python3 -c "import nvidia.nvcomp as n; print('nvcomp', n.__version__)" 2>/dev/null | tee -a "$OUT/device.txt"
+nproc | sed 's/^/cpus /' | tee -a "$OUT/device.txt"
+
+if step 1; then
+    note "1. CUDA tests"
+    timeout 300 python3 -m pytest -m cuda -q -rs -p no:cacheprovider -x 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt" \
+        || status=1
+fi
+if step 2; then
+    note "2. gpu-ctxrans"
+    timeout 180 python3 -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tail -30 | tee "$OUT/gpu_ctxrans.txt" \
+        || status=1
+fi
+if step 3; then
+    note "3. compute-sanitizer memcheck of gpu-ctxrans --quick"
+    SAN=$(command -v compute-sanitizer || python3 -c "
+import glob, sys
+found = [p for d in sys.path for p in glob.glob(d + '/nvidia/*/bin/compute-sanitizer')]
+print(found[0] if found else '')")
+    if [ -n "$SAN" ]; then
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 "$SAN" --tool memcheck --error-exitcode 1 \
+            python3 -m benchmarks gpu-ctxrans --quick --out "$OUT/gpu_ctxrans_quick.json" 2>&1 | tail -30 \
+            | tee "$OUT/memcheck.txt" || status=1
+    else
+        echo "no compute-sanitizer found: memcheck not run" | tee "$OUT/memcheck.txt"
+    fi
+fi
+if step 4; then
+    note "4. gpu-layer"
+    timeout 180 python3 -m benchmarks gpu-layer --out "$OUT/gpu_layer.json" 2>&1 | tail -40 | tee "$OUT/gpu_layer.txt" \
+        || status=1
+fi
+if step 5; then
+    note "5. device-decode"
+    timeout 180 python3 -m benchmarks device-decode --size 256 --samples 2048 --workers 8 --device cuda \
+        --json "$OUT/device_decode.json" 2>&1 | tail -30 | tee "$OUT/device_decode.txt" || status=1
+fi
+if step 6; then
+    note "6. gpu table"
+    timeout 240 python3 -m benchmarks gpu --json "$OUT/bench_gpu.json" 2>&1 | tail -40 | tee "$OUT/bench_gpu.txt" \
+        || status=1
+fi
+note "done: exit $status"
+exit $status

@@ -1,1 +1,0 @@
-"""Benchmarks behind `dctdata bench ...`; each module registers one bench subcommand."""

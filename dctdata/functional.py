@@ -1,0 +1,54 @@
+"""The functional decode, `dctdata.decompress`: coefficients -> images through the kernels `Decompress` takes.
+
+(..., Hb, K, Wb) coefficients of plain (unquantized) frequencies go through the fused C kernel on plain CPU
+tensors in eager mode (`dctdata.fused`) and the fused Triton kernel on CUDA (`dctdata.fused_cuda`), each with
+unit dequantization tables (one channel, step 1, offset 0); everywhere else (autograd, torch.compile,
+torch.export, ONNX, other devices, or where the kernels are off) through `transform.decompress`, the torch
+kernels, which stays the reference path of `quantize.decode_reference`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from dctdata import fused, fused_cuda
+from dctdata.transform import check_coeff_grid, num_kept, parse_size
+from dctdata.transform import decompress as torch_decompress
+
+__all__ = ["decompress"]
+
+
+def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
+    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding)."""
+    if not isinstance(coeffs, torch.Tensor):
+        raise TypeError(f"coeffs: expected a torch.Tensor of shape (..., Hb, K, Wb). Got {type(coeffs).__name__}")
+    size = parse_size(size)
+    k = num_kept(cf, mask)
+    check_coeff_grid(tuple(coeffs.shape), k, size, "coeffs")
+    *lead, hb, _, wb = coeffs.shape
+    y = coeffs.reshape(-1, 1, hb, k, wb)
+    if y.dtype not in fused_cuda.WIRES:
+        y = y.to(torch.float32)
+    img = None
+    if fused_cuda.usable(y, torch.float32, None):  # None if the kernel failed to build: the other paths run
+        img = fused_cuda.guarded(fused_cuda.synthesize, y, _device_tables(cf, mask, y.device), cf, mask, size)
+    if img is None and fused.usable(y, torch.float32, None):
+        img = fused.synthesize(y, _tables(cf, mask), cf, mask, size)
+    if img is None:
+        return torch_decompress(coeffs, cf, size, mask)
+    return img.reshape(*lead, *size)
+
+
+@functools.lru_cache(maxsize=None)
+def _tables(cf: int, mask: str) -> fused.Tables:
+    """The fused kernels' tables of plain coefficients: one channel, step 1, offset 0."""
+    k = num_kept(cf, mask)
+    return fused.Tables(torch.ones(1, k), torch.zeros(1, k), None, None, None, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_tables(cf: int, mask: str, device: torch.device) -> fused_cuda.DeviceTables:
+    """`_tables` on `device`, copied there once."""
+    return fused_cuda.device_tables(_tables(cf, mask), device)

@@ -1,0 +1,226 @@
+"""The fused CUDA decode: `Decompress` on CUDA tensors in one Triton kernel (`dctdata._triton_synth`).
+
+Why hand-written: on CUDA the portable graph (`transform.synthesize_portable`) runs each step as its own
+kernel, and a v2 codec (dead zone with reconstruction offsets, channel rotation, per-sample (range, mid),
+normalization) adds half a dozen elementwise passes over the coefficients before the two matmuls, each a
+round trip through device memory, so v2 decoded well below v1 (issue 28). torch.compile fuses them too,
+but it compiles per shape and only inside a compiled model; a Triton kernel is compiled once per codec
+class and does dequantization, rotation, side map, normalization, inverse DCT and crop in one pass that
+reads the stored coefficients once and writes each output pixel once.
+
+What it computes is the fused CPU kernel's (`dctdata.fused`, from the same `fused.tables_for` tables):
+    y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + 8 beta[b, c] [k = 0]
+then the inverse DCT of y, cropped to (H, W), in float32 arithmetic, written in the layer's dtype.
+
+Used when (`usable`): Triton imports, `ENABLED` (environment `DCTDATA_TRITON_KERNEL=0` turns it off), CUDA
+tensors in eager mode (`transform.eager_on`: not under torch.compile, torch.export, ONNX export, jit
+tracing or torch.func, no autograd to record), coefficients int8/int16/float16/bfloat16/float32, a
+float32/float16/bfloat16 output, and `out` (when given) contiguous. Everything else keeps the portable
+graph, whose export produces only matmul/reshape-class ops. If the kernel fails to compile or launch, the
+failure is logged once, the kernel is switched off for the process (`broken()` says why) and the portable
+graph runs: a Triton or driver mismatch costs speed, not the decode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dctdata.errors import DctDataError
+from dctdata.fused import Tables
+from dctdata.transform import BLOCK, dct_matrix, eager_on, grid_shape, num_kept
+
+log = logging.getLogger(__name__)
+
+ENABLED = os.environ.get("DCTDATA_TRITON_KERNEL", "1") != "0"
+WIRES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32)
+OUTPUTS = (torch.float32, torch.float16, torch.bfloat16)
+MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's x dimension; larger batches are launched in runs of samples
+
+_kernel_module = None  # dctdata._triton_synth once imported; None before, False where Triton is missing
+_broken: str | None = None  # why the kernel was switched off for this process, or None
+
+
+def _module():
+    global _kernel_module
+    if _kernel_module is None:
+        try:
+            _kernel_module = importlib.import_module("dctdata._triton_synth")
+        except ImportError as exc:  # no Triton (CPU-only torch builds, some platforms)
+            log.debug("fused CUDA kernel unavailable: %s", exc)
+            _kernel_module = False
+    return _kernel_module
+
+
+def available() -> bool:
+    """True when Triton imports, the kernel is enabled and has not failed in this process."""
+    return ENABLED and _broken is None and bool(_module())
+
+
+def broken() -> str | None:
+    """Why the kernel was switched off in this process (its compile or launch failed), or None."""
+    return _broken
+
+
+def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> bool:
+    """True when `Decompress` takes the kernel for coefficients `q`, output dtype `dtype` and `out` (see the
+    module doc)."""
+    if q.device.type != "cuda" or dtype not in OUTPUTS or q.dtype not in WIRES:
+        return False
+    if out is not None and not out.is_contiguous():
+        return False
+    if not (eager_on("cuda", q) if out is None else eager_on("cuda", q, out)):
+        return False
+    return available()
+
+
+@dataclass(frozen=True)
+class DeviceTables:
+    """`fused.Tables` as float32 tensors on one device, plus the DCT matrix the kernel reads."""
+
+    a: torch.Tensor
+    d: torch.Tensor
+    r: torch.Tensor | None
+    m: torch.Tensor | None
+    scale: torch.Tensor | None
+    shift: torch.Tensor | None
+    t: torch.Tensor
+
+    @property
+    def channels(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def kept(self) -> int:
+        return self.a.shape[1]
+
+
+def device_tables(tables: Tables, device: torch.device | str) -> DeviceTables:
+    """The kernel's copy of `tables` (from `fused.tables_for`) on `device`."""
+    if not isinstance(tables, Tables):
+        raise TypeError(f"tables: expected dctdata.fused.Tables (see tables_for). Got {type(tables).__name__}")
+    put = lambda x: None if x is None else x.to(device=device, dtype=torch.float32).contiguous()  # noqa: E731
+    return DeviceTables(
+        put(tables.a), put(tables.d), put(tables.r), put(tables.m), put(tables.scale), put(tables.shift),
+        dct_matrix(torch.float32, device).contiguous(),
+    )  # fmt: skip
+
+
+def launch_config(wb: int) -> tuple[int, int]:
+    """(blocks per strip, warps per program): 16 blocks (128 columns) per warp, so each thread owns whole
+    columns (see `dctdata._triton_synth`); 1 warp for samples up to 128 pixels wide, else 2 (wider samples
+    take several strips per block row, which keeps one compiled kernel per codec for every larger size)."""
+    warps = 1 if wb <= 16 else 2
+    return 16 * warps, warps
+
+
+def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    if tuple(t.shape) != shape:
+        raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
+
+
+def synthesize(
+    q: torch.Tensor,
+    tables: DeviceTables,
+    cf: int,
+    mask: str,
+    size: tuple[int, int],
+    out: torch.Tensor | None = None,
+    side: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Decode (B, C, Hb, K, Wb) stored coefficients into (B, C, H, W) `dtype` (`out` when given) in one kernel.
+
+    `side` (B, C, 2) = [range, mid] per sample and channel (v2 specs that carry it). Every shape, dtype and
+    size the kernel indexes is checked here; non-contiguous inputs are copied first. Runs on CUDA tensors,
+    and on CPU tensors under Triton's interpreter (`TRITON_INTERPRET=1`, how the tests check its values).
+    """
+    module = _module()
+    if not module:
+        raise DctDataError("fused CUDA kernel: Triton is not installed (pip install triton, or use the portable path)")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(q).__name__}")
+    if q.dtype not in WIRES:
+        raise TypeError(f"coeffs: expected one of {WIRES} (fused CUDA kernel). Got {q.dtype}")
+    if dtype not in OUTPUTS:
+        raise TypeError(f"dtype: expected one of {OUTPUTS} (fused CUDA kernel). Got {dtype}")
+    if not isinstance(tables, DeviceTables):
+        raise TypeError(f"tables: expected dctdata.fused_cuda.DeviceTables. Got {type(tables).__name__}")
+    c, k = tables.channels, tables.kept
+    if k != num_kept(cf, mask):
+        raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
+    for name, t, shape in (("a", tables.a, (c, k)), ("d", tables.d, (c, k)), ("r", tables.r, (c, k)),
+                           ("m", tables.m, (c, c)), ("scale", tables.scale, (c,)), ("shift", tables.shift, (c,)),
+                           ("t", tables.t, (BLOCK, BLOCK))):  # fmt: skip
+        if t is None:
+            continue
+        if t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous() or t.device != q.device:
+            raise DctDataError(
+                f"tables.{name}: expected a contiguous float32 tensor of shape {shape} on {q.device}. Got "
+                f"{t.dtype} {tuple(t.shape)} on {t.device}"
+            )
+    if (tables.scale is None) != (tables.shift is None):
+        raise DctDataError("tables: expected scale and shift both or neither")
+    h, w = size
+    hb, wb = grid_shape(h, w)
+    if q.dim() != 5:
+        raise DctDataError(f"coeffs: expected shape (B, C, Hb, K, Wb). Got {tuple(q.shape)}")
+    b = q.shape[0]
+    _check(q, (b, c, hb, k, wb), "coeffs")
+    if side is not None:
+        if tables.scale is None:
+            raise DctDataError("side: these tables (a v1 spec) take no side information")
+        _check(side, (b, c, 2), "side")
+        if side.device != q.device or not side.is_floating_point():
+            raise DctDataError(f"side: expected a floating tensor on {q.device}. Got {side.dtype} on {side.device}")
+        side = side.contiguous()
+    if out is None:
+        out = torch.empty(b, c, h, w, dtype=dtype, device=q.device)
+    if not isinstance(out, torch.Tensor) or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
+        raise DctDataError(f"out: expected a contiguous {dtype} tensor on {q.device}. Got {out!r:.80}")
+    _check(out, (b, c, h, w), "out")
+    if b == 0:
+        return out
+    q = q.contiguous()
+    blocks, warps = launch_config(wb)
+    strips = -(-wb // blocks)
+    per_sample = c * hb * strips
+    dummy = tables.a
+    flags = dict(
+        CF=cf, TRIANGLE=mask == "triangle", BLOCKS=blocks, HAS_R=tables.r is not None, HAS_M=tables.m is not None,
+        HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
+    )  # fmt: skip
+    run = max(1, MAX_PROGRAMS // per_sample)  # samples per launch
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # Triton launches on the current one
+        for b0 in range(0, b, run):
+            b1 = min(b, b0 + run)
+            module.synthesize_kernel[((b1 - b0) * per_sample,)](
+                q[b0:b1], out[b0:b1], tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy),
+                _or(tables.scale, dummy), _or(tables.shift, dummy), dummy if side is None else side[b0:b1], tables.t,
+                c, hb, wb, h, w, k, strips, **flags,
+            )  # fmt: skip
+    return out
+
+
+def _or(t: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
+    return default if t is None else t
+
+
+def guarded(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` (a `synthesize` call), or None after switching the kernel off when it fails to
+    compile or launch (logged once with the reason; `broken()` keeps it). Errors about the caller's
+    arguments (DctDataError, TypeError) propagate."""
+    global _broken
+    try:
+        return fn(*args, **kwargs)
+    except (DctDataError, TypeError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - Triton compile errors, missing ptxas, driver/arch mismatches
+        _broken = f"{type(exc).__name__}: {exc}"
+        log.warning("fused CUDA kernel failed (%s); Decompress uses the portable graph from now on", _broken)
+        return None

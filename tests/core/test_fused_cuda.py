@@ -1,0 +1,363 @@
+"""The fused CUDA decode kernel (dctdata.fused_cuda, dctdata/_triton_synth.py).
+
+Without a GPU: its values under Triton's interpreter (TRITON_INTERPRET=1, on CPU tensors; tiny sizes, the
+interpreter runs about a second per program) against the reference decoder and the eager layer, its masks
+(nothing written outside `out`, crops, several strips per block row, batches split over launches), the
+layer's wiring, the fallback when the kernel fails, the argument checks, and a compile of each kernel
+variant to sm_90 machine code (Triton compiles without a driver). With a GPU (`-m cuda`): the layer on CUDA
+takes the kernel and equals the reference for every wire and output dtype, codec version and mask.
+
+Measured agreement on this file's interpreter cases: at most 2.5e-7 x the output's largest magnitude against
+the eager layer and against the float64 reference decoder (a few float32 ulps; the sums run in another
+order), so the tests allow 1e-6 x it. Not bit-exact with the eager layer on any device: its matmuls sum in
+cuBLAS's or BLAS's order. On CUDA the kernel's
+fused multiply-adds round differently again: 1e-5 x, as the existing CUDA parity tests.
+"""
+
+import math
+import sys
+
+import pytest
+import torch
+from decode_checks import check_decompress
+from gpu_fakes import forget_kernel, interpreted_kernel
+
+import dctdata
+import dctdata.fused as fused
+import dctdata.fused_cuda as fused_cuda
+from dctdata import CodecSpec, Decompress
+from dctdata.quantize import decode_reference
+from dctdata.wire import split_wire
+
+triton = pytest.importorskip("triton")
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """The kernel module under Triton's interpreter (runs on CPU tensors)."""
+    yield interpreted_kernel(monkeypatch)
+    forget_kernel()
+
+
+def v2_spec(cf=3, mask="square", channels=2, height=11, width=19, wire="int8", rotation=True, normalized=True):
+    """A version-2 codec with every stage: dead zone, recon offsets, rotation, per-sample side, normalization."""
+    k = dctdata.num_kept(cf, mask)
+    th = 0.5
+    rot = [[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]] if rotation and channels == 2 else None
+    norm = dict(mean=[0.2 * (c + 1) for c in range(channels)], std=[0.5 * (c + 1) for c in range(channels)])
+    return CodecSpec(
+        cf=cf, mask=mask, channels=channels, height=height, width=width, dtype=wire, theta=0.4, side="range_mid",
+        steps=[[0.02 * (1 + 0.1 * i) for i in range(k)] for _ in range(channels)],
+        offsets=[[0.3] + [0.01] * (k - 1) for _ in range(channels)],
+        recon=[[0.1 + 0.01 * i for i in range(k)] for _ in range(channels)], rotation=rot,
+        **(norm if normalized else {}),
+    )  # fmt: skip
+
+
+def v1_spec(cf=3, mask="square", channels=2, height=11, width=19, wire="int16"):
+    k = dctdata.num_kept(cf, mask)
+    base = 0.2 if wire == "int8" else 0.002  # 3 rand() + 1 data: DC up to ~32, AC ~ +-6
+    return CodecSpec(
+        cf=cf, mask=mask, channels=channels, height=height, width=width, dtype=wire,
+        steps=None if wire.startswith("float") else [[base * (1 + 0.1 * i) for i in range(k)]] * channels,
+        offsets=[[4.0 + c] + [0.01 * i for i in range(1, k)] for c in range(channels)],
+        mean=[0.5 + c for c in range(channels)], std=[0.25 * (c + 1) for c in range(channels)],
+    )  # fmt: skip
+
+
+def wire_of(spec, b=2, seed=0):
+    x = 3 * torch.rand(b, *spec.sample_shape, generator=torch.Generator().manual_seed(seed)) + 1
+    wire, overflow = dctdata.encode(x, spec)
+    assert overflow == 0
+    return wire
+
+
+def kernel(spec, wire, dtype=torch.float32, out=None):
+    q, side = split_wire(wire, spec)
+    tables = fused_cuda.device_tables(fused.tables_for(spec), q.device)
+    return fused_cuda.synthesize(q, tables, spec.cf, spec.mask, (spec.height, spec.width), out, side, dtype)
+
+
+def assert_matches(out, spec, wire, rel=1e-6):
+    """`out` equals the reference decoder and the eager layer within `rel` x the output's largest magnitude."""
+    ref = decode_reference(wire, spec).float()
+    scale = max(1.0, float(ref.abs().max()))
+    torch.testing.assert_close(out.float(), ref, atol=rel * scale, rtol=0)
+    torch.testing.assert_close(out.float(), Decompress(spec)(wire), atol=rel * scale, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        v1_spec(3, "square"),
+        v1_spec(4, "triangle", channels=1, wire="float16"),
+        v2_spec(3, "square"),
+        v2_spec(4, "triangle", channels=1, wire="int16", normalized=False),
+        v2_spec(8, "square", channels=1, height=8, width=9),
+    ],
+    ids=["v1-int16-square", "v1-float16-triangle", "v2-rotation-square", "v2-triangle", "v2-cf8"],
+)
+def test_kernel_equals_the_reference_and_the_eager_layer(spec, interpreted):
+    wire = wire_of(spec)
+    assert_matches(kernel(spec, wire), spec, wire)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_outputs_are_the_float32_result_rounded(dtype, interpreted):
+    spec = v2_spec(2, channels=1, height=8, width=12)
+    wire = wire_of(spec, b=1)
+    full = kernel(spec, wire)
+    half = kernel(spec, wire, dtype=dtype)
+    assert half.dtype == dtype
+    if dtype == torch.float16:
+        torch.testing.assert_close(half, full.to(dtype), atol=0, rtol=0)
+    else:  # the interpreter's float32 -> bfloat16 cast truncates (the GPU's rounds to nearest): within one bf16 ulp
+        torch.testing.assert_close(half.float(), full, atol=0, rtol=2**-7)
+
+
+def test_nothing_is_written_outside_out_and_strips_cover_wide_rows(interpreted):
+    """A 270-wide sample has 34 block columns: two strips of 32 blocks (two warps'), the second one cropped."""
+    assert fused_cuda.launch_config(34) == (32, 2)
+    spec = v1_spec(2, channels=1, height=5, width=270, wire="int8")
+    wire = wire_of(spec, b=1)
+    n = math.prod(spec.sample_shape)
+    guard = torch.full((n + 64,), -7.0)
+    out = guard[32 : 32 + n].view(1, *spec.sample_shape)
+    assert kernel(spec, wire, out=out) is out
+    assert (guard[:32] == -7.0).all() and (guard[32 + n :] == -7.0).all()
+    assert_matches(out, spec, wire)
+
+
+def test_a_batch_over_the_grid_limit_is_launched_in_runs_of_samples(interpreted, monkeypatch):
+    spec = v1_spec(2, channels=1, height=8, width=8, wire="int8")
+    wire = wire_of(spec, b=3)
+    launches = []
+    real = interpreted.synthesize_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(interpreted, "synthesize_kernel", Counting())
+    monkeypatch.setattr(fused_cuda, "MAX_PROGRAMS", 2)  # one program per sample here: runs of 2 samples
+    out = kernel(spec, wire)
+    assert launches == [(2,), (1,)]
+    assert_matches(out, spec, wire)
+
+
+def test_the_layer_runs_the_kernel_where_usable(interpreted, monkeypatch):
+    """The layer's wiring (tables, side, out=, unbatched input), with the kernel made usable on CPU tensors."""
+    calls = []
+    real = fused_cuda.synthesize
+    monkeypatch.setattr(fused_cuda, "usable", lambda q, dtype, out: True)
+    monkeypatch.setattr(fused_cuda, "synthesize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    spec = v2_spec(2, channels=2, height=9, width=10)
+    q, side = wire_of(spec)
+    layer = Decompress(spec)
+    buf = torch.empty(2, *spec.sample_shape)
+    assert layer((q, side), out=buf) is buf
+    single = layer((q[1], side[1]))
+    assert len(calls) == 2 and single.shape == spec.sample_shape
+    monkeypatch.setattr(fused_cuda, "usable", lambda q, dtype, out: False)
+    eager = layer((q, side))
+    scale = float(eager.abs().max())
+    torch.testing.assert_close(buf, eager, atol=1e-6 * scale, rtol=0)
+    torch.testing.assert_close(single, eager[1], atol=1e-6 * scale, rtol=0)
+    assert fused_cuda.broken() is None
+
+
+def test_a_failing_kernel_is_switched_off_and_the_torch_paths_run(monkeypatch, caplog):
+    monkeypatch.setattr(fused_cuda, "_broken", None)
+    monkeypatch.setattr(fused_cuda, "usable", lambda q, dtype, out: fused_cuda.broken() is None)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("ptxas fatal: unsupported GPU architecture")
+
+    monkeypatch.setattr(fused_cuda, "synthesize", fail)
+    spec = v1_spec(2, channels=1, height=8, width=8)
+    q = wire_of(spec)
+    with caplog.at_level("WARNING", logger="dctdata.fused_cuda"):
+        out = Decompress(spec)(q)
+    assert "RuntimeError: ptxas fatal" in fused_cuda.broken()
+    assert "portable graph from now on" in caplog.text
+    assert not fused_cuda.available()
+    check_decompress(spec, q)
+    torch.testing.assert_close(out, Decompress(spec)(q))
+
+
+def test_argument_errors_propagate_from_the_guard(monkeypatch):
+    monkeypatch.setattr(fused_cuda, "_broken", None)
+
+    def bad(*args, **kwargs):
+        raise dctdata.DctDataError("coeffs: expected shape")
+
+    with pytest.raises(dctdata.DctDataError, match="coeffs: expected shape"):
+        fused_cuda.guarded(bad)
+    assert fused_cuda.broken() is None
+
+
+def test_usable_only_on_plain_cuda_tensors_in_eager_mode():
+    q = torch.zeros(1, 1, 1, 4, 1, dtype=torch.int8)
+    assert not fused_cuda.usable(q, torch.float32, None)  # CPU tensor
+    meta = torch.zeros(1, 1, 1, 4, 1, dtype=torch.int8, device="meta")
+    assert not fused_cuda.usable(meta, torch.float32, None)
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(q=lambda q: q[:, :, :1]), dctdata.DctDataError, r"coeffs: expected shape \(2, 2, 2, 9, 3\)"),
+        (dict(q=lambda q: q.double()), TypeError, r"coeffs: expected one of .* Got torch.float64"),
+        (dict(dtype=torch.float64), TypeError, r"dtype: expected one of .* Got torch.float64"),
+        (dict(side=lambda s: s[:1]), dctdata.DctDataError, r"side: expected shape \(2, 2, 2\)"),
+        (dict(out=torch.empty(2, 2, 11, 19, dtype=torch.float16)), dctdata.DctDataError, r"out: expected a contig"),
+        (dict(out=torch.empty(2, 2, 11, 18)), dctdata.DctDataError, r"out: expected shape \(2, 2, 11, 19\)"),
+        (dict(mask="triangle"), dctdata.DctDataError, r"tables: expected K = 6 for cf=3 mask='triangle'. Got 9"),
+    ],
+)
+def test_argument_errors(change, error, match):
+    spec = v2_spec(3)
+    q, side = wire_of(spec)
+    tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu")
+    args = dict(q=q, mask=spec.mask, side=side, out=None, dtype=torch.float32)
+    for key, value in change.items():
+        args[key] = value(args[key]) if callable(value) else value
+    with pytest.raises(error, match=match):
+        fused_cuda.synthesize(args["q"], tables, 3, args["mask"], (11, 19), args["out"], args["side"], args["dtype"])
+
+
+def test_side_with_v1_tables_and_misplaced_tables_are_errors():
+    spec = v1_spec(2, channels=1, height=8, width=8)
+    q = wire_of(spec)
+    tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu")
+    with pytest.raises(dctdata.DctDataError, match="side: these tables \\(a v1 spec\\) take no side information"):
+        fused_cuda.synthesize(q, tables, 2, "square", (8, 8), side=torch.ones(2, 1, 2))
+    with pytest.raises(TypeError, match="tables: expected dctdata.fused_cuda.DeviceTables"):
+        fused_cuda.synthesize(q, fused.tables_for(spec), 2, "square", (8, 8))
+    with pytest.raises(TypeError, match="tables: expected dctdata.fused.Tables"):
+        fused_cuda.device_tables("tables", "cpu")
+    wrong = fused_cuda.device_tables(fused.tables_for(spec), "meta")
+    with pytest.raises(dctdata.DctDataError, match=r"tables.a: expected a contiguous float32 tensor .* on cpu"):
+        fused_cuda.synthesize(q, wrong, 2, "square", (8, 8))
+
+
+@pytest.mark.parametrize(
+    "flags, warps",
+    [
+        (dict(CF=2, TRIANGLE=False, HAS_R=False, HAS_M=False, HAS_OUT=False, HAS_SIDE=False), 1),
+        (dict(CF=8, TRIANGLE=False, HAS_R=True, HAS_M=False, HAS_OUT=True, HAS_SIDE=True), 2),
+        (dict(CF=5, TRIANGLE=True, HAS_R=True, HAS_M=True, HAS_OUT=True, HAS_SIDE=True), 2),
+    ],
+    ids=["v1-cf2", "v2-cf8-side", "v2-cf5-triangle-rotation"],
+)
+@pytest.mark.parametrize("out", ["fp32", "bf16"])
+def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
+    """Triton's NVIDIA backend compiles without a driver: each variant of the kernel must reach a cubin."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    sys.modules.pop("dctdata._triton_synth", None)
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as exc:
+        pytest.skip(f"this Triton has no ahead-of-time compile API: {exc}")
+    from dctdata._triton_synth import synthesize_kernel
+
+    sys.modules.pop("dctdata._triton_synth", None)
+    pointers = ("q_ptr", "out_ptr", "a_ptr", "d_ptr", "r_ptr", "m_ptr", "scale_ptr", "shift_ptr", "side_ptr", "t_ptr")
+    signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{out}"}
+    signature |= {name: "i32" for name in ("C", "HB", "WB", "H", "W", "K", "STRIPS")}
+    constants = dict(flags, BLOCKS=16 * warps)
+    signature |= {name: "constexpr" for name in constants}
+    try:
+        source = ASTSource(fn=synthesize_kernel, signature=signature, constexprs=constants)
+    except TypeError as exc:  # another Triton release's ahead-of-time API; launches on a GPU check the kernel there
+        pytest.skip(f"this Triton's ASTSource takes other arguments: {exc}")
+    try:
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    except (RuntimeError, FileNotFoundError) as exc:
+        if "ptxas" in str(exc) or "libdevice" in str(exc):
+            pytest.skip(f"Triton's NVIDIA toolchain is not usable here: {exc}")
+        raise
+    assert compiled.asm["cubin"] and "st.global" in compiled.asm["ptx"]
+    assert "ld.local" not in compiled.asm["ptx"], "register spills"
+
+
+# --- on a CUDA device (run with `pytest -m cuda`) -------------------------------------------------------------
+
+
+@pytest.fixture
+def cuda_kernel_calls(monkeypatch):
+    """Counts calls of the fused CUDA kernel; fails the test if it was switched off."""
+    if fused_cuda.broken():
+        pytest.fail(f"the fused CUDA kernel is switched off: {fused_cuda.broken()}")
+    calls = []
+    real = fused_cuda.synthesize
+    monkeypatch.setattr(fused_cuda, "synthesize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    yield calls
+    assert fused_cuda.broken() is None, fused_cuda.broken()
+
+
+def to_cuda(wire):
+    return tuple(t.cuda() for t in wire) if isinstance(wire, tuple) else wire.cuda()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cf", [1, 3, 8])
+@pytest.mark.parametrize("mask", ["square", "triangle"])
+@pytest.mark.parametrize("codec", ["v1-int8", "v1-int16", "v1-float32", "v1-bfloat16", "v2-int8", "v2-rot-int16"])
+def test_cuda_layer_takes_the_kernel_and_equals_the_reference(cf, mask, codec, cuda_kernel_calls):
+    version, *_, wire_name = codec.split("-")
+    if version == "v1":
+        spec = v1_spec(cf, mask, channels=3, height=37, width=1100, wire=wire_name)  # 138 block columns: 3 strips
+    else:
+        spec = v2_spec(cf, mask, channels=2 if "rot" in codec else 1, height=37, width=1100, wire=wire_name)
+    wire = wire_of(spec, b=5)
+    out = check_decompress(spec, to_cuda(wire), atol=1e-5)
+    assert cuda_kernel_calls and out.is_cuda
+    cpu = Decompress(spec)(wire)
+    torch.testing.assert_close(out.cpu(), cpu, atol=1e-5 * max(1.0, float(cpu.abs().max())), rtol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_half_outputs(dtype, cuda_kernel_calls):
+    spec = v2_spec(4, channels=2, height=64, width=64, normalized=True)
+    wire = wire_of(spec, b=4)
+    out = Decompress(spec, dtype=dtype).to("cuda", dtype)(to_cuda(wire))
+    ref = decode_reference(wire, spec).float()
+    assert out.dtype == dtype and cuda_kernel_calls
+    torch.testing.assert_close(out.float().cpu(), ref, atol=1e-2 * float(ref.abs().max()), rtol=1e-2)
+
+
+@pytest.mark.cuda
+def test_cuda_out_buffer_big_batch_and_launch_runs(cuda_kernel_calls, monkeypatch):
+    spec = v2_spec(3, channels=2, height=256, width=256)
+    wire = wire_of(spec, b=16)
+    layer = Decompress(spec).cuda()
+    buf = torch.empty(16, *spec.sample_shape, device="cuda")
+    assert layer(to_cuda(wire), out=buf) is buf
+    strips = -(-32 // fused_cuda.launch_config(32)[0])
+    monkeypatch.setattr(fused_cuda, "MAX_PROGRAMS", 2 * (2 * 32 * strips))  # 2 x (channels x block rows x strips)
+    again = layer(to_cuda(wire))
+    torch.testing.assert_close(again, buf, atol=0, rtol=0)
+    ref = decode_reference(wire, spec).float()
+    torch.testing.assert_close(buf.cpu(), ref, atol=1e-5 * float(ref.abs().max()), rtol=0)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_autograd_and_export_keep_the_portable_graph(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fused CUDA kernel ran where the portable graph must")
+
+    spec = v2_spec(3, channels=2, height=24, width=40)
+    q, side = to_cuda(wire_of(spec))
+    layer = Decompress(spec).cuda()
+    eager = layer((q, side))
+    monkeypatch.setattr(fused_cuda, "synthesize", refuse)
+    compiled = torch.compile(layer)((q, side))
+    torch.testing.assert_close(compiled, eager, atol=1e-5 * float(eager.abs().max()), rtol=0)
+    f = v1_spec(3, channels=1, height=16, width=16, wire="float32")
+    x = to_cuda(wire_of(f)).requires_grad_(True)
+    Decompress(f).cuda()(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0

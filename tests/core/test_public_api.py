@@ -1,0 +1,81 @@
+"""The flat public API: every name of `dctdata` and of `dctdata.loaders` is its defining module's object,
+imported on first use, so `import dctdata` (and `import dctdata.loaders`) stays light."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import dctdata
+import dctdata.loaders
+
+QUICK_START = ["pack", "Writer", "open_dataset", "make_loader", "set_epoch", "DevicePrefetcher", "Decompress",
+               "CodecSpec", "balance_threads", "PackSettings", "compress", "decompress"]  # fmt: skip
+HEAVY = (
+    "torch",
+    "numpy",
+    "zarr",
+    "webdataset",
+    "h5py",
+    "numcodecs",
+    "fsspec",
+    "dctdata.loaders.",
+    "dctdata.preprocess",
+)
+
+
+@pytest.mark.parametrize("package", [dctdata, dctdata.loaders], ids=lambda p: p.__name__)
+def test_every_public_name_is_its_modules_object(package):
+    for name in package.__all__:
+        value = getattr(package, name)
+        home = package._LAZY.get(name)
+        if home is not None:
+            assert getattr(importlib.import_module(home), name) is value, name
+        assert name in dir(package)
+    assert set(package._LAZY) <= set(package.__all__)
+
+
+def test_the_quick_start_names_come_from_dctdata():
+    assert set(QUICK_START) <= set(dctdata.__all__)
+    from dctdata import DevicePrefetcher, balance_threads, make_loader, set_epoch
+    from dctdata.loaders.device import DevicePrefetcher as D
+    from dctdata.loaders.distributed import make_loader as m
+    from dctdata.loaders.distributed import set_epoch as s
+    from dctdata.loaders.threads import balance_threads as b
+
+    assert (DevicePrefetcher, make_loader, set_epoch, balance_threads) == (D, m, s, b)
+
+
+@pytest.mark.parametrize("package", [dctdata, dctdata.loaders], ids=lambda p: p.__name__)
+def test_an_unknown_name_is_an_attribute_error(package):
+    with pytest.raises(AttributeError, match=rf"module '{package.__name__}' has no attribute 'frobnicate'"):
+        package.frobnicate  # noqa: B018
+
+
+@pytest.mark.parametrize("statement", ["import dctdata", "import dctdata.loaders", "import dctdata.cli"])
+def test_importing_the_package_imports_nothing_heavy(statement):
+    code = f"import sys; {statement}; print('\\n'.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    heavy = [m for m in loaded if m.startswith(HEAVY) or m == "dctdata.api"]
+    assert not heavy, f"{statement} imports {heavy}"
+
+
+def test_a_lazy_name_imports_only_its_side():
+    code = "import sys, dctdata; dctdata.balance_threads; print('\\n'.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "dctdata.loaders.threads" in loaded
+    assert not [m for m in loaded if m.startswith(("dctdata.preprocess", "webdataset", "zarr", "h5py"))]
+
+
+def test_a_function_named_like_its_module_stays_the_function():
+    """Importing the module dctdata.quantize sets the package's attribute `quantize`; the facade keeps the
+    function there (the module stays in sys.modules for `from dctdata.quantize import ...`)."""
+    code = (
+        "import sys; import dctdata.quantize; import dctdata; "
+        "print(dctdata.quantize is sys.modules['dctdata.quantize'].quantize)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"
