@@ -7,8 +7,10 @@ page fails the fast test run and not only the docs build.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
+import runpy
 
 import pytest
 
@@ -58,6 +60,27 @@ def test_readme_keeps_the_two_set_up_commands():
     text = README.read_text(encoding="utf-8")
     for command in SETUP_COMMANDS:
         assert command in text, f"README.md lacks the set-up command {command!r}"
+
+
+def python_blocks(markdown: str) -> list[str]:
+    """The bodies of the ```python fenced blocks of `markdown`, in order."""
+    return re.findall(r"^```python\n(.*?)^```", markdown, re.M | re.S)
+
+
+def test_the_readme_quick_start_runs_as_written(tmp_path, capsys, monkeypatch):
+    """The quick start is the README's one Python block: it packs, loads and trains here, on the CPU."""
+    blocks = python_blocks(README.read_text(encoding="utf-8"))
+    assert len(blocks) == 1, f"README.md should hold one Python block (the quick start), has {len(blocks)}"
+    script = tmp_path / "quick_start.py"
+    script.write_text(blocks[0], encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(os.environ, "CUDA_VISIBLE_DEVICES", "")  # as on a CPU-only machine
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert re.search(r"^0\.\d{3} of float32, PSNR min (\d+\.\d) dB$", out, re.M), out
+    assert float(re.search(r"PSNR min (\d+\.\d)", out).group(1)) >= 39.0  # the per-sample floor: target - 0.4 dB
+    assert (tmp_path / "train.dct" / "manifest.json").is_file()
+    assert namespace["images"].shape == (32, 1, 64, 64) and namespace["loss"].isfinite()
 
 
 def test_every_relative_link_in_the_readme_resolves():
