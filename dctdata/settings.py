@@ -270,7 +270,7 @@ class PackSettings:
         parse=parse_lossless_option,
         metavar="auto|zstd|zstd:LEVEL",
         help="lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd "
-        "(zstd-19, the read-speed choice: 15-80% more bytes, decoded 4.6-7.8x faster in the loader workers), "
+        "(zstd-19, the read-speed choice: more bytes, decoded several times faster in the loader workers), "
         "zstd:LEVEL (1..22)",
     )
     strict: bool = setting(False, action="store_true", help="fail on any quantization overflow")

@@ -1,10 +1,10 @@
 """Context-modelled rANS lossless stage for quantized block-DCT coefficients.
 
 Why hand-written: the project's rule is to use a maintained entropy coder library, and none did this
-job at the speed the loaders need (>= 300 MB/s of float32-equivalent output per core). Measured side by
-side on the same coefficients: constriction (rANS) 10-40x slower with per-context models (7 MB/s on
-60x76 tiles), numba 0.6x the C kernel plus ~2 s of JIT start-up per DataLoader worker, numpy-vectorized
-interleaved lanes at most 42 MB/s. So the kernel is C: `ctxrans_core.c` (no Python; scalar and AVX2 decoders) and
+job at the speed the loaders need: a maintained rANS library (constriction) with per-context models,
+numba (plus its JIT start-up in every DataLoader worker) and numpy-vectorized lanes all decoded several
+times slower on the same coefficients (docs/benchmarks/entropy.md, "Why the entropy coder is
+hand-written"). So the kernel is C: `ctxrans_core.c` (no Python; scalar and AVX2 decoders) and
 the CPython module around it, `_ctxrans.c`, built by setuptools at install time, fuzzed in
 tests/core/test_entropy.py (the command to run that under ASan/UBSan is there).
 
