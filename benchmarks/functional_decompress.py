@@ -22,7 +22,7 @@ from dctdata import fused, transform  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks functional-decompress", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--cf", type=int, nargs="+", default=[2, 4, 8])

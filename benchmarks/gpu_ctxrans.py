@@ -224,7 +224,9 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks gpu-ctxrans",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--samples", type=int, default=64, help="distinct samples packed (default 64)")
     p.add_argument("--size", type=int, default=256, help="sample height and width (default 256)")

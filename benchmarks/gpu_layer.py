@@ -323,7 +323,11 @@ def format_nvcomp_rows(rows, header: bool = True) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks gpu-layer",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048], help="square sample sides")
     p.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=sorted(DTYPES))
