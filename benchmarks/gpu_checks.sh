@@ -37,7 +37,7 @@ nproc | sed 's/^/cpus /' | tee -a "$OUT/device.txt"
 
 if step 1; then
     note "1. CUDA tests"
-    timeout 300 python3 -m pytest -m cuda -q -rs -p no:cacheprovider -x 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt" \
+    timeout ${PYTEST_T:-300} python3 -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt" \
         || status=1
 fi
 if step 2; then
@@ -52,7 +52,7 @@ import glob, sys
 found = [p for d in sys.path for p in glob.glob(d + '/nvidia/*/bin/compute-sanitizer')]
 print(found[0] if found else '')")
     if [ -n "$SAN" ]; then
-        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 "$SAN" --tool memcheck --error-exitcode 1 \
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_T:-240} "$SAN" --tool memcheck --error-exitcode 1 \
             python3 -m benchmarks gpu-ctxrans --quick --out "$OUT/gpu_ctxrans_quick.json" 2>&1 | tail -30 \
             | tee "$OUT/memcheck.txt" || status=1
     else
