@@ -46,13 +46,29 @@ SCRIPTS = {
         "benchmarks.gpu_ctxrans",
         "the entropy stage's CUDA decoder: bit-exactness, batch decode time, hostile streams",
     ),
+    "gpu-doc-table": (
+        "benchmarks.gpu_doc_table",
+        "the markdown for docs/benchmarks/ from a `python -m benchmarks gpu --json` run: device, date, command, rows",
+    ),
     "gpu-layer": ("benchmarks.gpu_layer", "fused CUDA Decompress v1 vs v2 GB/s, nvCOMP zstd batch decode"),
     "loader-workers": (
         "benchmarks.loader_workers",
         "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",
     ),
     "masked-fill": ("benchmarks.masked_fill", "bytes and PSNR of the fills of masked pixels; --nan mask vs fill=0"),
+    "max-error": (
+        "benchmarks.max_error",
+        "bytes at equal pointwise error bound: --max-rel-error against SZ3 (abs), ZFP (fixed accuracy), SPERR (pwe)",
+    ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
+    "robustness-bounds": (
+        "benchmarks.robustness_bounds",
+        "what each resource bomb of issue 30 costs a reader: peak RSS growth and longest block",
+    ),
+    "segment-cost": (
+        "benchmarks.segment_cost",
+        "bytes of the entropy stage's segments (GPU decode units) per segment length, fields and photos",
+    ),
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
     "zstd-levels": ("benchmarks.zstd_levels", "bytes, encode and decode speed of each zstd level on coefficients"),
 }
@@ -82,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(SCRIPTS[name][0]).main(argv[1:])
             return 0
         args = build_parser().parse_args(argv)
+        args.argv = argv  # what the tables record of their command (gpu --json)
         return int(args.func(args) or 0)
     except (DctDataError, OSError) as exc:
         msg = str(exc) if not isinstance(exc, OSError) or not exc.filename else f"{exc.strerror}: {exc.filename}"

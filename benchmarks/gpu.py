@@ -7,30 +7,46 @@ Two tables:
   CUDA events after warm-up (wall clock off CUDA). Codec "v1" folds dequantization into the weights;
   "v2" is what a calibrated single-channel pack carries (dead-zone reconstruction offsets and a
   per-sample (range, mid) side input), which adds elementwise work before the first matmul.
-- pipeline: samples/s from local packs of one synthetic set (`benchmarks.loader.synthetic`)
-  through `make_loader(..., pin_memory=True)` and `DevicePrefetcher` to the float32 model input on
-  the device: dctdata zarr coefficients -> `Decompress` (the default entropy-coded pack, and the
-  same settings with `--lossless zstd` (zstd-19), which stores more and decodes faster in the workers);
-  raw float32 rows -> host-to-device copy; JPEG files at the first quality that reaches dctdata's median PSNR ->
-  `torchvision.io.decode_jpeg(device=...)` (nvJPEG on CUDA), the loader moving the encoded bytes.
-  Bytes to device per sample and the transfer ratio (float32 bytes over them) are counted.
+- pipeline: samples/s from local packs of one synthetic set (`benchmarks.loader.synthetic`) through
+  `make_loader(..., pin_memory=True)` and `DevicePrefetcher` to the float32 model input on the device,
+  for every count of workers and batch size asked for:
+  the default pack (its lossless stage chosen by `pack`, the entropy coder on this set) and the same
+  settings with `--lossless zstd` (zstd-19), each opened with `decode="cpu"` (the workers decode the
+  lossless stage, the coefficients cross) and with `decode="device"` (the workers check the stored bytes,
+  they cross as one `StoredBatch`, and `ds.decompressor()` decodes them on the device with whatever
+  decoder the stage has there); raw float32 rows -> host-to-device copy; JPEG files at the first quality
+  that reaches the default pack's median PSNR -> `torchvision.io.decode_jpeg(device=...)` (nvJPEG on
+  CUDA), the loader moving the encoded bytes. Per row: samples/s (best timed epoch), stored bytes per
+  sample, bytes per sample that crossed (counted on the batches themselves: tensors, `StoredBatch.nbytes`,
+  the JPEG bytes) and the time per batch of the decode call (CUDA events around it; wall clock off CUDA).
 
-Without CUDA the command prints one line and exits 0. The functions take any device, so the tests
-run the table code on the CPU.
+Only the public API is used (`open_dataset(decode=...)`, `ds.decompressor()`, `make_loader`,
+`DevicePrefetcher`), so a stage's device decoder is measured as soon as it is registered.
+
+Each epoch reads `max(--epoch-samples, 4 x workers x batch)` samples from `--samples` packed ones
+(`_Cycled`: a batch never holds one sample twice), so every worker makes at least four batches an epoch
+at every setting without packing more samples; packing (zstd-19 above all) is what bounds the run time.
+The packs are made in spawned processes while the decode table runs. `--json` writes every row, the
+device, the date, the command and the must-show ratios of issue 28 (`must_show`), after every row.
+
+Without CUDA the command prints one line and exits 0 (`--device cpu` runs the same code on the CPU).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import tempfile
 import time
 
 import numpy as np
 import torch
 
+from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
 from dctdata.spec import CodecSpec
+from dctdata.wire import StoredBatch
 
+log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BATCH_BYTES = 64 << 20
 
@@ -122,6 +138,11 @@ def decode_rows(device="cuda", sizes=(256, 512, 1024, 2048), cfs=(2, 4, 6, 8), d
     return rows
 
 
+# The pipeline table -------------------------------------------------------------------------------
+PIPELINES = ("default-cpu", "default-device", "zstd-cpu", "zstd-device", "raw", "jpeg")
+MIN_EPOCH_SAMPLES = 4096
+
+
 class _Rows(torch.utils.data.Dataset):
     """Rows of a .npy file (memory-mapped once per process), batched by `__getitems__`."""
 
@@ -156,77 +177,176 @@ class _EncodedFiles(torch.utils.data.Dataset):
             return fh.read()  # bytes, not a tensor per sample: workers pass one pickle per batch
 
 
+class _Cycled(torch.utils.data.Dataset):
+    """`length` samples read from a dataset of fewer: index i is sample i mod n, and a batch never holds one
+    sample twice (a repeat takes the next sample the batch lacks), so what crosses and is decoded per batch
+    is what a pack of `length` distinct samples would give (a `StoredBatch` holds a repeated stream once)."""
+
+    def __init__(self, dataset, length: int) -> None:
+        self.dataset, self.length, self.n = dataset, int(length), len(dataset)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitems__(self, idx):
+        if len(idx) > self.n:
+            raise DctDataError(f"batch: expected at most the {self.n} packed samples (--samples). Got {len(idx)}")
+        seen: set[int] = set()
+        picked = []
+        for i in idx:
+            j = int(i) % self.n
+            while j in seen:
+                j = (j + 1) % self.n
+            seen.add(j)
+            picked.append(j)
+        get = getattr(self.dataset, "__getitems__", None)
+        return get(picked) if get is not None else [self.dataset[j] for j in picked]
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+
 def _as_list(batch):
     return list(batch)
 
 
-def pipeline_rows(device="cuda", n=2048, size=256, batch=32, workers=2, epochs=2, target_psnr=40.0) -> list[dict]:
-    """Rows: pipeline, samples/s (best of `epochs`), stored bytes per sample, median PSNR."""
-    import torchvision.io as tio
+def synthetic_part(n: int, size: int, start: int, stop: int, seed: int = 0) -> np.ndarray:
+    """Samples [start, stop) of `benchmarks.loader.synthetic(n, size, seed)` (each sample is drawn and scaled
+    on its own, so parts made in several processes concatenate to the whole set)."""
+    from dctdata.datasets import em_denoise
 
+    ds = em_denoise(n=n, size=size, seed=seed)
+    x = np.stack([ds[i]["noisy"] for i in range(start, stop)]).astype(np.float64)
+    lo, hi = x.min(axis=(1, 2, 3), keepdims=True), x.max(axis=(1, 2, 3), keepdims=True)
+    return np.rint(255.0 * (x - lo) / np.maximum(hi - lo, 1e-12)).astype(np.float32)
+
+
+def _pack(source: str, out: str, target_psnr: float, codec) -> None:
     import dctdata
-    from benchmarks.loader import jpeg_files, synthetic
-    from dctdata.loaders.device import DevicePrefetcher
-    from dctdata.loaders.distributed import make_loader
-    from dctdata.lossless import parse_lossless_option
 
-    dev = torch.device(device)
-    pin = dev.type == "cuda"
-    x = synthetic(n, size)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        np.save(os.path.join(tmp, "x.npy"), x)
-        out = os.path.join(tmp, "dct")
-        dctdata.pack(os.path.join(tmp, "x.npy"), out, quant="int8", target_psnr=target_psnr, quiet=True)
-        ds = dctdata.open_dataset(out)
-        layer = ds.decompressor().to(dev)
-        out_zstd = os.path.join(tmp, "dct_zstd")  # the same settings, `--lossless zstd` instead of the entropy coder
-        zstd_stage = parse_lossless_option("zstd")
-        dctdata.pack(os.path.join(tmp, "x.npy"), out_zstd, quant="int8", target_psnr=target_psnr, quiet=True,
-                     codec=zstd_stage)  # fmt: skip
-        ds_zstd = dctdata.open_dataset(out_zstd)
-        zstd_name = f"dctdata zarr ({ds_zstd.manifest.field('image').codec.dtype}, zstd-{zstd_stage['level']})"
-        zstd_name += " -> Decompress"
-        q, jpgs, jpeg_psnr = jpeg_files(
-            x[:, 0].astype(np.uint8), os.path.join(tmp, "jpg"), ds.manifest.stats["image"].psnr_median
-        )
+    dctdata.pack(source, out, quant="int8", target_psnr=target_psnr, quiet=True, codec=codec, overwrite=True)
 
-        def jpeg_decode(files):
-            images = tio.decode_jpeg([torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files], device=dev)
-            return torch.stack(images).float()
 
-        cases = [
-            (f"dctdata zarr ({ds.manifest.field('image').codec.dtype}) -> Decompress", ds, None, lambda b: layer(b[0]),
-             _bytes(out, n), ds.manifest.stats["image"].psnr_median),
-            ("raw float32 -> host-to-device copy", _Rows(os.path.join(tmp, "x.npy")), None, lambda b: b,
-             x[0].nbytes, float("inf")),
-            (f"JPEG q={q} -> torchvision decode_jpeg(device)", _EncodedFiles(jpgs), _as_list, jpeg_decode,
-             _bytes(os.path.join(tmp, "jpg"), n), jpeg_psnr),
-            (zstd_name, ds_zstd, None,
-             lambda b: layer(b[0]), _bytes(out_zstd, n), ds_zstd.manifest.stats["image"].psnr_median),
-        ]  # fmt: skip
-        for name, dataset, collate, to_input, stored, quality in cases:
-            kw = {"collate_fn": collate} if collate else {}
-            loader = make_loader(
-                dataset, batch, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, **kw
-            )
-            best, moved = 0.0, 0
-            for epoch in range(epochs):
-                loader.sampler.set_epoch(epoch)
-                count, moved, t0 = 0, 0, time.perf_counter()
-                with torch.inference_mode():
-                    for b in DevicePrefetcher(loader, dev, pin_memory=False) if collate is None else loader:
-                        count += to_input(b).shape[0]
-                        moved += _nbytes(b)
-                _sync(dev)
-                best = max(best, count / (time.perf_counter() - t0))
-            rows.append({"pipeline": name, "sps": best, "bytes": stored, "moved": moved / count, "psnr": quality})
-    return rows
+def _jpeg(source: str, directory: str, target_psnr: float):
+    from benchmarks.loader import jpeg_files
+
+    x = np.load(source, mmap_mode="r", allow_pickle=False)
+    return jpeg_files(np.asarray(x[:, 0]).astype(np.uint8), directory, target_psnr)
+
+
+class Setup:
+    """The stored forms of one synthetic set under `workdir`: `x.npy` (raw float32), the default pack,
+    the `--lossless zstd` pack and the JPEG files. `start()` makes them in `jobs` spawned processes (zstd-19
+    is the slow one) while the caller goes on (the decode table); `wait()` returns them."""
+
+    def __init__(self, workdir: str, n: int, size: int, target_psnr: float, jobs: int = 1) -> None:
+        self.workdir, self.n, self.size, self.target_psnr, self.jobs = workdir, n, size, target_psnr, max(1, jobs)
+        self.x = os.path.join(workdir, "x.npy")
+        self.default, self.zstd = os.path.join(workdir, "default"), os.path.join(workdir, "zstd")
+        self.jpg = os.path.join(workdir, "jpg")
+        self.seconds: float | None = None
+        self._thread = None
+        self._error: BaseException | None = None
+        self.jpeg: tuple | None = None
+
+    def start(self) -> "Setup":
+        import threading
+
+        def run():
+            try:
+                self._make()
+            except BaseException as exc:  # re-raised by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="bench-gpu-setup", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait(self) -> "Setup":
+        if self._thread is None:
+            self._make()
+        else:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _make(self) -> None:
+        from dctdata.lossless import ZSTD_MAX
+
+        t0 = time.perf_counter()
+        zstd = dict(ZSTD_MAX)  # what `--lossless zstd` packs
+        if self.jobs > 1:
+            from concurrent.futures.process import BrokenProcessPool
+
+            try:
+                self._make_in_processes(zstd)
+            except BrokenProcessPool as exc:  # a host that cannot spawn: the same work in this process
+                log.warning("packing in %d processes failed (%s): packing in this one", self.jobs, exc)
+                self.jobs = 1
+        if self.jobs == 1:
+            np.save(self.x, synthetic_part(self.n, self.size, 0, self.n))
+            _pack(self.x, self.default, self.target_psnr, "auto")
+            _pack(self.x, self.zstd, self.target_psnr, zstd)
+            self.jpeg = _jpeg(self.x, self.jpg, self._psnr())
+        self.seconds = time.perf_counter() - t0
+
+    def _make_in_processes(self, zstd: dict) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        cuts = np.linspace(0, self.n, min(self.n, self.jobs) + 1).astype(int)
+        spans = [(self.n, self.size, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = [pool.submit(synthetic_part, *span) for span in spans]
+            np.save(self.x, np.concatenate([p.result() for p in parts]))
+            slow = pool.submit(_pack, self.x, self.zstd, self.target_psnr, zstd)
+            pool.submit(_pack, self.x, self.default, self.target_psnr, "auto").result()
+            self.jpeg = pool.submit(_jpeg, self.x, self.jpg, self._psnr()).result()
+            slow.result()
+
+    def _psnr(self) -> float:
+        import dctdata
+
+        return dctdata.open_dataset(self.default).manifest.stats["image"].psnr_median
+
+
+def timer_name(device: torch.device) -> str:
+    """How `_DecodeTimer` times on `device`."""
+    return "CUDA events" if device.type == "cuda" else "wall clock"
+
+
+class _DecodeTimer:
+    """Times each call of the decode step: CUDA events around it on the current stream (read after the
+    epoch's synchronize, so timing adds no sync), the wall clock elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pairs: list = []
+        self.wall: list[float] = []
+
+    def __call__(self, fn, *args):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args)
+            end.record()
+            self.pairs.append((start, end))
+            return out
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.wall.append(1e3 * (time.perf_counter() - t0))
+        return out
+
+    def ms(self) -> list[float]:
+        """The calls' milliseconds so far (call after the device is synchronized)."""
+        return [s.elapsed_time(e) for s, e in self.pairs] if self.cuda else list(self.wall)
 
 
 def _nbytes(batch) -> int:
-    """Bytes of a batch as it crosses to the device (tensors, or the encoded bytes nvJPEG decodes there)."""
-    if isinstance(batch, torch.Tensor):
+    """Bytes of a batch as it crosses to the device (tensors, stored batches, or the encoded bytes nvJPEG
+    decodes there)."""
+    if isinstance(batch, (torch.Tensor, StoredBatch)):
         return batch.nbytes
     if isinstance(batch, (bytes, bytearray)):
         return len(batch)
@@ -240,6 +360,237 @@ def _nbytes(batch) -> int:
 def _bytes(root: str, n: int) -> float:
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f != "manifest.json")
     return total / n
+
+
+def _stage_name(ds) -> str:
+    from dctdata.lossless import CTX_ID
+
+    lossless = dict(ds.manifest.field("image").lossless or {})
+    if lossless.get("id") == CTX_ID:
+        return "entropy coder"
+    return f"{lossless.get('id', 'none')}-{lossless['level']}" if "level" in lossless else lossless.get("id", "none")
+
+
+def stage_decoder(lossless, device: torch.device) -> str:
+    """Where `decode="device"` decodes a stage's streams on `device`: "device" (the stage's `device_decoder`
+    hook gives one), "cpu" (the device is the CPU) or "cpu fallback" (the streams go to the CPU and back)."""
+    from dctdata.lossless import get_codec
+
+    if device.type == "cpu":
+        return "cpu"
+    hook = getattr(get_codec(lossless), "device_decoder", None)
+    try:
+        return "device" if callable(hook) and hook(device) is not None else "cpu fallback"
+    except Exception as exc:  # the decode will raise it too: the row records it
+        return f"none ({type(exc).__name__}: {exc})"
+
+
+def _cases(setup: Setup, device: torch.device) -> dict:
+    """pipeline key -> {name, dataset, collate (or None), decode step (or None), stored B/sample, psnr (None:
+    lossless), where (where the lossless stage decodes: "workers", or `stage_decoder`'s answer)}."""
+    import torchvision.io as tio
+
+    import dctdata
+
+    n = setup.n
+    cases = {}
+    packs = (("default", setup.default, "default pack"), ("zstd", setup.zstd, "`--lossless zstd` pack"))
+    for pack, path, what in packs:
+        probe = dctdata.open_dataset(path)
+        stored, psnr = _bytes(path, n), probe.manifest.stats["image"].psnr_median
+        lossless = probe.manifest.field("image").lossless
+        for decode in ("cpu", "device"):
+            ds = dctdata.open_dataset(path, decode=decode)
+            layer = ds.decompressor().to(device)
+            cases[f"{pack}-{decode}"] = {
+                "name": f'{what} ({_stage_name(probe)}), decode="{decode}" -> ds.decompressor()',
+                "dataset": ds,
+                "collate": None,
+                "decode": lambda b, layer=layer: layer(b[0]),
+                "stored": stored,
+                "psnr": psnr,
+                "where": "workers" if decode == "cpu" else stage_decoder(lossless, device),
+            }
+    x = np.load(setup.x, mmap_mode="r", allow_pickle=False)
+    cases["raw"] = {"name": "raw float32 -> host-to-device copy", "dataset": _Rows(setup.x), "collate": None,
+                    "decode": None, "stored": x[0].nbytes, "psnr": None, "where": None}  # fmt: skip
+    q, files, jpeg_psnr = setup.jpeg
+
+    def jpeg_decode(files):
+        images = tio.decode_jpeg([torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files], device=device)
+        return torch.stack(images).float()
+
+    cases["jpeg"] = {"name": f"JPEG q={q} -> torchvision decode_jpeg(device) (nvJPEG on CUDA)",
+                     "dataset": _EncodedFiles(files), "collate": _as_list, "decode": jpeg_decode,
+                     "stored": _bytes(setup.jpg, n), "psnr": jpeg_psnr, "where": None}  # fmt: skip
+    return cases
+
+
+def epoch_samples(workers: int, batch: int, minimum: int = MIN_EPOCH_SAMPLES) -> int:
+    """Samples read an epoch: at least `minimum`, and at least four batches a worker."""
+    return max(minimum, 4 * max(1, workers) * batch)
+
+
+def measure(case, device: torch.device, workers: int, batch: int, epochs: int, length: int) -> dict:
+    """One pipeline at one setting: one untimed epoch, then `epochs` timed ones (persistent workers)."""
+    from dctdata.loaders.device import DevicePrefetcher
+    from dctdata.loaders.distributed import make_loader
+
+    dataset, collate, decode = case["dataset"], case["collate"], case["decode"]
+    kw = {"collate_fn": collate} if collate else {}
+    pin = device.type == "cuda"
+    loader = make_loader(
+        _Cycled(dataset, length), batch, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, **kw
+    )
+    best, moved, count, times = 0.0, 0, 0, []
+    try:
+        for epoch in range(epochs + 1):
+            loader.sampler.set_epoch(epoch)
+            timer = _DecodeTimer(device)
+            count, moved, t0 = 0, 0, time.perf_counter()
+            batches = loader if collate else DevicePrefetcher(loader, device, pin_memory=False)
+            with torch.inference_mode():
+                for b in batches:
+                    out = b if decode is None else timer(decode, b)
+                    count += out.shape[0]
+                    moved += _nbytes(b)
+            _sync(device)
+            if epoch:  # the first epoch starts the workers and warms the decoders: not timed
+                best = max(best, count / (time.perf_counter() - t0))
+                times += timer.ms()
+    finally:
+        del loader
+    return {
+        "samples_per_s": best,
+        "crossed_per_sample": moved / count,
+        "decode_ms": float(np.median(times)) if times else None,
+        "decode_ms_min": min(times) if times else None,
+        "epoch_samples": count,
+    }
+
+
+def pipeline_rows(device: str, setup: Setup, workers=(4, 8), batches=(32, 256), epochs=2,
+                  min_epoch_samples=MIN_EPOCH_SAMPLES, pipelines=PIPELINES, on_row=None) -> list[dict]:  # fmt: skip
+    """Rows (one per pipeline, count of workers and batch size): pipeline key, name, decode, workers,
+    batch, samples_per_s, stored_per_sample, crossed_per_sample, decode_ms (median per batch, None for
+    the raw copy), decode_ms_min, psnr (None: lossless), stage_decodes_on (where the lossless stage ran:
+    "workers", "device", "cpu", "cpu fallback"), epoch_samples, epochs; a row whose loader failed has None
+    figures and its `error`. `on_row(rows)` is called after each."""
+    dev = torch.device(device)
+    setup.wait()
+    cases = _cases(setup, dev)
+    rows: list[dict] = []
+    for b in batches:
+        for w in workers:
+            for key in pipelines:
+                case = cases[key]
+                try:
+                    got = measure(case, dev, w, b, epochs, epoch_samples(w, b, min_epoch_samples))
+                except (DctDataError, RuntimeError, ImportError, OSError) as exc:  # the other rows still run
+                    log.error("%s, workers=%d, batch=%d: %s", key, w, b, exc)
+                    got = dict.fromkeys(("samples_per_s", "crossed_per_sample", "decode_ms", "decode_ms_min",
+                                         "epoch_samples"))  # fmt: skip
+                    got["error"] = f"{type(exc).__name__}: {exc}"
+                decode = key.rsplit("-", 1)[1] if key.endswith(("-cpu", "-device")) else None
+                rows.append({"pipeline": key, "name": case["name"], "decode": decode, "workers": w, "batch": b,
+                             **got, "stored_per_sample": case["stored"], "psnr": case["psnr"],
+                             "stage_decodes_on": case["where"], "epochs": epochs})  # fmt: skip
+                if on_row is not None:
+                    on_row(rows)
+    return rows
+
+
+# The must-show figures of issue 28 -----------------------------------------------------------------
+def _find(rows, key: str, workers: int, batch: int) -> dict | None:
+    return next((r for r in rows if (r["pipeline"], r["workers"], r["batch"]) == (key, workers, batch)), None)
+
+
+def must_show(rows: list[dict], decode: list[dict]) -> dict:
+    """Issue 28's must-show figures from one run's rows: each with its value, threshold, whether it is met
+    and what it compares (8 workers and batch 32 where the run has them, else the most workers and the
+    smallest batch)."""
+    out: dict = {}
+    if rows:
+        w = 8 if any(r["workers"] == 8 for r in rows) else max(r["workers"] for r in rows)
+        b = 32 if any(r["batch"] == 32 for r in rows) else min(r["batch"] for r in rows)
+        big = max(r["batch"] for r in rows)
+        dev, cpu, zcpu = (_find(rows, k, w, b) for k in ("default-device", "default-cpu", "zstd-cpu"))
+
+        def entry(value, op, limit, what):
+            met = None if value is None else (value >= limit if op == ">=" else value < limit if op == "<" else
+                                              value <= limit)  # fmt: skip
+            return {"value": value, "threshold": f"{op} {limit}", "met": met, "workers": w, "batch": b, "what": what}
+
+        if dev and cpu:
+            out["device_vs_cpu_8w"] = entry(
+                _ratio(dev["samples_per_s"], cpu["samples_per_s"]), ">=", 1.5,
+                'default pack samples/s, decode="device" over decode="cpu"')  # fmt: skip
+            out["device_vs_cpu_8w"]["by_batch"] = {
+                str(r["batch"]): _ratio(r["samples_per_s"], c["samples_per_s"])
+                for r in rows if r["pipeline"] == "default-device" and r["workers"] == w
+                for c in [_find(rows, "default-cpu", w, r["batch"])] if c
+            }  # fmt: skip
+        if dev and zcpu:
+            out["device_vs_zstd_cpu"] = entry(
+                _ratio(dev["samples_per_s"], zcpu["samples_per_s"]),
+                ">=",
+                1.0,
+                'default pack with decode="device" over the --lossless zstd pack with decode="cpu", samples/s',
+            )
+        if dev:
+            out["stage_decodes_on"] = dev.get("stage_decodes_on")  # "device" once the stage has a decoder there
+            out["crossing_over_stored"] = entry(
+                _ratio(dev["crossed_per_sample"], dev["stored_per_sample"]),
+                "<=",
+                1.02,
+                'default pack with decode="device": bytes crossing per sample over stored bytes per sample',
+            )
+            out["batch32_decode_ms"] = entry(
+                dev["decode_ms"],
+                "<",
+                1.0,
+                f'default pack with decode="device": median time of the decompressor call per batch of {b}, ms',
+            )
+            top = _find(rows, "default-device", w, big)
+            if top:
+                out["batch256"] = {
+                    "what": f'default pack with decode="device", workers={w}, batch={big} (no threshold)',
+                    "samples_per_s": top["samples_per_s"],
+                    "decode_ms": top["decode_ms"],
+                    "decode_samples_per_s": None if not top["decode_ms"] else big / (top["decode_ms"] / 1e3),
+                    "workers": w,
+                    "batch": big,
+                }
+    ratios = {}
+    for r in decode:
+        if r["codec"] == "v2":
+            v1 = next((v for v in decode if v["codec"] == "v1" and (v["size"], v["cf"], v["dtype"]) ==
+                       (r["size"], r["cf"], r["dtype"])), None)  # fmt: skip
+            if v1:
+                ratios[f"{r['size']}/{r['cf']}/{r['dtype']}"] = r["GBps"] / v1["GBps"]
+    if ratios:
+        low = min(ratios.values())
+        out["v2_over_v1_min"] = {"value": low, "threshold": ">= 0.9", "met": low >= 0.9, "by_size_cf_dtype": ratios,
+                                 "what": "Decompress v2 GB/s over v1 GB/s, the lowest of the decode table"}  # fmt: skip
+    return out
+
+
+def _ratio(a, b) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def write_json(path: str, result: dict) -> None:
+    """`result` as JSON at `path`, replaced whole (a run cut short leaves the rows it finished)."""
+    import json
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1, allow_nan=False, default=_plain)
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    raise TypeError(f"not JSON: {type(value).__name__}")
 
 
 def format_decode_rows(rows) -> str:
@@ -256,17 +607,47 @@ def format_decode_rows(rows) -> str:
 
 
 def format_pipeline_rows(rows) -> str:
-    base = rows[0]["sps"]
+    """The pipeline rows as markdown; "vs default CPU": samples/s over the default pack's decode="cpu" row
+    at the same workers and batch; "stage decoded on": where the lossless stage ran (the loader's workers,
+    the device, or the CPU of the main process as a fallback)."""
     lines = [
-        "| pipeline | samples/s | vs dctdata | stored bytes/sample | bytes/sample to device | transfer ratio "
-        "(float32 / to device) | median PSNR dB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| pipeline | workers | batch | samples/s | vs default CPU | stored B/sample | B/sample to device | "
+        "decode ms/batch | stage decoded on | median PSNR dB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
-        q = "lossless" if r["psnr"] == float("inf") else f"{r['psnr']:.1f}"
-        ratio = rows[1]["moved"] / r["moved"]
+        base = _find(rows, "default-cpu", r["workers"], r["batch"])
+        vs = _ratio(r["samples_per_s"], base["samples_per_s"] if base else None)
+        q = "lossless" if r["psnr"] is None else f"{r['psnr']:.1f}"
+        sps = f"failed: {r['error'][:100]}" if r.get("error") else f"{r['samples_per_s']:,.0f}"
         lines.append(
-            f"| {r['pipeline']} | {r['sps']:.0f} | {r['sps'] / base:.2f}x | {r['bytes']:.0f} | {r['moved']:.0f} | "
-            f"{ratio:.1f}x | {q} |"
+            f"| {r['name']} | {r['workers']} | {r['batch']} | {sps} | {'—' if vs is None else f'{vs:.2f}x'} | "
+            f"{r['stored_per_sample']:,.0f} | {_int(r['crossed_per_sample'])} | {_num(r['decode_ms'])} | "
+            f"{r.get('stage_decodes_on') or '—'} | {q} |"
         )
     return "\n".join(lines)
+
+
+def _int(v) -> str:
+    return "—" if v is None else f"{v:,.0f}"
+
+
+def format_must_show(checks: dict) -> str:
+    """The must-show figures as markdown."""
+    lines = ["| check | value | threshold | met | what |", "|---|---:|---|---|---|"]
+    for key, c in checks.items():
+        if not isinstance(c, dict):
+            lines.append(f'| {key} | {c} | — | — | where the default pack\'s stage decoded with decode="device" |')
+            continue
+        if "value" not in c:
+            value = f"{_int(c['samples_per_s'])} samples/s, {_num(c['decode_ms'])} ms/batch decode"
+            lines.append(f"| {key} | {value} | — | — | {c['what']} |")
+            continue
+        met = "—" if c["met"] is None else ("yes" if c["met"] else "**no**")
+        where = f" (workers={c['workers']}, batch={c['batch']})" if "workers" in c else ""
+        lines.append(f"| {key} | {_num(c['value'])} | {c['threshold']} | {met} | {c['what']}{where} |")
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "—" if v is None else f"{v:.3f}"

@@ -6,7 +6,9 @@
 #   3. the same under compute-sanitizer memcheck (--quick), where a compute-sanitizer is found;
 #   4. the fused Decompress and nvCOMP zstd (gpu-layer);
 #   5. bytes crossing and loader rate, decode="cpu" beside decode="device" (device-decode);
-#   6. the gpu table (python -m benchmarks gpu), when STEPS names it.
+#   6. the gpu tables (python -m benchmarks gpu: Decompress GB/s, and the loader rows for 4 and 8 workers, batches
+#      of 32 and 256, decode="cpu" beside decode="device", raw float32, nvJPEG; about 2.5-3 minutes), then its
+#      docs section (python -m benchmarks gpu-doc-table -> bench_gpu.md).
 # OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps.
 # Each step has its own timeout; the whole run is about 6-8 minutes on an H200.
 set -u -o pipefail
@@ -44,6 +46,9 @@ if step 2; then
     note "2. gpu-ctxrans"
     timeout 180 python3 -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tail -30 | tee "$OUT/gpu_ctxrans.txt" \
         || status=1
+    # batch-32 time of shorter segments, by coefficients alone (the pack's bound keeps a 28 KB sample at 8)
+    timeout 150 python3 -m benchmarks gpu-ctxrans --segment 4096 2048 --segment-bytes 0 --batches 32 --samples 32 \
+        --repeat 30 --out "$OUT/gpu_ctxrans_sweep.json" 2>&1 | tail -12 | tee "$OUT/gpu_ctxrans_sweep.txt" || status=1
 fi
 if step 3; then
     note "3. compute-sanitizer memcheck of gpu-ctxrans --quick"
@@ -71,8 +76,10 @@ if step 5; then
 fi
 if step 6; then
     note "6. gpu table"
-    timeout 240 python3 -m benchmarks gpu --json "$OUT/bench_gpu.json" 2>&1 | tail -40 | tee "$OUT/bench_gpu.txt" \
-        || status=1
+    # the JSON is rewritten after every row: a run cut short by the timeout keeps the rows it finished
+    timeout ${GPU_T:-300} python3 -m benchmarks gpu --sizes 256 1024 --cf 2 4 8 --repeat 10 --json "$OUT/bench_gpu.json" 2>&1 \
+        | tail -100 | tee "$OUT/bench_gpu.txt" || status=1
+    python3 -m benchmarks gpu-doc-table "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" || status=1
 fi
 note "done: exit $status"
 exit $status

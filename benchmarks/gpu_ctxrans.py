@@ -2,18 +2,20 @@ r"""GPU decode of the entropy stage (dctdata.entropy.device): batches of 256x256
 
 Packs the synthetic set `python -m benchmarks gpu` uses (`benchmarks.loader.synthetic`: noisy micrographs, float32
 0..255) with the default settings at `--target-psnr 40` (int8 coefficients, the context-modelled entropy coder,
-config version 3: each 256x256 sample is 4 segments), takes each sample's stream (the encoder is deterministic:
-the bytes the pack stores), and on the GPU:
+config version 3: each 256x256 sample is segments of `segment` coefficients, 8 of 8192 by default), takes each
+sample's stream (the encoder is deterministic: the bytes the pack stores), and on the GPU:
 - decodes every sample once and checks it bit for bit against the CPU decoder;
 - times batches (default 32 and 256 samples; the streams repeat when the batch is larger than the set) with
-  CUDA events after a warm-up, in two stream layouts: the pack's (mode 3, segments) and the same model's
-  version 2 streams (mode 2: one half-warp a sample), to show what the segments buy;
+  CUDA events after a warm-up, in several stream layouts of the same model: mode 3 with each `--segment` length
+  (default: what packs write now, SEGMENT, and what the first version 3 packs wrote, SEGMENT_V3 = 16384) and
+  the version 2 streams (mode 2: one half-warp a sample), to show what the segments buy;
 - decodes hostile streams (truncations, flipped bytes, declared shapes too large): each must fail exactly when
   the CPU decoder fails, never crash or read out of bounds.
 It prints a Markdown table and writes JSON to `--out`. On the CPU (`--device cpu`) it runs the lane emulator
 instead (the same results; the timings are not the GPU's): the tests run it that way.
 
     python -m benchmarks gpu-ctxrans --out gpu_ctxrans.json                       # ~1 min on an H200
+    python -m benchmarks gpu-ctxrans --segment 16384 8192 4096 2048 --out sweep.json  # batch time per length
     python -m benchmarks gpu-ctxrans --quick --device cpu --out /tmp/q.json       # no GPU: the script's checks
 
 Under compute-sanitizer (a few samples, each hostile stream decoded alone in a buffer of exactly its bytes, the
@@ -41,8 +43,9 @@ import numpy as np
 import torch
 
 import dctdata
+from benchmarks.segment_cost import segments_of
 from dctdata.entropy import device as gpu
-from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError
+from dctdata.entropy.ctxrans import SEGMENT, SEGMENT_V3, CtxCodec, CtxCodecError
 from dctdata.lossless import get_codec, is_entropy
 
 
@@ -151,10 +154,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         codec, q = pack_streams(n, a.size, a.target_psnr, tmp)
         result["pack_s"] = time.perf_counter() - t0
     shape, dtype = q.shape[1:], q.dtype
-    layouts = {
-        "mode 3 (segments)": codec,
-        "mode 2 (one unit a sample)": CtxCodec.from_config({**codec.get_config(), "version": 2}),
-    }
+    bound = codec.segment_bytes if a.segment_bytes is None else a.segment_bytes
+    layouts = {f"mode 3, segment {s}": codec.with_streams(version=3, segment=s, segment_bytes=bound) for s in a.segment}
+    layouts["mode 2 (one unit a sample)"] = codec.with_streams(version=2)
+    result["pack_segment"], result["segment_bytes"] = codec.segment, bound
     result["sample_shape"], result["dtype"] = list(shape), str(dtype)
     result["bit_exact"] = True
     for name, c in layouts.items():
@@ -179,6 +182,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             row = {
                 "layout": name,
                 "mode": int(mode),
+                "segment": c.segment if c.version >= 3 else None,
+                "units_per_sample": gpu.units_per_sample(c, shape),
+                "segments_per_sample": sum(map(segments_of, batch_bufs)) / size,
                 "batch": size,
                 "bytes_per_sample": sum(len(b) for b in batch_bufs) / size,
                 "ms_median": statistics.median(ms),
@@ -211,13 +217,15 @@ def table(result: dict[str, Any]) -> str:
         f"bit-exact: {result['bit_exact']}; hostile streams agree with the CPU: {result['hostile_ok']} "
         f"({result['hostile']['agree_with_cpu']}/{result['hostile']['streams']})",
         "",
-        "| layout | batch | B/sample | ms/batch (median) | ms (min) | samples/s | output GB/s | CPU 1 thread ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| layout | segments a sample | units a sample | batch | B/sample | ms/batch (median) | ms (min) | samples/s "
+        "| output GB/s | CPU 1 thread ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['layout']} | {r['batch']} | {r['bytes_per_sample']:.0f} | {r['ms_median']:.3f} | "
-            f"{r['ms_min']:.3f} | {r['samples_per_s']:.0f} | {r['output_GBps']:.1f} | {r['cpu_1thread_ms']:.2f} |"
+            f"| {r['layout']} | {r['segments_per_sample']:g} | {r['units_per_sample']} | {r['batch']} | "
+            f"{r['bytes_per_sample']:.0f} | {r['ms_median']:.3f} | {r['ms_min']:.3f} | {r['samples_per_s']:.0f} | "
+            f"{r['output_GBps']:.1f} | {r['cpu_1thread_ms']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -233,6 +241,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--target-psnr", type=float, default=40.0)
     p.add_argument("--batches", type=int, nargs="+", default=[32, 256])
     p.add_argument("--repeat", type=int, default=50, help="timed decodes per batch size (default 50)")
+    p.add_argument(
+        "--segment",
+        type=int,
+        nargs="+",
+        default=sorted({SEGMENT, SEGMENT_V3}),
+        help=f"coefficients per segment of the mode 3 rows, one row per length and batch (default: {SEGMENT}, what "
+        f"packs write now, and {SEGMENT_V3}, what the first version 3 packs wrote)",
+    )
+    p.add_argument(
+        "--segment-bytes",
+        type=int,
+        help="stream bytes per segment beyond the first version 3 count, for the mode 3 rows (default: the pack's; "
+        "0: segments by coefficients alone)",
+    )
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="4 samples, each hostile stream alone: for compute-sanitizer")
     p.add_argument("--out", help="write the results as JSON here")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from dctdata.errors import DctDataError
+
 
 def register(sub) -> None:
     """Add the five tables to `sub` (the subcommands of `python -m benchmarks`)."""
@@ -74,18 +76,40 @@ def register(sub) -> None:
 def _register_gpu(kinds) -> None:
     what = (
         "Decompress GB/s on a CUDA device (CF x size x float32/bfloat16), and loader -> DevicePrefetcher -> model "
-        "input "
-        "samples/s against raw float32 host-to-device copies and torchvision decode_jpeg on the device at equal PSNR. "
-        "Without CUDA it prints one line and exits 0."
+        'input samples/s for every --workers and --batch: the default and --lossless zstd packs with decode="cpu" '
+        'and decode="device" (ds.decompressor() decoding the stored bytes on the device), raw float32 host-to-device '
+        "copies and torchvision decode_jpeg on the device at equal PSNR; bytes crossing per sample and the decode "
+        "time per batch. Without CUDA it prints one line and exits 0."
     )
     g = _kind(kinds, "gpu", "Decompress and the loader path on a CUDA device (skips without one)", what)
-    g.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048], help="square image sides")
+    g.add_argument(
+        "--sizes",
+        type=int,
+        nargs="*",
+        default=[256, 512, 1024, 2048],
+        help="square image sides (none: no decode table)",
+    )
     g.add_argument("--cf", type=int, nargs="+", default=[2, 4, 6, 8], help="chop factors")
-    g.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    g.add_argument("--repeat", type=int, default=20, help="timed calls per row (best is kept)")
+    g.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"], help="output dtypes"
+    )
+    g.add_argument("--repeat", type=int, default=20, help="timed calls per decode row (best is kept)")
     g.add_argument("--device", default="cuda", help="torch device (cpu runs the same tables, for a check)")
-    _pipeline_options(g)
-    g.set_defaults(func=_gpu, samples=2048, workers=4)
+    g.add_argument("--samples", type=int, default=1024, help="distinct samples generated and packed")
+    g.add_argument("--size", type=int, default=256, help="image side of the loader rows")
+    g.add_argument("--target-psnr", type=float, default=40.0, help="pack target PSNR in dB")
+    g.add_argument("--batch", type=int, nargs="+", default=[32, 256], help="DataLoader batch sizes")
+    g.add_argument("--workers", type=int, nargs="+", default=[4, 8], help="DataLoader worker counts")
+    g.add_argument("--epochs", type=int, default=2, help="timed epochs after one untimed (best is kept)")
+    g.add_argument(
+        "--epoch-samples",
+        type=int,
+        default=4096,  # benchmarks.gpu.MIN_EPOCH_SAMPLES (not imported here: it loads torch)
+        help="samples an epoch reads at least (and at least 4 batches a worker), cycling through --samples",
+    )
+    g.add_argument("--jobs", type=int, default=4, help="processes that generate and pack the data (1: in this one)")
+    g.add_argument("--json", metavar="PATH", help="write every row, the device, date, command and must-show ratios")
+    g.set_defaults(func=_gpu)
 
 
 def _kind(kinds, name: str, help: str, description: str) -> argparse.ArgumentParser:
@@ -155,29 +179,104 @@ def _loader(args) -> int:
 
 
 def _gpu(args) -> int:
+    import datetime
+    import os
+    import shlex
+    import tempfile
+    import time
+
     import torch
 
+    import dctdata
     from benchmarks import gpu
 
     reason = gpu.skip_reason(args.device)
     if reason:
         print(f"bench gpu: skipped: {reason}")
         return 0
+    for name in ("samples", "size", "epochs", "epoch_samples", "jobs", *(["repeat"] if args.sizes else [])):
+        if getattr(args, name) < 1:
+            raise DctDataError(f"--{name.replace('_', '-')}: expected a positive int. Got {getattr(args, name)}")
+    if min(args.workers) < 0 or min(args.batch) < 1 or max(args.batch) > args.samples:
+        raise DctDataError(
+            f"--batch/--workers: expected batches of 1..{args.samples} samples (--samples) and workers >= 0. Got "
+            f"batches {args.batch}, workers {args.workers}"
+        )
+    t0 = time.perf_counter()
     dev = torch.device(args.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-    print(f"{name}; torch {torch.__version__}; Decompress, int8 coefficients in, batches of about 64 MB of output")
-    print(gpu.format_decode_rows(gpu.decode_rows(args.device, args.sizes, args.cf, args.dtypes, args.repeat)))
+    argv = getattr(args, "argv", None)
+    result = {
+        "device": name,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": argv,
+        "command": None if argv is None else f"python -m benchmarks {shlex.join(argv)}",
+        "torch": torch.__version__,
+        "dctdata": dctdata.__version__,
+        "commit": _commit(),
+        "cpus": os.cpu_count(),
+        "timer": gpu.timer_name(dev),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("func", "argv", "name")},
+        "complete": False,
+        "seconds": {},
+        "decode_rows": [],
+        "pipeline_rows": [],
+        "must_show": {},
+    }
+
+    def save(rows=None) -> None:
+        if rows is not None:
+            result["pipeline_rows"] = rows
+            r = rows[-1]
+            got = f"failed: {r['error']}" if r.get("error") else f"{r['samples_per_s']:.0f} samples/s"
+            print(f"  {time.perf_counter() - t0:5.0f} s  workers={r['workers']} batch={r['batch']} {r['pipeline']}: "
+                  f"{got}", flush=True)  # fmt: skip
+        result["must_show"] = gpu.must_show(result["pipeline_rows"], result["decode_rows"])
+        result["seconds"]["total"] = time.perf_counter() - t0
+        if args.json:
+            gpu.write_json(args.json, result)
+
+    with tempfile.TemporaryDirectory(prefix="dctdata-bench-gpu-") as tmp:
+        setup = gpu.Setup(tmp, args.samples, args.size, args.target_psnr, jobs=args.jobs).start()  # while decoding
+        print(f"{name}; torch {torch.__version__}; Decompress, int8 coefficients in, batches of about 64 MB of output")
+        t = time.perf_counter()
+        result["decode_rows"] = gpu.decode_rows(args.device, args.sizes, args.cf, args.dtypes, args.repeat)
+        result["seconds"]["decode_table"] = time.perf_counter() - t
+        print(gpu.format_decode_rows(result["decode_rows"]), flush=True)
+        print()
+        setup.wait()
+        result["seconds"]["setup"] = setup.seconds
+        save()
+        print(
+            f"{args.samples} samples of 1x{args.size}x{args.size} (8-bit range) packed at {args.target_psnr:g} dB; "
+            f"make_loader(batch_size, num_workers, pin_memory) -> DevicePrefetcher -> float32 model input on {dev}; "
+            f"each epoch reads max({args.epoch_samples}, 4 x workers x batch) of them; best of {args.epochs} epochs "
+            f"after one untimed; decode ms: median per batch of the decode call ({gpu.timer_name(dev)})",
+            flush=True,
+        )
+        t = time.perf_counter()
+        rows = gpu.pipeline_rows(args.device, setup, args.workers, args.batch, args.epochs, args.epoch_samples,
+                                 on_row=save)  # fmt: skip
+        result["seconds"]["pipeline"] = time.perf_counter() - t
     print()
-    print(
-        f"{args.samples} samples of 1x{args.size}x{args.size} (8-bit range); make_loader(batch_size={args.batch}, "
-        f"num_workers={args.workers}, pin_memory) -> DevicePrefetcher -> float32 model input on {dev}; best of "
-        f"{args.epochs} epochs"
-    )
-    rows = gpu.pipeline_rows(
-        args.device, args.samples, args.size, args.batch, args.workers, args.epochs, args.target_psnr
-    )
     print(gpu.format_pipeline_rows(rows))
+    print()
+    result["complete"] = True
+    save()
+    print(gpu.format_must_show(result["must_show"]))
+    print(f"{time.perf_counter() - t0:.0f} s" + (f"; rows: {args.json}" if args.json else ""))
     return 0
+
+
+def _commit() -> str | None:
+    """The checkout's commit (short), where this runs from a git checkout."""
+    import subprocess
+
+    try:
+        got = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return got.stdout.strip() or None if got.returncode == 0 else None
 
 
 def _stream(args) -> int:

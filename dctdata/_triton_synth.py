@@ -21,8 +21,11 @@ was imported before TRITON_INTERPRET=1 was set, and the interpreter cannot call 
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError as exc:  # fused_cuda then keeps the portable graph
+    raise ImportError(f"the fused CUDA kernel needs Triton (pip install 'dctdata[gpu]'): {exc}") from exc
 
 
 @triton.jit

@@ -340,6 +340,8 @@ def calibrate_report(
     normalize: bool = False,
     rotation: bool | None = None,
     progress: Callable[[int, float], None] | None = None,
+    max_error: float | None = None,
+    max_rel_error: float | None = None,
 ) -> Calibration:
     """Choose a CodecSpec for one `dct` field from a calibration subset (N, C, H, W) and say what it
     achieves there (see the module docstring). `calibrate` returns only the spec.
@@ -350,6 +352,9 @@ def calibrate_report(
     False count nowhere (masked data). normalize: also store per-channel mean/std so `Decompress`
     outputs standardised values. rotation: for C > 1, True/False forces the channel rotation on/off (None:
     the smaller pack decides). progress(evaluation, dB) is called after each exact evaluation.
+    max_error / max_rel_error: a pointwise bound on every decoded value (absolute, or relative to each
+    item's range; `dctdata.bounds`), with or without a target (both hold); without one, the step and
+    the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
     """
     t0 = time.perf_counter()
     x, valid, errors = _check_samples(samples, valid)
@@ -360,7 +365,7 @@ def calibrate_report(
         target_psnr = float(target_psnr)
         if min_psnr is None:
             min_psnr = target_psnr - FLOOR_BELOW_DB
-    elif cf is None:
+    elif cf is None and max_error is None and max_rel_error is None:
         raise DctDataError(
             "calibrate: expected cf or target_psnr. Got neither (nothing to choose the chop factor from)"
         )
@@ -373,16 +378,121 @@ def calibrate_report(
     side = item_side(x, valid)
     stats = _stats(x, valid)
     result = None
-    if target_psnr is None:
+    bounds = _parse_bounds(max_error, max_rel_error, dtype)
+    if target_psnr is None and bounds:
+        spec, candidates = _bounded(x, valid, cfs or 8, masks or "square", dtype, bounds, codec)
+        evaluations = len(candidates)
+    elif target_psnr is None:
         spec = _untargeted(x, side, cfs, masks or "square", dtype or "float32", min_psnr)
         evaluations, candidates = 0, ()
     else:
         spec, evaluations, candidates, result = _search(
             x, side, target_psnr, min_psnr, cfs, masks, dtype, codec, rotation, progress, errors
         )
+        if bounds:
+            spec, result = _both(x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors)
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
     return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
+
+
+def _parse_bounds(max_error, max_rel_error, dtype: str | None) -> dict[str, float]:
+    """The bound keywords of a CodecSpec (empty: no bound)."""
+    bounds = {}
+    for name, value in (("max_error", max_error), ("max_rel_error", max_rel_error)):
+        if value is not None:
+            bounds[name] = parse_number(value, name, above=0, expected="a positive number")
+    if bounds and dtype is not None and dtype not in INTEGER_DTYPES:
+        raise DctDataError(
+            f"max_error/max_rel_error: expected quant int8, int16 or unset (the bound is kept by re-coding items "
+            f"with finer integer steps). Got quant {dtype!r}"
+        )
+    return bounds
+
+
+# Steps tried at a bound, in units of the normalized bound: pixel errors of a uniform quantizer of step s
+# over 64 orthonormal coefficients spread like N(0, s^2/12), so the largest of a few thousand pixels is
+# about 1.2 s; the search takes the one that stores least once items that miss are re-coded.
+BOUND_STEPS = (0.7, 0.85, 1.0, 1.2, 1.45)
+FINER_STEPS = (0.5, 0.35, 0.25, 0.0)  # when every one of them misses: finer, down to the floors alone
+
+
+def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple[Candidate, ...]]:
+    """No target, a pointwise bound: plain rounding (the largest error of a coefficient is half a step), one
+    step per channel relative to the finest normalized bound of the subset (`bound_ref`; every item's stored
+    range scales to its own bound), the integer dtype and step that store least after re-coding the items
+    that miss (int8's steps are floored where it would overflow, so it only wins at loose bounds)."""
+    from dctdata.bounds import BoundError, item_bounds
+
+    n, c, h, w = x.shape
+    probe = CodecSpec(cf=cf, mask=mask, channels=c, height=h, width=w, dtype="int16", steps=[1.0] * c,
+                      side="range_mid", **bounds)  # fmt: skip
+    bound, _, rng = item_bounds(x, probe, valid)
+    rel = bound / rng.clamp(min=1e-300)
+    ok = (rng > 0) & torch.isfinite(rel)
+    ref = float(rel[ok].min()) if bool(ok.any()) else 1.0
+    size_of = _sizer(codec)
+    # the largest |coefficient| of each (channel, frequency) on the subset, twice over for unseen samples,
+    # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)
+    xn = normalize(x, item_side(x, valid))
+    seen = compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 4)).double()
+    reach = torch.minimum(2 * seen, worst_case_amax(cf, mask, None, c))
+    candidates, best = [], None
+    for dt in [dtype] if dtype is not None else ["int8", "int16"]:
+        floors = reach / (INT_LIMITS[dt] - 0.5)
+        for m in BOUND_STEPS:
+            steps = torch.maximum(torch.full_like(floors, m * ref), floors)
+            spec = probe.replace(dtype=dt, steps=steps.tolist(), bound_ref=ref)
+            try:
+                (q, sd), _ = encode(x, spec, valid=valid)
+            except BoundError:
+                if best is None or best[0].dtype != dt:
+                    break  # floors or overflow keep some item from its bound at this dtype, at any coarser step
+                continue
+            rows = q.permute(0, 2, 1, 3, 4).reshape(-1, c, spec.kept, spec.grid[1])
+            size = size_of(rows, dt, cf, mask)
+            candidates.append(Candidate(cf, mask, dt, False, math.nan, size))
+            if best is None or size < best[1]:
+                best = (spec, size)
+            elif best[0].dtype == dt:
+                break  # sizes fall to one step and rise after it
+    if best is None:  # finer steps than the search's (their re-codes overflowed), down to the floors alone
+        dt = dtype or "int16"
+        floors = reach / (INT_LIMITS[dt] - 0.5)
+        for m in FINER_STEPS:
+            spec = probe.replace(
+                dtype=dt, bound_ref=ref, steps=torch.maximum(floors, m * ref * torch.ones_like(floors)).tolist()
+            )
+            try:
+                encode(x, spec, valid=valid)
+            except BoundError:
+                if m == FINER_STEPS[-1]:
+                    raise  # names the item that cannot hold its bound
+                continue
+            return spec, tuple(candidates)
+    return best[0], tuple(candidates)
+
+
+def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors):
+    """A target and a bound (both hold): the bound's own spec when it already reaches the target on the
+    subset (a tight bound usually does), with the target's per-sample floor; else the landed spec with the
+    items that miss the bound re-coded (int16 landed again when int8 cannot hold the bound)."""
+    from dctdata.bounds import BoundError
+
+    spec, _ = _bounded(x, valid, landed.cf, landed.mask, dtype, bounds, codec)
+    (q, sd), _ = encode(x, spec, valid=valid)
+    with torch.inference_mode():
+        x_hat = Decompress(spec, normalize=False)((q, sd))
+    if db(float(errors.channel_nmse(errors.nmse(x_hat)).max())) >= target:
+        return spec.replace(min_psnr=min_psnr), None
+    spec = landed.replace(**bounds)
+    try:
+        encode(x, spec, valid=valid)
+    except BoundError:
+        if dtype is not None or spec.dtype != "int8":
+            raise
+        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors)[0].replace(**bounds)
+    return spec, None
 
 
 def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]]:

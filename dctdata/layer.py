@@ -49,6 +49,9 @@ from dctdata.transform import BLOCK, augment_bias, fold_basis, fold_shift, synth
 from dctdata.wire import StoredBatch, split_wire
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Coefficient dtypes the layer takes: the wire dtypes a spec names, and float64 (exact values, float64
+# math). Others are refused: uint8 holds int8 wire values wrapped (-1 reads as 255) and decodes wrong.
+_IN_DTYPES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class Decompress(nn.Module):
@@ -121,8 +124,11 @@ class Decompress(nn.Module):
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
             raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
         q, side = split_wire(coeffs, spec)
-        if q.is_complex() or q.dtype == torch.bool:
-            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
+        if q.dtype not in _IN_DTYPES:
+            raise TypeError(
+                f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
+                f"this spec's is {spec.dtype}). Got {q.dtype}"
+            )
         expected = spec.coeff_shape
         if q.dim() not in (4, 5) or tuple(q.shape[-4:]) != expected:
             raise DctDataError(

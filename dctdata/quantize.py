@@ -28,6 +28,7 @@ from dctdata.wire import split_wire
 _FP16_MAX = float(torch.finfo(torch.float16).max)
 # Largest |x| whose 8x8 orthonormal DCT stays finite in float32 (a coefficient is at most 8 max|x|).
 F32_SAFE_MAX = float(torch.finfo(torch.float32).max) / 8
+BOUND_ROUNDS = 16  # re-codes of an item before its pointwise bound is declared unreachable (`keep_bound`)
 
 
 def _table(values, spec: CodecSpec, device) -> torch.Tensor:
@@ -149,19 +150,37 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
     per-sample side information (computed from x over its `valid` pixels unless given). With
     spec.min_psnr, any item (channel of a sample) that would decode below it is coded again with a
     finer effective step (its stored range shrinks by g < 1, the decoder is unchanged), so every sample,
-    seen at calibration or not, keeps the floor.
+    seen at calibration or not, keeps the floor. With spec.max_error/max_rel_error, every item whose
+    float32 decode misses the bound is coded again the same way (`dctdata.bounds`), or `BoundError` is
+    raised.
     """
     if isinstance(x, torch.Tensor) and tuple(x.shape[-3:]) != spec.sample_shape:
         raise DctDataError(
             f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). Got "
             f"{tuple(x.shape)}"
         )
+    if spec.bounded and x.dim() == 3:  # one sample: bound it as a batch of one
+        wire, over = encode(x[None], spec, None if side is None else side[None], None if valid is None else valid[None])
+        return (wire[0][0], wire[1][0]), over
     coeffs, side = coded_coefficients(x, spec, side, valid)
+    if spec.bounded:
+        from dctdata.bounds import initial_scale, item_bounds
+
+        bound, margin, rng = item_bounds(x, spec, valid)
+        g = initial_scale(bound, rng, spec)
+        if g is not None:  # every item starts at the step its own bound needs
+            coeffs, side = rescaled(coeffs, g, spec), side.clone()
+            side[..., 0] = (side[..., 0].double() * g).to(side.dtype)
     q, over = quantize_per_sample(coeffs, spec)
+    coded_side = side
     if spec.min_psnr is not None and spec.side is not None and x.dim() == 4:
         from dctdata.metrics import ItemErrors
 
         q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid))
+    if spec.bounded:
+        if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
+            coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
+        q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
@@ -213,6 +232,67 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
             x_hat[rows] = layer((qb, side[rows]))
         nm[rows] = errors.nmse(x_hat[rows], rows)
     return q, side, over, x_hat, nm
+
+
+def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None, margin=None):
+    """Re-code the items whose float32 decode misses spec's bound with a smaller stored range until every
+    item holds: (q, side, over, largest error per item). `coeffs` are the coded coefficients `q` was
+    quantized from with `side`; `x` the samples (B, C, H, W). Raises `BoundError` for an item that cannot
+    hold (re-coding it would overflow the integer dtype, or the bound is below float32's precision)."""
+    from dctdata.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
+    from dctdata.layer import Decompress  # the readers' decoder; layer does not import this module
+
+    if bound is None or margin is None:
+        bound, margin, _ = item_bounds(x, spec, valid)
+    layer = Decompress(spec, normalize=False)
+    with torch.no_grad():
+        err = item_max_error(x, layer((q, side)), valid)
+    g = torch.ones(side.shape[:-1], dtype=torch.float64)
+    base = side[..., 0].to(torch.float64).clone()  # the ranges `coeffs` were coded with (g = 1)
+    stuck = torch.zeros_like(err, dtype=torch.bool)
+    for _ in range(BOUND_ROUNDS):
+        bad = missing(err, bound, margin) & ~stuck
+        if not bool(bad.any()):
+            break
+        rows = bad.any(1).nonzero().flatten()
+        room = (bound[rows] - margin[rows]).clamp(min=0)
+        # pixel errors scale with the step: aim 10% under the room, and move at least 10% per round
+        want = (0.9 * room / err[rows].clamp(min=1e-300)).clamp(min=0.05, max=0.9)
+        trial = g[rows] * torch.where(bad[rows], want, torch.ones_like(want))
+        qb, ob = quantize_per_sample(rescaled(coeffs[rows], trial, spec), spec, checked=True)
+        grew = ob > over[rows]  # finer steps would clamp coefficients: these items cannot be helped
+        stuck[rows[grew]] |= bad[rows[grew]]
+        rows, trial, qb, ob = rows[~grew], trial[~grew], qb[~grew], ob[~grew]
+        if not len(rows):
+            continue
+        sb = side[rows].clone()
+        sb[..., 0] = (base[rows] * trial).to(side.dtype)
+        with torch.no_grad():
+            eb = item_max_error(x[rows], layer((qb, sb)), None if valid is None else _valid_rows(valid, rows, x))
+        g[rows], side[rows], q[rows], over[rows], err[rows] = trial, sb, qb, ob, eb
+    bad = missing(err, bound, margin)
+    if bool(bad.any()):
+        j, c = (int(v) for v in bad.nonzero()[0])
+        why = (
+            "the bound is below float32's precision for these values: loosen it or subtract an offset"
+            if float(margin[j, c]) >= float(bound[j, c])
+            else f"finer steps overflow {spec.dtype}: use --quant int16"
+            if bool(stuck[j, c]) and spec.dtype == "int8"
+            else "finer steps overflow the integer dtype: loosen the bound"
+            if bool(stuck[j, c])
+            else "the bound is near float32's precision for these values: loosen it or subtract an offset"
+        )
+        raise BoundError(
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
+            f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} ({why})",
+            j,
+            c,
+        )
+    return q, side, over, err
+
+
+def _valid_rows(valid: torch.Tensor, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.broadcast_to(valid, x.shape)[rows]
 
 
 def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:

@@ -118,6 +118,15 @@ class CodecSpec:
     rotation applied before the DCT (the decoder applies its transpose). side: "range_mid" when every
     sample carries its own (range, mid) per channel, stored beside the coefficients: the encoder codes
     (x - mid) / range, the first layer applies x = range * y + mid.
+
+    Pointwise error bounds (encoder only; every decoder is unchanged, so the spec version does not move;
+    manifest version 5 records them): max_error, an absolute bound in the field's units, and/or
+    max_rel_error, a bound relative to each item's (sample channel's) value range. The encoder checks every
+    item's float32 decode (the readers' arithmetic) against the bound less a float32 margin
+    (`dctdata.bounds`) and codes an item that exceeds it again with a finer effective step (a smaller
+    stored range). bound_ref: the normalized bound the steps were chosen for; the encoder stores each item's
+    range scaled by its own normalized bound over bound_ref, so items of any range get the step their
+    bound needs.
     """
 
     cf: int
@@ -137,6 +146,9 @@ class CodecSpec:
     rotation: tuple | None = None
     side: str | None = None
     min_psnr: float | None = None
+    max_error: float | None = None
+    max_rel_error: float | None = None
+    bound_ref: float | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -190,6 +202,29 @@ class CodecSpec:
                     "min_psnr: expected side information (side='range_mid') to enforce it with. Got none"
                 )
             object.__setattr__(self, "min_psnr", f32(parse_number(self.min_psnr, "min_psnr", above=0, below=200)))
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        for name in ("max_error", "max_rel_error", "bound_ref"):
+            value = getattr(self, name)
+            if value is not None:
+                below = float(torch.finfo(torch.float32).max)
+                value = parse_number(value, name, above=0, below=below)
+                object.__setattr__(self, name, f32(value) if name == "bound_ref" else value)
+        if self.max_error is None and self.max_rel_error is None:
+            if self.bound_ref is not None:
+                raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")
+            return
+        if self.side is None or self.dtype not in INTEGER_DTYPES:
+            raise DctDataError(
+                "max_error/max_rel_error: expected an integer dtype (int8, int16) with side information "
+                f"(side='range_mid') to enforce the bound with. Got dtype {self.dtype!r}, side {self.side!r}"
+            )
+
+    @property
+    def bounded(self) -> bool:
+        """True when the encoder enforces a pointwise error bound."""
+        return self.max_error is not None or self.max_rel_error is not None
 
     # Derived sizes -------------------------------------------------------------------------------
     @property
@@ -249,7 +284,7 @@ class CodecSpec:
                 d["dc_offset"] = [row[0] for row in self.offsets]
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
-        for name in ("mean", "std", "theta", "side", "min_psnr"):
+        for name in ("mean", "std", "theta", "side", "min_psnr", "max_error", "max_rel_error", "bound_ref"):
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):

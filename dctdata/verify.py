@@ -4,7 +4,8 @@ One checker for every storage, through its reader (`dctdata.format.reader`): the
 and sha256, then each stored unit (a webdataset shard, a zarr field) read with every integrity check and
 its dct samples decoded. Problems are collected, one line each naming the file (or chunk) and the
 samples it affects, instead of stopping at the first, so one run tells everything that is wrong with a
-pack.
+pack. A field packed under `--max-error` also has its recorded largest error per channel (measured on every
+sample at pack time) checked against the bound.
 """
 
 from __future__ import annotations
@@ -31,6 +32,23 @@ def _bad_decodes(layer: Decompress | None, batch, where, first: int) -> list[str
     return [f"{where(first + j)}: expected finite decoded values. Got NaN/Inf" for j in nonfinite_samples(layer, batch)]
 
 
+def bound_problems(m) -> list[str]:
+    """One line per channel of a field packed under `--max-error` whose recorded largest error (measured
+    on every sample at pack time) exceeds the bound."""
+    out = []
+    for f in m.fields:
+        stats = m.stats.get(f.name)
+        if not f.is_dct or f.codec.max_error is None or stats is None:
+            continue
+        for c, ch in enumerate(stats.channels or ()):
+            if ch.max_abs_error is not None and ch.max_abs_error > f.codec.max_error:
+                out.append(
+                    f"field {f.name!r} channel {c}: expected a largest error <= {f.codec.max_error:g} (--max-error). "
+                    f"Got {ch.max_abs_error:g} recorded"
+                )
+    return out
+
+
 def verify_dataset(
     path_or_url: str | os.PathLike,
     decode: bool = True,
@@ -47,7 +65,7 @@ def verify_dataset(
         m = read_manifest(s, storage_options)
     reader = storages.open_reader(root, m, storage_options=storage_options)
     summary = {"samples": m.samples, "fields": len(m.names), "decoded": None, "files": len(m.checksums)}
-    problems = reader.check_files()
+    problems = reader.check_files() + bound_problems(m)
     if not (decode or reader.units_hash_files):
         return problems, summary
     layers = {f.name: Decompress(f.codec) for f in m.fields if f.is_dct} if decode else {}

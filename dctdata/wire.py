@@ -216,7 +216,9 @@ def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch:
     flat = data.numpy()
     for b, a, n in zip(streams, offsets[:-1].tolist(), sizes.tolist()):
         flat[a : a + n] = np.frombuffer(b, np.uint8)
-    same = rows == list(range(len(rows)))
+    # stream k is sample k only when every decoded row is one of the batch's samples, in order (a zarr chunk
+    # of 8 holding a batch's first 5 samples decodes to 8 rows: they must be picked)
+    same = len(streams) * form.rows == len(rows) and rows == list(range(len(rows)))
     side = None if samples[0].side is None else torch.stack([s.side for s in samples])
     return StoredBatch(
         data,

@@ -8,7 +8,8 @@
   size, workers, batch size, shuffle, seed, drop_last). `load_state_dict()` refuses a state of another
   pack or other settings with one `DctDataError`, restores the epoch, and then the next epoch set with
   `set_epoch` must be that one until the resumed epoch has started (another epoch would replay the
-  wrong order).
+  wrong order). The torchdata half is checked too (`loader_state.check_loader_state`): counts, types
+  and one snapshot per worker, as `state_dict()` makes them.
 - **How resuming works (deterministic replay).** torchdata checkpoints each worker's dataset
   iterator. A webdataset worker's state is its position in a plan that is a pure function of (seed,
   epoch, split), so a resumed worker fast-forwards without reading skipped shards. A zarr pack's
@@ -25,6 +26,7 @@ from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from dctdata.errors import DctDataError
+from dctdata.loaders.loader_state import check_loader_state
 from dctdata.parse import SEED_MAX, parse_int
 
 STATE_VERSION = 1
@@ -116,6 +118,16 @@ class PackLoader(StatefulDataLoader):
         epoch = ours["epoch"]
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise DctDataError(f"state_dict: epoch: expected an int >= 0. Got {epoch!r}")
+        iterable = isinstance(self.dataset, IterableDataset)
+        check_loader_state(
+            loader,
+            workers=self.num_workers,
+            batch_size=self.batch_size or 1,
+            epoch_samples=len(self.dataset) if iterable else len(self.sampler),
+            iterable=iterable,
+            epoch=epoch,
+            rank=int(self._split.get("rank") or 0),
+        )
         self._resume_epoch = None
         self.set_epoch(epoch)
         finished = bool(loader.get("_iterator_finished", False))

@@ -138,6 +138,17 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
                     log.warning("skipping sample %d: %s", j, exc)
         return [got[j] for j in idx if j in got]
 
+    def close(self) -> None:
+        """Close this process's file descriptors now (also done when the dataset is collected); a later
+        read opens them again. `with dctdata.open_dataset(path) as ds:` closes at the end of the block."""
+        self.reader.close()
+
+    def __enter__(self) -> "DCTZarrDataset":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         return self._describe()
 

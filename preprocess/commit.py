@@ -7,6 +7,11 @@ so a second pack into the same OUT is refused instead of deleting the first's pa
 kernel drops the lock when a pack dies, even by kill -9: no stale locks). An fsspec URL OUT has no
 rename: data files are written in place and the manifest, written last, is the commit (readers refuse
 a prefix without one; `--overwrite` deletes the old manifest first). Shared by `pack` and `Writer`.
+
+An OUT that is a symbolic link (`train.dct -> /big/disk/train.dct`) is packed where it points: with
+`--overwrite` the link's target is replaced atomically (the new pack is written beside the target and
+renamed over it) and the link stays, now naming the new pack. Replacing the link itself by a directory
+would leave the old pack at the target and break whatever else follows the link.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | No
         raise DctDataError(
             f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)"
         )
+    if os.path.islink(out):  # pack where it points (module docstring)
+        out = os.path.realpath(out)
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
         got = (

@@ -44,6 +44,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
+from dctdata.format.manifest import check_manifest_size, entry_sizes
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.commit import (
     check_not_source,
@@ -55,8 +56,8 @@ from dctdata.preprocess.commit import (
     remove_manifest,
     rename_into_place,
 )
-from dctdata.preprocess.journal import JOURNAL_NAME, Journal
-from dctdata.preprocess.parts import PartJob, run_part
+from dctdata.preprocess.journal import JOURNAL_NAME, Journal, source_identity
+from dctdata.preprocess.parts import PartJob, run_part, source_digest
 from dctdata.preprocess.plan import build_manifest, plan
 from dctdata.preprocess.sources import describe, is_path, is_sample_iterable, open_source
 from dctdata.settings import PackSettings
@@ -125,7 +126,7 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
                 log.warning("%s: --resume: no progress journal (stopped before its first part); starting over", root)
                 shutil.rmtree(root)
             elif resume:
-                journal = Journal.resume(root, record)
+                journal = Journal.resume(root, record, source_identity(source))
                 specs, derived = journal.specs, journal.derived
                 owned = True
             else:
@@ -135,6 +136,7 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
             log.warning("%s: --resume: no unfinished pack to resume; starting from the beginning", out)
         if specs is None:
             specs, derived = plan(src, settings, cal, quiet=quiet)
+            check_manifest_estimate(specs, src.coords, writer.plan(specs, n), settings.format)
             if url:
                 remove_manifest(out, storage_options)  # an --overwrite target stops being a dataset now
             else:
@@ -142,7 +144,7 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
                 owned = True
             writer.open(root, specs, n)
             if not url:
-                journal = Journal.start(root, record, specs, derived)
+                journal = Journal.start(root, record, specs, derived, source_identity(source))
         parts = writer.plan(specs, n)
         results: dict[int, dict] = journal.verified(parts) if journal is not None else {}
         if results:
@@ -151,6 +153,12 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
             source if not is_path(source) else os.fspath(source), settings.source_options, specs, settings.nan_policy,
             settings.strict, writer, root, n, derived, threads=1,
         )  # fmt: skip
+        if results:  # the source values the kept parts read must be the same now
+            try:
+                results = journal.check_source(results, lambda a, b: source_digest(job, a, b, src))
+            except DctDataError:
+                owned = False  # refused: the partial pack stays as it was (its source may come back)
+                raise
         todo = [(i, a, b) for i, (a, b) in enumerate(parts) if i not in results]
         keep_partial = not url and is_path(source)  # from here on an interruption leaves resumable work
         _run(
@@ -185,6 +193,22 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
             shutil.rmtree(root, ignore_errors=True)
         if lock is not None:
             lock.release()
+
+
+# Bytes of a stored file's entries in a manifest (its checksum, a webdataset shard's layout entry): 110-160
+# as written. The estimate errs low, so only a pack certain to fail is refused before packing (the commit
+# checks the exact size).
+FILE_ENTRY_BYTES = 100
+
+
+def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
+    """Refuse, before packing, a pack whose manifest would be past what readers open (`check_manifest_size`):
+    its fields (attributes included) and coordinates are known now, and each part adds a file per field
+    (zarr) or one shard (webdataset)."""
+    known = {"fields": [f.to_dict() for f in specs], "coords": dict(coords or {})}
+    files = len(parts) * (len(specs) if storage == "zarr" else 1)
+    sizes = entry_sizes(known) + [(files * FILE_ENTRY_BYTES, f"the entries of {files} stored files")]
+    check_manifest_size(sum(n for n, _ in sizes), sizes, estimated=True)
 
 
 def _run(

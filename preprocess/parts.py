@@ -18,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import zlib
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from dctdata.bounds import BoundError
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.format.fields import SIDE_SUFFIX, user_fields
@@ -93,6 +95,39 @@ def check_magnitude(x: np.ndarray, name: str, where) -> None:
             "DCT "
             f"multiplies by up to 8). Got max |x| = {float(peak[j]):.3g} (rescale the data, or use --field "
             f"{name}=array)"
+        )
+
+
+# The codec computes in float32. A source value float32 cannot carry (float64, or integers past 2^24) is
+# refused when float32's rounding alone errs by more than this share of its item's range: an offset of a
+# billion times the range (1e15 + N(0, 1), Julian dates in days) would otherwise pack "fine" with errors
+# far larger than the data's range.
+FLOAT32_ROUNDING = 1e-3
+
+
+def check_float32(x: np.ndarray, name: str, where) -> None:
+    """Refuse values of a dct batch (B, C, H, W) that float32 cannot carry: finite values past the DCT's
+    float32 bound (`check_magnitude`'s message, not "NaN/Inf"), and items whose float32 rounding is more than
+    FLOAT32_ROUNDING of their (finite) range. Nothing to check for float32, float16 and small integers."""
+    if x.dtype.kind == "f" and x.dtype.itemsize <= 4 or x.dtype.kind in "iub" and x.dtype.itemsize <= 2:
+        return
+    x64 = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x64)
+    check_magnitude(np.where(finite, x64, 0.0), name, where)
+    ok = finite.reshape(*x64.shape[:2], -1)
+    items = np.where(ok, x64.reshape(ok.shape), 0.0)
+    err = np.abs(items - items.astype(np.float32)).max(axis=2, initial=0.0)
+    hi = np.where(ok, items, -np.inf).max(axis=2, initial=-np.inf)
+    lo = np.where(ok, items, np.inf).min(axis=2, initial=np.inf)
+    span = np.where(hi > lo, hi - lo, 0.0)
+    bad = (span > 0) & (err > FLOAT32_ROUNDING * span)
+    if bad.any():
+        j, c = (int(v) for v in np.argwhere(bad)[0])
+        raise DctDataError(
+            f"{where(j)}: field {name!r} channel {c}: expected values float32 can carry (the codec computes in "
+            f"float32). Got {x.dtype} values near {(hi[j, c] + lo[j, c]) / 2:.6g} that vary by {span[j, c]:.3g}: "
+            f"float32 rounds them by up to {err[j, c]:.3g}, {100 * err[j, c] / span[j, c]:.2g}% of their range "
+            f"(subtract the offset first, or keep the field exact: --field {name}=array)"
         )
 
 
@@ -199,11 +234,15 @@ class Encoder:
                 stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
                 continue
             explicit = batch[f.valid] if f.valid is not None and f.valid not in self.derived else None
+            check_float32(np.asarray(x).reshape(b, *f.shape), name, at)
             xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes
             xt = torch.from_numpy(np.ascontiguousarray(xf))
-            wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
+            try:
+                wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
+            except BoundError as exc:  # nothing of the batch is written: the pack stops here, named
+                raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
             if over:
                 self.stats["overflow"][name] += over
                 if self.strict:
@@ -246,18 +285,39 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
         torch.set_num_threads(job.threads)
     src = src if src is not None else _source(job)
     encoder = Encoder(job.specs, job.nan, job.strict, job.derived)
-    batches = _encoded(job, src, start, stop, encoder)
-    out = job.writer.write_part(job.root, job.specs, job.samples, index, start, stop, batches)
-    return {"index": index, "start": start, "stop": stop, "stats": encoder.stats, **out}
+
+    def batches(digest: dict[str, int]) -> Iterator[dict[str, np.ndarray]]:
+        with torch.inference_mode():
+            for a, batch in _read(src, job, start, stop):
+                _digest(digest, batch)
+                yield encoder.encode(batch, a, src.where)
+
+    digest: dict[str, int] = {}
+    out = job.writer.write_part(job.root, job.specs, job.samples, index, start, stop, batches(digest))
+    return {"index": index, "start": start, "stop": stop, "stats": encoder.stats, "source": digest, **out}
 
 
-def _encoded(job: PartJob, src: Source, start: int, stop: int, encoder: Encoder) -> Iterator[dict[str, np.ndarray]]:
+def source_digest(job: PartJob, start: int, stop: int, src: Source | None = None) -> dict[str, int]:
+    """{field: crc32 of its values} of what part [start, stop) reads from the source (`--resume` checks that
+    a journaled part's source samples are still the same before keeping the part)."""
+    src = src if src is not None else _source(job)
+    digest: dict[str, int] = {}
+    for _, batch in _read(src, job, start, stop):
+        _digest(digest, batch)
+    return digest
+
+
+def _digest(digest: dict[str, int], batch: dict[str, np.ndarray]) -> None:
+    """Extend {field: crc32} by a batch (the same for any batching: each field's values are one stream)."""
+    for k, v in batch.items():
+        digest[k] = zlib.crc32(np.ascontiguousarray(v), digest.get(k, 0))
+
+
+def _read(src: Source, job: PartJob, start: int, stop: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     seen = start
-    with torch.inference_mode():
-        for a, batch in src.batches(batch_size(job.specs), start, stop):
-            b = len(next(iter(batch.values())))
-            yield encoder.encode(batch, a, src.where)
-            seen += b
+    for a, batch in src.batches(batch_size(job.specs), start, stop):
+        yield a, batch
+        seen += len(next(iter(batch.values())))
     if seen != stop:
         raise DctDataError(
             f"{src.description}: expected samples {start}..{stop - 1}. Got {seen - start} (the source ended early)"

@@ -40,9 +40,9 @@ from dctdata.kinds import FieldKind
 from dctdata.lossless import AUTO, DEFAULT_CODEC
 from dctdata.metrics import pooled_psnr
 from dctdata.preprocess.masking import NanPolicy, valid_name
-from dctdata.preprocess.parts import prepare_dct
+from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
-from dctdata.settings import PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
+from dctdata.settings import Bounds, PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
 from dctdata.spec import CodecSpec
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def calibration_indices(n: int, sample_values: int) -> list[int]:
 
 
 def _calibrate(
-    x: torch.Tensor, name: str, cf, mask, quant, target_psnr, valid: np.ndarray | None, codec, quiet: bool
+    x: torch.Tensor, name: str, cf, mask, quant, target_psnr, valid: np.ndarray | None, codec, quiet: bool, bound=None
 ) -> tuple[CodecSpec, dict]:
     """(spec, lossless stage) of one dct field from its calibration subset (invalid pixels do not count),
     with a progress bar on a terminal while the search runs."""
@@ -113,7 +113,15 @@ def _calibrate(
 
     try:
         report = calibrate_report(
-            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress
+            x,
+            cf=cf,
+            mask=mask,
+            quant=quant,
+            target_psnr=target_psnr,
+            valid=v,
+            codec=codec,
+            progress=progress,
+            **(bound or {}),
         )
     finally:
         bar.close()
@@ -134,6 +142,7 @@ def plan_fields(
     channels_last: bool | None = False,
     calibration: Source | None = None,
     quiet: bool = True,
+    bounds: Bounds | None = None,
 ) -> tuple[tuple[FieldSpec, ...], tuple[str, ...]]:
     """(field specs in sample order, names of the mask fields the pack makes). `quant` is the codec
     dtype name; `calibration` replaces the source's own samples for calibration (a stream's window or
@@ -142,11 +151,14 @@ def plan_fields(
     whose codec has per-sample side information is followed by its stored partner `<name>__side`."""
     default_stage = dict(DEFAULT_CODEC) if codec == AUTO else codec
     targets = parse_targets(target_psnr)
+    bounds = bounds or Bounds()
     nan = nan or NanPolicy()
     valid = dict(valid or {})
     probe = source.probe()
     where = source.description
-    for what, names in (("--field", overrides), ("--target-psnr", targets.fields), ("--valid", valid)):
+    checks = [("--field", overrides), ("--target-psnr", targets.fields), ("--valid", valid)]
+    checks += [(flag, [n for n, f in bounds.named.items() if f == flag]) for flag in ("--max-error", "--max-rel-error")]
+    for what, names in checks:
         unknown = sorted(set(names) - set(probe))
         if unknown:
             raise DctDataError(
@@ -173,8 +185,8 @@ def plan_fields(
             )
         attrs = source.field_attrs.get(name)
         if kind is not FieldKind.DCT:
-            if name in valid or name in targets.fields:
-                what = "--valid" if name in valid else "--target-psnr"
+            if name in valid or name in targets.fields or name in bounds.named:
+                what = "--valid" if name in valid else "--target-psnr" if name in targets.fields else bounds.named[name]
                 raise DctDataError(f"{what} {name}: expected a dct field. Got kind {kind!r}")
             specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs))
             continue
@@ -195,8 +207,9 @@ def plan_fields(
             derived.append(mask_field)
         target = targets.get(name)
         spec, stage = _codec(
-            name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
-        )
+            name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet,
+            bounds.get(name),
+        )  # fmt: skip
         specs.append(FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs))
         if has_side(specs[-1]):
             specs.append(side_field(specs[-1]))
@@ -210,12 +223,17 @@ def plan_fields(
 
 
 def _codec(
-    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet
+    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet, bound=None
 ) -> tuple[CodecSpec, dict]:
     """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration
-    subset."""
+    subset (always with a pointwise bound, `bound`: the CodecSpec's max_error/max_rel_error keywords)."""
     c, h, w = shape
-    if target is None and quant not in ("int8", "int16"):
+    if bound and quant is not None and quant not in ("int8", "int16"):
+        raise DctDataError(
+            f"field {name!r}: --max-error/--max-rel-error: expected --quant int8, int16 or unset (the bound is kept "
+            f"with integer steps). Got --quant {quant}"
+        )
+    if target is None and quant not in ("int8", "int16") and not bound:
         spec = CodecSpec(
             cf=DEFAULT_CF if cf is None else cf, height=h, width=w, channels=c, mask=mask or "square",
             dtype=quant or "float32",
@@ -225,15 +243,17 @@ def _codec(
         raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
     idx = calibration_indices(len(cal), c * h * w)
     batch = cal.take(idx)
-    x = np.asarray(batch[name]).reshape(len(idx), c, h, w).astype(np.float32)
+    x = np.asarray(batch[name]).reshape(len(idx), c, h, w)
+    check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
+    x = x.astype(np.float32)
     explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
     if explicit is not None:
         explicit = np.asarray(explicit)
     x, valid, _ = prepare_dct(x, name, shape, nan, explicit, mask_field, lambda j: cal.where(idx[j]))
-    if target is None:
+    if target is None and not bound:
         cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
     x = torch.from_numpy(np.ascontiguousarray(x))
-    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet)
+    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet, bound)
     if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
         raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
     return spec, stage
@@ -295,6 +315,7 @@ def plan(src: Source, settings: PackSettings, calibration: Source | None = None,
         channels_last=settings.channels_last,
         calibration=calibration,
         quiet=quiet,
+        bounds=settings.bounds,
     )
 
 

@@ -82,6 +82,8 @@ class Writer:
         mask: str | None = None,
         quant: str | None = None,
         target_psnr: float | str | Mapping[str, float] | None = None,
+        max_error: float | str | Mapping[str, float] | None = None,
+        max_rel_error: float | str | Mapping[str, float] | None = None,
         fields: Mapping[str, str] | Sequence[str] | None = None,
         channels_last: bool | None = None,
         nan: str | float = "error",
@@ -205,6 +207,7 @@ class Writer:
             if k in explicit or (dtype.kind == "f" and len(shape) >= 2 and s.overrides.get(k) is None)
         ]
         calibrates = s.quant in ("int8", "int16") or s.targets.default is not None or bool(s.targets.fields)
+        calibrates = calibrates or bool(s.bounds)
         if not calibrates or not candidates:
             return 1
         k = max(calibration_count(v) for v in candidates)

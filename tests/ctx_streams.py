@@ -33,9 +33,9 @@ def tiles(name: str, size: int, n: int) -> np.ndarray:
 
 
 def real_sets() -> list[tuple[str, CtxCodec, np.ndarray]]:
-    """(name, codec fitted on q, q (N, C, Hb, K, Wb)): int8 synthetic fields at 256x256 (CF 8: mode 3 with 4
-    segments from version 3; CF 4: 16384 coefficients, mode 2), int16 photos (grey 256x256, RGB 128x128: 3
-    segments, with sign flips across channels), each with the starting layout of `fit` (the "top" context and,
+    """(name, codec fitted on q, q (N, C, Hb, K, Wb)): int8 synthetic fields at 256x256 (CF 8: 65536 coefficients,
+    mode 3 from version 3; CF 4: 16384 coefficients), int16 photos (grey 256x256, RGB 128x128: 49152
+    coefficients, with sign flips across channels), each with the starting layout of `fit` (the "top" context and,
     for RGB, "ch" and "sign"), and the RGB one again with the left-block ("lt") and "wide" contexts."""
     from benchmarks.fields import synthetic_fields
     from benchmarks.loader import synthetic
@@ -57,9 +57,10 @@ def real_sets() -> list[tuple[str, CtxCodec, np.ndarray]]:
     return out
 
 
-def versioned(codec: CtxCodec, version: int) -> CtxCodec:
-    """The same model under another config version (1: mode 0 streams, 2: mode 2, 3: mode 3 for large samples)."""
-    return CtxCodec.from_config({**codec.get_config(), "version": version})
+def versioned(codec: CtxCodec, version: int, segment: int | None = None) -> CtxCodec:
+    """The same model under another config version (1: mode 0 streams, 2: mode 2, 3: mode 3 for large samples) and
+    segment length (None: the codec's)."""
+    return codec.with_streams(version=version, segment=segment)
 
 
 def encode_samples(codec: CtxCodec, q: np.ndarray) -> list[bytes]:

@@ -28,8 +28,21 @@ def verify(capsys, root) -> tuple[int, str]:
 
 
 def rehash(root: Path, rel: str) -> None:
-    """Record a file's new sha256 and size in the manifest (a tamperer who recomputes checksums)."""
+    """Record a file's new sha256 and size in the manifest (a tamperer who recomputes checksums and the
+    manifest's seal)."""
     m = json.loads((root / "manifest.json").read_text())
     data = (root / rel).read_bytes()
     m["checksums"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "manifest.json").write_text(json.dumps(reseal(m)))
+
+
+def reseal(m: dict) -> dict:
+    """A manifest dict edited on purpose, with its seal (format version 5) recomputed: what a tamperer does,
+    and a test that edits a manifest to reach a later check."""
+    from dctdata.format.manifest import SEAL_VERSION, manifest_seal
+
+    if isinstance(m.get("version"), int) and m["version"] >= SEAL_VERSION:
+        m["seal"] = manifest_seal(m)
+    else:
+        m.pop("seal", None)  # an older version has none
+    return m

@@ -1,5 +1,5 @@
 """The throughput benchmarks' table code, run small on the CPU: `gpu` (which skips without
-CUDA), the read-path table of `loader` and the peers of `stream`."""
+CUDA; its loader rows: test_bench_gpu.py), the read-path table of `loader` and the peers of `stream`."""
 
 from __future__ import annotations
 
@@ -31,21 +31,6 @@ def test_gpu_decode_table_on_the_cpu():
         assert r["Gpix"] == pytest.approx(r["GBps"] / item)
     table = gpu.format_decode_rows(rows)
     assert table.splitlines()[2].startswith("| 16² | 2 | float32 | v1 | 64 |") and len(table.splitlines()) == 18
-
-
-def test_gpu_pipeline_table_on_the_cpu():
-    rows = gpu.pipeline_rows("cpu", n=16, size=32, batch=8, workers=0, epochs=1, target_psnr=35)
-    names = [r["pipeline"] for r in rows]
-    assert names[0] == "dctdata zarr (int8) -> Decompress" and names[1] == "raw float32 -> host-to-device copy"
-    assert names[2].startswith("JPEG q=") and names[2].endswith("decode_jpeg(device)")
-    assert names[3] == f"dctdata zarr (int8, zstd-{ZSTD_MAX['level']}) -> Decompress"  # what `--lossless zstd` packs
-    assert rows[3]["moved"] == rows[0]["moved"]
-    assert all(r["sps"] > 0 for r in rows) and rows[1]["bytes"] == 32 * 32 * 4 == rows[1]["moved"]
-    assert rows[0]["moved"] < rows[1]["moved"] / 2  # int8 coefficients (and a side) cross, not float32
-    assert rows[2]["psnr"] >= rows[0]["psnr"] or "q=100" in names[2]  # JPEG at no lower PSNR than dctdata
-    table = gpu.format_pipeline_rows(rows)
-    assert "| 1.00x |" in table.splitlines()[2] and "lossless" in table.splitlines()[3]
-    assert "| 1.0x | lossless |" in table.splitlines()[3]
 
 
 def test_read_path_table():

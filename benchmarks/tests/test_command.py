@@ -51,7 +51,7 @@ def test_library_errors_become_one_line_without_traceback(capsys):
     assert re.fullmatch(r"python -m benchmarks codec: error: cf: expected an int in 1\.\.8\. Got 9\n", err)
 
 
-@pytest.mark.parametrize("kind", ["codec", "rd", "loader", "stream"])
+@pytest.mark.parametrize("kind", ["codec", "rd", "loader", "stream", "gpu"])
 def test_table_help_has_a_description_and_every_default(kind, capsys):
     with pytest.raises(SystemExit) as exc:
         main([kind, "--help"])

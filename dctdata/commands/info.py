@@ -1,6 +1,7 @@
 """`dctdata info OUT`: fields, sizes, stored and transfer ratios, achieved PSNR of a packed dataset (per
-channel of each sample, over valid pixels; one row per channel below a multi-channel field), its
-coordinates and field attributes."""
+channel of each sample, over valid pixels; one row per channel below a multi-channel field), the largest
+error per field and channel (and the pointwise bound a field was packed under), its coordinates and field
+attributes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def register(sub) -> None:
 
 
 def _main(args) -> int:
+    from dctdata.bounds import bound_text
     from dctdata.format.checksum import sha256_file
     from dctdata.format.location import is_url, manifest_location
     from dctdata.format.manifest import MAX_MANIFEST_BYTES, read_manifest
@@ -36,6 +38,8 @@ def _main(args) -> int:
     for r in field_rows(m):
         f, s = r["field"], r["stats"]
         codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "lossless"
+        if f.is_dct and f.codec.bounded:
+            codec += ", " + bound_text(f.codec)
         stored = None if r["stored"] is None else r["stored"] / 1e6
         valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"
         dataset = num(s.psnr_dataset) if s is not None and f.is_dct else "-" if s is None else num(s.psnr_min)

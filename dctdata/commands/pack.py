@@ -28,6 +28,7 @@ def register(sub) -> None:
 
 def _main(args) -> int:
     from dctdata.api import pack
+    from dctdata.bounds import bound_text
     from dctdata.format.fields import user_fields
     from dctdata.report import num, pack_summary
 
@@ -50,7 +51,8 @@ def _main(args) -> int:
                 stage = (f.lossless or {}).get("id", "raw")
                 extra = (
                     f" cf={c.cf} {c.mask} {c.dtype} {stage}: PSNR min {num(s.psnr_min)} / median "
-                    f"{num(s.psnr_median)} / dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}, "
+                    f"{num(s.psnr_median)} / dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}"
+                    f"{f' (bound {bound_text(c)}, held on every value)' if c.bounded else ''}, "
                     f"overflow {s.overflow}{valid}"
                 )
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")

@@ -39,15 +39,21 @@ Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS wo
 section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
 LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
 AVX2 vectors of 8 lanes (faster; 48 more header bytes and coarser words cost a fraction of a percent of
-bytes; docs/benchmarks/entropy.md has both measured). Mode 3 (config version 3, arrays of 2 * SEG_COEFFS
-coefficients or more): the array's block rows cut into about one segment per SEG_COEFFS coefficients, each
-a mode 2 stream of its rows (contexts restart at a segment's top row, as at the array's), after a header of
-the segment count and lengths. Why: a GPU decodes a mode 2 stream with 16 lanes of one warp, one dependent
-step after another, thousands of them for a 256x256 sample; independent segments are decoded by warps of
-their own (dctdata.entropy.device). It costs each segment its own states and header (docs/guides/gpu-entropy-decoder.md
-has the steps and the bytes measured). Mode 1: a raw copy when coding would not save. No model, shape or dtype
-in the stream: the caller passes the shape and dtype it expects (the decoded size is known up front, and
-`max_coefficients` of the stream's length bounds it).
+bytes; docs/benchmarks/entropy.md has both measured). Mode 3 (config version 3, arrays of 2 * `segment`
+coefficients or more): the array's block rows cut into about one segment per `segment` coefficients, each a
+mode 2 stream of its rows (contexts restart at a segment's top row, as at the array's), after a header of the
+segment count and lengths. Why: a GPU decodes a mode 2 stream with 16 lanes of one warp, one dependent step
+after another, thousands of them for a 256x256 sample; independent segments are decoded by warps of
+their own (dctdata.entropy.device), so the segment length sets a batch's GPU decode time. A segment costs
+60-100 bytes (its 16 states, its length, the row-above context its top row lacks), whatever the sample's rate,
+so `segment_bytes` bounds the count: beyond the count the first version 3 packs wrote (one per SEGMENT_V3 =
+16384 coefficients), one more segment per `segment_bytes` bytes of the stream, i.e. about 1% more bytes at
+most with the default 6000. Both are in the config ("segment", "segment_bytes"; a version 3 config without
+them is the first release's rule: 16384 and no bound). The decoder reads the segment count from the stream:
+they only decide what the encoder writes. docs/guides/gpu-entropy-decoder.md has the bytes per segment length.
+Mode 1: a raw copy when
+coding would not save. No model, shape or dtype in the stream: the caller passes the shape and dtype it
+expects (the decoded size is known up front, and `max_coefficients` of the stream's length bounds it).
 
 Untrusted input: decode() raises `CtxCodecError` (a ValueError) for any malformed stream, argument or
 config, or returns an array of the declared shape; it never reads or writes out of bounds, does a
@@ -87,13 +93,20 @@ log = logging.getLogger(__name__)
 
 CODEC_ID = "dctdata_ctxrans"
 # 2: streams of LANES_MIN coefficients or more use the kernel's 16-lane layout (mode 2);
-# 3: streams of 2 * SEG_COEFFS coefficients or more are segments of block rows (mode 3)
+# 3: streams of 2 * segment coefficients or more are segments of block rows (mode 3); the config may name
+#    `segment` (coefficients per segment) and `segment_bytes` (without them: SEGMENT_V3 and no bound, what the
+#    first version 3 packs were written with)
 FORMAT_VERSION = 3
 READ_VERSIONS = (1, 2, 3)  # an older config keeps writing what the release that wrote it reads
 MODE_LANES = _ctxrans.MODE_LANES
 MODE_SEGMENTS = _ctxrans.MODE_SEGMENTS
 LANES_MIN = 1 << 14  # below this, the 16-lane layout's 48 more header bytes outweigh its faster decode
-SEG_COEFFS = 1 << 14  # coefficients per segment (mode 3): a 256x256 sample at CF 8 is 4 segments
+SEGMENT_V3 = 1 << 14  # coefficients per segment (mode 3) of a version 3 config without "segment"
+SEGMENT = 1 << 13  # what `fit` writes: a 256x256 int8 sample at CF 8 is 8 segments (the byte cost and GPU time
+# it was picked by are in docs/gpu-entropy-decoder.md)
+SEGMENT_BYTES = 6000  # and one segment beyond SEGMENT_V3's count per this many stream bytes (0: no bound)
+SEGMENT_RANGE = (1 << 10, 1 << 24)  # the segment lengths a config may name
+SEGMENT_BYTES_MAX = 1 << 30
 SCALE = _ctxrans.SCALE  # frequency precision: tables sum to 2^15
 MTOT = 1 << SCALE
 D = _ctxrans.D  # magnitudes 0..D-1 are tokens of their own
@@ -427,15 +440,42 @@ def _check_int_list(name, v, lo, hi, maxlen) -> list[int]:
     return out
 
 
+def _check_segment(segment, name: str = "segment") -> int:
+    lo, hi = SEGMENT_RANGE
+    if isinstance(segment, bool) or not isinstance(segment, (int, np.integer)) or not lo <= segment <= hi:
+        raise CtxCodecError(f"{name}: expected coefficients per segment, an int in [{lo}, {hi}]. Got {segment!r}")
+    return int(segment)
+
+
+def _check_segment_bytes(value, name: str = "segment_bytes") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= SEGMENT_BYTES_MAX:
+        raise CtxCodecError(
+            f"{name}: expected stream bytes per added segment, an int in [0, {SEGMENT_BYTES_MAX}] (0: no bound). "
+            f"Got {value!r}"
+        )
+    return int(value)
+
+
 # -------------------------------------------------------------------------------------------------
 class CtxCodec:
     """numcodecs-style codec. Construct with `fit` or `from_config`; the config carries the model."""
 
     codec_id = CODEC_ID
 
-    def __init__(self, layout: _Layout, iz: np.ndarray, ir: np.ndarray, kernel=None, version: int = FORMAT_VERSION):
+    def __init__(
+        self,
+        layout: _Layout,
+        iz: np.ndarray,
+        ir: np.ndarray,
+        kernel=None,
+        version: int = FORMAT_VERSION,
+        segment: int = SEGMENT,
+        segment_bytes: int = SEGMENT_BYTES,
+    ):
         self._k = kernel or _ctxrans
         self.version = version
+        self.segment = _check_segment(segment)  # coefficients per segment of a mode 3 stream (version 3)
+        self.segment_bytes = _check_segment_bytes(segment_bytes)  # stream bytes per segment beyond SEGMENT_V3's
         self.layout = layout
         self.iz = np.asarray(iz, np.uint8)
         self.ir = np.asarray(ir, np.uint8)
@@ -447,7 +487,19 @@ class CtxCodec:
 
     def with_kernel(self, kernel) -> "CtxCodec":
         """Same model on another build of the kernel (benchmarks of compile variants)."""
-        return CtxCodec(self.layout, self.iz, self.ir, kernel, self.version)
+        return CtxCodec(self.layout, self.iz, self.ir, kernel, self.version, self.segment, self.segment_bytes)
+
+    def with_streams(
+        self, version: int | None = None, segment: int | None = None, segment_bytes: int | None = None
+    ) -> "CtxCodec":
+        """The same model writing another config version's streams (1: mode 0, 2: mode 2, 3: segments), segment
+        length or bound (None keeps this codec's); every codec of the model reads them all."""
+        version = self.version if version is None else version
+        if isinstance(version, bool) or version not in READ_VERSIONS:
+            raise CtxCodecError(f"version: expected one of {READ_VERSIONS}. Got {version!r}")
+        segment = self.segment if segment is None else segment
+        segment_bytes = self.segment_bytes if segment_bytes is None else segment_bytes
+        return CtxCodec(self.layout, self.iz, self.ir, self._k, version, segment, segment_bytes)
 
     # ---- config -------------------------------------------------------------------------------
     def get_config(self) -> dict[str, Any]:
@@ -462,6 +514,9 @@ class CtxCodec:
             **lay.layout_config(),
             "params": base64.b64encode(zlib.compress(params, 9)).decode("ascii"),
             "table_crc": self.table_crc,
+            # a version 3 config without them: SEGMENT_V3 and no bound (the configs written before keep their bytes)
+            **({"segment": self.segment} if self.version >= 3 and self.segment != SEGMENT_V3 else {}),
+            **({"segment_bytes": self.segment_bytes} if self.version >= 3 and self.segment_bytes else {}),
         }
 
     @classmethod
@@ -486,8 +541,11 @@ class CtxCodec:
             "params",
             "table_crc",
         }
-        if set(config) != keys:
-            raise CtxCodecError(f"config: expected keys {sorted(keys)}. Got {sorted(config)}")
+        optional = {"segment", "segment_bytes"}
+        if not keys <= set(config) <= keys | optional:
+            raise CtxCodecError(
+                f"config: expected keys {sorted(keys)} (and {sorted(optional)} in version 3). Got {sorted(config)}"
+            )
         version = config["version"]
         is_int = isinstance(version, int) and not isinstance(version, bool)
         if config["id"] != CODEC_ID or not is_int or version not in READ_VERSIONS:
@@ -496,6 +554,11 @@ class CtxCodec:
                 f"config: expected id {CODEC_ID!r} version {' or '.join(map(str, READ_VERSIONS))}. "
                 f"Got {config['id']!r} {version!r}" + (": written by a newer dctdata, upgrade dctdata" if newer else "")
             )
+        for name in sorted(optional & set(config)):
+            if version < 3:
+                raise CtxCodecError(f"config {name}: expected only in a version 3 config. Got version {version}")
+        segment = _check_segment(config.get("segment", SEGMENT_V3), "config segment")
+        segment_bytes = _check_segment_bytes(config.get("segment_bytes", 0), "config segment_bytes")
         cf = config["cf"]
         if isinstance(cf, bool) or not isinstance(cf, int) or not 1 <= cf <= 8:
             raise CtxCodecError(f"config cf: expected 1..8. Got {cf!r}")
@@ -540,7 +603,7 @@ class CtxCodec:
         if len(raw) != 2 * lay.nctx:
             raise CtxCodecError(f"config params: expected {2 * lay.nctx} bytes. Got {len(raw)}")
         p = np.frombuffer(raw, np.uint8).reshape(-1, 2)
-        codec = cls(lay, p[:, 0], p[:, 1], version=version)
+        codec = cls(lay, p[:, 0], p[:, 1], version=version, segment=segment, segment_bytes=segment_bytes)
         if codec.table_crc != config["table_crc"]:
             raise CtxCodecError("config table_crc: the frequency tables built here differ from the writer's")
         return codec
@@ -567,16 +630,27 @@ class CtxCodec:
 
     def encode(self, q: np.ndarray) -> bytes:
         q = self._check_array(q)
-        mode, nseg = self.stream_mode(q.shape)
-        return self._k.encode(self._blob, q, tuple(int(s) for s in q.shape), q.itemsize, mode, nseg)
+        shape = tuple(int(s) for s in q.shape)
+        mode, nseg = self.stream_mode(shape)
+        buf = self._k.encode(self._blob, q, shape, q.itemsize, mode, nseg)
+        if mode == MODE_SEGMENTS and self.segment_bytes and buf[0] == MODE_SEGMENTS:
+            # beyond the first version 3 count, one segment per segment_bytes bytes of this stream
+            base = self.with_streams(segment=SEGMENT_V3, segment_bytes=0).stream_mode(shape)
+            cap = max(base[1], 1) + len(buf) // self.segment_bytes
+            if cap < nseg:
+                n = math.prod(shape)
+                fewer = (MODE_SEGMENTS, cap) if cap >= 2 else (MODE_LANES if n >= LANES_MIN else 0, 0)
+                buf = self._k.encode(self._blob, q, shape, q.itemsize, *fewer)
+        return buf
 
     def stream_mode(self, shape: Sequence[int]) -> tuple[int, int]:
         """(mode, segments) this codec writes an array of `shape` (B, C, Hb, K, Wb) in: mode 3 with one segment per
-        SEG_COEFFS coefficients (at most one per block row) from version 3, mode 2 from version 2, else mode 0
-        (segments 0 outside mode 3). The encoder may still store a raw copy (mode 1) where coding does not save."""
+        `segment` coefficients (at most one per block row) from version 3, for arrays of two segments or more; mode 2
+        from version 2, else mode 0 (segments 0 outside mode 3). The most segments: `encode` writes fewer where
+        `segment_bytes` bounds them (a low-rate array), and a raw copy (mode 1) where coding does not save."""
         n = math.prod(int(s) for s in shape)
-        if self.version >= 3 and n >= 2 * SEG_COEFFS and int(shape[2]) >= 2:
-            return MODE_SEGMENTS, min(int(shape[2]), n // SEG_COEFFS)
+        if self.version >= 3 and n >= 2 * self.segment and int(shape[2]) >= 2:
+            return MODE_SEGMENTS, min(int(shape[2]), n // self.segment)
         return (MODE_LANES if self.version >= 2 and n >= LANES_MIN else 0), 0
 
     def decode(self, buf, shape: Sequence[int] | None = None, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
@@ -669,6 +743,8 @@ class CtxCodec:
         *,
         features: Sequence[str] = FEATURES,
         layouts=None,
+        segment: int = SEGMENT,
+        segment_bytes: int = SEGMENT_BYTES,
         return_report: bool = False,
         _first_only: bool = False,
     ):
@@ -685,7 +761,10 @@ class CtxCodec:
           "sign" sign coded relative to the previous channel's (C > 1: RGB and multi-band coefficients
                  mostly share signs, so it saves most before any channel decorrelation)
           "lt"   left block too (the symbol decoded just before: longest dependency chain; off by default)
-        `layouts`: explicit list of layout dicts to try instead (benchmarks)."""
+        `layouts`: explicit list of layout dicts to try instead (benchmarks). `segment`: coefficients per segment
+        of the mode 3 streams the codec writes (shorter: a faster GPU decode, more bytes); `segment_bytes`: the
+        stream bytes each segment beyond the first version 3 count needs (0: no bound)."""
+        segment, segment_bytes = _check_segment(segment), _check_segment_bytes(segment_bytes)
         unknown = set(features) - set(FEATURES_ALL)
         if unknown:
             raise CtxCodecError(f"features: expected a subset of {FEATURES_ALL}. Got {sorted(unknown)}")
@@ -725,7 +804,7 @@ class CtxCodec:
                     spec["sign_flip"], flip_bits = (), float(n_has.sum())
                 lay = _Layout(cf, mask, channels, **spec)
             iz, ir, _ = _fit_params(h)
-            codec = cls(lay, iz, ir)
+            codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
             model_bytes = len(json.dumps(codec.get_config(), separators=(",", ":")))
             bits = _table_bits(h, iz, ir) + raw + flip_bits + 8 * model_bytes
             report.append((spec, bits, model_bytes))

@@ -20,10 +20,11 @@ on real and fuzzed streams, and which this module runs for CPU tensors.
 
 Design (the numbers that decided it are in docs/guides/gpu-entropy-decoder.md):
 - A unit is half a warp: 16 lanes, lane l holding rANS state l, decoding one part of a stream: a mode 0/1/2
-  stream, or one segment of a mode 3 stream (version 3 configs cut samples of 2 x 16384 coefficients or more
-  into segments of block rows: independent streams whose contexts restart at their top row). A stream is a
-  chain of dependent steps (each lane's state, the shared word pointer, the bit position), so the decode time
-  of a sample is its longest part's chain: segments are what let one sample use several units.
+  stream, or one segment of a mode 3 stream (version 3 configs cut samples of two segments or more into
+  segments of block rows, `CtxCodec.segment` coefficients each: independent streams whose contexts restart at
+  their top row). A stream is a chain of dependent steps (each lane's state, the shared word pointer, the bit
+  position), so the decode time of a sample is its longest part's chain: segments are what let one sample use
+  several units, and the segment length sets a small batch's decode time.
 - A step decodes the 16 coefficients of one row of one AC plane: contexts from values decoded earlier (the
   block row's planes are kept in shared memory), table lookups in shared memory, the words taken in lane
   order by ballot + popc, the raw bits placed by a prefix sum made of five ballots. The DC plane (its context

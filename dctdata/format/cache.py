@@ -6,8 +6,12 @@ them again; this is that, for dctdata's whole-file reads of webdataset shards.
 - **Content-addressed.** A shard is stored as `<cache_dir>/<sha256>.tar`, the sha256 its manifest
   records, so packs and URLs that share a shard share one copy, and a changed pack can never be served
   a stale file under an old name.
-- **Checked on reuse.** A cached copy is read whole and hashed; one whose size or sha256 no longer
-  matches (bit rot, truncation, a hand edit) is deleted, logged and fetched again.
+- **Checked on reuse.** A cached copy is opened as the pack's own files are (`location.open_regular`: a
+  regular file inside the cache; a FIFO, device, directory or link out of it is skipped, never blocks),
+  its size compared (fstat) before anything is read, then read whole and hashed; one whose sha256 no
+  longer matches its name (bit rot, truncation, a hand edit) is deleted, logged and fetched again. A copy
+  whose size differs from what a manifest claims but whose bytes still hash to its name is another
+  pack's good shard and a lying manifest: it is kept (that manifest's read then fails on its own).
 - **Bounded (LRU).** After each new file, the least recently used files (modification time, refreshed
   on every hit) are deleted until the cache holds at most `limit` bytes.
 - **Safe to share.** DataLoader workers and ranks on one machine may share a directory: files are
@@ -29,6 +33,9 @@ import shutil
 import tempfile
 
 from dctdata.errors import DctDataError
+from dctdata.format.atomic import create_exclusive
+from dctdata.format.checksum import read_expected
+from dctdata.format.location import open_regular
 from dctdata.parse import parse_size
 
 log = logging.getLogger(__name__)
@@ -72,17 +79,33 @@ class ShardCache:
         return os.path.join(self.directory, sha256 + SUFFIX)
 
     def get(self, sha256: str, size: int) -> bytes | None:
-        """The cached bytes of the shard with this sha256 and size, or None (a bad copy is dropped)."""
+        """The cached bytes of the shard with this sha256 and size, or None (a bad copy is dropped; see the
+        module docstring)."""
         path = self.path(sha256)
         try:
-            with open(path, "rb") as fh:
-                data = fh.read(size + 1)
+            fh = os.fdopen(open_regular(path, self.directory), "rb")
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            log.warning("cache: cannot read %s (%s): fetching it again", path, exc)
+        except OSError as exc:  # a FIFO, a directory, a link out of the cache, permissions: not an entry of ours
+            log.warning("cache: cannot use %s (%s): reading the shard from the pack", path, exc)
             return None
-        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+        with fh:
+            actual = os.fstat(fh.fileno()).st_size
+            if actual != size:  # never read (or allocate) what a manifest claims: the file says its own size
+                good = self._hashes_to_name(fh, sha256, actual)
+                log.warning(
+                    "cache: %s holds %d bytes, not the %d its manifest claims%s", path, actual, size,
+                    ": kept (its bytes match its sha256; the manifest is wrong)" if good else ": fetching it again",
+                )  # fmt: skip
+                if not good:
+                    self._remove(path)
+                return None
+            try:
+                data, digest = read_expected(fh, size)
+            except OSError as exc:
+                log.warning("cache: cannot read %s (%s): fetching it again", path, exc)
+                return None
+        if len(data) != size or digest != sha256:
             log.warning("cache: %s fails its size or sha256 check: fetching it again", path)
             self._remove(path)
             return None
@@ -92,14 +115,29 @@ class ShardCache:
             pass
         return data
 
+    @staticmethod
+    def _hashes_to_name(fh, sha256: str, actual: int) -> bool:
+        """Whether an open cache file's own bytes (read in blocks, never whole) hash to its name."""
+        h, left = hashlib.sha256(), actual
+        try:
+            while left > 0 and (block := fh.read(min(left, 4 << 20))):
+                h.update(block)
+                left -= len(block)
+        except OSError:
+            return False
+        return h.hexdigest() == sha256
+
     def put(self, sha256: str, data: bytes) -> None:
         """Store checked shard bytes, then evict least recently used files down to the limit."""
         path = self.path(sha256)
         tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".part-", suffix=SUFFIX)
+            fd, tmp = create_exclusive(self.directory, "part")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
+            if os.path.isdir(path):  # not an entry of ours in the way: leave it, cache nothing
+                log.warning("cache: %s is a directory: not caching the shard", path)
+                return
             os.replace(tmp, path)
             tmp = None
         except OSError as exc:
@@ -119,7 +157,9 @@ class ShardCache:
             for e in it:
                 if e.name.endswith(SUFFIX) and not e.name.startswith("."):
                     try:
-                        st = e.stat()
+                        if not e.is_file(follow_symlinks=False):
+                            continue  # only the regular files the cache wrote count and are evicted
+                        st = e.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
                     entries.append((st.st_mtime, e.path, st.st_size))
@@ -137,3 +177,5 @@ class ShardCache:
             os.remove(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:  # not ours to remove (another user's file in a shared cache, a directory)
+            log.warning("cache: cannot remove %s (%s)", path, exc)

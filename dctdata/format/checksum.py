@@ -32,18 +32,36 @@ class HashingWriter:
 
     def __init__(self, fh) -> None:
         self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
+        self.abandoned = False
 
     def write(self, data) -> int:
+        if self.abandoned:  # a write that failed (disk full) is being unwound: nothing more goes to the file
+            return len(data)
         self.sha.update(data)
         self.bytes += len(data)
         return self.fh.write(data)
 
     def flush(self) -> None:
-        self.fh.flush()
+        if not self.abandoned:
+            self.fh.flush()
+
+    def abandon(self) -> None:
+        """Drop every later write: a failed file is deleted or redone, and a writer on top of this one (tarfile's
+        stream) must not flush its buffer into the closed file when it is collected (a second traceback
+        after the real error)."""
+        self.abandoned = True
 
     def entry(self) -> dict[str, Any]:
         """The manifest's checksum entry for what was written."""
         return {"sha256": self.sha.hexdigest(), "bytes": self.bytes}
+
+
+def with_path(exc: OSError, path: str) -> OSError:
+    """`exc` naming the file it is about (a failed write() has no file name: "[Errno 28] No space left on
+    device" alone does not say which disk); the same errno, so callers still tell ENOSPC from others."""
+    if exc.filename:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), path) if exc.errno else OSError(f"{path}: {exc}")
 
 
 def read_expected(fh, expected_bytes: int, block: int = 4 << 20) -> tuple[bytes, str]:

@@ -26,7 +26,7 @@ from dctdata.errors import DctDataError, FormatError
 from dctdata.kinds import FieldKind
 from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
 from dctdata.parse import is_int, parse_object
-from dctdata.spec import CodecSpec
+from dctdata.spec import MAX_SAMPLE_VALUES, CodecSpec
 
 # Field names become zarr paths and webdataset extensions: keep them plain.
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,6 +48,9 @@ SAMPLE_DTYPES = (
     "float32",
     "float64",
 )
+# An array field's per-sample dims at most (numpy allows 64); its values are bounded as a dct field's
+# (MAX_SAMPLE_VALUES): a manifest must not size a reader's arrays past what numpy can even describe.
+MAX_DIMS = 32
 # Coefficient dtype (CodecSpec.dtype) -> numpy dtype used on disk.
 _CODEC_STORAGE_DTYPE = {
     "float32": "float32",
@@ -87,6 +90,11 @@ class FieldSpec:
         if not isinstance(self.shape, (tuple, list)) or any(not is_int(s) or s < 1 for s in self.shape):
             raise DctDataError(f"{where}: shape: expected a tuple of positive ints. Got {self.shape!r}")
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if len(self.shape) > MAX_DIMS or math.prod(self.shape) > MAX_SAMPLE_VALUES:
+            raise DctDataError(
+                f"{where}: shape: expected at most {MAX_DIMS} dims and {MAX_SAMPLE_VALUES} values per sample. Got "
+                f"{list(self.shape)} ({math.prod(self.shape)} values)"
+            )
         dtype = np.dtype(self.dtype).name if isinstance(self.dtype, (np.dtype, type)) else self.dtype
         if dtype not in SAMPLE_DTYPES:
             raise DctDataError(f"{where}: dtype: expected one of {SAMPLE_DTYPES}. Got {self.dtype!r}")
@@ -204,6 +212,11 @@ class FieldSpec:
                 codec = CodecSpec.from_dict(d["codec"])
             except (DctDataError, TypeError) as exc:
                 raise FormatError(f"{where}: codec: {exc}") from exc
+            if codec.bounded and version < BOUNDS_VERSION:
+                raise FormatError(
+                    f"{where}: codec: expected no max_error/max_rel_error in a version {version} manifest (they "
+                    f"came with version {BOUNDS_VERSION}). Got {codec.max_error}/{codec.max_rel_error}"
+                )
         try:
             return cls(
                 d["name"],
@@ -217,6 +230,10 @@ class FieldSpec:
             )
         except (DctDataError, TypeError) as exc:
             raise FormatError(str(exc)) from exc
+
+
+# The manifest version whose dct codecs may record a pointwise error bound (`dctdata.bounds`).
+BOUNDS_VERSION = 5
 
 
 def side_field(f: FieldSpec) -> FieldSpec:

@@ -10,6 +10,8 @@ import os
 import stat
 from typing import Any, Mapping
 
+from dctdata.format.http import RemoteError
+
 MANIFEST_NAME = "manifest.json"
 
 
@@ -134,34 +136,38 @@ def open_regular(path: str, root: str | None = None, dir_fd: int | None = None) 
     return fd
 
 
-# Remote reads: a timeout setting, and honest errors ------------------------------------------------
+# Remote reads: timeouts, and honest errors ----------------------------------------------------------
 # Seconds an http(s) read may wait for a connection or for the next bytes of a body (aiohttp's default is
 # 300 s per request, and fsspec reports its expiry as "no such file"). storage_options={"timeout": s}
 # sets it per dataset (None: no limit), or an explicit client_kwargs={"timeout": aiohttp.ClientTimeout}.
 DEFAULT_HTTP_TIMEOUT = 60.0
+# An idle timeout alone lets a server that drips a byte a second hold a reader for days: every request
+# also has a total deadline, headers and body (storage_options={"deadline": s}; None: none), by default
+# this many times the idle timeout (300 s at the default 60 s: a 256 MiB webdataset shard then needs about
+# 1 MB/s; a slower link sets a longer deadline).
+DEADLINE_TIMEOUTS = 5
 
 
 def fsspec_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """fsspec keyword arguments for `url`: the caller's storage_options with dctdata's `timeout` turned
-    into aiohttp's read and connect timeouts for http(s) URLs."""
+    """fsspec keyword arguments for `url`: the caller's storage_options with dctdata's `timeout` and
+    `deadline` turned into aiohttp's read, connect and total timeouts for http(s) URLs."""
     options = dict(storage_options or {})
     timeout = options.pop("timeout", DEFAULT_HTTP_TIMEOUT)
+    deadline = options.pop("deadline", "auto")
     if not str(url).startswith(("http://", "https://")):
         return options
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise _error(f"storage_options['timeout']: expected seconds > 0 or None. Got {timeout!r}")
+    for name, value in (("timeout", timeout), ("deadline", None if deadline == "auto" else deadline)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise _error(f"storage_options[{name!r}]: expected seconds > 0 or None. Got {value!r}")
+    if deadline == "auto":
+        deadline = None if timeout is None else DEADLINE_TIMEOUTS * timeout
     client = dict(options.get("client_kwargs") or {})
     if "timeout" not in client:
         import aiohttp
 
-        client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        client["timeout"] = aiohttp.ClientTimeout(total=deadline, sock_connect=timeout, sock_read=timeout)
         options["client_kwargs"] = client
     return options
-
-
-class RemoteError(OSError):
-    """A remote read that failed for a reason other than a missing file: a timeout, an HTTP error status,
-    a body cut short. Its message names the URL and the cause."""
 
 
 def remote_error(exc: BaseException, url: str) -> BaseException:
@@ -184,7 +190,10 @@ def remote_error(exc: BaseException, url: str) -> BaseException:
         return exc
     text = str(cause) or type(cause).__name__
     if isinstance(cause, TimeoutError):
-        text = f"no answer in time ({text}; storage_options={{'timeout': seconds}} sets the limit)"
+        text = (
+            f"no answer in time ({text}; storage_options={{'timeout': seconds}} sets the idle limit, "
+            "{'deadline': seconds} the total per request)"
+        )
     return RemoteError(f"{url}: {type(cause).__name__}: {text}")
 
 
@@ -230,6 +239,11 @@ def open_file(
         if "r" not in mode:
             return fsspec.open(path_or_url, mode, **options).open()
         try:
+            if path_or_url.startswith(("http://", "https://")) and mode == "rb":  # read as far as asked only
+                from dctdata.format.http import HTTPStream
+
+                fs, path = fsspec.core.url_to_fs(path_or_url, **options)
+                return _RemoteFile(HTTPStream(fs, path), path_or_url)
             return _RemoteFile(fsspec.open(path_or_url, mode, **options).open(), path_or_url)
         except Exception as exc:  # noqa: BLE001 - as _RemoteFile.read
             raise remote_error(exc, path_or_url) from exc

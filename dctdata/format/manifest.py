@@ -31,6 +31,21 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   samples x channels) in `layout.arrays` as {"inline": base64} instead of an array with its own files
   (about 850 bytes of zarr.json, shard index, checksums and layout). A version 3 reader refuses it by its
   version; everything else is as version 3.
+- 5: the manifest seals itself. `seal` is "sha256:" and the hex sha256 of the canonical JSON (sorted keys,
+  no spaces) of what decoding depends on: format, version, storage, sample count, fields (codecs
+  included), layout, checksums and coords, as written. Every read checks it after validating the rest, so
+  one changed character in a quantization step (a PSNR of 44 dB becoming 27 dB while every file still
+  matches its checksum) is refused. A seal is not a signature: whoever rewrites a manifest can reseal it
+  (`open_dataset(path, sha256=...)` pins a pack against that). Versions 1-4 have no seal and still read
+  (a version 4 reader refuses version 5 by its version); the pack settings, error figures and writing
+  dctdata version stay outside it (they describe the pack, decoding never reads them). The seal is
+  optional within version 5 (every writer of this release adds it; other version 5 features were developed
+  beside it, and a version 5 manifest written without it still reads, unchecked); a seal that is there
+  must match.
+  Also in version 5, a dct field's codec may record a pointwise error bound (`max_error`,
+  `max_rel_error`, `bound_ref`: `dctdata.bounds`; the decoder is unchanged) and the `pack` entry the
+  `max_error`/`max_rel_error` settings; an older manifest naming a bound is refused. A version 5 manifest
+  without them reads as before.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ import numpy as np
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.atomic import atomic_write
-from dctdata.format.checksum import read_expected
+from dctdata.format.checksum import read_expected, with_path
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import (
@@ -67,7 +82,9 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
+SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
+SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
 STORAGES = storage_names()  # the registered storages (`dctdata.format.storages`)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -98,6 +115,8 @@ PACK_DEFAULTS: Mapping[str, Any] = {
     "mask": None,
     "quant": None,
     "target_psnr": None,
+    "max_error": None,
+    "max_rel_error": None,
     "key": None,
     "channels_last": False,
     "nan": "error",
@@ -352,7 +371,10 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         out = self._full_dict()
-        return compact_json(out) if self.version >= 3 else out
+        out = compact_json(out) if self.version >= 3 else out
+        if self.version >= SEAL_VERSION:
+            out["seal"] = manifest_seal(out)
+        return out
 
     def _full_dict(self) -> dict[str, Any]:
         return {
@@ -380,7 +402,9 @@ class Manifest:
         if d.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: format: expected {FORMAT_NAME!r}. Got {d.get('format')!r}")
         version = _check_version(d.get("version"), where)
-        d = parse_object(d, where, _MANIFEST_KEYS, _MANIFEST_KEYS_V2 if version >= 2 else (), error=FormatError)
+        optional = (_MANIFEST_KEYS_V2 if version >= 2 else set()) | ({"seal"} if version >= SEAL_VERSION else set())
+        d = parse_object(d, where, _MANIFEST_KEYS, optional, error=FormatError)
+        written = d
         if not isinstance(d["fields"], list):
             raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
         fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]", version) for i, f in enumerate(d["fields"]))
@@ -399,7 +423,7 @@ class Manifest:
         if not isinstance(d["checksums"], Mapping):
             raise FormatError(f"{where}: checksums: expected a JSON object. Got {d['checksums']!r}")
         try:
-            return cls(
+            manifest = cls(
                 storage=d["storage"],
                 samples=_count(f"{where}: samples", d["samples"]),
                 fields=fields,
@@ -416,6 +440,24 @@ class Manifest:
             raise
         except (DctDataError, TypeError) as exc:
             raise FormatError(f"{where}: {exc}") from exc
+        if "seal" in written:  # last: what is malformed gets its own message first
+            want = manifest_seal(written)
+            if written["seal"] != want:
+                got = written["seal"] if isinstance(written["seal"], str) else type(written["seal"]).__name__
+                raise IntegrityError(
+                    f"{where}: seal: expected {want[:23]}... (the sha256 of the manifest's fields, codecs, layout, "
+                    f"checksums and sample count as written). Got {got[:23]}... (the manifest was changed or damaged "
+                    "after packing)"
+                )
+        return manifest
+
+
+def manifest_seal(d: Mapping[str, Any]) -> str:
+    """The `seal` of a manifest dict as written (version 5): "sha256:" + the hex sha256 of the canonical JSON
+    of its SEALED entries. A tool that edits a manifest on purpose reseals it with this."""
+    body = {k: d[k] for k in SEALED if k in d}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 # Version 3: what the manifest can derive is left out of its JSON -----------------------------------
@@ -582,14 +624,48 @@ def _checked_json(manifest: Manifest) -> str:
     if not isinstance(manifest, Manifest):
         raise TypeError(f"manifest: expected a dctdata.format.Manifest. Got {type(manifest).__name__}")
     text = manifest.to_json()
+    nbytes = len(text.encode("utf-8"))
+    if nbytes > MAX_MANIFEST_BYTES:  # a reader would refuse it
+        check_manifest_size(nbytes, entry_sizes(manifest.to_dict()))
     Manifest.from_dict(json.loads(text))  # validate what a reader will see before committing
     return text
+
+
+def check_manifest_size(nbytes: int, sizes: list[tuple[int, str]], estimated: bool = False) -> None:
+    """Refuse a manifest (or the estimate of one, before packing) past MAX_MANIFEST_BYTES, which no reader
+    would open: committing it would replace a good pack (--overwrite) by one nothing can read. `sizes`:
+    (bytes, name) of its entries (`entry_sizes`); the error names the biggest and what to do."""
+    if nbytes <= MAX_MANIFEST_BYTES:
+        return
+    biggest = ", ".join(f"{name} {n / 2**20:.1f} MiB" for n, name in sorted(sizes, reverse=True)[:2])
+    raise DctDataError(
+        f"manifest: expected at most {MAX_MANIFEST_BYTES} bytes (the most a reader opens). Got "
+        f"{'about ' if estimated else ''}{nbytes} bytes, mostly {biggest} (drop long attributes or per-sample "
+        "coordinates, or use fewer, bigger shards); nothing was committed"
+    )
+
+
+def entry_sizes(d: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """(JSON bytes, name) of a manifest dict's entries, each field and coordinate on its own."""
+    sizes = []
+    for key, value in d.items():
+        if key == "coords" and isinstance(value, Mapping):
+            sizes += [(len(json.dumps(v, default=str)), f"coords[{k!r}]") for k, v in value.items()]
+        elif key == "fields" and isinstance(value, list):
+            sizes += [(len(json.dumps(v, default=str)), f"fields[{v.get('name')!r}]") for v in value]
+        else:
+            sizes.append((len(json.dumps(value, default=str)), key))
+    return sizes
 
 
 def write_manifest(manifest: Manifest, directory: str | os.PathLike) -> str:
     """Write `directory/manifest.json` atomically (temporary sibling + rename); returns its path."""
     text = _checked_json(manifest)
-    return atomic_write(os.path.join(os.fspath(directory), MANIFEST_NAME), text.encode("utf-8"))
+    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
+    try:
+        return atomic_write(path, text.encode("utf-8"))
+    except OSError as exc:  # a full disk: say which file
+        raise with_path(exc, path) from exc
 
 
 def write_manifest_url(manifest: Manifest, prefix: str, storage_options: Mapping[str, Any] | None = None) -> str:

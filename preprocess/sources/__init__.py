@@ -41,7 +41,7 @@ from dctdata.format.location import is_url
 from dctdata.preprocess.sources.arrays import ArraySource, NpzSource, load_npy, npy_source
 from dctdata.preprocess.sources.base import ChannelsLast, Source, field_name
 from dctdata.preprocess.sources.callables import CALLABLE_RE, DatasetSource, sample_dict
-from dctdata.preprocess.sources.hdf5 import HDF5_SUFFIXES, hdf5_source
+from dctdata.preprocess.sources.hdf5 import HDF5_SUFFIXES, check_hdf5_inside, hdf5_source, is_hdf5_file
 from dctdata.preprocess.sources.images import IMAGE_SUFFIXES, directory_source, read_image
 from dctdata.preprocess.sources.iterables import IterableSource, is_sample_iterable
 from dctdata.preprocess.sources.objects import SampleListSource, array_source, is_array
@@ -72,8 +72,10 @@ def open_source(
     sample_dim: str | None = None,
     variables: str | list[str] | None = None,
     stack: str | None = None,
+    allow_external: bool = False,
 ) -> Source:
-    """Open any supported source (see the module docstring); errors name the path."""
+    """Open any supported source (see the module docstring); errors name the path. `allow_external`: an HDF5
+    (or NetCDF-4) file may make the pack read other local files (`sources.hdf5`)."""
     xarray_opts = {"sample_dim": sample_dim, "variables": variables, "stack": stack}
     wants_xarray = any(v is not None for v in xarray_opts.values())
     if not is_path(source):
@@ -108,6 +110,8 @@ def open_source(
     if wants_xarray or xarray_path:
         if key is not None:
             raise DctDataError(f"--key: expected an HDF5 source ({', '.join(HDF5_SUFFIXES)}). Got {s}")
+        if not allow_external and not is_url(s) and os.path.isfile(s) and is_hdf5_file(s):
+            check_hdf5_inside(s)
         src = XarraySource(s, **xarray_opts)
     elif not os.path.exists(s) and CALLABLE_RE.match(s):
         src = DatasetSource.from_target(s)
@@ -122,7 +126,7 @@ def open_source(
     elif s.endswith(".npz"):
         src = NpzSource(s)
     elif s.lower().endswith(HDF5_SUFFIXES):
-        src = hdf5_source(s, key)
+        src = hdf5_source(s, key, allow_external)
     else:
         raise DctDataError(
             f"{s}: expected a .npy, .npz, HDF5 ({', '.join(HDF5_SUFFIXES)}) file, a directory, or module:callable. "

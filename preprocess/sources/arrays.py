@@ -1,5 +1,5 @@
-"""Array files: `.npy` (memory-mapped, pickle-free), `.npz` (members streamed row by row from the zip),
-and directories of per-sample `.npy`/`.npz` files.
+"""Array files: `.npy` (read by rows with positional reads, pickle-free), `.npz` (members streamed row by
+row from the zip), and directories of per-sample `.npy`/`.npz` files.
 """
 
 from __future__ import annotations
@@ -47,8 +47,59 @@ def load_npy(path: str, mmap: bool = True) -> np.ndarray:
         raise DctDataError(f"{path}: cannot read .npy: {exc}") from exc
 
 
+class NpyRows:
+    """A C-order .npy file's rows, sliced like an array (`rows[a:b]`) and read with positional reads.
+
+    Why not a memory map (what this replaced): a mapped file that is truncated while the pack reads it (a
+    pipeline regenerating its data with np.save) kills the packer with SIGBUS: no message, no traceback. A
+    read that comes back short is an error naming the file instead. The page cache serves both alike."""
+
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, offset: int) -> None:
+        self.path, self.shape, self.dtype, self.offset = path, tuple(shape), np.dtype(dtype), offset
+        self.ndim = len(self.shape)
+        self.row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": None, "_pid": None}
+
+    def __getitem__(self, index) -> np.ndarray:
+        if not isinstance(index, slice):
+            raise TypeError(f"{self.path}: expected a slice of rows. Got {type(index).__name__}")
+        start, stop, step = index.indices(self.shape[0])
+        if step != 1:
+            raise TypeError(f"{self.path}: expected a contiguous slice of rows. Got step {step}")
+        n = max(0, stop - start)
+        out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+        at, pos = 0, self.offset + start * self.row
+        while at < len(view):
+            got = os.preadv(self._file(), [view[at:]], pos + at)
+            if got == 0:
+                raise DctDataError(
+                    f"{self.path}: expected {n * self.row} bytes of samples {start}..{stop - 1}. Got {at} "
+                    "(the file was truncated while being packed)"
+                )
+            at += got
+        return out
+
+    def _file(self) -> int:
+        if self._pid != os.getpid():
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), os.getpid()
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = self._pid = None
+
+
 class ArraySource(Source):
-    """Fields backed by sliceable arrays with samples on axis 0 (mmap'd .npy, HDF5 datasets)."""
+    """Fields backed by sliceable arrays with samples on axis 0 (.npy rows, HDF5 datasets)."""
 
     def __init__(self, description: str, arrays: dict[str, Any], owner: Any = None) -> None:
         self.description = description
@@ -82,10 +133,23 @@ class ArraySource(Source):
 
 
 def npy_source(path: str) -> ArraySource:
-    arr = load_npy(path)
-    if arr.ndim == 0:
+    with open(path, "rb") as fh:
+        shape, fortran, dtype = _npy_header(fh, path)
+        offset = fh.tell()
+    if not shape:
         raise DctDataError(f"{path}: expected an array with samples on the first axis. Got a 0-d array")
-    return ArraySource(path, {"image": arr})
+    if fortran and len(shape) > 1:
+        raise DctDataError(
+            f"{path}: expected a C-order array (read by rows). Got Fortran order (save np.ascontiguousarray(x))"
+        )
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < need:
+        raise DctDataError(
+            f"{path}: expected {need} bytes for a {dtype} array of shape {shape}. Got {size} (truncated file)"
+        )
+    rows = NpyRows(path, shape, dtype, offset)
+    return ArraySource(path, {"image": rows}, owner=rows)
 
 
 # .npz (streamed row by row from the zip members) -------------------------------------------------

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dctdata.entropy import _ctxrans, device
-from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError
+from dctdata.entropy.ctxrans import SEGMENT, SEGMENT_RANGE, SEGMENT_V3, CtxCodec, CtxCodecError
 from dctdata.errors import DctDataError, IntegrityError
 
 FUZZ_EXAMPLES = int(os.environ.get("CTXLANES_FUZZ_EXAMPLES", "1500"))
@@ -101,17 +101,22 @@ def test_nvrtc_errors_carry_its_log(monkeypatch):
 
 
 # -------------------------------------------------------------------------------------------- real streams
-@pytest.mark.parametrize("version", [1, 2, 3])
-def test_emulator_decodes_real_streams_as_the_cpu_does(sets, version):
-    """Photos and fields packed in each stream mode: mode 0 (version 1), 2, and 3 (segments; the 128x128 CF 4
-    set stays mode 2), every sample one stream of a batch."""
-    modes = set()
+@pytest.mark.parametrize(
+    "version, segment", [(1, None), (2, None), (3, SEGMENT_V3), (3, SEGMENT), (3, 4096), (3, 2048), (3, 1024)]
+)
+def test_emulator_decodes_real_streams_as_the_cpu_does(sets, version, segment):
+    """Photos and fields packed in each stream mode: mode 0 (version 1), 2, and 3 (segments of each length the
+    benchmarks sweep; with the first version 3 packs' 16384 the 256x256 CF 4 set of 16384 coefficients stays
+    mode 2; at 1024 the 256x256 CF 8 samples are a segment a block row), every sample one stream of a batch."""
+    modes, units = set(), set()
     for _, codec, q in sets:
-        c = versioned(codec, version)
+        c = versioned(codec, version, segment)
         bufs = encode_samples(c, q)
         modes |= {b[0] for b in bufs}
+        units.add(device.units_per_sample(c, q.shape[1:]))
         assert check_same(c, bufs, q.shape[1:], q.dtype) == [0] * len(q)
-    assert modes == {1: {0}, 2: {2}, 3: {2, 3}}[version]
+    assert modes == ({1: {0}, 2: {2}}[version] if version < 3 else {2, 3} if segment == SEGMENT_V3 else {3})
+    assert max(units) == {1: 1, 2: 1}.get(version, min(32, 65536 // (segment or 1)))
 
 
 def test_raw_streams_and_raw_segments():
@@ -162,7 +167,10 @@ def _fuzz_corpus():
         codec = CtxCodec.fit(q, int(round(k**0.5)), "square", _first_only=True, **kw)[0]
         for mode, nseg in ((0, 0), (2, 0), (3, min(3, hb))):
             items.append((codec, q, _ctxrans.encode(codec._blob, q, q.shape, q.itemsize, mode, nseg)))
-    assert {buf[0] for _, _, buf in items} == {0, 2, 3}
+        shortest = codec.with_streams(segment=SEGMENT_RANGE[0])  # the shortest segments a config may name
+        if shortest.stream_mode(q.shape)[0] == 3:
+            items.append((shortest, q, shortest.encode(q)))
+    assert {buf[0] for _, _, buf in items} == {0, 2, 3} and len(items) == 13
     return items
 
 
@@ -322,10 +330,12 @@ def _on_cuda(codec, bufs, shape, dtype):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("version", [1, 2, 3])
-def test_kernel_decodes_real_streams_as_the_cpu_does(sets, version):
+@pytest.mark.parametrize(
+    "version, segment", [(1, None), (2, None), (3, SEGMENT_V3), (3, SEGMENT), (3, 4096), (3, 1024)]
+)
+def test_kernel_decodes_real_streams_as_the_cpu_does(sets, version, segment):
     for _, codec, q in sets:
-        c = versioned(codec, version)
+        c = versioned(codec, version, segment)
         assert check_same(c, encode_samples(c, q), q.shape[1:], q.dtype, run=_on_cuda) == [0] * len(q)
 
 
@@ -388,10 +398,17 @@ def test_the_gpu_benchmark_runs_its_checks_on_the_cpu(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "r.json"
-    result = bench.main(["--quick", "--device", "cpu", "--out", str(out)])
+    result = bench.main(["--quick", "--device", "cpu", "--segment", "4096", "16384", "--out", str(out)])
     assert result["bit_exact"] and result["hostile_ok"]
     saved = json.loads(out.read_text())
-    assert saved["sample_shape"] == [1, 32, 64, 32] and saved["dtype"] == "int8"
-    assert [r["mode"] for r in saved["rows"]] == [3, 2]
+    assert saved["sample_shape"] == [1, 32, 64, 32] and saved["dtype"] == "int8" and saved["pack_segment"] == SEGMENT
+    rows = [(r["layout"], r["mode"], r["segment"], r["units_per_sample"]) for r in saved["rows"]]
+    assert rows == [
+        ("mode 3, segment 4096", 3, 4096, 16),
+        ("mode 3, segment 16384", 3, 16384, 4),
+        ("mode 2 (one unit a sample)", 2, None, 1),
+    ]
+    b = {r["segment"]: r["bytes_per_sample"] for r in saved["rows"]}
+    assert b[None] < b[16384] < b[4096]
     assert saved["hostile"]["streams"] == 40 and saved["hostile"]["oversized_refused"] == 2
     assert 0 < saved["hostile"]["failed"] <= 40

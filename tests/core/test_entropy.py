@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dctdata.entropy import _ctxrans
-from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError, decoder_settings
+from dctdata.entropy.ctxrans import SEGMENT, SEGMENT_BYTES, SEGMENT_V3, CtxCodec, CtxCodecError, decoder_settings
 from dctdata.transform import kept_frequencies
 
 FUZZ_EXAMPLES = int(os.environ.get("CTXCODER_FUZZ_EXAMPLES", "3000"))
@@ -400,32 +400,109 @@ def test_lanes_layout_costs_its_header_and_little_more():
 
 
 def test_codec_writes_lanes_for_large_arrays_only():
-    codec, q = fitted((1, 1, 16, 16, 64), np.int8)  # 16384 coefficients: LANES_MIN
+    codec, q = fitted((1, 1, 1, 16, 1024), np.int8)  # 16384 coefficients (LANES_MIN) in one block row: no segments
     assert codec.get_config()["version"] == 3
-    big, small = codec.encode(q), codec.encode(q[:, :, :8])
+    big, small = codec.encode(q), codec.encode(np.ascontiguousarray(q[..., :512]))
     assert big[0] == 2 and small[0] == 0
     np.testing.assert_array_equal(codec.decode(big, q.shape, q.dtype), q)
     # a version 1 config (a pack written before) keeps writing what dctdata before this reads; it reads both
-    old = CtxCodec.from_config({**codec.get_config(), "version": 1})
+    old = codec.with_streams(version=1)
     assert old.get_config()["version"] == 1 and old.encode(q)[0] == 0
     np.testing.assert_array_equal(old.decode(big, q.shape, q.dtype), q)
 
 
 def test_codec_writes_segments_for_arrays_of_two_segments_or_more():
-    """Version 3 cuts arrays of 2 * SEG_COEFFS coefficients or more into one segment per SEG_COEFFS (mode 3, at
-    most one per block row); a version 2 config (packs written before) keeps writing mode 2, and both read all."""
-    codec, q = fitted((1, 1, 32, 64, 32), np.int8)  # a 256x256 sample at CF 8: 65536 coefficients
-    assert codec.stream_mode(q.shape) == (3, 4) and codec.stream_mode((1, 1, 2, 64, 256)) == (3, 2)
+    """Version 3 cuts arrays of 2 * segment coefficients or more into one segment per `segment` (mode 3, at most one
+    per block row): SEGMENT for a fresh fit, SEGMENT_V3 for a version 3 config that names none (the packs written
+    before the length was recorded); a version 2 config keeps writing mode 2, and every codec reads them all."""
+    fit, q = fitted((1, 1, 32, 64, 32), np.int8)  # a 256x256 sample at CF 8: 65536 coefficients
+    assert fit.segment == SEGMENT == 8192 and fit.get_config()["segment"] == 8192
+    codec = fit.with_streams(segment_bytes=0)  # segments by coefficients alone (the bound has its own test)
+    assert codec.stream_mode(q.shape) == (3, 8) and codec.stream_mode((1, 1, 2, 64, 128)) == (3, 2)
     assert codec.stream_mode((1, 1, 1, 64, 1024)) == (2, 0)  # one block row: one segment at most
-    assert codec.stream_mode((1, 1, 8, 64, 63)) == (2, 0)  # 32256 coefficients: below two segments
-    buf = codec.encode(q)
-    assert buf[0] == 3 and buf[1] == 4  # mode, LEB128 segment count
-    np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
-    v2 = CtxCodec.from_config({**codec.get_config(), "version": 2})
+    assert codec.stream_mode((1, 1, 8, 64, 31)) == (0, 0)  # 15872 coefficients: below two segments (and LANES_MIN)
+    old = CtxCodec.from_config({k: v for k, v in fit.get_config().items() if not k.startswith("segment")})
+    assert old.segment == SEGMENT_V3 == 16384 and old.segment_bytes == 0
+    assert not {"segment", "segment_bytes"} & set(old.get_config())
+    assert old.stream_mode(q.shape) == (3, 4) and old.stream_mode((1, 1, 8, 64, 63)) == (2, 0)
+    short = codec.with_streams(segment=4096)
+    assert short.stream_mode(q.shape) == (3, 16) and CtxCodec.from_config(short.get_config()) == short
+    v2 = codec.with_streams(version=2)
     lanes = v2.encode(q)
-    assert lanes[0] == 2 and len(lanes) < len(buf) <= len(lanes) + 3 * 72 + 12  # 3 more segment headers at most
-    np.testing.assert_array_equal(v2.decode(buf, q.shape, q.dtype), q)
-    np.testing.assert_array_equal(codec.decode(lanes, q.shape, q.dtype), q)
+    assert lanes[0] == 2 and "segment" not in v2.get_config()
+    sizes = []
+    for c, count in ((old, 4), (codec, 8), (short, 16)):
+        buf = c.encode(q)
+        assert buf[0] == 3 and buf[1] == count  # mode, LEB128 segment count
+        sizes.append(len(buf))
+        for reader in (old, codec, short, v2):  # the decoder reads the count from the stream
+            np.testing.assert_array_equal(reader.decode(buf, q.shape, q.dtype), q)
+        np.testing.assert_array_equal(c.decode(lanes, q.shape, q.dtype), q)
+    assert len(lanes) < sizes[0] < sizes[1] < sizes[2]  # each segment's states and header, its first row's contexts
+
+
+def test_segment_length_is_checked():
+    codec, q = fitted((1, 1, 4, 16, 40), np.int8)
+    config = codec.get_config()
+    with pytest.raises(CtxCodecError, match=r"config segment: expected only in a version 3 config\. Got version 2"):
+        CtxCodec.from_config({**config, "version": 2})
+    for bad in (0, 1000, 1 << 25, 8192.0, True, "8192", None):
+        with pytest.raises(CtxCodecError, match=r"config segment: expected coefficients per segment, an int in "):
+            CtxCodec.from_config({**config, "segment": bad})
+    for bad in (-1, 1 << 31, 6000.0, False, "6000", None):
+        with pytest.raises(CtxCodecError, match=r"config segment_bytes: expected stream bytes per added segment, an "):
+            CtxCodec.from_config({**config, "segment_bytes": bad})
+    with pytest.raises(
+        CtxCodecError, match=r"config segment_bytes: expected only in a version 3 config\. Got version 1"
+    ):
+        CtxCodec.from_config({k: v for k, v in config.items() if k != "segment"} | {"version": 1})
+    with pytest.raises(
+        CtxCodecError, match=r"^segment_bytes: expected stream bytes per added segment, an int in \[0, "
+    ):
+        codec.with_streams(segment_bytes=-5)
+    with pytest.raises(CtxCodecError, match=r"^segment: expected coefficients per segment, an int in \[1024, "):
+        CtxCodec.fit(q, 4, "square", segment=512)
+    with pytest.raises(CtxCodecError, match=r"version: expected one of \(1, 2, 3\)\. Got 4"):
+        codec.with_streams(version=4)
+    with pytest.raises(
+        CtxCodecError, match=r"config: expected keys .*\(and \['segment', 'segment_bytes'\] in version 3\)"
+    ):
+        CtxCodec.from_config({**config, "segments": 4})
+    fitted_short = CtxCodec.fit(q, 4, "square", segment=2048, segment_bytes=0)
+    again = CtxCodec.from_config(fitted_short.get_config())
+    assert (again.segment, again.segment_bytes) == (2048, 0) and again == fitted_short
+
+
+def _segment_count(buf: bytes) -> int:
+    assert buf[0] == 3
+    return buf[1]  # LEB128, one byte below 128
+
+
+def test_segment_bytes_bounds_the_added_segments():
+    """Beyond the first version 3 count (one per 16384 coefficients), one segment per `segment_bytes` bytes of the
+    stream: a dense sample gets every segment its coefficients allow, a sparse one keeps what version 3 wrote (mode
+    2 where that was one segment), so its bytes do not grow; every stream decodes with every codec of the model."""
+    rng = np.random.default_rng(5)
+    dense = np.clip(rng.laplace(0, 12, (1, 1, 32, 64, 32)), -127, 127).astype(np.int8)
+    sparse = np.trunc(dense / 60).astype(np.int8)  # 1 in 150 coefficients not 0
+    small = np.ascontiguousarray(sparse[:, :, :, :, :12])  # 24576 coefficients: below two first-release segments
+    fit = CtxCodec.fit(np.concatenate([dense, sparse]), 8, "square")
+    assert fit.segment_bytes == SEGMENT_BYTES == 6000 and fit.get_config()["segment_bytes"] == 6000
+    free, first = fit.with_streams(segment_bytes=0), fit.with_streams(segment=SEGMENT_V3, segment_bytes=0)
+    for q, base in ((dense, 4), (sparse, 4), (small, 1)):
+        unbounded, bounded = free.encode(q), fit.encode(q)
+        cap = base + len(unbounded) // 6000
+        assert fit.stream_mode(q.shape)[1] == _segment_count(unbounded) == min(q.shape[2], q.size // 8192)
+        if cap >= _segment_count(unbounded):
+            assert bounded == unbounded
+        elif cap >= 2:
+            assert _segment_count(bounded) == cap and len(bounded) < len(unbounded)
+        else:
+            assert bounded == first.encode(q) and bounded[0] == 2 and len(bounded) < len(unbounded)
+        for reader in (fit, free, first):
+            np.testing.assert_array_equal(reader.decode(bounded, q.shape, q.dtype), q)
+    assert _segment_count(fit.encode(dense)) == 8 and _segment_count(fit.encode(sparse)) == 4
+    assert fit.encode(small)[0] == 2
 
 
 @pytest.mark.parametrize("shape, dtype", [((1, 3, 7, 9, 20), np.int16), ((2, 1, 5, 16, 300), np.int8)])

@@ -22,6 +22,7 @@ import dctdata
 import dctdata.metrics
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format import FORMAT_VERSION, FieldSpec, FieldStats, Manifest, read_manifest, write_manifest
+from dctdata.format.manifest import manifest_seal
 from dctdata.format.webdataset import entry_name, sample_key
 from dctdata.format.zarr import shard_key as zarr_shard_key
 from dctdata.spec import CodecSpec
@@ -338,13 +339,19 @@ def test_v2_round_trip_and_coordinates(tmp_path):
         (lambda d: d["stats"]["image"].update(valid_fraction=2), r"valid_fraction: expected a number in 0\.\.1"),
         (lambda d: d["stats"]["image"]["channels"][0].pop("psnr_dataset"), r"channels\[0\]: expected keys"),
         # a version 1 manifest has none of the version 2 keys
-        (lambda d: d.update(version=1), r"expected keys .*Got unknown keys \['coords'\]"),
+        (lambda d: (d.pop("seal"), d.update(version=1)), r"expected keys .*Got unknown keys \['coords'\]"),
         (
-            lambda d: (d.pop("coords"), d.update(version=1)),
+            lambda d: (d.pop("seal"), d.pop("coords"), d.update(version=1)),
             r"fields\[0\]: expected keys .*Got unknown keys \['attrs', 'valid'\]",
         ),
         (
-            lambda d: (d.pop("coords"), d["fields"][0].pop("valid"), d["fields"][0].pop("attrs"), d.update(version=1)),
+            lambda d: (
+                d.pop("seal"),
+                d.pop("coords"),
+                d["fields"][0].pop("valid"),
+                d["fields"][0].pop("attrs"),
+                d.update(version=1),
+            ),
             r"stats\['image'\]: expected keys .*Got unknown keys \['channels', 'psnr_dataset', 'valid_fraction'\]",
         ),
     ],
@@ -531,6 +538,7 @@ def test_older_and_explicit_forms_still_read(tmp_path, storage):
 def test_v3_keeps_what_differs_and_refuses_a_wrong_partner(tmp_path):
     d = manifest_v3("webdataset").to_dict()
     d["layout"]["shards"][0]["sha256"] = "b" * 64  # not what the checksums say: written, and kept
+    d["seal"] = manifest_seal(d)
     (tmp_path / "manifest.json").write_text(json.dumps(d))
     back = read_manifest(tmp_path)
     assert back.layout["shards"][0] == {"name": "shard-000000.tar", "samples": 6, "sha256": "b" * 64, "bytes": 10240}
@@ -551,6 +559,7 @@ def test_v3_shard_without_a_checksum_is_named(tmp_path):
 
     d = manifest_v3("webdataset").to_dict()
     d["layout"]["shards"][0]["name"] = "other.tar"  # no checksum entry to take its sha256 and bytes from
+    d["seal"] = manifest_seal(d)
     (tmp_path / "manifest.json").write_text(json.dumps(d))
     with pytest.raises(FormatError, match=r"layout\.shards\[0\]: expected .*checksums of 'other\.tar'\)\. Got"):
         shard_list(read_manifest(tmp_path), "m")

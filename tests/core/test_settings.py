@@ -42,9 +42,8 @@ def test_the_writer_takes_the_fields_that_apply_to_a_stream():
     writer_fields = {n for n, f in FIELDS.items() if f.metadata["writer"]}
     assert set(params) == writer_fields | WRITER_ONLY
     assert writer_fields == set(PackSettings.names(writer=True))
-    assert {"key", "sample_dim", "variables", "stack", "workers", "scheduler", "resume", "length"} == (
-        set(FIELDS) - writer_fields
-    )
+    stream_only = {"key", "sample_dim", "variables", "stack", "allow_external", "workers", "scheduler", "resume"}
+    assert stream_only | {"length"} == set(FIELDS) - writer_fields
     for name in writer_fields:
         assert params[name].default == FIELDS[name].default, name
         assert params[name].annotation == FIELDS[name].type, name
@@ -83,8 +82,8 @@ def test_every_flag_lands_in_its_field():
     argv = (
         "src.nc out --format webdataset --cf 5 --mask triangle --quant int8 --target-psnr noisy=40,clean=45 "
         "--field m=array --field n=label --key a --key b --no-channels-last --nan fill=0 --valid x=m "
-        "--sample-dim time --variables u,v --stack uv --lossless zstd:5 --strict --overwrite --quiet --workers 2 "
-        "--resume --max-shard-size 64MiB --samples-per-shard 8"
+        "--sample-dim time --variables u,v --stack uv --allow-external --lossless zstd:5 --strict --overwrite --quiet "
+        "--workers 2 --resume --max-shard-size 64MiB --samples-per-shard 8"
     ).split()
     s = PackSettings.from_args(pack_parser().parse_args(argv))
     assert (s.format, s.cf, s.mask, s.quant, s.target_psnr) == (
@@ -96,6 +95,7 @@ def test_every_flag_lands_in_its_field():
     )
     assert s.fields == ["m=array", "n=label"] and s.key == ["a", "b"] and s.channels_last is False
     assert (s.nan, s.valid, s.sample_dim, s.variables, s.stack) == ("fill=0", ["x=m"], "time", "u,v", "uv")
+    assert s.allow_external is True and s.source_options["allow_external"] is True
     assert s.codec == {"id": "zstd", "level": 5} and s.strict and s.overwrite and s.quiet and s.resume
     assert (s.workers, s.scheduler, s.max_shard_size, s.samples_per_shard) == (2, None, "64MiB", 8)
     # the parsed forms the pack works with
@@ -114,6 +114,8 @@ def test_the_record_is_the_manifests_pack_entry():
         "mask": None,
         "quant": "int8",
         "target_psnr": {"noisy": 40.0},
+        "max_error": None,
+        "max_rel_error": None,
         "fields": {"m": "array"},
         "key": None,
         "channels_last": False,
@@ -199,3 +201,13 @@ def test_shard_settings_from_python_reach_the_webdataset_writer(tmp_path):
         for sample in x:
             w.write(sample)
     assert [s["samples"] for s in w.manifest.layout["shards"]] == [5, 5]
+
+
+def test_bounds_parse_like_targets_and_are_recorded():
+    s = PackSettings(max_error="0.5,p=2", max_rel_error={"t": 1e-3})
+    assert s.bounds.get("p") == {"max_error": 2.0} and s.bounds.get("u") == {"max_error": 0.5}
+    assert s.bounds.get("t") == {"max_error": 0.5, "max_rel_error": 1e-3}
+    assert s.bounds.named == {"p": "--max-error", "t": "--max-rel-error"} and bool(s.bounds)
+    assert not PackSettings().bounds
+    rec = s.record()
+    assert rec["max_error"] == {"*": 0.5, "p": 2.0} and rec["max_rel_error"] == {"t": 1e-3}

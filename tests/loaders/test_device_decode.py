@@ -186,6 +186,24 @@ def test_a_batch_of_repeated_and_unordered_samples(packs):
     assert torch.equal(layer(b), layer(collate(cpu.__getitems__(idx))["image"]))
 
 
+@pytest.mark.parametrize("name", ["zarr-ctx", "zarr-zstd"])
+@pytest.mark.parametrize("batch_size", [3, 5])
+def test_batches_that_end_inside_a_chunk(packs, name, batch_size):
+    """A batch of a chunk's first samples (samples 0..4 of a chunk of 8) keeps its rows table: its stream decodes
+    to the chunk's 8 rows, of which the batch's are picked (the pairing once taken for "stream k is sample k")."""
+    ds, cpu = _open(packs / name, decode="device"), _open(packs / name)
+    assert ds.manifest.layout["arrays"]["image"]["chunk"] % batch_size  # batches end inside chunks
+    layer = ds.decompressor()
+    loader = make_loader(ds, batch_size=batch_size, shuffle=False)
+    wanted = make_loader(cpu, batch_size=batch_size, shuffle=False)
+    first = next(iter(loader))["image"]
+    assert first.streams == 1 and first.rows is not None and first.rows.tolist() == list(range(batch_size))
+    for a, b in zip(wanted, loader):
+        q, side = layer.decode_stored(b["image"])
+        assert q.shape[0] == side.shape[0] == len(b["image"]) == len(a["label"])
+        assert _equal((q, side), a["image"]) and torch.equal(layer(b["image"]), layer(a["image"]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 @pytest.mark.parametrize("name", ["zarr-ctx", "wds-zstd"])

@@ -12,6 +12,7 @@ import tarfile
 import numpy as np
 import pytest
 import torch
+from pack_checks import reseal as reseal_manifest
 from sample_fields import poisson_fields as fields
 from servers import serve
 
@@ -244,7 +245,7 @@ def reseal(root, name, data):
         if s["name"] == name:
             s["bytes"], s["sha256"] = len(data), hashlib.sha256(data).hexdigest()
     m["checksums"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    mpath.write_text(json.dumps(m))
+    mpath.write_text(json.dumps(reseal_manifest(m)))
 
 
 @pytest.mark.parametrize("member", ["../evil.npy", "/abs/evil.npy", "sub/000000000.label.npy"])

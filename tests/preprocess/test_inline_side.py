@@ -10,12 +10,13 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from pack_checks import reseal
 from sample_fields import files, smooth_fields
 
 import dctdata
 import dctdata.format.zarr.writer as zarr_writer
 from dctdata.errors import FormatError
-from dctdata.format import read_manifest
+from dctdata.format import FORMAT_VERSION, read_manifest
 from dctdata.format.zarr.layout import INLINE_BYTES
 from dctdata.format.zarr.writer import _inline_values
 from dctdata.verify import verify_dataset
@@ -48,7 +49,7 @@ def test_small_pack_keeps_its_side_values_in_the_manifest(tmp_path, monkeypatch,
     assert not (tmp_path / "inline" / "image__side").exists()
     d = json.loads(inline["manifest.json"])
     side = base64.b64decode(d["layout"]["arrays"]["image__side"]["inline"])
-    assert d["version"] == 4 and len(side) == n * 2 * 2 * 4  # (n, C, 2) float32
+    assert d["version"] == FORMAT_VERSION and len(side) == n * 2 * 2 * 4  # (n, C, 2) float32
     assert sum(map(len, inline.values())) < sum(map(len, array.values())) - 600
     assert m.checksums.keys() == {k for k in inline if k != "manifest.json"}
     np.testing.assert_array_equal(_decoded(tmp_path / "inline"), _decoded(tmp_path / "array"))
@@ -122,14 +123,14 @@ def test_parts_without_inline_values_keep_the_array(tmp_path):
 def _edit(tmp_path, change):
     d = json.loads((tmp_path / "p" / "manifest.json").read_text())
     change(d)
-    (tmp_path / "p" / "manifest.json").write_text(json.dumps(d))
+    (tmp_path / "p" / "manifest.json").write_text(json.dumps(reseal(d)))
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
         (
-            lambda d: d.update(version=3),
+            lambda d: (d.pop("seal"), d.update(version=3)),
             r"layout\.arrays\['image__side'\]: expected \{path, chunk, shard\} \(inline arrays need version 4\)",
         ),
         (
@@ -179,4 +180,4 @@ def test_a_changed_inline_value_changes_the_decode_and_verify_still_reads_it(tmp
     )
     after = _decoded(tmp_path / "p")
     assert not np.allclose(before, after) and torch.isfinite(torch.from_numpy(after)).all()
-    assert read_manifest(tmp_path / "p").version == 4
+    assert read_manifest(tmp_path / "p").version == FORMAT_VERSION

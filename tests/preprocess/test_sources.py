@@ -30,11 +30,13 @@ def _same(src, expected: dict[str, np.ndarray]) -> None:
         np.testing.assert_array_equal(src.take([1, 5])[k], v[[1, 5]])
 
 
-def test_npy_is_memory_mapped(tmp_path):
+def test_npy_is_read_by_rows_never_whole(tmp_path):
+    from dctdata.preprocess.sources.arrays import NpyRows
+
     np.save(tmp_path / "x.npy", X)
     src = open_source(tmp_path / "x.npy")
     _same(src, {"image": X})
-    assert isinstance(src.arrays["image"], np.memmap)
+    assert isinstance(src.arrays["image"], NpyRows)  # positional reads of the rows asked for, no memory map
     assert src.where(4).endswith("x.npy sample 4")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 import pytest
-from pack_checks import read_all, rehash, verify
+from pack_checks import read_all, rehash, reseal, verify
 
 import dctdata
 from dctdata.errors import DctDataError, FormatError, IntegrityError
@@ -177,14 +177,14 @@ def test_all_zero_chunks_are_stored_not_elided(tmp_path, capsys):
 def test_layout_disagreeing_with_zarr_metadata(zcopy):
     m = json.loads((zcopy / "manifest.json").read_text())
     m["layout"]["arrays"]["image"]["chunk"] = 4  # the same shard files, other chunks
-    (zcopy / "manifest.json").write_text(json.dumps(m))
+    (zcopy / "manifest.json").write_text(json.dumps(reseal(m)))
     with pytest.raises(
         IntegrityError,
         match=r"image/zarr\.json: field 'image': expected shards of 4 and chunks of 4 samples .*Got shard shape \(4,",
     ):
         dctdata.open_dataset(zcopy)[0]
     m["layout"]["arrays"]["image"].update(chunk=2, shard=8)  # a shard size the listed files contradict
-    (zcopy / "manifest.json").write_text(json.dumps(m))
+    (zcopy / "manifest.json").write_text(json.dumps(reseal(m)))
     with pytest.raises(
         FormatError,
         match=r"layout\.arrays\['image'\]: expected 2 shard files listed in checksums \(10 samples, 8 per shard\)",

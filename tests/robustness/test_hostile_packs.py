@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pack_checks import read_all, rehash, verify
+from pack_checks import read_all, rehash, reseal, verify
 
 import dctdata
 from dctdata.cli import main
@@ -56,7 +56,7 @@ def pack(request, packs, tmp_path) -> Path:
 def edit_manifest(root: Path, edit) -> None:
     m = json.loads((root / "manifest.json").read_text())
     edit(m)
-    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "manifest.json").write_text(json.dumps(reseal(m)))
 
 
 # S1: inspect never writes through a link planted in a directory ------------------------------------
@@ -335,7 +335,7 @@ def raise_count(root: Path, samples: int, in_zarr_json: bool) -> None:
             data = json.dumps(meta).encode()
             (root / name / "zarr.json").write_bytes(data)
             m["checksums"][f"{name}/zarr.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "manifest.json").write_text(json.dumps(reseal(m)))
 
 
 @pytest.mark.parametrize("in_zarr_json", [False, True])
@@ -421,7 +421,7 @@ def read_url(url: str, fmt: str, **kw):
 @pytest.mark.parametrize(
     "mode, cause",
     [
-        ("stall", r"no answer in time .*storage_options=\{'timeout': seconds\} sets the limit"),
+        ("stall", r"no answer in time .*storage_options=\{'timeout': seconds\} sets the idle limit"),
         ("500", r"(ClientResponseError|HTTP).*500"),
         ("truncated", r"(ClientPayloadError|ContentLengthError|Response payload is not completed|expected \d+ bytes)"),
     ],

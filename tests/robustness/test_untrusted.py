@@ -20,6 +20,7 @@ import tarfile
 
 import numpy as np
 import pytest
+from pack_checks import reseal
 
 import dctdata
 from dctdata.cli import main
@@ -157,7 +158,7 @@ def seal(root, name, data):
         if s["name"] == name:
             s["bytes"], s["sha256"] = len(data), digest
     m["checksums"][name] = {"sha256": digest, "bytes": len(data)}
-    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "manifest.json").write_text(json.dumps(reseal(m)))
 
 
 def test_pickled_webdataset_member_is_refused_and_never_runs(wds, tmp_path, capsys):
@@ -221,7 +222,7 @@ def test_manifest_strings_are_never_evaluated(tmp_path, capsys, fmt):
     m["pack"]["source_info"] = {"classes": [code]}
     m["dctdata_version"] = code
     m["layout"]["note"] = code
-    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(reseal(m)))
     assert main(["info", str(tmp_path / "d")]) == 0
     assert main(["verify", str(tmp_path / "d")]) == 0
     capsys.readouterr()
@@ -230,7 +231,7 @@ def test_manifest_strings_are_never_evaluated(tmp_path, capsys, fmt):
     assert not marker.exists()
     # a code string where a number belongs is a format error, not something to run
     m["samples"] = code
-    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(reseal(m)))
     with pytest.raises(DctDataError, match=r"samples: expected an int >= 0\. Got \"__import__"):
         dctdata.open_dataset(tmp_path / "d")
     assert not marker.exists()

@@ -17,16 +17,17 @@ every rank and worker whole shards of its own (docs/guides/loading.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
-from dctdata.format.checksum import HashingWriter
+from dctdata.format.checksum import HashingWriter, with_path
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy
@@ -144,8 +145,8 @@ class WebDatasetWriter(PartWriter):
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
         members_total, count = 0, start
-        with open_file(path, "wb", self.storage_options) as fh:
-            hfile = HashingWriter(fh)
+        with _shard_file(path, self.storage_options) as hfile:
+            fh = hfile.fh
             tar = TarWriter(hfile, encoder=False, **TAR_META)
             for batch in batches:
                 b = len(next(iter(batch.values())))
@@ -210,3 +211,24 @@ class WebDatasetWriter(PartWriter):
             return side + encode_array(codec, arrays[0][None])
         raw = b"".join(encode_npy(a) for a in arrays)
         return raw if codec is None else bytes(codec.encode(raw))
+
+
+@contextlib.contextmanager
+def _shard_file(path: str, storage_options: dict) -> Iterator[HashingWriter]:
+    """A shard being written, hashed as it goes. A failed write (a full disk) names the file, and nothing
+    more reaches the file: tarfile's stream, collected later, would flush its buffer into the closed file
+    and print a second traceback after the real error."""
+    try:
+        fh = open_file(path, "wb", storage_options)
+    except OSError as exc:
+        raise with_path(exc, path) from exc
+    with fh:
+        hfile = HashingWriter(fh)
+        try:
+            yield hfile
+        except OSError as exc:
+            hfile.abandon()
+            raise with_path(exc, path) from exc
+        except BaseException:
+            hfile.abandon()
+            raise

@@ -39,6 +39,13 @@ SHARD_SOURCE_BYTES = 128 << 20
 INDEX_ENTRY_BYTES = 16  # (offset, nbytes) uint64 pair per chunk
 CRC_BYTES = 4
 MISSING = 2**64 - 1  # shard-index entry of a chunk that was never written
+# What one chunk may decode to (a random read decodes a whole chunk, so this bounds what reading one
+# sample can cost): one sample, whatever its size; else at most MAX_CHUNK_BYTES, and more than
+# SMALL_CHUNK_BYTES only when the chunk holds fewer than twice the pack's samples. The writer's chunks are
+# at most CHUNK_BYTES (128 KiB before 0.1.x); a hostile manifest and zarr.json declaring a chunk of 2^22
+# samples would otherwise cost a GiB to return one.
+MAX_CHUNK_BYTES = 16 << 20
+SMALL_CHUNK_BYTES = 128 << 10
 # Side partners of at most this many stored bytes live in the manifest (base64: 4/3 of it), version >= 4.
 INLINE_BYTES = 1024
 INLINE_VERSION = 4
@@ -67,8 +74,20 @@ def chunking(
         c = chunk or math.gcd(_pow2_floor(CHUNK_BYTES // max(1, f.stored_sample_bytes)), shard)
         if shard % c:
             raise DctDataError(f"shard: expected a multiple of chunk={c} samples. Got {shard}")
+        check_chunk(f, c, n, f"chunk_samples: field {f.name!r}", DctDataError)
         chunks[f.name] = c
     return shard, chunks
+
+
+def check_chunk(f: FieldSpec, chunk: int, samples: int, where: str, error=FormatError) -> None:
+    """A chunk of `chunk` samples of `f` in a pack of `samples` must decode to at most MAX_CHUNK_BYTES (or be
+    one sample), and to more than SMALL_CHUNK_BYTES only when it holds fewer than twice the samples."""
+    nbytes = chunk * f.stored_sample_bytes
+    if chunk > 1 and (nbytes > MAX_CHUNK_BYTES or (nbytes > SMALL_CHUNK_BYTES and chunk >= 2 * max(samples, 1))):
+        raise error(
+            f"{where}: expected chunks of one sample, or of at most {MAX_CHUNK_BYTES} bytes and fewer than twice "
+            f"the {samples} samples (or at most {SMALL_CHUNK_BYTES} bytes). Got {chunk} samples = {nbytes} bytes"
+        )
 
 
 def shard_key(field: str, shard_index: int, ndim: int) -> str:
@@ -154,6 +173,7 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
         shard = parse_int(e["shard"], f"{w}.shard", minimum=1, type_error=FormatError, range_error=FormatError)
         if shard % chunk:
             raise FormatError(f"{w}.shard: expected a multiple of chunk={chunk}. Got {shard!r}")
+        check_chunk(f, chunk, m.samples, f"{w}.chunk")
         out[f.name] = {"path": e["path"], "chunk": chunk, "shard": shard}
         _check_shard_files(m, f, e["path"], shard, w)
     return out

@@ -214,6 +214,10 @@ class ZarrReader(StorageReader):
                 check_group_json(data, where)
         return out
 
+    def close(self) -> None:
+        """Close this process's file descriptors (`RangeSource.close`); a later read opens them again."""
+        self.source.close()
+
     # Reading -------------------------------------------------------------------------------------
     def read_samples(
         self, fields: Iterable[FieldSpec], indices: Sequence[int], stored: Collection[str] = ()

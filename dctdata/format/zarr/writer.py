@@ -24,6 +24,7 @@ import numpy as np
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
+from dctdata.format.checksum import with_path
 from dctdata.format.fields import side_partner_names
 from dctdata.format.location import is_url, join, open_file, remove_file
 from dctdata.format.zarr.layout import INLINE_BYTES, chunking, inline_array, inline_entry, layout_entry, shard_key
@@ -53,11 +54,14 @@ class ZarrWriter(PartWriter):
 
     def _put(self, path: str, data: bytes) -> dict[str, Any]:
         """Write one file (replacing a redone part's) and return its checksum entry."""
-        with open_file(path, "wb", self.storage_options) as fh:
-            fh.write(data)
-            fh.flush()
-            if not is_url(path):
-                os.fsync(fh.fileno())
+        try:
+            with open_file(path, "wb", self.storage_options) as fh:
+                fh.write(data)
+                fh.flush()
+                if not is_url(path):
+                    os.fsync(fh.fileno())
+        except OSError as exc:  # a full disk: say which file ("[Errno 28]" alone does not)
+            raise with_path(exc, path) from exc
         return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
     # Client side ---------------------------------------------------------------------------------

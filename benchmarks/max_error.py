@@ -1,0 +1,153 @@
+"""`python -m benchmarks max-error`: bytes at equal pointwise error bound, dctdata `--max-rel-error` against
+SZ3 (absolute mode), ZFP (fixed accuracy) and SPERR (point-wise error mode).
+
+Every item (channel of a sample) gets the bound r x its own value range, r in --bounds (default 1e-2,
+1e-3, 1e-4): dctdata packs the whole set with `max_rel_error=r` (all its files counted, manifest
+included); each peer compresses each item on its own with the absolute bound r x range (its own headers
+counted). Every decoded value is checked against its bound; a peer that misses is reported, not hidden.
+Compression ratio = float32 bytes / stored bytes; the last rows are geometric means over the fields.
+
+Fields: the test fields of `benchmarks.fields` (atoms, beam, clouds) and "spiky", smooth fields with a few
+outliers (the case a mean-square target hides). A peer whose library is missing is skipped (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import dctdata
+from benchmarks.fields import synthetic_fields
+
+
+def spiky(n: int, size: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.cumsum(np.cumsum(rng.standard_normal((n, 1, size, size)), -1), -2)
+    for i in range(n):
+        for _ in range(4):
+            x[i, 0, rng.integers(size), rng.integers(size)] += 40 * x[i].std() * rng.choice([-1, 1])
+    return x.astype(np.float32)
+
+
+def fields(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
+    return {**synthetic_fields(n, size, seed), "spiky": spiky(n, size, seed)}
+
+
+def item_ranges(x: np.ndarray) -> np.ndarray:
+    flat = x.reshape(*x.shape[:2], -1).astype(np.float64)
+    return flat.max(-1) - flat.min(-1)
+
+
+def misses(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> int:
+    """Items whose largest error exceeds their bound."""
+    err = np.abs(y.astype(np.float64) - x.astype(np.float64)).reshape(*x.shape[:2], -1).max(-1)
+    return int((err > bound).sum())
+
+
+def ours(x: np.ndarray, r: float) -> tuple[int, int]:
+    """(stored bytes, items over the bound) of a dctdata pack at max_rel_error=r, decoded by the reader."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "p.dct"
+        dctdata.pack(x, out, max_rel_error=r, quiet=True)
+        nbytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        ds = dctdata.open_dataset(out, as_dict=True)
+        layer = ds.decompressor("image")
+        y = np.stack([layer(tuple(t[None] for t in ds[i]["image"]))[0].numpy() for i in range(len(ds))])
+    return nbytes, misses(x, y, r * item_ranges(x))
+
+
+def _per_item(x: np.ndarray, r: float, enc, dec) -> tuple[int, int]:
+    bound = r * item_ranges(x)
+    y = np.empty_like(x)
+    total = 0
+    for i in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            b = enc(np.ascontiguousarray(x[i, c]), max(float(bound[i, c]), 1e-30))
+            total += len(b)
+            y[i, c] = dec(b, x.shape[2:])
+    return total, misses(x, y, bound)
+
+
+def sz3(x: np.ndarray, r: float) -> tuple[int, int]:
+    from pysz import sz, szConfig, szErrorBoundMode
+
+    def enc(a, e):
+        config = szConfig()
+        config.errorBoundMode = szErrorBoundMode.ABS
+        config.absErrorBound = e
+        return sz.compress(a, config)[0]
+
+    return _per_item(x, r, enc, lambda b, shape: sz.decompress(b, np.float32, shape)[0])
+
+
+def zfp(x: np.ndarray, r: float) -> tuple[int, int]:
+    import zfpy
+
+    return _per_item(x, r, lambda a, e: zfpy.compress_numpy(a, tolerance=e), lambda b, shape: zfpy.decompress_numpy(b))
+
+
+def sperr(x: np.ndarray, r: float) -> tuple[int, int]:
+    import imagecodecs
+
+    if not imagecodecs.SPERR.available:
+        raise ImportError("this imagecodecs build has no SPERR")
+    return _per_item(
+        x,
+        r,
+        lambda a, e: imagecodecs.sperr_encode(a.astype(np.float64), e, "pwe", numthreads=1),
+        lambda b, shape: imagecodecs.sperr_decode(b, numthreads=1),
+    )
+
+
+CODECS = {"dctdata": ours, "SZ3": sz3, "ZFP": zfp, "SPERR": sperr}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks max-error", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=8, help="samples per field")
+    parser.add_argument("--size", type=int, default=96, help="sample side")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bounds", default="1e-2,1e-3,1e-4", help="relative bounds r (x each item's range)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    bounds = [float(b) for b in args.bounds.split(",")]
+    data = fields(args.n, args.size, args.seed)
+    codecs = {}
+    for name, fn in CODECS.items():
+        try:
+            fn(data["spiky"][:1, :, :16, :16], 1e-2)
+            codecs[name] = fn
+        except ImportError as exc:
+            print(f"{name} skipped: {exc}")
+    cr: dict[tuple[str, str, float], float] = {}
+    head = f"{'field':8} {'bound':>7} " + " ".join(f"{c:>9}" for c in codecs) + "   over-bound items"
+    print(
+        f"compression ratio vs float32 at equal max error (r x each item's range), {args.n} x {args.size}^2 per field"
+    )
+    print(head)
+    t0 = time.perf_counter()
+    for fname, x in data.items():
+        raw = x.size * 4
+        for r in bounds:
+            over = {}
+            for name, fn in codecs.items():
+                nbytes, over[name] = fn(x, r)
+                cr[fname, name, r] = raw / nbytes
+            row = " ".join(f"{cr[fname, c, r]:9.2f}" for c in codecs)
+            print(f"{fname:8} {r:7.0e} {row}   " + " ".join(f"{c}:{v}" for c, v in over.items() if v))
+    print("geometric mean over the fields")
+    for r in bounds:
+        g = {c: math.exp(np.mean([math.log(cr[f, c, r]) for f in data])) for c in codecs}
+        rel = " ".join(f"dctdata/{c} {g['dctdata'] / g[c]:.2f}" for c in codecs if c != "dctdata")
+        print(f"{'geomean':8} {r:7.0e} " + " ".join(f"{g[c]:9.2f}" for c in codecs) + f"   {rel}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
