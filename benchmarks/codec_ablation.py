@@ -75,10 +75,10 @@ from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field
 from dctdata.layer import Decompress
-from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
 from dctdata.metrics import channel_nmse, item_nmse
 from dctdata.quantize import coded_coefficients, encode, item_side
 from dctdata.spec import CodecSpec
+from dctdata.stages import AUTO, DEFAULT_CODEC, ZSTD_MAX, get_stage
 
 TARGET = 40.0
 LEVELS = (35.0, 40.0, 45.0)
@@ -159,10 +159,10 @@ def spec_at(v: Variant, m: float) -> CodecSpec:
 def per_sample_bytes(stage: dict, q: np.ndarray) -> int:
     """The coefficients of every sample through the stage, one blob per sample (the webdataset writer's
     member; the entropy coder takes a batch of one, as the writer gives it)."""
-    codec = get_codec(stage)
-    if is_entropy(stage):
-        return sum(len(encode_array(codec, q[i : i + 1])) for i in range(len(q)))
-    return sum(len(encode_array(codec, q[i])) for i in range(len(q)))
+    codec = get_stage(stage)
+    if codec.needs_shape:
+        return sum(len(codec.encode(q[i : i + 1])) for i in range(len(q)))
+    return sum(len(codec.encode(q[i])) for i in range(len(q)))
 
 
 def manifest_of(spec: CodecSpec, stage: dict, stats: FieldStats, n: int, coeff_bytes: int) -> Manifest:

@@ -26,6 +26,7 @@ import torch
 import dctdata
 from dctdata.loaders.device import DevicePrefetcher
 from dctdata.loaders.distributed import make_loader
+from dctdata.stages import AUTO, ZSTD_MAX
 from dctdata.wire import StoredBatch
 
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="dctdata-device-decode-") as d:
         for fmt in ("zarr", "webdataset"):
-            for stage, codec in (("default", "auto"), ("zstd", {"id": "zstd", "level": 19})):
+            for stage, codec in (("default", AUTO), ("zstd", dict(ZSTD_MAX))):
                 path = os.path.join(d, f"{fmt}-{stage}")
                 dctdata.pack(x, path, format=fmt, target_psnr=args.target_psnr, codec=codec, quiet=True)
                 stored = sum(e["bytes"] for e in dctdata.format.read_manifest(path).checksums.values())

@@ -23,7 +23,7 @@ stores them, are then coded by:
   table lookups (`decoder_settings(gather=...)`); the `ctxrans` row is this CPU's default, printed under the table;
 - `zstd-9`, `zstd-19`: numcodecs' Zstd over the same coefficient bytes.
 
-Decode is `dctdata.lossless.decode_array`, the call the zarr and webdataset readers make per chunk, one
+Decode is `dctdata.stages.Stage.decode`, the call the zarr and webdataset readers make per chunk, one
 thread, best of `--repeat` passes over all samples (the coders alternate inside each pass, so they see
 the same machine load). Every decoded array is checked against the coefficients. The `pack reader` row
 is the whole worker-side read without torch, on one thread as in a DataLoader worker
@@ -45,13 +45,12 @@ import tempfile
 import time
 from typing import Any
 
-import numcodecs
 import numpy as np
 
 import dctdata
 from dctdata.entropy import CtxCodec, _ctxrans
 from dctdata.entropy.ctxrans import decoder_settings
-from dctdata.lossless import decode_array, get_codec, is_entropy
+from dctdata.stages import DEFAULT_CODEC, ZSTD_MAX, CtxransStage, get_stage
 
 SETS = ("em", "atoms", "beam", "clouds", "camera", "astronaut")
 CODERS = (
@@ -112,13 +111,11 @@ def default_lookups() -> str:
 def _decode_all(codec, bufs, shape, dtype, where, simd: bool = True, gather: bool | None = None) -> None:
     with decoder_settings(simd, gather):
         for b in bufs:
-            decode_array(codec, b, shape, dtype, where)
+            codec.decode(b, shape, dtype, where)
 
 
 class _TwoState:
     """A ctxrans codec writing the 2-state layout (mode 0) whatever the array's size."""
-
-    codec_id = CtxCodec.codec_id
 
     def __init__(self, codec):
         self.codec = codec
@@ -149,25 +146,26 @@ def measure_set(
     n = ds.manifest.samples
     shape = (1, *q.shape[1:])
     lossless = field.lossless
-    stage = "ctxrans" if is_entropy(lossless) else f"{lossless.get('id')}-{lossless.get('level')}"
-    ctx = get_codec(field.lossless) if is_entropy(field.lossless) else CtxCodec.fit(q, field.codec.cf, field.codec.mask)
-    two = _TwoState(ctx)
+    entropy = isinstance(get_stage(lossless), CtxransStage)
+    stage = "ctxrans" if entropy else f"{lossless.get('id')}-{lossless.get('level')}"
+    ctx = get_stage(lossless).codec if entropy else CtxCodec.fit(q, field.codec.cf, field.codec.mask)
+    one, two = CtxransStage(ctx.get_config(), ctx), CtxransStage(ctx.get_config(), _TwoState(ctx))
     codecs = {
-        "ctxrans": ctx,
-        "ctxrans, gather instruction": ctx,
-        "ctxrans, scalar loads": ctx,
-        "ctxrans no AVX2": ctx,
+        "ctxrans": one,
+        "ctxrans, gather instruction": one,
+        "ctxrans, scalar loads": one,
+        "ctxrans no AVX2": one,
         "ctxrans 2-state": two,
         "ctxrans 2-state no AVX2": two,
-        "zstd-9": numcodecs.Zstd(level=9),
-        "zstd-19": numcodecs.Zstd(level=19),
+        "zstd-9": get_stage(DEFAULT_CODEC),
+        "zstd-19": get_stage(ZSTD_MAX),
     }
     streams = {
         c: [bytes(codec.encode(np.ascontiguousarray(q[i : i + 1]))) for i in range(n)] for c, codec in codecs.items()
     }
     for c, codec in codecs.items():  # every coder gives the coefficients back
         for i, buf in enumerate(streams[c]):
-            if not np.array_equal(decode_array(codec, buf, shape, q.dtype, f"{name} {c}"), q[i : i + 1]):
+            if not np.array_equal(codec.decode(buf, shape, q.dtype, f"{name} {c}"), q[i : i + 1]):
                 raise RuntimeError(f"{name}: {c} did not decode sample {i} to its coefficients")
     passes: dict[str, list[float]] = {}  # seconds of each pass, per coder
     batches = [range(a, min(a + READER_BATCH, n)) for a in range(0, n, READER_BATCH)]

@@ -272,7 +272,7 @@ class Setup:
         return self
 
     def _make(self) -> None:
-        from dctdata.lossless import ZSTD_MAX
+        from dctdata.stages import ZSTD_MAX
 
         t0 = time.perf_counter()
         zstd = dict(ZSTD_MAX)  # what `--lossless zstd` packs
@@ -363,10 +363,10 @@ def _bytes(root: str, n: int) -> float:
 
 
 def _stage_name(ds) -> str:
-    from dctdata.lossless import CTX_ID
+    from dctdata.stages import CtxransStage, get_stage
 
     lossless = dict(ds.manifest.field("image").lossless or {})
-    if lossless.get("id") == CTX_ID:
+    if isinstance(get_stage(lossless), CtxransStage):
         return "entropy coder"
     return f"{lossless.get('id', 'none')}-{lossless['level']}" if "level" in lossless else lossless.get("id", "none")
 
@@ -374,13 +374,12 @@ def _stage_name(ds) -> str:
 def stage_decoder(lossless, device: torch.device) -> str:
     """Where `decode="device"` decodes a stage's streams on `device`: "device" (the stage's `device_decoder`
     hook gives one), "cpu" (the device is the CPU) or "cpu fallback" (the streams go to the CPU and back)."""
-    from dctdata.lossless import get_codec
+    from dctdata.stages import get_stage
 
     if device.type == "cpu":
         return "cpu"
-    hook = getattr(get_codec(lossless), "device_decoder", None)
     try:
-        return "device" if callable(hook) and hook(device) is not None else "cpu fallback"
+        return "device" if get_stage(lossless).device_decoder(device) is not None else "cpu fallback"
     except Exception as exc:  # the decode will raise it too: the row records it
         return f"none ({type(exc).__name__}: {exc})"
 

@@ -46,7 +46,7 @@ import dctdata
 from benchmarks.segment_cost import segments_of
 from dctdata.entropy import device as gpu
 from dctdata.entropy.ctxrans import SEGMENT, SEGMENT_V3, CtxCodec, CtxCodecError
-from dctdata.lossless import get_codec, is_entropy
+from dctdata.stages import CtxransStage, get_stage
 
 
 def pack_streams(n: int, size: int, target_psnr: float, workdir: str) -> tuple[CtxCodec, np.ndarray]:
@@ -60,8 +60,9 @@ def pack_streams(n: int, size: int, target_psnr: float, workdir: str) -> tuple[C
     ds = dctdata.open_dataset(out)
     field = next(f for f in ds.manifest.fields if f.codec is not None)
     q = ds.reader.read(field, 0, ds.manifest.samples)
-    if is_entropy(field.lossless):
-        codec = get_codec(field.lossless)
+    stage = get_stage(field.lossless)
+    if isinstance(stage, CtxransStage):
+        codec = stage.codec
     else:  # the pack preferred zstd for this set: the entropy coder fitted as the pack would have
         codec = CtxCodec.fit(q, field.codec.cf, field.codec.mask)
     return codec, np.ascontiguousarray(q)

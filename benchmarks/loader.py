@@ -133,7 +133,7 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
 
     import dctdata
     from dctdata.loaders.threads import available_cores
-    from dctdata.lossless import parse_lossless_option
+    from dctdata.stages import ZSTD_MAX
 
     before = torch.get_num_threads()
     cores = available_cores()
@@ -145,7 +145,7 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         out, raw = os.path.join(tmp, "dct"), os.path.join(tmp, "raw.zarr")
         zstd = os.path.join(tmp, "dct-zstd")
         dctdata.pack(os.path.join(tmp, "x.npy"), out, quant="int8", target_psnr=target_psnr, quiet=True)
-        zstd_stage = parse_lossless_option("zstd")
+        zstd_stage = dict(ZSTD_MAX)
         dctdata.pack(
             os.path.join(tmp, "x.npy"), zstd, quant="int8", target_psnr=target_psnr, codec=zstd_stage, quiet=True
         )

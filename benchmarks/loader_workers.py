@@ -25,7 +25,7 @@ import dctdata
 from benchmarks.loader import synthetic
 from dctdata.entropy.ctxrans import decoder_settings
 from dctdata.loaders.wds_dataset import DCTWebDataset
-from dctdata.lossless import parse_lossless_option
+from dctdata.stages import ZSTD_MAX
 
 
 def _epoch(loader, simd: bool) -> tuple[int, float]:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         np.save(src, synthetic(a.samples, a.size))
         common = dict(target_psnr=40, quiet=True, format="webdataset", writer_options={"samples_per_shard": 64})
         dctdata.pack(src, os.path.join(d, "default"), **common)
-        dctdata.pack(src, os.path.join(d, "zstd"), codec=parse_lossless_option("zstd"), **common)
+        dctdata.pack(src, os.path.join(d, "zstd"), codec=dict(ZSTD_MAX), **common)
         cases = [("default pack, vector decoder", "default", True), ("default pack, scalar decoder", "default", False)]
         cases.append(("--lossless zstd pack", "zstd", True))
         for workers in a.workers:

@@ -25,8 +25,8 @@ import torch
 import dctdata
 import dctdata.metrics
 from dctdata.datasets.slstr import cloud_field
-from dctdata.lossless import get_codec
 from dctdata.preprocess.masking import fill_invalid
+from dctdata.stages import DEFAULT_CODEC, get_stage
 
 
 def scenes(n: int, size: int, seed: int = 1) -> np.ndarray:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     x = scenes(args.n, args.size)
     valid = np.isfinite(x)
-    codec = get_codec({"id": "zstd", "level": 9})
+    codec = get_stage(DEFAULT_CODEC)
     with tempfile.TemporaryDirectory() as tmp:
         packs = {}
         for nan in ("mask", "fill=0"):

@@ -25,7 +25,7 @@ import numpy as np
 
 import dctdata
 from dctdata.entropy.ctxrans import MODE_SEGMENTS, SEGMENT, SEGMENT_BYTES, SEGMENT_V3, CtxCodec
-from dctdata.lossless import get_codec, is_entropy
+from dctdata.stages import CtxransStage, get_stage
 
 
 def tiles(images: dict[str, np.ndarray], size: int) -> np.ndarray:
@@ -66,8 +66,9 @@ def packed(x: np.ndarray, target_psnr: float, workdir: str) -> tuple[CtxCodec, n
     ds = dctdata.open_dataset(out)
     field = next(f for f in ds.manifest.fields if f.codec is not None)
     q = np.ascontiguousarray(ds.reader.read(field, 0, ds.manifest.samples))
-    if is_entropy(field.lossless):
-        return get_codec(field.lossless), q
+    stage = get_stage(field.lossless)
+    if isinstance(stage, CtxransStage):
+        return stage.codec, q
     return CtxCodec.fit(q, field.codec.cf, field.codec.mask), q
 
 

@@ -110,7 +110,7 @@ def run_stream_bench(
     from dctdata.loaders.threads import balance_threads
     from dctdata.loaders.wds_dataset import DCTWebDataset
     from dctdata.loaders.zarr_dataset import DCTZarrDataset
-    from dctdata.lossless import parse_lossless_option
+    from dctdata.stages import ZSTD_MAX
 
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
     warnings.filterwarnings("ignore", message=".*NumPy array is not writable.*")  # the peers' read-only arrays
@@ -130,7 +130,7 @@ def run_stream_bench(
             **common,
         )
         dctdata.pack(src, os.path.join(d, "zarr"), format="zarr", **common)
-        zstd = dict(common, codec=parse_lossless_option("zstd"))  # `--lossless zstd`: bytes traded for decode speed
+        zstd = dict(common, codec=dict(ZSTD_MAX))  # `--lossless zstd`: bytes traded for decode speed
         wds_zstd = {"samples_per_shard": samples_per_shard}
         dctdata.pack(src, os.path.join(d, "wds-zstd"), format="webdataset", writer_options=wds_zstd, **zstd)
         dctdata.pack(src, os.path.join(d, "zarr-zstd"), format="zarr", **zstd)

@@ -7,7 +7,7 @@ coefficients, so the `--lossless zstd` default (zstd-19) and the array fields' z
 The sets are those of benchmarks/entropy_decode_speed.py (`load_set`), each packed by the product
 (`dctdata.pack(..., target_psnr=T)`) and its stored integer coefficients read back; every level then codes
 them one stream per sample, as a pack stores them, through numcodecs' Zstd (the pack's codec). Decode is
-`dctdata.lossless.decode_array` (the readers' per-chunk call). One thread; every pass times every level in
+`dctdata.stages.Stage.decode` (the readers' per-chunk call). One thread; every pass times every level in
 turn (encode, then decode), best of `--repeat` passes. Columns: stored bytes per sample and against
 zstd-9, encode and decode MB/s of float32-equivalent output (samples x C x H x W x 4 bytes / s, per core),
 and the decode speed against zstd-9 as the median over passes of their time ratio in the same pass.
@@ -19,11 +19,11 @@ import argparse
 import time
 from typing import Any
 
-import numcodecs
 import numpy as np
 
 from benchmarks.entropy_decode_speed import add_set_arguments, check_set_arguments, packed_coefficients, run_sets
-from dctdata.lossless import ZSTD_LEVELS, decode_array
+from dctdata.stages import DEFAULT_CODEC, get_stage
+from dctdata.stages.zstd import LEVELS as ZSTD_LEVELS
 
 SETS = ("em", "atoms", "beam", "camera", "astronaut")
 LEVELS = (1, 3, 9, 12, 13, 16, 19, 22)
@@ -36,17 +36,17 @@ def measure_set(name: str, x: np.ndarray, levels: tuple[int, ...], target_psnr: 
     n = ds.manifest.samples
     shape = (1, *q.shape[1:])
     samples = [np.ascontiguousarray(q[i : i + 1]) for i in range(n)]
-    codecs = {level: numcodecs.Zstd(level=level) for level in levels}
+    codecs = {level: get_stage(dict(DEFAULT_CODEC, level=level)) for level in levels}
     enc: dict[int, list[float]] = {level: [] for level in levels}
     dec: dict[int, list[float]] = {level: [] for level in levels}
     streams: dict[int, list[bytes]] = {}
     for _ in range(repeat):
         for level, codec in codecs.items():
             t0 = time.perf_counter()
-            streams[level] = [bytes(codec.encode(s)) for s in samples]
+            streams[level] = [codec.encode(s) for s in samples]
             enc[level].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            got = [decode_array(codec, b, shape, q.dtype, f"{name} zstd-{level}") for b in streams[level]]
+            got = [codec.decode(b, shape, q.dtype, f"{name} zstd-{level}") for b in streams[level]]
             dec[level].append(time.perf_counter() - t0)
             if not all(np.array_equal(g, s) for g, s in zip(got, samples)):
                 raise RuntimeError(f"{name}: zstd-{level} did not decode to the coefficients")

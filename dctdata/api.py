@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, read_manifest, storages
 from dctdata.format.location import shard_selection
-from dctdata.lossless import AUTO
 from dctdata.settings import PackSettings
+from dctdata.stages import AUTO
 
 SETTINGS = frozenset(PackSettings.names())
 

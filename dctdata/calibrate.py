@@ -31,7 +31,6 @@ PSNR here is always against each item's own value range (`dctdata.metrics`). "Da
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import statistics
@@ -43,11 +42,11 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
-from dctdata.lossless import AUTO, DEFAULT_CODEC, ZSTD_MAX, encode_array, get_codec, is_entropy
 from dctdata.metrics import ItemErrors, item_nmse
 from dctdata.parse import is_number, parse_number
 from dctdata.quantize import F32_SAFE_MAX, encode, item_side, keep_floor, normalize, quantize_per_sample, rotate
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
+from dctdata.stages import AUTO, for_setting, get_stage
 from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,6 @@ MARGIN_DB = 0.15  # land at target + margin on the calibration subset ...
 TOL_DB = 0.12  # ... within this tolerance
 FLOOR_BELOW_DB = 0.4  # default min_psnr: no sample more than this below the target
 SUB_VALUES = 1 << 20  # coefficients in the subsample the search runs on
-FIT_VALUES = 1 << 22  # coefficients the entropy coder's model is fitted on (evenly spaced samples)
 DROP_SHARE = 0.15  # a smaller cf may drop at most this share of the error budget
 INT_LIMITS = {"int8": 127.0, "int16": 32767.0}
 
@@ -290,40 +288,23 @@ def fit_recon(v: torch.Tensor, q: torch.Tensor, dims) -> torch.Tensor:
 
 def _sizer(codec: Mapping[str, Any] | str | None) -> Callable[[torch.Tensor, str, int, str], int]:
     """Bytes of quantized planes (R, C, K, Wb) after the lossless stage: the search compares settings by
-    this. With "auto" (or the entropy coder), integer planes are sized by the entropy coder's one-pass
-    estimate (each block row a sample of one row: the cheapest consistent proxy)."""
-    entropy = codec == AUTO or is_entropy(codec if isinstance(codec, Mapping) else None)
-    c = get_codec(DEFAULT_CODEC if codec == AUTO else codec) if not entropy else get_codec(ZSTD_MAX)
+    this. The stage (or "auto") says how it sizes them (`Stage.estimate_size`: the entropy coder has a
+    one-pass estimate, a bytes codec encodes)."""
+    stage = for_setting(codec)
 
     def size(q: torch.Tensor, dtype: str, cf: int, mask: str) -> int:
         raw = q.to(COEFF_DTYPES[dtype][0]).contiguous()
-        if entropy and dtype in INTEGER_DTYPES:
-            from dctdata.entropy import CtxCodec
-
-            return int(CtxCodec.estimate_bytes(raw.unsqueeze(2).numpy(), cf, mask))
         raw = raw.view(torch.int16) if raw.dtype == torch.bfloat16 else raw
-        return len(encode_array(c, raw.numpy()))
+        return stage.estimate_size(raw.unsqueeze(2).numpy(), cf, mask, dtype in INTEGER_DTYPES)
 
     return size
 
 
 def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str | None) -> dict[str, Any]:
     """The lossless stage config of a dct field from its quantized calibration coefficients: with "auto",
-    the entropy coder fitted on them, unless zstd-19 stores them in fewer bytes (periodic textures that
-    long matches catch); else `codec` as given."""
-    if codec != AUTO:
-        return dict(codec or {})
-    if spec.dtype not in INTEGER_DTYPES:
-        return dict(DEFAULT_CODEC)
-    from dctdata.entropy import CtxCodec
-
-    per = max(1, q[0].size)
-    pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
-    coder = CtxCodec.fit(q[pick], spec.cf, spec.mask)  # counts of a few million coefficients fit the model
-    config = coder.get_config()
-    sub = q[: max(1, SUB_VALUES // max(1, q[0].size))]  # zstd-19 encodes slowly: compare on a bounded share
-    ctx = len(encode_array(coder, sub)) + len(json.dumps(config)) * len(sub) / len(q)  # the model is in the manifest
-    return config if ctx < len(encode_array(get_codec(ZSTD_MAX), sub)) else dict(ZSTD_MAX)
+    the policy's choice (`dctdata.stages.auto`: the smaller of the fitted entropy coder and zstd-19 for
+    integers); else `codec` as given."""
+    return for_setting(codec).choose(q, spec.cf, spec.mask, spec.dtype in INTEGER_DTYPES, SUB_VALUES)
 
 
 # Entry points ------------------------------------------------------------------------------------
@@ -728,7 +709,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
-    nbytes = len(encode_array(get_codec(stage), qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
+    nbytes = len(get_stage(stage).encode(qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
     diff = (x_hat.to(torch.float32) - x).abs()
     if valid is not None:
         diff = diff.masked_fill(~valid, 0)

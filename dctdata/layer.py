@@ -42,8 +42,8 @@ from torch import nn
 from dctdata import fused, fused_cuda
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
-from dctdata.lossless import parse_codec_config
 from dctdata.spec import CodecSpec, dequant_tables
+from dctdata.stages import parse_config
 from dctdata.stored import decode_batch
 from dctdata.transform import BLOCK, augment_bias, fold_basis, fold_shift, synthesize
 from dctdata.wire import StoredBatch, split_wire
@@ -73,7 +73,7 @@ class Decompress(nn.Module):
         self.dtype = dtype
         self.normalize = normalize
         # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
-        self.lossless = None if lossless is None else parse_codec_config(lossless, "lossless")
+        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         mean = spec.mean if normalize else None
         std = spec.std if normalize else None

@@ -6,9 +6,9 @@ passes in the worker before it may leave, and the decode that finishes it where 
   coder's streams have no header to check; its decoder is bounded to the output's size and names a bad
   stream (every decoder of stored bytes is fuzzed), so nothing corrupt is decoded past its bounds.
 - `decode_stored(codec_config, buffer, offsets, sample_shape, dtype)`: the streams of one buffer through
-  the lossless stage, on the buffer's device. This is the one call a stage's batched decoder replaces
-  (`stage.decode_batch`); on a device a stage has no decoder for, the streams are decoded on the CPU and
-  the result moved back (logged once).
+  the lossless stage, on the buffer's device (`Stage.decode_batch`): the stage's `DeviceDecoder` where it
+  has one for that device (the entropy coder: CUDA and CPU; zstd: CUDA, through nvCOMP), else its host
+  decoders, the result copied back to the device (blosc, LZ4, raw).
 - `decode_batch(batch, lossless, spec)`: a `StoredBatch` -> (coefficients, side), what `Decompress`
   then takes: the stage's decode, the .npy headers a webdataset member holds checked, the coefficients
   and in-stream side values cut out, byte order, each sample's row picked.
@@ -16,31 +16,21 @@ passes in the worker before it may leave, and the decode that finishes it where 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.lossless import CTX_ID, declared_size, decode_array, get_codec
 from dctdata.spec import CodecSpec
+from dctdata.stages import get_stage
 from dctdata.wire import StoredBatch, StreamForm, stage_key
-
-log = logging.getLogger(__name__)
-_WARNED: set[tuple[str, str]] = set()
 
 
 def check_stream(codec, stream, decoded: int, where: str | Callable[[], str]) -> None:
     """Refuse a stream whose header does not declare exactly `decoded` bytes (a raw stream: is not that
-    long). `where` (or `where()`) names the stream in the error."""
-    if getattr(codec, "codec_id", None) == CTX_ID:
-        return  # no header: its decoder is bounded and names a bad stream
-    n = len(memoryview(stream).cast("B")) if codec is None else declared_size(codec, stream)
-    if n != decoded:
-        said = "a damaged or truncated header" if n is None else f"one of {n}"
-        name = where() if callable(where) else where
-        raise IntegrityError(f"{name}: expected a stream of {decoded} decoded bytes. Got {said}")
+    long), as its stage checks it (`Stage.check_stream`). `where` (or `where()`) names the stream."""
+    codec.check_stream(stream, decoded, where)
 
 
 def decode_stored(
@@ -54,28 +44,8 @@ def decode_stored(
     """(S, *sample_shape) of numpy `dtype` (as a tensor) from the S streams buffer[offsets[k]:offsets[k+1]]
     through the lossless stage `codec_config`, on `buffer`'s device. A stream that does not decode to
     exactly that raises IntegrityError naming `where(k)`."""
-    codec = get_codec(codec_config)
-    device = buffer.device
-    if device.type != "cpu":
-        hook = getattr(codec, "device_decoder", None)
-        decoder = hook(device) if callable(hook) else None
-        if decoder is not None:
-            return decoder(buffer, offsets, tuple(sample_shape), np.dtype(dtype))
-        key = (str(dict(codec_config or {}).get("id", "raw")), device.type)
-        if key not in _WARNED:
-            _WARNED.add(key)
-            log.warning("lossless stage %r has no %s decoder: its streams are decoded on the CPU", *key)
-        return decode_stored(codec_config, buffer.cpu(), offsets.cpu(), sample_shape, dtype, where).to(device)
-    dtype = np.dtype(dtype)
-    shape = tuple(int(s) for s in sample_shape)
-    data = buffer.numpy()
-    offs = offsets.tolist()
-    out = np.empty((len(offs) - 1, *shape), dtype)
     name = (lambda k: f"stream {k}") if where is None else where
-    for k in range(len(offs) - 1):
-        stream = memoryview(data[offs[k] : offs[k + 1]])
-        out[k] = decode_array(codec, stream, shape, dtype, lambda k=k: name(k), writeable=False)
-    return torch.from_numpy(out)
+    return get_stage(codec_config).decode_batch(buffer, offsets, sample_shape, np.dtype(dtype), where=name)
 
 
 def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):

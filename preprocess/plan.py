@@ -37,13 +37,13 @@ from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.format.manifest import figure
 from dctdata.kinds import FieldKind
-from dctdata.lossless import AUTO, DEFAULT_CODEC
 from dctdata.metrics import pooled_psnr
 from dctdata.preprocess.masking import NanPolicy, valid_name
 from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
 from dctdata.settings import Bounds, PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
 from dctdata.spec import CodecSpec
+from dctdata.stages import AUTO, DEFAULT_CODEC
 
 log = logging.getLogger(__name__)
 

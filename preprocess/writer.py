@@ -48,7 +48,6 @@ from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
 from dctdata.format.coords import encode_coord
 from dctdata.kinds import FieldKind
-from dctdata.lossless import AUTO
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess.commit import check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
@@ -62,6 +61,7 @@ from dctdata.preprocess.sources import (
     sample_dict,
 )
 from dctdata.settings import PackSettings
+from dctdata.stages import AUTO
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import torch
 
 from benchmarks import gpu
 from benchmarks.__main__ import main
-from dctdata.lossless import ZSTD_MAX
+from dctdata.stages import ZSTD_MAX
 
 
 def test_gpu_bench_skips_in_one_line_without_cuda(capsys, monkeypatch):

@@ -76,6 +76,7 @@ import numpy as np
 
 import dctdata.entropy._ctxrans as _ctxrans
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.stages.ctxrans_id import CODEC_ID
 from dctdata.transform import kept_frequencies as _kept_frequencies
 
 __all__ = ["CtxCodec", "CtxCodecError", "check_coefficients", "fit", "kept_frequencies", "max_coefficients"]
@@ -91,7 +92,6 @@ def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
 
 log = logging.getLogger(__name__)
 
-CODEC_ID = "dctdata_ctxrans"
 # 2: streams of LANES_MIN coefficients or more use the kernel's 16-lane layout (mode 2);
 # 3: streams of 2 * segment coefficients or more are segments of block rows (mode 3); the config may name
 #    `segment` (coefficients per segment) and `segment_bytes` (without them: SEGMENT_V3 and no bound, what the

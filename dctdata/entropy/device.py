@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from dctdata.entropy import _ctxlanes
-from dctdata.entropy.ctxrans import MODE_SEGMENTS, CtxCodec, CtxCodecError
+from dctdata.entropy.ctxrans import CODEC_ID, MODE_SEGMENTS, CtxCodec, CtxCodecError
 from dctdata.errors import DctDataError, IntegrityError
 
 __all__ = [
@@ -146,7 +146,7 @@ def raise_for_status(status: torch.Tensor, where: Callable[[int], str] | None = 
     i = bad[0]
     name = where(i) if where is not None else f"sample {i}"
     more = f" ({len(bad) - 1} more samples of the batch failed)" if len(bad) > 1 else ""
-    raise IntegrityError(f"{name}: expected a dctdata_ctxrans stream. Got {describe(int(status[i]))}{more}")
+    raise IntegrityError(f"{name}: expected a {CODEC_ID} stream. Got {describe(int(status[i]))}{more}")
 
 
 def units_per_sample(codec: CtxCodec, sample_shape: Sequence[int]) -> int:

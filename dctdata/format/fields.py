@@ -24,9 +24,9 @@ import torch
 
 from dctdata.errors import DctDataError, FormatError
 from dctdata.kinds import FieldKind
-from dctdata.lossless import DEFAULT_CODEC, parse_codec_config
 from dctdata.parse import is_int, parse_object
-from dctdata.spec import MAX_SAMPLE_VALUES, CodecSpec
+from dctdata.spec import INTEGER_DTYPES, MAX_SAMPLE_VALUES, CodecSpec
+from dctdata.stages import DEFAULT_CODEC, get_stage, parse_config
 
 # Field names become zarr paths and webdataset extensions: keep them plain.
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -99,7 +99,7 @@ class FieldSpec:
         if dtype not in SAMPLE_DTYPES:
             raise DctDataError(f"{where}: dtype: expected one of {SAMPLE_DTYPES}. Got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "lossless", parse_codec_config(self.lossless or None, f"{where}: lossless"))
+        object.__setattr__(self, "lossless", parse_config(self.lossless or None, f"{where}: lossless"))
         if kind is FieldKind.DCT:
             if not isinstance(self.codec, CodecSpec):
                 raise DctDataError(f"{where}: codec: expected a CodecSpec for a dct field. Got {self.codec!r}")
@@ -120,6 +120,13 @@ class FieldSpec:
                 raise DctDataError(f"{where}: valid: expected None for a {kind} field. Got {self.valid!r}")
             if not isinstance(self.valid, str) or not NAME_RE.match(self.valid) or self.valid == self.name:
                 raise DctDataError(f"{where}: valid: expected the name of another field. Got {self.valid!r}")
+        stage = get_stage(self.lossless)
+        if stage.needs_shape and not (self.is_dct and (self.stored_dtype in INTEGER_DTYPES or not stage.integer_only)):
+            raise DctDataError(
+                f"{where}: lossless: expected a bytes codec for a {kind} field of {self.stored_dtype} (the "
+                f"{stage.codec_id!r} stage codes {'integer ' if stage.integer_only else ''}dct coefficients only). "
+                f"Got {stage.codec_id!r}"
+            )
         object.__setattr__(self, "attrs", check_attrs(self.attrs, f"{where}: attrs"))
 
     @property
@@ -238,9 +245,7 @@ BOUNDS_VERSION = 5
 
 def side_field(f: FieldSpec) -> FieldSpec:
     """The stored partner of a dct field with side information: (C, 2) float32 per sample, zstd."""
-    return FieldSpec(
-        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.channels, 2), "float32", lossless={"id": "zstd", "level": 9}
-    )
+    return FieldSpec(f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.channels, 2), "float32", lossless=DEFAULT_CODEC)
 
 
 def has_side(f: FieldSpec) -> bool:

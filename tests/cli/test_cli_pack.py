@@ -462,11 +462,13 @@ def test_lossless_option_same_pack_as_python_codec(tmp_path, capsys):
 
 
 def test_parse_lossless_option_types():
-    from dctdata.lossless import AUTO, parse_lossless_option
+    from dctdata.stages import AUTO, parse_option
 
-    assert parse_lossless_option(" auto ") == AUTO
+    assert parse_option(" auto ") == AUTO
     with pytest.raises(TypeError, match="--lossless: expected a string"):
-        parse_lossless_option(9)
-    for bad in ("zstd:", "zstd:0", "auto:1", "brotli", "zstd:1.5"):
-        with pytest.raises(dctdata.DctDataError, match="--lossless: expected auto, zstd or zstd:LEVEL"):
-            parse_lossless_option(bad)
+        parse_option(9)
+    for bad in ("zstd:", "zstd:0", "auto:1", "brotli", "zstd:1.5", "dctdata_ctxrans", "blosc"):
+        with pytest.raises(
+            dctdata.DctDataError, match=r"--lossless: expected one of: auto, zstd, zstd:LEVEL \(LEVEL in 1\.\.22\)"
+        ):
+            parse_option(bad)

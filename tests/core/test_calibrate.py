@@ -12,18 +12,18 @@ import dctdata
 from benchmarks.fields import synthetic_fields
 from benchmarks.images import sample_images, to_chw_float
 from dctdata.calibrate import calibrate, calibrate_report, dataset_psnr
-from dctdata.lossless import DEFAULT_CODEC, decode_array, encode_array, get_codec
 from dctdata.metrics import psnr
+from dctdata.stages import DEFAULT_CODEC, get_stage
 
 
 def roundtrip(x, spec, valid=None, stage=DEFAULT_CODEC):
     """The real path: encode -> lossless stage -> bytes -> decode -> Decompress."""
-    codec = get_codec(stage)
+    codec = get_stage(stage)
     wire, overflow = dctdata.encode(x, spec, valid=valid)
     q, side = wire if isinstance(wire, tuple) else (wire, None)
     q = q.contiguous().numpy()
-    blobs = [encode_array(codec, q[i : i + 1]) for i in range(len(q))]  # one sample each, as webdataset stores
-    back = torch.cat([torch.from_numpy(decode_array(codec, b, (1, *spec.coeff_shape), q.dtype, "test")) for b in blobs])
+    blobs = [codec.encode(q[i : i + 1]) for i in range(len(q))]  # one sample each, as webdataset stores
+    back = torch.cat([torch.from_numpy(codec.decode(b, (1, *spec.coeff_shape), q.dtype, "test")) for b in blobs])
     return dctdata.Decompress(spec)(back if side is None else (back, side)), sum(map(len, blobs)), overflow
 
 

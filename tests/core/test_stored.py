@@ -10,8 +10,8 @@ import zstandard
 
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format.npy import encode_npy, npy_header, npy_size
-from dctdata.lossless import get_codec
 from dctdata.spec import CodecSpec
+from dctdata.stages import RAW, get_stage
 from dctdata.stored import check_stream, decode_batch, decode_stored
 from dctdata.wire import StoredSample as S
 from dctdata.wire import StreamForm, collate_stored, stage_key
@@ -45,6 +45,18 @@ def test_big_endian_chunks_of_several_samples_decode_to_native_values():
     assert batch.streams == 2 and batch.rows.tolist() == [1, 2, 0]
     got, side = decode_batch(batch, {}, SPEC)
     assert side is None and torch.equal(got, torch.from_numpy(q[[3, 0, 2]]))
+
+
+def test_the_first_samples_of_a_chunk_keep_their_rows():
+    """A batch of a chunk's first rows, in order, still says which rows: the chunk decodes to all of its rows."""
+    q = _values(4, seed=2)
+    form = StreamForm("x", stage_key({}), SHAPE, "int16", rows=4, decoded=q.nbytes)
+    batch = collate_stored([S(q.tobytes(), 0, i, form, i) for i in range(2)])
+    assert batch.rows.tolist() == [0, 1]
+    got, _ = decode_batch(batch, {}, SPEC)
+    assert torch.equal(got, torch.from_numpy(q[:2]))
+    whole = collate_stored([S(q.tobytes(), 0, i, form, i) for i in range(4)])
+    assert whole.rows is None and torch.equal(decode_batch(whole, {}, SPEC)[0], torch.from_numpy(q))
 
 
 def test_an_npy_member_with_side_values_in_its_stream():
@@ -86,7 +98,7 @@ def test_a_batch_of_another_stage_or_shape_is_refused():
 
 
 def test_check_stream_refuses_a_declared_size_that_is_not_the_expected_one():
-    codec = get_codec(ZSTD)
+    codec = get_stage(ZSTD)
     frame = zstandard.ZstdCompressor().compress(bytes(64))
     check_stream(codec, frame, 64, "here")  # passes
     with pytest.raises(IntegrityError, match=r"here: expected a stream of 65 decoded bytes\. Got one of 64"):
@@ -94,7 +106,7 @@ def test_check_stream_refuses_a_declared_size_that_is_not_the_expected_one():
     with pytest.raises(IntegrityError, match=r"there: expected a stream of 64 decoded bytes\. Got a damaged"):
         check_stream(codec, frame[:3], 64, lambda: "there")
     with pytest.raises(IntegrityError, match=r"raw: expected a stream of 8 decoded bytes\. Got one of 7"):
-        check_stream(None, bytes(7), 8, "raw")
+        check_stream(RAW, bytes(7), 8, "raw")
 
 
 def test_collating_mixed_samples_is_refused():

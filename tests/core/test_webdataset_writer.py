@@ -96,7 +96,7 @@ def test_tar_members_are_pinned_and_in_sample_order(source, tmp_path):
             (0, 0, 0, "dctdata", "dctdata", 0o444)
         }
         assert not any(t.pax_headers for t in members)
-        codec = dctdata.lossless.get_codec(m.field("label").lossless)
+        codec = dctdata.stages.get_stage(m.field("label").lossless).codec
         raw = codec.decode(tf.extractfile(f"{sample_key(9)}.label.npy.zst").read())
     label = np.load(io.BytesIO(raw), allow_pickle=False)
     assert label.shape == () and int(label) == 9

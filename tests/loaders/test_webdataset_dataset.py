@@ -308,11 +308,12 @@ def test_bad_header_checksums_keep_tarfiles_errors(copy):
 
 
 def test_epochs_do_not_rebuild_codecs(packed, monkeypatch):
-    import dctdata.lossless as lossless
+    from dctdata.stages import stage_classes
 
     ds = DCTWebDataset(packed)
     built = []
-    monkeypatch.setattr(lossless, "_construct", lambda config: built.append(config))
+    for cls in stage_classes():
+        monkeypatch.setattr(cls, "from_config", classmethod(lambda cls, config: built.append(config)))
     for epoch in range(2):
         ds.set_epoch(epoch)
         assert sorted(labels(ds)) == list(range(N))

@@ -16,10 +16,10 @@ import dctdata.metrics
 from dctdata.cli import main
 from dctdata.datasets.slstr import cloud_field
 from dctdata.errors import DctDataError
-from dctdata.lossless import get_codec
 from dctdata.preprocess.inspect import inspect_dataset
 from dctdata.preprocess.inspect_figure import INVALID_RGB, inspect_figure
 from dctdata.preprocess.masking import fill_invalid
+from dctdata.stages import DEFAULT_CODEC, get_stage
 
 
 def six_channels(n: int, size: int = 64, seed: int = 1) -> np.ndarray:
@@ -123,7 +123,7 @@ def test_the_fill_costs_fewer_bits_than_a_constant(masked_pack):
     spec = dctdata.format.read_manifest(tmp / "mask").field("image").codec
     valid = np.isfinite(x)
     mean = np.where(valid, x, 0).sum((2, 3), keepdims=True) / valid.sum((2, 3), keepdims=True)
-    codec = get_codec({"id": "zstd", "level": 9})
+    codec = get_stage(DEFAULT_CODEC)
 
     def stored(xf):
         q, over = dctdata.encode(torch.from_numpy(np.ascontiguousarray(xf, np.float32)), spec)

@@ -231,7 +231,7 @@ def test_fuzz_shard_reader(packs, reseal):
     m = dctdata.format.read_manifest(root)
     entry = shard_list(m, "fuzz")[0]
     raw = (root / entry["name"]).read_bytes()
-    codecs = {f.name: dctdata.lossless.get_codec(f.lossless) for f in m.fields}
+    codecs = {f.name: dctdata.stages.get_stage(f.lossless) for f in m.fields}
     work = Path(tempfile.mkdtemp(prefix="dctdata-fuzz-shard-"))
     files = Files(str(work), None)
     counts = {"rejected": 0, "decoded": 0}

@@ -2,9 +2,10 @@
 
 Deterministic `.tar` shards `shard-000000.tar`, ... Samples go in index order; sample keys are
 `sample_key(index)` (zero-padded, so lexical order is sample order). Each field is one member
-`<key>.<field>.npy` (`.npy` bytes, never pickle), or `<key>.<field>.npy.zst` after the field's
-lossless stage (`entry_name`). Tar metadata is pinned (mtime 0, uid/gid 0, uname/gname "dctdata",
-mode 0o444, USTAR), so the same input gives byte-identical shards.
+`<key>.<field>.npy` (`.npy` bytes, never pickle), or `<key>.<field>.<suffix>` after the field's
+lossless stage, which names its suffix (`entry_name`; `.npy.zst` for zstd). Tar metadata is pinned
+(mtime 0, uid/gid 0, uname/gname "dctdata", mode 0o444, USTAR), so the same input gives byte-identical
+shards.
 
 Shards that fit the loader: whole shards are the unit a rank or DataLoader worker reads, so a pack
 has at least `MIN_SHARDS` shards (16: 2 ranks x 8 workers, or 4 x 4, each get one) whenever it has that
@@ -25,6 +26,7 @@ from typing import Any, Mapping
 from dctdata.errors import FormatError
 from dctdata.format.fields import user_fields
 from dctdata.parse import is_int
+from dctdata.stages import get_stage
 
 SAMPLE_KEY_DIGITS = 9
 SHARD_PATTERN = "shard-{:06d}.tar"
@@ -32,7 +34,8 @@ MIN_SHARDS = 16  # a pack of >= 16 samples gets >= 16 shards unless --samples-pe
 BLOCK = 512  # tar block
 RECORD = 20 * BLOCK  # tarfile.RECORDSIZE: archives are padded to a multiple of it
 USTAR_NAME_MAX = 100
-MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*\.(?:npy(?:\.zst)?|ctx))$")
+# A plain member name: key, field, the suffix of a stage (which the reader then checks against the manifest)
+MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9]+)+)$")
 # Pinned tar metadata (TarWriter keeps uid/gid at TarInfo's default 0). mtime must be an int: a float
 # makes tarfile's default PAX format add an extended header per member. (TarWriter 1.0.2 ignores its
 # `format` argument; with plain-ASCII names and ints PAX writes exactly the USTAR bytes.)
@@ -44,12 +47,10 @@ def sample_key(index: int) -> str:
     return f"{index:0{SAMPLE_KEY_DIGITS}d}"
 
 
-def entry_name(field: str, lossless: Mapping[str, Any] | bool | None = None) -> str:
-    """Member suffix holding a field: `<field>.npy` without a lossless stage, `.npy.zst` with a bytes
-    codec, `.ctx` with the entropy coder (its stream, after the side information if any)."""
-    if isinstance(lossless, Mapping) and lossless.get("id") == "dctdata_ctxrans":
-        return f"{field}.ctx"
-    return f"{field}.npy.zst" if lossless else f"{field}.npy"
+def entry_name(field: str, lossless: Mapping[str, Any] | None = None) -> str:
+    """Member entry holding a field: `<field>.<suffix>` with the suffix of its lossless stage (`.npy`
+    without one)."""
+    return f"{field}.{get_stage(lossless).member_suffix}"
 
 
 def member_bytes(size: int) -> int:

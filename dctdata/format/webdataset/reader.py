@@ -43,7 +43,7 @@ from dctdata.format.webdataset.layout import (
     select_shards,
     shard_list,
 )
-from dctdata.lossless import decode_array, decode_bounded, get_codec, is_entropy
+from dctdata.stages import get_stage
 from dctdata.stored import check_stream
 from dctdata.wire import StoredSample, StreamForm, stage_key
 
@@ -112,9 +112,8 @@ class Files:
 
 
 def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
-    """The lossless codec of each field (None where there is none; built once per process, see
-    `dctdata.lossless.get_codec`)."""
-    return {f.name: get_codec(f.lossless) for f in fields}
+    """The lossless stage of each field (built once per process, see `dctdata.stages.get_stage`)."""
+    return {f.name: get_stage(f.lossless) for f in fields}
 
 
 class WebDatasetReader(StorageReader):
@@ -291,7 +290,7 @@ def stream_form(f: FieldSpec) -> StreamForm:
     if form is not None:
         return form
     stage = stage_key(f.lossless)
-    if is_entropy(f.lossless):
+    if get_stage(f.lossless).needs_shape:
         form = StreamForm(f.name, stage, f.stored_shape, f.stored_dtype, decoded=f.stored_sample_bytes)
     else:
         head = npy_header(f.stored_shape, f.stored_dtype)
@@ -320,9 +319,8 @@ def member_stored(
     """A dct field's member as it crosses with decode="device": its `StoredSample` (the stream checked,
     not decoded), then its side partner's value: the side values the entropy coder's member starts with,
     or None when they are inside the stream."""
-    f = parts[0]
     side = None
-    if is_entropy(f.lossless):
+    if codec.needs_shape:
         side_bytes = sum(math.prod(g.stored_shape) * 4 for g in parts[1:])
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
@@ -415,20 +413,19 @@ def member_arrays(
     """The stored arrays of one member (a field, then its side partner if any), checked against their
     specs (see `WebDatasetWriter._encode` for the two layouts)."""
     f = parts[0]
-    if is_entropy(f.lossless):
+    if codec.needs_shape:
         sizes = [math.prod(g.stored_shape) * 4 for g in parts[1:]]
         side_bytes = sum(sizes)
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
-        out = [decode_array(codec, raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
+        out = [codec.decode(raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
         at = 0
         for g, n in zip(parts[1:], sizes):
             out.append(np.frombuffer(raw[at : at + n], "<f4").reshape(g.stored_shape).astype(np.float32))
             at += n
         return out
-    if codec is not None:  # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
-        size = sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts)
-        raw = decode_bounded(codec, raw, size, where)
+    # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
+    raw = codec.decode_bounded(raw, sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts), where)
     out = []
     for k, g in enumerate(parts):
         if k == len(parts) - 1:

@@ -43,24 +43,14 @@ from dctdata.format.webdataset.layout import (
     member_bytes,
     sample_key,
 )
-from dctdata.lossless import encode_array, get_codec, is_entropy
 from dctdata.parse import parse_int, parse_optional_int
+from dctdata.stages import get_stage
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SHARD_SIZE = 256 * 2**20
 # A shard is also a unit of parallel work: at most this much *source* data per shard.
 SHARD_SOURCE_BYTES = 128 << 20
-
-
-def _bound(raw: int, codec: Any) -> int:
-    """Largest size `raw` bytes can take after the lossless stage (zstd's ZSTD_COMPRESSBOUND; a
-    generous generic bound for other codecs)."""
-    if codec is None:
-        return raw
-    if getattr(codec, "codec_id", None) == "zstd":
-        return raw + (raw >> 8) + ((128 * 1024 - raw) >> 11 if raw < 128 * 1024 else 0) + 64
-    return raw + raw // 16 + 1024
 
 
 def samples_per_shard_for(fields: Fields, max_shard_size: int, samples_per_shard: int | None = None) -> int:
@@ -70,7 +60,7 @@ def samples_per_shard_for(fields: Fields, max_shard_size: int, samples_per_shard
     for f in user_fields(fields):
         parts = [f, side_field(f)] if has_side(f) else [f]
         raw = sum(len(encode_npy(np.zeros(g.stored_shape, g.stored_dtype))) for g in parts)
-        per += member_bytes(_bound(raw, get_codec(f.lossless or None)))
+        per += member_bytes(get_stage(f.lossless).max_encoded_size(raw))
     k = max(1, (max_shard_size - 2 * BLOCK) // per)
     while k > 1 and archive_bytes(k * per) > max_shard_size:
         k -= 1
@@ -141,7 +131,7 @@ class WebDatasetWriter(PartWriter):
         """Write shard `index` (samples [start, stop)) from stored batches; returns its entry."""
         from webdataset import TarWriter
 
-        codecs = {f.name: get_codec(f.lossless or None) for f in fields}
+        codecs = {f.name: get_stage(f.lossless) for f in fields}
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
         members_total, count = 0, start
@@ -190,10 +180,10 @@ class WebDatasetWriter(PartWriter):
         return {"layout": layout, "checksums": checksums}
 
     def _encode(self, f: FieldSpec, batch: Batch, i: int, index: int, codecs: dict) -> bytes:
-        """One member. With a bytes codec: the field's .npy bytes through it (a dct field with side
+        """One member. With a bytes stage: the field's .npy bytes through it (a dct field with side
         information: its coefficients' .npy then its side's, in one member, so tiny samples do not pay a
-        tar header per part). With the entropy coder: the side's raw float32 bytes (if any), then the
-        coefficients' stream (`member_parts` reads it back)."""
+        tar header per part). With an array stage (`needs_shape`, the entropy coder): the side's raw
+        float32 bytes (if any), then the coefficients' stream (`member_arrays` reads it back)."""
         parts = [f, side_field(f)] if has_side(f) else [f]
         arrays = []
         for g in parts:
@@ -205,12 +195,11 @@ class WebDatasetWriter(PartWriter):
                     f"{arr.dtype.name} {tuple(arr.shape)}"
                 )
             arrays.append(arr)
-        codec = codecs[f.name]
-        if is_entropy(f.lossless):
+        stage = codecs[f.name]
+        if stage.needs_shape:
             side = b"".join(a.astype("<f4").tobytes() for a in arrays[1:])
-            return side + encode_array(codec, arrays[0][None])
-        raw = b"".join(encode_npy(a) for a in arrays)
-        return raw if codec is None else bytes(codec.encode(raw))
+            return side + stage.encode(np.ascontiguousarray(arrays[0][None]))
+        return stage.encode(b"".join(encode_npy(a) for a in arrays))
 
 
 @contextlib.contextmanager

@@ -4,8 +4,9 @@ Why not zarr-python: the chunks of dct fields may go through dctdata's entropy c
 know, and a pack's reader checks everything against the manifest anyway. So dctdata writes the group and
 array zarr.json (compact JSON, deterministic bytes) and the shards (`shards.py`), and reads them back
 with the checks below. Arrays whose chunks use only spec codecs (bytes, zstd, blosc, crc32c, sharding)
-stay readable by any zarr v3 reader (zarr-python, tensorstore); entropy-coded arrays name the codec
-"dctdata_ctxrans" (its model is in manifest.json) and need dctdata.
+stay readable by any zarr v3 reader (zarr-python, tensorstore); a stage zarr does not know (the entropy
+coder: its model is in manifest.json) names itself and needs dctdata. Each stage writes its own entry
+(`dctdata.stages.Stage.zarr_codecs`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dctdata.errors import IntegrityError
-from dctdata.lossless import CTX_ID
-
-_BLOSC_SHUFFLE = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
+from dctdata.stages import get_stage
 
 
 def compact(d: Mapping[str, Any]) -> bytes:
@@ -43,29 +42,7 @@ def check_group_json(raw: bytes, where: str) -> None:
 
 def chunk_codecs(lossless: Mapping[str, Any] | None, itemsize: int, little: bool = True) -> list[dict[str, Any]]:
     """The inner chunk codecs of a field in zarr v3 JSON: array -> bytes, the lossless stage, crc32c."""
-    lossless = dict(lossless or {})
-    if lossless.get("id") == CTX_ID:
-        return [{"name": CTX_ID, "configuration": {"model": "manifest.json"}}, {"name": "crc32c"}]
-    endian = {"endian": "little" if little else "big"}
-    out: list[dict[str, Any]] = [{"name": "bytes", "configuration": endian} if itemsize > 1 else {"name": "bytes"}]
-    opts = {k: v for k, v in lossless.items() if k != "id"}
-    if lossless.get("id") == "zstd":
-        out.append(
-            {
-                "name": "zstd",
-                "configuration": {"level": int(opts.get("level", 0)), "checksum": bool(opts.get("checksum", False))},
-            }
-        )
-    elif lossless.get("id") == "blosc":
-        conf = {
-            "typesize": int(opts.get("typesize", itemsize)),
-            "cname": opts.get("cname", "lz4"),
-            "clevel": int(opts.get("clevel", 5)),
-            "shuffle": _BLOSC_SHUFFLE.get(int(opts.get("shuffle", 1)), "shuffle"),
-            "blocksize": int(opts.get("blocksize", 0)),
-        }
-        out.append({"name": "blosc", "configuration": conf})
-    return out + [{"name": "crc32c"}]
+    return get_stage(lossless).zarr_codecs(itemsize, little) + [{"name": "crc32c"}]
 
 
 def array_json(shape: tuple[int, ...], dtype: str, shard: tuple[int, ...], chunk: tuple[int, ...], lossless) -> bytes:

@@ -5,15 +5,16 @@ under the map-style dataset, `dctdata verify` and `inspect`. Random access; its 
 Opening (once per process): each field's zarr.json is fetched (all in one batch), checked against the
 manifest's sha256 when the manifest lists it, parsed (`metadata.parse_array_json`) and cross-checked
 with the manifest: shape, dtype, shard and chunk lengths, and inner chunk codecs that are exactly the
-field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead was the
-loader's bottleneck, it reads missing chunks as fill values, and it does not know dctdata's entropy coder.
+field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead (about
+1.3 ms per field read on sharded arrays) was the loader's bottleneck, it reads missing chunks as fill
+values, and it does not know dctdata's entropy coder.
 
 Reading a batch: the reader works out which inner chunks of which shards hold the asked samples,
 fetches every shard index it does not hold yet (one batch of range reads) and checks it
 (`layout.check_shard_index`: crc32c, an in-file entry for every chunk that holds samples), then
 fetches the byte ranges of all needed chunks of all fields in one batch (`dctdata.format.ranges`:
 concurrent requests on HTTP/S3, read-ahead hints locally) and decodes each chunk itself: its length,
-its crc32c, the field's lossless stage bounded to the chunk's size (`dctdata.lossless.decode_array`).
+its crc32c, the field's lossless stage bounded to the chunk's size (`dctdata.stages.Stage.decode`).
 A missing shard, a missing chunk, a truncated shard, a damaged index or chunk raises `IntegrityError`
 naming the file, field and samples; unreadable or modified zarr.json metadata too.
 
@@ -25,8 +26,9 @@ chunks and enough estimated decode work for each thread to pay for the handoff (
 the threads (1: none). The output and the errors are the same either way: each thread takes a run of
 chunks in batch order and stops at its first bad chunk, and the first failing run's error is raised.
 Where chunk k fills row k (one-sample chunks of the entropy coder, an increasing batch), a thread's run
-is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk, so threads
-do not queue for it between chunks (most felt on many cores).
+is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk
+(faster batches, most on many threads: docs/benchmarks/design.md); a stage
+says whether it does (`Stage.decodes_runs`).
 
 Process safety: fsspec filesystems hold connections and file descriptors are per process, so nothing
 opened in one process is used in another. Everything is opened lazily, once per process (keyed by
@@ -64,8 +66,8 @@ from dctdata.format.zarr.layout import (
 )
 from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
 from dctdata.kinds import FieldKind
-from dctdata.lossless import CTX_ID, decode_array, get_codec
 from dctdata.pool import run_split
+from dctdata.stages import RAW, get_stage
 from dctdata.stored import check_stream
 from dctdata.wire import StoredSample, StreamForm, stage_key
 
@@ -75,16 +77,18 @@ CACHE_BYTES = 16 << 20
 # Parsed shard indexes kept per process (16 bytes per chunk entry): 1M entries is 16 MiB.
 INDEX_CACHE_ENTRIES = 1 << 20
 MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as written)
-# Threading a batch's chunk decode (see `decode_threads`). Handing a run of chunks to the pool costs about
-# HANDOFF_US, so each thread must get at least THREAD_MIN_US of estimated decode. The handing out is serial
+# Threading a batch's chunk decode (see `decode_threads`). Handing a run of chunks to the pool costs
+# 25-35 us, so each thread must get at least THREAD_MIN_US of estimated decode. The handing out is serial
 # in the caller (and the threads' per-chunk Python work shares the GIL), so a batch of work W spread on n
-# threads takes about W/n + HANDOFF_US * n: at most sqrt(W / HANDOFF_US) threads pay; more threads cost more
-# than they save. The estimate is the chunks' decoded bytes over their codec's decode rate in bytes per
-# microsecond, measured on 64 KiB chunks of int8 coefficients and rounded up, so that an estimate errs
-# toward one thread (the measurements behind these constants: docs/benchmarks/design.md).
+# threads takes about W/n + HANDOFF_US * n: at most sqrt(W / HANDOFF_US) threads pay. Measured on a
+# 16-core host: the empty split alone took 0.23 ms on 16 threads, and a zstd-9 batch of 32 chunks read in
+# 2.5 ms on 4 threads against 3.2 ms on 16, while the entropy coder's batch gained up to 16 threads.
+# The estimate is the chunks' decoded bytes over their stage's decode rate in bytes per microsecond
+# (`Stage.decode_bytes_per_us`), measured on 64 KiB chunks of int8 coefficients (one busy core: ctx-rANS
+# 85-100, zstd-9 460-500, crc32c + copy of a raw chunk 15,000) and rounded up, so that an estimate errs
+# toward one thread.
 THREAD_MIN_US = 100
 HANDOFF_US = 25
-DECODE_BYTES_PER_US = {"dctdata_ctxrans": 200, "zstd": 1_000, "blosc": 1_000, None: 16_000}  # None: no codec
 CRC_RESIDUE = 0x48674BC7  # crc32c(message + crc32c(message) as 4 little-endian bytes), for every message
 _PROCESS_STATE = ("_cache", "_no_cache", "_indexes", "_index_entries", "_plans", "_lock")
 # One first open at a time (threads sharing a reader): a second thread waits for the first's state
@@ -461,12 +465,12 @@ class _FieldPlan:
     def __init__(self, f: FieldSpec, path: str, chunks_per_shard: int, index_at_end: bool, chunk: int, little: bool):
         self.path, self.ndim = path, 1 + len(f.stored_shape)
         self.chunks_per_shard, self.index_at_end = chunks_per_shard, index_at_end
-        self.codec = get_codec(f.lossless)
+        self.codec = get_stage(f.lossless)
         self.dtype = np.dtype(f.stored_dtype).newbyteorder("<" if little else ">")
         self.shape = (chunk, *f.stored_shape)
-        rate = DECODE_BYTES_PER_US[None if self.codec is None else self.codec.codec_id]
+        rate = self.codec.decode_bytes_per_us
         self.decode_us = math.prod(self.shape) * self.dtype.itemsize / rate  # estimated, for `decode_threads`
-        self.check_us = math.prod(self.shape) * self.dtype.itemsize / DECODE_BYTES_PER_US[None]  # stored: checks only
+        self.check_us = math.prod(self.shape) * self.dtype.itemsize / RAW.decode_bytes_per_us  # stored: checks only
         # how its chunks decode when they cross as stored bytes (decode="device")
         self.form = StreamForm(
             f.name,
@@ -477,9 +481,8 @@ class _FieldPlan:
             decoded=math.prod(self.shape) * self.dtype.itemsize,
             little=little or self.dtype.itemsize == 1,
         )
-        # The entropy coder decodes a run of one-sample chunks in one kernel call (`decode_rows`)
-        ctx = self.codec is not None and self.codec.codec_id == CTX_ID
-        self.runs = ctx and chunk == 1 and self.dtype == np.dtype(f.stored_dtype)
+        # A stage that decodes a run of one-sample chunks in one call (`decode_rows`; the entropy coder)
+        self.runs = self.codec.decodes_runs and chunk == 1 and self.dtype == np.dtype(f.stored_dtype)
 
     def key(self, s: int) -> str:
         return shard_key(self.path, s, self.ndim)
@@ -487,14 +490,12 @@ class _FieldPlan:
     def decode(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> np.ndarray:
         """One stored chunk: length, crc32c, the lossless stage (bounded to the chunk's size). `where()`
         describes the chunk; it is called only for an error message, so a batch formats no strings."""
-        return decode_array(
-            self.codec, self._checked(data, expected, where), self.shape, self.dtype, where, writeable=False
-        )
+        return self.codec.decode(self._checked(data, expected, where), self.shape, self.dtype, where, writeable=False)
 
     def decode_rows(
         self, data: list, expected: list[int], where: Callable[[int], str], first: int, out: np.ndarray
     ) -> None:
-        """One-sample chunks into out[0], out[1], ...: the checks of `decode`, then the entropy coder's
+        """One-sample chunks into out[0], out[1], ...: the checks of `decode`, then the stage's
         `decode_many` on the run (one kernel call that releases the GIL once: threads decoding runs of a batch
         then hold it once per run, not per chunk). The first bad chunk raises `decode`'s own error for it.
         `where(first + i)` describes the run's chunk i."""

@@ -30,8 +30,8 @@ from dctdata.format.location import is_url, join, open_file, remove_file
 from dctdata.format.zarr.layout import INLINE_BYTES, chunking, inline_array, inline_entry, layout_entry, shard_key
 from dctdata.format.zarr.metadata import array_json, group_json
 from dctdata.format.zarr.shards import shard_bytes
-from dctdata.lossless import encode_array, get_codec
 from dctdata.parse import parse_optional_int
+from dctdata.stages import get_stage
 
 
 class ZarrWriter(PartWriter):
@@ -151,14 +151,14 @@ class ZarrWriter(PartWriter):
                 raise DctDataError(
                     f"zarr writer: field {f.name!r} part {index}: expected {stop - start} samples. Got {filled}"
                 )
-            codec = get_codec(f.lossless)
+            stage = get_stage(f.lossless)
             c = chunks[f.name]
             coded = []
             for a in range(0, len(data), c):
                 block = data[a : a + c]
                 if len(block) < c:  # the array's last chunk is stored whole, its tail at the fill value
                     block = np.concatenate([block, np.zeros((c - len(block), *f.stored_shape), block.dtype)])
-                coded.append(encode_array(codec, block.astype(block.dtype.newbyteorder("<"), copy=False)))
+                coded.append(stage.encode(block.astype(block.dtype.newbyteorder("<"), copy=False)))
             rel = shard_key(f.name, index, 1 + len(f.stored_shape))
             files[rel] = self._put(join(root, *rel.split("/")), shard_bytes(coded, shard // c))
             if f.name in partners and data.nbytes <= INLINE_BYTES:

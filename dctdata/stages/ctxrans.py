@@ -1,0 +1,126 @@
+"""The context-modelled rANS entropy coder of `dctdata.entropy` as a lossless stage: integer DCT
+coefficients only, with its fitted model in its config (so in the manifest). It codes arrays of a shape
+the caller states (B, C, Hb, K, Wb), or one sample's (C, Hb, K, Wb): its stream holds no shape or size,
+the readers know both from the manifest. The C kernel loads only where a pack uses this stage.
+
+On a device (`decode="device"`) its batches go through `CtxransDeviceDecoder`: the NVRTC CUDA kernel of
+`dctdata.entropy.device` on CUDA, the CPU decoder on the CPU (or the lane emulator, the kernel's own source
+compiled as C). The kernel decodes one sample per stream: zarr chunks of several samples are decoded on the
+host and copied.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import numpy as np
+
+from dctdata.stages.base import DeviceDecoder, Stage
+from dctdata.stages.ctxrans_id import CODEC_ID  # in the manifest and as a zarr codec name
+from dctdata.stages.zstd import max_stage
+
+
+class CtxransStage(Stage):
+    codec_id = CODEC_ID
+    member_suffix = "ctx"  # a webdataset member: the side information's raw float32 bytes, then the stream
+    needs_shape = True
+    integer_only = True
+    decode_bytes_per_us = 200
+    decodes_runs = True
+
+    def __init__(self, config: Mapping[str, Any], codec: Any) -> None:
+        super().__init__(config)
+        self.codec = codec  # dctdata.entropy.CtxCodec
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "CtxransStage":
+        from dctdata.entropy import CtxCodec
+
+        return cls(config, CtxCodec.from_config(config))
+
+    @classmethod
+    def fit(cls, q: np.ndarray, cf: int, mask: str) -> "CtxransStage":
+        """The coder with its model fitted on `q` (B, C, Hb, K, Wb) int8/int16."""
+        from dctdata.entropy import CtxCodec
+
+        codec = CtxCodec.fit(q, cf, mask)
+        return cls(codec.get_config(), codec)
+
+    def model_nbytes(self) -> int:
+        return len(json.dumps(self._config))
+
+    def estimate_size(self, q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
+        return estimate(q, cf, mask, integer)
+
+    def zarr_codec(self, itemsize: int) -> dict[str, Any]:
+        return {"name": CODEC_ID, "configuration": {"model": "manifest.json"}}
+
+    def encode(self, data) -> bytes:
+        q = np.asarray(data)
+        return self.codec.encode(q[None] if q.ndim == 4 else q)
+
+    def _decode(self, buf, shape, dtype, out, writeable):
+        one = len(shape) == 4  # one sample: coded as a batch of one
+        if out is not None:
+            self.codec.decode(buf, out=out[None] if one else out)
+            return out
+        got = self.codec.decode(buf, (1, *shape) if one else shape, dtype)
+        return got.reshape(shape)
+
+    def decode_many(self, bufs, out: np.ndarray) -> int:
+        """One kernel call for the run (it releases the GIL once)."""
+        return self.codec.decode_many(list(bufs), out[:, None] if out.ndim == 5 else out)
+
+    def device_decoder(self, device) -> "CtxransDeviceDecoder | None":
+        """`CtxransDeviceDecoder` on CUDA and on the CPU; None elsewhere."""
+        return CtxransDeviceDecoder(self.codec) if _device_type(device) in DEVICE_TYPES else None
+
+
+DEVICE_TYPES = ("cuda", "cpu")
+
+
+def _device_type(device) -> str:
+    import torch
+
+    return torch.device(device).type
+
+
+class CtxransDeviceDecoder(DeviceDecoder):
+    """Batches of this stage's streams through `dctdata.entropy.device.decode_batch`, one sample a stream: on CUDA
+    its NVRTC kernel (compiled on first use; cuda-python's NVRTC bindings, in torch's CUDA wheels), on the CPU
+    the CPU decoder, or the lane emulator with `emulate=True` (the kernel's source compiled as C, which CI runs
+    to check the kernel's program against the CPU decoder). Statuses are the CPU decoder's errors."""
+
+    def __init__(self, codec: Any, emulate: bool = False) -> None:
+        self.codec = codec  # dctdata.entropy.CtxCodec
+        self.emulate = emulate
+
+    def supports(self, sample_shape: tuple[int, ...]) -> bool:
+        """One sample a stream: (C, Hb, K, Wb), or (1, C, Hb, K, Wb) (a zarr chunk of one sample)."""
+        return len(sample_shape) == 4 or (len(sample_shape) == 5 and sample_shape[0] == 1)
+
+    def decode_batch(self, buffer, offsets, sample_shape, dtype):
+        from dctdata.entropy import device
+
+        cpu_decoder = buffer.device.type == "cpu" and not self.emulate
+        out, status = device.decode_batch(
+            self.codec, buffer, offsets, tuple(sample_shape)[-4:], dtype, cpu_decoder=cpu_decoder
+        )
+        return out.view(len(status), *sample_shape), status
+
+    def describe(self, status: int) -> str:
+        from dctdata.entropy import device
+
+        return device.describe(status)
+
+
+def estimate(q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
+    """Calibration's size of planes q (R, C, 1, K, Wb) with this coder: its one-pass estimate for integer
+    planes (a fresh fit's starting layout, no encoding: each block row a sample of one row, the cheapest
+    consistent proxy); zstd-19's bytes for other planes, which it cannot code."""
+    if not integer:
+        return max_stage().estimate_size(q, cf, mask, integer)
+    from dctdata.entropy import CtxCodec
+
+    return int(CtxCodec.estimate_bytes(q, cf, mask))
