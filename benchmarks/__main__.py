@@ -70,6 +70,10 @@ SCRIPTS = {
         "bytes of the entropy stage's segments (GPU decode units) per segment length, fields and photos",
     ),
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
+    "volumes-rd": (
+        "benchmarks.volumes_rd",
+        "volumes (dims=3) at equal PSNR against SZ3, ZFP and 2-D packing; 3-D vs 2-D Decompress GB/s",
+    ),
     "zstd-levels": ("benchmarks.zstd_levels", "bytes, encode and decode speed of each zstd level on coefficients"),
 }
 

@@ -32,8 +32,13 @@ class Point:
 
 def pack_psnr(x: np.ndarray, reconstruction: np.ndarray) -> float:
     """The project's PSNR of a pack (N, C, H, W): per item (channel of a sample) against its own range,
-    then 10 log10(1 / mean(MSE / range^2)) over items (`dctdata.calibrate.dataset_psnr`)."""
-    return dataset_psnr(torch.from_numpy(np.asarray(x)), torch.from_numpy(np.asarray(reconstruction)))
+    then 10 log10(1 / mean(MSE / range^2)) over items (`dctdata.calibrate.dataset_psnr`). A pack of volumes
+    (N, C, D, H, W) has one item per (sample, channel) volume."""
+    x, reconstruction = np.asarray(x), np.asarray(reconstruction)
+    if x.ndim == 5:  # dataset_psnr's items are its last two axes: a volume's (D * H, W) view is the whole volume
+        x = x.reshape(*x.shape[:2], -1, x.shape[-1])
+        reconstruction = reconstruction.reshape(x.shape)
+    return dataset_psnr(torch.from_numpy(x), torch.from_numpy(reconstruction))
 
 
 def pareto(points: list[Point]) -> list[tuple[float, int]]:

@@ -11,7 +11,10 @@
  *      with `stream`, full 32-byte-aligned rows go out as non-temporal stores (no read-for-ownership of
  *      output lines that would be evicted before anyone reads them).
  * The AVX2+FMA version of steps 3-4 is picked at run time (__builtin_cpu_supports); the portable C one
- * runs anywhere. Every size is checked against the buffers here as well as in Python, so no call that
+ * runs anywhere.
+ * Volumes (synthesize3): the same steps per group of 8 neighbouring 8x8x8 blocks of a block row (db, hb) of
+ * the (Db, Hb, K, Wb) layout; step 3 is the separable 8x8x8 inverse DCT (w, then v, then u), step 4 the
+ * transpose and stores of the 64 rows (depth l, row i) the group covers. Every size is checked against the buffers here as well as in Python, so no call that
  * returns without an exception read or wrote outside them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -38,7 +41,8 @@
 #endif
 
 typedef struct {
-    Py_ssize_t B, C, Hb, K, Wb, H, W;
+    Py_ssize_t B, C, Hb, K, Wb, H, W; /* volumes: Hb counts the block rows Db * Hb3, H is the volume's */
+    Py_ssize_t Db, Hb3, depth;         /* volumes only: blocks along D and H, and the depth D */
     int cf, tri, qkind; /* qkind: 0 int8, 1 int16, 2 float32 */
     int stream;         /* non-temporal stores for full, aligned rows */
     const void *q;
@@ -256,6 +260,24 @@ static int use_avx2(int portable) {
 #endif
 }
 
+/* The dequantization tables in force for sample b: without a channel mix, its (alpha, beta) are folded into
+ * A, D and R (written to eff, 3 C K floats); otherwise the tables as they are. */
+static void sample_tables(const job_t *jb, Py_ssize_t b, float *eff, const float **A, const float **D,
+                          const float **R) {
+    const Py_ssize_t C = jb->C, K = jb->K;
+    if (!jb->alpha || jb->M) return;
+    float *ea = eff, *ed = eff + C * K, *er = eff + 2 * C * K;
+    for (Py_ssize_t c = 0; c < C; c++) {
+        float a = jb->alpha[b * C + c], bt = jb->beta[b * C + c];
+        for (Py_ssize_t k = 0; k < K; k++) {
+            ea[c * K + k] = a * jb->A[c * K + k];
+            ed[c * K + k] = a * jb->D[c * K + k] + (k == 0 ? bt : 0.0f);
+            er[c * K + k] = jb->R ? a * jb->R[c * K + k] : 0.0f;
+        }
+    }
+    *A = ea, *D = ed, *R = jb->R ? er : NULL;
+}
+
 static void run(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
     idct_fn idct = idct_generic;
 #ifdef SYNTH_X86
@@ -264,18 +286,7 @@ static void run(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
     const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
     for (Py_ssize_t b = 0; b < jb->B; b++) {
         const float *A = jb->A, *D = jb->D, *R = jb->R;
-        if (jb->alpha && !jb->M) { /* fold this sample's (alpha, beta) into the dequantization tables */
-            float *ea = eff, *ed = eff + C * K, *er = eff + 2 * C * K;
-            for (Py_ssize_t c = 0; c < C; c++) {
-                float a = jb->alpha[b * C + c], bt = jb->beta[b * C + c];
-                for (Py_ssize_t k = 0; k < K; k++) {
-                    ea[c * K + k] = a * jb->A[c * K + k];
-                    ed[c * K + k] = a * jb->D[c * K + k] + (k == 0 ? bt : 0.0f);
-                    er[c * K + k] = R ? a * R[c * K + k] : 0.0f;
-                }
-            }
-            A = ea, D = ed, R = R ? er : NULL;
-        }
+        sample_tables(jb, b, eff, &A, &D, &R);
         for (Py_ssize_t hb = 0; hb < jb->Hb; hb++) {
             for (Py_ssize_t g = 0; g < groups; g++) {
                 Py_ssize_t g0 = g * LANES;
@@ -289,6 +300,153 @@ static void run(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
                 for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, hb, g0, n);
             }
         }
+    }
+}
+
+
+/* ------------------------------------------------------------------ volumes: 8x8x8 blocks
+ * X (K, LANES): the dequantized coefficients of one channel of a group, kept frequencies (u, v, w) in
+ * row-major order (tetra: w < cf - u - v within row (u, v), and v < cf - u). Stage 1 contracts w into
+ * Z1[u][v][j], stage 2 v into Z2[u][i][j], stage 3 u into the voxels [l][i][j]; rows (l, i) are cropped to
+ * the volume and stored. */
+static inline float *row3(const job_t *jb, Py_ssize_t b, Py_ssize_t c, Py_ssize_t d, Py_ssize_t h, Py_ssize_t g0) {
+    return jb->out + ((((size_t)b * jb->C + c) * jb->depth + d) * jb->H + h) * jb->W + g0 * 8;
+}
+
+static void idct3_generic(const job_t *jb, const float *X, Py_ssize_t b, Py_ssize_t c, Py_ssize_t db, Py_ssize_t hb,
+                          Py_ssize_t g0, int n) {
+    static float zero[LANES];
+    float Z1[8][8][8][LANES], Z2[8][8][8][LANES];
+    const int cf = jb->cf;
+    int k0 = 0;
+    for (int u = 0; u < cf; u++) {
+        int nv = jb->tri ? cf - u : cf;
+        for (int v = 0; v < nv; v++) {
+            int nw = jb->tri ? cf - u - v : cf;
+            for (int j = 0; j < 8; j++) {
+                float *z = Z1[u][v][j];
+                memcpy(z, zero, sizeof zero);
+                for (int w = 0; w < nw; w++) {
+                    float t = jb->T[w][j];
+                    const float *x = X + (k0 + w) * LANES;
+                    for (int l = 0; l < LANES; l++) z[l] += t * x[l];
+                }
+            }
+            k0 += nw;
+        }
+        for (int i = 0; i < 8; i++)
+            for (int j = 0; j < 8; j++) {
+                float *z = Z2[u][i][j];
+                memcpy(z, zero, sizeof zero);
+                for (int v = 0; v < nv; v++) {
+                    float t = jb->T[v][i];
+                    for (int l = 0; l < LANES; l++) z[l] += t * Z1[u][v][j][l];
+                }
+            }
+    }
+    Py_ssize_t depth = jb->depth - db * 8 < 8 ? jb->depth - db * 8 : 8, rows = jb->H - hb * 8 < 8 ? jb->H - hb * 8 : 8;
+    for (Py_ssize_t dl = 0; dl < depth; dl++)
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            float tile[LANES * 8];
+            for (int j = 0; j < 8; j++) {
+                float acc[LANES];
+                memcpy(acc, zero, sizeof zero);
+                for (int u = 0; u < cf; u++) {
+                    float t = jb->T[u][dl];
+                    for (int l = 0; l < LANES; l++) acc[l] += t * Z2[u][i][j][l];
+                }
+                for (int l = 0; l < LANES; l++) tile[l * 8 + j] = acc[l];
+            }
+            store_rows(jb, row3(jb, b, c, db * 8 + dl, hb * 8 + i, g0), tile, g0, n);
+        }
+}
+
+#ifdef SYNTH_X86
+/* One even/odd butterfly pass: out[o] = sum_s T[s][o] in[s * stride] for o in 0..7 and s < ns, with
+ * T[s][7 - o] = (-1)^s T[s][o] (half the FMAs of a plain product). */
+__attribute__((target("avx2,fma"))) static inline void butterfly8(const float T[8][8], const __m256 *in, int stride,
+                                                                  int ns, __m256 *out, int ostride) {
+    __m256 e[4], o[4];
+    for (int j = 0; j < 4; j++) e[j] = o[j] = _mm256_setzero_ps();
+    for (int s = 0; s < ns; s += 2) {
+        __m256 x = in[s * stride];
+        for (int j = 0; j < 4; j++) e[j] = _mm256_fmadd_ps(_mm256_set1_ps(T[s][j]), x, e[j]);
+    }
+    for (int s = 1; s < ns; s += 2) {
+        __m256 x = in[s * stride];
+        for (int j = 0; j < 4; j++) o[j] = _mm256_fmadd_ps(_mm256_set1_ps(T[s][j]), x, o[j]);
+    }
+    for (int j = 0; j < 4; j++) {
+        out[j * ostride] = _mm256_add_ps(e[j], o[j]);
+        out[(7 - j) * ostride] = _mm256_sub_ps(e[j], o[j]);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void idct3_avx2(const job_t *jb, const float *X, Py_ssize_t b, Py_ssize_t c,
+                                                           Py_ssize_t db, Py_ssize_t hb, Py_ssize_t g0, int n) {
+    __m256 Z1[8][8][8], Z2[8][8][8], img[8][8][8]; /* [u][v][j], [u][i][j], [l][i][j] */
+    __m256 in[8];
+    const int cf = jb->cf;
+    int k0 = 0;
+    for (int u = 0; u < cf; u++) {
+        int nv = jb->tri ? cf - u : cf;
+        for (int v = 0; v < nv; v++) {
+            int nw = jb->tri ? cf - u - v : cf;
+            for (int w = 0; w < nw; w++) in[w] = _mm256_loadu_ps(X + (k0 + w) * LANES);
+            butterfly8(jb->T, in, 1, nw, Z1[u][v], 1);
+            k0 += nw;
+        }
+        for (int j = 0; j < 8; j++) butterfly8(jb->T, &Z1[u][0][j], 8, nv, &Z2[u][0][j], 8);
+    }
+    Py_ssize_t depth = jb->depth - db * 8 < 8 ? jb->depth - db * 8 : 8, rows = jb->H - hb * 8 < 8 ? jb->H - hb * 8 : 8;
+    for (Py_ssize_t i = 0; i < rows; i++)
+        for (int j = 0; j < 8; j++) butterfly8(jb->T, &Z2[0][i][j], 64, cf, &img[0][i][j], 64);
+    int full = n == LANES && (g0 + LANES) * 8 <= jb->W;
+    for (Py_ssize_t dl = 0; dl < depth; dl++)
+        for (Py_ssize_t i = 0; i < rows; i++) {
+            __m256 *r = img[dl][i];
+            float *dst = row3(jb, b, c, db * 8 + dl, hb * 8 + i, g0);
+            transpose8(r);
+            if (full && jb->stream && !((uintptr_t)dst & 31)) {
+                for (int l = 0; l < LANES; l++) _mm256_stream_ps(dst + l * 8, r[l]);
+            } else if (full) {
+                for (int l = 0; l < LANES; l++) _mm256_storeu_ps(dst + l * 8, r[l]);
+            } else {
+                float tile[LANES * 8];
+                for (int l = 0; l < LANES; l++) _mm256_storeu_ps(tile + l * 8, r[l]);
+                store_rows(jb, dst, tile, g0, n);
+            }
+        }
+}
+#endif
+
+typedef void (*idct3_fn)(const job_t *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                         int);
+
+static void run3(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
+    idct3_fn idct = idct3_generic;
+#ifdef SYNTH_X86
+    if (avx2) idct = idct3_avx2;
+#endif
+    const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
+    for (Py_ssize_t b = 0; b < jb->B; b++) {
+        const float *A = jb->A, *D = jb->D, *R = jb->R;
+        sample_tables(jb, b, eff, &A, &D, &R);
+        for (Py_ssize_t db = 0; db < jb->Db; db++)
+            for (Py_ssize_t hb = 0; hb < jb->Hb3; hb++) {
+                Py_ssize_t r = db * jb->Hb3 + hb; /* the block row in the (Db * Hb, K, Wb) view */
+                for (Py_ssize_t g = 0; g < groups; g++) {
+                    Py_ssize_t g0 = g * LANES;
+                    int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
+#ifdef SYNTH_X86
+                    if (avx2 && n == LANES) dequantize_avx2(jb, A, D, R, b, r, g0, sc);
+                    else
+#endif
+                        dequantize(jb, A, D, R, b, r, g0, n, sc);
+                    if (jb->M) mix_channels(jb, b, sc, mix);
+                    for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, db, hb, g0, n);
+                }
+            }
     }
 }
 
@@ -325,26 +483,43 @@ static int mul_ok(Py_ssize_t *acc, Py_ssize_t f) {
 }
 
 /* synthesize(q, qkind, out, (B, C, Hb, K, Wb, H, W), cf, triangle, A, D, R, M, alpha, beta, portable, stream,
- * fresh): fresh says out has never been written (huge pages are asked for) */
-static PyObject *py_synthesize(PyObject *self, PyObject *args) {
+ * fresh): fresh says out has never been written (huge pages are asked for).
+ * synthesize3(q, qkind, out, (B, C, Db, Hb, K, Wb, D, H, W), cf, tetra, ...): the same for volumes. */
+static PyObject *synthesize_any(PyObject *args, int volume) {
     PyObject *qobj, *oobj, *robj, *mobj, *aobj, *bobj;
     Py_buffer qb = {0}, ob = {0}, ab = {0}, db = {0}, rb = {0}, mb = {0}, alb = {0}, beb = {0};
     job_t jb;
-    int portable = 0, stream = 0, fresh = 0;
+    int portable = 0, stream = 0, fresh = 0, ok;
     memset(&jb, 0, sizeof jb);
-    if (!PyArg_ParseTuple(args, "OiO(nnnnnnn)iiy*y*OOOO|ppp", &qobj, &jb.qkind, &oobj, &jb.B, &jb.C, &jb.Hb, &jb.K, &jb.Wb,
-                          &jb.H, &jb.W, &jb.cf, &jb.tri, &ab, &db, &robj, &mobj, &aobj, &bobj, &portable, &stream, &fresh))
-        return NULL;
+    if (volume)
+        ok = PyArg_ParseTuple(args, "OiO(nnnnnnnnn)iiy*y*OOOO|ppp", &qobj, &jb.qkind, &oobj, &jb.B, &jb.C, &jb.Db,
+                              &jb.Hb3, &jb.K, &jb.Wb, &jb.depth, &jb.H, &jb.W, &jb.cf, &jb.tri, &ab, &db, &robj, &mobj,
+                              &aobj, &bobj, &portable, &stream, &fresh);
+    else
+        ok = PyArg_ParseTuple(args, "OiO(nnnnnnn)iiy*y*OOOO|ppp", &qobj, &jb.qkind, &oobj, &jb.B, &jb.C, &jb.Hb, &jb.K,
+                              &jb.Wb, &jb.H, &jb.W, &jb.cf, &jb.tri, &ab, &db, &robj, &mobj, &aobj, &bobj, &portable,
+                              &stream, &fresh);
+    if (!ok) return NULL;
     PyObject *res = NULL;
     float *scratch = NULL;
     const char *err = NULL;
-    int kept = 0;
-    if (jb.cf >= 1 && jb.cf <= 8) kept = jb.tri ? jb.cf * (jb.cf + 1) / 2 : jb.cf * jb.cf;
-    if (jb.qkind < 0 || jb.qkind > 2) err = "_synth: qkind must be 0 (int8), 1 (int16) or 2 (float32)";
+    int kept = 0, cf = jb.cf;
+    if (cf >= 1 && cf <= 8) {
+        if (volume) kept = jb.tri ? cf * (cf + 1) * (cf + 2) / 6 : cf * cf * cf;
+        else kept = jb.tri ? cf * (cf + 1) / 2 : cf * cf;
+    }
+    if (volume) { /* a volume's block rows are the (Db * Hb, K, Wb) view's rows */
+        if (jb.depth < 1 || jb.H < 1 || jb.Db != (jb.depth + 7) / 8 || jb.Hb3 != (jb.H + 7) / 8)
+            err = "_synth: shape (B, C, Db, Hb, K, Wb, D, H, W) is inconsistent";
+        else if (jb.Hb = jb.Db, !mul_ok(&jb.Hb, jb.Hb3)) err = "_synth: shape too large";
+    }
+    if (err) {
+    } else if (jb.qkind < 0 || jb.qkind > 2) err = "_synth: qkind must be 0 (int8), 1 (int16) or 2 (float32)";
     else if (!kept) err = "_synth: cf must be in 1..8";
-    else if (jb.B < 0 || jb.C < 1 || jb.H < 1 || jb.W < 1 || jb.K != kept || jb.Hb != (jb.H + 7) / 8 ||
+    else if (jb.B < 0 || jb.C < 1 || jb.H < 1 || jb.W < 1 || jb.K != kept || (!volume && jb.Hb != (jb.H + 7) / 8) ||
              jb.Wb != (jb.W + 7) / 8)
-        err = "_synth: shape (B, C, Hb, K, Wb, H, W) is inconsistent";
+        err = volume ? "_synth: shape (B, C, Db, Hb, K, Wb, D, H, W) is inconsistent"
+                     : "_synth: shape (B, C, Hb, K, Wb, H, W) is inconsistent";
     if (err) goto done;
     if (PyObject_GetBuffer(qobj, &qb, PyBUF_SIMPLE) < 0) goto done;
     if (PyObject_GetBuffer(oobj, &ob, PyBUF_WRITABLE) < 0) goto done;
@@ -352,7 +527,8 @@ static PyObject *py_synthesize(PyObject *self, PyObject *args) {
         static const int item[3] = {1, 2, 4};
         Py_ssize_t nq = item[jb.qkind], no = sizeof(float), ck = jb.C;
         if (!(mul_ok(&nq, jb.B) && mul_ok(&nq, jb.C) && mul_ok(&nq, jb.Hb) && mul_ok(&nq, jb.K) && mul_ok(&nq, jb.Wb) &&
-              mul_ok(&no, jb.B) && mul_ok(&no, jb.C) && mul_ok(&no, jb.H) && mul_ok(&no, jb.W) && mul_ok(&ck, jb.K))) {
+              mul_ok(&no, jb.B) && mul_ok(&no, jb.C) && mul_ok(&no, volume ? jb.depth : 1) && mul_ok(&no, jb.H) &&
+              mul_ok(&no, jb.W) && mul_ok(&ck, jb.K))) {
             err = "_synth: shape too large";
             goto done;
         }
@@ -386,7 +562,9 @@ static PyObject *py_synthesize(PyObject *self, PyObject *args) {
         int avx2 = use_avx2(portable);
         jb.stream = stream;
         if (fresh) advise_hugepages(ob.buf, ob.len);
-        Py_BEGIN_ALLOW_THREADS run(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
+        Py_BEGIN_ALLOW_THREADS
+        if (volume) run3(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
+        else run(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
         Py_END_ALLOW_THREADS
 #ifdef SYNTH_X86
         if (jb.stream) _mm_sfence();
@@ -408,6 +586,10 @@ done:
     return res;
 }
 
+static PyObject *py_synthesize(PyObject *self, PyObject *args) { return synthesize_any(args, 0); }
+
+static PyObject *py_synthesize3(PyObject *self, PyObject *args) { return synthesize_any(args, 1); }
+
 static PyObject *py_vector_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(use_avx2(0) ? "avx2+fma" : "portable");
 }
@@ -416,9 +598,12 @@ static PyMethodDef methods[] = {
     {"synthesize", py_synthesize, METH_VARARGS,
      "synthesize(q, qkind, out, (B, C, Hb, K, Wb, H, W), cf, triangle, A, D, R, M, alpha, beta, portable=False, "
      "stream=False, fresh=False)"},
+    {"synthesize3", py_synthesize3, METH_VARARGS,
+     "synthesize3(q, qkind, out, (B, C, Db, Hb, K, Wb, D, H, W), cf, tetra, A, D, R, M, alpha, beta, portable=False, "
+     "stream=False, fresh=False): the volume decode"},
     {"vector_isa", py_vector_isa, METH_NOARGS, "the instruction set the kernel runs with here"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_synth", "fused dequantize + 8x8 inverse DCT", -1, methods};
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_synth", "fused dequantize + 8x8 (8x8x8) inverse DCT", -1, methods};
 
 PyMODINIT_FUNC PyInit__synth(void) { return PyModule_Create(&moddef); }

@@ -27,6 +27,7 @@ def pack(
     format: str = "zarr",
     cf: int | None = None,
     mask: str | None = None,
+    dims: int | None = None,
     quant: str | None = None,
     target_psnr: float | str | Mapping[str, float] | None = None,
     max_error: float | str | Mapping[str, float] | None = None,

@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from dctdata import transform3d
 from dctdata.errors import DctDataError
 from dctdata.layer import Decompress
 from dctdata.metrics import ItemErrors, item_nmse
@@ -136,8 +137,11 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
-    if samples.dim() != 4 or samples.shape[0] < 1 or samples.numel() == 0:
-        raise DctDataError(f"samples: expected shape (N, C, H, W) with N >= 1. Got {tuple(samples.shape)}")
+    if samples.dim() not in (4, 5) or samples.shape[0] < 1 or samples.numel() == 0:
+        raise DctDataError(
+            "samples: expected shape (N, C, H, W) (or (N, C, D, H, W), volumes) with N >= 1. Got "
+            f"{tuple(samples.shape)}"
+        )
     if not samples.is_floating_point():
         raise TypeError(f"samples: expected a floating tensor. Got {samples.dtype}")
     if not bool(torch.isfinite(samples).all()):
@@ -158,7 +162,7 @@ def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.
             raise DctDataError(
                 f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
             ) from exc
-    errors = ItemErrors(x, valid)
+    errors = ItemErrors(x, valid, dims=x.dim() - 2)
     if not bool(errors.ok.any()):
         raise DctDataError(
             "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
@@ -181,30 +185,36 @@ def _klt(xn: torch.Tensor) -> torch.Tensor:
 
 def worst_case_amax(cf: int, mask: str, rotation: torch.Tensor | None, channels: int) -> torch.Tensor:
     """(C, K) the largest |coefficient| an item normalized to [-0.5, 0.5] can have: 0.5 ||b_k||_1 ||R_c||_1."""
-    b = basis(cf, mask, dtype=torch.float64)
+    b = transform3d.basis(cf, mask) if mask in transform3d.MASKS3 else basis(cf, mask, dtype=torch.float64)
     per_k = 0.5 * b.abs().sum(1)
     rows = torch.ones(channels, dtype=torch.float64) if rotation is None else rotation.abs().sum(1)
     return rows[:, None] * per_k[None, :]
 
 
 class _Coded:
-    """The calibration subset in the coded domain (normalized, rotated, all 64 frequencies) and a
-    random subsample of its block rows, for one rotation choice."""
+    """The calibration subset in the coded domain (normalized, rotated, all 64 frequencies; 512 of a volume's
+    8x8x8 blocks) and a random subsample of its block rows, for one rotation choice. `coef` has the spec's
+    coefficient layout; `sub` and the statistics see a volume's (Db, Hb) as one axis of block rows."""
 
     def __init__(self, x: torch.Tensor, side: torch.Tensor, rotation: torch.Tensor | None) -> None:
         self.rotation = rotation
-        n, c, h, w = x.shape
-        xn = normalize(x, side)
+        n, c = x.shape[:2]
+        dims = x.dim() - 2
+        xn = normalize(x, side, dims)
         if rotation is not None:
-            xn = rotate(xn, rotation)
-        self.coef = compress(xn, 8, "square", "symmetric")  # (N, C, Hb, 64, Wb)
-        hb, wb = self.coef.shape[2], self.coef.shape[4]
-        rows = n * hb
-        take = min(rows, max(1, SUB_VALUES // (c * 64 * wb)))
+            xn = rotate(xn, rotation, dims=dims)
+        if dims == 3:  # (N, C, Db, Hb, 512, Wb)
+            self.coef = transform3d.compress(xn, 8, "cube", "symmetric")
+        else:  # (N, C, Hb, 64, Wb)
+            self.coef = compress(xn, 8, "square", "symmetric")
+        f, wb = self.coef.shape[-2:]
+        by_rows = self.coef.reshape(n, c, -1, f, wb)
+        rows = n * by_rows.shape[2]
+        take = min(rows, max(1, SUB_VALUES // (c * f * wb)))
         pick = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:take].sort().values
-        self.sub = self.coef.permute(0, 2, 1, 3, 4).reshape(rows, c, 64, wb)[pick]  # (R, C, 64, Wb)
-        self.amax = self.coef.abs().amax(dim=(0, 2, 4)).double()  # (C, 64)
-        self.pixels = 64 * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
+        self.sub = by_rows.permute(0, 2, 1, 3, 4).reshape(rows, c, f, wb)[pick]  # (R, C, F, Wb)
+        self.amax = by_rows.abs().amax(dim=(0, 2, 4)).double()  # (C, F)
+        self.pixels = f * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
 
     def energy(self) -> torch.Tensor:
         """(C, 64) mean squared coefficient per output channel: the nmse of dropping each frequency."""
@@ -214,13 +224,32 @@ class _Coded:
         return e
 
 
+# Volumes: the same search over 8x8x8 blocks (a 5-D calibration subset) --------------------------
+def _masks(dims: int) -> tuple[str, str]:
+    """(reduced, full) mask names: ("triangle", "square"), or a volume's ("tetra", "cube")."""
+    return ("triangle", "square") if dims == 2 else transform3d.MASKS3[::-1]
+
+
+def _frequency_index(cf: int, mask: str) -> list[int]:
+    """Each kept frequency's plane among a full block's (64, or 512 for a volume mask)."""
+    if mask in transform3d.MASKS3:
+        return transform3d.frequency_index(cf, mask)
+    return [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
+
+
+def _shape_kw(shape) -> dict[str, int]:
+    """CodecSpec's shape keywords of a calibration subset (N, C, H, W) or (N, C, D, H, W)."""
+    *_, h, w = shape
+    return dict(channels=shape[1], height=h, width=w, **({"depth": shape[2]} if len(shape) == 5 else {}))
+
+
 # The search --------------------------------------------------------------------------------------
 class _Setting:
     """One (rotation, cf, mask, dtype) being fitted: its floors and subsample error model."""
 
     def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str) -> None:
         self.coded, self.cf, self.mask, self.dtype = coded, cf, mask, dtype
-        self.idx = [u * BLOCK + v for u, v in kept_frequencies(cf, mask)]
+        self.idx = _frequency_index(cf, mask)
         c = coded.coef.shape[1]
         if dtype in INTEGER_DTYPES:
             bound = worst_case_amax(cf, mask, coded.rotation, c)
@@ -353,10 +382,9 @@ def calibrate_report(
     if min_psnr is not None:
         min_psnr = parse_number(min_psnr, "min_psnr", above=0, below=200, expected="a PSNR in dB between 0 and 200")
     cfs = None if cf is None else parse_cf(cf)
-    masks = None if mask is None else parse_mask(mask)
+    masks = None if mask is None else (transform3d.parse_mask3(mask) if x.dim() == 5 else parse_mask(mask))
     dtype = None if quant is None else parse_coeff_dtype(quant)
-    n, c, h, w = x.shape
-    side = item_side(x, valid)
+    side = item_side(x, valid, x.dim() - 2)
     stats = _stats(x, valid)
     result = None
     bounds = _parse_bounds(max_error, max_rel_error, dtype)
@@ -364,7 +392,7 @@ def calibrate_report(
         spec, candidates = _bounded(x, valid, cfs or 8, masks or "square", dtype, bounds, codec)
         evaluations = len(candidates)
     elif target_psnr is None:
-        spec = _untargeted(x, side, cfs, masks or "square", dtype or "float32", min_psnr)
+        spec = _untargeted(x, side, cfs, masks or _masks(x.dim() - 2)[1], dtype or "float32", min_psnr)
         evaluations, candidates = 0, ()
     else:
         spec, evaluations, candidates, result = _search(
@@ -495,8 +523,8 @@ def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]
 
 def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     """No target: the given cf and dtype; integer dtypes get the finest steps no item can overflow."""
-    n, c, h, w = x.shape
-    common = dict(cf=cf, mask=mask, channels=c, height=h, width=w, dtype=dtype, pad="symmetric")
+    c = x.shape[1]
+    common = dict(cf=cf, mask=mask, **_shape_kw(x.shape), dtype=dtype, pad="symmetric")
     if dtype not in INTEGER_DTYPES:
         return CodecSpec(**common)
     steps = worst_case_amax(cf, mask, None, c) / (INT_LIMITS[dtype] - 0.5)
@@ -504,13 +532,13 @@ def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
 
 
 def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors):
-    n, c, h, w = x.shape
+    n, c = x.shape[:2]
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
     size_of = _sizer(codec)
     rotations: list[torch.Tensor | None] = [] if rotation else [None]
     if c > 1 and rotation in (None, True):
-        rotations.insert(0, _klt(normalize(x, side)).to(torch.float32))
+        rotations.insert(0, _klt(normalize(x, side, x.dim() - 2)).to(torch.float32))  # volumes: (N, C, D, H, W)
     dtypes = [dtype] if dtype is not None else ["int8", "int16"]
     candidates, best = [], None
     for rot in rotations:
@@ -580,26 +608,26 @@ def _missed_error(target: float, missed: _Missed) -> DctDataError:
 def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: float) -> list[tuple[int, str]]:
     """(cf, mask) pairs to try: the given ones, else the smallest whose dropped energy is at most
     DROP_SHARE of the budget, and cf 8."""
+    reduced, full = _masks(coded.coef.dim() - 3)
     if cf is not None:
-        return [(cf, mask or "square")]
-    masks = (mask,) if mask is not None else ("triangle", "square")
+        return [(cf, mask or full)]
+    masks = (mask,) if mask is not None else (reduced, full)
     e = coded.energy()
-    out = [(8, "square")] if mask in (None, "square") else [(8, "triangle")]
+    out = [(8, full)] if mask in (None, full) else [(8, reduced)]
     for cc in range(1, 8):
         for mm in masks:
-            keep = set(u * BLOCK + v for u, v in kept_frequencies(cc, mm))
-            dropped = float(e[:, [k for k in range(64) if k not in keep]].sum(1).max())
+            keep = set(_frequency_index(cc, mm))
+            dropped = float(e[:, [k for k in range(e.shape[1]) if k not in keep]].sum(1).max())
             if dropped <= DROP_SHARE * budget:
                 return [(cc, mm), *out]
     return out
 
 
 def _spec_for(setting: _Setting, s: float, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
-    n, c, h, w = x_shape
     rot = setting.coded.rotation
     integer = setting.dtype in INTEGER_DTYPES
     return CodecSpec(
-        cf=setting.cf, mask=setting.mask, channels=c, height=h, width=w, dtype=setting.dtype, pad="symmetric",
+        cf=setting.cf, mask=setting.mask, **_shape_kw(x_shape), dtype=setting.dtype, pad="symmetric",
         steps=setting.steps(s).tolist() if integer else None, theta=THETA if integer else None,
         recon=None if recon is None else recon.tolist(), rotation=None if rot is None else rot.tolist(),
         side="range_mid", min_psnr=min_psnr if integer else None,
@@ -615,7 +643,7 @@ def _land(x, side, best, target, min_psnr, progress, errors: ItemErrors):
     setting, s, slope = best["setting"], best["s"], best["slope"]
     goal = target + MARGIN_DB
     lo_ok, hi_ok = goal - TOL_DB, goal + TOL_DB
-    coef = setting.coded.coef[:, :, :, setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
+    coef = setting.coded.coef[..., setting.idx, :].contiguous()  # the coded coefficients of (cf, mask)
     above = below = accepted = pending = None
     pts: list[tuple[float, float]] = []
     spec = None

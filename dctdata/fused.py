@@ -29,11 +29,13 @@ strided `out`, CUDA, autograd, compile, export, ONNX) keeps the torch paths of `
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
+from dctdata import transform3d
 from dctdata.errors import DctDataError
 from dctdata.pool import run_split
 from dctdata.spec import CodecSpec, dequant_tables
@@ -95,13 +97,19 @@ class Tables:
         return self.a.shape[1]
 
 
+def dc_gain(dims: int) -> float:
+    """A constant c adds c times this to the DC coefficient: 8 for an 8x8 block (its DC basis function is 1/8
+    everywhere), sqrt(512) for an 8x8x8 one."""
+    return float(BLOCK) if dims == 2 else math.sqrt(transform3d.BLOCK3)
+
+
 def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
     """The kernel's tables for `spec` (the same math as `Decompress`'s weights or its v2 affine pass)."""
     steps, offsets, recon, rot, inv_std, mean = dequant_tables(spec, normalize)
     f32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
     if spec.recon is None and spec.rotation is None and spec.side is None:
         d = offsets.clone()
-        d[:, 0] -= BLOCK * mean  # the DC basis function is 1/8 everywhere
+        d[:, 0] -= dc_gain(spec.dims) * mean
         col = inv_std.unsqueeze(1)
         return Tables(f32(steps * col), f32(d * col), None, None, None, None)
     recon = None if recon is None else -recon * steps
@@ -144,6 +152,26 @@ def synthesize(
     `STREAM_ABOVE_BYTES` or more) writes with non-temporal stores. Every shape, dtype and size the C
     code indexes is checked here (and again in C); non-contiguous coefficients are copied first.
     """
+    return _synthesize(q, tables, cf, mask, tuple(size), out, side, portable, stream)
+
+
+def synthesize_volume(
+    q: torch.Tensor,
+    tables: Tables,
+    cf: int,
+    mask: str,
+    size: tuple[int, int, int],
+    out: torch.Tensor | None = None,
+    side: torch.Tensor | None = None,
+    portable: bool = False,
+    stream: bool | None = None,
+) -> torch.Tensor:
+    """`synthesize` for volumes: (B, C, Db, Hb, K, Wb) coefficients of 8x8x8 blocks (mask "cube" or "tetra")
+    into (B, C, D, H, W) float32."""
+    return _synthesize(q, tables, cf, mask, tuple(size), out, side, portable, stream)
+
+
+def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch.Tensor:
     if _synth is None:
         raise DctDataError("fused kernel: dctdata._synth is not built (reinstall dctdata to compile it)")
     if not isinstance(q, torch.Tensor):
@@ -169,20 +197,22 @@ def synthesize(
         raise DctDataError("tables: expected scale and shift both or neither")
     if tables.scale is not None and not (tables.scale.shape == tables.shift.shape == (c,)):
         raise DctDataError(f"tables: expected scale and shift of shape ({c},). Got {tuple(tables.scale.shape)}")
-    if k != num_kept(cf, mask):
-        raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
-    h, w = size
-    hb, wb = grid_shape(h, w)
-    if q.dim() != 5:
-        raise DctDataError(f"coeffs: expected shape (B, C, Hb, K, Wb). Got {tuple(q.shape)}")
+    volume = len(size) == 3
+    kept = transform3d.num_kept(cf, mask) if volume else num_kept(cf, mask)
+    if k != kept:
+        raise DctDataError(f"tables: expected K = {kept} for cf={cf} mask={mask!r}. Got {k}")
+    *rows, wb = transform3d.grid_shape(*size) if volume else grid_shape(*size)
+    axes = "(B, C, Db, Hb, K, Wb)" if volume else "(B, C, Hb, K, Wb)"
+    if q.dim() != len(size) + 3:
+        raise DctDataError(f"coeffs: expected shape {axes}. Got {tuple(q.shape)}")
     b = q.shape[0]
-    _check(q, (b, c, hb, k, wb), "coeffs")
+    _check(q, (b, c, *rows, k, wb), "coeffs")
     fresh = out is None
     if fresh:
-        out = torch.empty(b, c, h, w, dtype=torch.float32)
+        out = torch.empty(b, c, *size, dtype=torch.float32)
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
         raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
-    _check(out, (b, c, h, w), "out")
+    _check(out, (b, c, *size), "out")
     alpha = beta = None
     if tables.scale is not None:
         alpha = tables.scale.expand(b, c)
@@ -192,17 +222,19 @@ def synthesize(
             rng, mid = side[..., 0].to(torch.float64), side[..., 1].to(torch.float64)
             alpha, beta = alpha * rng, tables.scale * mid + beta
         alpha = alpha.to(torch.float32).contiguous().numpy()
-        beta = (BLOCK * beta).to(torch.float32).contiguous().numpy()  # a constant is 8x itself on the DC term
+        beta = (dc_gain(len(size)) * beta).to(torch.float32).contiguous().numpy()  # a constant on the DC term
     elif side is not None:
         raise DctDataError("side: these tables (a v1 spec) take no side information")
     opt = lambda t: None if t is None else t.numpy()  # noqa: E731
     qn, on = q.detach().resolve_neg().contiguous().numpy(), out.detach().numpy()
     stream = out.numel() * 4 >= STREAM_ABOVE_BYTES if stream is None else stream
     huge = fresh and out.numel() * 4 >= HUGEPAGES_ABOVE_BYTES
+    kernel = _synth.synthesize3 if volume else _synth.synthesize
+    reduced = int(mask in ("triangle", "tetra"))
 
     def part(b0: int, b1: int) -> None:
-        _synth.synthesize(
-            qn[b0:b1], WIRE_KINDS[q.dtype], on[b0:b1], (b1 - b0, c, hb, k, wb, h, w), cf, int(mask == "triangle"),
+        kernel(
+            qn[b0:b1], WIRE_KINDS[q.dtype], on[b0:b1], (b1 - b0, c, *rows, k, wb, *size), cf, reduced,
             tables.a.numpy(), tables.d.numpy(), opt(tables.r), opt(tables.m),
             None if alpha is None else alpha[b0:b1], None if beta is None else beta[b0:b1], portable, stream, huge,
         )  # fmt: skip

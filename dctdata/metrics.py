@@ -129,14 +129,16 @@ class ItemErrors:
     """MSE / range^2 of every item (channel of a sample) of many estimates of one fixed reference: the
     ranges, valid-pixel counts and which items have a figure are computed once, and each estimate costs
     one float32 difference summed in float64 (calibration evaluates dozens of estimates of the same
-    subset). Items without a range or without valid pixels have no figure (`ok` False, nmse 0)."""
+    subset). Items without a range or without valid pixels have no figure (`ok` False, nmse 0). An item is
+    the last `dims` axes (3: a channel of a volume)."""
 
-    def __init__(self, reference: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+    def __init__(self, reference: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2) -> None:
         self.reference = reference.detach().to(torch.float32)
         self.valid = _valid(valid, self.reference)
-        rng = item_range(reference, 2, self.valid)
-        n = reference.shape[-1] * reference.shape[-2]
-        count = torch.full_like(rng, float(n)) if self.valid is None else _flat(self.valid, 2).sum(-1).double()
+        self.dims = dims
+        rng = item_range(reference, dims, self.valid)
+        n = math.prod(reference.shape[-dims:])
+        count = torch.full_like(rng, float(n)) if self.valid is None else _flat(self.valid, dims).sum(-1).double()
         self.ok = (rng > 0) & (count > 0)
         self._scale = torch.where(self.ok, 1.0 / (count * rng.square()).clamp(min=1e-300), torch.zeros_like(rng))
 
@@ -146,7 +148,8 @@ class ItemErrors:
         d = estimate.detach().to(torch.float32) - ref
         if self.valid is not None:
             d = d.masked_fill(~(self.valid if rows is None else self.valid[rows]), 0.0)
-        sse = d.square_().sum(-1).sum(-1, dtype=torch.float64)  # float32 rows (~1e-7), float64 over rows
+        d = d.square_().flatten(-self.dims, -2) if self.dims > 2 else d.square_()  # (..., rows, W)
+        sse = d.sum(-1).sum(-1, dtype=torch.float64)  # float32 rows (~1e-7), float64 over rows
         return sse * (self._scale if rows is None else self._scale[rows])
 
     def channel_nmse(self, nm: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from dctdata import transform3d
 from dctdata.errors import DctDataError
 from dctdata.spec import INTEGER_DTYPES, CodecSpec
 from dctdata.transform import compress, decompress
@@ -32,28 +33,38 @@ BOUND_ROUNDS = 16  # re-codes of an item before its pointwise bound is declared 
 
 
 def _table(values, spec: CodecSpec, device) -> torch.Tensor:
-    """(C, K) table shaped to broadcast over (..., C, Hb, K, Wb)."""
+    """(C, K) table shaped to broadcast over (..., C, R, K, Wb) (`CodecSpec.rows_shape`)."""
     return torch.as_tensor(values, dtype=torch.float32, device=device).reshape(spec.channels, 1, spec.kept, 1)
 
 
 def check_coeff_shape(coeffs: torch.Tensor, spec: CodecSpec, name: str = "coefficients") -> None:
-    """Raise unless coeffs end in the spec's (C, Hb, K, Wb)."""
-    if tuple(coeffs.shape[-4:]) != spec.coeff_shape or coeffs.dim() < 4:
+    """Raise unless coeffs end in the spec's (C, Hb, K, Wb) ((C, Db, Hb, K, Wb) for a volume)."""
+    n = len(spec.coeff_shape)
+    if tuple(coeffs.shape[-n:]) != spec.coeff_shape or coeffs.dim() < n:
+        axes = "C, Hb, K, Wb" if spec.depth is None else "C, Db, Hb, K, Wb"
         raise DctDataError(
-            f"{name}: expected shape (..., {', '.join(map(str, spec.coeff_shape))}) = (..., C, Hb, K, Wb) "
+            f"{name}: expected shape (..., {', '.join(map(str, spec.coeff_shape))}) = (..., {axes}) "
             f"for cf={spec.cf} mask={spec.mask!r} and size {spec.sample_shape}. Got {tuple(coeffs.shape)}"
         )
 
 
+def as_rows(t: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
+    """A coefficient tensor (..., *coeff_shape) viewed as (..., C, R, K, Wb) block rows (a volume's Db and Hb
+    merged; a 2-D spec's tensor as it is)."""
+    if spec.depth is None:
+        return t
+    return t.reshape(*t.shape[: t.dim() - len(spec.coeff_shape)], *spec.rows_shape)
+
+
 # Per-sample side information and channel rotation ------------------------------------------------
-def item_side(x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """(..., C, H, W) -> (..., C, 2) float32 [range, mid] of every item over its valid pixels (range 1
-    for a constant item or one with no valid pixel)."""
-    flat = x.detach().to(torch.float64).flatten(-2)
+def item_side(x: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2) -> torch.Tensor:
+    """(..., C, H, W) (or (..., C, D, H, W) with dims=3) -> (..., C, 2) float32 [range, mid] of every item
+    over its valid pixels (range 1 for a constant item or one with no valid pixel)."""
+    flat = x.detach().to(torch.float64).flatten(-dims)
     if valid is None:
         lo, hi = flat.amin(-1), flat.amax(-1)
     else:
-        ok = torch.broadcast_to(valid, x.shape).flatten(-2)
+        ok = torch.broadcast_to(valid, x.shape).flatten(-dims)
         lo = flat.masked_fill(~ok, math.inf).amin(-1)
         hi = flat.masked_fill(~ok, -math.inf).amax(-1)
         empty = ~ok.any(-1)
@@ -63,27 +74,33 @@ def item_side(x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tenso
     return torch.stack([rng, (hi + lo) / 2], -1).to(torch.float32)
 
 
-def normalize(x: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
-    """(x - mid) / range per item, computed in float64 (a 300 K field with 0.01 K detail keeps it)."""
-    rng, mid = side[..., 0, None, None].double(), side[..., 1, None, None].double()
+def normalize(x: torch.Tensor, side: torch.Tensor, dims: int = 2) -> torch.Tensor:
+    """(x - mid) / range per item (the last `dims` axes), computed in float64 (a 300 K field with 0.01 K
+    detail keeps it)."""
+    at = (...,) + (None,) * dims
+    rng, mid = side[..., 0][at].double(), side[..., 1][at].double()
     return ((x.to(torch.float64) - mid) / rng).to(torch.float32)
 
 
-def rotate(x: torch.Tensor, rotation, transpose: bool = False) -> torch.Tensor:
-    """Mix the channel axis (-3) of (..., C, H, W) with a C x C matrix (or its transpose)."""
+def rotate(x: torch.Tensor, rotation, transpose: bool = False, dims: int = 2) -> torch.Tensor:
+    """Mix the channel axis (-3, or -4 with dims=3) of (..., C, H, W) with a C x C matrix (or its transpose)."""
     r = torch.as_tensor(rotation, dtype=torch.float32, device=x.device)
-    return torch.einsum("oc,...ohw->...chw" if transpose else "oc,...chw->...ohw", r, x.to(torch.float32))
+    flat = x.to(torch.float32).flatten(-dims)
+    return torch.einsum("oc,...op->...cp" if transpose else "oc,...cp->...op", r, flat).reshape(x.shape)
 
 
 def coded_coefficients(
     x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Samples (..., C, H, W) -> (float32 coefficients in the coded domain, side info or None)."""
+    """Samples (..., C, H, W) ((..., C, D, H, W) for a volume) -> (float32 coefficients in the coded domain,
+    side info or None)."""
     if spec.side is not None:
-        side = item_side(x, valid) if side is None else side
-        x = normalize(x, side)
+        side = item_side(x, valid, spec.dims) if side is None else side
+        x = normalize(x, side, spec.dims)
     if spec.rotation is not None:
-        x = rotate(x, spec.rotation)
+        x = rotate(x, spec.rotation, dims=spec.dims)
+    if spec.depth is not None:
+        return transform3d.compress(x, spec.cf, spec.mask, spec.pad), side
     return compress(x, spec.cf, spec.mask, spec.pad), side
 
 
@@ -100,7 +117,8 @@ def quantize_per_sample(
     """Like `quantize`, with the clamped count of every sample (the leading dims). checked=True: the
     caller made the coefficients from samples it checked finite (calibration), so they are not checked."""
     check_coeff_shape(coeffs, spec)
-    c = coeffs.to(torch.float32)
+    shape = coeffs.shape
+    c = as_rows(coeffs.to(torch.float32), spec)
     if not checked and not bool(
         torch.isfinite(c).all()
     ):  # NaN would cast to an arbitrary integer: never store it silently
@@ -121,24 +139,24 @@ def quantize_per_sample(
         else:  # sign(c) * floor(|c| + theta), in place on one temporary
             q = c.abs().add_(spec.theta).floor_().mul_(torch.sign(c))
         over = ((q < info.min) | (q > info.max)).reshape(*lead, -1).sum(-1)
-        return q.clamp_(info.min, info.max).to(spec.torch_dtype), over
+        return q.clamp_(info.min, info.max).to(spec.torch_dtype).reshape(shape), over
     if spec.dtype == "float16":
         over = (c.abs() > _FP16_MAX).reshape(*lead, -1).sum(-1)
-        return c.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16), over
-    return c.to(spec.torch_dtype), torch.zeros(lead, dtype=torch.int64)
+        return c.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16).reshape(shape), over
+    return c.to(spec.torch_dtype).reshape(shape), torch.zeros(lead, dtype=torch.int64)
 
 
 def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
     """Wire-dtype coefficients -> float32 coefficients: step * (q - recon * sign(q)) + offset."""
     check_coeff_shape(q, spec)
-    c = q.to(torch.float32)
+    c = as_rows(q.to(torch.float32), spec)
     if spec.recon is not None:
         c = c - _table(spec.recon, spec, c.device) * torch.sign(c)
     if spec.steps is not None:
         c = c * _table(spec.steps, spec, c.device)
     if spec.offsets is not None:
         c = c + _table(spec.offsets, spec, c.device)
-    return c
+    return c.reshape(q.shape)
 
 
 # Whole samples -----------------------------------------------------------------------------------
@@ -154,12 +172,14 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
     float32 decode misses the bound is coded again the same way (`dctdata.bounds`), or `BoundError` is
     raised.
     """
-    if isinstance(x, torch.Tensor) and tuple(x.shape[-3:]) != spec.sample_shape:
+    n = len(spec.sample_shape)
+    if isinstance(x, torch.Tensor) and tuple(x.shape[-n:]) != spec.sample_shape:
+        axes = "C, H, W" if spec.depth is None else "C, D, H, W"
         raise DctDataError(
-            f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., C, H, W). Got "
+            f"sample: expected shape (..., {', '.join(map(str, spec.sample_shape))}) = (..., {axes}). Got "
             f"{tuple(x.shape)}"
         )
-    if spec.bounded and x.dim() == 3:  # one sample: bound it as a batch of one
+    if spec.bounded and x.dim() == n:  # one sample: bound it as a batch of one
         wire, over = encode(x[None], spec, None if side is None else side[None], None if valid is None else valid[None])
         return (wire[0][0], wire[1][0]), over
     coeffs, side = coded_coefficients(x, spec, side, valid)
@@ -173,10 +193,10 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
             side[..., 0] = (side[..., 0].double() * g).to(side.dtype)
     q, over = quantize_per_sample(coeffs, spec)
     coded_side = side
-    if spec.min_psnr is not None and spec.side is not None and x.dim() == 4:
+    if spec.min_psnr is not None and spec.side is not None and x.dim() == n + 1:
         from dctdata.metrics import ItemErrors
 
-        q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid))
+        q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid, dims=spec.dims))
     if spec.bounded:
         if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
@@ -185,15 +205,15 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
 
 
 def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
-    """The coded coefficients (B, C, Hb, K, Wb) the samples would have with their stored ranges scaled by
-    g (B, C): each channel's normalized values grow by 1/g, mixed by the rotation (y = R n, so
-    y' = R diag(1/g) R^T y); the transform is linear, so no DCT is needed."""
+    """The coded coefficients (B, C, Hb, K, Wb) (or a volume's (B, C, Db, Hb, K, Wb)) the samples would have
+    with their stored ranges scaled by g (B, C): each channel's normalized values grow by 1/g, mixed by the
+    rotation (y = R n, so y' = R diag(1/g) R^T y); the transform is linear, so no DCT is needed."""
     inv = (1.0 / g).to(torch.float32)
     if spec.rotation is None:
-        return coeffs * inv[:, :, None, None, None]
+        return coeffs * inv.reshape(*inv.shape, *([1] * (coeffs.dim() - 2)))
     r = torch.as_tensor(spec.rotation, dtype=torch.float32, device=coeffs.device)
     m = torch.einsum("oc,bc,dc->bod", r, inv, r)  # (B, C, C): R diag(1/g_b) R^T
-    return torch.einsum("bod,bdhkw->bohkw", m, coeffs)
+    return torch.einsum("bod,bd...->bo...", m, coeffs)
 
 
 def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, rounds: int = 8):
@@ -300,13 +320,18 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     inverse rotation -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
     q, side = split_wire(wire, spec)
     coeffs = dequantize(q, spec)
-    x = decompress(coeffs, spec.cf, (spec.height, spec.width), spec.mask).to(torch.float64)
+    if spec.depth is None:
+        x = decompress(coeffs, spec.cf, spec.size, spec.mask).to(torch.float64)
+    else:
+        x = transform3d.decompress(coeffs, spec.cf, spec.size, spec.mask).to(torch.float64)
+    at, per_channel = (...,) + (None,) * spec.dims, (-1,) + (1,) * spec.dims
     if spec.rotation is not None:
-        x = torch.einsum("oc,...ohw->...chw", torch.tensor(spec.rotation, dtype=torch.float64), x)
+        r = torch.tensor(spec.rotation, dtype=torch.float64)
+        x = torch.einsum("oc,...op->...cp", r, x.flatten(-spec.dims)).reshape(x.shape)
     if side is not None:
-        x = x * side[..., 0, None, None].double() + side[..., 1, None, None].double()
+        x = x * side[..., 0][at].double() + side[..., 1][at].double()
     if spec.mean is not None:
-        mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(-1, 1, 1)
-        std = torch.tensor(spec.std, dtype=torch.float64).reshape(-1, 1, 1)
+        mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(per_channel)
+        std = torch.tensor(spec.std, dtype=torch.float64).reshape(per_channel)
         x = (x - mean) / std
     return x

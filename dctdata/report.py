@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dctdata.format.fields import SIDE_SUFFIX, user_fields
+from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, user_fields
 from dctdata.format.manifest import Manifest
 from dctdata.kinds import FieldKind
 
@@ -66,3 +66,23 @@ def num(v: float | None, fmt: str = "{:.2f}") -> str:
     if v == math.inf:
         return "exact"
     return fmt.format(v)
+
+
+VOLUME_HINT_CHANNELS = 8  # a 2-D field with this many channels may be a volume
+
+
+def volume_hint(field: FieldSpec) -> str | None:
+    """A line offering --dims 3 for a 2-D dct field whose channels may be a third spatial axis: at least
+    VOLUME_HINT_CHANNELS channels of at least 8 x 8, or channels that are one source dimension (an xarray
+    variable's level or depth). None otherwise."""
+    if not field.is_dct or field.codec.depth is not None:
+        return None
+    c, h, w = field.shape
+    source_dims = field.attrs.get("dims") if isinstance(field.attrs.get("dims"), list) else []
+    one_axis = len(source_dims) == 3 and "variable" not in str(source_dims[0])  # not stacked variables
+    if c < 2 or min(h, w) < 8 or (c < VOLUME_HINT_CHANNELS and not one_axis):
+        return None
+    return (
+        f"{field.name}: {c} channels of {h} x {w}: if they are a third spatial axis (depth, levels, slices, time), "
+        f"--dims 3 (dims=3) packs each sample as a ({c}, {h}, {w}) volume of 8x8x8 blocks"
+    )

@@ -35,10 +35,11 @@ from typing import Any, Mapping, Sequence
 from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.parse import parse_number, parse_optional_int, parse_size
+from dctdata.parse import parse_int, parse_number, parse_optional_int, parse_size
 from dctdata.spec import QUANT_TO_DTYPE
 from dctdata.stages import AUTO, option_help, option_spellings, parse_config, parse_option
 from dctdata.transform import parse_cf, parse_mask
+from dctdata.transform3d import MASKS3
 
 NAN_MODES = ("error", "mask", "fill")
 # The webdataset writer's options that are settings of their own (--max-shard-size, --samples-per-shard).
@@ -274,7 +275,18 @@ class PackSettings:
         "zarr", metavar="zarr|webdataset", help="zarr (random access, default) or webdataset (streaming shards)"
     )
     cf: int | None = setting(None, type=int, help="chop factor 1..8 (default 4 without --target-psnr)")
-    mask: str | None = setting(None, choices=["square", "triangle"], help="kept-frequency mask (default square)")
+    mask: str | None = setting(
+        None,
+        choices=["square", "triangle", "cube", "tetra"],
+        help="kept-frequency mask (default square; volumes: cube = square, tetra = triangle: u + v + w < CF)",
+    )
+    dims: int | None = setting(
+        None,
+        type=int,
+        choices=[2, 3],
+        help="spatial dims of a dct sample: 2 ((H, W) or (C, H, W), default) or 3 (volumes: (D, H, W) or "
+        "(C, D, H, W) as 8x8x8 blocks)",
+    )
     quant: str | None = setting(None, choices=list(QUANT_TO_DTYPE), help="coefficient dtype (default none = fp32)")
     target_psnr: float | str | Mapping[str, float] | None = setting(
         None,
@@ -400,8 +412,16 @@ class PackSettings:
         storages.get(self.format, "--format")  # a registered storage, else an error naming them
         if self.cf is not None:
             parse_cf(self.cf)
+        if self.dims is not None:
+            parse_int(self.dims, "--dims", minimum=2, maximum=3, expected="2 or 3 (spatial dims of a dct sample)")
         if self.mask is not None:
-            parse_mask(self.mask)
+            if self.mask not in MASKS3:
+                parse_mask(self.mask)
+            elif (self.dims or 2) != 3:
+                raise DctDataError(
+                    f"--mask {self.mask}: expected --dims 3 (a volume mask; 2-D blocks take square or triangle). Got "
+                    f"dims={self.dims or 2}"
+                )
         if self.quant is not None and self.quant not in QUANT_TO_DTYPE:
             raise DctDataError(f"--quant: expected one of {list(QUANT_TO_DTYPE)}. Got {self.quant!r}")
         if self.channels_last is not None and not isinstance(self.channels_last, bool):
@@ -507,6 +527,7 @@ class PackSettings:
             "sample_dim": self.sample_dim,
             "variables": self.variables,
             "stack": self.stack,
+            "dims": self.dims or 2,
         }
 
     def record(self) -> dict[str, Any]:
@@ -528,6 +549,7 @@ class PackSettings:
             "variables": self.variables,
             "stack": self.stack,
             "codec": self.lossless if self.lossless == AUTO else dict(self.lossless),
+            "dims": self.dims or 2,
         }
 
     # Derivations ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 import torch
 
+from dctdata import transform3d
 from dctdata.errors import DctDataError
 from dctdata.parse import parse_choice, parse_int, parse_number
 from dctdata.transform import BLOCK, PADS, grid_shape, num_kept, parse_cf, parse_mask
@@ -119,6 +120,10 @@ class CodecSpec:
     sample carries its own (range, mid) per channel, stored beside the coefficients: the encoder codes
     (x - mid) / range, the first layer applies x = range * y + mid.
 
+    Volumes (codec v3): depth D makes the sample (C, D, H, W), coded as 8x8x8 blocks with a volume mask
+    ("cube" or "tetra", `dctdata.transform3d`); every table keeps its (C, K) form with K the kept
+    frequencies of a block. None (the default): 2-D samples.
+
     Pointwise error bounds (encoder only; every decoder is unchanged, so the spec version does not move;
     manifest version 5 records them): max_error, an absolute bound in the field's units, and/or
     max_rel_error, a bound relative to each item's (sample channel's) value range. The encoder checks every
@@ -146,6 +151,7 @@ class CodecSpec:
     rotation: tuple | None = None
     side: str | None = None
     min_psnr: float | None = None
+    depth: int | None = None
     max_error: float | None = None
     max_rel_error: float | None = None
     bound_ref: float | None = None
@@ -154,8 +160,11 @@ class CodecSpec:
         if self.block != BLOCK:
             raise DctDataError(f"block: expected {BLOCK}. Got {self.block!r}")
         parse_cf(self.cf)
-        parse_mask(self.mask)
-        for name in ("height", "width"):
+        if self.depth is None:
+            parse_mask(self.mask)
+        else:
+            object.__setattr__(self, "mask", transform3d.parse_mask3(self.mask))
+        for name in ("height", "width") if self.depth is None else ("depth", "height", "width"):
             _parse_pos_int(name, getattr(self, name))
         parse_int(
             self.channels,
@@ -164,10 +173,10 @@ class CodecSpec:
             maximum=MAX_CHANNELS,
             expected=f"a positive int (at most {MAX_CHANNELS})",
         )
-        if self.channels * self.height * self.width > MAX_SAMPLE_VALUES:
+        if math.prod(self.sample_shape) > MAX_SAMPLE_VALUES:
             raise DctDataError(
                 f"sample shape: expected at most {MAX_SAMPLE_VALUES} values per sample. "
-                f"Got {self.channels} x {self.height} x {self.width}"
+                f"Got {' x '.join(map(str, self.sample_shape))}"
             )
         object.__setattr__(self, "dtype", parse_coeff_dtype(self.dtype))
         ck = (self.channels, self.kept)
@@ -215,6 +224,11 @@ class CodecSpec:
             if self.bound_ref is not None:
                 raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")
             return
+        if self.depth is not None:
+            raise DctDataError(
+                f"max_error/max_rel_error: expected a 2-D spec (volumes do not take pointwise error bounds yet). Got "
+                f"a volume of depth {self.depth}"
+            )
         if self.side is None or self.dtype not in INTEGER_DTYPES:
             raise DctDataError(
                 "max_error/max_rel_error: expected an integer dtype (int8, int16) with side information "
@@ -228,25 +242,45 @@ class CodecSpec:
 
     # Derived sizes -------------------------------------------------------------------------------
     @property
+    def dims(self) -> int:
+        """Spatial dims of a sample: 2 (C, H, W) or 3 (C, D, H, W), a volume."""
+        return 2 if self.depth is None else 3
+
+    @property
     def kept(self) -> int:
         """K, kept coefficients per block."""
-        return num_kept(self.cf, self.mask)
+        return num_kept(self.cf, self.mask) if self.depth is None else transform3d.num_kept(self.cf, self.mask)
 
     @property
-    def grid(self) -> tuple[int, int]:
-        """(Hb, Wb) blocks per sample."""
-        return grid_shape(self.height, self.width)
+    def grid(self) -> tuple[int, ...]:
+        """(Hb, Wb) blocks per sample, (Db, Hb, Wb) for a volume."""
+        if self.depth is None:
+            return grid_shape(self.height, self.width)
+        return transform3d.grid_shape(self.depth, self.height, self.width)
 
     @property
-    def coeff_shape(self) -> tuple[int, int, int, int]:
-        """Per-sample coefficient tensor shape (C, Hb, K, Wb) (see dctdata.transform for the layout)."""
-        hb, wb = self.grid
-        return (self.channels, hb, self.kept, wb)
+    def coeff_shape(self) -> tuple[int, ...]:
+        """Per-sample coefficient tensor shape (C, Hb, K, Wb), (C, Db, Hb, K, Wb) for a volume (see
+        dctdata.transform and dctdata.transform3d for the layouts)."""
+        *rows, wb = self.grid
+        return (self.channels, *rows, self.kept, wb)
 
     @property
-    def sample_shape(self) -> tuple[int, int, int]:
-        """Decoded sample shape (C, H, W)."""
-        return (self.channels, self.height, self.width)
+    def rows_shape(self) -> tuple[int, int, int, int]:
+        """The coefficients of a sample as (C, R, K, Wb) block rows (R = Hb, or Db * Hb for a volume): the
+        view the quantizer and the lossless stage work on."""
+        *rows, wb = self.grid
+        return (self.channels, math.prod(rows), self.kept, wb)
+
+    @property
+    def size(self) -> tuple[int, ...]:
+        """Spatial size (H, W), (D, H, W) for a volume."""
+        return (self.height, self.width) if self.depth is None else (self.depth, self.height, self.width)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Decoded sample shape (C, H, W), (C, D, H, W) for a volume."""
+        return (self.channels, *self.size)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -259,14 +293,17 @@ class CodecSpec:
     @property
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
-        raw = self.channels * self.height * self.width * 32
+        raw = math.prod(self.sample_shape) * 32
         side = 0 if self.side is None else self.channels * 2 * 32  # (range, mid) per channel, float32
         return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        """1 when the spec only uses what a v1 reader knows (edge padding, plain rounding), else 2."""
+        """1 when the spec only uses what a v1 reader knows (edge padding, plain rounding), 3 for a volume,
+        else 2."""
+        if self.depth is not None:
+            return 3
         v2 = (self.pad != "edge", self.theta, self.recon, self.rotation, self.side, self.min_psnr)
         return 2 if any(v not in (False, None) for v in v2) else 1
 
@@ -277,6 +314,8 @@ class CodecSpec:
             "cf": self.cf, "height": self.height, "width": self.width, "channels": self.channels,
             "mask": self.mask, "dtype": self.dtype, "pad": self.pad,
         }  # fmt: skip
+        if self.depth is not None:
+            d["depth"] = self.depth
         if self.steps is not None:
             d["steps"] = _compact(self.steps)
         if self.offsets is not None:
@@ -316,7 +355,11 @@ class CodecSpec:
             dc = kw.pop("dc_offset")
             if not isinstance(dc, (list, tuple)):
                 raise DctDataError(f"dc_offset: expected one number per channel. Got {dc!r}")
-            kw["offsets"] = [[v] + [0.0] * (num_kept(kw["cf"], kw.get("mask", "square")) - 1) for v in dc]
+            if kw.get("depth") is None:
+                k = num_kept(kw["cf"], kw.get("mask", "square"))
+            else:
+                k = transform3d.num_kept(kw["cf"], kw.get("mask", "cube"))
+            kw["offsets"] = [[v] + [0.0] * (k - 1) for v in dc]
         return cls(**kw)
 
     def replace(self, **changes: Any) -> "CodecSpec":

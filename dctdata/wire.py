@@ -40,7 +40,9 @@ def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tenso
             f"per-sample side information). Got {type(wire).__name__}"
         )
     q, side = wire
-    if tuple(side.shape[-2:]) != (spec.channels, 2) or tuple(side.shape[:-2]) != tuple(q.shape[:-4]):
+    if tuple(side.shape[-2:]) != (spec.channels, 2) or tuple(side.shape[:-2]) != tuple(
+        q.shape[: -len(spec.coeff_shape)]
+    ):
         raise DctDataError(
             f"side: expected shape (..., {spec.channels}, 2) matching coefficients {tuple(q.shape)}. Got "
             f"{tuple(side.shape)}"

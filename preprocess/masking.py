@@ -27,6 +27,8 @@ calibration that sees the filled data sees the right range. O(pixels) per item, 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -55,33 +57,39 @@ def check_items_have_valid(valid: np.ndarray, name: str, where) -> None:
 
 
 def fill_invalid(x: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """x (B, C, H, W) with its invalid pixels replaced by the pull-push fill of the valid ones (see the
-    module docstring). Valid pixels are kept bit-exactly; every item needs at least one valid pixel."""
+    """x (B, C, H, W) (or volumes (B, C, D, H, W)) with its invalid pixels replaced by the pull-push fill of
+    the valid ones (see the module docstring; a volume's pyramid halves all three axes). Valid pixels are kept
+    bit-exactly; every item needs at least one valid pixel."""
     valid = np.broadcast_to(valid, x.shape)
     if valid.all():
         return x
-    b, c, h, w = x.shape
-    flat_valid = valid.reshape(b * c, h, w)
+    b, c, *size = x.shape
+    flat_valid = valid.reshape(b * c, *size)
     todo = np.flatnonzero(~flat_valid.reshape(b * c, -1).all(-1))  # only items with holes
-    out = np.array(x, dtype=np.float32, copy=True).reshape(b * c, h, w)
+    out = np.array(x, dtype=np.float32, copy=True).reshape(b * c, *size)
     v = torch.from_numpy(np.ascontiguousarray(flat_valid[todo]))[:, None]
     vals = torch.from_numpy(np.where(flat_valid[todo], out[todo], 0).astype(np.float64))[:, None]
     filled = _pull_push(vals, v.to(torch.float64))
     out[todo] = np.where(flat_valid[todo], out[todo], filled[:, 0].numpy().astype(np.float32))
-    return out.reshape(b, c, h, w)
+    return out.reshape(b, c, *size)
 
 
 def _pull_push(vals: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """vals (M, 1, H, W) (0 where weight is 0), weight in [0, 1]: every pixel gets a value."""
+    """vals (M, 1, H, W) or (M, 1, D, H, W) (0 where weight is 0), weight in [0, 1]: every pixel gets a value."""
+    volume = vals.dim() == 5
+    pool, mode = (F.avg_pool3d, "trilinear") if volume else (F.avg_pool2d, "bilinear")
     levels = [(vals, weight)]
-    while max(vals.shape[-2:]) > 1:
-        s = F.avg_pool2d(vals * weight, 2, ceil_mode=True)
-        wsum = F.avg_pool2d(weight, 2, ceil_mode=True)
+    while max(vals.shape[2:]) > 1:
+        # a volume's axis already at 1 stays (avg_pool3d refuses a window past an axis of 1; avg_pool2d takes it)
+        kernel = tuple(2 if n > 1 else 1 for n in vals.shape[2:]) if volume else (2, 2)
+        children = math.prod(kernel)
+        s = pool(vals * weight, kernel, ceil_mode=True)
+        wsum = pool(weight, kernel, ceil_mode=True)
         vals = torch.where(wsum > 0, s / wsum.clamp(min=1e-300), torch.zeros_like(s))
-        weight = (4 * wsum).clamp(max=1.0)  # a coarse pixel with one fully valid child is fully known
+        weight = (children * wsum).clamp(max=1.0)  # a coarse pixel with one fully valid child is fully known
         levels.append((vals, weight))
     filled = levels[-1][0]
     for vals, weight in reversed(levels[:-1]):
-        up = F.interpolate(filled, size=vals.shape[-2:], mode="bilinear", align_corners=False)
+        up = F.interpolate(filled, size=vals.shape[2:], mode=mode, align_corners=False)
         filled = weight * vals + (1 - weight) * up
     return filled

@@ -132,10 +132,11 @@ def check_float32(x: np.ndarray, name: str, where) -> None:
 
 
 def mask_batch(m: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A batch of explicit masks (B, *mask_shape) -> bool (B, C, H, W) (nonzero = valid)."""
+    """A batch of explicit masks (B, *mask_shape) -> bool (B, C, H, W) ((B, C, D, H, W) for a volume field
+    of shape (C, D, H, W); nonzero = valid)."""
     b = len(m)
     per = tuple(m.shape[1:])
-    m = np.asarray(m).reshape(b, *([1] * (3 - len(per))), *per) != 0
+    m = np.asarray(m).reshape(b, *([1] * (len(shape) - len(per))), *per) != 0
     return np.broadcast_to(m, (b, *shape))
 
 
@@ -218,7 +219,7 @@ class Encoder:
             if name in self.derived:
                 continue
             x = batch[name]
-            expect = f.shape if not f.is_dct or x.ndim - 1 == 3 else f.shape[1:]
+            expect = f.shape if not f.is_dct or x.ndim - 1 == len(f.shape) else f.shape[1:]
             if tuple(x.shape[1:]) != tuple(expect):
                 raise DctDataError(
                     f"{at(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} "
@@ -270,7 +271,7 @@ class Encoder:
         for a in range(0, len(x), step):
             v = None if valid is None else torch.from_numpy(valid[a : a + step])
             part = tuple(w[a : a + step] for w in wire) if isinstance(wire, tuple) else wire[a : a + step]
-            mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](part), dims=2, valid=v)
+            mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](part), dims=f.codec.dims, valid=v)
             scores = psnr_from_mse(mse, rng)
             per_channel = peak.amax(0).tolist()
             for c in range(f.shape[0]):

@@ -19,6 +19,11 @@ the filled values (`dctdata.preprocess.masking`).
 Layout guard: a 3-D per-sample array whose last axis is small next to a large first one ((256, 256, 1),
 (32, 32, 3)) is almost surely (H, W, C) read as (C, H, W): an error naming `--channels-last`, unless
 the caller said `channels_last=False` (`--no-channels-last`) on purpose.
+
+Volumes (`dims=3`, `--dims 3`): a dct field's samples are (D, H, W) or (C, D, H, W), coded as 8x8x8 blocks
+(`dctdata.transform3d`). Without it a (D, H, W) sample is D channels of 2-D blocks (the default, and what
+older packs did); the pack summary offers `--dims 3` when a field looks like a volume
+(`dctdata.report.volume_hint`).
 """
 
 from __future__ import annotations
@@ -61,13 +66,19 @@ def default_kind(shape: tuple[int, ...], dtype: np.dtype) -> FieldKind:
     return FieldKind.ARRAY
 
 
-def looks_channels_last(shape: tuple[int, ...]) -> bool:
-    """(H, W, C) read as (C, H, W): a last axis of at most 4 after a first axis of 16 or more."""
-    return len(shape) == 3 and shape[2] <= 4 and shape[0] >= 16 and shape[0] > 4 * shape[2]
+def looks_channels_last(shape: tuple[int, ...], dims: int = 2) -> bool:
+    """(H, W, C) read as (C, H, W) ((D, H, W, C) as (C, D, H, W) for a volume): a last axis of at most 4 after
+    a first axis of 16 or more."""
+    return len(shape) == dims + 1 and shape[-1] <= 4 and shape[0] >= 16 and shape[0] > 4 * shape[-1]
 
 
-def dct_shape(name: str, shape: tuple[int, ...], where: str, channels_last: bool | None = None) -> tuple[int, int, int]:
-    """Per-sample shape of a dct field as (C, H, W); refuses the likely channels-last mistake."""
+def dct_shape(
+    name: str, shape: tuple[int, ...], where: str, channels_last: bool | None = None, dims: int = 2
+) -> tuple[int, ...]:
+    """Per-sample shape of a dct field as (C, H, W), or (C, D, H, W) with dims=3; refuses the likely
+    channels-last mistake."""
+    if dims == 3:
+        return _volume_shape(name, shape, where, channels_last)
     if len(shape) == 2:
         return (1, *shape)
     if len(shape) == 3:
@@ -78,8 +89,27 @@ def dct_shape(name: str, shape: tuple[int, ...], where: str, channels_last: bool
                 "--no-channels-last / channels_last=False keeps the layout as it is)"
             )
         return shape
+    hint = " (a volume? --dims 3 packs (D, H, W) and (C, D, H, W) samples as 8x8x8 blocks)" if len(shape) == 4 else ""
     raise DctDataError(
         f"{where}: field {name!r}: expected 2 or 3 dims per sample for kind dct ((H, W) or (C, H, W)). Got {shape}"
+        + hint
+    )
+
+
+def _volume_shape(name: str, shape: tuple[int, ...], where: str, channels_last: bool | None) -> tuple[int, ...]:
+    if len(shape) == 3:
+        return (1, *shape)
+    if len(shape) == 4:
+        if channels_last is None and looks_channels_last(shape, 3):
+            raise DctDataError(
+                f"{where}: field {name!r}: expected (C, D, H, W) per sample for --dims 3. Got {shape}, which reads as "
+                f"{shape[0]} channels of {shape[1]} x {shape[2]} x {shape[3]}: channels-last data? (use "
+                "--channels-last; --no-channels-last / channels_last=False keeps the layout as it is)"
+            )
+        return shape
+    raise DctDataError(
+        f"{where}: field {name!r}: expected 3 or 4 dims per sample for kind dct with --dims 3 ((D, H, W) or "
+        f"(C, D, H, W)). Got {shape}"
     )
 
 
@@ -142,6 +172,7 @@ def plan_fields(
     channels_last: bool | None = False,
     calibration: Source | None = None,
     quiet: bool = True,
+    dims: int = 2,
     bounds: Bounds | None = None,
 ) -> tuple[tuple[FieldSpec, ...], tuple[str, ...]]:
     """(field specs in sample order, names of the mask fields the pack makes). `quant` is the codec
@@ -194,7 +225,7 @@ def plan_fields(
             raise DctDataError(
                 f"{where}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)"
             )
-        shape = dct_shape(name, shape, where, channels_last)
+        shape = dct_shape(name, shape, where, channels_last, dims)
         mask_field = valid.get(name)
         if mask_field is None and nan.stores_mask:
             mask_field = valid_name(name)
@@ -227,7 +258,7 @@ def _codec(
 ) -> tuple[CodecSpec, dict]:
     """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration
     subset (always with a pointwise bound, `bound`: the CodecSpec's max_error/max_rel_error keywords)."""
-    c, h, w = shape
+    c, *size = shape
     if bound and quant is not None and quant not in ("int8", "int16"):
         raise DctDataError(
             f"field {name!r}: --max-error/--max-rel-error: expected --quant int8, int16 or unset (the bound is kept "
@@ -235,15 +266,15 @@ def _codec(
         )
     if target is None and quant not in ("int8", "int16") and not bound:
         spec = CodecSpec(
-            cf=DEFAULT_CF if cf is None else cf, height=h, width=w, channels=c, mask=mask or "square",
-            dtype=quant or "float32",
+            cf=DEFAULT_CF if cf is None else cf, channels=c, mask=mask or "square", dtype=quant or "float32",
+            **dict(zip(("depth", "height", "width")[3 - len(size) :], size)),
         )  # fmt: skip
         return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
     if name not in cal_probe:
         raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
-    idx = calibration_indices(len(cal), c * h * w)
+    idx = calibration_indices(len(cal), math.prod(shape))
     batch = cal.take(idx)
-    x = np.asarray(batch[name]).reshape(len(idx), c, h, w)
+    x = np.asarray(batch[name]).reshape(len(idx), *shape)
     check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
     x = x.astype(np.float32)
     explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
@@ -315,6 +346,7 @@ def plan(src: Source, settings: PackSettings, calibration: Source | None = None,
         channels_last=settings.channels_last,
         calibration=calibration,
         quiet=quiet,
+        dims=settings.dims or 2,
         bounds=settings.bounds,
     )
 

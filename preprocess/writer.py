@@ -80,6 +80,7 @@ class Writer:
         format: str = "zarr",
         cf: int | None = None,
         mask: str | None = None,
+        dims: int | None = None,
         quant: str | None = None,
         target_psnr: float | str | Mapping[str, float] | None = None,
         max_error: float | str | Mapping[str, float] | None = None,
@@ -217,10 +218,12 @@ class Writer:
     def _plan(self) -> None:
         window = SampleListSource(self._window, self.description)
         window.default_kinds = {k: "dct" for k in self._images}
-        src = ChannelsLast(window) if self.settings.channels_last else window
+        src = ChannelsLast(window, self.settings.dims or 2) if self.settings.channels_last else window
         cal = None
         if self._calibration is not None:
-            cal = open_source(self._calibration, channels_last=bool(self.settings.channels_last))
+            cal = open_source(
+                self._calibration, channels_last=bool(self.settings.channels_last), dims=self.settings.dims or 2
+            )
         try:
             specs, derived = plan(src, self.settings, cal, quiet=self.settings.quiet)
         finally:
@@ -258,7 +261,7 @@ class Writer:
             return
         batch = {k: np.stack([s[k] for s in take]) for k in take[0]}
         if self.settings.channels_last:
-            batch = ChannelsLast._fix(batch)
+            batch = ChannelsLast._fix(batch, (self.settings.dims or 2) + 1)
         with torch.inference_mode():
             stored = self.encoder.encode(batch, self._written, self._where)
         self.storage.write(self._written, stored)

@@ -20,7 +20,7 @@ def check_decompress(
     layer = dctdata.Decompress(spec, dtype=dtype)
     out = layer(wire)
     q, side = split_wire(wire, spec)
-    lead = tuple(q.shape[:-4])
+    lead = tuple(q.shape[: q.dim() - len(spec.coeff_shape)])
     assert out.shape == lead + spec.sample_shape, (out.shape, lead, spec.sample_shape)
     assert out.dtype == dtype
     assert out.device == q.device

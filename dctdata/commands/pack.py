@@ -30,7 +30,7 @@ def _main(args) -> int:
     from dctdata.api import pack
     from dctdata.bounds import bound_text
     from dctdata.format.fields import user_fields
-    from dctdata.report import num, pack_summary
+    from dctdata.report import num, pack_summary, volume_hint
 
     manifest = pack(args.source, args.out, settings=PackSettings.from_args(args))
     if not args.quiet:
@@ -63,4 +63,7 @@ def _main(args) -> int:
                     f"    channel {i}{label(i)}: PSNR min {num(ch.psnr_min)} / median {num(ch.psnr_median)} / dataset "
                     f"{num(ch.psnr_dataset)} dB, max error {num(ch.max_abs_error, '{:.4g}')}"
                 )
+        if args.dims is None:  # not said: offer volumes where a field looks like one
+            for hint in filter(None, map(volume_hint, user_fields(manifest.fields))):
+                print(f"  hint: {hint}")
     return 0

@@ -75,19 +75,46 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 import dctdata.entropy._ctxrans as _ctxrans
+from dctdata import transform3d
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.stages.ctxrans_id import CODEC_ID
 from dctdata.transform import kept_frequencies as _kept_frequencies
 
-__all__ = ["CtxCodec", "CtxCodecError", "check_coefficients", "fit", "kept_frequencies", "max_coefficients"]
+__all__ = [
+    "CtxCodec",
+    "CtxCodecError",
+    "check_coefficients",
+    "fit",
+    "kept_frequencies",
+    "max_coefficients",
+    "supports",
+]
 
 
-def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, int], ...]:
-    """dctdata's kept frequencies; a bad cf or mask in a config is a CtxCodecError like any other."""
+def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, ...], ...]:
+    """dctdata's kept frequencies ((u, v, w) triples for the volume masks "cube" and "tetra"); a bad cf or mask
+    in a config is a CtxCodecError like any other."""
     try:
+        if mask in transform3d.MASKS3:
+            return transform3d.kept_frequencies(cf, mask)
         return _kept_frequencies(cf, mask)
     except (DctDataError, TypeError) as exc:
         raise CtxCodecError(str(exc)) from None
+
+
+def coded_plane(cf: int, mask: str) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """(the frequencies of one row the kernel codes, rows per block row) for blocks of (cf, mask).
+
+    2-D blocks: the block's kept (u, v), one row. Volumes (8x8x8 blocks, `kept_frequencies` of "cube" or
+    "tetra"): a "cube" block row (K = cf^3 planes, u outermost) is coded as cf rows of the (v, w) square, one per
+    depth frequency u, a view of the same memory: in-block contexts see the (v - 1, w) and (v, w - 1)
+    neighbours, "top" sees the same (v, w) at u - 1, and every row keeps the kernel's limit of 64 planes. A
+    "tetra" row's planes differ in number per u, so it is coded as one row of its (u, v, w) triples (its lower
+    neighbours along w and v in-block, u with "wide"), which the kernel takes up to cf 6 (56 planes)."""
+    freqs = kept_frequencies(cf, mask)
+    if mask == "cube":
+        return tuple((v, w) for v in range(cf) for w in range(cf)), cf
+    return freqs, 1
 
 
 log = logging.getLogger(__name__)
@@ -118,6 +145,7 @@ TABPAD = _ctxrans.TABPAD
 LUTN = 1 << LUTB
 MAGIC = _ctxrans.MAGIC
 MAX_CONTEXTS = 1 << 16
+MAX_KEPT = getattr(_ctxrans, "MAX_K", 64)  # kept frequencies per block the kernel codes (a volume block has up to 512)
 MAX_ELEMENTS = 1 << 34  # refuse absurd declared shapes before allocating
 
 
@@ -275,8 +303,18 @@ def _bucket_table(edges: Sequence[int], stride: int) -> np.ndarray:
 
 
 def _neighbours(freqs) -> np.ndarray:
-    """(4, K) plane index of (u-1, v), (u, v-1), (u-2, v), (u, v-2) in the same block, -1 if not kept."""
+    """(4, K) plane index of (u-1, v), (u, v-1), (u-2, v), (u, v-2) in the same block, -1 if not kept.
+
+    Volumes ((u, v, w) frequencies of 8x8x8 blocks): the lower neighbours along w, v and u that are kept, in
+    that order, then -1 (the kernel's s_in sums the first two; "wide" adds the third)."""
     pos = {uv: k for k, uv in enumerate(freqs)}
+    if freqs and len(freqs[0]) == 3:
+        rows = np.full((4, len(freqs)), -1, np.int32)
+        for k, (u, v, w) in enumerate(freqs):
+            lower = [pos.get(f, -1) for f in ((u, v, w - 1), (u, v - 1, w), (u - 1, v, w))] if k else []
+            for j, n in enumerate(n for n in lower if n >= 0):
+                rows[j, k] = n
+        return rows
     offs = ((-1, 0), (0, -1), (-2, 0), (0, -2))
     return np.array(
         [[pos.get((u + du, v + dv), -1) if k else -1 for k, (u, v) in enumerate(freqs)] for du, dv in offs], np.int32
@@ -302,8 +340,12 @@ class _Layout:
         sign_flip=(),
     ):
         self.cf, self.mask, self.channels = cf, mask, channels
-        self.freqs = kept_frequencies(cf, mask)
-        self.K = len(self.freqs)
+        self.volume = mask in transform3d.MASKS3  # 8x8x8 blocks: arrays (B, C, Db, Hb, K, Wb) (`coded_plane`)
+        self.kept = len(kept_frequencies(cf, mask))  # planes per block of the arrays this model codes
+        self.freqs, self.split = coded_plane(cf, mask)
+        self.K = len(self.freqs)  # planes per row the kernel codes
+        if self.K > MAX_KEPT:
+            raise CtxCodecError(f"cf={cf} mask={mask!r}: expected at most {MAX_KEPT} kept frequencies. Got {self.K}")
         self.freq_classes = freq_classes
         self.channel_groups = list(channel_groups)
         self.edges_in, self.edges_lt = tuple(edges_in), tuple(edges_lt)
@@ -311,7 +353,7 @@ class _Layout:
         if freq_classes == "k":
             fc = list(range(self.K))
         elif freq_classes == "uv":
-            fc = [u + v for u, v in self.freqs]
+            fc = [sum(f) for f in self.freqs]  # the diagonal u + v (+ w for a volume)
         else:
             raise CtxCodecError(f"freq_classes: expected 'k' or 'uv'. Got {freq_classes!r}")
         nfc = max(fc) + 1
@@ -619,14 +661,20 @@ class CtxCodec:
         )
 
     # ---- coding -------------------------------------------------------------------------------
+    def _rows(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The kernel's (B, C, rows, K, Wb) of an array shape this model codes: itself for 2-D blocks; a volume's
+        (B, C, Db, Hb, K, Wb) or (B, C, Db * Hb, K, Wb) as the view `coded_plane` describes."""
+        return _kernel_shape(tuple(shape), self.layout.volume, self.layout.split)
+
     def _check_array(self, q: np.ndarray) -> np.ndarray:
         if not isinstance(q, np.ndarray):
             raise TypeError(f"q: expected a numpy array (B, C, Hb, K, Wb). Got {type(q).__name__}")
-        if q.dtype not in (np.int8, np.int16) or q.ndim != 5 or q.size == 0:
+        lay = self.layout
+        if q.dtype not in (np.int8, np.int16) or q.ndim not in ((5, 6) if lay.volume else (5,)) or q.size == 0:
             raise CtxCodecError(f"q: expected int8/int16 of shape (B, C, Hb, K, Wb). Got {q.dtype} {q.shape}")
-        if q.shape[3] != self.layout.K or q.shape[1] > self.layout.channels:
-            raise CtxCodecError(f"q: expected K={self.layout.K} and C <= {self.layout.channels}. Got shape {q.shape}")
-        return np.ascontiguousarray(q)
+        if q.shape[-2] != lay.kept or q.shape[1] > lay.channels:
+            raise CtxCodecError(f"q: expected K={lay.kept} and C <= {lay.channels}. Got shape {q.shape}")
+        return np.ascontiguousarray(q).reshape(self._rows(q.shape))
 
     def encode(self, q: np.ndarray) -> bytes:
         q = self._check_array(q)
@@ -657,19 +705,22 @@ class CtxCodec:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.
 
         Either shape and dtype, or `out`: a C-contiguous int8/int16 array of 5 dims to decode into
-        (a zarr chunk buffer, a slice of a pinned batch); out's shape/dtype are the declared ones."""
+        (a zarr chunk buffer, a slice of a pinned batch); out's shape/dtype are the declared ones. A volume
+        model also takes 6 dims (B, C, Db, Hb, K, Wb)."""
         if out is not None:
             _check_out(out)
             shape, dtype = out.shape, out.dtype
         shape, dt = self._declared(shape, dtype)
+        declared = shape
+        shape = self._rows(shape)
         if out is None:  # a declared shape the stream cannot hold is refused before its array is allocated
             try:
                 check_coefficients(memoryview(buf).nbytes, math.prod(shape))
             except TypeError:
                 raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
-            out = np.empty(shape, dt)
+            out = np.empty(declared, dt)
         try:
-            self._k.decode(self._blob, buf, out, shape, dt.itemsize)
+            self._k.decode(self._blob, buf, out.reshape(shape), shape, dt.itemsize)
         except ValueError as exc:
             raise CtxCodecError(f"{exc}") from None
         except TypeError:  # not a bytes-like object
@@ -684,11 +735,12 @@ class CtxCodec:
         if not isinstance(bufs, (list, tuple)):
             raise TypeError(f"bufs: expected a list or tuple of bytes-like objects. Got {type(bufs).__name__}")
         _check_out(out)
-        if out.ndim != 6 or out.shape[0] != len(bufs):
+        if out.ndim not in ((6, 7) if self.layout.volume else (6,)) or out.shape[0] != len(bufs):
             raise CtxCodecError(f"out: expected shape (len(bufs)={len(bufs)}, B, C, Hb, K, Wb). Got {out.shape}")
         shape, dt = self._declared(out.shape[1:], out.dtype)
+        shape = self._rows(shape)
         try:
-            return self._k.decode_many(self._blob, bufs, out, shape, dt.itemsize)
+            return self._k.decode_many(self._blob, bufs, out.reshape(len(bufs), *shape), shape, dt.itemsize)
         except ValueError as exc:
             raise CtxCodecError(f"{exc}") from None
         except (TypeError, BufferError) as exc:
@@ -706,10 +758,17 @@ class CtxCodec:
             shape = tuple(int(s) for s in shape)
         except (TypeError, ValueError) as exc:
             raise CtxCodecError(f"shape: expected 5 ints. Got {shape!r}") from exc
+        if self.layout.volume and len(shape) == 6:  # (B, C, Db, Hb, K, Wb)
+            if min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
+                raise CtxCodecError(f"shape: expected 6 positive ints (B, C, Db, Hb, K, Wb). Got {shape}")
+            lay = self.layout
+            if shape[4] != lay.kept or shape[1] > lay.channels:
+                raise CtxCodecError(f"shape: expected K={lay.kept} and C <= {lay.channels}. Got {shape}")
+            return shape, dt
         if len(shape) != 5 or min(shape) < 1 or math.prod(shape) > MAX_ELEMENTS:
             raise CtxCodecError(f"shape: expected 5 positive ints (B, C, Hb, K, Wb). Got {shape}")
-        if shape[3] != self.layout.K or shape[1] > self.layout.channels:
-            raise CtxCodecError(f"shape: expected K={self.layout.K} and C <= {self.layout.channels}. Got {shape}")
+        if shape[3] != self.layout.kept or shape[1] > self.layout.channels:
+            raise CtxCodecError(f"shape: expected K={self.layout.kept} and C <= {self.layout.channels}. Got {shape}")
         return shape, dt
 
     # ---- fitting ------------------------------------------------------------------------------
@@ -770,15 +829,19 @@ class CtxCodec:
             raise CtxCodecError(f"features: expected a subset of {FEATURES_ALL}. Got {sorted(unknown)}")
         qs = [q_samples] if isinstance(q_samples, np.ndarray) else list(q_samples)
         qs = [np.ascontiguousarray(q) for q in qs]
-        if not qs or any(q.ndim != 5 or q.dtype not in (np.int8, np.int16) for q in qs):
+        volume = mask in transform3d.MASKS3  # (N, C, Db, Hb, K, Wb) or (N, C, Db * Hb, K, Wb) arrays
+        if not qs or any(q.ndim not in ((5, 6) if volume else (5,)) or q.dtype not in (np.int8, np.int16) for q in qs):
             raise CtxCodecError("q_samples: expected int8/int16 arrays of shape (N, C, Hb, K, Wb)")
         channels = qs[0].shape[1]
         if any(q.shape[1] != channels for q in qs):
             raise CtxCodecError("q_samples: expected the same number of channels in every array")
-        if qs[0].shape[3] != len(kept_frequencies(cf, mask)):
+        if qs[0].shape[-2] != len(kept_frequencies(cf, mask)):
             raise CtxCodecError(
                 f"q_samples: expected K={len(kept_frequencies(cf, mask))} for cf={cf} {mask}. Got {qs[0].shape}"
             )
+        if volume:
+            split = coded_plane(cf, mask)[1]
+            qs = [q.reshape(_kernel_shape(q.shape, True, split)) for q in qs]
         # scale the bucket edges to the data: int16 packs often have magnitudes 10x int8's
         sample = (
             np.concatenate([np.abs(q[:, :, :, 1:2].astype(np.int32)).ravel() for q in qs])
@@ -875,6 +938,23 @@ class CtxCodec:
         refines the starting layout (docs/benchmarks/design.md)."""
         _, report = cls.fit(q_samples, cf, mask, features=features, return_report=True, _first_only=True)
         return report[0][1] / 8
+
+
+def supports(cf: int, mask: str) -> bool:
+    """Whether this kernel codes blocks of (cf, mask): at most MAX_KEPT planes per coded row (`coded_plane`: every
+    2-D block and volume "cube"; "tetra" up to cf 6)."""
+    return len(coded_plane(cf, mask)[0]) <= MAX_KEPT
+
+
+def _kernel_shape(shape: tuple[int, ...], volume: bool, split: int) -> tuple[int, ...]:
+    """(B, C, rows, K, Wb) the kernel codes for an array shape: a volume's (B, C, Db, Hb, K, Wb) merges Db and Hb,
+    and each block row of `split` rows becomes `split` rows of K / split planes (a view of the same memory)."""
+    if not volume:
+        return tuple(shape)
+    if len(shape) == 6:
+        shape = (*shape[:2], shape[2] * shape[3], *shape[4:])
+    b, c, r, k, wb = shape
+    return (b, c, r * split, k // split, wb)
 
 
 def fit(q_samples, cf: int, mask: str = "square", **options) -> dict[str, Any]:

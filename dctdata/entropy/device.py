@@ -63,6 +63,7 @@ __all__ = [
     "STATUS",
     "decode_batch",
     "describe",
+    "kernel_shape",
     "kernel_source",
     "compile_kernel",
     "launch_info",
@@ -149,9 +150,24 @@ def raise_for_status(status: torch.Tensor, where: Callable[[int], str] | None = 
     raise IntegrityError(f"{name}: expected a {CODEC_ID} stream. Got {describe(int(status[i]))}{more}")
 
 
+def kernel_shape(codec: CtxCodec, sample_shape: Sequence[int]) -> tuple[int, ...]:
+    """The (C, rows, K, Wb) the kernel decodes for a sample: `sample_shape` itself, or for a volume model's
+    (C, Db, Hb, K, Wb) the rows view its CPU coder writes (`dctdata.entropy.ctxrans.coded_plane`: a "cube"
+    block row is cf rows of cf^2 planes), a view of the same memory. Volume shapes of the wrong form are
+    left for `_check_args` to refuse."""
+    lay = getattr(codec, "layout", None)
+    try:
+        shape = tuple(int(s) for s in sample_shape)
+    except (TypeError, ValueError):
+        return sample_shape
+    if lay is None or not lay.volume or len(shape) != 5 or min(shape) < 1 or shape[3] != lay.kept:
+        return shape
+    return tuple(codec._rows((1, *shape))[1:])
+
+
 def units_per_sample(codec: CtxCodec, sample_shape: Sequence[int]) -> int:
     """Units (half-warps) given to each sample: the segments this codec writes for it (1 without segments)."""
-    mode, nseg = codec.stream_mode((1, *sample_shape))
+    mode, nseg = codec.stream_mode((1, *kernel_shape(codec, sample_shape)))
     return nseg if mode == MODE_SEGMENTS else 1
 
 
@@ -175,8 +191,9 @@ def _check_args(codec, buffer, offsets, sample_shape, dtype) -> tuple[tuple[int,
         raise TypeError(f"sample_shape: expected 4 ints (C, Hb, K, Wb). Got {sample_shape!r}") from None
     lay = codec.layout
     if len(shape) != 4 or min(shape) < 1 or shape[2] != lay.K or shape[0] > lay.channels:
+        also = f" or a volume's (C, Db, Hb, K, Wb) with K={lay.kept}" if lay.volume else ""
         raise CtxCodecError(
-            f"sample_shape: expected (C, Hb, K, Wb) with K={lay.K} and C <= {lay.channels}. Got {shape}"
+            f"sample_shape: expected (C, Hb, K, Wb) with K={lay.K}{also} and C <= {lay.channels}. Got {shape}"
         )
     if math.prod(shape) > 1 << 31:
         raise CtxCodecError(f"sample_shape: expected at most 2^31 coefficients a sample. Got {shape}")
@@ -206,7 +223,18 @@ def decode_batch(
     buffer's device, status int32 (N,)): on a CUDA tensor the NVRTC kernel, on a CPU tensor the lane emulator;
     the same results. A sample whose status is not 0 (see `describe`) has zeros for coefficients.
     cpu_decoder=True: CPU tensors go through the CPU decoder instead (`CtxCodec.decode`, scalar and AVX2 C,
-    several times the emulator's speed), with the same results and statuses; for a CPU stand-in of the GPU path."""
+    several times the emulator's speed), with the same results and statuses; for a CPU stand-in of the GPU path.
+    A volume model (mask "cube" or "tetra") also takes sample_shape (C, Db, Hb, K, Wb): the kernel decodes the
+    rows view of `kernel_shape` and the result is viewed back as (N, C, Db, Hb, K, Wb)."""
+    declared = tuple(sample_shape) if isinstance(sample_shape, (tuple, list)) else sample_shape
+    sample_shape = kernel_shape(codec, sample_shape)
+    volume = sample_shape != declared and len(declared) == 5
+    declared = tuple(int(d) for d in declared) if volume else sample_shape
+    out, status = _decode_rows(codec, buffer, offsets, sample_shape, dtype, cpu_decoder, declared)
+    return (out.view(out.shape[0], *declared) if volume else out), status
+
+
+def _decode_rows(codec, buffer, offsets, sample_shape, dtype, cpu_decoder, declared):
     shape, dt, itemsize = _check_args(codec, buffer, offsets, sample_shape, dtype)
     n = offsets.numel() - 1
     units = units_per_sample(codec, shape)
@@ -217,7 +245,7 @@ def decode_batch(
             raise CtxCodecError(f"offsets: expected a CPU tensor with a CPU buffer. Got {offsets.device}")
         out = torch.zeros((n, *shape), dtype=dt)
         if cpu_decoder:
-            return out, _decode_cpu(codec, buffer, offsets, shape, out)
+            return out, _decode_cpu(codec, buffer, offsets, declared, out)
         status_np = np.zeros(n, np.int32)
         _ctxlanes.decode_batch(
             codec._blob,
@@ -238,7 +266,8 @@ def decode_batch(
 
 
 def _decode_cpu(codec: CtxCodec, buffer: torch.Tensor, offsets: torch.Tensor, shape, out: torch.Tensor):
-    """decode_batch through the CPU decoder: each stream into its slot of out (zeros where it fails)."""
+    """decode_batch through the CPU decoder: each stream into its slot of out (zeros where it fails); `shape` is the
+    sample shape the CPU decoder is told (a volume's (C, Db, Hb, K, Wb))."""
     data, offs, dst = buffer.contiguous().numpy(), offsets.contiguous().numpy(), out.numpy()
     status = np.zeros(len(dst), np.int32)
     for i in range(len(dst)):
@@ -507,6 +536,7 @@ def launch_info(codec: CtxCodec, sample_shape: Sequence[int], n: int, device: to
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     dev = _device(index)
+    sample_shape = kernel_shape(codec, sample_shape)
     units = units_per_sample(codec, sample_shape)
     blob = -(-len(codec._blob) // 16) * 16
     _, Hb, K, Wb = (int(s) for s in sample_shape)

@@ -2,7 +2,8 @@
 
 Conventions both sides rely on:
 - A `dct` field's per-sample `shape` is always (C, H, W) (2-D sources get C=1); it is stored as the
-  codec's (C, Hb, K, Wb) coefficients (`stored_shape`). `array`/`label` fields are stored as they are.
+  codec's (C, Hb, K, Wb) coefficients (`stored_shape`). A volume (format version 5, `codec.depth`) is
+  (C, D, H, W), stored as (C, Db, Hb, K, Wb). `array`/`label` fields are stored as they are.
 - Sample axis first: storage of a field holds (N, *stored_shape).
 - bfloat16 has no numpy dtype: such coefficients are stored as their uint16 bit patterns and viewed
   back as torch.bfloat16 (`to_tensor`).
@@ -181,7 +182,7 @@ class FieldSpec:
             raise DctDataError(f"{where}: expected an array field of bool or integers. Got {mask.kind} {mask.dtype}")
         try:
             np.broadcast_shapes(mask.shape, self.shape)
-            ok = len(mask.shape) <= 3 and np.broadcast_shapes(mask.shape, self.shape) == self.shape
+            ok = len(mask.shape) <= len(self.shape) and np.broadcast_shapes(mask.shape, self.shape) == self.shape
         except ValueError:
             ok = False
         if not ok:

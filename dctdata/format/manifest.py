@@ -46,6 +46,10 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   `max_rel_error`, `bound_ref`: `dctdata.bounds`; the decoder is unchanged) and the `pack` entry the
   `max_error`/`max_rel_error` settings; an older manifest naming a bound is refused. A version 5 manifest
   without them reads as before.
+  Also in version 5 (`VOLUMES_VERSION`; the round's format changes share it): a dct field may be a volume:
+  per-sample shape (C, D, H, W), its codec has a `depth` (8x8x8 blocks, masks "cube"/"tetra", coefficients
+  (C, Db, Hb, K, Wb)), and the pack entry `dims` (2 by default). A version 5 manifest without volumes reads
+  as before; a volume field in an older version is an error.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ FORMAT_NAME = "dctdata"
 FORMAT_VERSION = 5
 SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
 SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
+VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes
 STORAGES = storage_names()  # the registered storages (`dctdata.format.storages`)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -126,6 +131,7 @@ PACK_DEFAULTS: Mapping[str, Any] = {
     "stack": None,
     "nan_filled": 0,
     "source_info": {},
+    "dims": 2,
 }
 FIGURE_DIGITS = 6
 
@@ -313,6 +319,12 @@ class Manifest:
                     f"{f.name!r}. "
                     "Got none or another shape"
                 )
+        volumes = [f.name for f in fields if f.is_dct and f.codec.depth is not None]
+        if volumes and self.version < VOLUMES_VERSION:
+            raise FormatError(
+                f"field {volumes[0]!r}: a volume (C, D, H, W): expected manifest version >= {VOLUMES_VERSION}. "
+                f"Got version {self.version}"
+            )
         unknown = sorted(set(self.stats) - set(names))
         if unknown:
             raise DctDataError(f"stats: expected entries for fields {names}. Got unknown {unknown}")

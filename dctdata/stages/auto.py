@@ -34,9 +34,13 @@ class Auto:
         """The stage config of a dct field from its quantized calibration coefficients q (B, C, Hb, K, Wb): for
         integers the coder fitted on a few million of them (evenly spaced samples), unless zstd-19 stores a
         bounded share (`compare_values` coefficients: zstd-19 encodes slowly) in no more bytes, the model's
-        share counted; zstd-9 for float coefficients."""
+        share counted; zstd-9 for float coefficients; zstd-19 for volume blocks the coder cannot code."""
+        from dctdata.entropy.ctxrans import supports
+
         if not integer:
             return dict(DEFAULT_CONFIG)
+        if not supports(cf, mask):
+            return max_stage().get_config()
         per = max(1, q[0].size)
         pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
         sub = q[: max(1, compare_values // per)]

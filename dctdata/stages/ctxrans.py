@@ -118,9 +118,12 @@ class CtxransDeviceDecoder(DeviceDecoder):
 def estimate(q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
     """Calibration's size of planes q (R, C, 1, K, Wb) with this coder: its one-pass estimate for integer
     planes (a fresh fit's starting layout, no encoding: each block row a sample of one row, the cheapest
-    consistent proxy); zstd-19's bytes for other planes, which it cannot code."""
-    if not integer:
-        return max_stage().estimate_size(q, cf, mask, integer)
+    consistent proxy); zstd-19's bytes for other planes and for volume blocks with more kept frequencies
+    than a coded row holds (`dctdata.entropy.ctxrans.supports`), which it cannot code."""
     from dctdata.entropy import CtxCodec
+    from dctdata.entropy.ctxrans import supports
+
+    if not integer or not supports(cf, mask):
+        return max_stage().estimate_size(q, cf, mask, integer)
 
     return int(CtxCodec.estimate_bytes(q, cf, mask))

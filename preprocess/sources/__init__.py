@@ -25,7 +25,9 @@ Kinds (`open_source`):
   `Writer` instead (`sources.iterables`).
 
 `channels_last=True` moves the last axis of every 3-D per-sample array to the front ((H, W, C) ->
-(C, H, W)), e.g. for SciML-Bench em_graphene_sim's (N, 256, 256, 1).
+(C, H, W)), e.g. for SciML-Bench em_graphene_sim's (N, 256, 256, 1); with `dims=3` (volumes) that of
+every 4-D one ((D, H, W, C) -> (C, D, H, W)). `dims=3` also makes `stack` stack 3-D variables as the
+channels of one volume field ((V, D, H, W)) instead of as V * D channels.
 
 `default_kinds` lets a source say what its fields are when the generic rule would be wrong: decoded
 images (image folders, PIL items) are `dct` even though they are 8/16-bit integers.
@@ -72,12 +74,15 @@ def open_source(
     sample_dim: str | None = None,
     variables: str | list[str] | None = None,
     stack: str | None = None,
+    dims: int = 2,
     allow_external: bool = False,
 ) -> Source:
     """Open any supported source (see the module docstring); errors name the path. `allow_external`: an HDF5
     (or NetCDF-4) file may make the pack read other local files (`sources.hdf5`)."""
     xarray_opts = {"sample_dim": sample_dim, "variables": variables, "stack": stack}
     wants_xarray = any(v is not None for v in xarray_opts.values())
+    if dims != 2:
+        xarray_opts["dims"] = dims
     if not is_path(source):
         if is_xarray_object(source):
             src: Source = XarraySource(source, **xarray_opts)
@@ -102,7 +107,7 @@ def open_source(
                 "source: expected a path, URL or module:callable string, a NumPy array or tensor, a dict of arrays, an "
                 f"xarray.Dataset, a map-style dataset or an iterable of samples. Got {type(source).__name__}"
             )
-        return ChannelsLast(src) if channels_last else src
+        return ChannelsLast(src, dims) if channels_last else src
     s = os.fspath(source)
     xarray_path = is_xarray_path(s) or (is_url(s) and s.rstrip("/").lower().endswith(".zarr"))
     if wants_xarray and not xarray_path and (os.path.exists(s) or CALLABLE_RE.match(s)):
@@ -132,7 +137,7 @@ def open_source(
             f"{s}: expected a .npy, .npz, HDF5 ({', '.join(HDF5_SUFFIXES)}) file, a directory, or module:callable. "
             "Got an unknown source kind"
         )
-    return ChannelsLast(src) if channels_last else src
+    return ChannelsLast(src, dims) if channels_last else src
 
 
 __all__ = [

@@ -88,10 +88,12 @@ class Source:
 
 
 class ChannelsLast(Source):
-    """Wraps a source: 3-D per-sample arrays (H, W, C) -> (C, H, W)."""
+    """Wraps a source: 3-D per-sample arrays (H, W, C) -> (C, H, W); with dims=3, 4-D ones (D, H, W, C) ->
+    (C, D, H, W)."""
 
-    def __init__(self, inner: Source) -> None:
+    def __init__(self, inner: Source, dims: int = 2) -> None:
         self.inner = inner
+        self.rank = dims + 1  # per-sample rank of the arrays whose last axis is moved
         self.description = inner.description
         self.random_access = inner.random_access
         self.default_kinds = inner.default_kinds
@@ -106,22 +108,23 @@ class ChannelsLast(Source):
         return self.inner.where(index)
 
     @staticmethod
-    def _fix(batch):
-        return {k: np.moveaxis(v, -1, 1) if v.ndim == 4 else v for k, v in batch.items()}
+    def _fix(batch, rank: int = 3):
+        """Move the last axis of every field with `rank` dims per sample (a batch has one more) to axis 1."""
+        return {k: np.moveaxis(v, -1, 1) if v.ndim == rank + 1 else v for k, v in batch.items()}
 
     def read_batch(self, start, stop):
-        return self._fix(self.inner.read_batch(start, stop))
+        return self._fix(self.inner.read_batch(start, stop), self.rank)
 
     def batches(self, batch_size, start=0, stop=None):
         for a, b in self.inner.batches(batch_size, start, stop):
-            yield a, self._fix(b)
+            yield a, self._fix(b, self.rank)
 
     def take(self, indices):
-        return self._fix(self.inner.take(indices))
+        return self._fix(self.inner.take(indices), self.rank)
 
     def probe(self):
         return {
-            k: ((shape[-1], *shape[:-1]) if len(shape) == 3 else shape, dtype)
+            k: ((shape[-1], *shape[:-1]) if len(shape) == self.rank else shape, dtype)
             for k, (shape, dtype) in self.inner.probe().items()
         }
 

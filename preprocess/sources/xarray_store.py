@@ -11,6 +11,8 @@ WeatherBench, CMIP).
 - `stack` (`--stack NAME`): the variables become the channels of one field NAME instead, in the order
   given (they must have the same per-sample dims and sizes). Stack when a network takes them as
   channels of one input; keep them as fields when they differ in shape or need their own targets.
+- Volumes (`--dims 3`): the last three dims of a variable are D, H and W ((level, lat, lon), (depth, y,
+  x)), so a variable of three per-sample dims is one (1, D, H, W) volume and `stack` makes (V, D, H, W).
 - Lazy: a path or URL is opened with xarray's lazy indexing, and each pack batch (16 MiB of source
   values) reads only its slice of the sample axis, i.e. the store chunks that slice touches (a store
   chunked along the sample axis in big blocks costs one such block). An `xarray.Dataset` passed from
@@ -150,8 +152,10 @@ class XarraySource(Source):
         sample_dim: str | None = None,
         variables: str | list[str] | None = None,
         stack: str | None = None,
+        dims: int = 2,
     ) -> None:
         ds, self.description = open_xarray(source)
+        self.dims = dims
         names = _split(variables)
         data_vars = list(ds.data_vars)
         if names is not None:
@@ -206,6 +210,11 @@ class XarraySource(Source):
                     f"{self.description}: --stack {stack}: expected variables with the same per-sample dims and sizes. "
                     f"Got {desc} (pack them as separate fields without --stack)"
                 )
+            if self.dims == 3 and len(per[names[0]]) != 3:
+                raise DctDataError(
+                    f"{self.description}: --stack {stack} --dims 3: expected variables of 3 per-sample dims (D, H, W). "
+                    f"Got {per[names[0]]}"
+                )
             if len(per[names[0]]) not in (2, 3):
                 raise DctDataError(
                     f"{self.description}: --stack {stack}: expected variables of 2 or 3 per-sample dims ((H, W) or "
@@ -219,6 +228,12 @@ class XarraySource(Source):
             dims = list(per[vs[0]])
             if stack is None:
                 self.field_attrs[name] = {**clean_attrs(ds[vs[0]].attrs), "variable": vs[0], "dims": dims}
+            elif self.dims == 3:  # volumes: a variable is a channel
+                self.field_attrs[name] = {
+                    "dims": ["variable", *dims],
+                    "channels": vs,
+                    "variables": {v: clean_attrs(ds[v].attrs) for v in vs},
+                }
             else:
                 levels = ds.sizes[dims[0]] if len(dims) == 3 else None
                 self.field_attrs[name] = {
@@ -263,7 +278,7 @@ class XarraySource(Source):
             if self.stack is None:
                 out[name] = arrays[0]
             else:
-                arrays = [a[:, None] if a.ndim == 3 else a for a in arrays]
+                arrays = [a[:, None] if a.ndim == 3 or self.dims == 3 else a for a in arrays]
                 out[name] = np.concatenate(arrays, axis=1)
         return out
 
@@ -278,7 +293,8 @@ class XarraySource(Source):
             v = self.ds[vs[0]]
             shape = tuple(v.sizes[d] for d in v.dims if d != self.sample_dim)
             if self.stack is not None:
-                shape = (len(vs), *shape) if len(shape) == 2 else (len(vs) * shape[0], *shape[1:])
+                volume = self.dims == 3
+                shape = (len(vs), *shape) if len(shape) == 2 or volume else (len(vs) * shape[0], *shape[1:])
             dtype = np.result_type(*(self.ds[x].dtype for x in vs))
             out[name] = (shape, np.dtype(dtype))
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -79,7 +80,7 @@ def check_bound(x: torch.Tensor, y: torch.Tensor, spec: CodecSpec, valid=None) -
 @pytest.mark.parametrize("kind", sorted(KINDS))
 @pytest.mark.parametrize("bound", [{"max_rel_error": 1e-2}, {"max_rel_error": 1e-4}, {"max_error": "abs"}])
 def test_bound_holds_on_every_value(kind, bound):
-    rng = np.random.default_rng(hash((kind, str(bound))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{kind} {bound}".encode()))  # str hashes change per process
     x = torch.from_numpy(KINDS[kind](rng, 6, 2, 20, 28).astype(np.float32))
     if bound.get("max_error") == "abs":  # 1e-3 of the median item range, in the field's units
         bound = {"max_error": float(np.median(x.amax((2, 3)) - x.amin((2, 3)))) * 1e-3}

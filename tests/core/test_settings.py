@@ -13,6 +13,7 @@ import pytest
 
 import dctdata
 from dctdata.cli import build_parser
+from dctdata.errors import DctDataError
 from dctdata.settings import NanPolicy, PackSettings, Targets, flag_of
 
 FIELDS = {f.name: f for f in dataclasses.fields(PackSettings)}
@@ -125,7 +126,18 @@ def test_the_record_is_the_manifests_pack_entry():
         "variables": None,
         "stack": None,
         "codec": "auto",
+        "dims": 2,
     }
+
+
+def test_dims_and_the_volume_masks():
+    args = pack_parser().parse_args("src.nc out --dims 3 --mask tetra".split())
+    s = PackSettings.from_args(args)
+    assert (s.dims, s.mask, s.record()["dims"], s.source_options["dims"]) == (3, "tetra", 3, 3)
+    with pytest.raises(DctDataError, match=r"--mask cube: expected --dims 3 \(a volume mask"):
+        PackSettings(mask="cube")
+    with pytest.raises(DctDataError, match=r"--dims: expected 2 or 3"):
+        PackSettings(dims=4)
 
 
 def test_settings_are_frozen_and_exported():
