@@ -229,9 +229,9 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     nm = errors.nmse(x_hat)
     g = torch.ones(side.shape[:-1], dtype=torch.float64)
     base = side[..., 0].to(torch.float64)  # the ranges the coefficients were coded with (g = 1)
-    # nmse ~ g^a: a = 2 for fine steps, nearer 1 where the dead zone zeroes much (measured 1.2-1.6 at
-    # 40 dB on the optical frames; single re-codes move too little to measure a per item). 1.4 first,
-    # then 1 (a bigger move) for the items still below.
+    # nmse ~ g^a: a = 2 for fine steps, nearer 1 where the dead zone zeroes much (real frames land in
+    # between, docs/benchmarks/design.md; single re-codes move too little to measure a per item). 1.4
+    # first, then 1 (a bigger move) for the items still below.
     for power in (1.4, *([1.0] * (rounds - 1))):
         low = errors.ok & (nm > cap)
         bad = low.any(1)

@@ -11,8 +11,8 @@ a real upper bound and the shard list is known before encoding: shards are indep
 Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided
 by the compression ratio. `samples_per_shard` lowers the count. A sample larger than the cap gets a
 shard of its own (a sample is never split) and a warning is logged. Without `samples_per_shard`, a
-set of at least `layout.MIN_SHARDS` samples gets at least that many shards, so the README's loader
-gives every rank and worker whole shards of its own.
+set of at least `layout.MIN_SHARDS` samples gets at least that many shards, so `make_loader` gives
+every rank and worker whole shards of its own (docs/guides/loading.md).
 """
 
 from __future__ import annotations
