@@ -129,7 +129,8 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
     return eager_cpu(q) if out is None else eager_cpu(q, out)
 
 
-def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+def check_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    """DctDataError naming `name` unless `t` has exactly `shape` (the kernels index by it)."""
     if tuple(t.shape) != shape:
         raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
 
@@ -206,19 +207,19 @@ def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch
     if q.dim() != len(size) + 3:
         raise DctDataError(f"coeffs: expected shape {axes}. Got {tuple(q.shape)}")
     b = q.shape[0]
-    _check(q, (b, c, *rows, k, wb), "coeffs")
+    check_shape(q, (b, c, *rows, k, wb), "coeffs")
     fresh = out is None
     if fresh:
         out = torch.empty(b, c, *size, dtype=torch.float32)
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
         raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
-    _check(out, (b, c, *size), "out")
+    check_shape(out, (b, c, *size), "out")
     alpha = beta = None
     if tables.scale is not None:
         alpha = tables.scale.expand(b, c)
         beta = tables.shift.expand(b, c)
         if side is not None:
-            _check(side, (b, c, 2), "side")
+            check_shape(side, (b, c, 2), "side")
             rng, mid = side[..., 0].to(torch.float64), side[..., 1].to(torch.float64)
             alpha, beta = alpha * rng, tables.scale * mid + beta
         alpha = alpha.to(torch.float32).contiguous().numpy()
