@@ -30,6 +30,10 @@ SCRIPTS = {
     ),
     "codec-ablation": ("benchmarks.codec_ablation", "bytes at equal PSNR with each codec fix switched off in turn"),
     "decode-kernels": ("benchmarks.decode_kernels", "the CPU decode kernels side by side (copy, torch, fused C)"),
+    "docs-table": (
+        "benchmarks.docs_table",
+        "a benchmark's JSON as a docs table, headed by its command, machine and date (docs/benchmarks/)",
+    ),
     "device-decode": (
         "benchmarks.device_decode",
         'bytes crossing to the device and loader samples/s, decode="cpu" beside decode="device"',

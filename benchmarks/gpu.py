@@ -84,19 +84,20 @@ def _seconds(fn, device: torch.device, repeat: int) -> float:
     return best
 
 
-def _int8_spec(cf: int, size: int) -> CodecSpec:
+def v1_spec(cf: int, size: int) -> CodecSpec:
+    """The v1 codec: int8, steps and offsets folded into the weights."""
     k = cf * cf
     return CodecSpec(cf=cf, height=size, width=size, dtype="int8", steps=((0.05,) * k,), offsets=((0.0,) * k,))
 
 
-def _v2_spec(cf: int, size: int) -> CodecSpec:
+def v2_spec(cf: int, size: int) -> CodecSpec:
     """A calibrated single-channel pack's codec: dead zone, reconstruction offsets, per-sample side."""
     k = cf * cf
     return CodecSpec(cf=cf, height=size, width=size, dtype="int8", steps=((0.002,) * k,), offsets=((0.0,) * k,),
                      theta=0.4, recon=((0.1,) * k,), side="range_mid")  # fmt: skip
 
 
-def _wire(spec: CodecSpec, batch: int, dev: torch.device):
+def wire(spec: CodecSpec, batch: int, dev: torch.device):
     coeffs = torch.randint(-100, 100, (batch, *spec.coeff_shape), dtype=torch.int8, device=dev)
     if spec.side is None:
         return coeffs
@@ -113,14 +114,14 @@ def decode_rows(device="cuda", sizes=(256, 512, 1024, 2048), cfs=(2, 4, 6, 8), d
         for cf in cfs:
             for name in dtypes:
                 for codec in codecs:
-                    spec = _int8_spec(cf, size) if codec == "v1" else _v2_spec(cf, size)
+                    spec = v1_spec(cf, size) if codec == "v1" else v2_spec(cf, size)
                     dtype = DTYPES[name]
                     layer = Decompress(spec, dtype=dtype).to(device=dev, dtype=dtype)
                     item = torch.empty((), dtype=dtype).element_size()
                     batch = max(1, batch_bytes // (size * size * item))
-                    wire = _wire(spec, batch, dev)
+                    coeffs = wire(spec, batch, dev)
                     with torch.inference_mode():
-                        t = _seconds(lambda layer=layer, wire=wire: layer(wire), dev, repeat)
+                        t = _seconds(lambda layer=layer, coeffs=coeffs: layer(coeffs), dev, repeat)
                     pixels = batch * size * size
                     rows.append(
                         {
@@ -134,7 +135,7 @@ def decode_rows(device="cuda", sizes=(256, 512, 1024, 2048), cfs=(2, 4, 6, 8), d
                             "Gpix": pixels / t / 1e9,
                         }
                     )
-                    del layer, wire
+                    del layer, coeffs
     return rows
 
 

@@ -39,16 +39,16 @@ nproc | sed 's/^/cpus /' | tee -a "$OUT/device.txt"
 
 if step 1; then
     note "1. CUDA tests"
-    timeout ${PYTEST_T:-300} python3 -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt" \
+    timeout ${PYTEST_T:-300} python3 -m pytest -m cuda -q -ra -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cuda.txt" | tail -40 \
         || status=1
 fi
 if step 2; then
     note "2. gpu-ctxrans"
-    timeout 180 python3 -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tail -30 | tee "$OUT/gpu_ctxrans.txt" \
+    timeout 180 python3 -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tee "$OUT/gpu_ctxrans.txt" | tail -30 \
         || status=1
     # batch-32 time of shorter segments, by coefficients alone (the pack's bound keeps a 28 KB sample at 8)
     timeout 150 python3 -m benchmarks gpu-ctxrans --segment 4096 2048 --segment-bytes 0 --batches 32 --samples 32 \
-        --repeat 30 --out "$OUT/gpu_ctxrans_sweep.json" 2>&1 | tail -12 | tee "$OUT/gpu_ctxrans_sweep.txt" || status=1
+        --repeat 30 --out "$OUT/gpu_ctxrans_sweep.json" 2>&1 | tee "$OUT/gpu_ctxrans_sweep.txt" | tail -12 || status=1
 fi
 if step 3; then
     note "3. compute-sanitizer memcheck of gpu-ctxrans --quick"
@@ -58,27 +58,27 @@ found = [p for d in sys.path for p in glob.glob(d + '/nvidia/*/bin/compute-sanit
 print(found[0] if found else '')")
     if [ -n "$SAN" ]; then
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SAN_T:-240} "$SAN" --tool memcheck --error-exitcode 1 \
-            python3 -m benchmarks gpu-ctxrans --quick --out "$OUT/gpu_ctxrans_quick.json" 2>&1 | tail -30 \
-            | tee "$OUT/memcheck.txt" || status=1
+            python3 -m benchmarks gpu-ctxrans --quick --out "$OUT/gpu_ctxrans_quick.json" 2>&1 | tee "$OUT/memcheck.txt" \
+            | tail -30 || status=1
     else
         echo "no compute-sanitizer found: memcheck not run" | tee "$OUT/memcheck.txt"
     fi
 fi
 if step 4; then
     note "4. gpu-layer"
-    timeout 180 python3 -m benchmarks gpu-layer --out "$OUT/gpu_layer.json" 2>&1 | tail -40 | tee "$OUT/gpu_layer.txt" \
+    timeout 180 python3 -m benchmarks gpu-layer --out "$OUT/gpu_layer.json" 2>&1 | tee "$OUT/gpu_layer.txt" | tail -40 \
         || status=1
 fi
 if step 5; then
     note "5. device-decode"
     timeout 180 python3 -m benchmarks device-decode --size 256 --samples 2048 --workers 8 --device cuda \
-        --json "$OUT/device_decode.json" 2>&1 | tail -30 | tee "$OUT/device_decode.txt" || status=1
+        --json "$OUT/device_decode.json" 2>&1 | tee "$OUT/device_decode.txt" | tail -30 || status=1
 fi
 if step 6; then
     note "6. gpu table"
     # the JSON is rewritten after every row: a run cut short by the timeout keeps the rows it finished
     timeout ${GPU_T:-300} python3 -m benchmarks gpu --sizes 256 1024 --cf 2 4 8 --repeat 10 --json "$OUT/bench_gpu.json" 2>&1 \
-        | tail -100 | tee "$OUT/bench_gpu.txt" || status=1
+        | tee "$OUT/bench_gpu.txt" | tail -100 || status=1
     python3 -m benchmarks gpu-doc-table "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" || status=1
 fi
 note "done: exit $status"

@@ -32,34 +32,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
+from benchmarks.gpu import v1_spec, v2_spec, wire  # noqa: E402  (the gpu table's codecs and coefficients)
 from dctdata import fused_cuda  # noqa: E402
 from dctdata.layer import Decompress  # noqa: E402
 from dctdata.spec import CodecSpec  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BATCH_BYTES = 64 << 20
-
-
-def v1_spec(cf: int, size: int) -> CodecSpec:
-    """`python -m benchmarks gpu`'s v1 codec: int8, steps and offsets folded into the weights."""
-    k = cf * cf
-    return CodecSpec(cf=cf, height=size, width=size, dtype="int8", steps=((0.05,) * k,), offsets=((0.0,) * k,))
-
-
-def v2_spec(cf: int, size: int) -> CodecSpec:
-    """`python -m benchmarks gpu`'s v2 codec: a calibrated single-channel pack (dead zone, recon offsets, side)."""
-    k = cf * cf
-    return CodecSpec(cf=cf, height=size, width=size, dtype="int8", steps=((0.002,) * k,), offsets=((0.0,) * k,),
-                     theta=0.4, recon=((0.1,) * k,), side="range_mid")  # fmt: skip
-
-
-def wire(spec: CodecSpec, batch: int, dev: torch.device):
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randint(-100, 100, (batch, *spec.coeff_shape), dtype=torch.int8, device=dev, generator=g)
-    if spec.side is None:
-        return q
-    side = torch.stack([torch.full((batch, spec.channels), 290.0), torch.full((batch, spec.channels), 40.0)], -1)
-    return q, side.to(dev)
 
 
 def sync(dev: torch.device) -> None:

@@ -2,18 +2,17 @@
 
 Why hand-written: the torch kernels (`transform.synthesize_chunked`) spend most of their time in op
 overhead and in separate elementwise passes (to float, x step, + offset, sign x recon, rotation, the
-per-sample (range, mid) and normalization) around two small matmuls per block; at 256^2 they ran at 4-12x
-an out-of-cache copy of the output (issue 17). No library we know does dequantization + 8x8 inverse DCT +
+per-sample (range, mid) and normalization) around two small matmuls per block, so they stay several times
+slower than copying the output. No library we know does dequantization + 8x8 inverse DCT +
 crop into an output buffer in one pass (BLAS sees only the matmuls; torch.compile was not tried). The kernel
 reads the stored coefficients once, does everything per group of 8 neighbouring blocks in registers and L1,
 and writes each output pixel once (AVX2+FMA picked at run time; portable C elsewhere), with non-temporal
-stores and huge pages for large outputs. Measured side by side (examples/decode_kernels.py, one thread,
-64 MiB outputs, busy 2-core machine): 0.6-2.3x a copy into a reused `out=` buffer (the chunked torch
-kernel: 2.5-10x), 1.9-3.9x into a fresh output (7.4-17.7x). Each call is single-threaded and releases
+stores and huge pages for large outputs, so a decode costs about what writing its output costs
+(docs/benchmarks/decode.md has the measurements). Each call is single-threaded and releases
 the GIL; with several torch threads (a main process without `balance_threads`) a batch of at least
 `SPLIT_MIN_BYTES` of output per thread is split into runs of samples on a small thread pool (`dctdata.pool`), and no
-call falls back to the portable graph's many-thread matmuls (5-62x a copy on 2 threads,
-examples/decode_kernels.py). A loader worker has one thread.
+call falls back to the portable graph's many-thread matmuls, which are far slower than one thread of this
+kernel. A loader worker has one thread.
 
 What it computes, per sample b, channel c and kept frequency k (float32):
     y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + beta[b, c] [k = 0]
@@ -53,14 +52,14 @@ WIRE_KINDS = {torch.int8: 0, torch.int16: 1, torch.float32: 2}
 CONVERTED = (torch.float16, torch.bfloat16)  # converted to float32 (a pass over K/64 of the output) first
 # Outputs at least this large are written with non-temporal stores: past a typical last-level cache they
 # would be evicted before the consumer reads them, and skipping the read-for-ownership of every output
-# line halves the memory traffic (decode into a reused 64 MB buffer: 0.6x a copy at CF 2 against 1.0x).
+# line halves the memory traffic.
 STREAM_ABOVE_BYTES = 32 << 20
 # Outputs the kernel allocates itself, at least this large, ask the OS for transparent huge pages before the
-# first write (Linux madvise): a fresh 64 MB output otherwise pays ~16k page faults, several times the
-# decode (`THP_MEM_ALLOC_ENABLE=1` does the same for every torch allocation).
+# first write (Linux madvise): a fresh 64 MB output otherwise pays a page fault per 4 KiB page, which costs
+# more than the decode itself (`THP_MEM_ALLOC_ENABLE=1` does the same for every torch allocation).
 HUGEPAGES_ABOVE_BYTES = 8 << 20
-# Output bytes each thread must get before a call is split: handing a run to the pool costs about 0.1 ms,
-# so a 2 MB in-cache call ran 2x slower split on 2 threads, and a 64 MB one 1.6-1.8x faster (measured).
+# Output bytes each thread must get before a call is split: handing a run to the pool has a fixed cost that
+# only a large call outweighs (small in-cache calls run slower split; docs/benchmarks/design.md).
 SPLIT_MIN_BYTES = 4 << 20
 
 
@@ -119,8 +118,8 @@ def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
 
 def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> bool:
     """True when `Decompress` takes `synthesize` for coefficients `q`, output dtype `dtype` and `out` (see the
-    module doc). Only with the AVX2 inner loop: the portable C one (SSE2 or NEON by auto-vectorization) ran at
-    3-14x a copy into a reused buffer, no faster than the chunked torch kernel (3-7x) and slower at CF 8."""
+    module doc). Only with the AVX2 inner loop: the portable C one (SSE2 or NEON by auto-vectorization) was
+    no faster than the chunked torch kernel, and slower at CF 8."""
     if not available() or (REQUIRE_VECTOR and _VECTOR_ISA == "portable") or dtype != torch.float32:
         return False
     if q.dtype not in WIRE_KINDS and q.dtype not in CONVERTED:
@@ -130,7 +129,8 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
     return eager_cpu(q) if out is None else eager_cpu(q, out)
 
 
-def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+def check_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    """DctDataError naming `name` unless `t` has exactly `shape` (the kernels index by it)."""
     if tuple(t.shape) != shape:
         raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
 
@@ -207,19 +207,19 @@ def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch
     if q.dim() != len(size) + 3:
         raise DctDataError(f"coeffs: expected shape {axes}. Got {tuple(q.shape)}")
     b = q.shape[0]
-    _check(q, (b, c, *rows, k, wb), "coeffs")
+    check_shape(q, (b, c, *rows, k, wb), "coeffs")
     fresh = out is None
     if fresh:
         out = torch.empty(b, c, *size, dtype=torch.float32)
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
         raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
-    _check(out, (b, c, *size), "out")
+    check_shape(out, (b, c, *size), "out")
     alpha = beta = None
     if tables.scale is not None:
         alpha = tables.scale.expand(b, c)
         beta = tables.shift.expand(b, c)
         if side is not None:
-            _check(side, (b, c, 2), "side")
+            check_shape(side, (b, c, 2), "side")
             rng, mid = side[..., 0].to(torch.float64), side[..., 1].to(torch.float64)
             alpha, beta = alpha * rng, tables.scale * mid + beta
         alpha = alpha.to(torch.float32).contiguous().numpy()

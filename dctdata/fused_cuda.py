@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.fused import Tables
+from dctdata.fused import Tables, check_shape
 from dctdata.transform import BLOCK, dct_matrix, eager_on, grid_shape, num_kept
 
 log = logging.getLogger(__name__)
@@ -119,11 +119,6 @@ def launch_config(wb: int) -> tuple[int, int]:
     return 16 * warps, warps
 
 
-def _check(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
-    if tuple(t.shape) != shape:
-        raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
-
-
 def synthesize(
     q: torch.Tensor,
     tables: DeviceTables,
@@ -171,11 +166,11 @@ def synthesize(
     if q.dim() != 5:
         raise DctDataError(f"coeffs: expected shape (B, C, Hb, K, Wb). Got {tuple(q.shape)}")
     b = q.shape[0]
-    _check(q, (b, c, hb, k, wb), "coeffs")
+    check_shape(q, (b, c, hb, k, wb), "coeffs")
     if side is not None:
         if tables.scale is None:
             raise DctDataError("side: these tables (a v1 spec) take no side information")
-        _check(side, (b, c, 2), "side")
+        check_shape(side, (b, c, 2), "side")
         if side.device != q.device or not side.is_floating_point():
             raise DctDataError(f"side: expected a floating tensor on {q.device}. Got {side.dtype} on {side.device}")
         side = side.contiguous()
@@ -183,7 +178,7 @@ def synthesize(
         out = torch.empty(b, c, h, w, dtype=dtype, device=q.device)
     if not isinstance(out, torch.Tensor) or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
         raise DctDataError(f"out: expected a contiguous {dtype} tensor on {q.device}. Got {out!r:.80}")
-    _check(out, (b, c, h, w), "out")
+    check_shape(out, (b, c, h, w), "out")
     if b == 0:
         return out
     q = q.contiguous()

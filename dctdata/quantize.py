@@ -242,11 +242,11 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     nm = errors.nmse(x_hat)
     g = torch.ones(side.shape[:-1], dtype=torch.float64)
     base = side[..., 0].to(torch.float64)  # the ranges the coefficients were coded with (g = 1)
-    # nmse ~ g^a per item: a = 2 for fine steps, nearer 1 where the dead zone zeroes much (1.2-1.6 at 40 dB
-    # on the optical frames). The first move assumes 2; each later one uses the exponent the item's own
-    # last move measured, aiming just inside the cap. Items lifted far past it (below FLOOR_LOOSE of the
-    # cap) are given back part of the lift when that keeps them inside it: bits the floor does not ask for
-    # (with many items below the floor, over-lifting kept whole channels 0.4 dB above their target).
+    # nmse ~ g^a per item: a = 2 for fine steps, nearer 1 where the dead zone zeroes much (real frames land
+    # in between, docs/benchmarks/design.md). The first move assumes 2; each later one uses the exponent the
+    # item's own last move measured, aiming just inside the cap. Items lifted far past it (below FLOOR_LOOSE
+    # of the cap) are given back part of the lift when that keeps them inside it: bits the floor does not ask
+    # for (with many items below the floor, over-lifting kept whole channels above their target).
     power = torch.full_like(g, 2.0)
     aim = FLOOR_AIM * cap
     rotated = spec.rotation is not None

@@ -306,9 +306,9 @@ def synthesize(
     Plain CPU tensors in eager mode with one intra-op thread take `synthesize_chunked` (same math, a few
     block rows at a time, written straight into the output); everything else (CUDA, autograd, compile,
     export, ONNX) takes `synthesize_portable`, whose graph is matmul/reshape/transpose/cat only. With
-    several threads the chunked kernel's hundred small ops per call each pay a thread barrier: on a
-    busy 2-core machine it ran 1.3-4x slower than the portable graph with 2 threads (issue 17), so it
-    is kept to one thread, the setting `balance_threads` gives a main process next to its workers.
+    several threads the chunked kernel's hundred small ops per call each pay a thread barrier, which
+    makes it slower than the portable graph's few large matmuls, so it is kept to one thread, the
+    setting `balance_threads` gives a main process next to its workers.
     """
     b, c, hb, _, wb = coeffs.shape
     dtype = weight.dtype if dtype is None else dtype
@@ -386,8 +386,9 @@ def synthesize_chunked(
     has no bias row.
 
     Above `TRANSPOSED_ABOVE_CF` the first matmul computes Z transposed, (8 x V) @ (V x Wb) per (u, block
-    row): BLAS runs that shape 3-4x faster than (Wb x V) @ (V x 8), which pays for the transposing copy
-    into `out` once V is large. Eager CPU only: the loop is Python and `out=` is not traceable.
+    row): BLAS runs that shape faster than (Wb x V) @ (V x 8), enough to pay for the transposing copy
+    into `out` once V is large (docs/benchmarks/design.md). Eager CPU only: the loop is Python and `out=`
+    is not traceable.
     """
     b, c, hb, _, wb = coeffs.shape
     h, w = out.shape[-2:]

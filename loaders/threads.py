@@ -4,8 +4,8 @@ Each DataLoader worker is a process that reads and unpacks chunks on one core; t
 workers one intra-op thread, and `worker_init` (the default `worker_init_fn` of
 `make_loader`) also limits the libraries that start their own pools (Blosc in numcodecs). The main
 process is the user's: by default torch gives it one thread per core, so a CPU `Decompress` there
-fights the workers for the same cores (measured: 406 against 1,296 samples/s with two workers on
-two cores, issue 17). `balance_threads(num_workers)` sets the main process to the cores the workers
+fights the workers for the same cores (docs/benchmarks/design.md has the measurement).
+`balance_threads(num_workers)` sets the main process to the cores the workers
 leave free, at least one; it changes process-wide state, so it is a call the training script makes,
 never a side effect of building a loader.
 """

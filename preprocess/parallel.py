@@ -52,7 +52,7 @@ def run_parts(job, todo, *, workers: int | None, scheduler: str | None, on_done)
 
             # Dask sets MALLOC_TRIM_THRESHOLD_ for its workers, which turns off glibc's adaptive mmap
             # threshold: every 16 MiB batch buffer then becomes a fresh mmap and page faults cost more
-            # than the encoding (measured: 3x slower tasks). Pack tasks reuse a few large buffers.
+            # than the encoding. Pack tasks reuse a few large buffers.
             with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
                 cluster = LocalCluster(
                     n_workers=workers,

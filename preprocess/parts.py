@@ -39,8 +39,7 @@ BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 BELOW_KEEP = 20  # items below the per-sample floor named per field and part (all are counted)
 FLOOR_SLACK_DB = 1e-6  # the floor is recorded at float32 precision; the figures are float64
 # Decoding again for the figures runs in float64 with a few full-size temporaries: done in slices of
-# this many float64 bytes so a batch's temporaries stay small (measured: 130 -> 45 MiB peak for a
-# 16 MiB batch of 256x256 samples).
+# this many float64 bytes so a batch's temporaries stay a fraction of the batch, not a multiple of it.
 FIGURE_BYTES = 4 << 20
 _SOURCES: dict[tuple, Source] = {}  # per-process cache: a worker opens each source once
 
@@ -56,9 +55,9 @@ class PartJob:
     root: str
     samples: int
     derived: tuple[str, ...] = ()  # mask fields the encoder makes (nan="mask"), not read from the source
-    # torch intra-op threads while encoding: 1. Measured on 2 cores: the per-batch ops are small and
-    # memory-bound, and torch's thread pool fighting zarr's/zstd's threads made a serial pack 2.3x
-    # slower (29 s -> 12.8 s for 1 GiB); parallelism comes from Dask workers instead.
+    # torch intra-op threads while encoding: 1. The per-batch ops are small and memory-bound, and
+    # torch's thread pool fighting zarr's/zstd's threads slowed a serial pack down (measured:
+    # docs/benchmarks/design.md); parallelism comes from Dask workers instead.
     threads: int | None = 1
 
 

@@ -1,10 +1,10 @@
 """Context-modelled rANS lossless stage for quantized block-DCT coefficients.
 
 Why hand-written: the project's rule is to use a maintained entropy coder library, and none did this
-job at the speed the loaders need (>= 300 MB/s of float32-equivalent output per core). Measured side by
-side on the same coefficients: constriction (rANS) 10-40x slower with per-context models (7 MB/s on
-60x76 tiles), numba 0.6x the C kernel plus ~2 s of JIT start-up per DataLoader worker, numpy-vectorized
-interleaved lanes at most 42 MB/s. So the kernel is C: `ctxrans_core.c` (no Python; scalar and AVX2 decoders) and
+job at the speed the loaders need: a maintained rANS library (constriction) with per-context models,
+numba (plus its JIT start-up in every DataLoader worker) and numpy-vectorized lanes all decoded several
+times slower on the same coefficients (docs/benchmarks/entropy.md, "Why the entropy coder is
+hand-written"). So the kernel is C: `ctxrans_core.c` (no Python; scalar and AVX2 decoders) and
 the CPython module around it, `_ctxrans.c`, built by setuptools at install time, fuzzed in
 tests/core/test_entropy.py (the command to run that under ASan/UBSan is there).
 
@@ -27,7 +27,7 @@ What is coded (ctxrans_core.c has the bit-exact definition): every coefficient, 
       - "ch" (C > 1): |same coefficient in the previous channel|.
   * |value| -> token (0..11 direct, then Exp-Golomb classes whose low bits are raw); the sign is a raw
     bit, or ("sign", C > 1) a coded "differs from the previous channel's sign" bit, which is cheap
-    because RGB / multi-band coefficients mostly share signs (P(same) 0.95-0.98 here).
+    because RGB / multi-band coefficients mostly share signs.
 Each context has a 2-parameter distribution over tokens, P(0) = z and a geometric law with ratio r for
 |value| >= 1, each parameter one byte on a fixed grid (about 2 bytes per used context, zlib'd in the
 config). `fit` picks the layout with the fewest bits *including the model's own bytes*, so small
@@ -38,19 +38,19 @@ stored in the config and checked anyway.
 Stream = mode byte + rANS states + LEB128 length of the rANS words + the rANS words + the raw-bit
 section. Mode 0: two interleaved 64-bit states, 32-bit words. Mode 2 (config version 2, arrays of
 LANES_MIN coefficients or more): sixteen 32-bit states, 16-bit words, which the kernel decodes as two
-AVX2 vectors of 8 lanes (faster; 48 more header bytes and coarser words: 0.2-0.4% more bytes in all;
-examples/entropy_decode_speed.py measures both). Mode 3 (config version 3, arrays of 2 * `segment`
+AVX2 vectors of 8 lanes (faster; 48 more header bytes and coarser words cost a fraction of a percent of
+bytes; docs/benchmarks/entropy.md has both measured). Mode 3 (config version 3, arrays of 2 * `segment`
 coefficients or more): the array's block rows cut into about one segment per `segment` coefficients, each a
 mode 2 stream of its rows (contexts restart at a segment's top row, as at the array's), after a header of the
 segment count and lengths. Why: a GPU decodes a mode 2 stream with 16 lanes of one warp, one dependent step
-after another, and a 256x256 sample is about 5,000 such steps; independent segments are decoded by warps of
+after another, thousands of them for a 256x256 sample; independent segments are decoded by warps of
 their own (dctdata.entropy.device), so the segment length sets a batch's GPU decode time. A segment costs
 60-100 bytes (its 16 states, its length, the row-above context its top row lacks), whatever the sample's rate,
 so `segment_bytes` bounds the count: beyond the count the first version 3 packs wrote (one per SEGMENT_V3 =
 16384 coefficients), one more segment per `segment_bytes` bytes of the stream, i.e. about 1% more bytes at
 most with the default 6000. Both are in the config ("segment", "segment_bytes"; a version 3 config without
 them is the first release's rule: 16384 and no bound). The decoder reads the segment count from the stream:
-they only decide what the encoder writes. docs/gpu-entropy-decoder.md has the bytes per segment length.
+they only decide what the encoder writes. docs/guides/gpu-entropy-decoder.md has the bytes per segment length.
 Mode 1: a raw copy when
 coding would not save. No model, shape or dtype in the stream: the caller passes the shape and dtype it
 expects (the decoded size is known up front, and `max_coefficients` of the stream's length bounds it).
@@ -294,7 +294,7 @@ DEFAULT_EDGES_DC = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_EDGES_WIDE = (1, 3, 5, 8, 12, 17, 25, 36, 52)  # for s_in = 2 (a + b) + a2 + b2
 F_LT, F_CH, F_TOP, F_SFLIP, F_WIDE = 1, 2, 4, 8, 16
 FEATURES_ALL = ("top", "wide", "ch", "sign", "lt")
-FEATURES = ("top", "ch", "sign")  # fit's default: "wide" costs ~10% decode speed for 0.2-2% size
+FEATURES = ("top", "ch", "sign")  # fit's default: "wide" costs more decode speed than its bytes are worth
 
 
 def _bucket_table(edges: Sequence[int], stride: int) -> np.ndarray:
@@ -811,13 +811,14 @@ class CtxCodec:
 
         Coordinate descent over the context layout from a strong default, one feature toggled at a
         time, keeping a change when it lowers the total bits (coded streams + the model's own bytes).
-        `features` are the optional context features it may use (each costs decode speed, measured
-        in REPORT.md; drop "wide" then "top" when decode speed matters more than 2-4% of size):
-          "top"  |same frequency in the block above|   (~1-3% smaller, ~10% slower decode)
-          "wide" second-order in-block neighbours       (~1-2% smaller, ~8% slower)
-          "ch"   |same coefficient, previous channel|   (C > 1: ~3-8% smaller, ~5% slower)
-          "sign" sign coded relative to the previous channel's (C > 1: 10-14% smaller on RGB and
-                 multi-band fields before any channel decorrelation, ~3% slower)
+        `features` are the optional context features it may use; each saves bytes and costs decode speed
+        (docs/benchmarks/entropy.md has both measured): drop "wide" then "top" when decode speed matters
+        more than a few percent of size.
+          "top"  |same frequency in the block above|
+          "wide" second-order in-block neighbours
+          "ch"   |same coefficient, previous channel| (C > 1)
+          "sign" sign coded relative to the previous channel's (C > 1: RGB and multi-band coefficients
+                 mostly share signs, so it saves most before any channel decorrelation)
           "lt"   left block too (the symbol decoded just before: longest dependency chain; off by default)
         `layouts`: explicit list of layout dicts to try instead (benchmarks). `segment`: coefficients per segment
         of the mode 3 streams the codec writes (shorter: a faster GPU decode, more bytes); `segment_bytes`: the
@@ -933,7 +934,8 @@ class CtxCodec:
     def estimate_bytes(cls, q_samples, cf: int, mask: str = "square", features: Sequence[str] = FEATURES) -> float:
         """Stored bytes of q_samples (streams + model) with the starting layout of `fit`, without the
         layout search or any encoding: one context pass, for the settings search (cf, mask, dtype)
-        that today measures zstd sizes. Typically within 1-2% of what `fit` + `encode` store."""
+        that today measures zstd sizes. Close to what `fit` + `encode` store: the layout search only
+        refines the starting layout (docs/benchmarks/design.md)."""
         _, report = cls.fit(q_samples, cf, mask, features=features, return_report=True, _first_only=True)
         return report[0][1] / 8
 

@@ -49,9 +49,9 @@
  * The two states alternate between two locals (registers), the bit section is read by position with one
  * unaligned load per coefficient, magnitude and sign come from a per-token table without branches.
  * The vector paths' table lookups are 8-lane gathers, made either by the gather instruction or by eight
- * scalar loads (sg32): on the AMD EPYC of our development machine the loads decoded 4-15% faster (five sets,
- * examples/entropy_decode_speed.py), so they are the default on AMD CPUs; elsewhere the instruction is (not
- * measured). `set_gather` switches it; both read the same bytes, and only the loads are visible to ASan.
+ * scalar loads (sg32): on the AMD EPYC of our development machine the loads decoded faster (five sets,
+ * docs/benchmarks/entropy.md, "Table lookups by scalar loads"), so they are the default on AMD CPUs;
+ * elsewhere the instruction is (not measured). `set_gather` switches it; both read the same bytes, and only the loads are visible to ASan.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -630,7 +630,7 @@ __attribute__((target("avx2"))) static inline __m256i sg32(const void *base, __m
     return _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
 }
 /* The instance of a vector path (ctx_run, dec_run) for the current lookups, called directly (a call through a
- * function pointer chosen per run was 2-4% slower) */
+ * function pointer chosen per run was slower: docs/benchmarks/design.md) */
 #define BY_LOOKUP(fn, ...) do { if (g_gather_hw) fn##_hw(__VA_ARGS__); else fn##_sl(__VA_ARGS__); } while (0)
 /* HW: a compile-time constant in each instance of the vector paths */
 #define GATHER(HW, base, idx, scale) \

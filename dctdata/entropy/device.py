@@ -18,7 +18,7 @@ at run time by NVRTC (cuda-python's `cuda.bindings`; no nvcc at install), launch
 The same file built as C is the lane emulator (`_ctxlanes`), which CI runs bit-exactly against the CPU decoder
 on real and fuzzed streams, and which this module runs for CPU tensors.
 
-Design (the numbers that decided it are in docs/gpu-entropy-decoder.md):
+Design (the numbers that decided it are in docs/guides/gpu-entropy-decoder.md):
 - A unit is half a warp: 16 lanes, lane l holding rANS state l, decoding one part of a stream: a mode 0/1/2
   stream, or one segment of a mode 3 stream (version 3 configs cut samples of two segments or more into
   segments of block rows, `CtxCodec.segment` coefficients each: independent streams whose contexts restart at

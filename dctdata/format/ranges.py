@@ -11,11 +11,11 @@ I/O overlap:
 Adjacent ranges of one file are merged into one request first, so consecutive samples cost one
 request per shard.
 
-Chosen by measurement (README, Performance): tensorstore's kvstore read the same ranges 3x slower
-locally (0.7 ms against 0.2 ms for 32 ranges in page cache) and no faster over loopback HTTP, and
-tensorstore does not survive `fork` (google/tensorstore#206), which DataLoader workers use by
-default. The reader keeps its own per-process state, so this class is opened lazily in each
-process (file descriptors and the fsspec filesystem are dropped when pickled or forked).
+Chosen by measurement (docs/benchmarks/design.md): tensorstore's kvstore was slower at reading the same
+ranges locally and no faster over loopback HTTP, and tensorstore does not survive `fork`
+(google/tensorstore#206), which DataLoader workers use by default. The reader keeps its own per-process
+state, so this class is opened lazily in each process (file descriptors and the fsspec filesystem are
+dropped when pickled or forked).
 """
 
 from __future__ import annotations

@@ -17,11 +17,10 @@ WeatherBench, CMIP).
   values) reads only its slice of the sample axis, i.e. the store chunks that slice touches (a store
   chunked along the sample axis in big blocks costs one such block). An `xarray.Dataset` passed from
   Python is used as it is (dask-backed or not). Why not dask for paths: zarr-python already reads the
-  chunks of a slice concurrently, and opening with dask (`chunks={}`) measured more memory and time
-  for the same pack (peak RSS growth 318 vs 261 MiB, 5.0 vs 3.6 s, a 256 MiB store of 256x256
-  float32 samples, busy 2-core machine). A pack's memory is constant in the store size: about 300 MiB
-  for such samples (one read batch, one zarr shard of coefficients being written, zarr's buffers),
-  checked by a test that packs a 512 MiB store.
+  chunks of a slice concurrently, and opening with dask (`chunks={}`) took more memory and time for
+  the same pack (docs/benchmarks/design.md). A pack's memory is constant in the store size (one read
+  batch, one zarr shard of coefficients being written, zarr's buffers), checked by a test that packs a
+  512 MiB store.
 - Metadata goes into the manifest: the 1-D coordinates of the sample dim (e.g. the time of every
   sample) and of the per-sample dims (lat, lon, level) as `coords`; each field's variable attributes
   (units, long_name, ...) and source dim names as its `attrs`.

@@ -1,4 +1,4 @@
-"""make_loader on default packs: the README's snippet exactly once for any worker count and 2 ranks,
+"""make_loader on default packs: the quick start's loop exactly once for any worker count and 2 ranks,
 shuffle=False in the manifest's order, len(loader) equal to the batches yielded, and the fallback split
 when shards are fewer than ranks x workers."""
 

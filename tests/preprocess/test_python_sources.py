@@ -205,7 +205,7 @@ def test_per_field_targets_for_a_noisy_clean_pair(tmp_path):
 
 
 def test_two_zarr_packs_pair_by_index(tmp_path):
-    """What the README recommends for a pair in two packs: map-style zarr datasets share indices."""
+    """What the packing guide recommends for a pair in two packs: map-style zarr datasets share indices."""
     clean = smooth_fields(6, 1, 16, 16, seed=2, noise="normal")
     dctdata.pack(clean, tmp_path / "clean", cf=8, quiet=True)
     dctdata.pack(clean + 1, tmp_path / "noisy", cf=8, quiet=True)

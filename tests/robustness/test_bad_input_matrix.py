@@ -8,8 +8,8 @@ Each case either must fail cleanly or (for odd-but-valid input) succeed correctl
   `dctdata verify` reports problems one per line on stdout (exit 1); that is its contract.
 - ok cases: exit 0 / a return value, checked by the case.
 
-Run as a script to print the counts table for the README:
-    python tests/test_bad_input_matrix.py
+Run as a script to print the counts table of docs/robustness.md:
+    python tests/robustness/test_bad_input_matrix.py
 """
 
 from __future__ import annotations

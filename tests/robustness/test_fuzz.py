@@ -15,8 +15,8 @@ Properties:
 - codec: random shapes, input dtypes, CFs, masks, wire dtypes and steps through encode -> Decompress
   give (B, C, H, W) finite output within the error the DCT's orthonormality allows.
 
-CI runs a few hundred examples in seconds. The long run (reported in the README):
-    DCTDATA_FUZZ_EXAMPLES=5000 pytest tests/test_fuzz.py --hypothesis-show-statistics
+CI runs a few hundred examples in seconds. The long run (reported in docs/robustness.md):
+    DCTDATA_FUZZ_EXAMPLES=5000 pytest tests/robustness/test_fuzz.py --hypothesis-show-statistics
 """
 
 from __future__ import annotations

@@ -476,8 +476,8 @@ def writer_tar_members(data: memoryview) -> list[tuple[str, bool, bytes, int, in
     ASCII names, the fixed fields above, a valid checksum, data inside the buffer) and that ends with a
     zero block; None for anything else, which the caller reads with tarfile.
 
-    Why by hand: tarfile parses every field of every header in Python, about 30 us a member, which
-    was 4% of a sample's decode with the entropy coder and 10% with zstd (measured). For headers of
+    Why by hand: tarfile parses every field of every header in Python, a visible share of a small
+    sample's decode (docs/benchmarks/design.md). For headers of
     this exact form tarfile gives the same names, offsets and sizes and stops at the same zero block,
     so only the speed differs; the checksums are checked for all headers at once with numpy."""
     n, at, heads, sums, out = len(data), 0, [], [], []

@@ -13,8 +13,8 @@ a real upper bound and the shard list is known before encoding: shards are indep
 Dask workers write in parallel and `--resume` redoes one by one. Typical shards are the cap divided by
 the compression ratio. `samples_per_shard` lowers the count. A group larger than the cap gets a shard of
 its own (a sample is never split) and a warning is logged. Without `samples_per_shard`, a set of at
-least `layout.MIN_SHARDS` groups gets at least that many shards, so the README's loader gives every
-rank and worker whole shards of its own.
+least `layout.MIN_SHARDS` groups gets at least that many shards, so `make_loader` gives every rank and
+worker whole shards of its own (docs/guides/loading.md).
 
 K (`samples_per_member`, default: about `layout.GROUP_SOURCE_BYTES` of source per group, at most
 n / MIN_SHARDS when the count n is known) is settled before the first part is written: a pack streamed

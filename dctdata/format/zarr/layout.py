@@ -29,8 +29,8 @@ from dctdata.format.fields import NAME_RE, FieldSpec, side_partner_names
 from dctdata.parse import parse_int, parse_object
 
 # Inner chunks of at most this many stored bytes (at least one sample): a random read decodes and, over
-# HTTP, moves about what it asks for. zstd-9 stored no more than with the former 128 KiB chunks: -0.2% on
-# the em stand-in at 256^2 (1 sample per chunk), -1.8% on cifar_like (4 samples).
+# HTTP, moves about what it asks for. Smaller chunks did not cost bytes: zstd-9 stored no more than with the
+# former 128 KiB chunks (docs/benchmarks/design.md).
 CHUNK_BYTES = 16 << 10
 SHARD_BYTES = 32 << 20
 # A shard is also a unit of parallel work: at most this much *source* data per shard, so a pack

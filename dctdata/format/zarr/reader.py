@@ -26,8 +26,8 @@ chunks and enough estimated decode work for each thread to pay for the handoff (
 the threads (1: none). The output and the errors are the same either way: each thread takes a run of
 chunks in batch order and stops at its first bad chunk, and the first failing run's error is raised.
 Where chunk k fills row k (one-sample chunks of the entropy coder, an increasing batch), a thread's run
-is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk:
-1.3-1.4x faster batches on 16 threads of a 16-core host, 3-8% on 2 cores (measured side by side); a stage
+is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk
+(faster batches, most on many threads: docs/benchmarks/design.md); a stage
 says whether it does (`Stage.decodes_runs`).
 
 Process safety: fsspec filesystems hold connections and file descriptors are per process, so nothing
