@@ -738,7 +738,10 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
                         continue  # int16 only pays where an int8 floor binds
                     s, _ = setting.land(goal, math.sqrt(12 * budget) * 1.4)
                     out, _, q, _ = setting.subsample(s)
-                d = db(float(out.max() if rot is None else out.mean()))  # weights even out a rotated setting
+                # a rotated setting's subsample landing moves its steps together and puts the middle of its
+                # channels' range at the goal; `_land`'s channel weights then even the channels out around
+                # it (their mean dB stays): that middle is what the setting reaches
+                d = db(float(out.max())) if rot is None else float(_db(out).max() + _db(out).min()) / 2
                 size = size_of(q, dt, cc, mm)
                 candidates.append(Candidate(cc, mm, dt, rot is not None, d, size))
                 if d < goal - 0.3:

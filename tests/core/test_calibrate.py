@@ -48,14 +48,23 @@ def test_target_lands_just_above_on_the_calibration_set_and_holds_on_unseen_samp
 
 
 def test_photo_tiles_with_channel_rotation():
+    """The rotation stores the astronaut's tiles smaller, but at 40 dB nearly every tile has a channel below
+    the per-sample floor, and the floor lifts a rotated sample's channels alike, for its neediest one: the
+    other channels end above the +0.2 dB window whatever the steps. Left free, the calibration keeps the
+    window and lands without the rotation (what the promise costs, docs/guides/field-kinds-and-webdataset.md);
+    forced, the rotation lands every channel at or above the target with fewer bytes."""
     x = tiles(sample_images(("astronaut",), include_sklearn=False)["astronaut"][:240, :304])
     rep = calibrate_report(x, quant=None, target_psnr=40)
     y, nbytes, _ = roundtrip(x, rep.spec, stage=rep.codec)
-    worst = min(dataset_psnr(x[:, c], y[:, c]) for c in range(3))
-    assert 40 <= worst <= 40.3 and rep.spec.rotation is not None
+    channels = [dataset_psnr(x[:, c], y[:, c]) for c in range(3)]
+    assert rep.spec.rotation is None and all(40 <= p <= 40.2 for p in channels), channels
     assert rep.stored_bytes_per_sample == pytest.approx(nbytes / len(x) + 24, rel=0.05)
-    without = calibrate_report(x, quant=None, target_psnr=40, rotation=False)
-    assert without.spec.rotation is None and without.stored_bytes_per_sample > rep.stored_bytes_per_sample
+    rotated = calibrate_report(x, quant=None, target_psnr=40, rotation=True)
+    y, _, _ = roundtrip(x, rotated.spec, stage=rotated.codec)
+    channels = [dataset_psnr(x[:, c], y[:, c]) for c in range(3)]
+    assert rotated.spec.rotation is not None and min(channels) >= 40 and max(channels) > 40.2, channels
+    assert float(psnr(x, y).min()) >= rotated.spec.min_psnr - 1e-3
+    assert rotated.stored_bytes_per_sample < rep.stored_bytes_per_sample
 
 
 def test_higher_target_costs_more_bytes():

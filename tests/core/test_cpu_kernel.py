@@ -122,10 +122,11 @@ def test_float64_coefficients_compute_in_float64(calls, monkeypatch):
     torch.testing.assert_close(out, portable(layer, q, monkeypatch), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("weighted", [False, True])  # codec v3's channel weights: the same kernel
 @pytest.mark.parametrize("chunk", [1, 1 << 20])  # the affine pass per block row (side sliced per sample)
-def test_v2_spec_takes_the_chunked_kernel(chunk, calls, monkeypatch):
+def test_v2_spec_takes_the_chunked_kernel(chunk, weighted, calls, monkeypatch):
     monkeypatch.setattr(transform, "CHUNK_BYTES", chunk)
-    spec, wire = v2_wire()
+    spec, wire = v2_wire(weighted=weighted)
     out = check_decompress(spec, wire)
     assert calls
     ref = portable(Decompress(spec), wire, monkeypatch)

@@ -79,9 +79,12 @@ def test_half_wires_and_every_bias(wire, normalized, offsets, calls):
     assert calls
 
 
-@pytest.mark.parametrize("rotation, side", [(True, True), (False, True), (True, False), (False, False)])
-def test_v2_recon_rotation_and_side(rotation, side, calls, monkeypatch):
-    spec, (q, s) = v2_wire()
+@pytest.mark.parametrize(
+    "rotation, side, weighted",
+    [(True, True, False), (False, True, False), (True, False, False), (False, False, False), (True, True, True)],
+)
+def test_v2_recon_rotation_and_side(rotation, side, weighted, calls, monkeypatch):
+    spec, (q, s) = v2_wire(weighted=weighted)  # weighted: codec v3's channel weights in the rotation table
     spec = spec.replace(rotation=spec.rotation if rotation else None)
     if not side:
         spec = spec.replace(side=None, min_psnr=None)

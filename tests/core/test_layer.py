@@ -221,8 +221,10 @@ def test_decompressor_from_a_packed_dataset_and_non_dct_fields(tmp_path):
         ds.decompressor("label")
 
 
-def v2_wire(channels=3, b=4, seed=1):
-    """A real version-2 codec (dead zone, recon offset, per-sample side, KLT rotation) and its wire."""
+def v2_wire(channels=3, b=4, seed=1, weighted=False):
+    """A real version-2 codec (dead zone, recon offset, per-sample side, KLT rotation) and its wire. The
+    calibration lands a rotated setting with channel weights (codec v3); without `weighted` they are
+    dropped (the same steps, a version-2 spec), with it the landed v3 spec is kept."""
     from benchmarks.fields import synthetic_fields
     from dctdata.calibrate import calibrate_report
 
@@ -230,14 +232,19 @@ def v2_wire(channels=3, b=4, seed=1):
     x = torch.from_numpy(np.stack([fields[k][:, 0] for k in ("atoms", "beam", "clouds")][:channels], axis=1))
     x = x + torch.linspace(0, 1, channels).reshape(1, -1, 1, 1) * x  # correlated channels: rotation pays
     spec = calibrate_report(x, quant=None, target_psnr=40, rotation=True).spec
+    assert spec.rotation is not None and (spec.weights is not None) == (spec.version == 3)
+    if not weighted:
+        spec = spec.replace(weights=None)
     wire, overflow = dctdata.encode(x[:b], spec)
     assert overflow == 0 and isinstance(wire, tuple)
     return spec, wire
 
 
-def test_v2_layer_with_side_and_rotation_equals_the_reference():
-    spec, wire = v2_wire()
-    assert spec.version == 2 and spec.side == "range_mid" and spec.rotation is not None and spec.recon is not None
+@pytest.mark.parametrize("weighted", [False, True])
+def test_v2_layer_with_side_and_rotation_equals_the_reference(weighted):
+    spec, wire = v2_wire(weighted=weighted)
+    assert spec.side == "range_mid" and spec.rotation is not None and spec.recon is not None
+    assert spec.version == (3 if weighted else 2) and (spec.weights is not None) == weighted
     out = check_decompress(spec, wire)
     torch.testing.assert_close(Decompress(spec)((wire[0][1], wire[1][1])), out[1])  # unbatched pair
     with pytest.raises(TypeError, match=r"expected the pair \(coefficients, side\)"):
