@@ -3,11 +3,12 @@ incremental `Writer` (streams): the validated settings, each field's kind and Co
 included), and, at the end, the manifest's error figures.
 
 Field kinds (`kind_and_reason`): numeric arrays with >= 2 dims per sample -> `dct` (integers only with a
-lossy setting for them: a target PSNR, --quant or --cf), integer scalars -> `label`, everything else ->
-`array`; a source may default decoded images to `dct`; `fields={"mask": "array"}` overrides. Each field
-carries the reason for its kind, which the pack summary prints. A `dct` field's CodecSpec comes from
-cf/mask/quant directly, or from `dctdata.calibrate` on a calibration subset when quant is int8/int16 or
-the field has a target PSNR.
+lossy setting for them: a target PSNR, --quant or --cf, and only when their calibration subset holds more
+than `FEW_VALUES` distinct values: fewer is a mask or label map, kept exact), integer scalars -> `label`,
+everything else -> `array`; a source may default decoded images to `dct`; `fields={"mask": "array"}`
+overrides. Each field carries the reason for its kind, which the pack summary prints. A `dct` field's
+CodecSpec comes from cf/mask/quant directly, or from `dctdata.calibrate` on a calibration subset when quant
+is int8/int16 or the field has a target PSNR.
 
 Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
 `noisy=40,clean=45` (per field; a bare number is the default of the fields not named). A dct field
@@ -55,6 +56,10 @@ from dctdata.stages import AUTO, DEFAULT_CODEC
 log = logging.getLogger(__name__)
 
 DEFAULT_CF = 4
+# An integer field whose calibration subset holds at most this many distinct values is a mask, a label map
+# or class indices, which a user expects back exactly: it stays `array` under a lossy setting. Measured
+# integer data (elevations, detector counts, 8-bit photos) holds hundreds or thousands of values.
+FEW_VALUES = 32
 CALIBRATION_SAMPLES = 64
 CALIBRATION_VALUES = 1 << 22
 
@@ -74,15 +79,17 @@ def kind_and_reason(
     override: FieldKind | None = None,
     source_default: str | None = None,
     mask_of: str | None = None,
+    distinct: int | None = None,
 ) -> tuple[FieldKind, str]:
     """(kind, why) of a field: the pack summary prints the why.
 
     Numeric samples of at least 2 dims are `dct`: floats always, integers when the pack has a lossy
     setting for the field (its target PSNR, --quant other than none, or --cf): a target PSNR is a request
     for lossy coding of the data fields, whatever dtype the instrument wrote (int16 elevations, uint16
-    counts, uint8 photos). Without one, integers stay exact, as before. Integer scalars are labels; bool
-    fields, masks, and samples of fewer than 2 dims are stored exactly (the codec is 2-D; `--field
-    NAME=dct` codes a 1-D sample as one row, (1, 1, L))."""
+    counts, uint8 photos). Without one, integers stay exact, as before; with one, integers of at most
+    `FEW_VALUES` distinct values (`distinct`: counted on the calibration subset) are masks or label maps
+    and stay exact too. Integer scalars are labels; bool fields, masks, and samples of fewer than 2 dims
+    are stored exactly (the codec is 2-D; `--field NAME=dct` codes a 1-D sample as one row, (1, 1, L))."""
     dims = f"{len(shape)}-D"
     if override is not None:
         return override, f"--field {name}={override.value}"
@@ -103,6 +110,11 @@ def kind_and_reason(
         )
     if dtype.kind == "f":
         return FieldKind.DCT, f"{dtype.name} samples of {dims}"
+    if lossy and distinct is not None and distinct <= FEW_VALUES:
+        return FieldKind.ARRAY, (
+            f"{dtype.name} samples holding {distinct} distinct value{'s' if distinct != 1 else ''} on the "
+            f"calibration subset (a mask or label map), stored exactly (--field {name}=dct codes them)"
+        )
     if lossy:
         return (
             FieldKind.DCT,
@@ -161,6 +173,14 @@ def _volume_shape(name: str, shape: tuple[int, ...], where: str, channels_last: 
         f"{where}: field {name!r}: expected 3 or 4 dims per sample for kind dct with --dims 3 ((D, H, W) or "
         f"(C, D, H, W)). Got {shape}"
     )
+
+
+def distinct_values(cal: Source, name: str, sample_values: int) -> int | None:
+    """How many distinct values field `name` holds on its calibration subset (the samples a dct field would
+    be calibrated on); None when the calibration set lacks the field (the dct path then says so)."""
+    if name not in cal.probe():
+        return None
+    return len(np.unique(np.asarray(cal.take(calibration_indices(len(cal), sample_values))[name])))
 
 
 def calibration_count(sample_values: int) -> int:
@@ -259,10 +279,15 @@ def plan_fields(
     cal_probe = cal.probe() if calibration is not None else probe
     lossy_settings = cf is not None or quant not in (None, "float32")
     for name, (shape, dtype) in probe.items():
+        lossy = lossy_settings or targets.get(name) is not None
+        mask_of = next((k for k, m in valid.items() if m == name), None)
+        distinct = None
+        if lossy and dtype.kind in "iu" and len(shape) >= 2 and name not in overrides and mask_of is None:
+            if name not in source.default_kinds:
+                distinct = distinct_values(cal, name, math.prod(shape))
         kind, reason = kind_and_reason(
-            name, shape, dtype, lossy=lossy_settings or targets.get(name) is not None,
-            override=overrides.get(name), source_default=source.default_kinds.get(name),
-            mask_of=next((k for k, m in valid.items() if m == name), None),
+            name, shape, dtype, lossy=lossy, override=overrides.get(name),
+            source_default=source.default_kinds.get(name), mask_of=mask_of, distinct=distinct,
         )  # fmt: skip
         if dtype.kind not in "biuf":
             raise DctDataError(f"{where}: field {name!r}: expected a numeric dtype. Got {dtype}")
@@ -472,6 +497,7 @@ __all__ = [
     "CALIBRATION_SAMPLES",
     "CALIBRATION_VALUES",
     "DEFAULT_CF",
+    "FEW_VALUES",
     "Targets",
     "below_floor",
     "build_manifest",
@@ -480,6 +506,7 @@ __all__ = [
     "combine_stats",
     "default_kind",
     "dct_shape",
+    "distinct_values",
     "kind_and_reason",
     "looks_channels_last",
     "parse_field_overrides",

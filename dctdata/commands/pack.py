@@ -55,7 +55,8 @@ def _main(args) -> int:
                     f"{f' (bound {bound_text(c)}, held on every value)' if c.bounded else ''}, "
                     f"overflow {s.overflow}{valid}"
                 )
-            print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{extra}")
+            why = f" ({f.reason})" if f.reason else ""  # why the field got its kind (issue 31)
+            print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{why}{extra}")
             names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []
             label = lambda i, names=names: f" ({names[i]})" if i < len(names) else ""  # noqa: E731
             for i, ch in enumerate((s.channels or ()) if len(s.channels or ()) > 1 else ()):

@@ -54,13 +54,9 @@ def test_npz_multichannel_with_lossless_mask_and_labels(tmp_path, capsys):
     labels = np.arange(11) % 4
     np.savez(tmp_path / "d.npz", image=x, mask=mask, target=target, label=labels)
     rc, _, err = run(
-        [
-            "pack", tmp_path / "d.npz", tmp_path / "out", "--cf", "4", "--field", "target=array",
-            "--field", "mask=array", "--quiet",
-        ],
-        capsys,
-    )  # fmt: skip
-    assert rc == 0, err  # with a lossy setting (--cf) an integer mask is dct unless --field keeps it exact
+        ["pack", tmp_path / "d.npz", tmp_path / "out", "--cf", "4", "--field", "target=array", "--quiet"], capsys
+    )
+    assert rc == 0, err  # with a lossy setting (--cf) an integer mask of two values stays exact (FEW_VALUES)
     ds = dctdata.open_dataset(tmp_path / "out", as_dict=True)
     kinds = {f.name: f.kind for f in ds.manifest.fields}
     assert kinds == {"image": "dct", "mask": "array", "target": "array", "label": "label"}
@@ -478,3 +474,22 @@ def test_parse_lossless_option_types():
             dctdata.DctDataError, match=r"--lossless: expected one of: auto, zstd, zstd:LEVEL \(LEVEL in 1\.\.22\)"
         ):
             parse_option(bad)
+
+
+def test_pack_summary_says_why_each_field_got_its_kind(tmp_path, capsys):
+    """Issue 31: with a target an int16 field is dct and a 0/1 mask stays exact, and the summary says why."""
+    rng = np.random.default_rng(0)
+    dem = (rng.standard_normal((16, 32, 32)).cumsum(-1) * 50).astype(np.int16)
+    np.savez(tmp_path / "d.npz", image=dem, mask=(dem > 0).astype(np.uint8), label=np.arange(16))
+    rc, out, err = run(["pack", tmp_path / "d.npz", tmp_path / "out", "--target-psnr", "40"], capsys)
+    assert rc == 0, err
+    lines = {line.split(":")[0].strip(): line for line in out.splitlines() if line.startswith("  ")}
+    assert lines["image"].startswith(
+        "  image: dct [1, 32, 32] int16 (int16 samples of 2-D with a lossy setting (--field image=array keeps them "
+        "exact)) cf="
+    )
+    assert lines["mask"] == (
+        "  mask: array [32, 32] uint8 (uint8 samples holding 2 distinct values on the calibration subset (a mask or "
+        "label map), stored exactly (--field mask=dct codes them))"
+    )
+    assert lines["label"] == "  label: label [] int64 (one integer per sample)"

@@ -15,6 +15,7 @@ from dctdata.preprocess.commit import partial_dir
 from dctdata.preprocess.masking import NanPolicy
 from dctdata.preprocess.plan import (
     CALIBRATION_SAMPLES,
+    FEW_VALUES,
     calibration_indices,
     default_kind,
     parse_field_overrides,
@@ -29,6 +30,33 @@ def test_default_kinds():
     assert default_kind((), np.dtype("int64")) is FieldKind.LABEL
     assert default_kind((8, 8), np.dtype("uint8")) is FieldKind.ARRAY  # masks stay exact
     assert default_kind((5,), np.dtype("float64")) is FieldKind.ARRAY
+
+
+def test_with_a_target_integer_fields_of_few_values_stay_exact_and_say_why(tmp_path):
+    """Issue 31's rule: with a lossy setting integer fields are dct, except masks and label maps (at most
+    FEW_VALUES distinct values on the calibration subset), which a user expects back exactly."""
+    rng = np.random.default_rng(0)
+    elevations = (rng.standard_normal((8, 16, 16)).cumsum(-1) * 50).astype(np.int16)  # hundreds of values
+    classes = rng.integers(0, FEW_VALUES, (8, 16, 16)).astype(np.int16)  # every class value present
+    classes[0].flat[:FEW_VALUES] = np.arange(FEW_VALUES)
+    more = classes.copy()
+    more[0, 1, 0] = FEW_VALUES  # one value more: no longer "few"
+    np.savez(tmp_path / "s.npz", dem=elevations, mask=(elevations > 0).astype(np.uint8), classes=classes, more=more)
+    src = open_source(tmp_path / "s.npz")
+    common = dict(cf=None, mask=None, quant=None, target_psnr=40, codec={"id": "zstd", "level": 9})
+    specs = {f.name: f for f in plan_fields(src, overrides={}, **common)[0]}
+    kinds = {n: specs[n].kind for n in ("dem", "mask", "classes", "more")}
+    assert kinds == {"dem": "dct", "mask": "array", "classes": "array", "more": "dct"}
+    assert specs["mask"].reason == (
+        "uint8 samples holding 2 distinct values on the calibration subset (a mask or label map), stored exactly "
+        "(--field mask=dct codes them)"
+    )
+    assert f"holding {FEW_VALUES} distinct values" in specs["classes"].reason
+    assert specs["dem"].reason.startswith("int16 samples of 2-D with a lossy setting")
+    forced = {f.name: f for f in plan_fields(src, overrides={"mask": FieldKind.DCT}, **common)[0]}
+    assert forced["mask"].kind is FieldKind.DCT and forced["mask"].reason == "--field mask=dct"
+    plain = {f.name: f for f in plan_fields(src, overrides={}, **{**common, "target_psnr": None})[0]}
+    assert plain["dem"].kind is FieldKind.ARRAY and plain["more"].kind is FieldKind.ARRAY  # no lossy setting
 
 
 def test_calibration_subset_is_evenly_spaced_and_sized_by_values():
