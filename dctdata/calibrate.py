@@ -396,6 +396,13 @@ def _rescaled(coef: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | None
     return torch.einsum("bod,bd...->bo...", torch.einsum("oc,bc,dc->bod", r, inv, r), coef)
 
 
+def _middle_db(nm: torch.Tensor) -> float:
+    """The middle of the channels' dB range, over the channels with an error (+inf when none has one)."""
+    d = _db(nm)
+    d = d[torch.isfinite(d)]
+    return float(d.max() + d.min()) / 2 if d.numel() else math.inf
+
+
 class _Steer:
     """The next per-channel log-steps of a landing: a damped Newton step on log(error) per output channel.
 
@@ -740,8 +747,9 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
                     out, _, q, _ = setting.subsample(s)
                 # a rotated setting's subsample landing moves its steps together and puts the middle of its
                 # channels' range at the goal; `_land`'s channel weights then even the channels out around
-                # it (their mean dB stays): that middle is what the setting reaches
-                d = db(float(out.max())) if rot is None else float(_db(out).max() + _db(out).min()) / 2
+                # it (their mean dB stays): that middle is what the setting reaches (over the channels with an
+                # error: a constant channel has none)
+                d = db(float(out.max())) if rot is None else _middle_db(out)
                 size = size_of(q, dt, cc, mm)
                 candidates.append(Candidate(cc, mm, dt, rot is not None, d, size))
                 if d < goal - 0.3:
@@ -951,12 +959,15 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
             accepted = (float(u.sum()), spec, result)  # the coarsest steps that keep every channel up
         if bool(((d >= lo_ok) & (d <= hi_ok)).all()):
             return spec, evaluation, result, True
-        if rotation is not None and float(d.max() - d.min()) > 0.8 * (hi_ok - lo_ok) and reweighed < WEIGHT_MOVES:
+        fin = torch.isfinite(d)  # a constant channel has no error to even out
+        spread = float(d[fin].max() - d[fin].min()) if bool(fin.any()) else 0.0
+        if rotation is not None and spread > 0.8 * (hi_ok - lo_ok) and reweighed < WEIGHT_MOVES:
             # a rotation mixes every channel into every coded channel: each channel's weight (codec v3) moves
             # its own error (as 1/w^2 at the same steps, 20 log10 w dB): 0.6 of that move, as the floor's
             # per-sample lifts follow each sample's neediest channel and take part of it back. The steps stay
             # put meanwhile, and what bracketed them is forgotten (it was for other weights).
-            logw = logw - (0.6 * (d - d.mean()) * (math.log(10) / 20)).clamp(-0.3, 0.3)
+            gap = torch.where(fin, d - d[fin].mean(), torch.zeros_like(d))
+            logw = logw - (0.6 * gap * (math.log(10) / 20)).clamp(-0.3, 0.3)
             logw = logw - logw.mean()
             setting.set_weights(torch.exp(logw).to(torch.float32))
             steer.below = steer.above = steer.last = None
