@@ -54,9 +54,18 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _IN_DTYPES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _result(img: torch.Tensor, out: torch.Tensor | None, unbatched: bool) -> torch.Tensor:
+    """What forward returns: `out` when the caller gave one, else the image without the batch axis it was lent."""
+    if out is not None:
+        return out
+    return img.squeeze(0) if unbatched else img
+
+
 class Decompress(nn.Module):
     """Coefficients -> images. `normalize=False` ignores the spec's mean/std. A volume spec (`spec.depth`) gets
     the subclass `dctdata.volume.VolumeDecompress`."""
+
+    _AXES = "C, Hb, K, Wb"  # a sample's coefficient axes, for the shape error
 
     def __new__(cls, spec=None, *args, **kwargs):
         if cls is Decompress and isinstance(spec, CodecSpec) and spec.depth is not None:
@@ -125,33 +134,11 @@ class Decompress(nn.Module):
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
-        if isinstance(coeffs, StoredBatch):  # decode="device": the stored bytes, decoded here first
-            coeffs = self.decode_stored(coeffs)
-        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
-            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
-        q, side = split_wire(coeffs, spec)
-        if q.dtype not in _IN_DTYPES:
-            raise TypeError(
-                f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
-                f"this spec's is {spec.dtype}). Got {q.dtype}"
-            )
-        expected = spec.coeff_shape
-        if q.dim() not in (4, 5) or tuple(q.shape[-4:]) != expected:
-            raise DctDataError(
-                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, C, Hb, K, Wb) for "
-                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
-            )
-        unbatched = q.dim() == 4
-        y = q.unsqueeze(0) if unbatched else q
-        if side is not None and unbatched:
-            side = side.unsqueeze(0)
+        y, side, target, unbatched = self._wire_batch(coeffs, out)
         compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
         weight = self.weight.to(device=y.device, dtype=compute)
         trows = self.trows.to(device=y.device, dtype=compute)
         size = (spec.height, spec.width)
-        if out is not None:
-            self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
-        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
         img = None
         if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
             img = fused_cuda.guarded(
@@ -167,9 +154,41 @@ class Decompress(nn.Module):
         elif img is None:
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
+        return _result(img, out, unbatched)
+
+    def _wire_batch(self, coeffs, out: torch.Tensor | None):
+        """The input handling both layers share: a `StoredBatch` decoded first, the wire value split into
+        coefficients and side values, their dtype and shape checked against the spec, an unbatched sample given
+        a batch axis (`out` too, after its check). Returns (coefficients, side, target, unbatched)."""
+        spec = self.spec
+        if isinstance(coeffs, StoredBatch):  # decode="device": the stored bytes, decoded here first
+            coeffs = self.decode_stored(coeffs)
+        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
+            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
+        q, side = split_wire(coeffs, spec)
+        self._check_dtype(q)
+        expected = spec.coeff_shape
+        n = len(expected)
+        if q.dim() not in (n, n + 1) or tuple(q.shape[-n:]) != expected:
+            raise DctDataError(
+                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, {self._AXES}) for "
+                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
+            )
+        unbatched = q.dim() == n
+        y = q.unsqueeze(0) if unbatched else q
+        if side is not None and unbatched:
+            side = side.unsqueeze(0)
         if out is not None:
-            return out
-        return img.squeeze(0) if unbatched else img
+            self._check_out(out, (*q.shape[:-n], *spec.sample_shape), q.device)
+        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
+        return y, side, target, unbatched
+
+    def _check_dtype(self, q: torch.Tensor) -> None:
+        if q.dtype not in _IN_DTYPES:
+            raise TypeError(
+                f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
+                f"this spec's is {self.spec.dtype}). Got {q.dtype}"
+            )
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
@@ -245,6 +264,8 @@ class VolumeDecompress(Decompress):
     """Coefficients (B, C, Db, Hb, K, Wb) -> volumes (B, C, D, H, W). `normalize=False` ignores the spec's
     mean/std. Built by `Decompress(spec)` for a spec with a depth."""
 
+    _AXES = "C, Db, Hb, K, Wb"
+
     def __init__(
         self,
         spec: CodecSpec,
@@ -282,26 +303,7 @@ class VolumeDecompress(Decompress):
     def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned."""
         spec = self.spec
-        if isinstance(coeffs, StoredBatch):
-            coeffs = self.decode_stored(coeffs)
-        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
-            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
-        q, side = split_wire(coeffs, spec)
-        if q.is_complex() or q.dtype == torch.bool:
-            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
-        expected = spec.coeff_shape
-        if q.dim() not in (5, 6) or tuple(q.shape[-5:]) != expected:
-            raise DctDataError(
-                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, C, Db, Hb, K, Wb) for "
-                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
-            )
-        unbatched = q.dim() == 5
-        y = q.unsqueeze(0) if unbatched else q
-        if side is not None and unbatched:
-            side = side.unsqueeze(0)
-        if out is not None:
-            self._check_out(out, (*q.shape[:-5], *spec.sample_shape), q.device)
-        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
+        y, side, target, unbatched = self._wire_batch(coeffs, out)
         if fused.usable(y, self.dtype, target):
             if self._fused_tables is None:
                 self._fused_tables = fused.tables_for(spec, self.normalize)
@@ -315,9 +317,12 @@ class VolumeDecompress(Decompress):
             img = transform3d.synthesize(coef, trows, spec.mask, spec.size).to(self.dtype)
             if target is not None:
                 target.copy_(img)
-        if out is not None:
-            return out
-        return img.squeeze(0) if unbatched else img
+        return _result(img, out, unbatched)
+
+    def _check_dtype(self, q: torch.Tensor) -> None:
+        # any real dtype, as before: the 2-D layer's list of wire dtypes was never applied to volumes
+        if q.is_complex() or q.dtype == torch.bool:
+            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
 
     def extra_repr(self) -> str:
         s = self.spec
