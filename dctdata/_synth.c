@@ -282,8 +282,8 @@ static void sample_tables(const job_t *jb, Py_ssize_t b, float *eff, const float
     *A = ea, *D = ed, *R = jb->R ? er : NULL;
 }
 
-/* Steps 1-2 for one group of block row hb (volumes: of the (Db * Hb, K, Wb) view), shared by both drivers:
- * sc (C, K, LANES) receives its dequantized, mixed coefficients. */
+/* Steps 1-2 for one group of block row hb (volumes: of the (Db * Hb3, K, Wb) view): sc (C, K, LANES) receives
+ * its dequantized, mixed coefficients. */
 static void group_coefficients(const job_t *jb, int avx2, const float *A, const float *D, const float *R,
                                Py_ssize_t b, Py_ssize_t hb, Py_ssize_t g0, int n, float *sc, float *mix) {
 #ifdef SYNTH_X86
@@ -294,25 +294,6 @@ static void group_coefficients(const job_t *jb, int avx2, const float *A, const 
     if (jb->M) mix_channels(jb, b, sc, mix);
 }
 
-static void run(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
-    idct_fn idct = idct_generic;
-#ifdef SYNTH_X86
-    if (avx2) idct = idct_avx2;
-#endif
-    const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
-    for (Py_ssize_t b = 0; b < jb->B; b++) {
-        const float *A = jb->A, *D = jb->D, *R = jb->R;
-        sample_tables(jb, b, eff, &A, &D, &R);
-        for (Py_ssize_t hb = 0; hb < jb->Hb; hb++) {
-            for (Py_ssize_t g = 0; g < groups; g++) {
-                Py_ssize_t g0 = g * LANES;
-                int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
-                group_coefficients(jb, avx2, A, D, R, b, hb, g0, n, sc, mix);
-                for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, hb, g0, n);
-            }
-        }
-    }
-}
 
 
 /* ------------------------------------------------------------------ volumes: 8x8x8 blocks
@@ -421,25 +402,29 @@ __attribute__((target("avx2,fma"))) static void idct3_avx2(const job_t *jb, cons
 typedef void (*idct3_fn)(const job_t *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
                          int);
 
-static void run3(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
-    idct3_fn idct = idct3_generic;
+/* The driver of both kernels: per sample its tables, per block row (volumes: (db, hb) of the (Db * Hb3, K, Wb)
+ * view) and group of 8 blocks steps 1-2, then steps 3-4 per channel. */
+static void run(const job_t *jb, int volume, int avx2, float *sc, float *mix, float *eff) {
+    idct_fn idct = idct_generic;
+    idct3_fn idct3 = idct3_generic;
 #ifdef SYNTH_X86
-    if (avx2) idct = idct3_avx2;
+    if (avx2) idct = idct_avx2, idct3 = idct3_avx2;
 #endif
     const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
     for (Py_ssize_t b = 0; b < jb->B; b++) {
         const float *A = jb->A, *D = jb->D, *R = jb->R;
         sample_tables(jb, b, eff, &A, &D, &R);
-        for (Py_ssize_t db = 0; db < jb->Db; db++)
-            for (Py_ssize_t hb = 0; hb < jb->Hb3; hb++) {
-                Py_ssize_t r = db * jb->Hb3 + hb; /* the block row in the (Db * Hb, K, Wb) view */
-                for (Py_ssize_t g = 0; g < groups; g++) {
-                    Py_ssize_t g0 = g * LANES;
-                    int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
-                    group_coefficients(jb, avx2, A, D, R, b, r, g0, n, sc, mix);
-                    for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, db, hb, g0, n);
+        for (Py_ssize_t r = 0; r < jb->Hb; r++) {
+            for (Py_ssize_t g = 0; g < groups; g++) {
+                Py_ssize_t g0 = g * LANES;
+                int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
+                group_coefficients(jb, avx2, A, D, R, b, r, g0, n, sc, mix);
+                for (Py_ssize_t c = 0; c < C; c++) {
+                    if (volume) idct3(jb, sc + c * K * LANES, b, c, r / jb->Hb3, r % jb->Hb3, g0, n);
+                    else idct(jb, sc + c * K * LANES, b, c, r, g0, n);
                 }
             }
+        }
     }
 }
 
@@ -556,8 +541,7 @@ static PyObject *synthesize_any(PyObject *args, int volume) {
         jb.stream = stream;
         if (fresh) advise_hugepages(ob.buf, ob.len);
         Py_BEGIN_ALLOW_THREADS
-        if (volume) run3(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
-        else run(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
+        run(&jb, volume, avx2, scratch, scratch + per, scratch + 2 * per);
         Py_END_ALLOW_THREADS
 #ifdef SYNTH_X86
         if (jb.stream) _mm_sfence();
