@@ -80,16 +80,7 @@ class Decompress(nn.Module):
         lossless: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(spec, CodecSpec):
-            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
-        if dtype not in _OUT_DTYPES:
-            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
-        self.spec = spec
-        self.dtype = dtype
-        self.normalize = normalize
-        # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
-        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
-        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        compute = self._settings(spec, dtype, normalize, lossless)
         mean = spec.mean if normalize else None
         std = spec.std if normalize else None
         self.folded = spec.recon is None and spec.rotation is None and spec.side is None
@@ -100,27 +91,48 @@ class Decompress(nn.Module):
             shift = fold_shift((spec.channels, spec.kept), spec.steps, spec.offsets, mean)
             self.register_buffer("coef_shift", None if shift is None else shift.to(compute), persistent=False)
         else:
-            c, k = spec.channels, spec.kept
-            wcol, _, trows = fold_basis(spec.cf, spec.mask, c)
+            wcol, _, trows = fold_basis(spec.cf, spec.mask, spec.channels)
             self.bias_row = False
             self.register_buffer("weight", wcol.to(compute), persistent=False)
-            t = dequant_tables(spec, normalize)
-            per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
-            self.register_buffer("scale", per_k(t.steps), persistent=False)
-            self.register_buffer("shift", per_k(t.offsets), persistent=False)
-            self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
-            rot_t = t.rotation_t
-            self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
-            # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
-            a, b = t.inv_std, -t.mean * t.inv_std
-            self.register_buffer("out_scale", a.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-            self.register_buffer("out_shift", b.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-            dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
-            dc[..., 0, :] = math.sqrt(BLOCK * BLOCK)  # DC basis is 1/8 everywhere: a constant b is 8 b on DC
-            self.register_buffer("dc_gain", dc.to(compute), persistent=False)
+            self._affine_buffers(compute, math.sqrt(BLOCK * BLOCK))  # DC basis 1/8 everywhere: a constant b is 8 b
         self.register_buffer("trows", trows.to(compute), persistent=False)
         self._fused_tables = None  # `fused.tables_for(spec)`, built on the first fused decode
         self._device_tables: dict = {}  # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
+
+    def _settings(self, spec, dtype, normalize: bool, lossless) -> torch.dtype:
+        """The arguments both layers check and keep; returns the compute dtype."""
+        if not isinstance(spec, CodecSpec):
+            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
+        self._check_spec(spec)
+        if dtype not in _OUT_DTYPES:
+            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
+        self.spec, self.dtype, self.normalize = spec, dtype, normalize
+        # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
+        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
+        return torch.float64 if dtype == torch.float64 else torch.float32
+
+    def _check_spec(self, spec: CodecSpec) -> None:
+        """The 2-D layer takes any spec (`__new__` routes volume specs to VolumeDecompress)."""
+
+    def _affine_buffers(self, compute: torch.dtype, dc_value: float) -> None:
+        """The buffers of the v2 affine pass (`_coefficients`), shared by both layers; `dc_value`: what a
+        constant 1 is on the DC plane (8 for 8x8 blocks, sqrt(512) for 8x8x8)."""
+        spec = self.spec
+        c, k = spec.channels, spec.kept
+        t = dequant_tables(spec, self.normalize)
+        per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
+        self.register_buffer("scale", per_k(t.steps), persistent=False)
+        self.register_buffer("shift", per_k(t.offsets), persistent=False)
+        self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
+        rot_t = t.rotation_t
+        self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
+        # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
+        a, b = t.inv_std, -t.mean * t.inv_std
+        self.register_buffer("out_scale", a.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
+        self.register_buffer("out_shift", b.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
+        dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
+        dc[..., 0, :] = dc_value  # frequency 0 is plane 0 of every mask
+        self.register_buffer("dc_gain", dc.to(compute), persistent=False)
 
     @classmethod
     def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
@@ -274,29 +286,9 @@ class VolumeDecompress(Decompress):
         lossless: Mapping[str, Any] | None = None,
     ) -> None:
         nn.Module.__init__(self)
-        if not isinstance(spec, CodecSpec):
-            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
-        if spec.depth is None:
-            raise DctDataError(f"spec: expected a volume spec (depth set). Got a 2-D spec of shape {spec.sample_shape}")
-        if dtype not in _OUT_DTYPES:
-            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
-        self.spec, self.dtype, self.normalize = spec, dtype, normalize
-        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
-        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        compute = self._settings(spec, dtype, normalize, lossless)
         self.folded, self.bias_row = False, False
-        c, k = spec.channels, spec.kept
-        t = dequant_tables(spec, normalize)
-        per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
-        self.register_buffer("scale", per_k(t.steps), persistent=False)
-        self.register_buffer("shift", per_k(t.offsets), persistent=False)
-        self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
-        rot_t = t.rotation_t
-        self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
-        self.register_buffer("out_scale", t.inv_std.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-        self.register_buffer("out_shift", (-t.mean * t.inv_std).reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-        dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
-        dc[..., 0, :] = DC_GAIN  # frequency (0, 0, 0) is plane 0 of either mask
-        self.register_buffer("dc_gain", dc.to(compute), persistent=False)
+        self._affine_buffers(compute, DC_GAIN)
         self.register_buffer("trows", _dct_matrix_f64()[: spec.cf].to(compute), persistent=False)
         self._fused_tables = None
 
@@ -323,6 +315,10 @@ class VolumeDecompress(Decompress):
         # any real dtype, as before: the 2-D layer's list of wire dtypes was never applied to volumes
         if q.is_complex() or q.dtype == torch.bool:
             raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
+
+    def _check_spec(self, spec: CodecSpec) -> None:
+        if spec.depth is None:
+            raise DctDataError(f"spec: expected a volume spec (depth set). Got a 2-D spec of shape {spec.sample_shape}")
 
     def extra_repr(self) -> str:
         s = self.spec
