@@ -27,6 +27,7 @@ Typical use, with batches of stored streams already on the device (`DevicePrefet
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
@@ -167,7 +168,7 @@ class DecompressBatches:
                             t.record_stream(side)  # allocated on another stream, read on the side one
         decoded, checks = [], []
         began = time.perf_counter()
-        with torch.cuda.stream(side) if side is not None else _nothing():
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             if side is not None and self.timed:
                 self.timings.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
                 self.timings[-1][0].record(side)
@@ -207,14 +208,6 @@ class DecompressBatches:
     def __repr__(self) -> str:
         fields = sorted(self.layers) if isinstance(self.layers, dict) else "all"
         return f"DecompressBatches(fields={fields})"
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def _stored(batch: Any) -> list[StoredBatch]:
