@@ -432,10 +432,11 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     range scales to its own bound), the integer dtype and step that store least after re-coding the items
     that miss (int8's steps are floored where it would overflow, so it only wins at loose bounds)."""
     from dctdata.bounds import BoundError, item_bounds
+    from dctdata.corrections import capacity, stored_bytes
 
     n, c, h, w = x.shape
     probe = CodecSpec(cf=cf, mask=mask, channels=c, height=h, width=w, dtype="int16", steps=[1.0] * c,
-                      side="range_mid", **bounds)  # fmt: skip
+                      side="range_mid", corrections=capacity(c * h * w), **bounds)  # fmt: skip
     bound, _, rng = item_bounds(x, probe, valid)
     rel = bound / rng.clamp(min=1e-300)
     ok = (rng > 0) & torch.isfinite(rel)
@@ -452,14 +453,15 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
         for m in BOUND_STEPS:
             steps = torch.maximum(torch.full_like(floors, m * ref), floors)
             spec = probe.replace(dtype=dt, steps=steps.tolist(), bound_ref=ref)
+            per_sample = lambda qs, s=spec: size_of(qs.permute(1, 0, 2, 3), s.dtype, cf, mask)  # noqa: E731
             try:
-                (q, sd), _ = encode(x, spec, valid=valid)
+                (q, sd), _ = encode(x, spec, valid=valid, size_of=per_sample)
             except BoundError:
                 if best is None or best[0].dtype != dt:
                     break  # floors or overflow keep some item from its bound at this dtype, at any coarser step
                 continue
             rows = q.permute(0, 2, 1, 3, 4).reshape(-1, c, spec.kept, spec.grid[1])
-            size = size_of(rows, dt, cf, mask)
+            size = size_of(rows, dt, cf, mask) + sum(stored_bytes(sd[j, c:]) for j in range(len(sd)))
             candidates.append(Candidate(cf, mask, dt, False, math.nan, size))
             if best is None or size < best[1]:
                 best = (spec, size)

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from dctdata import fused, fused_cuda, transform3d
+from dctdata import corrections, fused, fused_cuda, transform3d
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec, dequant_tables
@@ -130,6 +130,9 @@ class Decompress(nn.Module):
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
             raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
         q, side = split_wire(coeffs, spec)
+        side, fix = (side, None) if side is None else corrections.split(side, spec)
+        if fix is not None:
+            side = side.contiguous()
         if q.dtype not in _IN_DTYPES:
             raise TypeError(
                 f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
@@ -144,7 +147,7 @@ class Decompress(nn.Module):
         unbatched = q.dim() == 4
         y = q.unsqueeze(0) if unbatched else q
         if side is not None and unbatched:
-            side = side.unsqueeze(0)
+            side, fix = side.unsqueeze(0), None if fix is None else fix.unsqueeze(0)
         compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
         weight = self.weight.to(device=y.device, dtype=compute)
         trows = self.trows.to(device=y.device, dtype=compute)
@@ -167,9 +170,19 @@ class Decompress(nn.Module):
         elif img is None:
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
+        if fix is not None:
+            img = self._correct(img if target is None else target, fix)
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img
+
+    def _correct(self, img: torch.Tensor, fix: torch.Tensor) -> torch.Tensor:
+        """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
+        first in eager mode (an exported graph clamps indices into the sample instead)."""
+        if not _tracing():
+            corrections.check(fix, self.spec, where="coeffs")
+        scale = self.out_scale if self.normalize and self.spec.std is not None else None
+        return corrections.apply(img, fix.to(img.device), None if scale is None else scale.to(img.device))
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
@@ -236,6 +249,12 @@ class Decompress(nn.Module):
         )
 
 
+def _tracing() -> bool:
+    """True while torch.export, torch.compile, the ONNX exporter or the JIT tracer runs the layer (no
+    data-dependent checks there)."""
+    return bool(torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())
+
+
 # Volumes (samples (C, D, H, W), 8x8x8 blocks): see dctdata.volume's docstring. Here, not there, so that
 # Decompress(spec) can return it without an import cycle.
 DC_GAIN = math.sqrt(transform3d.BLOCK3)  # an 8x8x8 DC basis function is 1/sqrt(512) everywhere
@@ -297,8 +316,11 @@ class VolumeDecompress(Decompress):
             )
         unbatched = q.dim() == 5
         y = q.unsqueeze(0) if unbatched else q
+        side, fix = (side, None) if side is None else corrections.split(side, spec)
+        if fix is not None:
+            side = side.contiguous()
         if side is not None and unbatched:
-            side = side.unsqueeze(0)
+            side, fix = side.unsqueeze(0), None if fix is None else fix.unsqueeze(0)
         if out is not None:
             self._check_out(out, (*q.shape[:-5], *spec.sample_shape), q.device)
         target = None if out is None else (out.unsqueeze(0) if unbatched else out)
@@ -315,6 +337,8 @@ class VolumeDecompress(Decompress):
             img = transform3d.synthesize(coef, trows, spec.mask, spec.size).to(self.dtype)
             if target is not None:
                 target.copy_(img)
+        if fix is not None:
+            img = self._correct(img if target is None else target, fix)
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img

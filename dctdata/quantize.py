@@ -17,6 +17,7 @@ decoder; `decode_reference` is the plain one it is tested against.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -160,7 +161,13 @@ def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
 
 
 # Whole samples -----------------------------------------------------------------------------------
-def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+def encode(
+    x: torch.Tensor,
+    spec: CodecSpec,
+    side: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    size_of: Callable[[torch.Tensor], int] | None = None,
+):
     """(..., C, H, W) float samples -> (wire value, overflow count).
 
     The wire value is what a packed dataset stores and yields for the field (`dctdata.wire`): the
@@ -170,7 +177,9 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
     finer effective step (its stored range shrinks by g < 1, the decoder is unchanged), so every sample,
     seen at calibration or not, keeps the floor. With spec.max_error/max_rel_error, every item whose
     float32 decode misses the bound is coded again the same way (`dctdata.bounds`), or `BoundError` is
-    raised.
+    raised. With spec.corrections, each sample is also tried at coarser steps with the values that miss
+    corrected one by one (`dctdata.corrections`), and keeps the encoding that stores least by `size_of`
+    (a sample's coefficients (C, ...) -> bytes after the field's lossless stage; default zstd).
     """
     n = len(spec.sample_shape)
     if isinstance(x, torch.Tensor) and tuple(x.shape[-n:]) != spec.sample_shape:
@@ -180,7 +189,9 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
             f"{tuple(x.shape)}"
         )
     if spec.bounded and x.dim() == n:  # one sample: bound it as a batch of one
-        wire, over = encode(x[None], spec, None if side is None else side[None], None if valid is None else valid[None])
+        wire, over = encode(
+            x[None], spec, None if side is None else side[None], None if valid is None else valid[None], size_of
+        )
         return (wire[0][0], wire[1][0]), over
     coeffs, side = coded_coefficients(x, spec, side, valid)
     if spec.bounded:
@@ -188,6 +199,7 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
 
         bound, margin, rng = item_bounds(x, spec, valid)
         g = initial_scale(bound, rng, spec)
+        plain = (coeffs, side, g)  # the coefficients as coded with the items' own ranges, and the bound's scale
         if g is not None:  # every item starts at the step its own bound needs
             coeffs, side = rescaled(coeffs, g, spec), side.clone()
             side[..., 0] = (side[..., 0].double() * g).to(side.dtype)
@@ -201,6 +213,10 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
         if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
         q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
+        if spec.corrections is not None:
+            from dctdata.corrections import choose
+
+            q, side = choose(plain, spec, q, side, over, x, valid, bound, margin, size_of)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
@@ -223,7 +239,7 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)
-    layer = Decompress(spec, normalize=False)
+    layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
     with torch.inference_mode():
         x_hat = layer((q, side)) if x_hat is None else x_hat
     nm = errors.nmse(x_hat)
@@ -264,7 +280,7 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
 
     if bound is None or margin is None:
         bound, margin, _ = item_bounds(x, spec, valid)
-    layer = Decompress(spec, normalize=False)
+    layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
     with torch.no_grad():
         err = item_max_error(x, layer((q, side)), valid)
     g = torch.ones(side.shape[:-1], dtype=torch.float64)
@@ -319,6 +335,11 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     """The plain decoder, step by step in float64 where it matters: dequantize -> inverse DCT ->
     inverse rotation -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
     q, side = split_wire(wire, spec)
+    fix = None
+    if side is not None and spec.corrections is not None:
+        from dctdata.corrections import split
+
+        side, fix = split(side, spec)
     coeffs = dequantize(q, spec)
     if spec.depth is None:
         x = decompress(coeffs, spec.cf, spec.size, spec.mask).to(torch.float64)
@@ -330,6 +351,10 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
         x = torch.einsum("oc,...op->...cp", r, x.flatten(-spec.dims)).reshape(x.shape)
     if side is not None:
         x = x * side[..., 0][at].double() + side[..., 1][at].double()
+    if fix is not None:
+        from dctdata.corrections import apply
+
+        x = apply(x.reshape(-1, *spec.sample_shape).contiguous(), fix.reshape(-1, *fix.shape[-2:])).reshape(x.shape)
     if spec.mean is not None:
         mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(per_channel)
         std = torch.tensor(spec.std, dtype=torch.float64).reshape(per_channel)

@@ -99,6 +99,7 @@ SIDES = ("range_mid",)
 # Bounds a manifest cannot exceed (a hostile one must not make a reader allocate without limit).
 MAX_CHANNELS = 4096
 MAX_SAMPLE_VALUES = 1 << 32
+MAX_CORRECTIONS = 1 << 22  # correction rows per sample (`dctdata.corrections`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +132,9 @@ class CodecSpec:
     (`dctdata.bounds`) and codes an item that exceeds it again with a finer effective step (a smaller
     stored range). bound_ref: the normalized bound the steps were chosen for; the encoder stores each item's
     range scaled by its own normalized bound over bound_ref, so items of any range get the step their
-    bound needs.
+    bound needs. corrections: the capacity (rows per sample) of the sparse correction list
+    (`dctdata.corrections`, manifest version 5, optional): steps coarser than the bound alone needs, and
+    the values that still miss it corrected one by one; the side partner grows to (C + 1 + corrections, 2).
     """
 
     cf: int
@@ -155,6 +158,7 @@ class CodecSpec:
     max_error: float | None = None
     max_rel_error: float | None = None
     bound_ref: float | None = None
+    corrections: int | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -220,9 +224,15 @@ class CodecSpec:
                 below = float(torch.finfo(torch.float32).max)
                 value = parse_number(value, name, above=0, below=below)
                 object.__setattr__(self, name, f32(value) if name == "bound_ref" else value)
+        if self.corrections is not None:
+            parse_int(self.corrections, "corrections", minimum=1, maximum=MAX_CORRECTIONS,
+                      expected=f"a positive int (at most {MAX_CORRECTIONS} rows)")  # fmt: skip
+            object.__setattr__(self, "corrections", int(self.corrections))
         if self.max_error is None and self.max_rel_error is None:
             if self.bound_ref is not None:
                 raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")
+            if self.corrections is not None:
+                raise DctDataError("corrections: expected max_error or max_rel_error with them. Got neither")
             return
         if self.depth is not None:
             raise DctDataError(
@@ -234,6 +244,12 @@ class CodecSpec:
                 "max_error/max_rel_error: expected an integer dtype (int8, int16) with side information "
                 f"(side='range_mid') to enforce the bound with. Got dtype {self.dtype!r}, side {self.side!r}"
             )
+
+    @property
+    def side_rows(self) -> int:
+        """Rows of a sample's side values: C (range, mid), then with corrections a header row and the
+        correction rows (`dctdata.corrections`)."""
+        return self.channels + (0 if self.corrections is None else 1 + self.corrections)
 
     @property
     def bounded(self) -> bool:
@@ -323,7 +339,8 @@ class CodecSpec:
                 d["dc_offset"] = [row[0] for row in self.offsets]
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
-        for name in ("mean", "std", "theta", "side", "min_psnr", "max_error", "max_rel_error", "bound_ref"):
+        for name in ("mean", "std", "theta", "side", "min_psnr", "max_error", "max_rel_error", "bound_ref",
+                     "corrections"):  # fmt: skip
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):

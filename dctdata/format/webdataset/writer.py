@@ -41,6 +41,7 @@ from dctdata.format.webdataset.layout import (
     archive_bytes,
     entry_name,
     member_bytes,
+    packed_side,
     sample_key,
 )
 from dctdata.parse import parse_int, parse_optional_int
@@ -198,6 +199,8 @@ class WebDatasetWriter(PartWriter):
         stage = codecs[f.name]
         if stage.needs_shape:
             side = b"".join(a.astype("<f4").tobytes() for a in arrays[1:])
+            if side and f.codec.corrections is not None:
+                side = packed_side(side)
             return side + stage.encode(np.ascontiguousarray(arrays[0][None]))
         return stage.encode(b"".join(encode_npy(a) for a in arrays))
 
