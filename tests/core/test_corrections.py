@@ -234,6 +234,15 @@ def test_pack_with_corrections_reads_back_within_bound(tmp_path, fmt, lossless):
     side = torch.stack([it["image"][1] for it in items])
     assert side.shape == (8, spec.side_rows, 2) and int((_counts(spec, side) > 0).sum()) > 0
     check_bound(torch.from_numpy(x), ds.decompressor("image", normalize=False)((q, side)), spec)
+    # decode="device": the stored bytes cross, the layer decodes them, corrections included, to the same values
+    dev = dctdata.open_dataset(
+        out, as_dict=True, decode="device", **({"shuffle": False} if fmt == "webdataset" else {})
+    )
+    from dctdata.wire import collate
+
+    stored = collate([dev[i]["image"] for i in range(len(dev))] if fmt == "zarr" else [it["image"] for it in dev])
+    layer = dev.decompressor("image", normalize=False)
+    assert torch.equal(layer(stored), layer((q, side)))
     from dctdata.cli import main
 
     assert main(["verify", str(out)]) == 0
