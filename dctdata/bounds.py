@@ -11,8 +11,9 @@ decode it as before) until it holds; one that cannot (integer overflow, or a bou
 precision) is an error naming it, and nothing is written.
 
 Hand-written: the bound has to hold for this codec's own decoder, which no error-bounded library knows.
-Why per-item re-coding and not a sparse list of corrections: it needs no new stored part and no new
-decoder op; the cost is bytes on items with a few outlying pixels (docs/guides/max-error.md measures it).
+Re-coding makes a whole item finer for a few outlying pixels; with corrections (`dctdata.corrections`,
+what calibration turns on for bounded fields) each sample also tries coarser steps with those pixels
+corrected one by one, and keeps whichever stores least.
 """
 
 from __future__ import annotations

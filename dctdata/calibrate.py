@@ -432,16 +432,19 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     range scales to its own bound), the integer dtype and step that store least after re-coding the items
     that miss (int8's steps are floored where it would overflow, so it only wins at loose bounds)."""
     from dctdata.bounds import BoundError, item_bounds
-    from dctdata.corrections import capacity, stored_bytes
+    from dctdata.corrections import capacity
 
     n, c, h, w = x.shape
     probe = CodecSpec(cf=cf, mask=mask, channels=c, height=h, width=w, dtype="int16", steps=[1.0] * c,
-                      side="range_mid", corrections=capacity(c * h * w), **bounds)  # fmt: skip
+                      side="range_mid", **bounds)  # fmt: skip
     bound, _, rng = item_bounds(x, probe, valid)
     rel = bound / rng.clamp(min=1e-300)
     ok = (rng > 0) & torch.isfinite(rel)
     ref = float(rel[ok].min()) if bool(ok.any()) else 1.0
     size_of = _sizer(codec)
+    # the search compares re-coded encodings; the spec it keeps also stores corrections, which the encoder
+    # weighs per sample against the re-coded one at coarser steps (`dctdata.corrections.choose`)
+    cap = capacity(c * h * w)
     # the largest |coefficient| of each (channel, frequency) on the subset, twice over for unseen samples,
     # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)
     xn = normalize(x, item_side(x, valid))
@@ -453,15 +456,14 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
         for m in BOUND_STEPS:
             steps = torch.maximum(torch.full_like(floors, m * ref), floors)
             spec = probe.replace(dtype=dt, steps=steps.tolist(), bound_ref=ref)
-            per_sample = lambda qs, s=spec: size_of(qs.permute(1, 0, 2, 3), s.dtype, cf, mask)  # noqa: E731
             try:
-                (q, sd), _ = encode(x, spec, valid=valid, size_of=per_sample)
+                (q, sd), _ = encode(x, spec, valid=valid)
             except BoundError:
                 if best is None or best[0].dtype != dt:
                     break  # floors or overflow keep some item from its bound at this dtype, at any coarser step
                 continue
             rows = q.permute(0, 2, 1, 3, 4).reshape(-1, c, spec.kept, spec.grid[1])
-            size = size_of(rows, dt, cf, mask) + sum(stored_bytes(sd[j, c:]) for j in range(len(sd)))
+            size = size_of(rows, dt, cf, mask)
             candidates.append(Candidate(cf, mask, dt, False, math.nan, size))
             if best is None or size < best[1]:
                 best = (spec, size)
@@ -480,8 +482,8 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
                 if m == FINER_STEPS[-1]:
                     raise  # names the item that cannot hold its bound
                 continue
-            return spec, tuple(candidates)
-    return best[0], tuple(candidates)
+            return spec.replace(corrections=cap), tuple(candidates)
+    return best[0].replace(corrections=cap), tuple(candidates)
 
 
 def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors):

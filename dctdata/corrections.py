@@ -207,7 +207,10 @@ def choose(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_
         from dctdata.metrics import ItemErrors
 
         floor = (ItemErrors(x, valid, dims=spec.dims), 10.0 ** (-spec.min_psnr / 10.0))
+    going = torch.ones(b, dtype=torch.bool)  # samples whose bytes still fell at the last multiplier
     for m in MULTIPLIERS:
+        if not bool(going.any()):
+            break
         g = g0 * m
         qm, om = quantize_per_sample(rescaled(coeffs0, g, spec), spec, checked=True)
         sm = side0.clone()
@@ -215,9 +218,10 @@ def choose(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_
         with torch.no_grad():
             x_hat = layer((qm, torch.cat([sm, empty], 1)))
         fix, counts = build(x, x_hat, room, cap, valid)
-        rows = ((counts <= cap) & (om <= over)).nonzero().flatten()
+        rows = ((counts <= cap) & (om <= over) & going).nonzero().flatten()
+        going[:] = False
         if not len(rows):
-            continue
+            break
         full = torch.cat([sm[rows], fix[rows]], 1)
         with torch.no_grad():
             fixed = layer((qm[rows], full))
@@ -230,6 +234,7 @@ def choose(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_
             if not bool(holds[i]):
                 continue
             nbytes = size_of(qm[j]) + stored_bytes(fix[j])
+            going[j] = nbytes <= best[j]  # bytes fall, then rise with the multiplier: a sample that got worse stops
             if nbytes < best[j]:
                 best[j], best_q[j], best_side[j] = nbytes, qm[j], full[i]
     return best_q, best_side
