@@ -226,7 +226,7 @@ def choose(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_
         with torch.no_grad():
             fixed = layer((qm[rows], full))
         v = None if valid is None else torch.broadcast_to(valid, x.shape)[rows]
-        holds = ~missing(item_max_error(x[rows], fixed, v), bound[rows], margin[rows]).any(1)
+        holds = ~missing(item_max_error(x[rows], fixed, v, spec.dims), bound[rows], margin[rows]).any(1)
         if floor is not None:
             errors, cap_nmse = floor
             holds &= ~(errors.ok[rows] & (errors.nmse(fixed, rows) > cap_nmse)).any(1)

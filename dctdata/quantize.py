@@ -282,7 +282,7 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
         bound, margin, _ = item_bounds(x, spec, valid)
     layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
     with torch.no_grad():
-        err = item_max_error(x, layer((q, side)), valid)
+        err = item_max_error(x, layer((q, side)), valid, spec.dims)
     g = torch.ones(side.shape[:-1], dtype=torch.float64)
     base = side[..., 0].to(torch.float64).clone()  # the ranges `coeffs` were coded with (g = 1)
     stuck = torch.zeros_like(err, dtype=torch.bool)
@@ -304,7 +304,9 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
         sb = side[rows].clone()
         sb[..., 0] = (base[rows] * trial).to(side.dtype)
         with torch.no_grad():
-            eb = item_max_error(x[rows], layer((qb, sb)), None if valid is None else _valid_rows(valid, rows, x))
+            eb = item_max_error(
+                x[rows], layer((qb, sb)), None if valid is None else _valid_rows(valid, rows, x), spec.dims
+            )
         g[rows], side[rows], q[rows], over[rows], err[rows] = trial, sb, qb, ob, eb
     bad = missing(err, bound, margin)
     if bool(bad.any()):

@@ -234,11 +234,6 @@ class CodecSpec:
             if self.corrections is not None:
                 raise DctDataError("corrections: expected max_error or max_rel_error with them. Got neither")
             return
-        if self.depth is not None:
-            raise DctDataError(
-                f"max_error/max_rel_error: expected a 2-D spec (volumes do not take pointwise error bounds yet). Got "
-                f"a volume of depth {self.depth}"
-            )
         if self.side is None or self.dtype not in INTEGER_DTYPES:
             raise DctDataError(
                 "max_error/max_rel_error: expected an integer dtype (int8, int16) with side information "
