@@ -125,8 +125,8 @@ class CodecSpec:
     ("cube" or "tetra", `dctdata.transform3d`); every table keeps its (C, K) form with K the kept
     frequencies of a block. None (the default): 2-D samples.
 
-    Pointwise error bounds (encoder only; every decoder is unchanged, so the spec version does not move;
-    manifest version 5 records them): max_error, an absolute bound in the field's units, and/or
+    Pointwise error bounds (manifest version 5 records them; without corrections every decoder is
+    unchanged, so the spec version does not move): max_error, an absolute bound in the field's units, and/or
     max_rel_error, a bound relative to each item's (sample channel's) value range. The encoder checks every
     item's float32 decode (the readers' arithmetic) against the bound less a float32 margin
     (`dctdata.bounds`) and codes an item that exceeds it again with a finer effective step (a smaller
