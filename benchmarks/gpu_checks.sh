@@ -44,7 +44,7 @@ if step 1; then
 fi
 if step 2; then
     note "2. gpu-ctxrans"
-    timeout 180 python3 -m benchmarks gpu-ctxrans --out "$OUT/gpu_ctxrans.json" 2>&1 | tee "$OUT/gpu_ctxrans.txt" | tail -30 \
+    timeout 180 python3 -m benchmarks gpu-ctxrans --plans --out "$OUT/gpu_ctxrans.json" 2>&1 | tee "$OUT/gpu_ctxrans.txt" | tail -30 \
         || status=1
     # batch-32 time of shorter segments, by coefficients alone (the pack's bound keeps a 28 KB sample at 8)
     timeout 150 python3 -m benchmarks gpu-ctxrans --segment 4096 2048 --segment-bytes 0 --batches 32 --samples 32 \

@@ -139,6 +139,35 @@ def check_hostile(codec, bufs, shape, dtype, dev, alone: bool) -> dict[str, int]
     return {"streams": len(bufs), "agree_with_cpu": agree, "failed": failed}
 
 
+def plan_sweep(codec, buffer, offsets, shape, dtype, dev, repeat: int, first) -> list[dict]:
+    """The batch timed under each launch plan the device allows (units a block 1, 2, 4, 8; the model and the
+    row buffers in shared memory or not), each checked against the chosen plan's first sample: what
+    `plan_launch`'s choice costs against the others on this GPU."""
+    info = gpu.launch_info(codec, shape, 1, dev)
+    chosen = gpu.plan_launch
+    rows = []
+    try:
+        for smem_tables in (True, False):
+            for smem_rows in (True, False):
+                for upb in (1, 2, 4, 8):
+
+                    def forced(units, blob, K, Wb, *_, t=smem_tables, r=smem_rows, u=upb):
+                        return gpu.make_plan(units, blob, K, Wb, u, t, r)
+
+                    plan = forced(offsets.numel() - 1, info["model_bytes"], shape[2], shape[3])
+                    if plan.smem_bytes > gpu._device(dev.index or 0).smem_block:
+                        continue
+                    gpu.plan_launch = forced
+                    out, status = gpu.decode_batch(codec, buffer, offsets, shape, dtype)
+                    exact = bool((status.cpu() == 0).all()) and torch.equal(out.cpu()[0], first)
+                    ms = timed(lambda: gpu.decode_batch(codec, buffer, offsets, shape, dtype), dev, repeat)
+                    rows.append({"units_per_block": upb, "smem_tables": smem_tables, "smem_rows": smem_rows,
+                                 "ms_median": statistics.median(ms), "bit_exact": exact})  # fmt: skip
+    finally:
+        gpu.plan_launch = chosen
+    return rows
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     dev = torch.device(a.device)
     n = 4 if a.quick else a.samples
@@ -198,6 +227,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             }
             if dev.type == "cuda":
                 row["launch"] = gpu.launch_info(c, shape, size, dev)
+                if a.plans:
+                    row["plans"] = plan_sweep(c, buffer, offsets, shape, dtype, dev, repeat, out.cpu()[0])
             result["rows"].append(row)
     rng = np.random.default_rng(0)
     bufs = [codec.encode(q[i : i + 1]) for i in range(n)]
@@ -257,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "0: segments by coefficients alone)",
     )
     p.add_argument("--device", default="cuda")
+    p.add_argument("--plans", action="store_true", help="also time every launch plan the device allows (CUDA)")
     p.add_argument("--quick", action="store_true", help="4 samples, each hostile stream alone: for compute-sanitizer")
     p.add_argument("--out", help="write the results as JSON here")
     a = p.parse_args(argv)

@@ -58,7 +58,8 @@ def render(run: dict, decode: bool = True) -> str:
         f"{s['epochs']} epochs after one untimed. B/sample to device is counted on the batches that crossed "
         '(coefficient tensors with `decode="cpu"`, `StoredBatch.nbytes` with `decode="device"`, the JPEG bytes); '
         f"decode ms/batch is the median time of the decode call ({run.get('timer', 'CUDA events')} around "
-        "`ds.decompressor()`, `decode_jpeg`).",
+        "`ds.decompressor()`, `decode_jpeg`; for the `DecodeAhead` rows, a group's decode time on its side stream "
+        "over its batches).",
         "",
         format_pipeline_rows(rows) if rows else "No loader rows were recorded.",
         "",

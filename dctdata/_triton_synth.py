@@ -3,10 +3,10 @@
 One program decodes a strip of `BLOCKS` neighbouring 8x8 blocks of one block row of one channel of one
 sample: 8 x (8 BLOCKS) output pixels. Per kept frequency (u, v) it loads the strip's stored coefficients
 (one coalesced row of the (Hb, K, Wb) layout), dequantizes them (y = a q + d + r sign(q)), applies the
-channel rotation (a sum over the input channels' rows) and the per-sample output map (y <- alpha y, plus
-8 beta on the DC term: the DC basis function is 1/8 everywhere), then runs the separable inverse DCT in
-registers: Z_u[j] = sum_v y[u, v] T[v, j] for every column, image[i, :] += T[u, i] Z_u. Each output
-pixel is written once, cropped by the store's mask.
+channel rotation (a sum over the input channels' rows), then runs the separable inverse DCT in
+registers: Z_u[j] = sum_v y[u, v] T[v, j] for every column, image[i, :] += T[u, i] Z_u, and applies the
+per-sample output map (x <- alpha x + beta) to each pixel (the map is linear, so once a pixel costs less
+than once a coefficient). Each output pixel is written once, cropped by the store's mask.
 
 The accumulator is (8 rows, 8 BLOCKS columns) with the columns along the image row (memory-contiguous),
 so Triton's default layout gives each thread all 8 rows of its columns when the strip has at least
@@ -33,11 +33,11 @@ def _dequantized(q_ptr, a_ptr, d_ptr, r_ptr, b64, ch, hb, C, HB, K, WB, wb, in_w
     """Stored coefficient k of channel `ch` under the strip's columns, dequantized: a q + d (+ r sign(q))."""
     row = ((b64 * C + ch) * HB + hb) * K + k  # int64: (sample, channel, block row, frequency) row of Wb values
     q = tl.load(q_ptr + row * WB + wb, mask=in_w, other=0).to(tl.float32)
-    y = q * tl.load(a_ptr + ch * K + k) + tl.load(d_ptr + ch * K + k)
-    if HAS_R:
-        sign = tl.where(q > 0, 1.0, 0.0) - tl.where(q < 0, 1.0, 0.0)
-        y += sign * tl.load(r_ptr + ch * K + k)
-    return y
+    d = tl.load(d_ptr + ch * K + k)
+    if HAS_R:  # d + r sign(q) as a choice between three per-frequency constants: two selects per value
+        r = tl.load(r_ptr + ch * K + k)
+        d = tl.where(q > 0, d + r, tl.where(q < 0, d - r, d))
+    return q * tl.load(a_ptr + ch * K + k) + d
 
 
 @triton.jit
@@ -93,7 +93,6 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
             mid = tl.load(side_ptr + at + 1).to(tl.float32)
             beta = alpha * mid + beta
             alpha = alpha * rng
-        beta = beta * 8.0  # a constant b is 8 b on the DC coefficient (the DC basis function is 1/8)
     acc = tl.full((8, COLS), 0.0, tl.float32)
     for u in range(0, CF):
         z = tl.full((COLS,), 0.0, tl.float32)
@@ -105,15 +104,13 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
                 k = u * CF + v
             y = _coefficient(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, COLS,
                              HAS_R, HAS_M)  # fmt: skip
-            if HAS_OUT:
-                y = y * alpha
-                if v == 0:
-                    y += tl.where(u == 0, beta, 0.0)
             if TRIANGLE:
                 y = tl.where(keep, y, 0.0)
             z += y * tl.load(t_ptr + v * 8 + j)
         t_u = tl.load(t_ptr + u * 8 + tl.arange(0, 8))
         acc += t_u[:, None] * z[None, :]
+    if HAS_OUT:  # the output map is linear: applied once a pixel, not once a coefficient
+        acc = acc * alpha + beta
     rows = hb * 8 + tl.arange(0, 8)
     cols = strip * COLS + col
     offsets = ((b64 * C + c) * H + rows[:, None]) * W + cols[None, :]

@@ -44,7 +44,7 @@ from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec, dequant_tables
 from dctdata.stages import parse_config
-from dctdata.stored import decode_batch
+from dctdata.stored import decode_batch_deferred
 from dctdata.transform import BLOCK, _dct_matrix_f64, augment_bias, fold_basis, fold_shift, synthesize
 from dctdata.wire import StoredBatch, split_wire
 
@@ -187,17 +187,26 @@ class Decompress(nn.Module):
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
         takes from `decode="cpu"`, bit for bit (see `dctdata.stored`)."""
+        wire, checks = self.decode_stored_deferred(batch)
+        for check in checks:
+            check()
+        return wire
+
+    def decode_stored_deferred(self, batch: StoredBatch):
+        """`decode_stored` without reading anything back from the device: (coefficients or (coefficients,
+        side), checks); the result is valid once each of `checks` has returned (each raises IntegrityError
+        naming a refused sample). For decoders that queue several batches before waiting (`DecodeAhead`)."""
         if self.lossless is None:
             raise TypeError(
                 "coeffs: a StoredBatch needs the layer of its dataset, which knows the field's lossless stage "
                 "(ds.decompressor(field), or Decompress(spec, lossless=field.lossless)). Got a layer without one"
             )
-        q, side = decode_batch(batch, self.lossless, self.spec)
+        q, side, checks = decode_batch_deferred(batch, self.lossless, self.spec)
         if self.spec.side is None:
-            return q
+            return q, checks
         if side is None:
             raise DctDataError(f"field {batch.form.field!r}: stored batch: expected side values. Got none")
-        return q, side
+        return (q, side), checks
 
     def _tables(self) -> fused.Tables:
         """The fused kernels' tables (`fused.tables_for`), built once."""

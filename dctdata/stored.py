@@ -11,7 +11,8 @@ passes in the worker before it may leave, and the decode that finishes it where 
   decoders, the result copied back to the device (blosc, LZ4, raw).
 - `decode_batch(batch, lossless, spec)`: a `StoredBatch` -> (coefficients, side), what `Decompress`
   then takes: the stage's decode, the .npy headers a webdataset member holds checked, the coefficients
-  and in-stream side values cut out, byte order, each sample's row picked.
+  and in-stream side values cut out, byte order, each sample's row picked. `decode_batch_deferred` is the
+  same with its checks returned instead of run (nothing read back from the device until they are).
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ def decode_stored(
 def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):
     """(coefficients (N, C, Hb, K, Wb) in the wire dtype, side (N, C, 2) or None) of a stored batch, on
     its device."""
+    q, side, checks = decode_batch_deferred(batch, lossless, spec)
+    for check in checks:
+        check()
+    return q, side
+
+
+def decode_batch_deferred(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):
+    """`decode_batch` without reading anything back from the batch's device: (coefficients, side, checks), valid
+    once every one of `checks` (functions of no argument that raise IntegrityError naming the sample) has
+    returned. What `DecodeAhead` uses to queue several batches before waiting for any."""
     form = batch.form
     if form.stage != stage_key(lossless):
         raise DctDataError(
@@ -63,12 +74,14 @@ def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: C
         )
     where = _namer(batch)
     dtype = np.dtype(form.dtype).newbyteorder("<")
+    stage = get_stage(lossless)
     if form.raw:
-        q = decode_stored(lossless, batch.data, batch.offsets, (form.rows, *form.shape), dtype, where)
+        q, verdict = stage.decode_batch_deferred(batch.data, batch.offsets, (form.rows, *form.shape), dtype, where)
+        checks = [verdict.check]
         side = None
     else:
-        raw = decode_stored(lossless, batch.data, batch.offsets, (form.decoded,), np.uint8, where)
-        _check_expected(raw, form, where)
+        raw, verdict = stage.decode_batch_deferred(batch.data, batch.offsets, (form.decoded,), np.uint8, where)
+        checks = [verdict.check, _expected_check(raw, form, where)]
         q = _cut(raw, form.at, form.rows * form.sample_bytes, _torch_dtype(dtype))
         side = None
         if form.side_at is not None:
@@ -82,7 +95,7 @@ def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: C
         side = None if side is None else side.index_select(0, batch.rows.to(q.device))
     if q.dtype != spec.torch_dtype:  # bfloat16 coefficients are stored as their uint16 bits
         q = q.view(spec.torch_dtype)
-    return q, batch.side if batch.side is not None else side
+    return q, batch.side if batch.side is not None else side, checks
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -94,17 +107,24 @@ def _cut(raw: torch.Tensor, at: int, nbytes: int, dtype: torch.dtype) -> torch.T
     return raw[:, at : at + nbytes].contiguous().view(dtype)
 
 
-def _check_expected(raw: torch.Tensor, form: StreamForm, where: Callable[[int], str]) -> None:
-    """Each decoded stream must hold `form.expect`'s bytes (its .npy headers) at their offsets."""
+def _expected_check(raw: torch.Tensor, form: StreamForm, where: Callable[[int], str]) -> Callable[[], None]:
+    """A check that each decoded stream holds `form.expect`'s bytes (its .npy headers) at their offsets: the
+    comparison is queued now, read when the check is called."""
+    found = []
     for at, expected in form.expect:
         want = torch.frombuffer(bytearray(expected), dtype=torch.uint8).to(raw.device)
-        bad = (raw[:, at : at + len(expected)] != want).any(1)
-        if bool(bad.any()):
-            k = int(bad.nonzero()[0, 0])
-            raise IntegrityError(
-                f"{where(k)}: expected the .npy header {expected[:60]!r}... of {form.dtype} {form.shape} at byte "
-                f"{at} of its decoded member. Got other bytes"
-            )
+        found.append((at, expected, (raw[:, at : at + len(expected)] != want).any(1)))
+
+    def check() -> None:
+        for at, expected, bad in found:
+            if bool(bad.any()):
+                k = int(bad.nonzero()[0, 0])
+                raise IntegrityError(
+                    f"{where(k)}: expected the .npy header {expected[:60]!r}... of {form.dtype} {form.shape} at "
+                    f"byte {at} of its decoded member. Got other bytes"
+                )
+
+    return check
 
 
 def _namer(batch: StoredBatch) -> Callable[[int], str]:

@@ -175,9 +175,15 @@ class StoredBatch:
         return sum(t.nbytes for t in (self.data, self.offsets, self.rows, self.side) if t is not None)
 
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "StoredBatch":
-        """The same batch with `fn` applied to each of its tensors."""
+        """The same batch with `fn` applied to each of its tensors, except that the offsets table stays on the
+        host (pinned by `pin_memory`, never moved to an accelerator): the decoders check it and plan their
+        launches there, and copy it to their device themselves, so decoding a batch needs no read back from
+        the device (a synchronization that would stop the host queueing the next batch's work)."""
         opt = lambda t: None if t is None else fn(t)  # noqa: E731
-        return StoredBatch(fn(self.data), fn(self.offsets), opt(self.rows), opt(self.side), self.form, self.indices)
+        offsets = fn(self.offsets)
+        if offsets.device.type != "cpu":
+            offsets = self.offsets
+        return StoredBatch(fn(self.data), offsets, opt(self.rows), opt(self.side), self.form, self.indices)
 
     def pin_memory(self, device=None) -> "StoredBatch":
         return self.apply(lambda t: t if t.is_pinned() else t.pin_memory())
@@ -232,6 +238,44 @@ def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch:
         form,
         tuple(int(s.index) for s in samples),
     )
+
+
+def merge_stored(batches: Sequence[StoredBatch]) -> tuple[StoredBatch, list[int]]:
+    """Several batches of one field's stored bytes as one batch (its samples in order) and the sample count of
+    each: what lets a device decoder take a group of loader batches in one launch (`DecodeAhead`). The data are
+    concatenated on their device, the offsets on the host."""
+    if not batches:
+        raise DctDataError("stored batches: expected at least one to merge. Got none")
+    for b in batches:
+        if not isinstance(b, StoredBatch):
+            raise TypeError(f"stored batches: expected dctdata.wire.StoredBatch. Got {type(b).__name__}")
+    form = batches[0].form
+    if any(b.form != form for b in batches):
+        raise DctDataError(f"stored batches: expected one field's batches of one form. Got {form.field!r} mixed")
+    if any((b.side is None) != (batches[0].side is None) for b in batches):
+        raise DctDataError(f"field {form.field!r}: stored batches: expected side values for all or none")
+    counts = [len(b) for b in batches]
+    if len(batches) == 1:
+        return batches[0], counts
+    offsets, rows, base, streams = [], [], 0, 0
+    for b in batches:
+        offsets.append(b.offsets[:-1].cpu() + base)
+        base += int(b.data.numel())
+        if b.rows is not None or any(x.rows is not None for x in batches):
+            own = b.rows if b.rows is not None else torch.arange(len(b), device=b.data.device)
+            rows.append(own.to(b.data.device) + streams * form.rows)
+        streams += b.streams
+    offsets.append(torch.tensor([base], dtype=torch.int64))
+    side = None if batches[0].side is None else torch.cat([b.side for b in batches])
+    merged = StoredBatch(
+        torch.cat([b.data for b in batches]),
+        torch.cat(offsets),
+        torch.cat(rows) if rows else None,
+        side,
+        form,
+        tuple(i for b in batches for i in b.indices),
+    )
+    return merged, counts
 
 
 def _collate_stored_fn(batch, *, collate_fn_map=None) -> StoredBatch:

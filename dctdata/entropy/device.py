@@ -421,24 +421,24 @@ def make_plan(units: int, blob_bytes: int, K: int, Wb: int, upb: int, smem_table
 def plan_launch(
     units: int, blob_bytes: int, K: int, Wb: int, sms: int, smem_block: int, smem_sm: int, regs: int = 255
 ) -> LaunchPlan:
-    """How to launch `units` half-warps: per block, the model (blob_bytes) when it fits, then per unit its two
-    block rows (2 K Wb int16) and 16 spilled states. Among 1, 2, 4 and 8 units per block, with or without the
-    model and the rows in shared memory, the one that keeps the most units resident at once (blocks per SM as
-    shared memory and `regs` registers a thread allow), then the one with more in shared memory, then the
-    fewest units per block (two units of a warp that diverge wait for each other)."""
+    """How to launch `units` half-warps: one unit a block, with the model (blob_bytes) in shared memory when that
+    keeps as many units resident at once as reading it through the caches does (each block holds its own copy,
+    so a large model in shared memory allows one or two blocks an SM), then its two block rows (2 K Wb int16) in
+    shared memory when they fit, and 16 spilled states. Why one unit a block: a unit's decode is one long chain
+    of dependent steps whose serial sections (DC, F_LT planes) run on one lane; two units sharing a warp wait
+    for each other's divergent sections, which costs more than the model's shared-memory copy saves
+    (`python -m benchmarks gpu-ctxrans --plans` times every layout on a GPU). `make_plan` builds the others."""
     best = None
     for smem_tables in (True, False):
         for smem_rows in (True, False):
-            for upb in (1, 2, 4, 8):
-                plan = make_plan(units, blob_bytes, K, Wb, upb, smem_tables, smem_rows)
-                if plan.smem_bytes > smem_block:
-                    continue
-                warps = -(-upb // 2)
-                per_sm = min(32, smem_sm // plan.smem_bytes, 65536 // (regs * 32 * warps)) * upb
-                resident = min(units, per_sm * sms)
-                score = (resident, smem_tables, smem_rows, -upb)
-                if best is None or score > best[0]:
-                    best = (score, plan)
+            plan = make_plan(units, blob_bytes, K, Wb, 1, smem_tables, smem_rows)
+            if plan.smem_bytes > smem_block:
+                continue
+            per_sm = min(32, smem_sm // plan.smem_bytes, 65536 // (regs * 32))
+            resident = min(units, per_sm * sms)
+            score = (resident, smem_tables, smem_rows)
+            if best is None or score > best[0]:
+                best = (score, plan)
     if best is None:  # no shared memory at all would be needed beyond 128 bytes a unit: any GPU has that
         raise DctDataError(f"the GPU entropy decoder needs {128} bytes of shared memory a unit. Got {smem_block}")
     return best[1]

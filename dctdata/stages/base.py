@@ -222,29 +222,41 @@ class Stage:
         on an accelerator, copied there (logged once per stage and device: the decoded bytes cross instead of
         the stored ones). A stream that does not decode is an IntegrityError naming its sample: "<where>
         sample i", or `where(i)` when `where` is a function (a reader's sample names)."""
+        out, verdict = self.decode_batch_deferred(buffer, offsets, sample_shape, dtype, where)
+        verdict.check()
+        return out
+
+    def decode_batch_deferred(
+        self, buffer, offsets, sample_shape: Sequence[int], dtype, where: str | Callable[[int], str] = "batch"
+    ) -> tuple[torch.Tensor, "Verdict"]:
+        """`decode_batch` without waiting for a device decoder's verdict: (the output, its `Verdict`). The
+        output is only valid once `verdict.check()` has returned. Why: reading the per-sample status back from
+        an accelerator waits for the decode, so a caller that queues several batches (`DecodeAhead`) checks
+        them later, together. Host decoders still raise at once."""
         shape, dt, np_dt = _check_batch(buffer, offsets, sample_shape, dtype)
         name = where if callable(where) else (lambda i: f"{where} sample {i}")
         device = buffer.device
         decoder = self.device_decoder(device)
         if decoder is not None and decoder.supports(shape):
             out, status = decoder.decode_batch(buffer, offsets, shape, dt)
-            bad = _refused(status)
-            if bad:
-                i = bad[0]
-                more = f" ({len(bad) - 1} more samples of the batch were refused)" if len(bad) > 1 else ""
-                raise IntegrityError(
-                    f"{name(i)}: expected {self.label} bytes of {np_dt} {shape}. Got a stream the {device.type} "
-                    f"decoder refused ({decoder.describe(int(status[i]))}){more}"
-                )
-            return out
+            return out, Verdict(status, partial(self._refusal, decoder, name, np_dt, shape, device.type))
         if device.type == "cpu":
-            return self._decode_batch_host(buffer, offsets, shape, dt, np_dt, name, pin=False)
+            return self._decode_batch_host(buffer, offsets, shape, dt, np_dt, name, pin=False), Verdict()
         key = (self.label, device.type)
         if key not in _HOST_NOTED:
             _HOST_NOTED.add(key)
             log.info("the %s stage has no %s decoder for these streams: they are decoded on the host and copied", *key)
         host = self._decode_batch_host(buffer.cpu(), offsets.cpu(), shape, dt, np_dt, name, pin=device.type == "cuda")
-        return host.to(device, non_blocking=True)
+        return host.to(device, non_blocking=True), Verdict()
+
+    def _refusal(self, decoder, name, np_dt, shape, device_type: str, status, bad: list[int]) -> IntegrityError:
+        """The error of a batch whose samples `bad` the device decoder refused."""
+        i = bad[0]
+        more = f" ({len(bad) - 1} more samples of the batch were refused)" if len(bad) > 1 else ""
+        return IntegrityError(
+            f"{name(i)}: expected {self.label} bytes of {np_dt} {shape}. Got a stream the {device_type} "
+            f"decoder refused ({decoder.describe(int(status[i]))}){more}"
+        )
 
     def _decode_batch_host(self, buffer, offsets, shape, dt, np_dt, name: Callable[[int], str], pin: bool):
         """`decode_batch` of CPU tensors with the stage's own decoders (runs through `decode_many`), into pinned
@@ -274,9 +286,24 @@ class Stage:
         return None
 
 
-def _refused(status) -> list[int]:
-    """The samples whose status is not 0 (read on the host: a synchronization on an accelerator)."""
-    return status.detach().cpu().nonzero().flatten().tolist()
+class Verdict:
+    """Whether a device decoder accepted every sample of a batch, read when `check()` is called (on an
+    accelerator that waits for the decode). `status`: int32 per sample, 0 when accepted, or None (nothing to
+    check: a host decoder raised at once); `refusal(status_on_host, bad_samples)` builds the error."""
+
+    __slots__ = ("status", "refusal")
+
+    def __init__(self, status=None, refusal: Callable | None = None) -> None:
+        self.status, self.refusal = status, refusal
+
+    def check(self) -> None:
+        """Raise the refusal's IntegrityError if a sample was refused."""
+        if self.status is None:
+            return
+        host = self.status.detach().cpu()
+        bad = host.nonzero().flatten().tolist()
+        if bad:
+            raise self.refusal(host, bad)
 
 
 class BytesStage(Stage):

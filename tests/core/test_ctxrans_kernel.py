@@ -291,20 +291,22 @@ def test_decode_batch_refuses_bad_arguments():
 
 
 def test_plan_launch_fits_shared_memory():
-    """H100/H200-like limits: small batches one unit a block (resident at once), large ones more units a block;
-    a model too big for shared memory is read through the caches, rows too wide go to global scratch."""
+    """H100/H200-like limits: one unit a block; the model in shared memory while one copy a block still keeps the
+    batch's units resident at once, else read through the caches; rows too wide go to global scratch."""
     h = {"sms": 132, "smem_block": 232448, "smem_sm": 233472, "regs": 208}
     small = device.plan_launch(128, 76 << 10, 64, 32, **h)
     assert small.units_per_block == 1 and small.smem_tables and small.smem_rows and small.blocks == 128
     assert small.smem_bytes == (76 << 10) + 4 * 64 * 32 + 128
-    big = device.plan_launch(1024, 76 << 10, 64, 32, **h)
-    assert big.units_per_block == 4 and big.smem_tables and big.blocks == 256
-    huge_model = device.plan_launch(1024, 240 << 10, 64, 32, **h)
+    two_a_sm = device.plan_launch(264, 76 << 10, 64, 32, **h)  # two 76 KB copies fit an SM: all resident
+    assert two_a_sm.smem_tables and two_a_sm.blocks == 264
+    big = device.plan_launch(1024, 76 << 10, 64, 32, **h)  # more units than copies of the model fit: caches
+    assert big.units_per_block == 1 and not big.smem_tables and big.smem_rows and big.blocks == 1024
+    huge_model = device.plan_launch(64, 240 << 10, 64, 32, **h)
     assert not huge_model.smem_tables and huge_model.smem_rows
     wide = device.plan_launch(64, 76 << 10, 64, 1024, **h)
     assert not wide.smem_rows and wide.smem_tables
-    for p in (small, big, huge_model, wide):
-        assert p.smem_bytes <= h["smem_block"] and p.threads == 16 * p.units_per_block
+    for p in (small, two_a_sm, big, huge_model, wide):
+        assert p.smem_bytes <= h["smem_block"] and p.threads == 16 * p.units_per_block == 16
 
 
 def test_status_words_match_the_kernel_source():

@@ -235,7 +235,9 @@ def test_decode_ahead_queues_the_next_group_before_handing_this_one_out():
 
 
 def test_decode_ahead_errors():
-    with pytest.raises(TypeError, match="decoder: expected an object with start\\(batches, first\\) and finish"):
+    with pytest.raises(
+        TypeError, match=r"decoder: expected a Decompress layer .*, or an object with start\(batches, f"
+    ):
         DecodeAhead([1], object())
     with pytest.raises(DctDataError, match="group: expected a positive int .* Got 0"):
         DecodeAhead([1], Recorder(), group=0)
