@@ -86,8 +86,8 @@ def check(fix: torch.Tensor, spec: CodecSpec, indices=None, where: str = "field"
         bad |= test
     if bool(bad.any()):
         j = int(bad.nonzero()[0])
-        name = j if indices is None else indices[j]
-        raise IntegrityError(f"{where}: sample {name}: corrections: expected well-formed rows. Got {why[j]}")
+        name = f"sample {j} of the batch" if indices is None else f"sample {indices[j]}"
+        raise IntegrityError(f"{where}: {name}: corrections: expected well-formed rows. Got {why[j]}")
 
 
 def apply(img: torch.Tensor, fix: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:

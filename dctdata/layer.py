@@ -125,6 +125,7 @@ class Decompress(nn.Module):
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
+        indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         if isinstance(coeffs, StoredBatch):  # decode="device": the stored bytes, decoded here first
             coeffs = self.decode_stored(coeffs)
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
@@ -171,16 +172,17 @@ class Decompress(nn.Module):
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
         if fix is not None:
-            img = self._correct(img if target is None else target, fix)
+            img = self._correct(img if target is None else target, fix, indices)
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img
 
-    def _correct(self, img: torch.Tensor, fix: torch.Tensor) -> torch.Tensor:
+    def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
-        first in eager mode (an exported graph clamps indices into the sample instead)."""
+        first in eager mode (an exported graph clamps indices into the sample instead). `indices`: the
+        samples' indices in their pack (a stored batch), else messages count within the batch."""
         if not _tracing():
-            corrections.check(fix, self.spec, where="coeffs")
+            corrections.check(fix, self.spec, indices, where="coeffs")
         scale = self.out_scale if self.normalize and self.spec.std is not None else None
         return corrections.apply(img, fix.to(img.device), None if scale is None else scale.to(img.device))
 
@@ -310,6 +312,7 @@ class VolumeDecompress(Decompress):
     def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned."""
         spec = self.spec
+        indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         if isinstance(coeffs, StoredBatch):
             coeffs = self.decode_stored(coeffs)
         if not isinstance(coeffs, (torch.Tensor, tuple, list)):
@@ -347,7 +350,7 @@ class VolumeDecompress(Decompress):
             if target is not None:
                 target.copy_(img)
         if fix is not None:
-            img = self._correct(img if target is None else target, fix)
+            img = self._correct(img if target is None else target, fix, indices)
         if out is not None:
             return out
         return img.squeeze(0) if unbatched else img

@@ -170,7 +170,7 @@ def test_hostile_rows_are_named(name):
         check(fix, SPEC, indices=[40, 41], where="field 'x'")
     q = torch.zeros(2, *SPEC.coeff_shape, dtype=torch.int16)
     side = torch.cat([torch.tensor([[1.0, 0.0], [1.0, 0.0]]).expand(2, 2, 2), fix], 1)
-    with pytest.raises(IntegrityError, match=r"coeffs: sample 1: corrections: .*" + match):
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 1 of the batch: corrections: .*" + match):
         Decompress(SPEC)((q, side))
 
 
@@ -243,6 +243,11 @@ def test_pack_with_corrections_reads_back_within_bound(tmp_path, fmt, lossless):
     stored = collate([dev[i]["image"] for i in range(len(dev))] if fmt == "zarr" else [it["image"] for it in dev])
     layer = dev.decompressor("image", normalize=False)
     assert torch.equal(layer(stored), layer((q, side)))
+    if stored.side is not None:  # side values read by the worker: a bad row is named by its sample in the pack
+        bad = stored.side.clone()
+        bad[3, spec.channels, 1] = spec.corrections + 1
+        with pytest.raises(IntegrityError, match=rf"sample {stored.indices[3]}: corrections: .* count outside"):
+            layer(stored.with_side(bad))
     from dctdata.cli import main
 
     assert main(["verify", str(out)]) == 0
@@ -305,5 +310,5 @@ def test_cuda_applies_the_corrections_like_the_cpu():
     bad = side.clone()
     bad[0, spec.channels + 1, 0] = 1e6  # an index far past the sample
     bad[0, spec.channels, 1] = max(1.0, float(bad[0, spec.channels, 1]))
-    with pytest.raises(IntegrityError, match=r"sample 0: corrections"):
+    with pytest.raises(IntegrityError, match=r"sample 0 of the batch: corrections"):
         layer((q.cuda(), bad.cuda()))
