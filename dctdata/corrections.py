@@ -104,8 +104,10 @@ def apply(img: torch.Tensor, fix: torch.Tensor, scale: torch.Tensor | None = Non
     if scale is not None:
         per = n // img.shape[1]
         delta = delta * scale.to(img.dtype).reshape(-1)[torch.div(idx, per, rounding_mode="floor")]
-    out = flat.scatter_add(1, idx, delta)
-    return img.copy_(out.reshape(img.shape)) if img.is_contiguous() else out.reshape(img.shape)
+    if img.is_contiguous():  # `flat` is a view of img: added in place, no second pass over the output
+        flat.scatter_add_(1, idx, delta)
+        return img
+    return flat.scatter_add(1, idx, delta).reshape(img.shape)
 
 
 def build(
