@@ -305,7 +305,7 @@ class CodecSpec:
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
         raw = math.prod(self.sample_shape) * 32
-        side = 0 if self.side is None else self.channels * 2 * 32  # (range, mid) per channel, float32
+        side = 0 if self.side is None else self.side_rows * 2 * 32  # (range, mid) per channel (+ corrections), f32
         return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------
