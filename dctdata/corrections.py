@@ -124,20 +124,24 @@ def build(
     b = x.shape[0]
     d = x.detach().to(torch.float64) - x_hat.detach().to(torch.float64)
     at = (...,) + (None,) * (x.dim() - 2)
-    miss = d.abs() > room[at]
+    miss = (d.abs() > room[at]) & (d != 0)  # an exact value always holds (`dctdata.bounds.missing`)
     if valid is not None:
         miss &= torch.broadcast_to(valid, x.shape)
     miss = miss.reshape(b, -1)
     d = d.reshape(b, -1)
     counts = miss.sum(1)
-    step = room.amin(1).clamp(min=0).to(torch.float32).to(torch.float64)  # what the decoder multiplies by
+    # the smallest room of the items that have some (a constant item decodes exactly: its room of 0 takes no
+    # correction), as float32: what the decoder multiplies by
+    step = room.masked_fill(~(room > 0), math.inf).amin(1).to(torch.float32).to(torch.float64)
+    stuck = (miss.reshape(x.shape).flatten(2).any(-1) & ~(room > 0)).any(1)  # a miss where nothing may move
+    counts[stuck] = cap + 1
     fix = torch.zeros(b, 1 + cap, 2, dtype=torch.float32)
     for j in (counts <= cap).nonzero().flatten().tolist():
         where = miss[j].nonzero().flatten()
         if not len(where):
             continue
         s = float(step[j])
-        if not s > 0:  # no room at all: nothing can correct this sample
+        if not (s > 0 and math.isfinite(s)):  # no room at all: nothing can correct this sample
             counts[j] = cap + 1
             continue
         gaps = torch.diff(where, prepend=where.new_zeros(1))

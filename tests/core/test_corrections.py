@@ -82,6 +82,20 @@ def test_spiky_samples_use_corrections_and_store_less():
     check_bound(x, Decompress(spec, normalize=False)((q, side)), spec)
 
 
+def test_a_constant_channel_does_not_stop_the_others_corrections():
+    """A constant item (range 0, so a relative bound of 0) decodes exactly; the step of the sample's
+    corrections comes from the items that have room."""
+    x = torch.from_numpy(spiky(np.random.default_rng(16), 4, 2, 32, 32).astype(np.float32))
+    x[:, 1] = 7.0
+    x[:, 0, 9, 9] += 300.0
+    spec = _spec(x, max_rel_error=1e-3)
+    (q, side), _ = encode(x, spec)
+    assert int((_counts(spec, side) > 0).sum()) > 0
+    y = Decompress(spec, normalize=False)((q, side))
+    check_bound(x, y, spec)
+    assert bool((y[:, 1] == 7.0).all())
+
+
 def test_corrections_apply_after_normalization():
     """With the spec's mean/std, a correction is scaled like the value it corrects."""
     _, spec, wire = _wire()
