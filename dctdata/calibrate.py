@@ -453,7 +453,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     ref = float(rel[ok].min()) if bool(ok.any()) else 1.0
     size_of = _sizer(codec)
     # the search compares re-coded encodings; the spec it keeps also stores corrections, which the encoder
-    # weighs per sample against the re-coded one at coarser steps (`dctdata.corrections.choose`)
+    # weighs per sample against the re-coded one at coarser steps (`dctdata.quantize.choose_corrections`)
     cap = capacity(c * math.prod(size))
     # the largest |coefficient| of each (channel, frequency) on the subset, twice over for unseen samples,
     # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)

@@ -169,78 +169,21 @@ def stored_bytes(fix: torch.Tensor) -> int:
 def stage_sizer(lossless, spec: CodecSpec):
     """A sample's coefficients (C, ...) -> its bytes after the lossless stage `lossless` (a stage config;
     the stage's own estimate where it has one, `Stage.estimate_size`)."""
-    from dctdata.quantize import as_rows
     from dctdata.stages import get_stage
 
     stage = get_stage(lossless)
     integer = spec.dtype in ("int8", "int16")
 
     def size(q: torch.Tensor) -> int:
-        rows = as_rows(q, spec).permute(1, 0, 2, 3).contiguous()  # (R, C, K, Wb)
+        rows = q.reshape(spec.rows_shape).permute(1, 0, 2, 3).contiguous()  # (R, C, K, Wb)
         return int(stage.estimate_size(rows.unsqueeze(2).numpy(), spec.cf, spec.mask, integer))
 
     return size
 
 
-def _zstd_size(q: torch.Tensor) -> int:
+def zstd_size(q: torch.Tensor) -> int:
+    """A sample's coefficients -> their bytes through zstd (the default sizer of the per-sample search when
+    the caller knows no lossless stage)."""
     from dctdata.stages import DEFAULT_CODEC, get_stage
 
     return len(get_stage(DEFAULT_CODEC).encode(q.contiguous().numpy().tobytes()))
-
-
-def choose(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_of=None):
-    """Per sample, the encoding that stores least among the bound's own (`q`, `side`: every item re-coded
-    until it holds, no corrections) and coarser steps (MULTIPLIERS x the bound's step) with the values that
-    miss corrected: (q, side with correction rows). `plain` = (coefficients coded with the items' own
-    ranges, those side values, the bound's scale per item or None). A candidate is kept only when its
-    corrected float32 decode holds the bound less the margin on every valid value, clamps no more
-    coefficients and (spec.min_psnr) keeps the floor."""
-    from dctdata.bounds import item_max_error, missing
-    from dctdata.layer import Decompress
-    from dctdata.quantize import quantize_per_sample, rescaled
-
-    size_of = size_of or _zstd_size
-    coeffs0, side0, g0 = plain
-    b, cap = len(q), spec.corrections
-    g0 = torch.ones(side0.shape[:-1], dtype=torch.float64) if g0 is None else g0
-    layer = Decompress(spec, normalize=False)
-    room = bound - margin
-    empty = torch.zeros(b, 1 + cap, 2, dtype=side.dtype)
-    best_q, best_side = q.clone(), torch.cat([side, empty], 1)
-    best = [size_of(q[j]) for j in range(b)]
-    floor = None
-    if spec.min_psnr is not None:
-        from dctdata.metrics import ItemErrors
-
-        floor = (ItemErrors(x, valid, dims=spec.dims), 10.0 ** (-spec.min_psnr / 10.0))
-    going = torch.ones(b, dtype=torch.bool)  # samples whose bytes still fell at the last multiplier
-    for m in MULTIPLIERS:
-        if not bool(going.any()):
-            break
-        g = g0 * m
-        qm, om = quantize_per_sample(rescaled(coeffs0, g, spec), spec, checked=True)
-        sm = side0.clone()
-        sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
-        with torch.no_grad():
-            x_hat = layer((qm, torch.cat([sm, empty], 1)))
-        fix, counts = build(x, x_hat, room, cap, valid)
-        rows = ((counts <= cap) & (om <= over) & going).nonzero().flatten()
-        going[:] = False
-        if not len(rows):
-            break
-        full = torch.cat([sm[rows], fix[rows]], 1)
-        with torch.no_grad():
-            fixed = layer((qm[rows], full))
-        v = None if valid is None else torch.broadcast_to(valid, x.shape)[rows]
-        holds = ~missing(item_max_error(x[rows], fixed, v, spec.dims), bound[rows], margin[rows]).any(1)
-        if floor is not None:
-            errors, cap_nmse = floor
-            holds &= ~(errors.ok[rows] & (errors.nmse(fixed, rows) > cap_nmse)).any(1)
-        for i, j in enumerate(rows.tolist()):
-            if not bool(holds[i]):
-                continue
-            nbytes = size_of(qm[j]) + stored_bytes(fix[j])
-            going[j] = nbytes <= best[j]  # bytes fall, then rise with the multiplier: a sample that got worse stops
-            if nbytes < best[j]:
-                best[j], best_q[j], best_side[j] = nbytes, qm[j], full[i]
-    return best_q, best_side

@@ -214,9 +214,7 @@ def encode(
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
         q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
         if spec.corrections is not None:
-            from dctdata.corrections import choose
-
-            q, side = choose(plain, spec, q, side, over, x, valid, bound, margin, size_of)
+            q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
@@ -327,6 +325,64 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
             c,
         )
     return q, side, over, err
+
+
+def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_of=None):
+    """Per sample, the encoding that stores least among the bound's own (`q`, `side`: every item re-coded
+    until it holds, no corrections) and coarser steps (MULTIPLIERS x the bound's step) with the values that
+    miss corrected: (q, side with correction rows). `plain` = (coefficients coded with the items' own
+    ranges, those side values, the bound's scale per item or None). A candidate is kept only when its
+    corrected float32 decode holds the bound less the margin on every valid value, clamps no more
+    coefficients and (spec.min_psnr) keeps the floor."""
+    from dctdata.bounds import item_max_error, missing
+    from dctdata.corrections import MULTIPLIERS, build, stored_bytes, zstd_size
+    from dctdata.layer import Decompress
+
+    size_of = size_of or zstd_size
+    coeffs0, side0, g0 = plain
+    b, cap = len(q), spec.corrections
+    g0 = torch.ones(side0.shape[:-1], dtype=torch.float64) if g0 is None else g0
+    layer = Decompress(spec, normalize=False)
+    room = bound - margin
+    empty = torch.zeros(b, 1 + cap, 2, dtype=side.dtype)
+    best_q, best_side = q.clone(), torch.cat([side, empty], 1)
+    best = [size_of(q[j]) for j in range(b)]
+    floor = None
+    if spec.min_psnr is not None:
+        from dctdata.metrics import ItemErrors
+
+        floor = (ItemErrors(x, valid, dims=spec.dims), 10.0 ** (-spec.min_psnr / 10.0))
+    going = torch.ones(b, dtype=torch.bool)  # samples whose bytes still fell at the last multiplier
+    for m in MULTIPLIERS:
+        if not bool(going.any()):
+            break
+        g = g0 * m
+        qm, om = quantize_per_sample(rescaled(coeffs0, g, spec), spec, checked=True)
+        sm = side0.clone()
+        sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
+        with torch.no_grad():
+            x_hat = layer((qm, torch.cat([sm, empty], 1)))
+        fix, counts = build(x, x_hat, room, cap, valid)
+        rows = ((counts <= cap) & (om <= over) & going).nonzero().flatten()
+        going[:] = False
+        if not len(rows):
+            break
+        full = torch.cat([sm[rows], fix[rows]], 1)
+        with torch.no_grad():
+            fixed = layer((qm[rows], full))
+        v = None if valid is None else torch.broadcast_to(valid, x.shape)[rows]
+        holds = ~missing(item_max_error(x[rows], fixed, v, spec.dims), bound[rows], margin[rows]).any(1)
+        if floor is not None:
+            errors, cap_nmse = floor
+            holds &= ~(errors.ok[rows] & (errors.nmse(fixed, rows) > cap_nmse)).any(1)
+        for i, j in enumerate(rows.tolist()):
+            if not bool(holds[i]):
+                continue
+            nbytes = size_of(qm[j]) + stored_bytes(fix[j])
+            going[j] = nbytes <= best[j]  # bytes fall, then rise with the multiplier: a sample that got worse stops
+            if nbytes < best[j]:
+                best[j], best_q[j], best_side[j] = nbytes, qm[j], full[i]
+    return best_q, best_side
 
 
 def _valid_rows(valid: torch.Tensor, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
