@@ -159,6 +159,23 @@ __attribute__((target("avx2,fma"))) static inline void transpose8(__m256 *r) {
     r[6] = _mm256_permute2f128_ps(s2, s6, 0x31); r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+/* Step 4 for one output row of a group, shared by the 2-D and 3-D kernels: r[l] holds pixel l of every lane;
+ * transposed, it is the row's 8 pixels of each of the n blocks from g0 on, stored at dst and cropped to W. */
+__attribute__((target("avx2,fma"))) static inline void store_row_avx2(const job_t *jb, float *dst, __m256 *r,
+                                                                      Py_ssize_t g0, int n) {
+    int full = n == LANES && (g0 + LANES) * 8 <= jb->W;
+    transpose8(r);
+    if (full && jb->stream && !((uintptr_t)dst & 31)) {
+        for (int l = 0; l < LANES; l++) _mm256_stream_ps(dst + l * 8, r[l]);
+    } else if (full) {
+        for (int l = 0; l < LANES; l++) _mm256_storeu_ps(dst + l * 8, r[l]);
+    } else {
+        float tile[LANES * 8];
+        for (int l = 0; l < LANES; l++) _mm256_storeu_ps(tile + l * 8, r[l]);
+        store_rows(jb, dst, tile, g0, n);
+    }
+}
+
 /* Step 1 for a full group (8 lanes), vectorized: sign-extending loads, one FMA, the dead-zone term as masks. */
 __attribute__((target("avx2,fma"))) static void dequantize_avx2(const job_t *jb, const float *A, const float *D,
                                                                 const float *R, Py_ssize_t b, Py_ssize_t hb,
@@ -231,21 +248,8 @@ __attribute__((target("avx2,fma"))) static void idct_avx2(const job_t *jb, const
         }
     }
     Py_ssize_t rows = jb->H - hb * 8 < 8 ? jb->H - hb * 8 : 8;
-    int full = n == LANES && (g0 + LANES) * 8 <= jb->W;
     float *dst = jb->out + (((size_t)b * jb->C + c) * jb->H + hb * 8) * jb->W + g0 * 8;
-    for (Py_ssize_t i = 0; i < rows; i++, dst += jb->W) {
-        __m256 *r = img[i];
-        transpose8(r);
-        if (full && jb->stream && !((uintptr_t)dst & 31)) {
-            for (int l = 0; l < LANES; l++) _mm256_stream_ps(dst + l * 8, r[l]);
-        } else if (full) {
-            for (int l = 0; l < LANES; l++) _mm256_storeu_ps(dst + l * 8, r[l]);
-        } else {
-            float tile[LANES * 8];
-            for (int l = 0; l < LANES; l++) _mm256_storeu_ps(tile + l * 8, r[l]);
-            store_rows(jb, dst, tile, g0, n);
-        }
-    }
+    for (Py_ssize_t i = 0; i < rows; i++, dst += jb->W) store_row_avx2(jb, dst, img[i], g0, n);
 }
 #endif
 
@@ -278,30 +282,18 @@ static void sample_tables(const job_t *jb, Py_ssize_t b, float *eff, const float
     *A = ea, *D = ed, *R = jb->R ? er : NULL;
 }
 
-static void run(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
-    idct_fn idct = idct_generic;
+/* Steps 1-2 for one group of block row hb (volumes: of the (Db * Hb3, K, Wb) view): sc (C, K, LANES) receives
+ * its dequantized, mixed coefficients. */
+static void group_coefficients(const job_t *jb, int avx2, const float *A, const float *D, const float *R,
+                               Py_ssize_t b, Py_ssize_t hb, Py_ssize_t g0, int n, float *sc, float *mix) {
 #ifdef SYNTH_X86
-    if (avx2) idct = idct_avx2;
+    if (avx2 && n == LANES) dequantize_avx2(jb, A, D, R, b, hb, g0, sc);
+    else
 #endif
-    const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
-    for (Py_ssize_t b = 0; b < jb->B; b++) {
-        const float *A = jb->A, *D = jb->D, *R = jb->R;
-        sample_tables(jb, b, eff, &A, &D, &R);
-        for (Py_ssize_t hb = 0; hb < jb->Hb; hb++) {
-            for (Py_ssize_t g = 0; g < groups; g++) {
-                Py_ssize_t g0 = g * LANES;
-                int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
-#ifdef SYNTH_X86
-                if (avx2 && n == LANES) dequantize_avx2(jb, A, D, R, b, hb, g0, sc);
-                else
-#endif
-                    dequantize(jb, A, D, R, b, hb, g0, n, sc);
-                if (jb->M) mix_channels(jb, b, sc, mix);
-                for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, hb, g0, n);
-            }
-        }
-    }
+        dequantize(jb, A, D, R, b, hb, g0, n, sc);
+    if (jb->M) mix_channels(jb, b, sc, mix);
 }
+
 
 
 /* ------------------------------------------------------------------ volumes: 8x8x8 blocks
@@ -401,52 +393,38 @@ __attribute__((target("avx2,fma"))) static void idct3_avx2(const job_t *jb, cons
     Py_ssize_t depth = jb->depth - db * 8 < 8 ? jb->depth - db * 8 : 8, rows = jb->H - hb * 8 < 8 ? jb->H - hb * 8 : 8;
     for (Py_ssize_t i = 0; i < rows; i++)
         for (int j = 0; j < 8; j++) butterfly8(jb->T, &Z2[0][i][j], 64, cf, &img[0][i][j], 64);
-    int full = n == LANES && (g0 + LANES) * 8 <= jb->W;
     for (Py_ssize_t dl = 0; dl < depth; dl++)
-        for (Py_ssize_t i = 0; i < rows; i++) {
-            __m256 *r = img[dl][i];
-            float *dst = row3(jb, b, c, db * 8 + dl, hb * 8 + i, g0);
-            transpose8(r);
-            if (full && jb->stream && !((uintptr_t)dst & 31)) {
-                for (int l = 0; l < LANES; l++) _mm256_stream_ps(dst + l * 8, r[l]);
-            } else if (full) {
-                for (int l = 0; l < LANES; l++) _mm256_storeu_ps(dst + l * 8, r[l]);
-            } else {
-                float tile[LANES * 8];
-                for (int l = 0; l < LANES; l++) _mm256_storeu_ps(tile + l * 8, r[l]);
-                store_rows(jb, dst, tile, g0, n);
-            }
-        }
+        for (Py_ssize_t i = 0; i < rows; i++)
+            store_row_avx2(jb, row3(jb, b, c, db * 8 + dl, hb * 8 + i, g0), img[dl][i], g0, n);
 }
 #endif
 
 typedef void (*idct3_fn)(const job_t *, const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,
                          int);
 
-static void run3(const job_t *jb, int avx2, float *sc, float *mix, float *eff) {
-    idct3_fn idct = idct3_generic;
+/* The driver of both kernels: per sample its tables, per block row (volumes: (db, hb) of the (Db * Hb3, K, Wb)
+ * view) and group of 8 blocks steps 1-2, then steps 3-4 per channel. */
+static void run(const job_t *jb, int volume, int avx2, float *sc, float *mix, float *eff) {
+    idct_fn idct = idct_generic;
+    idct3_fn idct3 = idct3_generic;
 #ifdef SYNTH_X86
-    if (avx2) idct = idct3_avx2;
+    if (avx2) idct = idct_avx2, idct3 = idct3_avx2;
 #endif
     const Py_ssize_t C = jb->C, K = jb->K, groups = (jb->Wb + LANES - 1) / LANES;
     for (Py_ssize_t b = 0; b < jb->B; b++) {
         const float *A = jb->A, *D = jb->D, *R = jb->R;
         sample_tables(jb, b, eff, &A, &D, &R);
-        for (Py_ssize_t db = 0; db < jb->Db; db++)
-            for (Py_ssize_t hb = 0; hb < jb->Hb3; hb++) {
-                Py_ssize_t r = db * jb->Hb3 + hb; /* the block row in the (Db * Hb, K, Wb) view */
-                for (Py_ssize_t g = 0; g < groups; g++) {
-                    Py_ssize_t g0 = g * LANES;
-                    int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
-#ifdef SYNTH_X86
-                    if (avx2 && n == LANES) dequantize_avx2(jb, A, D, R, b, r, g0, sc);
-                    else
-#endif
-                        dequantize(jb, A, D, R, b, r, g0, n, sc);
-                    if (jb->M) mix_channels(jb, b, sc, mix);
-                    for (Py_ssize_t c = 0; c < C; c++) idct(jb, sc + c * K * LANES, b, c, db, hb, g0, n);
+        for (Py_ssize_t r = 0; r < jb->Hb; r++) {
+            for (Py_ssize_t g = 0; g < groups; g++) {
+                Py_ssize_t g0 = g * LANES;
+                int n = jb->Wb - g0 < LANES ? (int)(jb->Wb - g0) : LANES;
+                group_coefficients(jb, avx2, A, D, R, b, r, g0, n, sc, mix);
+                for (Py_ssize_t c = 0; c < C; c++) {
+                    if (volume) idct3(jb, sc + c * K * LANES, b, c, r / jb->Hb3, r % jb->Hb3, g0, n);
+                    else idct(jb, sc + c * K * LANES, b, c, r, g0, n);
                 }
             }
+        }
     }
 }
 
@@ -563,8 +541,7 @@ static PyObject *synthesize_any(PyObject *args, int volume) {
         jb.stream = stream;
         if (fresh) advise_hugepages(ob.buf, ob.len);
         Py_BEGIN_ALLOW_THREADS
-        if (volume) run3(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
-        else run(&jb, avx2, scratch, scratch + per, scratch + 2 * per);
+        run(&jb, volume, avx2, scratch, scratch + per, scratch + 2 * per);
         Py_END_ALLOW_THREADS
 #ifdef SYNTH_X86
         if (jb.stream) _mm_sfence();

@@ -54,9 +54,18 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _IN_DTYPES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _result(img: torch.Tensor, out: torch.Tensor | None, unbatched: bool) -> torch.Tensor:
+    """What forward returns: `out` when the caller gave one, else the image without the batch axis it was lent."""
+    if out is not None:
+        return out
+    return img.squeeze(0) if unbatched else img
+
+
 class Decompress(nn.Module):
     """Coefficients -> images. `normalize=False` ignores the spec's mean/std. A volume spec (`spec.depth`) gets
     the subclass `dctdata.volume.VolumeDecompress`."""
+
+    _AXES = "C, Hb, K, Wb"  # a sample's coefficient axes, for the shape error
 
     def __new__(cls, spec=None, *args, **kwargs):
         if cls is Decompress and isinstance(spec, CodecSpec) and spec.depth is not None:
@@ -71,16 +80,7 @@ class Decompress(nn.Module):
         lossless: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(spec, CodecSpec):
-            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
-        if dtype not in _OUT_DTYPES:
-            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
-        self.spec = spec
-        self.dtype = dtype
-        self.normalize = normalize
-        # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
-        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
-        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        compute = self._settings(spec, dtype, normalize, lossless)
         mean = spec.mean if normalize else None
         std = spec.std if normalize else None
         self.folded = spec.recon is None and spec.rotation is None and spec.side is None
@@ -91,27 +91,48 @@ class Decompress(nn.Module):
             shift = fold_shift((spec.channels, spec.kept), spec.steps, spec.offsets, mean)
             self.register_buffer("coef_shift", None if shift is None else shift.to(compute), persistent=False)
         else:
-            c, k = spec.channels, spec.kept
-            wcol, _, trows = fold_basis(spec.cf, spec.mask, c)
+            wcol, _, trows = fold_basis(spec.cf, spec.mask, spec.channels)
             self.bias_row = False
             self.register_buffer("weight", wcol.to(compute), persistent=False)
-            t = dequant_tables(spec, normalize)
-            per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
-            self.register_buffer("scale", per_k(t.steps), persistent=False)
-            self.register_buffer("shift", per_k(t.offsets), persistent=False)
-            self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
-            rot_t = t.rotation_t
-            self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
-            # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
-            a, b = t.inv_std, -t.mean * t.inv_std
-            self.register_buffer("out_scale", a.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-            self.register_buffer("out_shift", b.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-            dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
-            dc[..., 0, :] = math.sqrt(BLOCK * BLOCK)  # DC basis is 1/8 everywhere: a constant b is 8 b on DC
-            self.register_buffer("dc_gain", dc.to(compute), persistent=False)
+            self._affine_buffers(compute, math.sqrt(BLOCK * BLOCK))  # DC basis 1/8 everywhere: a constant b is 8 b
         self.register_buffer("trows", trows.to(compute), persistent=False)
         self._fused_tables = None  # `fused.tables_for(spec)`, built on the first fused decode
         self._device_tables: dict = {}  # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
+
+    def _settings(self, spec, dtype, normalize: bool, lossless) -> torch.dtype:
+        """The arguments both layers check and keep; returns the compute dtype."""
+        if not isinstance(spec, CodecSpec):
+            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
+        self._check_spec(spec)
+        if dtype not in _OUT_DTYPES:
+            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
+        self.spec, self.dtype, self.normalize = spec, dtype, normalize
+        # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
+        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
+        return torch.float64 if dtype == torch.float64 else torch.float32
+
+    def _check_spec(self, spec: CodecSpec) -> None:
+        """The 2-D layer takes any spec (`__new__` routes volume specs to VolumeDecompress)."""
+
+    def _affine_buffers(self, compute: torch.dtype, dc_value: float) -> None:
+        """The buffers of the v2 affine pass (`_coefficients`), shared by both layers; `dc_value`: what a
+        constant 1 is on the DC plane (8 for 8x8 blocks, sqrt(512) for 8x8x8)."""
+        spec = self.spec
+        c, k = spec.channels, spec.kept
+        t = dequant_tables(spec, self.normalize)
+        per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
+        self.register_buffer("scale", per_k(t.steps), persistent=False)
+        self.register_buffer("shift", per_k(t.offsets), persistent=False)
+        self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
+        rot_t = t.rotation_t
+        self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
+        # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
+        a, b = t.inv_std, -t.mean * t.inv_std
+        self.register_buffer("out_scale", a.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
+        self.register_buffer("out_shift", b.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
+        dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
+        dc[..., 0, :] = dc_value  # frequency 0 is plane 0 of every mask
+        self.register_buffer("dc_gain", dc.to(compute), persistent=False)
 
     @classmethod
     def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
@@ -126,36 +147,12 @@ class Decompress(nn.Module):
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
-        if isinstance(coeffs, StoredBatch):  # decode="device": the stored bytes, decoded here first
-            coeffs = self.decode_stored(coeffs)
-        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
-            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
-        q, side = split_wire(coeffs, spec)
-        side, fix = (side, None) if side is None else corrections.split(side, spec)
-        if fix is not None:
-            side = side.contiguous()
-        if q.dtype not in _IN_DTYPES:
-            raise TypeError(
-                f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
-                f"this spec's is {spec.dtype}). Got {q.dtype}"
-            )
-        expected = spec.coeff_shape
-        if q.dim() not in (4, 5) or tuple(q.shape[-4:]) != expected:
-            raise DctDataError(
-                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, C, Hb, K, Wb) for "
-                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
-            )
-        unbatched = q.dim() == 4
-        y = q.unsqueeze(0) if unbatched else q
-        if side is not None and unbatched:
-            side, fix = side.unsqueeze(0), None if fix is None else fix.unsqueeze(0)
+        y, side, target, unbatched = self._wire_batch(coeffs, out)
+        side, fix = self._split_corrections(side)
         compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
         weight = self.weight.to(device=y.device, dtype=compute)
         trows = self.trows.to(device=y.device, dtype=compute)
         size = (spec.height, spec.width)
-        if out is not None:
-            self._check_out(out, (*q.shape[:-4], *spec.sample_shape), q.device)
-        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
         img = None
         if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
             img = fused_cuda.guarded(
@@ -173,9 +170,48 @@ class Decompress(nn.Module):
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices)
+        return _result(img, out, unbatched)
+
+    def _wire_batch(self, coeffs, out: torch.Tensor | None):
+        """The input handling both layers share: a `StoredBatch` decoded first, the wire value split into
+        coefficients and side values, their dtype and shape checked against the spec, an unbatched sample given
+        a batch axis (`out` too, after its check). Returns (coefficients, side, target, unbatched)."""
+        spec = self.spec
+        if isinstance(coeffs, StoredBatch):  # decode="device": the stored bytes, decoded here first
+            coeffs = self.decode_stored(coeffs)
+        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
+            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
+        q, side = split_wire(coeffs, spec)
+        self._check_dtype(q)
+        expected = spec.coeff_shape
+        n = len(expected)
+        if q.dim() not in (n, n + 1) or tuple(q.shape[-n:]) != expected:
+            raise DctDataError(
+                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, {self._AXES}) for "
+                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
+            )
+        unbatched = q.dim() == n
+        y = q.unsqueeze(0) if unbatched else q
+        if side is not None and unbatched:
+            side = side.unsqueeze(0)
         if out is not None:
-            return out
-        return img.squeeze(0) if unbatched else img
+            self._check_out(out, (*q.shape[:-n], *spec.sample_shape), q.device)
+        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
+        return y, side, target, unbatched
+
+    def _check_dtype(self, q: torch.Tensor) -> None:
+        if q.dtype not in _IN_DTYPES:
+            raise TypeError(
+                f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
+                f"this spec's is {self.spec.dtype}). Got {q.dtype}"
+            )
+
+    def _split_corrections(self, side: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the (range, mid) rows, the correction rows or None) of a batch's side values (`dctdata.corrections`)."""
+        if side is None or self.spec.corrections is None:
+            return side, None
+        side, fix = corrections.split(side, self.spec)
+        return side.contiguous(), fix
 
     def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
@@ -275,6 +311,8 @@ class VolumeDecompress(Decompress):
     """Coefficients (B, C, Db, Hb, K, Wb) -> volumes (B, C, D, H, W). `normalize=False` ignores the spec's
     mean/std. Built by `Decompress(spec)` for a spec with a depth."""
 
+    _AXES = "C, Db, Hb, K, Wb"
+
     def __init__(
         self,
         spec: CodecSpec,
@@ -283,29 +321,9 @@ class VolumeDecompress(Decompress):
         lossless: Mapping[str, Any] | None = None,
     ) -> None:
         nn.Module.__init__(self)
-        if not isinstance(spec, CodecSpec):
-            raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
-        if spec.depth is None:
-            raise DctDataError(f"spec: expected a volume spec (depth set). Got a 2-D spec of shape {spec.sample_shape}")
-        if dtype not in _OUT_DTYPES:
-            raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
-        self.spec, self.dtype, self.normalize = spec, dtype, normalize
-        self.lossless = None if lossless is None else parse_config(lossless, "lossless")
-        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        compute = self._settings(spec, dtype, normalize, lossless)
         self.folded, self.bias_row = False, False
-        c, k = spec.channels, spec.kept
-        t = dequant_tables(spec, normalize)
-        per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
-        self.register_buffer("scale", per_k(t.steps), persistent=False)
-        self.register_buffer("shift", per_k(t.offsets), persistent=False)
-        self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
-        rot_t = t.rotation_t
-        self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
-        self.register_buffer("out_scale", t.inv_std.reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-        self.register_buffer("out_shift", (-t.mean * t.inv_std).reshape(1, c, 1, 1, 1).to(compute), persistent=False)
-        dc = torch.zeros(1, 1, 1, k, 1, dtype=torch.float64)
-        dc[..., 0, :] = DC_GAIN  # frequency (0, 0, 0) is plane 0 of either mask
-        self.register_buffer("dc_gain", dc.to(compute), persistent=False)
+        self._affine_buffers(compute, DC_GAIN)
         self.register_buffer("trows", _dct_matrix_f64()[: spec.cf].to(compute), persistent=False)
         self._fused_tables = None
 
@@ -313,29 +331,8 @@ class VolumeDecompress(Decompress):
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned."""
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
-        if isinstance(coeffs, StoredBatch):
-            coeffs = self.decode_stored(coeffs)
-        if not isinstance(coeffs, (torch.Tensor, tuple, list)):
-            raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(coeffs).__name__}")
-        q, side = split_wire(coeffs, spec)
-        if q.is_complex() or q.dtype == torch.bool:
-            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
-        expected = spec.coeff_shape
-        if q.dim() not in (5, 6) or tuple(q.shape[-5:]) != expected:
-            raise DctDataError(
-                f"coeffs: expected shape (B, {', '.join(map(str, expected))}) = (B, C, Db, Hb, K, Wb) for "
-                f"cf={spec.cf} mask={spec.mask!r} and sample shape {spec.sample_shape}. Got {tuple(q.shape)}"
-            )
-        unbatched = q.dim() == 5
-        y = q.unsqueeze(0) if unbatched else q
-        side, fix = (side, None) if side is None else corrections.split(side, spec)
-        if fix is not None:
-            side = side.contiguous()
-        if side is not None and unbatched:
-            side, fix = side.unsqueeze(0), None if fix is None else fix.unsqueeze(0)
-        if out is not None:
-            self._check_out(out, (*q.shape[:-5], *spec.sample_shape), q.device)
-        target = None if out is None else (out.unsqueeze(0) if unbatched else out)
+        y, side, target, unbatched = self._wire_batch(coeffs, out)
+        side, fix = self._split_corrections(side)
         if fused.usable(y, self.dtype, target):
             if self._fused_tables is None:
                 self._fused_tables = fused.tables_for(spec, self.normalize)
@@ -351,9 +348,16 @@ class VolumeDecompress(Decompress):
                 target.copy_(img)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices)
-        if out is not None:
-            return out
-        return img.squeeze(0) if unbatched else img
+        return _result(img, out, unbatched)
+
+    def _check_dtype(self, q: torch.Tensor) -> None:
+        # any real dtype, as before: the 2-D layer's list of wire dtypes was never applied to volumes
+        if q.is_complex() or q.dtype == torch.bool:
+            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
+
+    def _check_spec(self, spec: CodecSpec) -> None:
+        if spec.depth is None:
+            raise DctDataError(f"spec: expected a volume spec (depth set). Got a 2-D spec of shape {spec.sample_shape}")
 
     def extra_repr(self) -> str:
         s = self.spec

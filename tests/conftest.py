@@ -1,7 +1,8 @@
 """Shared fixtures. pytest puts this folder on sys.path (no tests/__init__.py, so the installed
 dctdata is the one imported), which also makes the helper modules beside it importable:
 `sample_fields` (test data, pack comparison), `decode_checks` (the decode invariant), `servers`
-(a loopback HTTP server).
+(a loopback HTTP server), `ctx_streams` (entropy-coded streams, LEB128 fields, fuzz mutations),
+`torchrun_checks` (a script body run on two ranks).
 
 The repository root is appended to sys.path (after site-packages, so the installed dctdata still wins
 over the source folder) for `benchmarks`: the loopback server and the package-shipped test images live

@@ -1,12 +1,16 @@
-"""Entropy-coded streams of real coefficients for the GPU decoder's tests (the lane emulator on the CPU, the kernel
-on CUDA): SciML-like synthetic fields and scikit-image's shipped photos, transformed by dctdata, quantized with a
-step per frequency, and coded by a `CtxCodec` fitted on them in each stream mode (versions 1, 2, 3 write modes 0,
-2, 3; noise forces the raw copy, mode 1)."""
+"""Entropy-coded streams for the entropy coder's tests.
+
+For the GPU decoder's tests (the lane emulator on the CPU, the kernel on CUDA): streams of real coefficients,
+SciML-like synthetic fields and scikit-image's shipped photos, transformed by dctdata, quantized with a step per
+frequency, and coded by a `CtxCodec` fitted on them in each stream mode (versions 1, 2, 3 write modes 0, 2, 3;
+noise forces the raw copy, mode 1). For every decoder's hostile-stream tests: LEB128 fields (the stream's
+section and segment lengths) written and read back, and the byte mutations the fuzz tests apply."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 
 import dctdata
 from dctdata.entropy.ctxrans import CtxCodec
@@ -75,3 +79,45 @@ def batch(bufs: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
     data = b"".join(bufs)
     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
     return buffer, offsets
+
+
+def leb128(v: int) -> bytes:
+    """v as an unsigned LEB128 field, as the stream headers write their lengths."""
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def read_leb128(buf: bytes, p: int) -> tuple[int, int]:
+    """The LEB128 field at buf[p:]: its value, and the position after it."""
+    v, shift = 0, 0
+    while True:
+        v |= (buf[p] & 0x7F) << shift
+        shift += 7
+        p += 1
+        if not buf[p - 1] & 0x80:
+            return v, p
+
+
+# the edits a mutation fuzz test draws (hypothesis strategies; `mutate` applies them)
+MUTATIONS = dict(
+    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
+    cut=st.one_of(st.none(), st.integers(0, 10**6)),
+    insert=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=8))),
+)
+
+
+def mutate(buf: bytes, edits, cut, insert) -> bytes:
+    """buf with bytes overwritten (positions wrap around), then bytes inserted, then its tail cut off."""
+    b = bytearray(buf)
+    for pos, val in edits:
+        b[pos % len(b)] = val
+    if insert is not None:
+        pos = insert[0] % (len(b) + 1)
+        b[pos:pos] = insert[1]
+    if cut is not None:
+        del b[cut % (len(b) + 1) :]
+    return bytes(b)

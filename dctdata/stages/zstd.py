@@ -4,8 +4,9 @@ bytes traded for decode speed in the loader workers; README "Lossless stage").
 
 Encoding is numcodecs' (the stored frames are what zarr-python and tensorstore read: zarr v3's "zstd"
 codec). Decoding is python-zstandard's with one context per thread: numcodecs makes a new decompression
-context per call, a quarter of decoding a 64 KiB chunk (measured), and zstandard decodes exactly the
-frame's declared size (one-shot into a buffer of that size: it cannot write past it).
+context per call, a large share of the work on the small chunks a loader reads (docs/benchmarks/design.md),
+and zstandard decodes exactly the frame's declared size (one-shot into a buffer of that size: it cannot write
+past it).
 
 On CUDA (`decode="device"`) a batch's frames are decoded by nvCOMP in one call (`NvcompZstdDecoder`, over
 `dctdata.nvcomp_zstd`; the `gpu` extra, `pip install 'dctdata[gpu]'`, and a clear error naming it where it is
@@ -45,7 +46,8 @@ class ZstdStage(BytesStage):
     option = CODEC_ID
     option_spellings = ("zstd", f"zstd:LEVEL (LEVEL in {LEVELS[0]}..{LEVELS[1]})")
     option_help = (
-        "zstd (zstd-19, the read-speed choice: 15-80% more bytes, decoded 4.6-7.8x faster in the loader workers), "
+        "zstd (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader "
+        "workers), "
         f"zstd:LEVEL ({LEVELS[0]}..{LEVELS[1]})"
     )
 

@@ -29,7 +29,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from ctx_streams import batch, encode_samples, real_sets, versioned
+from ctx_streams import MUTATIONS, batch, encode_samples, mutate, real_sets, versioned
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -190,24 +190,12 @@ def test_every_truncation_fails_as_the_cpu_does():
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    which=st.integers(0, len(CORPUS) - 1),
-    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
-    cut=st.one_of(st.none(), st.integers(0, 10**6)),
-    insert=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=8))),
-)
+@given(which=st.integers(0, len(CORPUS) - 1), **MUTATIONS)
 def test_fuzz_mutated_streams(which, edits, cut, insert):
     codec, q, buf = CORPUS[which]
-    b = bytearray(buf)
-    for pos, val in edits:
-        b[pos % len(b)] = val
-    if insert is not None:
-        pos = insert[0] % (len(b) + 1)
-        b[pos:pos] = insert[1]
-    if cut is not None:
-        del b[cut % (len(b) + 1) :]
-    status = _one(codec, q, bytes(b))
-    out, cpu_status = device.decode_batch(codec, *batch([bytes(b)]), q.shape[1:], q.dtype, cpu_decoder=True)
+    b = mutate(buf, edits, cut, insert)
+    status = _one(codec, q, b)
+    out, cpu_status = device.decode_batch(codec, *batch([b]), q.shape[1:], q.dtype, cpu_decoder=True)
     assert cpu_status.tolist() == [status]  # the CPU stand-in agrees
 
 

@@ -27,6 +27,7 @@ import zlib
 
 import numpy as np
 import pytest
+from ctx_streams import MUTATIONS, leb128, mutate, read_leb128
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -518,44 +519,29 @@ def test_segments_round_trip_for_every_count(shape, dtype):
                 np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
 
 
-def _leb(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
-        v >>= 7
-        if not v:
-            return bytes(out)
-
-
 def test_segments_errors_name_the_problem_and_the_segment():
     codec, q = fitted((1, 1, 6, 16, 40), np.int8)
     buf = segments_encode(codec, q, 3)  # rows 0-1, 2-3, 4-5 (2 segments would be rows 0-2 and 3-5)
     # the header: mode, count, three lengths
     p, lens = 2, []
     for _ in range(3):
-        v, shift = 0, 0
-        while True:
-            v |= (buf[p] & 0x7F) << shift
-            shift += 7
-            p += 1
-            if not buf[p - 1] & 0x80:
-                break
+        v, p = read_leb128(buf, p)
         lens.append(v)
     body = buf[p:]
     assert sum(lens) == len(body)
     with pytest.raises(ValueError, match="ctxrans: encode needs 1 to Hb segments"):
         _ctxrans.encode(codec._blob, q, q.shape, 1, 3, 7)
     for bad, message in (
-        (b"\x03" + _leb(0) + body, r"ctxrans: corrupt stream \(bad segment count\)"),
-        (b"\x03" + _leb(7) + body, r"ctxrans: corrupt stream \(bad segment count\)"),  # more than Hb = 6
+        (b"\x03" + leb128(0) + body, r"ctxrans: corrupt stream \(bad segment count\)"),
+        (b"\x03" + leb128(7) + body, r"ctxrans: corrupt stream \(bad segment count\)"),  # more than Hb = 6
         (b"\x03\x03" + b"\xff" * 5 + body, r"ctxrans: corrupt stream \(bad segment length\)"),
-        (b"\x03\x03" + b"".join(map(_leb, lens)) + body[:-1], r"ctxrans: truncated stream \(segments beyond"),
-        (b"\x03\x03" + b"".join(map(_leb, lens)) + body + b"\x00", r"segments do not fill the stream"),
+        (b"\x03\x03" + b"".join(map(leb128, lens)) + body[:-1], r"ctxrans: truncated stream \(segments beyond"),
+        (b"\x03\x03" + b"".join(map(leb128, lens)) + body + b"\x00", r"segments do not fill the stream"),
         (
-            b"\x03\x02" + b"".join(map(_leb, lens[:2])) + body[: lens[0] + lens[1]],
+            b"\x03\x02" + b"".join(map(leb128, lens[:2])) + body[: lens[0] + lens[1]],
             r"^ctxrans: segment 0 of 2: truncated",
         ),
-        (b"\x03\x03" + b"".join(map(_leb, lens)) + b"\x03" + body[1:], r"ctxrans: segment 0 of 3: bad stream header"),
+        (b"\x03\x03" + b"".join(map(leb128, lens)) + b"\x03" + body[1:], r"ctxrans: segment 0 of 3: bad stream header"),
     ):
         with pytest.raises(CtxCodecError, match=message):
             codec.decode(bad, q.shape, q.dtype)
@@ -667,40 +653,17 @@ def test_lying_section_length():
         if buf[0] not in (0, 2):
             continue
         head = 1 + (16 if buf[0] == 0 else 64)
+        _, end = read_leb128(buf, head)  # the rANS words' length
         for v in (0, 1, len(buf), len(buf) * 1000, 2**35):
-            leb = bytearray()
-            while True:
-                byte = v & 0x7F
-                v >>= 7
-                leb.append(byte | (0x80 if v else 0))
-                if not v:
-                    break
-            # replace the LEB128 field (find its end in the original)
-            p = head
-            while buf[p] & 0x80:
-                p += 1
-            check_decode(codec, buf[:head] + bytes(leb) + buf[p + 1 :], q.shape, q.dtype)
+            check_decode(codec, buf[:head] + leb128(v) + buf[end:], q.shape, q.dtype)
         check_decode(codec, buf[:head] + b"\xff" * 12, q.shape, q.dtype)  # unterminated LEB128
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
-@given(
-    which=st.integers(0, len(CORPUS) - 1),
-    edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=6),
-    cut=st.one_of(st.none(), st.integers(0, 10**6)),
-    insert=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.binary(min_size=1, max_size=8))),
-)
+@given(which=st.integers(0, len(CORPUS) - 1), **MUTATIONS)
 def test_fuzz_mutated_streams(which, edits, cut, insert):
     codec, q, buf = CORPUS[which]
-    b = bytearray(buf)
-    for pos, val in edits:
-        b[pos % len(b)] = val
-    if insert is not None:
-        pos = insert[0] % (len(b) + 1)
-        b[pos:pos] = insert[1]
-    if cut is not None:
-        del b[cut % (len(b) + 1) :]
-    check_decode(codec, bytes(b), q.shape, q.dtype)
+    check_decode(codec, mutate(buf, edits, cut, insert), q.shape, q.dtype)
 
 
 @settings(max_examples=max(200, FUZZ_EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck))

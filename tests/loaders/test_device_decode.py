@@ -11,8 +11,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 
 import numpy as np
@@ -20,6 +18,7 @@ import pytest
 import torch
 from pack_checks import rehash
 from sample_fields import smooth_fields
+from torchrun_checks import run_ranks
 
 import dctdata
 from dctdata.errors import DctDataError, IntegrityError
@@ -367,47 +366,21 @@ def test_decompressor_refuses_a_batch_it_cannot_decode(packs):
         ds.decompressor()(dataclasses.replace(batch, side=None))
 
 
-DDP_SCRIPT = """
-import json, os, sys
-import torch, torch.distributed as dist
-import dctdata
-from dctdata.loaders.distributed import make_loader, set_epoch
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-out = {}
+DDP_BODY = """
 for name in ("zarr-ctx", "wds-zstd"):
     ds = dctdata.open_dataset(os.path.join(sys.argv[1], name), as_dict=True, decode="device")
     layer = ds.decompressor()
     loader = make_loader(ds, batch_size=4, num_workers=2, seed=3)
     set_epoch(loader, 1)
     out[name] = {int(v): layer(b["image"])[k].sum().item() for b in loader for k, v in enumerate(b["label"])}
-with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as fh:
-    json.dump(out, fh)
-dist.barrier()
-dist.destroy_process_group()
 """
 
 
 @pytest.mark.slow
 def test_torchrun_device_decode(packs, tmp_path):
-    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
     for name in ("zarr-ctx", "wds-zstd"):
         os.symlink(packs / name, tmp_path / name)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    cmd = [
-        sys.executable,
-        *"-m torch.distributed.run --standalone --nproc_per_node 2".split(),
-        str(tmp_path / "ddp.py"),
-        str(tmp_path),
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    ranks = run_ranks(DDP_BODY, tmp_path, timeout=300)
     for name in ("zarr-ctx", "wds-zstd"):
         cpu = _open(packs / name)
         layer = cpu.decompressor()

@@ -11,6 +11,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from ctx_streams import leb128, read_leb128
 
 from dctdata.entropy import _ctxrans
 from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError, max_coefficients
@@ -82,24 +83,9 @@ def test_a_stream_that_runs_out_stops_where_it_ran_out(small):
 
 def _sections(buf: bytes) -> tuple[bytes, bytes, bytes]:
     """A mode 0/2 stream as (mode byte + states, rANS words, raw bits)."""
-    p = 1 + (16 if buf[0] == 0 else 64)
-    nr, shift = 0, 0
-    while True:
-        nr |= (buf[p] & 0x7F) << shift
-        shift += 7
-        p += 1
-        if not buf[p - 1] & 0x80:
-            break
-    return buf[: 1 + (16 if buf[0] == 0 else 64)], buf[p : p + nr], buf[p + nr :]
-
-
-def _leb128(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
-        v >>= 7
-        if not v:
-            return bytes(out)
+    head = 1 + (16 if buf[0] == 0 else 64)
+    nr, p = read_leb128(buf, head)
+    return buf[:head], buf[p : p + nr], buf[p + nr :]
 
 
 def test_streams_whose_sections_end_early_stop_early_in_both_layouts():
@@ -114,8 +100,8 @@ def test_streams_whose_sections_end_early_stop_early_in_both_layouts():
         head, words, bits = _sections(buf)
         short_words = words[: len(words) // 3 // 4 * 4]
         for cut, what in (
-            (head + _leb128(len(words)) + words + bits[: len(bits) // 3], "raw bits"),
-            (head + _leb128(len(short_words)) + short_words + bits, "rANS words|raw bits"),
+            (head + leb128(len(words)) + words + bits[: len(bits) // 3], "raw bits"),
+            (head + leb128(len(short_words)) + short_words + bits, "rANS words|raw bits"),
         ):
             with pytest.raises(CtxCodecError, match=rf"truncated stream \(its ({what}) ran out by coefficient") as info:
                 codec.decode(cut, q.shape, q.dtype)
