@@ -11,8 +11,9 @@ decode it as before) until it holds; one that cannot (integer overflow, or a bou
 precision) is an error naming it, and nothing is written.
 
 Hand-written: the bound has to hold for this codec's own decoder, which no error-bounded library knows.
-Why per-item re-coding and not a sparse list of corrections: it needs no new stored part and no new
-decoder op; the cost is bytes on items with a few outlying pixels (docs/guides/max-error.md measures it).
+Re-coding makes a whole item finer for a few outlying pixels; with corrections (`dctdata.corrections`,
+what calibration turns on for bounded fields) each sample also tries coarser steps with those pixels
+corrected one by one, and keeps whichever stores least.
 """
 
 from __future__ import annotations
@@ -55,24 +56,27 @@ def item_bounds(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(bound, margin, range) per item (..., C) in float64: the absolute bound each item's decode must
     meet, the float32 margin kept from it, and the item's value range over its valid pixels."""
-    rng = item_range(x, 2, valid)
+    dims = spec.dims
+    rng = item_range(x, dims, valid)
     bound = torch.full_like(rng, math.inf)
     if spec.max_error is not None:
         bound = torch.minimum(bound, torch.full_like(rng, spec.max_error))
     if spec.max_rel_error is not None:
         bound = torch.minimum(bound, spec.max_rel_error * rng)
-    flat = x.detach().to(torch.float64).flatten(-2).abs()
+    flat = x.detach().to(torch.float64).flatten(-dims).abs()
     if valid is not None:
-        flat = flat.masked_fill(~torch.broadcast_to(valid, x.shape).flatten(-2), 0.0)
+        flat = flat.masked_fill(~torch.broadcast_to(valid, x.shape).flatten(-dims), 0.0)
     return bound, MARGIN_REL * flat.amax(-1), rng
 
 
-def item_max_error(x: torch.Tensor, x_hat: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """(..., C) the largest |x_hat - x| of every item over its valid pixels, in float64."""
+def item_max_error(
+    x: torch.Tensor, x_hat: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2
+) -> torch.Tensor:
+    """(..., C) the largest |x_hat - x| of every item (its last `dims` axes) over its valid pixels, in float64."""
     d = (x_hat.detach().to(torch.float64) - x.detach().to(torch.float64)).abs_()
     if valid is not None:
         d = d.masked_fill_(~torch.broadcast_to(valid, d.shape), 0.0)
-    return d.flatten(-2).amax(-1)
+    return d.flatten(-dims).amax(-1)
 
 
 def initial_scale(bound: torch.Tensor, rng: torch.Tensor, spec: CodecSpec) -> torch.Tensor | None:

@@ -47,6 +47,7 @@ from dctdata.metrics import ItemErrors, item_nmse
 from dctdata.parse import is_number, parse_number
 from dctdata.quantize import (
     F32_SAFE_MAX,
+    as_rows,
     encode,
     item_side,
     keep_floor,
@@ -563,7 +564,7 @@ def calibrate_report(
     result = None
     bounds = _parse_bounds(max_error, max_rel_error, dtype)
     if target_psnr is None and bounds:
-        spec, candidates = _bounded(x, valid, cfs or 8, masks or "square", dtype, bounds, codec)
+        spec, candidates = _bounded(x, valid, cfs or 8, masks or _masks(x.dim() - 2)[1], dtype, bounds, codec)
         evaluations = len(candidates)
     elif target_psnr is None:
         spec = _untargeted(x, side, cfs, masks or _masks(x.dim() - 2)[1], dtype or "float32", min_psnr)
@@ -617,19 +618,27 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     range scales to its own bound), the integer dtype and step that store least after re-coding the items
     that miss (int8's steps are floored where it would overflow, so it only wins at loose bounds)."""
     from dctdata.bounds import BoundError, item_bounds
+    from dctdata.corrections import capacity
 
-    n, c, h, w = x.shape
-    probe = CodecSpec(cf=cf, mask=mask, channels=c, height=h, width=w, dtype="int16", steps=[1.0] * c,
-                      side="range_mid", **bounds)  # fmt: skip
+    n, c, *size = x.shape
+    dims = len(size)
+    probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
+                      **bounds)  # fmt: skip
     bound, _, rng = item_bounds(x, probe, valid)
     rel = bound / rng.clamp(min=1e-300)
     ok = (rng > 0) & torch.isfinite(rel)
     ref = float(rel[ok].min()) if bool(ok.any()) else 1.0
     size_of = _sizer(codec)
+    # the search compares re-coded encodings; the spec it keeps also stores corrections, which the encoder
+    # weighs per sample against the re-coded one at coarser steps (`dctdata.quantize.choose_corrections`)
+    cap = capacity(c * math.prod(size))
     # the largest |coefficient| of each (channel, frequency) on the subset, twice over for unseen samples,
     # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)
-    xn = normalize(x, item_side(x, valid))
-    seen = compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 4)).double()
+    xn = normalize(x, item_side(x, valid, dims), dims)
+    if dims == 3:  # (N, C, Db, Hb, K, Wb)
+        seen = transform3d.compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 3, 5)).double()
+    else:
+        seen = compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 4)).double()
     reach = torch.minimum(2 * seen, worst_case_amax(cf, mask, None, c))
     candidates, best = [], None
     for dt in [dtype] if dtype is not None else ["int8", "int16"]:
@@ -643,7 +652,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
                 if best is None or best[0].dtype != dt:
                     break  # floors or overflow keep some item from its bound at this dtype, at any coarser step
                 continue
-            rows = q.permute(0, 2, 1, 3, 4).reshape(-1, c, spec.kept, spec.grid[1])
+            rows = as_rows(q, spec).permute(0, 2, 1, 3, 4).reshape(-1, c, spec.kept, spec.grid[-1])
             size = size_of(rows, dt, cf, mask)
             candidates.append(Candidate(cf, mask, dt, False, math.nan, size))
             if best is None or size < best[1]:
@@ -663,8 +672,8 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
                 if m == FINER_STEPS[-1]:
                     raise  # names the item that cannot hold its bound
                 continue
-            return spec, tuple(candidates)
-    return best[0], tuple(candidates)
+            return spec.replace(corrections=cap), tuple(candidates)
+    return best[0].replace(corrections=cap), tuple(candidates)
 
 
 def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors):

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from dctdata import fused, fused_cuda, transform3d
+from dctdata import corrections, fused, fused_cuda, transform3d
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec, dequant_tables
@@ -146,7 +146,9 @@ class Decompress(nn.Module):
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
         spec = self.spec
+        indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
+        side, fix = self._split_corrections(side)
         compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
         weight = self.weight.to(device=y.device, dtype=compute)
         trows = self.trows.to(device=y.device, dtype=compute)
@@ -166,6 +168,8 @@ class Decompress(nn.Module):
         elif img is None:
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
+        if fix is not None:
+            img = self._correct(img if target is None else target, fix, indices)
         return _result(img, out, unbatched)
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
@@ -201,6 +205,22 @@ class Decompress(nn.Module):
                 f"coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coefficients (the wire dtypes; "
                 f"this spec's is {self.spec.dtype}). Got {q.dtype}"
             )
+
+    def _split_corrections(self, side: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the (range, mid) rows, the correction rows or None) of a batch's side values (`dctdata.corrections`)."""
+        if side is None or self.spec.corrections is None:
+            return side, None
+        side, fix = corrections.split(side, self.spec)
+        return side.contiguous(), fix
+
+    def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None) -> torch.Tensor:
+        """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
+        first in eager mode (an exported graph clamps indices into the sample instead). `indices`: the
+        samples' indices in their pack (a stored batch), else messages count within the batch."""
+        if not _tracing():
+            corrections.check(fix, self.spec, indices, where="coeffs")
+        scale = self.out_scale if self.normalize and self.spec.std is not None else None
+        return corrections.apply(img, fix.to(img.device), None if scale is None else scale.to(img.device))
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
@@ -276,6 +296,12 @@ class Decompress(nn.Module):
         )
 
 
+def _tracing() -> bool:
+    """True while torch.export, torch.compile, the ONNX exporter or the JIT tracer runs the layer (no
+    data-dependent checks there)."""
+    return bool(torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())
+
+
 # Volumes (samples (C, D, H, W), 8x8x8 blocks): see dctdata.volume's docstring. Here, not there, so that
 # Decompress(spec) can return it without an import cycle.
 DC_GAIN = math.sqrt(transform3d.BLOCK3)  # an 8x8x8 DC basis function is 1/sqrt(512) everywhere
@@ -304,7 +330,9 @@ class VolumeDecompress(Decompress):
     def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned."""
         spec = self.spec
+        indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
+        side, fix = self._split_corrections(side)
         if fused.usable(y, self.dtype, target):
             if self._fused_tables is None:
                 self._fused_tables = fused.tables_for(spec, self.normalize)
@@ -318,6 +346,8 @@ class VolumeDecompress(Decompress):
             img = transform3d.synthesize(coef, trows, spec.mask, spec.size).to(self.dtype)
             if target is not None:
                 target.copy_(img)
+        if fix is not None:
+            img = self._correct(img if target is None else target, fix, indices)
         return _result(img, out, unbatched)
 
     def _check_dtype(self, q: torch.Tensor) -> None:

@@ -18,6 +18,7 @@ decoder; `decode_reference` is the plain one it is tested against.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -167,7 +168,13 @@ def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
 
 
 # Whole samples -----------------------------------------------------------------------------------
-def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+def encode(
+    x: torch.Tensor,
+    spec: CodecSpec,
+    side: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    size_of: Callable[[torch.Tensor], int] | None = None,
+):
     """(..., C, H, W) float samples -> (wire value, overflow count).
 
     The wire value is what a packed dataset stores and yields for the field (`dctdata.wire`): the
@@ -177,7 +184,9 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
     finer effective step (its stored range shrinks by g < 1, the decoder is unchanged), so every sample,
     seen at calibration or not, keeps the floor. With spec.max_error/max_rel_error, every item whose
     float32 decode misses the bound is coded again the same way (`dctdata.bounds`), or `BoundError` is
-    raised.
+    raised. With spec.corrections, each sample is also tried at coarser steps with the values that miss
+    corrected one by one (`dctdata.corrections`), and keeps the encoding that stores least by `size_of`
+    (a sample's coefficients (C, ...) -> bytes after the field's lossless stage; default zstd).
     """
     n = len(spec.sample_shape)
     if isinstance(x, torch.Tensor) and tuple(x.shape[-n:]) != spec.sample_shape:
@@ -187,7 +196,9 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
             f"{tuple(x.shape)}"
         )
     if spec.bounded and x.dim() == n:  # one sample: bound it as a batch of one
-        wire, over = encode(x[None], spec, None if side is None else side[None], None if valid is None else valid[None])
+        wire, over = encode(
+            x[None], spec, None if side is None else side[None], None if valid is None else valid[None], size_of
+        )
         return (wire[0][0], wire[1][0]), over
     coeffs, side = coded_coefficients(x, spec, side, valid)
     if spec.bounded:
@@ -195,6 +206,7 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
 
         bound, margin, rng = item_bounds(x, spec, valid)
         g = initial_scale(bound, rng, spec)
+        plain = (coeffs, side, g)  # the coefficients as coded with the items' own ranges, and the bound's scale
         if g is not None:  # every item starts at the step its own bound needs
             coeffs, side = rescaled(coeffs, g, spec), side.clone()
             side[..., 0] = (side[..., 0].double() * g).to(side.dtype)
@@ -208,6 +220,8 @@ def encode(x: torch.Tensor, spec: CodecSpec, side: torch.Tensor | None = None, v
         if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
         q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
+        if spec.corrections is not None:
+            q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
@@ -236,7 +250,7 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)
-    layer = Decompress(spec, normalize=False)
+    layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
     with torch.inference_mode():
         x_hat = layer((q, side)) if x_hat is None else x_hat
     nm = errors.nmse(x_hat)
@@ -312,9 +326,9 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
 
     if bound is None or margin is None:
         bound, margin, _ = item_bounds(x, spec, valid)
-    layer = Decompress(spec, normalize=False)
+    layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
     with torch.no_grad():
-        err = item_max_error(x, layer((q, side)), valid)
+        err = item_max_error(x, layer((q, side)), valid, spec.dims)
     g = torch.ones(side.shape[:-1], dtype=torch.float64)
     base = side[..., 0].to(torch.float64).clone()  # the ranges `coeffs` were coded with (g = 1)
     stuck = torch.zeros_like(err, dtype=torch.bool)
@@ -336,7 +350,9 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
         sb = side[rows].clone()
         sb[..., 0] = (base[rows] * trial).to(side.dtype)
         with torch.no_grad():
-            eb = item_max_error(x[rows], layer((qb, sb)), None if valid is None else _valid_rows(valid, rows, x))
+            eb = item_max_error(
+                x[rows], layer((qb, sb)), None if valid is None else _valid_rows(valid, rows, x), spec.dims
+            )
         g[rows], side[rows], q[rows], over[rows], err[rows] = trial, sb, qb, ob, eb
     bad = missing(err, bound, margin)
     if bool(bad.any()):
@@ -359,6 +375,64 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     return q, side, over, err
 
 
+def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_of=None):
+    """Per sample, the encoding that stores least among the bound's own (`q`, `side`: every item re-coded
+    until it holds, no corrections) and coarser steps (MULTIPLIERS x the bound's step) with the values that
+    miss corrected: (q, side with correction rows). `plain` = (coefficients coded with the items' own
+    ranges, those side values, the bound's scale per item or None). A candidate is kept only when its
+    corrected float32 decode holds the bound less the margin on every valid value, clamps no more
+    coefficients and (spec.min_psnr) keeps the floor."""
+    from dctdata.bounds import item_max_error, missing
+    from dctdata.corrections import MULTIPLIERS, build, stored_bytes, zstd_size
+    from dctdata.layer import Decompress
+
+    size_of = size_of or zstd_size
+    coeffs0, side0, g0 = plain
+    b, cap = len(q), spec.corrections
+    g0 = torch.ones(side0.shape[:-1], dtype=torch.float64) if g0 is None else g0
+    layer = Decompress(spec, normalize=False)
+    room = bound - margin
+    empty = torch.zeros(b, 1 + cap, 2, dtype=side.dtype)
+    best_q, best_side = q.clone(), torch.cat([side, empty], 1)
+    best = [size_of(q[j]) for j in range(b)]
+    floor = None
+    if spec.min_psnr is not None:
+        from dctdata.metrics import ItemErrors
+
+        floor = (ItemErrors(x, valid, dims=spec.dims), 10.0 ** (-spec.min_psnr / 10.0))
+    going = torch.ones(b, dtype=torch.bool)  # samples whose bytes still fell at the last multiplier
+    for m in MULTIPLIERS:
+        if not bool(going.any()):
+            break
+        g = g0 * m
+        qm, om = quantize_per_sample(rescaled(coeffs0, g, spec), spec, checked=True)
+        sm = side0.clone()
+        sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
+        with torch.no_grad():
+            x_hat = layer((qm, torch.cat([sm, empty], 1)))
+        fix, counts = build(x, x_hat, room, cap, valid)
+        rows = ((counts <= cap) & (om <= over) & going).nonzero().flatten()
+        going[:] = False
+        if not len(rows):
+            break
+        full = torch.cat([sm[rows], fix[rows]], 1)
+        with torch.no_grad():
+            fixed = layer((qm[rows], full))
+        v = None if valid is None else torch.broadcast_to(valid, x.shape)[rows]
+        holds = ~missing(item_max_error(x[rows], fixed, v, spec.dims), bound[rows], margin[rows]).any(1)
+        if floor is not None:
+            errors, cap_nmse = floor
+            holds &= ~(errors.ok[rows] & (errors.nmse(fixed, rows) > cap_nmse)).any(1)
+        for i, j in enumerate(rows.tolist()):
+            if not bool(holds[i]):
+                continue
+            nbytes = size_of(qm[j]) + stored_bytes(fix[j])
+            going[j] = nbytes <= best[j]  # bytes fall, then rise with the multiplier: a sample that got worse stops
+            if nbytes < best[j]:
+                best[j], best_q[j], best_side[j] = nbytes, qm[j], full[i]
+    return best_q, best_side
+
+
 def _valid_rows(valid: torch.Tensor, rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.broadcast_to(valid, x.shape)[rows]
 
@@ -367,6 +441,11 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     """The plain decoder, step by step in float64 where it matters: dequantize -> inverse DCT ->
     inverse rotation -> / weights -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
     q, side = split_wire(wire, spec)
+    fix = None
+    if side is not None and spec.corrections is not None:
+        from dctdata.corrections import split
+
+        side, fix = split(side, spec)
     coeffs = dequantize(q, spec)
     if spec.depth is None:
         x = decompress(coeffs, spec.cf, spec.size, spec.mask).to(torch.float64)
@@ -380,6 +459,10 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
         x = x / torch.tensor(spec.weights, dtype=torch.float64).reshape(per_channel)
     if side is not None:
         x = x * side[..., 0][at].double() + side[..., 1][at].double()
+    if fix is not None:
+        from dctdata.corrections import apply
+
+        x = apply(x.reshape(-1, *spec.sample_shape).contiguous(), fix.reshape(-1, *fix.shape[-2:])).reshape(x.shape)
     if spec.mean is not None:
         mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(per_channel)
         std = torch.tensor(spec.std, dtype=torch.float64).reshape(per_channel)

@@ -99,6 +99,7 @@ SIDES = ("range_mid",)
 # Bounds a manifest cannot exceed (a hostile one must not make a reader allocate without limit).
 MAX_CHANNELS = 4096
 MAX_SAMPLE_VALUES = 1 << 32
+MAX_CORRECTIONS = 1 << 22  # correction rows per sample (`dctdata.corrections`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,14 +131,16 @@ class CodecSpec:
     ("cube" or "tetra", `dctdata.transform3d`); every table keeps its (C, K) form with K the kept
     frequencies of a block. None (the default): 2-D samples.
 
-    Pointwise error bounds (encoder only; every decoder is unchanged, so the spec version does not move;
-    manifest version 5 records them): max_error, an absolute bound in the field's units, and/or
+    Pointwise error bounds (manifest version 5 records them; without corrections every decoder is
+    unchanged, so the spec version does not move): max_error, an absolute bound in the field's units, and/or
     max_rel_error, a bound relative to each item's (sample channel's) value range. The encoder checks every
     item's float32 decode (the readers' arithmetic) against the bound less a float32 margin
     (`dctdata.bounds`) and codes an item that exceeds it again with a finer effective step (a smaller
     stored range). bound_ref: the normalized bound the steps were chosen for; the encoder stores each item's
     range scaled by its own normalized bound over bound_ref, so items of any range get the step their
-    bound needs.
+    bound needs. corrections: the capacity (rows per sample) of the sparse correction list
+    (`dctdata.corrections`, manifest version 5, optional): steps coarser than the bound alone needs, and
+    the values that still miss it corrected one by one; the side partner grows to (C + 1 + corrections, 2).
     """
 
     cf: int
@@ -162,6 +165,7 @@ class CodecSpec:
     max_error: float | None = None
     max_rel_error: float | None = None
     bound_ref: float | None = None
+    corrections: int | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -233,20 +237,27 @@ class CodecSpec:
                 below = float(torch.finfo(torch.float32).max)
                 value = parse_number(value, name, above=0, below=below)
                 object.__setattr__(self, name, f32(value) if name == "bound_ref" else value)
+        if self.corrections is not None:
+            parse_int(self.corrections, "corrections", minimum=1, maximum=MAX_CORRECTIONS,
+                      expected=f"a positive int (at most {MAX_CORRECTIONS} rows)")  # fmt: skip
+            object.__setattr__(self, "corrections", int(self.corrections))
         if self.max_error is None and self.max_rel_error is None:
             if self.bound_ref is not None:
                 raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")
+            if self.corrections is not None:
+                raise DctDataError("corrections: expected max_error or max_rel_error with them. Got neither")
             return
-        if self.depth is not None:
-            raise DctDataError(
-                f"max_error/max_rel_error: expected a 2-D spec (volumes do not take pointwise error bounds yet). Got "
-                f"a volume of depth {self.depth}"
-            )
         if self.side is None or self.dtype not in INTEGER_DTYPES:
             raise DctDataError(
                 "max_error/max_rel_error: expected an integer dtype (int8, int16) with side information "
                 f"(side='range_mid') to enforce the bound with. Got dtype {self.dtype!r}, side {self.side!r}"
             )
+
+    @property
+    def side_rows(self) -> int:
+        """Rows of a sample's side values: C (range, mid), then with corrections a header row and the
+        correction rows (`dctdata.corrections`)."""
+        return self.channels + (0 if self.corrections is None else 1 + self.corrections)
 
     @property
     def bounded(self) -> bool:
@@ -307,7 +318,7 @@ class CodecSpec:
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
         raw = math.prod(self.sample_shape) * 32
-        side = 0 if self.side is None else self.channels * 2 * 32  # (range, mid) per channel, float32
+        side = 0 if self.side is None else self.side_rows * 2 * 32  # (range, mid) per channel (+ corrections), f32
         return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------
@@ -336,7 +347,8 @@ class CodecSpec:
                 d["dc_offset"] = [row[0] for row in self.offsets]
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
-        for name in ("mean", "std", "theta", "side", "min_psnr", "weights", "max_error", "max_rel_error", "bound_ref"):
+        for name in ("mean", "std", "theta", "side", "min_psnr", "weights", "max_error", "max_rel_error", "bound_ref",
+                     "corrections"):  # fmt: skip
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):

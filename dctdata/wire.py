@@ -3,7 +3,8 @@ module is the one place that defines the wire forms.
 
 - `decode="cpu"` (the default): a coefficient tensor (..., C, Hb, K, Wb), or the pair (coefficients,
   side) when the field's spec carries per-sample side information (side (..., C, 2) float32 = [range,
-  mid] per channel). A DataLoader collates the pair into a pair of batched tensors.
+  mid] per channel; with corrections, `dctdata.corrections`, their rows follow: (..., C + 1 + cap, 2)).
+  A DataLoader collates the pair into a pair of batched tensors.
 - `decode="device"`: the field's checked stored bytes. A sample is a `StoredSample`; a DataLoader
   collates a batch of them (`collate`, registered in torch's default collate map) into one `StoredBatch`:
   one contiguous uint8 buffer of the batch's streams, an int64 offsets table, each sample's row and its
@@ -40,11 +41,12 @@ def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tenso
             f"per-sample side information). Got {type(wire).__name__}"
         )
     q, side = wire
-    if tuple(side.shape[-2:]) != (spec.channels, 2) or tuple(side.shape[:-2]) != tuple(
+    if tuple(side.shape[-2:]) != (spec.side_rows, 2) or tuple(side.shape[:-2]) != tuple(
         q.shape[: -len(spec.coeff_shape)]
     ):
+        rows = "" if spec.corrections is None else f" (C={spec.channels} + 1 + {spec.corrections} correction rows)"
         raise DctDataError(
-            f"side: expected shape (..., {spec.channels}, 2) matching coefficients {tuple(q.shape)}. Got "
+            f"side: expected shape (..., {spec.side_rows}, 2){rows} matching coefficients {tuple(q.shape)}. Got "
             f"{tuple(side.shape)}"
         )
     return q, side

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from dctdata.bounds import BoundError
+from dctdata.corrections import stage_sizer
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.format.fields import SIDE_SUFFIX, user_fields
@@ -212,6 +213,10 @@ class Encoder:
         self.nan, self.strict, self.derived = nan, bool(strict), tuple(derived)
         self.layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in specs if f.is_dct}
         self.stats = new_stats(self.specs)
+        # fields with corrections weigh each sample's candidates by their bytes after the field's stage
+        self.sizers = {
+            f.name: stage_sizer(f.lossless, f.codec) for f in specs if f.is_dct and f.codec.corrections is not None
+        }
 
     def encode(self, batch: dict[str, np.ndarray], first: int, where) -> dict[str, np.ndarray]:
         """Stored arrays of a batch of samples (first index `first`; where(i) names sample i)."""
@@ -250,7 +255,9 @@ class Encoder:
             self.stats["nan_filled"] += holes
             xt = torch.from_numpy(np.ascontiguousarray(xf))
             try:
-                wire, over = encode(xt, f.codec, valid=None if valid is None else torch.from_numpy(valid))
+                wire, over = encode(
+                    xt, f.codec, valid=None if valid is None else torch.from_numpy(valid), size_of=self.sizers.get(name)
+                )
             except BoundError as exc:  # nothing of the batch is written: the pack stops here, named
                 raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
             if over:

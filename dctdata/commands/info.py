@@ -40,6 +40,8 @@ def _main(args) -> int:
         codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "exact"
         if f.is_dct and f.codec.bounded:
             codec += ", " + bound_text(f.codec)
+            if f.codec.corrections is not None:  # the sparse correction list (`dctdata.corrections`)
+                codec += f", up to {f.codec.corrections} corrections/sample"
         stored = None if r["stored"] is None else r["stored"] / 1e6
         valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"
         dataset = num(s.psnr_dataset) if s is not None and f.is_dct else "-" if s is None else num(s.psnr_min)

@@ -254,8 +254,9 @@ BOUNDS_VERSION = 5
 
 
 def side_field(f: FieldSpec) -> FieldSpec:
-    """The stored partner of a dct field with side information: (C, 2) float32 per sample, zstd."""
-    return FieldSpec(f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.channels, 2), "float32", lossless=DEFAULT_CODEC)
+    """The stored partner of a dct field with side information: (C, 2) float32 per sample (with corrections
+    (C + 1 + cap, 2), `dctdata.corrections`), zstd."""
+    return FieldSpec(f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.side_rows, 2), "float32", lossless=DEFAULT_CODEC)
 
 
 def has_side(f: FieldSpec) -> bool:

@@ -238,6 +238,7 @@ def test_info_and_verify_report_the_bound(tmp_path, capsys):
     assert main(["info", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
     assert "--max-error 0.05" in out and "| image[1] |" in out
+    assert f"up to {read_manifest(tmp_path / 'p').fields[0].codec.corrections} corrections/sample" in out
     assert main(["verify", str(tmp_path / "p")]) == 0
     d = json.loads((tmp_path / "p" / "manifest.json").read_text())
     d["stats"]["image"]["channels"][1]["max_abs_error"] = 0.07  # a pack whose record breaks its bound

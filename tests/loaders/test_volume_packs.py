@@ -188,9 +188,23 @@ def test_netcdf_and_hdf5_variables_with_a_level_axis(tmp_path):
     assert m.field("rho").shape == (1, 8, 16, 24) and m.field("rho").codec.depth == 8
 
 
-def test_volumes_refuse_pointwise_error_bounds():
-    with pytest.raises(DctDataError, match=r"max_error/max_rel_error: expected a 2-D spec \(volumes do not take"):
-        steps = [[0.01] * 64]
-        dctdata.CodecSpec(
-            cf=4, height=8, width=8, depth=8, mask="cube", dtype="int8", steps=steps, side="range_mid", max_error=0.1
-        )
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_volume_packs_keep_a_pointwise_bound(volumes, tmp_path, fmt):
+    """Volumes take --max-rel-error like images: every value of every sample within 1e-3 of its item's range,
+    with corrections for the values a coarser step misses, in both storages."""
+    x = volumes[:6].copy()
+    x[2, 3, 4, 5] += 50 * x[2].std()  # an outlier
+    out = tmp_path / fmt
+    m = dctdata.pack(x, out, dims=3, format=fmt, max_rel_error=1e-3, quiet=True)
+    f = m.fields[0]
+    assert f.codec.depth is not None and f.codec.max_rel_error == 1e-3 and f.codec.corrections is not None
+    ds = dctdata.open_dataset(out, as_dict=True, **({"shuffle": False} if fmt == "webdataset" else {}))
+    items = [ds[i] for i in range(len(ds))] if fmt == "zarr" else list(ds)
+    field = f.name
+    q = torch.stack([it[field][0] for it in items])
+    side = torch.stack([it[field][1] for it in items])
+    y = ds.decompressor(field, normalize=False)((q, side)).double().numpy()[:, 0]
+    xd = x.astype(np.float64)
+    rng = xd.reshape(len(x), -1).max(1) - xd.reshape(len(x), -1).min(1)
+    err = np.abs(y - xd).reshape(len(x), -1).max(1)
+    assert (err <= 1e-3 * rng).all(), err / rng

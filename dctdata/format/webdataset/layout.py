@@ -171,3 +171,32 @@ def samples_of_file(m, rel: str) -> str:
             return f" (samples {start}..{start + n - 1})"
         start += n
     return ""
+
+
+# A dct field with corrections (`dctdata.corrections`) under the entropy coder: its side values lead the
+# member as a zstd frame behind its u32 little-endian length (the correction rows are mostly zero padding,
+# which raw float32 would store in full); without corrections they lead as raw float32.
+def packed_side(side: bytes) -> bytes:
+    """The member's leading side bytes of a field with corrections: u32 length, then the zstd frame."""
+    from dctdata.stages import DEFAULT_CODEC
+
+    frame = get_stage(DEFAULT_CODEC).encode(side)
+    return len(frame).to_bytes(4, "little") + frame
+
+
+def unpacked_side(raw, size: int, where: str) -> tuple[bytes, memoryview]:
+    """(the `size` side bytes, the rest of the member) of a member that starts with `packed_side`'s bytes;
+    a length or frame that does not hold exactly `size` bytes is an IntegrityError naming `where`."""
+    from dctdata.errors import IntegrityError
+    from dctdata.stages import DEFAULT_CODEC
+
+    raw = memoryview(raw).cast("B")
+    if len(raw) < 4:
+        raise IntegrityError(f"{where}: expected a 4-byte length of the side values. Got {len(raw)} bytes")
+    n = int.from_bytes(raw[:4], "little")
+    if n > len(raw) - 4:
+        raise IntegrityError(f"{where}: expected {n} bytes of packed side values. Got {len(raw) - 4}")
+    side = bytes(get_stage(DEFAULT_CODEC).decode_bounded(raw[4 : 4 + n], size, where))
+    if len(side) != size:
+        raise IntegrityError(f"{where}: expected {size} bytes of side values. Got {len(side)}")
+    return side, raw[4 + n :]

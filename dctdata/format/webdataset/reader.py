@@ -44,6 +44,7 @@ from dctdata.format.webdataset.layout import (
     samples_per_member,
     select_shards,
     shard_list,
+    unpacked_side,
 )
 from dctdata.stages import get_stage
 from dctdata.stored import check_stream
@@ -429,6 +430,9 @@ def member_stored(
     side = None
     if codec.needs_shape:
         side_bytes = sum(math.prod(g.stored_shape) * 4 for g in parts[1:])
+        if parts[1:] and parts[0].codec.corrections is not None:
+            side, rest = unpacked_side(raw, side_bytes, where)
+            raw = memoryview(side + bytes(rest))
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
         if parts[1:]:
@@ -523,6 +527,9 @@ def member_arrays(
     if codec.needs_shape:
         sizes = [math.prod(g.stored_shape) * 4 for g in parts[1:]]
         side_bytes = sum(sizes)
+        if parts[1:] and f.codec.corrections is not None:
+            side, rest = unpacked_side(raw, side_bytes, where)
+            raw, side_bytes = memoryview(side + bytes(rest)), len(side)
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
         out = [codec.decode(raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
