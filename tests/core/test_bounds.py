@@ -288,6 +288,12 @@ def test_cuda_decode_meets_the_bound():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x, spec, (q, side) = _bounded_wire()
+    cuda_decode_meets_the_bound(x, spec, q, side)
+
+
+def cuda_decode_meets_the_bound(x, spec, q, side) -> Decompress:
+    """The layer on CUDA decodes (q, side) within the bound and within the float32 margin of its CPU decode;
+    returns the layer, on CUDA."""
     layer = Decompress(spec, normalize=False)
     cpu = layer((q, side)).double()
     gpu = layer.to("cuda")((q.cuda(), side.cuda())).double().cpu()
@@ -295,6 +301,7 @@ def test_cuda_decode_meets_the_bound():
     scale = x.double().abs().amax((-1, -2))
     drift = float(((gpu - cpu).abs().amax((-1, -2)) / scale).max())
     assert drift < MARGIN_REL, drift
+    return layer
 
 
 def test_bound_holds_with_a_channel_rotation():

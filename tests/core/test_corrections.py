@@ -21,7 +21,14 @@ from dctdata.format.webdataset.layout import packed_side, unpacked_side
 from dctdata.layer import Decompress
 from dctdata.quantize import decode_reference, encode
 from dctdata.spec import CodecSpec
-from tests.core.test_bounds import KINDS, check_bound, onnx_decode_meets_the_bound, smooth, spiky
+from tests.core.test_bounds import (
+    KINDS,
+    check_bound,
+    cuda_decode_meets_the_bound,
+    onnx_decode_meets_the_bound,
+    smooth,
+    spiky,
+)
 
 
 def _spec(x, valid=None, **bounds) -> CodecSpec:
@@ -301,13 +308,7 @@ def test_cuda_applies_the_corrections_like_the_cpu():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x, spec, (q, side) = _wire()
-    layer = Decompress(spec, normalize=False)
-    cpu = layer((q, side)).double()
-    gpu = layer.to("cuda")((q.cuda(), side.cuda())).double().cpu()
-    check_bound(x, gpu.float(), spec)
-    scale = x.double().abs().amax((-1, -2))
-    drift = float(((gpu - cpu).abs().amax((-1, -2)) / scale).max())
-    assert drift < MARGIN_REL, drift
+    layer = cuda_decode_meets_the_bound(x, spec, q, side)
     bad = side.clone()
     bad[0, spec.channels + 1, 0] = 1e6  # an index far past the sample
     bad[0, spec.channels, 1] = max(1.0, float(bad[0, spec.channels, 1]))
