@@ -256,14 +256,14 @@ def _bounded_wire(seed: int = 10):
     return x, spec, wire
 
 
-def test_onnx_runtime_decode_meets_the_bound(tmp_path):
-    """The exported first layer (ONNX Runtime, CPU) decodes a bounded pack within its bound: the bound
-    needs no decoder op of its own, and the float32 margin covers ORT's arithmetic."""
+def onnx_decode_meets_the_bound(x, spec, q, side, path) -> set[str]:
+    """The layer exported to ONNX at `path` and run in ONNX Runtime (CPU): its decode holds the bound and equals
+    the eager CPU decode within the float32 margin. Returns the exported graph's op types."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    x, spec, (q, side) = _bounded_wire()
+    import onnx
+
     layer = Decompress(spec, normalize=False).eval()
-    path = tmp_path / "bounded.onnx"
     torch.onnx.export(layer, ((q, side),), str(path), input_names=["coeffs", "side"], dynamo=True)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (out,) = session.run(None, {"coeffs": q.numpy(), "side": side.numpy()})
@@ -271,6 +271,14 @@ def test_onnx_runtime_decode_meets_the_bound(tmp_path):
     check_bound(x, y, spec)
     scale = x.double().abs().amax((-1, -2))
     assert float(((y.double() - layer((q, side)).double()).abs().amax((-1, -2)) / scale).max()) < MARGIN_REL
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_onnx_runtime_decode_meets_the_bound(tmp_path):
+    """The exported first layer (ONNX Runtime, CPU) decodes a bounded pack within its bound: the bound
+    needs no decoder op of its own, and the float32 margin covers ORT's arithmetic."""
+    x, spec, (q, side) = _bounded_wire()
+    onnx_decode_meets_the_bound(x, spec, q, side, tmp_path / "bounded.onnx")
 
 
 @pytest.mark.cuda
@@ -280,6 +288,12 @@ def test_cuda_decode_meets_the_bound():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x, spec, (q, side) = _bounded_wire()
+    cuda_decode_meets_the_bound(x, spec, q, side)
+
+
+def cuda_decode_meets_the_bound(x, spec, q, side) -> Decompress:
+    """The layer on CUDA decodes (q, side) within the bound and within the float32 margin of its CPU decode;
+    returns the layer, on CUDA."""
     layer = Decompress(spec, normalize=False)
     cpu = layer((q, side)).double()
     gpu = layer.to("cuda")((q.cuda(), side.cuda())).double().cpu()
@@ -287,6 +301,7 @@ def test_cuda_decode_meets_the_bound():
     scale = x.double().abs().amax((-1, -2))
     drift = float(((gpu - cpu).abs().amax((-1, -2)) / scale).max())
     assert drift < MARGIN_REL, drift
+    return layer
 
 
 def test_bound_holds_with_a_channel_rotation():

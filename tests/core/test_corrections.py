@@ -21,7 +21,14 @@ from dctdata.format.webdataset.layout import packed_side, unpacked_side
 from dctdata.layer import Decompress
 from dctdata.quantize import decode_reference, encode
 from dctdata.spec import CodecSpec
-from tests.core.test_bounds import KINDS, check_bound, smooth, spiky
+from tests.core.test_bounds import (
+    KINDS,
+    check_bound,
+    cuda_decode_meets_the_bound,
+    onnx_decode_meets_the_bound,
+    smooth,
+    spiky,
+)
 
 
 def _spec(x, valid=None, **bounds) -> CodecSpec:
@@ -289,22 +296,9 @@ def test_torch_export_applies_the_corrections():
 def test_onnx_runtime_applies_the_corrections(tmp_path):
     """Exported to ONNX (the correction scatter becomes a ScatterElements/ScatterND with add) and run in ONNX
     Runtime on the CPU, the decode equals the eager CPU decode within the float32 margin and holds the bound."""
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
     x, spec, (q, side) = _wire()
-    layer = Decompress(spec, normalize=False).eval()
-    path = tmp_path / "corrected.onnx"
-    torch.onnx.export(layer, ((q, side),), str(path), input_names=["coeffs", "side"], dynamo=True)
-    import onnx
-
-    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    ops = onnx_decode_meets_the_bound(x, spec, q, side, tmp_path / "corrected.onnx")
     assert ops & {"ScatterElements", "ScatterND"}, ops
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (out,) = session.run(None, {"coeffs": q.numpy(), "side": side.numpy()})
-    y = torch.from_numpy(out)
-    check_bound(x, y, spec)
-    scale = x.double().abs().amax((-1, -2))
-    assert float(((y.double() - layer((q, side)).double()).abs().amax((-1, -2)) / scale).max()) < MARGIN_REL
 
 
 @pytest.mark.cuda
@@ -314,13 +308,7 @@ def test_cuda_applies_the_corrections_like_the_cpu():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x, spec, (q, side) = _wire()
-    layer = Decompress(spec, normalize=False)
-    cpu = layer((q, side)).double()
-    gpu = layer.to("cuda")((q.cuda(), side.cuda())).double().cpu()
-    check_bound(x, gpu.float(), spec)
-    scale = x.double().abs().amax((-1, -2))
-    drift = float(((gpu - cpu).abs().amax((-1, -2)) / scale).max())
-    assert drift < MARGIN_REL, drift
+    layer = cuda_decode_meets_the_bound(x, spec, q, side)
     bad = side.clone()
     bad[0, spec.channels + 1, 0] = 1e6  # an index far past the sample
     bad[0, spec.channels, 1] = max(1.0, float(bad[0, spec.channels, 1]))
