@@ -98,15 +98,18 @@ def basis(cf: int, mask: str = "square", dtype: torch.dtype = torch.float32, dev
     return _basis_f64(parse_cf(cf), parse_mask(mask)).to(dtype=dtype, device=device)
 
 
-def _check_image(x: object, name: str = "x") -> torch.Tensor:
+def _check_image(x: object, name: str = "x", axes: str = "H, W") -> torch.Tensor:
+    """x as a float tensor of shape (..., *axes) with every one of those axes at least 1 (`axes`: "H, W" for
+    images, "D, H, W" for volumes)."""
+    rank = axes.count(",") + 1
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of shape (..., H, W). Got {type(x).__name__}")
-    if x.dim() < 2:
-        raise DctDataError(f"{name}: expected rank >= 2 with shape (..., H, W). Got shape {tuple(x.shape)}")
+        raise TypeError(f"{name}: expected a torch.Tensor of shape (..., {axes}). Got {type(x).__name__}")
+    if x.dim() < rank:
+        raise DctDataError(f"{name}: expected rank >= {rank} with shape (..., {axes}). Got shape {tuple(x.shape)}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected a floating tensor (float16, bfloat16, float32 or float64). Got {x.dtype}")
-    if x.shape[-1] == 0 or x.shape[-2] == 0:
-        raise DctDataError(f"{name}: expected H, W >= 1. Got shape {tuple(x.shape)}")
+    if min(x.shape[-rank:]) == 0:
+        raise DctDataError(f"{name}: expected {axes} >= 1. Got shape {tuple(x.shape)}")
     return x
 
 

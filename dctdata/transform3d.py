@@ -28,7 +28,7 @@ import math
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.transform import BLOCK, PADS, _dct_matrix_f64, _mirror, parse_cf
+from dctdata.transform import BLOCK, PADS, _check_image, _dct_matrix_f64, _mirror, parse_cf
 
 MASKS3 = ("cube", "tetra")
 MASK_ALIASES = {"square": "cube", "triangle": "tetra"}  # the 2-D names of the same rules
@@ -84,18 +84,6 @@ def basis(cf: int, mask: str = "cube", dtype: torch.dtype = torch.float64, devic
     return _basis_f64(parse_cf(cf), parse_mask3(mask)).to(dtype=dtype, device=device)
 
 
-def _check_volume(x: object, name: str = "x") -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor of shape (..., D, H, W). Got {type(x).__name__}")
-    if x.dim() < 3:
-        raise DctDataError(f"{name}: expected rank >= 3 with shape (..., D, H, W). Got shape {tuple(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name}: expected a floating tensor (float16, bfloat16, float32 or float64). Got {x.dtype}")
-    if min(x.shape[-3:]) == 0:
-        raise DctDataError(f"{name}: expected D, H, W >= 1. Got shape {tuple(x.shape)}")
-    return x
-
-
 def pad_to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
     """(N, D, H, W) -> (N, Db*8, Hb*8, Wb*8): half-sample symmetric padding (the 2-D default, which codes
     cheaper than edge replication), or "edge"."""
@@ -116,7 +104,7 @@ def compress(x: torch.Tensor, cf: int = 8, mask: str = "cube", pad: str = "symme
     """(..., D, H, W) float -> (..., Db, Hb, K, Wb) float32 DCT coefficients of the kept frequencies.
 
     Separable: three small matmuls per block (one per axis), then the mask's frequencies are picked."""
-    x = _check_volume(x)
+    x = _check_image(x, axes="D, H, W")
     cf, mask = parse_cf(cf), parse_mask3(mask)
     *lead, d, h, w = x.shape
     db, hb, wb = grid_shape(d, h, w)
