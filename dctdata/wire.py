@@ -258,10 +258,11 @@ def merge_stored(batches: Sequence[StoredBatch]) -> tuple[StoredBatch, list[int]
     if len(batches) == 1:
         return batches[0], counts
     offsets, rows, base, streams = [], [], 0, 0
+    picked = any(b.rows is not None for b in batches)  # then every batch's samples get their row
     for b in batches:
         offsets.append(b.offsets[:-1].cpu() + base)
         base += int(b.data.numel())
-        if b.rows is not None or any(x.rows is not None for x in batches):
+        if picked:
             own = b.rows if b.rows is not None else torch.arange(len(b), device=b.data.device)
             rows.append(own.to(b.data.device) + streams * form.rows)
         streams += b.streams
