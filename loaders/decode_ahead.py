@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from dctdata.errors import DctDataError
+from dctdata.loaders.device import map_leaves
 from dctdata.parse import is_int
 from dctdata.wire import StoredBatch, merge_stored
 
@@ -102,6 +103,7 @@ class DecodeAhead:
 class _Group(NamedTuple):
     batches: list
     decoded: list  # per stored field position: the decoded samples of each batch
+    whole: list  # per stored field position: the group's decoded tensor (what `decoded` splits)
     checks: list
     done: Any  # the CUDA event after the group's work on the side stream, or None off CUDA
 
@@ -153,7 +155,7 @@ class DecompressBatches:
                 f"{[len(s) for s in stored]} StoredBatch values"
             )
         if width == 0:
-            return _Group(batches, [], [], None)
+            return _Group(batches, [], [], [], None)
         device = stored[0][0].device
         side = None
         if device.type == "cuda":
@@ -166,7 +168,7 @@ class DecompressBatches:
                     for t in (b.data, b.rows, b.side):
                         if t is not None and t.device.type == "cuda":
                             t.record_stream(side)  # allocated on another stream, read on the side one
-        decoded, checks = [], []
+        decoded, whole, checks = [], [], []
         began = time.perf_counter()
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             if side is not None and self.timed:
@@ -176,7 +178,8 @@ class DecompressBatches:
                 merged, counts = merge_stored([s[j] for s in stored])
                 layer = self._layer(merged.form.field)
                 wire, more = layer.decode_stored_deferred(merged)
-                decoded.append(torch.split(layer(wire), counts))
+                whole.append(layer(wire))
+                decoded.append(torch.split(whole[-1], counts))
                 checks += more
             done = None
             if side is not None:
@@ -186,7 +189,7 @@ class DecompressBatches:
                 done.record(side)
             elif self.timed:
                 self.timings.append(1e3 * (time.perf_counter() - began))
-        return _Group(batches, decoded, checks, done)
+        return _Group(batches, decoded, whole, checks, done)
 
     def finish(self, group: _Group) -> list:
         """The group's batches with their stored fields decoded (waits for the decode and checks it)."""
@@ -194,16 +197,12 @@ class DecompressBatches:
             group.done.synchronize()
         for check in group.checks:
             check()
-        out = []
-        for i, batch in enumerate(group.batches):
-            values = iter([d[i] for d in group.decoded])
-            if group.done is not None:
-                for d in group.decoded:
-                    current = torch.cuda.current_stream(d[i].device)
-                    current.wait_event(group.done)
-                    d[i].record_stream(current)  # allocated on the side stream, used on the current one
-            out.append(_replace_stored(batch, values))
-        return out
+        if group.done is not None:
+            current = torch.cuda.current_stream(group.whole[0].device)
+            current.wait_event(group.done)
+            for t in group.whole:
+                t.record_stream(current)  # allocated on the side stream, used on the current one
+        return [_replace_stored(batch, iter([d[i] for d in group.decoded])) for i, batch in enumerate(group.batches)]
 
     def __repr__(self) -> str:
         fields = sorted(self.layers) if isinstance(self.layers, dict) else "all"
@@ -213,33 +212,10 @@ class DecompressBatches:
 def _stored(batch: Any) -> list[StoredBatch]:
     """The StoredBatch values of a batch, in traversal order."""
     found: list[StoredBatch] = []
-    _walk(batch, lambda v: found.append(v) or v)
+    map_leaves(batch, lambda v: found.append(v) if isinstance(v, StoredBatch) else None)
     return found
 
 
 def _replace_stored(batch: Any, values: Iterator) -> Any:
     """The batch with its StoredBatch values replaced, in traversal order, by `values`."""
-    return _walk(batch, lambda v: next(values) if isinstance(v, StoredBatch) else v)
-
-
-def _walk(batch: Any, fn) -> Any:
-    """fn applied to the StoredBatch leaves of a nested batch (containers rebuilt as `_map` does)."""
-    if isinstance(batch, StoredBatch):
-        return fn(batch)
-    if isinstance(batch, torch.Tensor):
-        return batch
-    return _map_containers(batch, lambda b: _walk(b, fn))
-
-
-def _map_containers(batch: Any, fn) -> Any:
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(fn(b) for b in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(fn(b) for b in batch)
-    if isinstance(batch, Mapping):
-        items = {k: fn(v) for k, v in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:
-            return items
-    return batch
+    return map_leaves(batch, lambda v: next(values) if isinstance(v, StoredBatch) else v)

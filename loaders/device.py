@@ -65,23 +65,33 @@ def resolve_device(device: torch.device | str | int | None = None) -> torch.devi
     return dev
 
 
-def _map(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply fn to every tensor in a nested tuple/list/dict/namedtuple, keeping the container types."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, StoredBatch):  # decode="device": its buffer, offsets, rows and side
-        return batch.apply(fn)
+def map_leaves(batch: Any, fn: Callable[[Any], Any]) -> Any:
+    """fn applied to every leaf of a nested tuple/list/dict/namedtuple batch (tensors, stored batches, numbers,
+    strings...), the containers rebuilt with their types."""
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(_map(b, fn) for b in batch))
+        return type(batch)(*(map_leaves(b, fn) for b in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_map(b, fn) for b in batch)
+        return type(batch)(map_leaves(b, fn) for b in batch)
     if isinstance(batch, Mapping):
-        items = {k: _map(v, fn) for k, v in batch.items()}
+        items = {k: map_leaves(v, fn) for k, v in batch.items()}
         try:
             return type(batch)(items)
         except TypeError:  # a Mapping type that cannot be built from a dict
             return items
-    return batch  # numbers, strings, None, numpy arrays: left as they are
+    return fn(batch)
+
+
+def _map(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply fn to every tensor in a nested tuple/list/dict/namedtuple, keeping the container types."""
+
+    def leaf(value):
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if isinstance(value, StoredBatch):  # decode="device": its buffer, offsets, rows and side
+            return value.apply(fn)
+        return value  # numbers, strings, None, numpy arrays: left as they are
+
+    return map_leaves(batch, leaf)
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
