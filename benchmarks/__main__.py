@@ -30,6 +30,10 @@ SCRIPTS = {
     ),
     "codec-ablation": ("benchmarks.codec_ablation", "bytes at equal PSNR with each codec fix switched off in turn"),
     "decode-kernels": ("benchmarks.decode_kernels", "the CPU decode kernels side by side (copy, torch, fused C)"),
+    "decompress-host": (
+        "benchmarks.decompress_host",
+        "the host's Python per Decompress call on the fused CUDA path (its launch stubbed: runs without a GPU)",
+    ),
     "docs-table": (
         "benchmarks.docs_table",
         "a benchmark's JSON as a docs table, headed by its command, machine and date (docs/benchmarks/)",
