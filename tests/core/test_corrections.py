@@ -11,7 +11,7 @@ import torch
 
 import dctdata
 from dctdata import corrections
-from dctdata.bounds import MARGIN_REL
+from dctdata.bounds import MARGIN_REL, BoundError
 from dctdata.calibrate import calibrate_report
 from dctdata.corrections import EXACT, apply, check, stage_sizer, stored_bytes
 from dctdata.errors import DctDataError, IntegrityError
@@ -19,7 +19,7 @@ from dctdata.format import FieldSpec, read_manifest
 from dctdata.format.fields import side_field
 from dctdata.format.webdataset.layout import packed_side, unpacked_side
 from dctdata.layer import Decompress
-from dctdata.quantize import decode_reference, encode
+from dctdata.quantize import coded_coefficients, decode_reference, encode
 from dctdata.spec import CodecSpec
 from tests.core.test_bounds import (
     KINDS,
@@ -314,3 +314,33 @@ def test_cuda_applies_the_corrections_like_the_cpu():
     bad[0, spec.channels, 1] = max(1.0, float(bad[0, spec.channels, 1]))
     with pytest.raises(IntegrityError, match=r"sample 0 of the batch: corrections"):
         layer((q.cuda(), bad.cuda()))
+
+
+def _at_the_int16_limit(rel_per_step: float) -> tuple[torch.Tensor, CodecSpec]:
+    """Two smooth samples and a spec whose step puts their largest coefficient at int16's limit (no finer
+    step can code them), bounded at rel_per_step x that step."""
+    x = torch.from_numpy(smooth(np.random.default_rng(7), 2, 1, 64, 64).astype(np.float32))
+    probe = CodecSpec(cf=8, mask="square", dtype="int16", steps=[1.0], side="range_mid", height=64, width=64)
+    coeffs, _ = coded_coefficients(x, probe)
+    step = float(coeffs.abs().max()) / 32700
+    r = rel_per_step * step
+    return x, probe.replace(steps=[step], max_rel_error=r, bound_ref=r)
+
+
+def test_corrections_hold_items_that_re_coding_cannot():
+    """An item whose finer re-code would overflow int16 (seen on 256^2 clouds at 1e-4): re-coding alone
+    raises, corrections hold it."""
+    x, spec = _at_the_int16_limit(0.75)
+    with pytest.raises(BoundError, match="finer steps overflow the integer dtype"):
+        encode(x, spec)
+    spec = spec.replace(corrections=corrections.capacity(x[0].numel()))
+    wire, over = encode(x, spec)
+    assert over == 0 and bool((_counts(spec, wire[1]) > 0).all())
+    check_bound(x, Decompress(spec, normalize=False)(wire), spec)
+    check_bound(x, decode_reference(wire, spec).float(), spec)
+
+
+def test_an_item_neither_re_coding_nor_corrections_hold_is_named():
+    x, spec = _at_the_int16_limit(0.3)  # more misses than the correction rows hold
+    with pytest.raises(BoundError, match=r"Got [0-9.]+ in channel 0 \(finer steps overflow the integer dtype"):
+        encode(x, spec.replace(corrections=corrections.capacity(x[0].numel())))
