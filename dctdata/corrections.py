@@ -36,8 +36,9 @@ from dctdata.spec import CodecSpec
 
 EXACT = float(1 << 24)  # float32 holds every integer up to here exactly: the largest gap and |k|
 # step multipliers tried per sample, coarser than the bound alone needs (1: the bound's own step with
-# corrections for its outliers instead of re-coding the item)
-MULTIPLIERS = (1.0, 1.25, 1.6, 2.0, 2.5)
+# corrections for its outliers instead of re-coding the item); rounding within the bound
+# (`dctdata.bound_rounding`) keeps most values of 2 to 2.8 x within it
+MULTIPLIERS = (1.0, 1.25, 1.6, 2.0, 2.25, 2.5, 2.8)
 
 
 def capacity(values: int) -> int:

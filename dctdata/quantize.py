@@ -394,6 +394,7 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
     corrected float32 decode holds the bound less the margin on every valid value, clamps no more
     coefficients and (spec.min_psnr) keeps the floor. `failed`: the `BoundError`s of the samples re-coding
     could not hold (`keep_bound`); each needs a candidate with corrections, or its error is raised."""
+    from dctdata.bound_rounding import can_round, round_coded
     from dctdata.bounds import item_max_error, missing
     from dctdata.corrections import MULTIPLIERS, build, stored_bytes, zstd_size
     from dctdata.layer import Decompress
@@ -420,9 +421,14 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
         if not bool(going.any()):
             break
         g = g0 * m
-        qm, om = quantize_per_sample(rescaled(coeffs0, g, spec), spec, checked=True)
+        cm = rescaled(coeffs0, g, spec)
+        qm, om = quantize_per_sample(cm, spec, checked=True)
         sm = side0.clone()
         sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
+        if can_round(spec):  # each coefficient's level chosen so fewer values miss (`dctdata.bound_rounding`)
+            live = going.nonzero().flatten()
+            v = None if valid is None else torch.broadcast_to(valid, x.shape)[live]
+            qm[live] = round_coded(cm[live], qm[live], sm[live, :, 0], room[live], spec, v)
         with torch.no_grad():
             x_hat = layer((qm, torch.cat([sm, empty], 1)))
         fix, counts = build(x, x_hat, room, cap, valid)
