@@ -361,3 +361,23 @@ def test_an_item_neither_re_coding_nor_corrections_hold_is_named():
     x, spec = _at_the_int16_limit(0.3)  # more misses than the correction rows hold
     with pytest.raises(BoundError, match=r"Got [0-9.]+ in channel 0 \(finer steps overflow the integer dtype"):
         encode(x, spec.replace(corrections=corrections.capacity(x[0].numel())))
+
+
+@pytest.mark.usefixtures("plain_rounding")
+def test_forward_deferred_checks_the_rows_when_asked():
+    """`forward_deferred` queues the rows' check instead of reading it back (a CUDA batch does not wait);
+    the check names the sample by its index in the pack, and well-formed rows decode like `forward`."""
+    _, spec, (q, side) = _wire()
+    layer = Decompress(spec, normalize=False)
+    y, checks = layer.forward_deferred((q, side), indices=(7, 8, 9, 10))
+    assert len(checks) == 1 and checks[0]() is None and torch.equal(y, layer((q, side)))
+    bad = side.clone()
+    bad[1, spec.channels :] = 0.0
+    bad[1, spec.channels, :] = torch.tensor([0.5, 1.0])  # one correction ...
+    bad[1, spec.channels + 1, :] = torch.tensor([1e6, 3.0])  # ... at an index far past the sample
+    y, checks = layer.forward_deferred((q, bad), indices=(7, 8, 9, 10))  # clamped into the sample meanwhile
+    assert y.shape == (4, *spec.sample_shape) and bool(torch.isfinite(y).all())
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 8: corrections: .* an index past the sample"):
+        checks[0]()
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 1 of the batch: corrections: .* an index past"):
+        layer((q, bad))
