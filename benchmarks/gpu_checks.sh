@@ -8,8 +8,9 @@
 #   5. bytes crossing and loader rate, decode="cpu" beside decode="device" (device-decode);
 #   6. the gpu tables (python -m benchmarks gpu: Decompress GB/s, and the loader rows for 4 and 8 workers, batches
 #      of 32 and 256, decode="cpu" beside decode="device", raw float32, nvJPEG; about 2.5-3 minutes), then its
-#      docs section (python -m benchmarks gpu-doc-table -> bench_gpu.md).
-# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps.
+#      docs section (python -m benchmarks gpu-doc-table -> bench_gpu.md);
+#   7. the decode table alone (python -m benchmarks gpu --decode-only: Decompress v1 and v2 GB/s, seconds).
+# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps (7 is extra).
 # Each step has its own timeout; the whole run is about 6-8 minutes on an H200.
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
@@ -80,6 +81,11 @@ if step 6; then
     timeout ${GPU_T:-300} python3 -m benchmarks gpu --sizes 256 1024 --cf 2 4 8 --repeat 10 --json "$OUT/bench_gpu.json" 2>&1 \
         | tee "$OUT/bench_gpu.txt" | tail -100 || status=1
     python3 -m benchmarks gpu-doc-table "$OUT/bench_gpu.json" --out "$OUT/bench_gpu.md" || status=1
+fi
+if step 7; then
+    note "7. decode table alone"
+    timeout ${DECODE_T:-120} python3 -m benchmarks gpu --decode-only --sizes 256 1024 --cf 2 4 8 --repeat 10 \
+        --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.txt" | tail -40 || status=1
 fi
 note "done: exit $status"
 exit $status

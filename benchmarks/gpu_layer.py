@@ -4,8 +4,9 @@ Two tables, printed as Markdown and written to `--out` as JSON:
 - decode: `Decompress` GB/s of output, v1 and v2 codecs (those of `python -m benchmarks gpu`'s decode table: int8
   coefficients; v2 = dead zone, reconstruction offsets and a per-sample (range, mid)), each through the portable
   graph ("eager": the Triton kernel off) and the fused Triton kernel ("fused"), at every size x CF x output dtype,
-  batches of about 64 MB of output, best of --repeat calls timed with CUDA events after two warm-ups. Also: the
-  kernel's first call (its compile), and the largest difference fused vs eager relative to the output's range.
+  batches of about 64 MB of output, best of --repeat runs of 50 queued calls timed with CUDA events after 50 ms of
+  warm-up calls. Also: the kernel's first call (its compile), and the largest difference fused vs eager relative to
+  the output's range.
 - nvcomp: `dctdata.nvcomp_zstd.decode_batch` on zstd-19 frames (int8 Laplacian values, like coefficients) per
   call: 64 KiB samples as one frame each, 32 / 64 / 256 / 1,024 per call; the same with nvCOMP's allocations
   taken from torch's caching allocator; unaligned streams (copied to aligned ones first); and 1 MiB samples as
@@ -32,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
-from benchmarks.gpu import v1_spec, v2_spec, wire  # noqa: E402  (the gpu table's codecs and coefficients)
+from benchmarks.gpu import QUEUED_CALLS, _seconds, v1_spec, v2_spec, wire  # noqa: E402  (the gpu table's codecs, timing)
 from dctdata import fused_cuda  # noqa: E402
 from dctdata.layer import Decompress  # noqa: E402
 from dctdata.spec import CodecSpec  # noqa: E402
@@ -47,24 +48,9 @@ def sync(dev: torch.device) -> None:
 
 
 def best_seconds(fn, repeat: int, dev: torch.device) -> float:
-    """Best time of one call of `fn` (CUDA events; the wall clock off CUDA), after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    sync(dev)
-    best = float("inf")
-    for _ in range(repeat):
-        if dev.type != "cuda":
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
+    """Best time of one call of `fn`: the gpu table's timing (`QUEUED_CALLS` calls between two CUDA events after
+    warm-up calls, the device's rate; the wall clock off CUDA)."""
+    return _seconds(fn, dev, repeat, calls=QUEUED_CALLS)
 
 
 def measure(spec: CodecSpec, dtype: torch.dtype, batch: int, repeat: int, dev: torch.device, calls: list) -> dict:

@@ -109,6 +109,9 @@ def _register_gpu(kinds) -> None:
     )
     g.add_argument("--jobs", type=int, default=4, help="processes that generate and pack the data (1: in this one)")
     g.add_argument("--json", metavar="PATH", help="write every row, the device, date, command and must-show ratios")
+    g.add_argument(
+        "--decode-only", action="store_true", help="the Decompress table alone (no packs, no loader rows: seconds)"
+    )
     g.set_defaults(func=_gpu)
 
 
@@ -236,6 +239,16 @@ def _gpu(args) -> int:
         if args.json:
             gpu.write_json(args.json, result)
 
+    if args.decode_only:
+        if not args.sizes:
+            raise DctDataError("--decode-only: expected --sizes (the decode table's sizes). Got none")
+        print(f"{name}; torch {torch.__version__}; Decompress, int8 coefficients in, batches of about 64 MB of output")
+        result["decode_rows"] = gpu.decode_rows(args.device, args.sizes, args.cf, args.dtypes, args.repeat)
+        print(gpu.format_decode_rows(result["decode_rows"]), flush=True)
+        result["complete"] = True
+        save()
+        print(gpu.format_must_show(result["must_show"]))
+        return 0
     with tempfile.TemporaryDirectory(prefix="dctdata-bench-gpu-") as tmp:
         setup = gpu.Setup(tmp, args.samples, args.size, args.target_psnr, jobs=args.jobs).start()  # while decoding
         print(f"{name}; torch {torch.__version__}; Decompress, int8 coefficients in, batches of about 64 MB of output")

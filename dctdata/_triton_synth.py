@@ -1,23 +1,32 @@
 """The Triton kernel of `dctdata.fused_cuda` (imported only there, and only where Triton is installed).
 
 One program decodes a strip of `BLOCKS` neighbouring 8x8 blocks of one block row of one channel of one
-sample: 8 x (8 BLOCKS) output pixels. Per kept frequency (u, v) it loads the strip's stored coefficients
-(one coalesced row of the (Hb, K, Wb) layout), dequantizes them (y = a q + d + r sign(q)), applies the
-channel rotation (a sum over the input channels' rows), then runs the separable inverse DCT in
-registers: Z_u[j] = sum_v y[u, v] T[v, j] for every column, image[i, :] += T[u, i] Z_u, and applies the
-per-sample output map (x <- alpha x + beta) to each pixel (the map is linear, so once a pixel costs less
-than once a coefficient). Each output pixel is written once, cropped by the store's mask.
+sample, and each thread owns one whole block: its 64 accumulators, its coefficients, its pixels. For each
+kept column v of frequencies (a compile-time loop) the thread loads its block's coefficients y[u, v] of
+every kept row u at once (a (UP, BLOCKS) tensor whose u axis stays in the thread; the strip reads coalesced
+rows of the (Hb, K, Wb) layout), dequantizes each once (y = a q + d + r sign(q)), applies the channel
+rotation (a sum over the input channels' rows), then runs the separable inverse DCT in registers: the
+column pass w[i] = sum_u T[u, i] y[u, v] (a reduction inside the thread) and image[i, j] += w[i] T[v, j].
+The per-sample output map (x <- alpha x + beta) is linear, so it is applied to the coefficients: y <-
+alpha y, and 8 beta added to the DC coefficient (the DC basis is 1/8 at every pixel), at most 64 multiplies
+a block instead of one a pixel (what the fused CPU kernel computes too). Each output row of a block is one
+vector store, cropped by the store's mask.
 
-The accumulator is (8 rows, 8 BLOCKS columns) with the columns along the image row (memory-contiguous),
-so Triton's default layout gives each thread all 8 rows of its columns when the strip has at least
-32 x num_warps x (elements per thread) columns (`fused_cuda.launch_config` keeps BLOCKS = 16 x num_warps):
-a column's coefficients are then loaded and dequantized by one thread, not once per row.
+Why a block a thread: a layout with a column a thread (8 threads a block) dequantizes every coefficient 8
+times, and v2's dequantization (dead zone offsets, output map, rotation) costs several times v1's, so v2
+ran well below v1. With the block in one thread each coefficient is dequantized once, and what is left is
+the inverse DCT's multiply-adds, which v1 and v2 share. The tensors are shaped (..., BLOCKS) with the
+blocks last, so Triton's default layout puts consecutive blocks on consecutive threads and keeps a block's
+values in one thread's registers; `fused_cuda.launch_config` keeps BLOCKS = 32 x num_warps, one block a
+thread. Why the u axis is a tensor and the v loop unrolled: every coefficient load of a block is issued
+before the arithmetic that waits for it (a loop at run time waits once an iteration), and no value is
+picked out of a tensor by index (Triton has no such operation).
 
-Written for Triton 3.x (3.6 on the GPU image, 3.8 here): loads, stores, elementwise arithmetic, one static
-(compile-time) loop and runtime loops; no tl.dot, no reductions, no newer features. Only `triton.language`
-builtins, none of its @jit-defined helpers (tl.zeros is one): those stay compiled-mode functions when Triton
-was imported before TRITON_INTERPRET=1 was set, and the interpreter cannot call them (the tests' case).
-"""
+Written for Triton 3.x (3.6 on the GPU image, 3.8 here): loads, stores, elementwise arithmetic, `tl.reduce`
+with this module's `_add`, and compile-time loops; no tl.dot, no newer features. Only `triton.language`
+builtins, none of its @jit-defined helpers (tl.zeros and tl.sum are such): those stay compiled-mode
+functions when Triton was imported before TRITON_INTERPRET=1 was set, and the interpreter cannot call them
+(the tests' case)."""
 
 from __future__ import annotations
 
@@ -29,28 +38,40 @@ except ImportError as exc:  # fused_cuda then keeps the portable graph
 
 
 @triton.jit
-def _dequantized(q_ptr, a_ptr, d_ptr, r_ptr, b64, ch, hb, C, HB, K, WB, wb, in_w, k, HAS_R: tl.constexpr):
-    """Stored coefficient k of channel `ch` under the strip's columns, dequantized: a q + d (+ r sign(q))."""
-    row = ((b64 * C + ch) * HB + hb) * K + k  # int64: (sample, channel, block row, frequency) row of Wb values
-    q = tl.load(q_ptr + row * WB + wb, mask=in_w, other=0).to(tl.float32)
-    d = tl.load(d_ptr + ch * K + k)
-    if HAS_R:  # d + r sign(q) as a choice between three per-frequency constants: two selects per value
-        r = tl.load(r_ptr + ch * K + k)
-        d = tl.where(q > 0, d + r, tl.where(q < 0, d - r, d))
-    return q * tl.load(a_ptr + ch * K + k) + d
+def _add(a, b):  # tl.reduce's combine: this module's own, so the interpreter can call it (see the module doc)
+    return a + b
 
 
 @triton.jit
-def _coefficient(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k,
-                 COLS: tl.constexpr, HAS_R: tl.constexpr, HAS_M: tl.constexpr):  # fmt: skip
-    """Coefficient k of output channel c: dequantized and rotated (M[c, :] over the input channels)."""
+def _dequantized(q_ch, t_ch, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep, HAS_R: tl.constexpr):
+    """Stored coefficients k (UP,) of one channel under the strip's blocks, dequantized: y = a q + d (+ r sign(q)),
+    a (UP, BLOCKS) tensor. q_ch points at the channel's (K, Wb) plane of this block row, t_ch at its table row."""
+    qi = tl.load(q_ch + (k * WB)[:, None] + wb[None, :], mask=keep[:, None] & in_w[None, :], other=0)
+    q = qi.to(tl.float32)
+    a = tl.load(a_ptr + t_ch + k, mask=keep, other=0.0)[:, None]
+    y = q * a + tl.load(d_ptr + t_ch + k, mask=keep, other=0.0)[:, None]
+    if HAS_R:
+        r = tl.load(r_ptr + t_ch + k, mask=keep, other=0.0)[:, None]
+        if qi.dtype.is_int():  # an integer's sign is the integer clamped to [-1, 1]: two min/max, no selects
+            y += r * tl.minimum(tl.maximum(q, -1.0), 1.0)
+        else:
+            y += tl.where(q > 0, r, tl.where(q < 0, -r, 0.0))
+    return y
+
+
+@triton.jit
+def _coefficients(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, keep,
+                  UP: tl.constexpr, BLOCKS: tl.constexpr, HAS_R: tl.constexpr, HAS_M: tl.constexpr):  # fmt: skip
+    """Coefficients k (UP,) of output channel c: dequantized and rotated (M[c, :] over the input channels)."""
     if HAS_M:
-        y = tl.full((COLS,), 0.0, tl.float32)
+        y = tl.full((UP, BLOCKS), 0.0, tl.float32)
         for ch in range(0, C):
-            m = tl.load(m_ptr + c * C + ch)
-            y += m * _dequantized(q_ptr, a_ptr, d_ptr, r_ptr, b64, ch, hb, C, HB, K, WB, wb, in_w, k, HAS_R)
+            q_ch = q_ptr + ((b64 * C + ch) * HB + hb) * K * WB
+            y += tl.load(m_ptr + c * C + ch) * _dequantized(q_ch, ch * K, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep,
+                                                            HAS_R)  # fmt: skip
     else:
-        y = _dequantized(q_ptr, a_ptr, d_ptr, r_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, HAS_R)
+        q_ch = q_ptr + ((b64 * C + c) * HB + hb) * K * WB
+        y = _dequantized(q_ch, c * K, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep, HAS_R)
     return y
 
 
@@ -65,12 +86,10 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
     a, d, r (C, K) float32: dequantization; m (C, C) float32: rotation (output channel, input channel);
     scale, shift (C,) float32 and side (B, C, 2) = [range, mid]: the output map alpha = scale range,
     beta = scale mid + shift (alpha = scale, beta = shift without side); t (8, 8) float32: the DCT matrix.
-    Pointers of absent tables are never read (their flags are off). The loop over u runs at run time and
-    the one over v is unrolled (CF terms): unrolling both made the CF 8 kernel many times slower to compile. Sizes are
-    not specialized on (only W, whose multiples of 16 let rows be stored aligned), so one compile serves
-    every sample size of a codec.
+    Pointers of absent tables are never read (their flags are off). Sizes are not specialized on (only W,
+    whose multiples of 16 let rows be stored aligned), so one compile serves every sample size of a codec.
     """
-    COLS: tl.constexpr = BLOCKS * 8
+    UP: tl.constexpr = 8 if CF > 4 else (4 if CF > 2 else 2)  # the kept rows u, padded to a power of two
     pid = tl.program_id(0)
     c = pid % C
     rest = pid // C
@@ -78,10 +97,10 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
     rest = rest // STRIPS
     hb = rest % HB
     b64 = (rest // HB).to(tl.int64)
-    col = tl.arange(0, COLS)
-    wb = strip * BLOCKS + col // 8
+    wb = strip * BLOCKS + tl.arange(0, BLOCKS)  # this thread's block column
     in_w = wb < WB
-    j = col % 8
+    e8 = tl.arange(0, 8)  # a row (i) or column (j) inside a block
+    u = tl.arange(0, UP)
     alpha = 1.0
     beta = 0.0
     if HAS_OUT:
@@ -93,26 +112,24 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
             mid = tl.load(side_ptr + at + 1).to(tl.float32)
             beta = alpha * mid + beta
             alpha = alpha * rng
-    acc = tl.full((8, COLS), 0.0, tl.float32)
-    for u in range(0, CF):
-        z = tl.full((COLS,), 0.0, tl.float32)
-        for v in tl.static_range(CF):
-            if TRIANGLE:  # row u keeps v < CF - u, after u CF - u (u - 1) / 2 kept frequencies of the rows above
-                keep = u + v < CF
-                k = tl.minimum(u * CF - (u * (u - 1)) // 2 + v, K - 1)  # in bounds; zeroed below when not kept
-            else:
-                k = u * CF + v
-            y = _coefficient(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, COLS,
-                             HAS_R, HAS_M)  # fmt: skip
-            if TRIANGLE:
-                y = tl.where(keep, y, 0.0)
-            z += y * tl.load(t_ptr + v * 8 + j)
-        t_u = tl.load(t_ptr + u * 8 + tl.arange(0, 8))
-        acc += t_u[:, None] * z[None, :]
-    if HAS_OUT:  # the output map is linear: applied once a pixel, not once a coefficient
-        acc = acc * alpha + beta
-    rows = hb * 8 + tl.arange(0, 8)
-    cols = strip * COLS + col
-    offsets = ((b64 * C + c) * H + rows[:, None]) * W + cols[None, :]
-    mask = (rows[:, None] < H) & (cols[None, :] < W)
-    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    t_ui = tl.load(t_ptr + u[:, None] * 8 + e8[None, :], mask=(u < CF)[:, None], other=0.0)  # T[u, i], 0 past CF
+    acc = tl.full((8, 8, BLOCKS), 0.0, tl.float32)  # (row i, column j, block)
+    for v in tl.static_range(CF):
+        if TRIANGLE:  # row u keeps v < CF - u, after u CF - u (u - 1) / 2 kept frequencies of the rows above
+            keep = u + v < CF
+            k = tl.minimum(u * CF - (u * (u - 1)) // 2 + v, K - 1)  # in bounds; not read when not kept
+        else:
+            keep = u < CF
+            k = u * CF + v
+        y = _coefficients(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, keep, UP, BLOCKS,
+                          HAS_R, HAS_M)  # fmt: skip
+        if HAS_OUT:  # the output map, on the coefficients (see the module doc)
+            y = y * alpha
+            if v == 0:
+                y += tl.where(u == 0, 8.0 * beta, 0.0)[:, None]
+        w = tl.reduce(t_ui[:, :, None] * y[:, None, :], 0, _add)  # (i, block): sum over u of T[u, i] y[u, v]
+        acc += w[:, None, :] * tl.load(t_ptr + v * 8 + e8)[None, :, None]  # image[i, j] += w[i] T[v, j]
+    rows = (hb * 8 + e8)[:, None, None]
+    cols = (wb * 8)[None, None, :] + e8[None, :, None]
+    offsets = ((b64 * C + c) * H + rows) * W + cols
+    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=(rows < H) & (cols < W))

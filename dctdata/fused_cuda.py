@@ -81,7 +81,8 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
 
 @dataclass(frozen=True)
 class DeviceTables:
-    """`fused.Tables` as float32 tensors on one device, plus the DCT matrix the kernel reads."""
+    """`fused.Tables` as float32 tensors on one device, plus the DCT matrix the kernel reads. Checked once here
+    (dtype, shape, contiguity, one device), not on every decode: a layer decodes many batches with one."""
 
     a: torch.Tensor
     d: torch.Tensor
@@ -91,6 +92,25 @@ class DeviceTables:
     shift: torch.Tensor | None
     t: torch.Tensor
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.a, torch.Tensor) or self.a.dim() != 2:
+            raise DctDataError(f"tables.a: expected a (C, K) float32 tensor. Got {self.a!r:.80}")
+        c, k = self.a.shape
+        device = self.a.device
+        for name, t, shape in (("a", self.a, (c, k)), ("d", self.d, (c, k)), ("r", self.r, (c, k)),
+                               ("m", self.m, (c, c)), ("scale", self.scale, (c,)), ("shift", self.shift, (c,)),
+                               ("t", self.t, (BLOCK, BLOCK))):  # fmt: skip
+            if t is None:
+                continue
+            if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape
+                    or not t.is_contiguous() or t.device != device):  # fmt: skip
+                got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise DctDataError(
+                    f"tables.{name}: expected a contiguous float32 tensor of shape {shape} on {device}. Got {got}"
+                )
+        if (self.scale is None) != (self.shift is None):
+            raise DctDataError("tables: expected scale and shift both or neither")
+
     @property
     def channels(self) -> int:
         return self.a.shape[0]
@@ -98,6 +118,10 @@ class DeviceTables:
     @property
     def kept(self) -> int:
         return self.a.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.a.device
 
 
 def device_tables(tables: Tables, device: torch.device | str) -> DeviceTables:
@@ -112,11 +136,11 @@ def device_tables(tables: Tables, device: torch.device | str) -> DeviceTables:
 
 
 def launch_config(wb: int) -> tuple[int, int]:
-    """(blocks per strip, warps per program): 16 blocks (128 columns) per warp, so each thread owns whole
-    columns (see `dctdata._triton_synth`); 1 warp for samples up to 128 pixels wide, else 2 (wider samples
-    take several strips per block row, which keeps one compiled kernel per codec for every larger size)."""
-    warps = 1 if wb <= 16 else 2
-    return 16 * warps, warps
+    """(blocks per strip, warps per program): 32 blocks per warp, one block a thread (see
+    `dctdata._triton_synth`); 1 warp for samples up to 256 pixels wide, else 2 (wider samples take several
+    strips per block row, which keeps one compiled kernel per codec for every larger size)."""
+    warps = 1 if wb <= 32 else 2
+    return 32 * warps, warps
 
 
 def synthesize(
@@ -149,18 +173,11 @@ def synthesize(
     c, k = tables.channels, tables.kept
     if k != num_kept(cf, mask):
         raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
-    for name, t, shape in (("a", tables.a, (c, k)), ("d", tables.d, (c, k)), ("r", tables.r, (c, k)),
-                           ("m", tables.m, (c, c)), ("scale", tables.scale, (c,)), ("shift", tables.shift, (c,)),
-                           ("t", tables.t, (BLOCK, BLOCK))):  # fmt: skip
-        if t is None:
-            continue
-        if t.dtype != torch.float32 or tuple(t.shape) != shape or not t.is_contiguous() or t.device != q.device:
-            raise DctDataError(
-                f"tables.{name}: expected a contiguous float32 tensor of shape {shape} on {q.device}. Got "
-                f"{t.dtype} {tuple(t.shape)} on {t.device}"
-            )
-    if (tables.scale is None) != (tables.shift is None):
-        raise DctDataError("tables: expected scale and shift both or neither")
+    if tables.device != q.device:
+        raise DctDataError(
+            f"tables.a: expected a contiguous float32 tensor of shape {(c, k)} on {q.device}. Got {tables.a.dtype} "
+            f"{tuple(tables.a.shape)} on {tables.device}"
+        )
     h, w = size
     hb, wb = grid_shape(h, w)
     if q.dim() != 5:
@@ -191,12 +208,18 @@ def synthesize(
         HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
     )  # fmt: skip
     run = max(1, MAX_PROGRAMS // per_sample)  # samples per launch
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # Triton launches on the current one
-        for b0 in range(0, b, run):
+    side_or = dummy if side is None else side
+    tail = (tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy), _or(tables.scale, dummy),
+            _or(tables.shift, dummy))  # fmt: skip
+    switch = q.is_cuda and q.device.index != torch.cuda.current_device()  # Triton launches on the current device
+    with torch.cuda.device(q.device) if switch else contextlib.nullcontext():
+        if b <= run:  # one launch (every batch that fits a grid): no per-run views to build
+            module.synthesize_kernel[(b * per_sample,)](q, out, *tail, side_or, tables.t, c, hb, wb, h, w, k, strips,
+                                                        **flags)  # fmt: skip
+        for b0 in range(0, b, run) if b > run else ():
             b1 = min(b, b0 + run)
             module.synthesize_kernel[((b1 - b0) * per_sample,)](
-                q[b0:b1], out[b0:b1], tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy),
-                _or(tables.scale, dummy), _or(tables.shift, dummy), dummy if side is None else side[b0:b1], tables.t,
+                q[b0:b1], out[b0:b1], *tail, side_or if side is None else side[b0:b1], tables.t,
                 c, hb, wb, h, w, k, strips, **flags,
             )  # fmt: skip
     return out

@@ -149,9 +149,6 @@ class Decompress(nn.Module):
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix = self._split_corrections(side)
-        compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
-        weight = self.weight.to(device=y.device, dtype=compute)
-        trows = self.trows.to(device=y.device, dtype=compute)
         size = (spec.height, spec.width)
         img = None
         if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
@@ -160,6 +157,10 @@ class Decompress(nn.Module):
             )
         if img is None and fused.usable(y, self.dtype, target):
             img = fused.synthesize(y, self._tables(), spec.cf, spec.mask, size, out=target, side=side)
+        if img is None:
+            compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
+            weight = self.weight.to(device=y.device, dtype=compute)
+            trows = self.trows.to(device=y.device, dtype=compute)
         if img is None and self.folded:
             shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
             img = synthesize(

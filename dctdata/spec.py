@@ -7,6 +7,7 @@ config, `from_dict(to_dict())` gives an equal spec, and equality is config equal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Mapping, NamedTuple
 
@@ -282,10 +283,11 @@ class CodecSpec:
             return grid_shape(self.height, self.width)
         return transform3d.grid_shape(self.depth, self.height, self.width)
 
-    @property
+    @functools.cached_property
     def coeff_shape(self) -> tuple[int, ...]:
         """Per-sample coefficient tensor shape (C, Hb, K, Wb), (C, Db, Hb, K, Wb) for a volume (see
-        dctdata.transform and dctdata.transform3d for the layouts)."""
+        dctdata.transform and dctdata.transform3d for the layouts). Cached (the spec is frozen): every
+        decode call checks its input against it."""
         *rows, wb = self.grid
         return (self.channels, *rows, self.kept, wb)
 

@@ -35,15 +35,19 @@ def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tenso
         if not isinstance(wire, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor. Got {type(wire).__name__}")
         return wire, None
-    if not isinstance(wire, (tuple, list)) or len(wire) != 2 or not all(isinstance(t, torch.Tensor) for t in wire):
+    if (
+        not isinstance(wire, (tuple, list))
+        or len(wire) != 2
+        or not isinstance(wire[0], torch.Tensor)
+        or not isinstance(wire[1], torch.Tensor)
+    ):
         raise TypeError(
             f"{name}: expected the pair (coefficients, side) of torch.Tensors the field yields (its spec has "
             f"per-sample side information). Got {type(wire).__name__}"
         )
     q, side = wire
-    if tuple(side.shape[-2:]) != (spec.side_rows, 2) or tuple(side.shape[:-2]) != tuple(
-        q.shape[: -len(spec.coeff_shape)]
-    ):
+    shape = side.shape  # torch.Size compares equal to a tuple: no copies on this per-batch path
+    if shape[-2:] != (spec.side_rows, 2) or shape[:-2] != q.shape[: max(0, q.dim() - len(spec.coeff_shape))]:
         rows = "" if spec.corrections is None else f" (C={spec.channels} + 1 + {spec.corrections} correction rows)"
         raise DctDataError(
             f"side: expected shape (..., {spec.side_rows}, 2){rows} matching coefficients {tuple(q.shape)}. Got "

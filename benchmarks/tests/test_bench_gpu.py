@@ -249,3 +249,21 @@ def test_setup_packs_in_this_process_where_processes_cannot_start(tmp_path, monk
     assert np.load(setup.x).shape == (6, 1, 32, 32) and setup.seconds > 0
     q, files, _ = setup.jpeg
     assert len(files) == 6 and all((tmp_path / name / "manifest.json").exists() for name in ("default", "zstd"))
+
+
+def test_gpu_decode_only_writes_the_decode_table_and_its_ratio(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    argv = ["gpu", "--device", "cpu", "--sizes", "16", "--cf", "2", "--dtypes", "float32", "--repeat", "2",
+            "--decode-only", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    got = json.loads(out.read_text())
+    assert got["complete"] and got["pipeline_rows"] == []
+    rows = {r["codec"]: r for r in got["decode_rows"]}
+    assert set(rows) == {"v1", "v2"} and all(r["GBps"] > 0 and r["latency_ms"] > 0 for r in rows.values())
+    assert got["must_show"]["v2_over_v1_min"]["value"] == pytest.approx(rows["v2"]["GBps"] / rows["v1"]["GBps"])
+    assert "v2_over_v1_min" in capsys.readouterr().out
+
+
+def test_gpu_decode_only_needs_sizes(capsys):
+    assert main(["gpu", "--device", "cpu", "--sizes", "--decode-only"]) == 1
+    assert "--decode-only: expected --sizes (the decode table's sizes). Got none" in capsys.readouterr().err

@@ -116,9 +116,9 @@ def test_half_outputs_are_the_float32_result_rounded(dtype, interpreted):
 
 
 def test_nothing_is_written_outside_out_and_strips_cover_wide_rows(interpreted):
-    """A 270-wide sample has 34 block columns: two strips of 32 blocks (two warps'), the second one cropped."""
-    assert fused_cuda.launch_config(34) == (32, 2)
-    spec = v1_spec(2, channels=1, height=5, width=270, wire="int8")
+    """A 530-wide sample has 67 block columns: two strips of 64 blocks (two warps'), the second one cropped."""
+    assert fused_cuda.launch_config(67) == (64, 2) and fused_cuda.launch_config(32) == (32, 1)
+    spec = v1_spec(2, channels=1, height=5, width=530, wire="int8")
     wire = wire_of(spec, b=1)
     n = math.prod(spec.sample_shape)
     guard = torch.full((n + 64,), -7.0)
@@ -267,7 +267,7 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     pointers = ("q_ptr", "out_ptr", "a_ptr", "d_ptr", "r_ptr", "m_ptr", "scale_ptr", "shift_ptr", "side_ptr", "t_ptr")
     signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{out}"}
     signature |= {name: "i32" for name in ("C", "HB", "WB", "H", "W", "K", "STRIPS")}
-    constants = dict(flags, BLOCKS=16 * warps)
+    constants = dict(flags, BLOCKS=32 * warps)
     signature |= {name: "constexpr" for name in constants}
     try:
         source = ASTSource(fn=synthesize_kernel, signature=signature, constexprs=constants)
