@@ -20,6 +20,7 @@ outliers (the case a mean-square target hides). A peer whose library is missing 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import tempfile
 import time
@@ -58,8 +59,9 @@ def misses(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> int:
 
 def pack_split(root: Path) -> dict[str, int]:
     """Bytes of a zarr pack by part: "coefficients" (the dct field's shards), "side" (its side partner's
-    shards: range and mid per item, then the corrections) and "fixed" (every other file: manifest.json,
-    zarr.json; they do not grow with the samples)."""
+    shards: range and mid per item, then the corrections; or its base64 in the manifest, where a small
+    pack keeps it) and "fixed" (the rest of manifest.json and the zarr.json files: they do not grow with
+    the samples)."""
     split = {"coefficients": 0, "side": 0, "fixed": 0}
     for p in root.rglob("*"):
         if not p.is_file():
@@ -69,6 +71,10 @@ def pack_split(root: Path) -> dict[str, int]:
         if len(rel) == 2 and rel[1].startswith("c."):
             part = "side" if rel[0].endswith("__side") else "coefficients"
         split[part] += p.stat().st_size
+    arrays = json.loads((root / "manifest.json").read_text()).get("layout", {}).get("arrays", {})
+    inline = sum(len(e["inline"]) for e in arrays.values() if isinstance(e, dict) and "inline" in e)
+    split["side"] += inline
+    split["fixed"] -= inline
     return split
 
 
