@@ -116,6 +116,7 @@ def round_coded(coeffs, q, ranges, room, spec, valid=None, aim: float = 0.97) ->
     limit = (aim * room.to(torch.float64) / ranges.to(torch.float64)).reshape(b, c, 1, 1).expand(b, c, hb, wb)
     inside = torch.zeros(b, c, hb * 8, wb * 8, dtype=torch.bool)
     inside[..., :h, :w] = True if valid is None else torch.broadcast_to(valid, (b, c, h, w))
+    inside &= (room > 0).reshape(b, c, 1, 1)  # an item without room (constant: a relative bound of 0) is exact
     counts = inside.reshape(b, c, hb, 8, wb, 8).permute(0, 1, 2, 4, 3, 5).reshape(-1, 64)
     info = torch.iinfo(q.dtype)
     out = round_within(

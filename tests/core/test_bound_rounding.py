@@ -109,3 +109,15 @@ def test_bounded_samples_store_less_and_hold(kind, monkeypatch):
     monkeypatch.setattr("dctdata.bound_rounding.can_round", lambda spec: False)
     plain, _ = encode(x, spec, size_of=size)
     assert stored(wire) < 0.97 * stored(plain)
+
+
+def test_a_constant_channel_stays_exact_beside_a_rounded_one():
+    """A constant item (range 0: no room under a relative bound) keeps its exact decode while the other
+    channel of its samples is rounded within its bound."""
+    x = torch.from_numpy(spiky(np.random.default_rng(16), 4, 2, 32, 32).astype(np.float32))
+    x[:, 1] = 7.0
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-3).spec
+    wire, _ = encode(x, spec)
+    y = Decompress(spec, normalize=False)(wire)
+    check_bound(x, y, spec)
+    assert bool((y[:, 1] == 7.0).all())
