@@ -119,15 +119,19 @@ def test_cuda_a_refused_sample_is_named_when_its_group_is_finished(packs, tmp_pa
         decoder.finish(decoder.start(batches, 0))
 
 
-def test_hostile_correction_rows_are_named_when_their_group_is_finished(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_hostile_correction_rows_are_named_when_their_group_is_finished(tmp_path, device):
     """A bounded field's correction rows (`dctdata.corrections`) are checked with the group's other checks at
     finish, not read back when the group is queued; the message names the sample in the pack."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
     x = np.cumsum(np.cumsum(np.random.default_rng(4).standard_normal((6, 1, 24, 32)), -1), -2).astype(np.float32)
     dctdata.pack(x, tmp_path / "b", max_rel_error=1e-3, quiet=True)
     ds = _open(tmp_path / "b", decode="device")
-    layer = ds.decompressor()
+    layer = ds.decompressor().to(device)
     spec = layer.spec
-    a, b = collate(ds.__getitems__([4, 5])), collate(ds.__getitems__([0, 1]))
+    a, b = (collate(ds.__getitems__(i)) for i in ([4, 5], [0, 1]))
+    a, b = ({k: (v.to(device) if hasattr(v, "to") else v) for k, v in t.items()} for t in (a, b))
     assert spec.corrections is not None and a["image"].side is not None  # the worker read the side values
     bad = a["image"].side.clone()
     bad[1, spec.channels, 1] = spec.corrections + 1
