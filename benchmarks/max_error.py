@@ -7,6 +7,12 @@ included); each peer compresses each item on its own with the absolute bound r x
 counted). Every decoded value is checked against its bound; a peer that misses is reported, not hidden.
 Compression ratio = float32 bytes / stored bytes; the last rows are geometric means over the fields.
 
+A pack also stores bytes that do not grow with its samples (manifest.json, with the entropy coder's model,
+and the zarr.json files): fixed per pack, while each peer's headers are per item. The "dctdata" column counts
+them (as a user's small pack pays them); "per sample" leaves them out (what each further sample costs, the
+ratio a large pack tends to), and `--split` lists the pack's bytes: coefficient shards, side shards (range
+and mid per item plus the corrections) and the fixed files. `--n 32 --size 256` is the larger set.
+
 Fields: the test fields of `benchmarks.fields` (atoms, beam, clouds) and "spiky", smooth fields with a few
 outliers (the case a mean-square target hides). A peer whose library is missing is skipped (one line).
 """
@@ -14,6 +20,7 @@ outliers (the case a mean-square target hides). A peer whose library is missing 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import tempfile
 import time
@@ -50,15 +57,40 @@ def misses(x: np.ndarray, y: np.ndarray, bound: np.ndarray) -> int:
     return int((err > bound).sum())
 
 
-def ours(x: np.ndarray, r: float) -> tuple[int, int]:
-    """(stored bytes, items over the bound) of a dctdata pack at max_rel_error=r, decoded by the reader."""
+def pack_split(root: Path) -> dict[str, int]:
+    """Bytes of a zarr pack by part: "coefficients" (the dct field's shards), "side" (its side partner's
+    shards: range and mid per item, then the corrections; or its base64 in the manifest, where a small
+    pack keeps it) and "fixed" (the rest of manifest.json and the zarr.json files: they do not grow with
+    the samples)."""
+    split = {"coefficients": 0, "side": 0, "fixed": 0}
+    for p in root.rglob("*"):
+        if not p.is_file():
+            continue
+        rel = p.relative_to(root).parts
+        part = "fixed"
+        if len(rel) == 2 and rel[1].startswith("c."):
+            part = "side" if rel[0].endswith("__side") else "coefficients"
+        split[part] += p.stat().st_size
+    arrays = json.loads((root / "manifest.json").read_text()).get("layout", {}).get("arrays", {})
+    inline = sum(len(e["inline"]) for e in arrays.values() if isinstance(e, dict) and "inline" in e)
+    split["side"] += inline
+    split["fixed"] -= inline
+    return split
+
+
+def ours(x: np.ndarray, r: float, split: dict[str, int] | None = None) -> tuple[int, int]:
+    """(stored bytes, items over the bound) of a dctdata pack at max_rel_error=r, decoded by the reader;
+    `split` (if given) gets the bytes by part (`pack_split`)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "p.dct"
         dctdata.pack(x, out, max_rel_error=r, quiet=True)
+        parts = pack_split(out)
         nbytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
         ds = dctdata.open_dataset(out, as_dict=True)
         layer = ds.decompressor("image")
         y = np.stack([layer(tuple(t[None] for t in ds[i]["image"]))[0].numpy() for i in range(len(ds))])
+    if split is not None:
+        split.update(parts)
     return nbytes, misses(x, y, r * item_ranges(x))
 
 
@@ -114,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=96, help="sample side")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bounds", default="1e-2,1e-3,1e-4", help="relative bounds r (x each item's range)")
+    parser.add_argument("--split", action="store_true", help="list dctdata's bytes by part (coefficients, side, fixed)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     bounds = [float(b) for b in args.bounds.split(",")]
@@ -126,7 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError as exc:
             print(f"{name} skipped: {exc}")
     cr: dict[tuple[str, str, float], float] = {}
-    head = f"{'field':8} {'bound':>7} " + " ".join(f"{c:>9}" for c in codecs) + "   over-bound items"
+    splits: dict[tuple[str, float], dict[str, int]] = {}
+    names = list(codecs)
+    if "dctdata" in codecs:  # per sample: without the pack's fixed files, beside the measured column
+        names.insert(1, "per sample")
+    head = f"{'field':8} {'bound':>7} " + " ".join(f"{c:>10}" for c in names) + "   over-bound items"
     print(
         f"compression ratio vs float32 at equal max error (r x each item's range), {args.n} x {args.size}^2 per field"
     )
@@ -137,15 +174,29 @@ def main(argv: list[str] | None = None) -> None:
         for r in bounds:
             over = {}
             for name, fn in codecs.items():
-                nbytes, over[name] = fn(x, r)
+                if name == "dctdata":
+                    split = splits[fname, r] = {}
+                    nbytes, over[name] = fn(x, r, split)
+                    cr[fname, "per sample", r] = raw / (nbytes - split["fixed"])
+                else:
+                    nbytes, over[name] = fn(x, r)
                 cr[fname, name, r] = raw / nbytes
-            row = " ".join(f"{cr[fname, c, r]:9.2f}" for c in codecs)
+            row = " ".join(f"{cr[fname, c, r]:10.2f}" for c in names)
             print(f"{fname:8} {r:7.0e} {row}   " + " ".join(f"{c}:{v}" for c, v in over.items() if v))
     print("geometric mean over the fields")
     for r in bounds:
-        g = {c: math.exp(np.mean([math.log(cr[f, c, r]) for f in data])) for c in codecs}
-        rel = " ".join(f"dctdata/{c} {g['dctdata'] / g[c]:.2f}" for c in codecs if c != "dctdata")
-        print(f"{'geomean':8} {r:7.0e} " + " ".join(f"{g[c]:9.2f}" for c in codecs) + f"   {rel}")
+        g = {c: math.exp(np.mean([math.log(cr[f, c, r]) for f in data])) for c in names}
+        rel = " ".join(f"{c} {g['dctdata'] / g[c]:.2f}" for c in codecs if c != "dctdata")
+        if "per sample" in g:
+            rel += " (per sample: " + " ".join(f"{c} {g['per sample'] / g[c]:.2f}" for c in codecs if c != "dctdata")
+            rel += ")"
+        print(f"{'geomean':8} {r:7.0e} " + " ".join(f"{g[c]:10.2f}" for c in names) + f"   dctdata vs {rel}")
+    if args.split and splits:
+        print("dctdata's bytes by part: coefficient shards, side shards (range, mid, corrections), fixed files")
+        for (fname, r), s in splits.items():
+            total = sum(s.values())
+            parts = " ".join(f"{k} {v} ({v / total:.1%})" for k, v in s.items())
+            print(f"{fname:8} {r:7.0e} total {total}: {parts}")
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 

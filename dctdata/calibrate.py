@@ -668,11 +668,22 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
             )
             try:
                 encode(x, spec, valid=valid)
-            except BoundError:
-                if m == FINER_STEPS[-1]:
-                    raise  # names the item that cannot hold its bound
+            except BoundError as exc:
+                failed = exc
                 continue
             return spec.replace(corrections=cap), tuple(candidates)
+        # re-coding alone holds no step (an item's finer re-code overflows the dtype): the corrections the
+        # kept spec stores may hold it, at the search's steps (the first that holds)
+        for m in BOUND_STEPS:
+            spec = probe.replace(
+                dtype=dt, bound_ref=ref, steps=torch.maximum(floors, m * ref * torch.ones_like(floors)).tolist()
+            ).replace(corrections=cap)
+            try:
+                encode(x, spec, valid=valid)
+            except BoundError:
+                continue
+            return spec, tuple(candidates)
+        raise failed  # names the item that cannot hold its bound
     return best[0].replace(corrections=cap), tuple(candidates)
 
 

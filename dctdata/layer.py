@@ -219,9 +219,29 @@ class Decompress(nn.Module):
         first in eager mode (an exported graph clamps indices into the sample instead). `indices`: the
         samples' indices in their pack (a stored batch), else messages count within the batch."""
         if not _tracing():
-            corrections.check(fix, self.spec, indices, where="coeffs")
+            deferred = getattr(self, "_deferred", None)  # (checks, indices) while `forward_deferred` runs
+            if deferred is None:
+                corrections.check(fix, self.spec, indices, where="coeffs")
+            else:
+                named = indices if indices is not None else deferred[1]
+                deferred[0].append(corrections.check_deferred(fix, self.spec, named, where="coeffs"))
         scale = self.out_scale if self.normalize and self.spec.std is not None else None
         return corrections.apply(img, fix.to(img.device), None if scale is None else scale.to(img.device))
+
+    def forward_deferred(self, coeffs, out: torch.Tensor | None = None, indices=None) -> tuple[torch.Tensor, list]:
+        """`forward` without reading anything back from the device to check the correction rows: (output,
+        checks); the output is valid once each of `checks` has returned (each raises IntegrityError naming
+        a sample with malformed rows, whose corrections were clamped into the sample meanwhile; `indices`:
+        the samples' indices in their pack, for that message). For decoders that queue several batches
+        before waiting (`DecodeAhead`). A `StoredBatch` is still decoded and checked at once: pass
+        `decode_stored_deferred`'s wire."""
+        checks: list = []
+        self._deferred = (checks, indices)
+        try:
+            img = self(coeffs, out)
+        finally:
+            self._deferred = None
+        return img, checks
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer

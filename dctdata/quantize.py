@@ -219,9 +219,14 @@ def encode(
     if spec.bounded:
         if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
-        q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
-        if spec.corrections is not None:
-            q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of)
+        if spec.corrections is None:
+            q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
+        else:  # an item re-coding cannot save (integer overflow) may still hold with corrections
+            failed = []
+            q, side, over, _ = keep_bound(
+                coeffs, spec, q, side.clone(), over, x, valid, bound, margin, on_miss=failed.append
+            )
+            q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of, failed)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
 
@@ -316,11 +321,14 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     return q, side, over, x_hat, nm
 
 
-def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None, margin=None):
+def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None, margin=None, on_miss=None):
     """Re-code the items whose float32 decode misses spec's bound with a smaller stored range until every
     item holds: (q, side, over, largest error per item). `coeffs` are the coded coefficients `q` was
     quantized from with `side`; `x` the samples (B, C, H, W). Raises `BoundError` for an item that cannot
-    hold (re-coding it would overflow the integer dtype, or the bound is below float32's precision)."""
+    hold (re-coding it would overflow the integer dtype, or the bound is below float32's precision), or,
+    given `on_miss`, calls it with that error and returns the encoding as it is (a caller with corrections
+    tries them on the samples that still miss, and raises the error if they cannot hold either): one error
+    per sample that misses."""
     from dctdata.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
     from dctdata.layer import Decompress  # the readers' decoder; layer does not import this module
 
@@ -355,8 +363,8 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
             )
         g[rows], side[rows], q[rows], over[rows], err[rows] = trial, sb, qb, ob, eb
     bad = missing(err, bound, margin)
-    if bool(bad.any()):
-        j, c = (int(v) for v in bad.nonzero()[0])
+    # one error per sample that misses (its first item): raised, or handed to on_miss
+    for j, c in ((int(j), int(bad[j].nonzero()[0])) for j in bad.any(1).nonzero().flatten()):
         why = (
             "the bound is below float32's precision for these values: loosen it or subtract an offset"
             if float(margin[j, c]) >= float(bound[j, c])
@@ -366,22 +374,27 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
             if bool(stuck[j, c])
             else "the bound is near float32's precision for these values: loosen it or subtract an offset"
         )
-        raise BoundError(
+        error = BoundError(
             f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
             f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} ({why})",
             j,
             c,
         )
+        if on_miss is None:
+            raise error
+        on_miss(error)
     return q, side, over, err
 
 
-def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_of=None):
+def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, margin, size_of=None, failed=None):
     """Per sample, the encoding that stores least among the bound's own (`q`, `side`: every item re-coded
     until it holds, no corrections) and coarser steps (MULTIPLIERS x the bound's step) with the values that
     miss corrected: (q, side with correction rows). `plain` = (coefficients coded with the items' own
     ranges, those side values, the bound's scale per item or None). A candidate is kept only when its
     corrected float32 decode holds the bound less the margin on every valid value, clamps no more
-    coefficients and (spec.min_psnr) keeps the floor."""
+    coefficients and (spec.min_psnr) keeps the floor. `failed`: the `BoundError`s of the samples re-coding
+    could not hold (`keep_bound`); each needs a candidate with corrections, or its error is raised."""
+    from dctdata.bound_rounding import can_round, round_coded
     from dctdata.bounds import item_max_error, missing
     from dctdata.corrections import MULTIPLIERS, build, stored_bytes, zstd_size
     from dctdata.layer import Decompress
@@ -395,6 +408,9 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
     empty = torch.zeros(b, 1 + cap, 2, dtype=side.dtype)
     best_q, best_side = q.clone(), torch.cat([side, empty], 1)
     best = [size_of(q[j]) for j in range(b)]
+    failed = {e.sample: e for e in failed or ()}
+    for j in failed:  # re-coding left items of these samples missing: they take any candidate that holds
+        best[j] = math.inf
     floor = None
     if spec.min_psnr is not None:
         from dctdata.metrics import ItemErrors
@@ -405,9 +421,14 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
         if not bool(going.any()):
             break
         g = g0 * m
-        qm, om = quantize_per_sample(rescaled(coeffs0, g, spec), spec, checked=True)
+        cm = rescaled(coeffs0, g, spec)
+        qm, om = quantize_per_sample(cm, spec, checked=True)
         sm = side0.clone()
         sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
+        if can_round(spec):  # each coefficient's level chosen so fewer values miss (`dctdata.bound_rounding`)
+            live = going.nonzero().flatten()
+            v = None if valid is None else torch.broadcast_to(valid, x.shape)[live]
+            qm[live] = round_coded(cm[live], qm[live], sm[live, :, 0], room[live], spec, v)
         with torch.no_grad():
             x_hat = layer((qm, torch.cat([sm, empty], 1)))
         fix, counts = build(x, x_hat, room, cap, valid)
@@ -430,6 +451,9 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
             going[j] = nbytes <= best[j]  # bytes fall, then rise with the multiplier: a sample that got worse stops
             if nbytes < best[j]:
                 best[j], best_q[j], best_side[j] = nbytes, qm[j], full[i]
+    for j in failed:
+        if math.isinf(best[j]):
+            raise failed[j]  # neither re-coding nor corrections hold this sample
     return best_q, best_side
 
 

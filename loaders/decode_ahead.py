@@ -178,7 +178,12 @@ class DecompressBatches:
                 merged, counts = merge_stored([s[j] for s in stored])
                 layer = self._layer(merged.form.field)
                 wire, more = layer.decode_stored_deferred(merged)
-                whole.append(layer(wire))
+                if callable(getattr(layer, "forward_deferred", None)):  # its correction rows checked at finish
+                    img, later = layer.forward_deferred(wire, indices=merged.indices)
+                    more = [*more, *later]
+                else:
+                    img = layer(wire)
+                whole.append(img)
                 decoded.append(torch.split(whole[-1], counts))
                 checks += more
             done = None

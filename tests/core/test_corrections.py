@@ -11,7 +11,7 @@ import torch
 
 import dctdata
 from dctdata import corrections
-from dctdata.bounds import MARGIN_REL
+from dctdata.bounds import MARGIN_REL, BoundError
 from dctdata.calibrate import calibrate_report
 from dctdata.corrections import EXACT, apply, check, stage_sizer, stored_bytes
 from dctdata.errors import DctDataError, IntegrityError
@@ -19,7 +19,7 @@ from dctdata.format import FieldSpec, read_manifest
 from dctdata.format.fields import side_field
 from dctdata.format.webdataset.layout import packed_side, unpacked_side
 from dctdata.layer import Decompress
-from dctdata.quantize import decode_reference, encode
+from dctdata.quantize import coded_coefficients, decode_reference, encode
 from dctdata.spec import CodecSpec
 from tests.core.test_bounds import (
     KINDS,
@@ -35,6 +35,13 @@ def _spec(x, valid=None, **bounds) -> CodecSpec:
     spec = calibrate_report(x, quant=None, valid=valid, **bounds).spec
     assert spec.corrections == corrections.capacity(x[0].numel())  # bounded packs store corrections
     return spec
+
+
+@pytest.fixture
+def plain_rounding(monkeypatch):
+    """Nearest-level rounding only (`dctdata.bound_rounding` off): rounding within the bound holds most values
+    the corrections would, so tests of how corrections are stored and decoded turn it off to get some."""
+    monkeypatch.setattr("dctdata.bound_rounding.can_round", lambda spec: False)
 
 
 def _counts(spec: CodecSpec, side: torch.Tensor) -> torch.Tensor:
@@ -75,20 +82,22 @@ def test_bound_holds_with_corrections_and_a_channel_rotation():
 
 
 def test_spiky_samples_use_corrections_and_store_less():
-    """A spike forces its whole item to a fine step when re-coding alone keeps the bound; corrections keep the
-    coarse step and correct the few values around it: fewer bytes, same guarantee."""
+    """A spike forces its whole item to a fine step when re-coding alone keeps the bound; the encoder keeps a
+    coarse step (larger stored ranges) and holds the values around the spike by its rounding choices and
+    corrections: fewer bytes, same guarantee."""
     x = torch.from_numpy(spiky(np.random.default_rng(11), 6, 1, 32, 32).astype(np.float32))
     spec = _spec(x, max_rel_error=1e-3)
     size = stage_sizer({"id": "zstd", "level": 9}, spec)
     (q, side), _ = encode(x, spec, size_of=size)
     (q0, side0), _ = encode(x, spec.replace(corrections=None), size_of=size)
     assert side.shape == (6, 1 + 1 + spec.corrections, 2) and side0.shape == (6, 1, 2)
-    assert int((_counts(spec, side) > 0).sum()) >= 3
+    assert int((side[:, 0, 0] > 1.2 * side0[:, 0, 0]).sum()) >= 3
     with_fix = sum(size(q[j]) + stored_bytes(side[j, 1:]) for j in range(6))
     assert with_fix < sum(size(q0[j]) for j in range(6))
     check_bound(x, Decompress(spec, normalize=False)((q, side)), spec)
 
 
+@pytest.mark.usefixtures("plain_rounding")
 def test_a_constant_channel_does_not_stop_the_others_corrections():
     """A constant item (range 0, so a relative bound of 0) decodes exactly; the step of the sample's
     corrections comes from the items that have room."""
@@ -103,6 +112,7 @@ def test_a_constant_channel_does_not_stop_the_others_corrections():
     assert bool((y[:, 1] == 7.0).all())
 
 
+@pytest.mark.usefixtures("plain_rounding")
 def test_corrections_apply_after_normalization():
     """With the spec's mean/std, a correction is scaled like the value it corrects."""
     _, spec, wire = _wire()
@@ -242,6 +252,7 @@ def test_packed_side_round_trip_and_hostile_lengths():
 @pytest.mark.parametrize(
     "fmt, lossless", [("zarr", "auto"), ("webdataset", "auto"), ("webdataset", {"id": "zstd", "level": 3})]
 )
+@pytest.mark.usefixtures("plain_rounding")
 def test_pack_with_corrections_reads_back_within_bound(tmp_path, fmt, lossless):
     x = spiky(np.random.default_rng(14), 8, 2, 24, 32).astype(np.float32)
     out = tmp_path / "p"
@@ -283,6 +294,7 @@ def _wire():
     return x, spec, wire
 
 
+@pytest.mark.usefixtures("plain_rounding")
 def test_torch_export_applies_the_corrections():
     x, spec, (q, side) = _wire()
     layer = Decompress(spec, normalize=False).eval()
@@ -293,6 +305,7 @@ def test_torch_export_applies_the_corrections():
     assert float(((y.double() - layer((q, side)).double()).abs().amax((-1, -2)) / scale).max()) < MARGIN_REL
 
 
+@pytest.mark.usefixtures("plain_rounding")
 def test_onnx_runtime_applies_the_corrections(tmp_path):
     """Exported to ONNX (the correction scatter becomes a ScatterElements/ScatterND with add) and run in ONNX
     Runtime on the CPU, the decode equals the eager CPU decode within the float32 margin and holds the bound."""
@@ -302,6 +315,7 @@ def test_onnx_runtime_applies_the_corrections(tmp_path):
 
 
 @pytest.mark.cuda
+@pytest.mark.usefixtures("plain_rounding")
 def test_cuda_applies_the_corrections_like_the_cpu():
     """On CUDA (fused Triton kernel, then the scatter) the corrected decode differs from the CPU's by less than
     the float32 margin and holds the bound; hostile rows are refused there too."""
@@ -314,3 +328,56 @@ def test_cuda_applies_the_corrections_like_the_cpu():
     bad[0, spec.channels, 1] = max(1.0, float(bad[0, spec.channels, 1]))
     with pytest.raises(IntegrityError, match=r"sample 0 of the batch: corrections"):
         layer((q.cuda(), bad.cuda()))
+
+
+def _at_the_int16_limit(rel_per_step: float) -> tuple[torch.Tensor, CodecSpec]:
+    """Two smooth samples and a spec whose step puts their largest coefficient at int16's limit (no finer
+    step can code them), bounded at rel_per_step x that step."""
+    x = torch.from_numpy(smooth(np.random.default_rng(7), 2, 1, 64, 64).astype(np.float32))
+    probe = CodecSpec(cf=8, mask="square", dtype="int16", steps=[1.0], side="range_mid", height=64, width=64)
+    coeffs, _ = coded_coefficients(x, probe)
+    step = float(coeffs.abs().max()) / 32700
+    r = rel_per_step * step
+    return x, probe.replace(steps=[step], max_rel_error=r, bound_ref=r)
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+def test_corrections_hold_items_that_re_coding_cannot(rounding, request):
+    """An item whose finer re-code would overflow int16 (seen on 256^2 clouds at 1e-4): re-coding alone
+    raises, corrections (and rounding within the bound, when on) hold it."""
+    if not rounding:
+        request.getfixturevalue("plain_rounding")
+    x, spec = _at_the_int16_limit(0.75)
+    with pytest.raises(BoundError, match="finer steps overflow the integer dtype"):
+        encode(x, spec)
+    spec = spec.replace(corrections=corrections.capacity(x[0].numel()))
+    wire, over = encode(x, spec)
+    assert over == 0 and (rounding or bool((_counts(spec, wire[1]) > 0).all()))
+    check_bound(x, Decompress(spec, normalize=False)(wire), spec)
+    check_bound(x, decode_reference(wire, spec).float(), spec)
+
+
+def test_an_item_neither_re_coding_nor_corrections_hold_is_named():
+    x, spec = _at_the_int16_limit(0.3)  # more misses than the correction rows hold
+    with pytest.raises(BoundError, match=r"Got [0-9.]+ in channel 0 \(finer steps overflow the integer dtype"):
+        encode(x, spec.replace(corrections=corrections.capacity(x[0].numel())))
+
+
+@pytest.mark.usefixtures("plain_rounding")
+def test_forward_deferred_checks_the_rows_when_asked():
+    """`forward_deferred` queues the rows' check instead of reading it back (a CUDA batch does not wait);
+    the check names the sample by its index in the pack, and well-formed rows decode like `forward`."""
+    _, spec, (q, side) = _wire()
+    layer = Decompress(spec, normalize=False)
+    y, checks = layer.forward_deferred((q, side), indices=(7, 8, 9, 10))
+    assert len(checks) == 1 and checks[0]() is None and torch.equal(y, layer((q, side)))
+    bad = side.clone()
+    bad[1, spec.channels :] = 0.0
+    bad[1, spec.channels, :] = torch.tensor([0.5, 1.0])  # one correction ...
+    bad[1, spec.channels + 1, :] = torch.tensor([1e6, 3.0])  # ... at an index far past the sample
+    y, checks = layer.forward_deferred((q, bad), indices=(7, 8, 9, 10))  # clamped into the sample meanwhile
+    assert y.shape == (4, *spec.sample_shape) and bool(torch.isfinite(y).all())
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 8: corrections: .* an index past the sample"):
+        checks[0]()
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 1 of the batch: corrections: .* an index past"):
+        layer((q, bad))

@@ -5,10 +5,12 @@ untouched, a refused sample named when its group is finished. Here on the CPU; o
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_device_decode import _flip, _open, _tamper, packs  # noqa: F401 - the packs fixture
 
+import dctdata
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.loaders.decode_ahead import DecodeAhead, DecompressBatches
 from dctdata.loaders.distributed import make_loader
@@ -115,3 +117,27 @@ def test_cuda_a_refused_sample_is_named_when_its_group_is_finished(packs, tmp_pa
     decoder = DecompressBatches(ds.decompressor().to("cuda"))
     with pytest.raises(IntegrityError, match=r"field 'image' sample 0: expected dctdata_ctxrans-coded bytes"):
         decoder.finish(decoder.start(batches, 0))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_hostile_correction_rows_are_named_when_their_group_is_finished(tmp_path, device):
+    """A bounded field's correction rows (`dctdata.corrections`) are checked with the group's other checks at
+    finish, not read back when the group is queued; the message names the sample in the pack."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = np.cumsum(np.cumsum(np.random.default_rng(4).standard_normal((6, 1, 24, 32)), -1), -2).astype(np.float32)
+    dctdata.pack(x, tmp_path / "b", max_rel_error=1e-3, quiet=True)
+    ds = _open(tmp_path / "b", decode="device")
+    layer = ds.decompressor().to(device)
+    spec = layer.spec
+    a, b = (collate(ds.__getitems__(i)) for i in ([4, 5], [0, 1]))
+    a, b = ({k: (v.to(device) if hasattr(v, "to") else v) for k, v in t.items()} for t in (a, b))
+    assert spec.corrections is not None and a["image"].side is not None  # the worker read the side values
+    bad = a["image"].side.clone()
+    bad[1, spec.channels, 1] = spec.corrections + 1
+    decoder = DecompressBatches(layer)
+    pending = decoder.start([dict(a, image=a["image"].with_side(bad)), b], 0)  # queued: no error yet
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 5: corrections: .* count outside"):
+        decoder.finish(pending)
+    got = decoder.finish(decoder.start([a, b], 0))
+    assert torch.equal(got[0]["image"], layer(a["image"])) and torch.equal(got[1]["image"], layer(b["image"]))
