@@ -184,10 +184,9 @@ class StoredBatch:
         launches there, and copy it to their device themselves, so decoding a batch needs no read back from
         the device (a synchronization that would stop the host queueing the next batch's work)."""
         opt = lambda t: None if t is None else fn(t)  # noqa: E731
-        offsets = fn(self.offsets)
-        if offsets.device.type != "cpu":
-            offsets = self.offsets
-        return StoredBatch(fn(self.data), offsets, opt(self.rows), opt(self.side), self.form, self.indices)
+        data = fn(self.data)
+        offsets = fn(self.offsets) if data.device.type == "cpu" else self.offsets  # never copied off the host
+        return StoredBatch(data, offsets, opt(self.rows), opt(self.side), self.form, self.indices)
 
     def pin_memory(self, device=None) -> "StoredBatch":
         return self.apply(lambda t: t if t.is_pinned() else t.pin_memory())
