@@ -208,21 +208,22 @@ def synthesize(
         HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
     )  # fmt: skip
     run = max(1, MAX_PROGRAMS // per_sample)  # samples per launch
-    side_or = dummy if side is None else side
-    tail = (tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy), _or(tables.scale, dummy),
-            _or(tables.shift, dummy))  # fmt: skip
+    tables_in = (tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy), _or(tables.scale, dummy),
+                 _or(tables.shift, dummy))  # fmt: skip
     switch = q.is_cuda and q.device.index != torch.cuda.current_device()  # Triton launches on the current device
     with torch.cuda.device(q.device) if switch else contextlib.nullcontext():
-        if b <= run:  # one launch (every batch that fits a grid): no per-run views to build
-            module.synthesize_kernel[(b * per_sample,)](q, out, *tail, side_or, tables.t, c, hb, wb, h, w, k, strips,
-                                                        **flags)  # fmt: skip
-        for b0 in range(0, b, run) if b > run else ():
+        for b0 in range(0, b, run):
             b1 = min(b, b0 + run)
             module.synthesize_kernel[((b1 - b0) * per_sample,)](
-                q[b0:b1], out[b0:b1], *tail, side_or if side is None else side[b0:b1], tables.t,
-                c, hb, wb, h, w, k, strips, **flags,
+                _samples(q, b0, b1), _samples(out, b0, b1), *tables_in,
+                dummy if side is None else _samples(side, b0, b1), tables.t, c, hb, wb, h, w, k, strips, **flags,
             )  # fmt: skip
     return out
+
+
+def _samples(t: torch.Tensor, b0: int, b1: int) -> torch.Tensor:
+    """Samples b0:b1 of `t`; `t` itself when that is all of it (one launch, the usual case: no view built)."""
+    return t if b0 == 0 and b1 == t.shape[0] else t[b0:b1]
 
 
 def _or(t: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
