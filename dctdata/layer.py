@@ -145,6 +145,11 @@ class Decompress(nn.Module):
     def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
+        return self._decode(coeffs, out, None)
+
+    def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
+        """`forward`'s work; `deferred`: None (the correction rows are checked at once), or (checks, indices)
+        to queue their check on (`forward_deferred`)."""
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
@@ -170,7 +175,7 @@ class Decompress(nn.Module):
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
         if fix is not None:
-            img = self._correct(img if target is None else target, fix, indices)
+            img = self._correct(img if target is None else target, fix, indices, deferred)
         return _result(img, out, unbatched)
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
@@ -214,12 +219,12 @@ class Decompress(nn.Module):
         side, fix = corrections.split(side, self.spec)
         return side.contiguous(), fix
 
-    def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None) -> torch.Tensor:
+    def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
-        first in eager mode (an exported graph clamps indices into the sample instead). `indices`: the
-        samples' indices in their pack (a stored batch), else messages count within the batch."""
+        first in eager mode (an exported graph clamps indices into the sample instead), or that check is
+        queued on `deferred` = (checks, indices) (`forward_deferred`). `indices`: the samples' indices in
+        their pack (a stored batch), else messages count within the batch."""
         if not _tracing():
-            deferred = getattr(self, "_deferred", None)  # (checks, indices) while `forward_deferred` runs
             if deferred is None:
                 corrections.check(fix, self.spec, indices, where="coeffs")
             else:
@@ -236,12 +241,7 @@ class Decompress(nn.Module):
         before waiting (`DecodeAhead`). A `StoredBatch` is still decoded and checked at once: pass
         `decode_stored_deferred`'s wire."""
         checks: list = []
-        self._deferred = (checks, indices)
-        try:
-            img = self(coeffs, out)
-        finally:
-            self._deferred = None
-        return img, checks
+        return self._decode(coeffs, out, (checks, indices)), checks
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
@@ -348,8 +348,8 @@ class VolumeDecompress(Decompress):
         self.register_buffer("trows", _dct_matrix_f64()[: spec.cf].to(compute), persistent=False)
         self._fused_tables = None
 
-    def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned."""
+    def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
+        """`forward`'s work for volumes (see `Decompress._decode`)."""
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
@@ -368,7 +368,7 @@ class VolumeDecompress(Decompress):
             if target is not None:
                 target.copy_(img)
         if fix is not None:
-            img = self._correct(img if target is None else target, fix, indices)
+            img = self._correct(img if target is None else target, fix, indices, deferred)
         return _result(img, out, unbatched)
 
     def _check_dtype(self, q: torch.Tensor) -> None:

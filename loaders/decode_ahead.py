@@ -108,6 +108,11 @@ class _Group(NamedTuple):
     done: Any  # the CUDA event after the group's work on the side stream, or None off CUDA
 
 
+def _is_layer(obj) -> bool:
+    """What a group's decode calls on a layer: `Decompress`'s deferred decode of stored bytes and its forward."""
+    return callable(getattr(obj, "decode_stored_deferred", None)) and callable(getattr(obj, "forward_deferred", None))
+
+
 class DecompressBatches:
     """The group decoder of `DecodeAhead` for `decode="device"` loaders: each batch's `StoredBatch` fields
     (the j-th of every batch together) merged into one batch, decoded by the layer in one launch of its stage's
@@ -125,11 +130,11 @@ class DecompressBatches:
 
     def __init__(self, layers: nn.Module | Mapping[str, nn.Module], timed: bool = False) -> None:
         if isinstance(layers, Mapping):
-            bad = [k for k, v in layers.items() if not callable(getattr(v, "decode_stored_deferred", None))]
+            bad = [k for k, v in layers.items() if not _is_layer(v)]
             if not layers or bad:
                 raise TypeError(f"layers: expected Decompress layers by field name. Got {bad or 'none'}")
             self.layers = dict(layers)
-        elif callable(getattr(layers, "decode_stored_deferred", None)):
+        elif _is_layer(layers):
             self.layers = layers
         else:
             raise TypeError(f"layers: expected a Decompress layer (ds.decompressor()). Got {type(layers).__name__}")
@@ -178,14 +183,10 @@ class DecompressBatches:
                 merged, counts = merge_stored([s[j] for s in stored])
                 layer = self._layer(merged.form.field)
                 wire, more = layer.decode_stored_deferred(merged)
-                if callable(getattr(layer, "forward_deferred", None)):  # its correction rows checked at finish
-                    img, later = layer.forward_deferred(wire, indices=merged.indices)
-                    more = [*more, *later]
-                else:
-                    img = layer(wire)
+                img, later = layer.forward_deferred(wire, indices=merged.indices)  # correction rows checked at finish
                 whole.append(img)
                 decoded.append(torch.split(whole[-1], counts))
-                checks += more
+                checks += [*more, *later]
             done = None
             if side is not None:
                 if self.timed:
