@@ -33,7 +33,6 @@ from dctdata.transform import BLOCK, PADS, _check_image, _dct_matrix_f64, _mirro
 MASKS3 = ("cube", "tetra")
 MASK_ALIASES = {"square": "cube", "triangle": "tetra"}  # the 2-D names of the same rules
 BLOCK3 = BLOCK**3  # coefficients of a full 8x8x8 block
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def parse_mask3(mask: object) -> str:

@@ -37,7 +37,7 @@ import re
 from typing import Any, Mapping
 
 from dctdata.errors import FormatError
-from dctdata.format.fields import user_fields
+from dctdata.format.fields import side_partner_names, user_fields
 from dctdata.parse import is_int
 from dctdata.stages import get_stage
 
@@ -72,6 +72,13 @@ def group_name(f, side: bool = False) -> str:
     """Member suffix of a stored field in the grouped layout: a side partner is plain `.npy`; any other the
     suffix of its lossless stage (`entry_name`)."""
     return f"{f.name}.npy" if side else entry_name(f.name, f.lossless)
+
+
+def group_members(fields) -> list[tuple[Any, bool]]:
+    """(stored field, is a side partner) for every member of a group, in field order: what the grouped
+    layout's writer, reader and webdataset decoder each walk."""
+    partners = side_partner_names(fields)
+    return [(f, f.name in partners) for f in fields]
 
 
 def samples_per_member(layout: Mapping[str, Any] | None, where: str) -> int | None:

@@ -38,6 +38,7 @@ from dctdata.format.webdataset.layout import (
     MEMBER_RE,
     TAR_META,
     entry_name,
+    group_members,
     group_name,
     sample_key,
     samples_of_file,
@@ -305,8 +306,7 @@ class GroupShardReader(ShardReader):
         self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict, group: int
     ) -> None:
         self.group = group
-        partners = {side_field(f).name for f in fields if has_side(f)}
-        self._parts = [(f, f.name in partners) for f in fields]  # (stored field, a side partner?)
+        self._parts = group_members(fields)  # (stored field, a side partner?)
         self._decoded: dict[str, np.ndarray] = {}
         self._streams: dict[str, bytes] = {}
         self._at = -1  # the group whose members `_decoded` and `_streams` hold
@@ -329,8 +329,6 @@ class GroupShardReader(ShardReader):
         return self.data[off : off + size]
 
     def _arrays(self, g: int, f: FieldSpec, side: bool) -> np.ndarray:
-        if self._at != g:
-            self._decoded, self._streams, self._at = {}, {}, g
         if f.name not in self._decoded:
             where = f"{self.where}: {self._span(g)} field {f.name!r}"
             codec = None if side else self.codecs[f.name]
@@ -342,11 +340,11 @@ class GroupShardReader(ShardReader):
         member's checked stream (`StoredSample`, its row j mod K), its side partner the side values (read
         from their own member)."""
         g, r = divmod(j, self.group)
+        if self._at != g:  # a new group: the last one's members are no longer needed
+            self._decoded, self._streams, self._at = {}, {}, g
         values = []
         for f, side in self._parts:
             if f.name in stored:
-                if self._at != g:
-                    self._decoded, self._streams, self._at = {}, {}, g
                 form = self._forms.get(f.name) or self._forms.setdefault(f.name, group_form(f, self.group))
                 if f.name not in self._streams:
                     raw = self._member(g, f, side)

@@ -34,7 +34,7 @@ import torch
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format.fields import FieldKind, has_side, side_field, user_fields
 from dctdata.format.location import MANIFEST_NAME, join
-from dctdata.format.webdataset.layout import group_name, sample_key, samples_per_member, shard_list
+from dctdata.format.webdataset.layout import group_members, group_name, sample_key, samples_per_member, shard_list
 from dctdata.format.webdataset.reader import Files, codecs_for, group_member
 
 
@@ -62,11 +62,9 @@ class WdsDecoder:
         self.k, self.decode = k, bool(decode)
         self.urls = [join(self.root, s["name"]) for s in shard_list(self.manifest, where)]
         self.codecs = codecs_for(self.manifest.fields)
-        partners = {side_field(f).name for f in self.manifest.fields if has_side(f)}
         # webdataset lower-cases member suffixes and hands handlers "." + suffix
-        self._members = {
-            "." + group_name(f, f.name in partners).lower(): (f, f.name in partners) for f in self.manifest.fields
-        }
+        members = group_members(self.manifest.fields)
+        self._members = {"." + group_name(f, side).lower(): (f, side) for f, side in members}
         self._layers: dict[str, Any] = {}
 
     def handler(self, key: str, data: bytes) -> np.ndarray | None:

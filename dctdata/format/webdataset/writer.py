@@ -34,7 +34,7 @@ import numpy as np
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
 from dctdata.format.checksum import HashingWriter, with_path
-from dctdata.format.fields import FieldSpec, has_side, side_field
+from dctdata.format.fields import FieldSpec
 from dctdata.format.location import is_url, join, open_file
 from dctdata.format.npy import encode_npy, npy_size
 from dctdata.format.webdataset.layout import (
@@ -47,6 +47,7 @@ from dctdata.format.webdataset.layout import (
     TAR_META,
     USTAR_NAME_MAX,
     archive_bytes,
+    group_members,
     group_name,
     member_bytes,
     sample_key,
@@ -81,16 +82,16 @@ def group_size(
     return k
 
 
-def _members(fields: Fields) -> list[tuple[FieldSpec, bool]]:
-    """(stored field, is a side partner) for every member of a group, in field order."""
-    partners = {side_field(f).name for f in fields if has_side(f)}
-    return [(f, f.name in partners) for f in fields]
+def _rows(parts: list[np.ndarray]) -> np.ndarray:
+    """A group's rows of one field from the slices of its batches: the one slice itself when it is the only
+    one (a sample as big as a group, or a group within one batch), else their concatenation."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def group_bound(fields: Fields, k: int) -> int:
     """The most bytes the members of one group of k samples can take, tar headers and padding included."""
     total = 0
-    for f, side in _members(fields):
+    for f, side in group_members(fields):
         raw = npy_size((k, *f.stored_shape), f.stored_dtype)
         total += member_bytes(raw if side else get_stage(f.lossless).max_encoded_size(raw))
     return total
@@ -204,7 +205,7 @@ class WebDatasetWriter(PartWriter):
             raise TypeError(f"fields: expected a non-empty sequence of dctdata.format.FieldSpec. Got {fields!r}")
         if not is_url(root) and not os.path.isdir(root):
             raise DctDataError(f"{root}: expected an existing empty directory. Got none")
-        for f, side in _members(fields):
+        for f, side in group_members(fields):
             longest = f"{sample_key(max(n - 1, 0))}.{group_name(f, side)}"
             if len(longest) > USTAR_NAME_MAX:
                 raise DctDataError(
@@ -222,7 +223,7 @@ class WebDatasetWriter(PartWriter):
         fields = tuple(fields)
         g = self.group(fields, n)
         codecs = {f.name: get_stage(f.lossless) for f in fields}
-        members = _members(fields)
+        members = group_members(fields)
         name = SHARD_PATTERN.format(index)
         path = join(root, name)
         members_total = payload = 0
@@ -235,7 +236,7 @@ class WebDatasetWriter(PartWriter):
 
             def flush(first: int, rows: int) -> None:
                 nonlocal members_total, payload
-                group = {f.name: np.concatenate([b[f.name] for b in pending])[:rows] for f in fields}
+                group = {f.name: _rows([b[f.name] for b in pending]) for f in fields}  # `pending` holds the rows
                 data = {
                     group_name(f, side): self._encode(f, side, group[f.name], g, first, codecs) for f, side in members
                 }
