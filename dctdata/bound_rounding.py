@@ -69,14 +69,14 @@ def _round_chunk(u, q, steps, basis, limit, counts, qmin, qmax, rounds):
         allowed = (direction != 0) & ((moved - u[active]).abs() <= 1) & (moved >= qmin) & (moved <= qmax)
         shift = (steps[active] * direction).to(torch.float32)
         trial = ea.unsqueeze(1) + shift.unsqueeze(-1) * basis.unsqueeze(0)  # (a, K, 64)
-        score = _excess(trial.clone(), la.unsqueeze(1), ca.unsqueeze(1)).masked_fill_(~allowed, torch.inf)
+        score = _excess(trial, la.unsqueeze(1), ca.unsqueeze(1)).masked_fill_(~allowed, torch.inf)  # consumes trial
         best, k = score.min(1)
         better = best < over[active] * (1 - 1e-6)
         if not bool(better.any()):
             break
         rows, k = active[better], k[better]
         q[rows, k] += direction[better].gather(1, k[:, None]).squeeze(1).to(q.dtype)
-        e[rows] = trial[better].gather(1, k[:, None, None].expand(-1, 1, trial.shape[-1])).squeeze(1)
+        e[rows] = ea[better] + shift[better].gather(1, k[:, None]) * basis[k]  # the kept move's errors, as in trial
         over[rows] = best[better]
         active = rows[over[rows] > 0]
     return q
