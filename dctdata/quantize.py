@@ -219,13 +219,10 @@ def encode(
     if spec.bounded:
         if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
-        if spec.corrections is None:
-            q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin)
-        else:  # an item re-coding cannot save (integer overflow) may still hold with corrections
-            failed = []
-            q, side, over, _ = keep_bound(
-                coeffs, spec, q, side.clone(), over, x, valid, bound, margin, on_miss=failed.append
-            )
+        failed = []  # with corrections, an item re-coding cannot save (integer overflow) may still hold with them
+        on_miss = None if spec.corrections is None else failed.append
+        q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin, on_miss=on_miss)
+        if spec.corrections is not None:
             q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of, failed)
     return ((q, side) if spec.side is not None else q), int(over.sum())
 
@@ -235,10 +232,15 @@ def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Te
     with their stored ranges scaled by g (B, C): each channel's normalized values grow by 1/g, mixed by the
     rotation (y = R W n, so y' = R W diag(1/g) W^-1 R^T y = R diag(1/g) R^T y: diagonal channel weights W
     commute with the scales); the transform is linear, so no DCT is needed."""
+    return rescaled_by(coeffs, g, None if spec.rotation is None else torch.as_tensor(spec.rotation))
+
+
+def rescaled_by(coeffs: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
+    """`rescaled` for a rotation R (C, C) given as a tensor (None: no rotation), as calibration holds it."""
     inv = (1.0 / g).to(torch.float32)
-    if spec.rotation is None:
+    if rotation is None:
         return coeffs * inv.reshape(*inv.shape, *([1] * (coeffs.dim() - 2)))
-    r = torch.as_tensor(spec.rotation, dtype=torch.float32, device=coeffs.device)
+    r = rotation.to(dtype=torch.float32, device=coeffs.device)
     m = torch.einsum("oc,bc,dc->bod", r, inv, r)  # (B, C, C): R diag(1/g_b) R^T
     return torch.einsum("bod,bd...->bo...", m, coeffs)
 
@@ -427,7 +429,7 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
         sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
         if can_round(spec):  # each coefficient's level chosen so fewer values miss (`dctdata.bound_rounding`)
             live = going.nonzero().flatten()
-            v = None if valid is None else torch.broadcast_to(valid, x.shape)[live]
+            v = None if valid is None else _valid_rows(valid, live, x)
             qm[live] = round_coded(cm[live], qm[live], sm[live, :, 0], room[live], spec, v)
         with torch.no_grad():
             x_hat = layer((qm, torch.cat([sm, empty], 1)))
@@ -439,7 +441,7 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
         full = torch.cat([sm[rows], fix[rows]], 1)
         with torch.no_grad():
             fixed = layer((qm[rows], full))
-        v = None if valid is None else torch.broadcast_to(valid, x.shape)[rows]
+        v = None if valid is None else _valid_rows(valid, rows, x)
         holds = ~missing(item_max_error(x[rows], fixed, v, spec.dims), bound[rows], margin[rows]).any(1)
         if floor is not None:
             errors, cap_nmse = floor
