@@ -53,6 +53,7 @@ from dctdata.quantize import (
     keep_floor,
     normalize,
     quantize_per_sample,
+    rescaled_by,
 )
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.stages import AUTO, for_setting, get_stage
@@ -302,9 +303,7 @@ class _Setting:
 
     Steps are per coded channel (a (C,) vector of base steps; a number means the same for every channel),
     so every channel is landed at the target on its own: with one step for all channels, the worst
-    channel decided and the others were stored above their target (1.2-1.4 dB on multi-channel sets).
-    `mix` (C out x C coded) says how the coded channels' errors reach the output channels: the identity
-    without rotation, R[o, c]^2 with one (orthonormal R, independent quantization errors)."""
+    channel decided and the others were stored above their target (1.2-1.4 dB on multi-channel sets)."""
 
     def __init__(self, coded: _Coded, cf: int, mask: str, dtype: str, raised: torch.Tensor | None = None) -> None:
         self.coded, self.cf, self.mask, self.dtype = coded, cf, mask, dtype
@@ -318,12 +317,11 @@ class _Setting:
             self.floors = torch.zeros(c, len(self.idx), dtype=torch.float64)
         self.raised = torch.zeros_like(self.floors) if raised is None else raised  # what raise_floors added
         self.floors = torch.maximum(self.floors, self.raised)
-        self.mix = None if coded.rotation is None else coded.to_output(torch.eye(c, dtype=torch.float64))
 
     def set_weights(self, weights: torch.Tensor) -> None:
         """The same setting with other channel weights (its raised floors kept)."""
         other = _Setting(self.coded.reweighted(weights), self.cf, self.mask, self.dtype, self.raised)
-        self.coded, self.floors, self.mix = other.coded, other.floors, other.mix
+        self.coded, self.floors = other.coded, other.floors
 
     @property
     def channels(self) -> int:
@@ -365,7 +363,7 @@ class _Setting:
         """Per-channel secant on log(step) until every output channel of the subsample is at goal_db:
         (steps (C,), quantized planes)."""
         u = torch.log(_vector(s, self.channels))
-        steer = _Steer(nmse_of(goal_db), self.mix)
+        steer = _Steer(nmse_of(goal_db), self.coded.rotation is not None)
         q = None
         for _ in range(10):
             out, coded, q, _ = self.subsample(torch.exp(u))
@@ -379,22 +377,13 @@ class _Setting:
         (B, C, Db, Hb, K, Wb)), coded with their
         stored ranges scaled by g (B, C) (what the per-sample floor does), would overflow the integers at
         `steps` (C, K). Whether any floor moved."""
-        y = _rescaled(coef, g, self.coded.rotation)
+        y = rescaled_by(coef, g, self.coded.rotation)
         per_kept = y.abs().amax(dim=(0, *range(2, y.dim() - 2), y.dim() - 1)).double()  # (C, K)
         need = per_kept * 1.02 / (INT_LIMITS[self.dtype] - 0.5)
         moved = bool((need > torch.maximum(self.floors, steps) * 1.0001).any())
         self.floors = torch.maximum(self.floors, need)
         self.raised = torch.maximum(self.raised, need)
         return moved
-
-
-def _rescaled(coef: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
-    """`quantize.rescaled` for a rotation given as a tensor."""
-    inv = (1.0 / g).to(torch.float32)
-    if rotation is None:
-        return coef * inv.reshape(*inv.shape, *(1,) * (coef.dim() - 2))
-    r = rotation.to(torch.float32)
-    return torch.einsum("bod,bd...->bo...", torch.einsum("oc,bc,dc->bod", r, inv, r), coef)
 
 
 def _middle_db(nm: torch.Tensor) -> float:
@@ -408,22 +397,20 @@ class _Steer:
     """The next per-channel log-steps of a landing: a damped Newton step on log(error) per output channel.
 
     The model: each coded channel's error moves as step^kappa (kappa measured per coded channel between
-    the last two points where its step moved, KAPPA before); the output channels get `mix` of the coded
-    errors; and only the `free` share of an output channel's error moves at all: the items the
-    per-sample floor lifts are pinned just inside its cap whatever the step (without that share the
-    landing took every channel's error as movable, moved too little and kept channels 0.4 dB above the
-    target). Without rotation the channels are independent and the step is that channel's own Newton
-    step; with one, the C x C Jacobian is solved with a little damping (a KLT mixes every coded channel
-    into every output channel, so the system is ill-conditioned and only its well-determined part is
-    used). Moves are at most a factor e per channel."""
+    the last two points where its step moved, KAPPA before), and only the `free` share of an output
+    channel's error moves at all: the items the per-sample floor lifts are pinned just inside its cap
+    whatever the step (without that share the landing took every channel's error as movable, moved too
+    little and kept channels 0.4 dB above the target). Without rotation the channels are independent and
+    the step is that channel's own Newton step, at most a factor e. With one (`rotated`), a KLT mixes every
+    coded channel into every output channel: the steps move together (`_common`), and the channel weights
+    even the channels out (`_land`)."""
 
-    def __init__(self, goal_nm: float, mix: torch.Tensor | None) -> None:
-        self.goal, self.mix = goal_nm, mix
+    def __init__(self, goal_nm: float, rotated: bool) -> None:
+        self.goal, self.rotated = goal_nm, rotated
         self.points: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-steps, coded errors)
         self.below: tuple[float, float] | None = None  # the bracket on the mean log-step (see `_common`)
         self.above: tuple[float, float | None] | None = None
         self.last: tuple[float, float] | None = None
-        self.spread_ok = 0.8 * 2 * TOL_DB * math.log(10) / 10  # a spread of log-errors the window holds
         self.kappa = torch.full((1,), KAPPA, dtype=torch.float64)
 
     def slopes(self) -> torch.Tensor:
@@ -439,19 +426,18 @@ class _Steer:
             self.kappa = torch.where(moved, k, self.kappa)
         return self.kappa.expand_as(u1)
 
-    def next(self, u: torch.Tensor, out: torch.Tensor, coded: torch.Tensor, goal=None, free=None) -> torch.Tensor:
-        """The next log-steps after measuring the output and coded channel errors at log-steps u. goal: each
-        output channel's error goal (default the landing's); free: the share of each output channel's
-        error that moves with the steps (default all of it)."""
+    def next(self, u: torch.Tensor, out: torch.Tensor, coded: torch.Tensor, free=None) -> torch.Tensor:
+        """The next log-steps after measuring the output and coded channel errors at log-steps u. free: the
+        share of each output channel's error that moves with the steps (default all of it)."""
         self.points.append((u, coded))
         kappa = self.slopes()
-        goal = torch.full_like(out, self.goal) if goal is None else torch.as_tensor(goal, dtype=out.dtype)
+        goal = torch.full_like(out, self.goal)
         free = torch.ones_like(out) if free is None else torch.as_tensor(free, dtype=out.dtype).clamp(min=0.05)
         r = torch.log(goal.clamp(min=1e-300)) - torch.log(out.clamp(min=1e-300))  # > 0: room to spare
         # where the floor pins most of the error the model is only good near here (a coarser step leaves
         # more items below the floor, a finer one frees them): smaller moves there
         reach = 1.0 if float(free.min()) >= 0.5 else 0.4
-        if self.mix is None:
+        if not self.rotated:
             return u + (r / (free * kappa)).clamp(-reach, reach)
         # with a rotation the steps move together; the channel weights even the channels out (`_land`)
         return u + self._common(u, r, float((free * kappa).mean()), reach)
@@ -940,7 +926,7 @@ def _land(x, side, setting: _Setting, s, target, min_psnr, progress, errors: Ite
     u = torch.log(_vector(s, setting.channels))
     w = setting.coded.weights
     logw = torch.zeros(setting.channels, dtype=torch.float64) if w is None else torch.log(w.double())
-    steer = _Steer(nmse_of(goal), setting.mix)
+    steer = _Steer(nmse_of(goal), setting.coded.rotation is not None)
     accepted = None
     spec, d = None, None
     raised = reweighed = 0
