@@ -732,8 +732,10 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
         rotations.insert(0, _klt(normalize(x, side, x.dim() - 2)).to(torch.float32))  # volumes: (N, C, D, H, W)
     dtypes = [dtype] if dtype is not None else ["int8", "int16"]
     candidates, best = [], None
+    base = None  # the subset's unrotated transform: made once, every rotation choice starts from it
     for rot in rotations:
-        coded = _Coded(x, side, rot)
+        coded = _Coded(x, side, rot, base=base)
+        base = coded.coef if rot is None else coded.base
         for cc, mm in _cf_candidates(coded, cf, mask, budget):
             for dt in dtypes:
                 setting = _Setting(coded, cc, mm, dt)
@@ -797,7 +799,7 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
         # A rotated sample's per-sample floor scales all its channels alike, lifting the channels that did not
         # need it too; where many items sit below the floor the landing then cannot put every channel in the
         # window. The same setting without the rotation lands per channel: it keeps the promise.
-        plain = _Setting(_Coded(x, side, None), best["setting"].cf, best["setting"].mask, best["dtype"])
+        plain = _Setting(_Coded(x, side, None, base=base), best["setting"].cf, best["setting"].mask, best["dtype"])
         try:
             alt = settle(plain, plain.land(goal, best["s"].mean())[0])
         except DctDataError:
