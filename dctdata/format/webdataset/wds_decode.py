@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format.fields import FieldKind, has_side, side_field, user_fields
+from dctdata.format.fields import SIDE_SUFFIX, FieldKind, user_fields
 from dctdata.format.location import MANIFEST_NAME, join
 from dctdata.format.webdataset.layout import group_members, group_name, sample_key, samples_per_member, shard_list
 from dctdata.format.webdataset.reader import Files, codecs_for, group_member
@@ -65,6 +65,7 @@ class WdsDecoder:
         # webdataset lower-cases member suffixes and hands handlers "." + suffix
         members = group_members(self.manifest.fields)
         self._members = {"." + group_name(f, side).lower(): (f, side) for f, side in members}
+        self._partner = {f.name[: -len(SIDE_SUFFIX)]: f for f, side in members if side}  # dct field -> its side
         self._layers: dict[str, Any] = {}
 
     def handler(self, key: str, data: bytes) -> np.ndarray | None:
@@ -114,14 +115,14 @@ class WdsDecoder:
     def _field(self, group: Mapping[str, Any], f, rows: int) -> Any:
         """The group's first `rows` values of user field f: decoded through `Decompress` (a dct field with
         `decode`), else the stored values as tensors (a dct field's as (coefficients, side values))."""
-        q = torch.from_numpy(np.ascontiguousarray(self._array(group, f, False)[:rows]))
+        arr = np.ascontiguousarray(self._array(group, f, False)[:rows])
         if f.kind is not FieldKind.DCT:
-            return [f.to_tensor(a) for a in q.numpy()]
-        side = (
-            torch.from_numpy(np.ascontiguousarray(self._array(group, side_field(f), True)[:rows]))
-            if has_side(f)
-            else None
-        )
+            return [f.to_tensor(a) for a in arr]
+        q = torch.from_numpy(arr)
+        partner = self._partner.get(f.name)
+        side = None
+        if partner is not None:
+            side = torch.from_numpy(np.ascontiguousarray(self._array(group, partner, True)[:rows]))
         if not self.decode:
             return list(q) if side is None else list(zip(q, side))
         layer = self._layers.get(f.name)
