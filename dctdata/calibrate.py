@@ -605,12 +605,17 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     that miss (int8's steps are floored where it would overflow, so it only wins at loose bounds)."""
     from dctdata.bounds import BoundError, item_bounds
     from dctdata.corrections import capacity
+    from dctdata.lattice import detect as detect_lattice
 
     n, c, *size = x.shape
     dims = len(size)
     probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
                       **bounds)  # fmt: skip
-    bound, _, rng = item_bounds(x, probe, valid)
+    bound, margin, rng = item_bounds(x, probe, valid)
+    if dims == 2:  # items on an evenly spaced grid: coded to half its spacing, then snapped (`dctdata.lattice`)
+        rows, eff = detect_lattice(x, valid, bound, margin)
+        if bool((rows[..., 0] > 0).any()):
+            probe, bound = probe.replace(lattice=True), eff
     rel = bound / rng.clamp(min=1e-300)
     ok = (rng > 0) & torch.isfinite(rel)
     ref = float(rel[ok].min()) if bool(ok.any()) else 1.0

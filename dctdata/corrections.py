@@ -50,11 +50,12 @@ def capacity(values: int) -> int:
 
 
 def split(side: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(range/mid rows (..., C, 2), correction rows (..., 1 + cap, 2) or None) of a side tensor."""
+    """(range/mid rows (..., C, 2), correction rows (..., 1 + cap, 2) or None) of a side tensor (lattice rows,
+    `dctdata.lattice`, left out)."""
     c = spec.channels
     if spec.corrections is None:
-        return side, None
-    return side[..., :c, :], side[..., c:, :]
+        return side[..., :c, :], None
+    return side[..., :c, :], side[..., c : c + 1 + spec.corrections, :]
 
 
 def check(fix: torch.Tensor, spec: CodecSpec, indices=None, where: str = "field") -> None:

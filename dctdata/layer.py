@@ -39,7 +39,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from dctdata import corrections, fused, fused_cuda, transform3d
+from dctdata import corrections, fused, fused_cuda, lattice, transform3d
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
 from dctdata.spec import CodecSpec, dequant_tables
@@ -153,7 +153,7 @@ class Decompress(nn.Module):
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
-        side, fix = self._split_corrections(side)
+        side, fix, grid = self._split_corrections(side)
         size = (spec.height, spec.width)
         img = None
         if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
@@ -176,6 +176,8 @@ class Decompress(nn.Module):
             img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
+        if grid is not None:
+            img = self._snap(img if target is None else target, grid, indices)
         return _result(img, out, unbatched)
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
@@ -212,12 +214,27 @@ class Decompress(nn.Module):
                 f"this spec's is {self.spec.dtype}). Got {q.dtype}"
             )
 
-    def _split_corrections(self, side: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(the (range, mid) rows, the correction rows or None) of a batch's side values (`dctdata.corrections`)."""
-        if side is None or self.spec.corrections is None:
-            return side, None
-        side, fix = corrections.split(side, self.spec)
-        return side.contiguous(), fix
+    def _split_corrections(self, side: torch.Tensor | None):
+        """(the (range, mid) rows, the correction rows or None, the lattice rows or None) of a batch's side
+        values (`dctdata.corrections`, `dctdata.lattice`)."""
+        spec = self.spec
+        if side is None or (spec.corrections is None and spec.lattice is None):
+            return side, None, None
+        grid = None if spec.lattice is None else lattice.split(side, spec.channels)[1]
+        side, fix = corrections.split(side, spec)
+        return side.contiguous(), fix, grid
+
+    def _snap(self, img: torch.Tensor, grid: torch.Tensor, indices=None) -> torch.Tensor:
+        """img with each item's values snapped onto its grid (`dctdata.lattice`); the rows are checked first
+        in eager mode (a non-finite or negative step is refused, naming the sample). Written into img."""
+        if not _tracing():
+            lattice.check(grid, indices, where="coeffs")
+        norm = self.normalize and self.spec.std is not None
+        scale, shift = (self.out_scale, self.out_shift) if norm else (None, None)
+        snapped = lattice.snap(img, grid.to(img.device), scale, shift)
+        if _tracing():
+            return snapped
+        return img.copy_(snapped)
 
     def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
@@ -353,7 +370,7 @@ class VolumeDecompress(Decompress):
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
-        side, fix = self._split_corrections(side)
+        side, fix, grid = self._split_corrections(side)
         if fused.usable(y, self.dtype, target):
             if self._fused_tables is None:
                 self._fused_tables = fused.tables_for(spec, self.normalize)
@@ -369,6 +386,8 @@ class VolumeDecompress(Decompress):
                 target.copy_(img)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
+        if grid is not None:
+            img = self._snap(img if target is None else target, grid, indices)
         return _result(img, out, unbatched)
 
     def _check_dtype(self, q: torch.Tensor) -> None:

@@ -200,11 +200,20 @@ def encode(
             x[None], spec, None if side is None else side[None], None if valid is None else valid[None], size_of
         )
         return (wire[0][0], wire[1][0]), over
+    if spec.lattice is not None and spec.bounded:
+        return _encode_on_lattice(x, spec, side, valid, size_of)
+    return _encode(x, spec, side, valid, size_of)
+
+
+def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None):
+    """`encode`'s work on a batch; `bounds`: (bound, margin, range) per item if the caller has them (the
+    bound a lattice leaves before its snap), else the spec's (`dctdata.bounds.item_bounds`)."""
+    n = len(spec.sample_shape)
     coeffs, side = coded_coefficients(x, spec, side, valid)
     if spec.bounded:
         from dctdata.bounds import initial_scale, item_bounds
 
-        bound, margin, rng = item_bounds(x, spec, valid)
+        bound, margin, rng = item_bounds(x, spec, valid) if bounds is None else bounds
         g = initial_scale(bound, rng, spec)
         plain = (coeffs, side, g)  # the coefficients as coded with the items' own ranges, and the bound's scale
         if g is not None:  # every item starts at the step its own bound needs
@@ -225,6 +234,34 @@ def encode(
         if spec.corrections is not None:
             q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of, failed)
     return ((q, side) if spec.side is not None else q), int(over.sum())
+
+
+def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
+    """`encode` with a lattice (`dctdata.lattice`): the items on a grid are coded to within half its spacing
+    (less the margins) instead of their bound, their grid rows appended to the side values, and the
+    snapped float32 decode checked against the bound itself (`BoundError` if an item misses it)."""
+    from dctdata.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
+    from dctdata.lattice import detect
+    from dctdata.layer import Decompress
+
+    bound, margin, rng = item_bounds(x, spec, valid)
+    rows, eff = detect(x, valid, bound, margin)
+    (q, sd), over = _encode(x, spec.replace(lattice=None), side, valid, size_of, bounds=(eff, margin, rng))
+    sd = torch.cat([sd, rows.to(sd.dtype)], -2)
+    with torch.no_grad():
+        err = item_max_error(x, Decompress(spec, normalize=False)((q, sd)), valid, spec.dims)
+    bad = missing(err, bound, margin)
+    if bool(bad.any()):  # the room `detect` leaves makes this unreachable; the guarantee does not rest on it
+        j = int(bad.any(1).nonzero()[0])
+        c = int(bad[j].nonzero()[0])
+        raise BoundError(
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
+            f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} after the "
+            "lattice snap (pack without it: loosen or tighten the bound)",
+            j,
+            c,
+        )
+    return (q, sd), over
 
 
 def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
@@ -468,7 +505,7 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     inverse rotation -> / weights -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
     q, side = split_wire(wire, spec)
     fix = None
-    if side is not None and spec.corrections is not None:
+    if side is not None and (spec.corrections is not None or spec.lattice is not None):
         from dctdata.corrections import split
 
         side, fix = split(side, spec)
@@ -489,6 +526,11 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
         from dctdata.corrections import apply
 
         x = apply(x.reshape(-1, *spec.sample_shape).contiguous(), fix.reshape(-1, *fix.shape[-2:])).reshape(x.shape)
+    if spec.lattice is not None and side is not None:
+        from dctdata.lattice import snap, split
+
+        grid = split(split_wire(wire, spec)[1], spec.channels)[1]
+        x = snap(x.reshape(-1, *spec.sample_shape), grid.reshape(-1, spec.channels, 2)).reshape(x.shape)
     if spec.mean is not None:
         mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(per_channel)
         std = torch.tensor(spec.std, dtype=torch.float64).reshape(per_channel)

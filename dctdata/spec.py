@@ -142,6 +142,9 @@ class CodecSpec:
     bound needs. corrections: the capacity (rows per sample) of the sparse correction list
     (`dctdata.corrections`, manifest version 5, optional): steps coarser than the bound alone needs, and
     the values that still miss it corrected one by one; the side partner grows to (C + 1 + corrections, 2).
+    lattice: True when items whose values lie on an evenly spaced grid are snapped back onto it after
+    decoding (`dctdata.lattice`, manifest version 5, optional): C rows (step, origin) follow the other side
+    rows.
     """
 
     cf: int
@@ -167,6 +170,7 @@ class CodecSpec:
     max_rel_error: float | None = None
     bound_ref: float | None = None
     corrections: int | None = None
+    lattice: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -242,11 +246,15 @@ class CodecSpec:
             parse_int(self.corrections, "corrections", minimum=1, maximum=MAX_CORRECTIONS,
                       expected=f"a positive int (at most {MAX_CORRECTIONS} rows)")  # fmt: skip
             object.__setattr__(self, "corrections", int(self.corrections))
+        if self.lattice is not None and self.lattice is not True:
+            raise DctDataError(f"lattice: expected True or None. Got {self.lattice!r}")
         if self.max_error is None and self.max_rel_error is None:
             if self.bound_ref is not None:
                 raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")
             if self.corrections is not None:
                 raise DctDataError("corrections: expected max_error or max_rel_error with them. Got neither")
+            if self.lattice is not None:
+                raise DctDataError("lattice: expected max_error or max_rel_error with it. Got neither")
             return
         if self.side is None or self.dtype not in INTEGER_DTYPES:
             raise DctDataError(
@@ -257,8 +265,9 @@ class CodecSpec:
     @property
     def side_rows(self) -> int:
         """Rows of a sample's side values: C (range, mid), then with corrections a header row and the
-        correction rows (`dctdata.corrections`)."""
-        return self.channels + (0 if self.corrections is None else 1 + self.corrections)
+        correction rows (`dctdata.corrections`), then with a lattice C (step, origin) rows (`dctdata.lattice`)."""
+        lattice = 0 if self.lattice is None else self.channels
+        return self.channels + (0 if self.corrections is None else 1 + self.corrections) + lattice
 
     @property
     def bounded(self) -> bool:
@@ -350,7 +359,7 @@ class CodecSpec:
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
         for name in ("mean", "std", "theta", "side", "min_psnr", "weights", "max_error", "max_rel_error", "bound_ref",
-                     "corrections"):  # fmt: skip
+                     "corrections", "lattice"):  # fmt: skip
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):
