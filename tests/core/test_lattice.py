@@ -1,0 +1,213 @@
+"""Value lattices of bounded fields (issue 32, `dctdata.lattice`): items whose values lie on an evenly spaced
+grid are coded to half its spacing and snapped back onto it, the bound still holds on every value (through
+the encoder, the reference decoder, both storages, torch.export and ONNX Runtime), such packs store less than
+coding to the bound, and hostile lattice rows fail clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import dctdata
+from dctdata import lattice
+from dctdata.bounds import item_bounds
+from dctdata.calibrate import calibrate_report
+from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format import read_manifest
+from dctdata.layer import Decompress
+from dctdata.quantize import decode_reference, encode
+from dctdata.spec import CodecSpec
+from tests.core.test_bounds import check_bound, cuda_decode_meets_the_bound, onnx_decode_meets_the_bound, smooth
+
+
+def counts(rng, n, c, h, w):
+    """Shot-noise frames: Poisson counts of a smooth intensity over a random dose per item, dead pixels 0."""
+    lam = 20 + 10 * np.abs(smooth(rng, n, c, h, w)) / np.sqrt(h * w)
+    dose = rng.uniform(5.0, 50.0, (n, c, 1, 1))
+    x = (rng.poisson(lam) / dose).astype(np.float32)
+    x[rng.random(x.shape) < 0.01] = 0.0
+    return x
+
+
+def adc(rng, n, c, h, w):
+    """Digitized readings: an offset plus whole multiples of a scale factor (like a scaled 12-bit ADC)."""
+    level = np.round(40 * smooth(rng, n, c, h, w) / np.sqrt(h * w) + rng.integers(0, 30, (n, c, h, w)))
+    return (3.15 + 0.05 * level).astype(np.float32)
+
+
+def mixed(rng, n, c, h, w):
+    """Channel 0 on a lattice, channel 1 continuous: one sample holds both kinds of item."""
+    return np.concatenate([counts(rng, n, 1, h, w), smooth(rng, n, 1, h, w).astype(np.float32)], 1)
+
+
+KINDS = {"counts": counts, "adc": adc, "mixed": mixed}
+
+
+def _bounds(x: torch.Tensor, r: float):
+    spec = CodecSpec(cf=8, height=x.shape[-2], width=x.shape[-1], channels=x.shape[1], dtype="int16",
+                     steps=[1.0] * x.shape[1], side="range_mid", max_rel_error=r)  # fmt: skip
+    return item_bounds(x, spec)
+
+
+def test_detect_finds_the_grid_of_counts_over_a_dose():
+    x = torch.from_numpy(counts(np.random.default_rng(0), 3, 2, 16, 24))
+    bound, margin, rng = _bounds(x, 1e-4)
+    rows, eff = lattice.detect(x, None, bound, margin)
+    for i in range(3):
+        for c in range(2):
+            v = np.unique(x[i, c].numpy().astype(np.float64))
+            spacing = np.diff(v).min()
+            assert rows[i, c, 0] == pytest.approx(spacing, rel=1e-5) and rows[i, c, 1] == 0  # 1/dose, from 0
+    assert bool((eff > 1.25 * bound).all()) and bool((eff < rows[..., 0] / 2).all())
+
+
+def test_detect_leaves_continuous_items_and_loose_bounds_alone():
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(np.concatenate([smooth(rng, 2, 1, 16, 16), counts(rng, 2, 1, 16, 16)], 1).astype(np.float32))
+    bound, margin, _ = _bounds(x, 1e-4)
+    rows, eff = lattice.detect(x, None, bound, margin)
+    assert bool((rows[:, 0] == 0).all()) and torch.equal(eff[:, 0], bound[:, 0])  # no grid in smooth values
+    assert bool((rows[:, 1, 0] > 0).all())
+    loose, margin, _ = _bounds(x, 0.3)  # wider than half the spacing: snapping gains nothing
+    rows, eff = lattice.detect(x, None, loose, margin)
+    assert bool((rows == 0).all()) and torch.equal(eff, loose)
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("bound", [{"max_rel_error": 1e-3}, {"max_rel_error": 1e-4}, {"max_error": 3e-3}])
+def test_bound_holds_on_every_value_of_lattice_fields(kind, seed, bound):
+    """Property: random lattice fields (counts over random doses, offset ADC readings, lattice and continuous
+    channels side by side), some NaN-masked: every valid value decodes within the bound, in the layer and the
+    reference decoder, and the on-grid items come back on their grid points."""
+    rng = np.random.default_rng([7, seed, len(kind)])
+    x = torch.from_numpy(KINDS[kind](rng, 5, 2, 24, 32))
+    valid = torch.from_numpy(rng.random(x.shape) > 0.15) if seed == 1 else None
+    if valid is not None:
+        x = x.masked_fill(~valid, 0.0)
+    v3 = None if valid is None else valid[:3]
+    spec = calibrate_report(x[:3], quant=None, valid=v3, **bound).spec  # samples 3, 4 unseen
+    assert spec.lattice is True and spec.side_rows == 2 + 1 + spec.corrections + 2
+    wire, _ = encode(x, spec, valid=valid)
+    y = Decompress(spec, normalize=False)(wire)
+    check_bound(x, y, spec, valid)
+    check_bound(x, decode_reference(wire, spec).float(), spec, valid)
+    grid = lattice.split(wire[1], 2)[1]
+    on = grid[..., 0] > 0
+    assert bool(on[:, 0].all()) and (kind != "mixed" or not bool(on[:, 1].any()))
+    err = (y.double() - x.double()).abs()
+    if valid is not None:
+        err = err.masked_fill(~valid, 0)
+    scale = x.double().abs().amax((-1, -2))
+    assert float((err.amax((-1, -2)) / scale)[on].max()) < 1e-6  # the grid point itself, to float32 rounding
+
+
+def test_a_lattice_pack_stores_less_than_coding_to_the_bound(tmp_path, monkeypatch):
+    x = counts(np.random.default_rng(3), 8, 1, 64, 64)
+
+    def size(out):
+        dctdata.pack(x, out, max_rel_error=1e-4, quiet=True)
+        return sum(p.stat().st_size for p in out.rglob("*") if p.is_file()), read_manifest(out).fields[0].codec
+
+    with_grid, spec = size(tmp_path / "grid")
+    monkeypatch.setattr(lattice, "WORTH", float("inf"))  # no grid is ever worth it: the bound alone
+    without, plain = size(tmp_path / "plain")
+    assert spec.lattice is True and plain.lattice is None
+    assert with_grid < 0.7 * without, (with_grid, without)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt):
+    x = counts(np.random.default_rng(4), 6, 2, 24, 32)
+    out = tmp_path / "p"
+    dctdata.pack(x, out, format=fmt, max_rel_error=1e-4, quiet=True)
+    m = read_manifest(out)
+    spec = m.fields[0].codec
+    assert m.version == 5 and spec.lattice is True
+    assert CodecSpec.from_dict(spec.to_dict()) == spec and spec.to_dict()["lattice"] is True
+    kw = {"shuffle": False} if fmt == "webdataset" else {}
+    ds = dctdata.open_dataset(out, as_dict=True, **kw)
+    items = [ds[i] for i in range(len(ds))] if fmt == "zarr" else list(ds)
+    q = torch.stack([it["image"][0] for it in items])
+    side = torch.stack([it["image"][1] for it in items])
+    assert side.shape == (6, spec.side_rows, 2)
+    layer = ds.decompressor("image", normalize=False)
+    check_bound(torch.from_numpy(x), layer((q, side)), spec)
+    dev = dctdata.open_dataset(out, as_dict=True, decode="device", **kw)
+    from dctdata.wire import collate
+
+    stored = collate([dev[i]["image"] for i in range(len(dev))] if fmt == "zarr" else [it["image"] for it in dev])
+    device_layer = dev.decompressor("image", normalize=False)
+    assert torch.equal(device_layer(stored), layer((q, side)))
+    from dctdata.cli import main
+
+    assert main(["verify", str(out)]) == 0
+
+
+def _wire():
+    x = torch.from_numpy(counts(np.random.default_rng(5), 4, 2, 24, 32))
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-4).spec
+    assert spec.lattice is True
+    wire, _ = encode(x, spec)
+    return x, spec, wire
+
+
+@pytest.mark.parametrize(
+    "row, value, match",
+    [(0, float("nan"), "nan"), (0, -0.5, "-0.5"), (1, float("inf"), "inf")],
+)
+def test_hostile_lattice_rows_are_named(row, value, match):
+    _, spec, (q, side) = _wire()
+    bad = side.clone()
+    bad[2, -1, row] = value
+    expected = r"coeffs: sample 2 of the batch: lattice: expected finite rows with a step >= 0\. Got .*"
+    with pytest.raises(IntegrityError, match=expected + match):
+        Decompress(spec, normalize=False)((q, bad))
+
+
+def test_snap_follows_the_normalization():
+    """With the spec's mean/std the grid is mapped like the values: the normalized decode is the plain one,
+    normalized."""
+    x, spec, wire = _wire()
+    norm = spec.replace(mean=[2.0, -1.0], std=[0.5, 3.0])
+    plain = Decompress(norm, normalize=False)(wire).double()
+    y = Decompress(norm)(wire).double()
+    want = (plain - torch.tensor([2.0, -1.0]).reshape(2, 1, 1)) / torch.tensor([0.5, 3.0]).reshape(2, 1, 1)
+    assert float((y - want).abs().max()) < 1e-5
+    assert torch.allclose(decode_reference(wire, norm), want, atol=1e-5)
+
+
+def test_torch_export_snaps_like_eager():
+    x, spec, (q, side) = _wire()
+    layer = Decompress(spec, normalize=False).eval()
+    y = torch.export.export(layer, ((q, side),)).module()((q, side))
+    check_bound(x, y, spec)
+    assert torch.equal(y, layer((q, side)))
+
+
+def test_onnx_runtime_snaps_onto_the_lattice(tmp_path):
+    x, spec, (q, side) = _wire()
+    ops = onnx_decode_meets_the_bound(x, spec, q, side, tmp_path / "lattice.onnx")
+    assert "Round" in ops, ops
+
+
+@pytest.mark.cuda
+def test_cuda_snaps_like_the_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x, spec, (q, side) = _wire()
+    cuda_decode_meets_the_bound(x, spec, q, side)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"lattice": True}, "lattice: expected max_error or max_rel_error with it"),
+        ({"lattice": 1, "max_error": 0.1}, "lattice: expected True or None. Got 1"),
+        ({"lattice": "yes", "max_error": 0.1}, "lattice: expected True or None. Got 'yes'"),
+    ],
+)
+def test_bad_lattice_setting(kw, match):
+    with pytest.raises(DctDataError, match=match):
+        CodecSpec(cf=8, height=16, width=16, dtype="int16", steps=[1.0], side="range_mid", **kw)
