@@ -3,7 +3,8 @@ module is the one place that defines the wire forms.
 
 - `decode="cpu"` (the default): a coefficient tensor (..., C, Hb, K, Wb), or the pair (coefficients,
   side) when the field's spec carries per-sample side information (side (..., C, 2) float32 = [range,
-  mid] per channel; with corrections, `dctdata.corrections`, their rows follow: (..., C + 1 + cap, 2)).
+  mid] per channel; with corrections, `dctdata.corrections`, their rows follow: (..., C + 1 + cap, 2);
+  with a lattice, `dctdata.lattice`, C (step, origin) rows come last).
   A DataLoader collates the pair into a pair of batched tensors.
 - `decode="device"`: the field's checked stored bytes. A sample is a `StoredSample`; a DataLoader
   collates a batch of them (`collate`, registered in torch's default collate map) into one `StoredBatch`:
@@ -48,7 +49,12 @@ def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tenso
     q, side = wire
     shape = side.shape  # torch.Size compares equal to a tuple: no copies on this per-batch path
     if shape[-2:] != (spec.side_rows, 2) or shape[:-2] != q.shape[: max(0, q.dim() - len(spec.coeff_shape))]:
-        rows = "" if spec.corrections is None else f" (C={spec.channels} + 1 + {spec.corrections} correction rows)"
+        parts = [f"C={spec.channels}"]
+        if spec.corrections is not None:
+            parts.append(f"1 + {spec.corrections} correction rows")
+        if spec.lattice is not None:
+            parts.append("C lattice rows")
+        rows = "" if len(parts) == 1 else " (" + " + ".join(parts) + ")"
         raise DctDataError(
             f"side: expected shape (..., {spec.side_rows}, 2){rows} matching coefficients {tuple(q.shape)}. Got "
             f"{tuple(side.shape)}"

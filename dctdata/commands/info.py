@@ -42,6 +42,8 @@ def _main(args) -> int:
             codec += ", " + bound_text(f.codec)
             if f.codec.corrections is not None:  # the sparse correction list (`dctdata.corrections`)
                 codec += f", up to {f.codec.corrections} corrections/sample"
+            if f.codec.lattice:  # values snapped onto their grid (`dctdata.lattice`)
+                codec += ", value lattices"
         stored = None if r["stored"] is None else r["stored"] / 1e6
         valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"
         dataset = num(s.psnr_dataset) if s is not None and f.is_dct else "-" if s is None else num(s.psnr_min)

@@ -118,7 +118,7 @@ def test_a_lattice_pack_stores_less_than_coding_to_the_bound(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
-def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt):
+def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt, capsys):
     x = counts(np.random.default_rng(4), 6, 2, 24, 32)
     out = tmp_path / "p"
     dctdata.pack(x, out, format=fmt, max_rel_error=1e-4, quiet=True)
@@ -143,6 +143,9 @@ def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt):
     from dctdata.cli import main
 
     assert main(["verify", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "corrections/sample, value lattices" in capsys.readouterr().out
 
 
 def _wire():
@@ -211,3 +214,10 @@ def test_cuda_snaps_like_the_cpu():
 def test_bad_lattice_setting(kw, match):
     with pytest.raises(DctDataError, match=match):
         CodecSpec(cf=8, height=16, width=16, dtype="int16", steps=[1.0], side="range_mid", **kw)
+
+
+def test_side_values_without_the_lattice_rows_are_refused():
+    _, spec, (q, side) = _wire()
+    with pytest.raises(DctDataError, match=r"side: expected shape \(\.\.\., \d+, 2\) \(C=2 \+ 1 \+ \d+ correction rows "
+                       r"\+ C lattice rows\)"):  # fmt: skip
+        Decompress(spec, normalize=False)((q, side[:, :-2]))
