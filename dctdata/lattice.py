@@ -44,11 +44,23 @@ def split(side: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor
 
 def check(rows: torch.Tensor, indices=None, where: str = "field") -> None:
     """Raise `IntegrityError` naming the sample unless every lattice row (N, C, 2) is finite with a step >= 0."""
+    check_deferred(rows, indices, where)()
+
+
+def check_deferred(rows: torch.Tensor, indices=None, where: str = "field"):
+    """`check` in two halves (as `dctdata.corrections.check_deferred`): the test is queued on the rows' device
+    now, the returned function reads its verdict and raises."""
     bad = (~torch.isfinite(rows).flatten(1).all(1)) | (rows[..., 0] < 0).any(1)
-    if bool(bad.any()):
-        j = int(bad.nonzero()[0])
-        name = f"sample {j} of the batch" if indices is None else f"sample {indices[j]}"
-        raise IntegrityError(f"{where}: {name}: lattice: expected finite rows with a step >= 0. Got {rows[j].tolist()}")
+
+    def verdict() -> None:
+        found = bad.cpu()
+        if bool(found.any()):
+            j = int(found.nonzero()[0])
+            name = f"sample {j} of the batch" if indices is None else f"sample {indices[j]}"
+            got = rows[j].tolist()
+            raise IntegrityError(f"{where}: {name}: lattice: expected finite rows with a step >= 0. Got {got}")
+
+    return verdict
 
 
 def snap(img: torch.Tensor, rows: torch.Tensor, scale=None, shift=None) -> torch.Tensor:

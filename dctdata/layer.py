@@ -177,7 +177,7 @@ class Decompress(nn.Module):
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
-            img = self._snap(img if target is None else target, grid, indices)
+            img = self._snap(img if target is None else target, grid, indices, deferred)
         return _result(img, out, unbatched)
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
@@ -224,11 +224,16 @@ class Decompress(nn.Module):
         side, fix = corrections.split(side, spec)
         return side.contiguous(), fix, grid
 
-    def _snap(self, img: torch.Tensor, grid: torch.Tensor, indices=None) -> torch.Tensor:
+    def _snap(self, img: torch.Tensor, grid: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
         """img with each item's values snapped onto its grid (`dctdata.lattice`); the rows are checked first
-        in eager mode (a non-finite or negative step is refused, naming the sample). Written into img."""
+        in eager mode (a non-finite or negative step is refused, naming the sample), or that check is queued
+        on `deferred` as the corrections' is (`_correct`). Written into img."""
         if not _tracing():
-            lattice.check(grid, indices, where="coeffs")
+            if deferred is None:
+                lattice.check(grid, indices, where="coeffs")
+            else:
+                named = indices if indices is not None else deferred[1]
+                deferred[0].append(lattice.check_deferred(grid, named, where="coeffs"))
         norm = self.normalize and self.spec.std is not None
         scale, shift = (self.out_scale, self.out_shift) if norm else (None, None)
         snapped = lattice.snap(img, grid.to(img.device), scale, shift)
@@ -387,7 +392,7 @@ class VolumeDecompress(Decompress):
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
-            img = self._snap(img if target is None else target, grid, indices)
+            img = self._snap(img if target is None else target, grid, indices, deferred)
         return _result(img, out, unbatched)
 
     def _check_dtype(self, q: torch.Tensor) -> None:

@@ -221,3 +221,18 @@ def test_side_values_without_the_lattice_rows_are_refused():
     with pytest.raises(DctDataError, match=r"side: expected shape \(\.\.\., \d+, 2\) \(C=2 \+ 1 \+ \d+ correction rows "
                        r"\+ C lattice rows\)"):  # fmt: skip
         Decompress(spec, normalize=False)((q, side[:, :-2]))
+
+
+def test_forward_deferred_queues_the_lattice_check():
+    """`forward_deferred` queues the lattice rows' check beside the corrections' (nothing read back); it names
+    the sample by its index in the pack, and well-formed rows decode like `forward`."""
+    _, spec, (q, side) = _wire()
+    layer = Decompress(spec, normalize=False)
+    y, checks = layer.forward_deferred((q, side), indices=(7, 8, 9, 10))
+    assert len(checks) == 2 and all(check() is None for check in checks) and torch.equal(y, layer((q, side)))
+    bad = side.clone()
+    bad[1, -2, 0] = -1.0
+    _, checks = layer.forward_deferred((q, bad), indices=(7, 8, 9, 10))
+    assert checks[0]() is None  # the corrections are well formed
+    with pytest.raises(IntegrityError, match=r"coeffs: sample 8: lattice: expected finite rows with a step >= 0"):
+        checks[1]()
