@@ -236,10 +236,7 @@ class Decompress(nn.Module):
                 deferred[0].append(lattice.check_deferred(grid, named, where="coeffs"))
         norm = self.normalize and self.spec.std is not None
         scale, shift = (self.out_scale, self.out_shift) if norm else (None, None)
-        snapped = lattice.snap(img, grid.to(img.device), scale, shift)
-        if _tracing():
-            return snapped
-        return img.copy_(snapped)
+        return img.copy_(lattice.snap(img, grid.to(img.device), scale, shift))  # into `out` when given
 
     def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked

@@ -236,3 +236,12 @@ def test_forward_deferred_queues_the_lattice_check():
     assert checks[0]() is None  # the corrections are well formed
     with pytest.raises(IntegrityError, match=r"coeffs: sample 8: lattice: expected finite rows with a step >= 0"):
         checks[1]()
+
+
+def test_snap_writes_into_out():
+    """`forward(..., out=buf)` returns buf holding the snapped values (a reused output buffer gets them too)."""
+    _, spec, wire = _wire()
+    layer = Decompress(spec, normalize=False)
+    buf = torch.empty(4, *spec.sample_shape)
+    assert layer(wire, out=buf) is buf and torch.equal(buf, layer(wire))
+    assert not torch.equal(buf, Decompress(spec.replace(lattice=None), normalize=False)((wire[0], wire[1][:, :-2])))
