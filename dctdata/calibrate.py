@@ -612,10 +612,9 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
                       **bounds)  # fmt: skip
     bound, margin, rng = item_bounds(x, probe, valid)
-    if dims == 2:  # items on an evenly spaced grid: coded to half its spacing, then snapped (`dctdata.lattice`)
-        rows, eff = detect_lattice(x, valid, bound, margin)
-        if bool((rows[..., 0] > 0).any()):
-            probe, bound = probe.replace(lattice=True), eff
+    rows, eff = detect_lattice(x, valid, bound, margin)  # items on an evenly spaced grid (`dctdata.lattice`)
+    if bool((rows[..., 0] > 0).any()):  # coded to half its spacing, then snapped
+        probe, bound = probe.replace(lattice=True), eff
     rel = bound / rng.clamp(min=1e-300)
     ok = (rng > 0) & torch.isfinite(rel)
     ref = float(rel[ok].min()) if bool(ok.any()) else 1.0
