@@ -13,7 +13,8 @@ precision) is an error naming it, and nothing is written.
 Hand-written: the bound has to hold for this codec's own decoder, which no error-bounded library knows.
 Re-coding makes a whole item finer for a few outlying pixels; with corrections (`dctdata.corrections`,
 what calibration turns on for bounded fields) each sample also tries coarser steps with those pixels
-corrected one by one, and keeps whichever stores least.
+corrected one by one, and keeps whichever stores least. Items whose values lie on an evenly spaced grid
+(`dctdata.lattice`) are coded to half its spacing instead, where that is wider, and snapped back onto it.
 """
 
 from __future__ import annotations
