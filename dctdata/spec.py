@@ -254,10 +254,10 @@ class CodecSpec:
                 f"(side='range_mid') to enforce the bound with. Got dtype {self.dtype!r}, side {self.side!r}"
             )
 
-    @property
+    @functools.cached_property
     def side_rows(self) -> int:
         """Rows of a sample's side values: C (range, mid), then with corrections a header row and the
-        correction rows (`dctdata.corrections`)."""
+        correction rows (`dctdata.corrections`). Cached like `coeff_shape`: every decode call checks it."""
         return self.channels + (0 if self.corrections is None else 1 + self.corrections)
 
     @property
