@@ -84,7 +84,7 @@ if step 6; then
 fi
 if step 7; then
     note "7. decode table alone"
-    timeout ${DECODE_T:-120} python3 -m benchmarks gpu --decode-only --sizes 256 1024 --cf 2 4 8 --repeat 10 \
+    timeout ${DECODE_T:-120} python3 -m benchmarks gpu --decode-only --sizes 256 1024 --cf 2 4 8 --repeat ${DECODE_REPEAT:-20} \
         --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.txt" | tail -40 || status=1
 fi
 note "done: exit $status"

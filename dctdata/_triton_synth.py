@@ -4,8 +4,9 @@ One program decodes a strip of `BLOCKS` neighbouring 8x8 blocks of one block row
 sample, and each thread owns one whole block: its 64 accumulators, its coefficients, its pixels. For each
 kept column v of frequencies (a compile-time loop) the thread loads its block's coefficients y[u, v] of
 every kept row u at once (a (UP, BLOCKS) tensor whose u axis stays in the thread; the strip reads coalesced
-rows of the (Hb, K, Wb) layout), dequantizes each once (y = a q + d + r sign(q)), applies the channel
-rotation (a sum over the input channels' rows), then runs the separable inverse DCT in registers: the
+rows of the (Hb, K, Wb) layout), dequantizes each once (y = a q + d + r sign(q); column v's a, d and r come
+from `fused_cuda.DeviceTables.columns`, whose UP rows lie side by side: a vector load each), applies the
+channel rotation (a sum over the input channels' rows), then runs the separable inverse DCT in registers: the
 column pass w[i] = sum_u T[u, i] y[u, v] (a reduction inside the thread) and image[i, j] += w[i] T[v, j].
 The per-sample output map (x <- alpha x + beta) is linear, so it is applied to the coefficients: y <-
 alpha y, and 8 beta added to the DC coefficient (the DC basis is 1/8 at every pixel), at most 64 multiplies
@@ -43,15 +44,16 @@ def _add(a, b):  # tl.reduce's combine: this module's own, so the interpreter ca
 
 
 @triton.jit
-def _dequantized(q_ch, t_ch, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep, HAS_R: tl.constexpr):
+def _dequantized(q_ch, tab, WB, wb, in_w, k, keep, u, UP: tl.constexpr, HAS_R: tl.constexpr):
     """Stored coefficients k (UP,) of one channel under the strip's blocks, dequantized: y = a q + d (+ r sign(q)),
-    a (UP, BLOCKS) tensor. q_ch points at the channel's (K, Wb) plane of this block row, t_ch at its table row."""
+    a (UP, BLOCKS) tensor. q_ch points at the channel's (K, Wb) plane of this block row; tab at the channel's
+    tables of this column v (`DeviceTables.columns`: a, d, r over u, each UP neighbouring floats, so one or two
+    vector loads; zero where not kept)."""
     qi = tl.load(q_ch + (k * WB)[:, None] + wb[None, :], mask=keep[:, None] & in_w[None, :], other=0)
     q = qi.to(tl.float32)
-    a = tl.load(a_ptr + t_ch + k, mask=keep, other=0.0)[:, None]
-    y = q * a + tl.load(d_ptr + t_ch + k, mask=keep, other=0.0)[:, None]
+    y = q * tl.load(tab + u)[:, None] + tl.load(tab + UP + u)[:, None]
     if HAS_R:
-        r = tl.load(r_ptr + t_ch + k, mask=keep, other=0.0)[:, None]
+        r = tl.load(tab + 2 * UP + u)[:, None]
         if qi.dtype.is_int():  # an integer's sign is the integer clamped to [-1, 1]: two min/max, no selects
             y += r * tl.minimum(tl.maximum(q, -1.0), 1.0)
         else:
@@ -60,30 +62,34 @@ def _dequantized(q_ch, t_ch, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep, HAS_R: 
 
 
 @triton.jit
-def _coefficients(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, keep,
-                  UP: tl.constexpr, BLOCKS: tl.constexpr, HAS_R: tl.constexpr, HAS_M: tl.constexpr):  # fmt: skip
-    """Coefficients k (UP,) of output channel c: dequantized and rotated (M[c, :] over the input channels)."""
+def _coefficients(q_ptr, tab_ptr, m_ptr, b64, c, v, hb, C, HB, K, WB, wb, in_w, k, keep, u,
+                  CF: tl.constexpr, UP: tl.constexpr, BLOCKS: tl.constexpr, HAS_R: tl.constexpr,
+                  HAS_M: tl.constexpr):  # fmt: skip
+    """Coefficients k (UP,) of column v of output channel c: dequantized and rotated (M[c, :] over the input
+    channels)."""
+    NT: tl.constexpr = 3 if HAS_R else 2
     if HAS_M:
         y = tl.full((UP, BLOCKS), 0.0, tl.float32)
         for ch in range(0, C):
             q_ch = q_ptr + ((b64 * C + ch) * HB + hb) * K * WB
-            y += tl.load(m_ptr + c * C + ch) * _dequantized(q_ch, ch * K, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep,
-                                                            HAS_R)  # fmt: skip
+            tab = tab_ptr + (ch * CF + v) * (NT * UP)
+            y += tl.load(m_ptr + c * C + ch) * _dequantized(q_ch, tab, WB, wb, in_w, k, keep, u, UP, HAS_R)
     else:
         q_ch = q_ptr + ((b64 * C + c) * HB + hb) * K * WB
-        y = _dequantized(q_ch, c * K, a_ptr, d_ptr, r_ptr, WB, wb, in_w, k, keep, HAS_R)
+        y = _dequantized(q_ch, tab_ptr + (c * CF + v) * (NT * UP), WB, wb, in_w, k, keep, u, UP, HAS_R)
     return y
 
 
 @triton.jit(do_not_specialize=["C", "HB", "WB", "H", "K", "STRIPS"])
-def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shift_ptr, side_ptr, t_ptr,
+def synthesize_kernel(q_ptr, out_ptr, tab_ptr, m_ptr, scale_ptr, shift_ptr, side_ptr, t_ptr,
                       C, HB, WB, H, W, K, STRIPS,
                       CF: tl.constexpr, TRIANGLE: tl.constexpr, BLOCKS: tl.constexpr, HAS_R: tl.constexpr,
                       HAS_M: tl.constexpr, HAS_OUT: tl.constexpr, HAS_SIDE: tl.constexpr):  # fmt: skip
     """(B, C, HB, K, WB) stored coefficients -> (B, C, H, W) images; one program per (strip, block row,
     channel, sample), channel fastest (the programs that read the same rows for a rotation run together).
 
-    a, d, r (C, K) float32: dequantization; m (C, C) float32: rotation (output channel, input channel);
+    tab (C, CF, NT, UP) float32: dequantization (`DeviceTables.columns`: a, d and, with HAS_R, r);
+    m (C, C) float32: rotation (output channel, input channel);
     scale, shift (C,) float32 and side (B, C, 2) = [range, mid]: the output map alpha = scale range,
     beta = scale mid + shift (alpha = scale, beta = shift without side); t (8, 8) float32: the DCT matrix.
     Pointers of absent tables are never read (their flags are off). Sizes are not specialized on (only W,
@@ -121,7 +127,7 @@ def synthesize_kernel(q_ptr, out_ptr, a_ptr, d_ptr, r_ptr, m_ptr, scale_ptr, shi
         else:
             keep = u < CF
             k = u * CF + v
-        y = _coefficients(q_ptr, a_ptr, d_ptr, r_ptr, m_ptr, b64, c, hb, C, HB, K, WB, wb, in_w, k, keep, UP, BLOCKS,
+        y = _coefficients(q_ptr, tab_ptr, m_ptr, b64, c, v, hb, C, HB, K, WB, wb, in_w, k, keep, u, CF, UP, BLOCKS,
                           HAS_R, HAS_M)  # fmt: skip
         if HAS_OUT:  # the output map, on the coefficients (see the module doc)
             y = y * alpha

@@ -51,4 +51,4 @@ def _tables(cf: int, mask: str) -> fused.Tables:
 @functools.lru_cache(maxsize=None)
 def _device_tables(cf: int, mask: str, device: torch.device) -> fused_cuda.DeviceTables:
     """`_tables` on `device`, copied there once."""
-    return fused_cuda.device_tables(_tables(cf, mask), device)
+    return fused_cuda.device_tables(_tables(cf, mask), device, cf, mask)

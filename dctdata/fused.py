@@ -131,7 +131,7 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
 
 def check_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
     """DctDataError naming `name` unless `t` has exactly `shape` (the kernels index by it)."""
-    if tuple(t.shape) != shape:
+    if t.shape != shape:  # torch.Size compares equal to a tuple: no copy on this per-call path
         raise DctDataError(f"{name}: expected shape {shape}. Got {tuple(t.shape)}")
 
 

@@ -33,7 +33,7 @@ import torch
 
 from dctdata.errors import DctDataError
 from dctdata.fused import Tables, check_shape
-from dctdata.transform import BLOCK, dct_matrix, eager_on, grid_shape, num_kept
+from dctdata.transform import BLOCK, dct_matrix, eager_on, grid_shape, kept_frequencies, num_kept
 
 log = logging.getLogger(__name__)
 
@@ -81,24 +81,33 @@ def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> boo
 
 @dataclass(frozen=True)
 class DeviceTables:
-    """`fused.Tables` as float32 tensors on one device, plus the DCT matrix the kernel reads. Checked once here
-    (dtype, shape, contiguity, one device), not on every decode: a layer decodes many batches with one."""
+    """`fused.Tables` as float32 tensors on one device, laid out for the kernel, plus the DCT matrix it reads.
+    Checked once here (dtype, shape, contiguity, one device), not on every decode: a layer decodes many batches
+    with one.
 
-    a: torch.Tensor
-    d: torch.Tensor
-    r: torch.Tensor | None
+    `columns` (C, CF, NT, UP) holds the dequantization tables by kept column v of frequencies: for each v the
+    tables a, d (and r when NT = 3) over the rows u, padded with zeros to UP (`padded_rows`) where the mask
+    keeps fewer. Why not (C, K) as stored: a thread reads, for one v, the entries k = u CF + v of every row u,
+    which are CF apart in (C, K) and cost one load instruction each; here they are UP neighbouring floats,
+    which the kernel reads in one or two vector loads. Without this, v2's three tables (a, d, r) made the
+    kernel wait on the load unit at CF 8, where v1 reads two."""
+
+    columns: torch.Tensor
     m: torch.Tensor | None
     scale: torch.Tensor | None
     shift: torch.Tensor | None
     t: torch.Tensor
+    cf: int
+    mask: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.a, torch.Tensor) or self.a.dim() != 2:
-            raise DctDataError(f"tables.a: expected a (C, K) float32 tensor. Got {self.a!r:.80}")
-        c, k = self.a.shape
-        device = self.a.device
-        for name, t, shape in (("a", self.a, (c, k)), ("d", self.d, (c, k)), ("r", self.r, (c, k)),
-                               ("m", self.m, (c, c)), ("scale", self.scale, (c,)), ("shift", self.shift, (c,)),
+        cols = self.columns
+        if not isinstance(cols, torch.Tensor) or cols.dim() != 4:
+            raise DctDataError(f"tables.columns: expected a (C, CF, NT, UP) float32 tensor. Got {cols!r:.80}")
+        c, nt = cols.shape[0], cols.shape[2]
+        device = cols.device
+        for name, t, shape in (("columns", cols, (c, self.cf, nt, padded_rows(self.cf))), ("m", self.m, (c, c)),
+                               ("scale", self.scale, (c,)), ("shift", self.shift, (c,)),
                                ("t", self.t, (BLOCK, BLOCK))):  # fmt: skip
             if t is None:
                 continue
@@ -108,30 +117,53 @@ class DeviceTables:
                 raise DctDataError(
                     f"tables.{name}: expected a contiguous float32 tensor of shape {shape} on {device}. Got {got}"
                 )
+        if nt not in (2, 3):
+            raise DctDataError(f"tables.columns: expected 2 (a, d) or 3 (a, d, r) tables. Got {nt}")
         if (self.scale is None) != (self.shift is None):
             raise DctDataError("tables: expected scale and shift both or neither")
 
     @property
     def channels(self) -> int:
-        return self.a.shape[0]
+        return self.columns.shape[0]
 
     @property
-    def kept(self) -> int:
-        return self.a.shape[1]
+    def has_r(self) -> bool:
+        return self.columns.shape[2] == 3
 
     @property
     def device(self) -> torch.device:
-        return self.a.device
+        return self.columns.device
 
 
-def device_tables(tables: Tables, device: torch.device | str) -> DeviceTables:
-    """The kernel's copy of `tables` (from `fused.tables_for`) on `device`."""
+def padded_rows(cf: int) -> int:
+    """The kept rows u of a column, padded to a power of two (the kernel's UP)."""
+    return 8 if cf > 4 else (4 if cf > 2 else 2)
+
+
+def column_index(cf: int, mask: str) -> torch.Tensor:
+    """(CF, UP) int64: the stored coefficient k of frequency (row u, column v) at [v, u] (`kept_frequencies`
+    order), or -1 where the mask drops it."""
+    index = torch.full((cf, padded_rows(cf)), -1, dtype=torch.int64)
+    for k, (u, v) in enumerate(kept_frequencies(cf, mask)):
+        index[v, u] = k
+    return index
+
+
+def device_tables(tables: Tables, device: torch.device | str, cf: int, mask: str) -> DeviceTables:
+    """The kernel's copy of `tables` (from `fused.tables_for`, for coefficients kept by `cf` and `mask`) on
+    `device`."""
     if not isinstance(tables, Tables):
         raise TypeError(f"tables: expected dctdata.fused.Tables (see tables_for). Got {type(tables).__name__}")
+    if tables.kept != num_kept(cf, mask):
+        raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {tables.kept}")
+    index = column_index(cf, mask)
+    stacked = torch.stack([x.to(torch.float32) for x in (tables.a, tables.d, tables.r) if x is not None], 1)
+    padded = torch.cat([stacked, torch.zeros(*stacked.shape[:2], 1)], 2)  # (C, NT, K + 1): index -1 reads the 0
+    columns = padded[:, :, index].permute(0, 2, 1, 3)  # (C, CF, NT, UP)
     put = lambda x: None if x is None else x.to(device=device, dtype=torch.float32).contiguous()  # noqa: E731
     return DeviceTables(
-        put(tables.a), put(tables.d), put(tables.r), put(tables.m), put(tables.scale), put(tables.shift),
-        dct_matrix(torch.float32, device).contiguous(),
+        put(columns), put(tables.m), put(tables.scale), put(tables.shift),
+        dct_matrix(torch.float32, device).contiguous(), cf, mask,
     )  # fmt: skip
 
 
@@ -170,13 +202,12 @@ def synthesize(
         raise TypeError(f"dtype: expected one of {OUTPUTS} (fused CUDA kernel). Got {dtype}")
     if not isinstance(tables, DeviceTables):
         raise TypeError(f"tables: expected dctdata.fused_cuda.DeviceTables. Got {type(tables).__name__}")
-    c, k = tables.channels, tables.kept
-    if k != num_kept(cf, mask):
-        raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {k}")
+    if (tables.cf, tables.mask) != (cf, mask):
+        raise DctDataError(f"tables: built for cf={tables.cf} mask={tables.mask!r}; expected cf={cf} mask={mask!r}")
+    c, k = tables.channels, num_kept(cf, mask)
     if tables.device != q.device:
         raise DctDataError(
-            f"tables.a: expected a contiguous float32 tensor of shape {(c, k)} on {q.device}. Got {tables.a.dtype} "
-            f"{tuple(tables.a.shape)} on {tables.device}"
+            f"tables.columns: expected a contiguous float32 tensor on {q.device}. Got one on {tables.device}"
         )
     h, w = size
     hb, wb = grid_shape(h, w)
@@ -187,10 +218,11 @@ def synthesize(
     if side is not None:
         if tables.scale is None:
             raise DctDataError("side: these tables (a v1 spec) take no side information")
-        check_shape(side, (b, c, 2), "side")
-        if side.device != q.device or not side.is_floating_point():
+        if side.shape != (b, c, 2) or side.device != q.device or not side.is_floating_point():  # one test a call
+            check_shape(side, (b, c, 2), "side")
             raise DctDataError(f"side: expected a floating tensor on {q.device}. Got {side.dtype} on {side.device}")
-        side = side.contiguous()
+        if not side.is_contiguous():
+            side = side.contiguous()
     if out is None:
         out = torch.empty(b, c, h, w, dtype=dtype, device=q.device)
     if not isinstance(out, torch.Tensor) or out.dtype != dtype or not out.is_contiguous() or out.device != q.device:
@@ -202,14 +234,13 @@ def synthesize(
     blocks, warps = launch_config(wb)
     strips = -(-wb // blocks)
     per_sample = c * hb * strips
-    dummy = tables.a
+    dummy = tables.columns
     flags = dict(
-        CF=cf, TRIANGLE=mask == "triangle", BLOCKS=blocks, HAS_R=tables.r is not None, HAS_M=tables.m is not None,
+        CF=cf, TRIANGLE=mask == "triangle", BLOCKS=blocks, HAS_R=tables.has_r, HAS_M=tables.m is not None,
         HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
     )  # fmt: skip
     run = max(1, MAX_PROGRAMS // per_sample)  # samples per launch
-    tables_in = (tables.a, tables.d, _or(tables.r, dummy), _or(tables.m, dummy), _or(tables.scale, dummy),
-                 _or(tables.shift, dummy))  # fmt: skip
+    tables_in = (tables.columns, _or(tables.m, dummy), _or(tables.scale, dummy), _or(tables.shift, dummy))
     switch = q.is_cuda and q.device.index != torch.cuda.current_device()  # Triton launches on the current device
     with torch.cuda.device(q.device) if switch else contextlib.nullcontext():
         for b0 in range(0, b, run):

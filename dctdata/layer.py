@@ -296,7 +296,8 @@ class Decompress(nn.Module):
         """The fused CUDA kernel's tables on `device`, copied there once."""
         tables = self._device_tables.get(device)
         if tables is None:
-            tables = self._device_tables[device] = fused_cuda.device_tables(self._tables(), device)
+            spec = self.spec
+            tables = self._device_tables[device] = fused_cuda.device_tables(self._tables(), device, spec.cf, spec.mask)
         return tables
 
     def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:

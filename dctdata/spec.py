@@ -262,10 +262,11 @@ class CodecSpec:
                 f"(side='range_mid') to enforce the bound with. Got dtype {self.dtype!r}, side {self.side!r}"
             )
 
-    @property
+    @functools.cached_property
     def side_rows(self) -> int:
         """Rows of a sample's side values: C (range, mid), then with corrections a header row and the
-        correction rows (`dctdata.corrections`), then with a lattice C (step, origin) rows (`dctdata.lattice`)."""
+        correction rows (`dctdata.corrections`), then with a lattice C (step, origin) rows (`dctdata.lattice`).
+        Cached like `coeff_shape`: every decode call checks it."""
         lattice = 0 if self.lattice is None else self.channels
         return self.channels + (0 if self.corrections is None else 1 + self.corrections) + lattice
 

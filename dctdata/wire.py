@@ -31,35 +31,36 @@ from dctdata.spec import CodecSpec
 
 
 def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(coefficients, side or None) from a field's wire value, checking it has the spec's form."""
+    """(coefficients, side or None) from a field's wire value, checking it has the spec's form. Runs on every
+    decode call, so the usual case (a batch) compares ints only."""
     if spec.side is None:
         if not isinstance(wire, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor. Got {type(wire).__name__}")
         return wire, None
-    if (
-        not isinstance(wire, (tuple, list))
-        or len(wire) != 2
-        or not isinstance(wire[0], torch.Tensor)
-        or not isinstance(wire[1], torch.Tensor)
-    ):
-        raise TypeError(
-            f"{name}: expected the pair (coefficients, side) of torch.Tensors the field yields (its spec has "
-            f"per-sample side information). Got {type(wire).__name__}"
-        )
-    q, side = wire
-    shape = side.shape  # torch.Size compares equal to a tuple: no copies on this per-batch path
-    if shape[-2:] != (spec.side_rows, 2) or shape[:-2] != q.shape[: max(0, q.dim() - len(spec.coeff_shape))]:
-        parts = [f"C={spec.channels}"]
-        if spec.corrections is not None:
-            parts.append(f"1 + {spec.corrections} correction rows")
-        if spec.lattice is not None:
-            parts.append("C lattice rows")
-        rows = "" if len(parts) == 1 else " (" + " + ".join(parts) + ")"
-        raise DctDataError(
-            f"side: expected shape (..., {spec.side_rows}, 2){rows} matching coefficients {tuple(q.shape)}. Got "
-            f"{tuple(side.shape)}"
-        )
-    return q, side
+    if isinstance(wire, (tuple, list)) and len(wire) == 2:
+        q, side = wire
+        if isinstance(q, torch.Tensor) and isinstance(side, torch.Tensor):
+            shape, q_shape = side.shape, q.shape
+            lead = len(q_shape) - len(spec.coeff_shape)
+            if len(shape) == 3 and lead == 1:
+                if shape[0] == q_shape[0] and shape[1] == spec.side_rows and shape[2] == 2:
+                    return q, side
+            elif shape[-2:] == (spec.side_rows, 2) and shape[:-2] == q_shape[: max(0, lead)]:
+                return q, side  # torch.Size compares equal to a tuple
+            parts = [f"C={spec.channels}"]
+            if spec.corrections is not None:
+                parts.append(f"1 + {spec.corrections} correction rows")
+            if spec.lattice is not None:
+                parts.append("C lattice rows")
+            rows = "" if len(parts) == 1 else " (" + " + ".join(parts) + ")"
+            raise DctDataError(
+                f"side: expected shape (..., {spec.side_rows}, 2){rows} matching coefficients {tuple(q.shape)}. "
+                f"Got {tuple(side.shape)}"
+            )
+    raise TypeError(
+        f"{name}: expected the pair (coefficients, side) of torch.Tensors the field yields (its spec has "
+        f"per-sample side information). Got {type(wire).__name__}"
+    )
 
 
 # Stored bytes on the wire (`open_dataset(..., decode="device")`) ------------------------------------

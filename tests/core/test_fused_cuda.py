@@ -14,6 +14,7 @@ cuBLAS's or BLAS's order. On CUDA the kernel's
 fused multiply-adds round differently again: 1e-5 x, as the existing CUDA parity tests.
 """
 
+import dataclasses
 import math
 import sys
 
@@ -74,7 +75,7 @@ def wire_of(spec, b=2, seed=0):
 
 def kernel(spec, wire, dtype=torch.float32, out=None):
     q, side = split_wire(wire, spec)
-    tables = fused_cuda.device_tables(fused.tables_for(spec), q.device)
+    tables = fused_cuda.device_tables(fused.tables_for(spec), q.device, spec.cf, spec.mask)
     return fused_cuda.synthesize(q, tables, spec.cf, spec.mask, (spec.height, spec.width), out, side, dtype)
 
 
@@ -213,13 +214,13 @@ def test_usable_only_on_plain_cuda_tensors_in_eager_mode():
         (dict(side=lambda s: s[:1]), dctdata.DctDataError, r"side: expected shape \(2, 2, 2\)"),
         (dict(out=torch.empty(2, 2, 11, 19, dtype=torch.float16)), dctdata.DctDataError, r"out: expected a contig"),
         (dict(out=torch.empty(2, 2, 11, 18)), dctdata.DctDataError, r"out: expected shape \(2, 2, 11, 19\)"),
-        (dict(mask="triangle"), dctdata.DctDataError, r"tables: expected K = 6 for cf=3 mask='triangle'. Got 9"),
+        (dict(mask="triangle"), dctdata.DctDataError, r"tables: built for cf=3 mask='square'; expected cf=3 mask='tri"),
     ],
 )
 def test_argument_errors(change, error, match):
     spec = v2_spec(3)
     q, side = wire_of(spec)
-    tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu")
+    tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu", spec.cf, spec.mask)
     args = dict(q=q, mask=spec.mask, side=side, out=None, dtype=torch.float32)
     for key, value in change.items():
         args[key] = value(args[key]) if callable(value) else value
@@ -230,16 +231,58 @@ def test_argument_errors(change, error, match):
 def test_side_with_v1_tables_and_misplaced_tables_are_errors():
     spec = v1_spec(2, channels=1, height=8, width=8)
     q = wire_of(spec)
-    tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu")
+    tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu", spec.cf, spec.mask)
     with pytest.raises(dctdata.DctDataError, match="side: these tables \\(a v1 spec\\) take no side information"):
         fused_cuda.synthesize(q, tables, 2, "square", (8, 8), side=torch.ones(2, 1, 2))
     with pytest.raises(TypeError, match="tables: expected dctdata.fused_cuda.DeviceTables"):
         fused_cuda.synthesize(q, fused.tables_for(spec), 2, "square", (8, 8))
     with pytest.raises(TypeError, match="tables: expected dctdata.fused.Tables"):
-        fused_cuda.device_tables("tables", "cpu")
-    wrong = fused_cuda.device_tables(fused.tables_for(spec), "meta")
-    with pytest.raises(dctdata.DctDataError, match=r"tables.a: expected a contiguous float32 tensor .* on cpu"):
+        fused_cuda.device_tables("tables", "cpu", 2, "square")
+    wrong = fused_cuda.device_tables(fused.tables_for(spec), "meta", spec.cf, spec.mask)
+    with pytest.raises(dctdata.DctDataError, match=r"tables.columns: expected a contiguous float32 tensor on cpu"):
         fused_cuda.synthesize(q, wrong, 2, "square", (8, 8))
+
+
+@pytest.mark.parametrize("cf, mask", [(2, "square"), (3, "triangle"), (5, "square"), (8, "triangle")])
+def test_column_tables_hold_each_kept_coefficient_once_at_its_row_and_column(cf, mask):
+    """DeviceTables.columns[c, v, j, u] is table j's entry of frequency (u, v), and 0 where the mask drops it."""
+    spec = v2_spec(cf, mask)
+    tables = fused.tables_for(spec)
+    cols = fused_cuda.device_tables(tables, "cpu", cf, mask).columns
+    assert cols.shape == (spec.channels, cf, 3, fused_cuda.padded_rows(cf))
+    kept = dctdata.transform.kept_frequencies(cf, mask)
+    for j, table in enumerate((tables.a, tables.d, tables.r)):
+        for k, (u, v) in enumerate(kept):
+            torch.testing.assert_close(cols[:, v, j, u], table[:, k].float(), rtol=0, atol=0)
+    dropped = torch.ones(cf, fused_cuda.padded_rows(cf), dtype=torch.bool)
+    for u, v in kept:
+        dropped[v, u] = False
+    assert int(dropped.sum()) == cols.shape[1] * cols.shape[3] - len(kept)
+    assert bool((cols.permute(0, 2, 1, 3)[:, :, dropped] == 0).all())
+
+
+def test_device_table_errors_name_the_table_and_what_was_expected():
+    spec = v2_spec(3)
+    tables = fused.tables_for(spec)
+    with pytest.raises(dctdata.DctDataError, match=r"tables: expected K = 6 for cf=3 mask='triangle'. Got 9"):
+        fused_cuda.device_tables(tables, "cpu", 3, "triangle")
+    good = fused_cuda.device_tables(tables, "cpu", 3, "square")
+    with pytest.raises(dctdata.DctDataError, match=r"tables.columns: expected a \(C, CF, NT, UP\) float32 tensor"):
+        dataclasses.replace(good, columns=good.columns[0])
+    with pytest.raises(
+        dctdata.DctDataError,
+        match=r"tables.columns: expected a contiguous float32 tensor of shape "
+        r"\(2, 3, 3, 4\) on cpu. Got torch.float32 \(2, 3, 3, 2\)",
+    ):
+        dataclasses.replace(good, columns=good.columns[..., :2].contiguous())
+    with pytest.raises(
+        dctdata.DctDataError, match=r"tables.columns: expected 2 \(a, d\) or 3 \(a, d, r\) tables. Got 1"
+    ):
+        dataclasses.replace(good, columns=good.columns[:, :, :1].contiguous())
+    with pytest.raises(dctdata.DctDataError, match=r"tables.m: expected a contiguous float32 tensor of shape \(2, 2\)"):
+        dataclasses.replace(good, m=good.m.double())
+    with pytest.raises(dctdata.DctDataError, match="tables: expected scale and shift both or neither"):
+        dataclasses.replace(good, shift=None)
 
 
 @pytest.mark.parametrize(
@@ -264,7 +307,7 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     from dctdata._triton_synth import synthesize_kernel
 
     sys.modules.pop("dctdata._triton_synth", None)
-    pointers = ("q_ptr", "out_ptr", "a_ptr", "d_ptr", "r_ptr", "m_ptr", "scale_ptr", "shift_ptr", "side_ptr", "t_ptr")
+    pointers = ("q_ptr", "out_ptr", "tab_ptr", "m_ptr", "scale_ptr", "shift_ptr", "side_ptr", "t_ptr")
     signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{out}"}
     signature |= {name: "i32" for name in ("C", "HB", "WB", "H", "W", "K", "STRIPS")}
     constants = dict(flags, BLOCKS=32 * warps)

@@ -7,6 +7,8 @@ from decode_checks import check_decompress
 
 import dctdata
 from dctdata import CodecSpec, Decompress
+from dctdata.errors import DctDataError
+from dctdata.wire import split_wire
 
 # aten ops the version-2 affine pass may add to the matmul path: elementwise only, no gather or loops
 V2_OPS = {
@@ -249,6 +251,29 @@ def test_v2_layer_with_side_and_rotation_equals_the_reference(weighted):
     torch.testing.assert_close(Decompress(spec)((wire[0][1], wire[1][1])), out[1])  # unbatched pair
     with pytest.raises(TypeError, match=r"expected the pair \(coefficients, side\)"):
         Decompress(spec)(wire[0])  # a side codec needs its side
+
+
+def test_split_wire_checks_the_pair_in_every_batch_form():
+    """The batch case compares ints only (it runs on every call); other leading axes take the general check."""
+    spec, (q, side) = v2_wire()
+    rows = spec.side_rows
+    one = q[0]
+    assert split_wire((q, side), spec)[1] is side and split_wire([one, side[0]], spec)[0] is one
+    two = (q.unsqueeze(0).expand(2, *q.shape), side.unsqueeze(0).expand(2, *side.shape))
+    assert split_wire(two, spec)[1].shape == (2, *side.shape)
+    bad = [
+        (q, side[:1]),  # one side row too few samples
+        (q, side[:, :1] if rows > 1 else side.expand(-1, 2, -1)),  # wrong rows
+        (q, side[..., :1]),  # (range, mid) cut
+        (two[0], side),  # leading axes differ
+        (q[0], side),  # unbatched coefficients, batched side
+    ]
+    for pair in bad:
+        with pytest.raises(DctDataError, match=rf"side: expected shape \(\.\.\., {rows}, 2\) matching coefficients"):
+            split_wire(pair, spec)
+    for wrong in ((q,), (q, side, side), (q, side.numpy()), "coeffs"):
+        with pytest.raises(TypeError, match=r"coeffs: expected the pair \(coefficients, side\) of torch.Tensors"):
+            split_wire(wrong, spec)
 
 
 @pytest.mark.cuda
