@@ -83,19 +83,20 @@ def _coefficients(q_ptr, tab_ptr, m_ptr, b64, c, v, hb, C, HB, K, WB, wb, in_w, 
 @triton.jit(do_not_specialize=["C", "HB", "WB", "H", "K", "STRIPS"])
 def synthesize_kernel(q_ptr, out_ptr, tab_ptr, m_ptr, scale_ptr, shift_ptr, side_ptr, t_ptr,
                       C, HB, WB, H, W, K, STRIPS,
-                      CF: tl.constexpr, TRIANGLE: tl.constexpr, BLOCKS: tl.constexpr, HAS_R: tl.constexpr,
-                      HAS_M: tl.constexpr, HAS_OUT: tl.constexpr, HAS_SIDE: tl.constexpr):  # fmt: skip
+                      CF: tl.constexpr, UP: tl.constexpr, TRIANGLE: tl.constexpr, BLOCKS: tl.constexpr,
+                      HAS_R: tl.constexpr, HAS_M: tl.constexpr, HAS_OUT: tl.constexpr,
+                      HAS_SIDE: tl.constexpr):  # fmt: skip
     """(B, C, HB, K, WB) stored coefficients -> (B, C, H, W) images; one program per (strip, block row,
     channel, sample), channel fastest (the programs that read the same rows for a rotation run together).
 
-    tab (C, CF, NT, UP) float32: dequantization (`DeviceTables.columns`: a, d and, with HAS_R, r);
+    tab (C, CF, NT, UP) float32: dequantization (`DeviceTables.columns`: a, d and, with HAS_R, r; UP, the kept
+    rows u padded to a power of two, is its last axis);
     m (C, C) float32: rotation (output channel, input channel);
     scale, shift (C,) float32 and side (B, C, 2) = [range, mid]: the output map alpha = scale range,
     beta = scale mid + shift (alpha = scale, beta = shift without side); t (8, 8) float32: the DCT matrix.
     Pointers of absent tables are never read (their flags are off). Sizes are not specialized on (only W,
     whose multiples of 16 let rows be stored aligned), so one compile serves every sample size of a codec.
     """
-    UP: tl.constexpr = 8 if CF > 4 else (4 if CF > 2 else 2)  # the kept rows u, padded to a power of two
     pid = tl.program_id(0)
     c = pid % C
     rest = pid // C

@@ -236,8 +236,8 @@ def synthesize(
     per_sample = c * hb * strips
     dummy = tables.columns
     flags = dict(
-        CF=cf, TRIANGLE=mask == "triangle", BLOCKS=blocks, HAS_R=tables.has_r, HAS_M=tables.m is not None,
-        HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
+        CF=cf, UP=tables.columns.shape[3], TRIANGLE=mask == "triangle", BLOCKS=blocks, HAS_R=tables.has_r,
+        HAS_M=tables.m is not None, HAS_OUT=tables.scale is not None, HAS_SIDE=side is not None, num_warps=warps,
     )  # fmt: skip
     run = max(1, MAX_PROGRAMS // per_sample)  # samples per launch
     tables_in = (tables.columns, _or(tables.m, dummy), _or(tables.scale, dummy), _or(tables.shift, dummy))

@@ -153,7 +153,7 @@ class Decompress(nn.Module):
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
-        side, fix, grid = self._split_corrections(side)
+        side, fix, grid = self._split_side(side)
         size = (spec.height, spec.width)
         img = None
         if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
@@ -177,7 +177,7 @@ class Decompress(nn.Module):
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
-            img = self._snap(img if target is None else target, grid, indices, deferred)
+            img = self._snap(img if target is None else target, grid, target, indices, deferred)
         return _result(img, out, unbatched)
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
@@ -214,7 +214,7 @@ class Decompress(nn.Module):
                 f"this spec's is {self.spec.dtype}). Got {q.dtype}"
             )
 
-    def _split_corrections(self, side: torch.Tensor | None):
+    def _split_side(self, side: torch.Tensor | None):
         """(the (range, mid) rows, the correction rows or None, the lattice rows or None) of a batch's side
         values (`dctdata.corrections`, `dctdata.lattice`)."""
         spec = self.spec
@@ -224,10 +224,11 @@ class Decompress(nn.Module):
         side, fix = corrections.split(side, spec)
         return side.contiguous(), fix, grid
 
-    def _snap(self, img: torch.Tensor, grid: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
+    def _snap(self, img: torch.Tensor, grid: torch.Tensor, out=None, indices=None, deferred=None) -> torch.Tensor:
         """img with each item's values snapped onto its grid (`dctdata.lattice`); the rows are checked first
         in eager mode (a non-finite or negative step is refused, naming the sample), or that check is queued
-        on `deferred` as the corrections' is (`_correct`). Written into img."""
+        on `deferred` as the corrections' is (`_correct`). Written into `out` when the caller gave one (in
+        every mode: a traced or compiled forward too), else returned as a new tensor (no copy back)."""
         if not _tracing():
             if deferred is None:
                 lattice.check(grid, indices, where="coeffs")
@@ -236,7 +237,8 @@ class Decompress(nn.Module):
                 deferred[0].append(lattice.check_deferred(grid, named, where="coeffs"))
         norm = self.normalize and self.spec.std is not None
         scale, shift = (self.out_scale, self.out_shift) if norm else (None, None)
-        return img.copy_(lattice.snap(img, grid.to(img.device), scale, shift))  # into `out` when given
+        snapped = lattice.snap(img, grid.to(img.device), scale, shift)
+        return snapped if out is None else out.copy_(snapped)
 
     def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
@@ -373,7 +375,7 @@ class VolumeDecompress(Decompress):
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
-        side, fix, grid = self._split_corrections(side)
+        side, fix, grid = self._split_side(side)
         if fused.usable(y, self.dtype, target):
             if self._fused_tables is None:
                 self._fused_tables = fused.tables_for(spec, self.normalize)
@@ -390,7 +392,7 @@ class VolumeDecompress(Decompress):
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
-            img = self._snap(img if target is None else target, grid, indices, deferred)
+            img = self._snap(img if target is None else target, grid, target, indices, deferred)
         return _result(img, out, unbatched)
 
     def _check_dtype(self, q: torch.Tensor) -> None:

@@ -247,23 +247,23 @@ def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
     bound, margin, rng = item_bounds(x, spec, valid)
     rows, eff = detect(x, valid, bound, margin)
     inner = spec.replace(lattice=None)
+
+    def coded(codec: CodecSpec):  # the items coded to their lattice bounds, grid rows appended, and the snapped decode
+        (q, sd), over = _encode(x, codec, side, valid, size_of, bounds=(eff, margin, rng))
+        sd = torch.cat([sd, rows.to(sd.dtype)], -2)
+        with torch.no_grad():
+            return q, sd, over, Decompress(spec, normalize=False)((q, sd))
+
     # a PSNR floor with every item on a grid: the snap returns the grid points, so the floor is checked on the
     # snapped decode below, not kept by re-coding the unsnapped one finer (bytes the floor does not ask for)
     after = spec.min_psnr is not None and bool((rows[..., 0] > 0).all())
-    (q, sd), over = _encode(x, inner.replace(min_psnr=None) if after else inner, side, valid, size_of,
-                            bounds=(eff, margin, rng))  # fmt: skip
-    sd = torch.cat([sd, rows.to(sd.dtype)], -2)
-    with torch.no_grad():
-        y = Decompress(spec, normalize=False)((q, sd))
+    q, sd, over, y = coded(inner.replace(min_psnr=None) if after else inner)
     if after:
         from dctdata.metrics import ItemErrors
 
         errors = ItemErrors(x, valid, dims=spec.dims)
         if bool((errors.ok & (errors.nmse(y) > 10.0 ** (-spec.min_psnr / 10.0))).any()):  # rare: keep it the usual way
-            (q, sd), over = _encode(x, inner, side, valid, size_of, bounds=(eff, margin, rng))
-            sd = torch.cat([sd, rows.to(sd.dtype)], -2)
-            with torch.no_grad():
-                y = Decompress(spec, normalize=False)((q, sd))
+            q, sd, over, y = coded(inner)
     err = item_max_error(x, y, valid, spec.dims)
     bad = missing(err, bound, margin)
     if bool(bad.any()):  # the room `detect` leaves makes this unreachable; the guarantee does not rest on it
@@ -519,10 +519,14 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     """The plain decoder, step by step in float64 where it matters: dequantize -> inverse DCT ->
     inverse rotation -> / weights -> range * y + mid -> (x - mean) / std. `Decompress` must agree with it."""
     q, side = split_wire(wire, spec)
-    fix = None
+    fix = grid = None
     if side is not None and (spec.corrections is not None or spec.lattice is not None):
         from dctdata.corrections import split
 
+        if spec.lattice is not None:
+            from dctdata.lattice import split as split_lattice
+
+            grid = split_lattice(side, spec.channels)[1]
         side, fix = split(side, spec)
     coeffs = dequantize(q, spec)
     if spec.depth is None:
@@ -541,10 +545,9 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
         from dctdata.corrections import apply
 
         x = apply(x.reshape(-1, *spec.sample_shape).contiguous(), fix.reshape(-1, *fix.shape[-2:])).reshape(x.shape)
-    if spec.lattice is not None and side is not None:
-        from dctdata.lattice import snap, split
+    if grid is not None:
+        from dctdata.lattice import snap
 
-        grid = split(split_wire(wire, spec)[1], spec.channels)[1]
         x = snap(x.reshape(-1, *spec.sample_shape), grid.reshape(-1, spec.channels, 2)).reshape(x.shape)
     if spec.mean is not None:
         mean = torch.tensor(spec.mean, dtype=torch.float64).reshape(per_channel)

@@ -310,7 +310,7 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     pointers = ("q_ptr", "out_ptr", "tab_ptr", "m_ptr", "scale_ptr", "shift_ptr", "side_ptr", "t_ptr")
     signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{out}"}
     signature |= {name: "i32" for name in ("C", "HB", "WB", "H", "W", "K", "STRIPS")}
-    constants = dict(flags, BLOCKS=32 * warps)
+    constants = dict(flags, UP=fused_cuda.padded_rows(flags["CF"]), BLOCKS=32 * warps)
     signature |= {name: "constexpr" for name in constants}
     try:
         source = ASTSource(fn=synthesize_kernel, signature=signature, constexprs=constants)
