@@ -13,8 +13,16 @@ them (as a user's small pack pays them); "per sample" leaves them out (what each
 ratio a large pack tends to), and `--split` lists the pack's bytes: coefficient shards, side shards (range
 and mid per item plus the corrections) and the fixed files. `--n 32 --size 256` is the larger set.
 
-Fields: the test fields of `benchmarks.fields` (atoms, beam, clouds) and "spiky", smooth fields with a few
-outliers (the case a mean-square target hides). A peer whose library is missing is skipped (one line).
+Two sets (`--set`):
+- "fields" (default): the test fields of `benchmarks.fields` (atoms, beam, clouds) and "spiky", smooth fields
+  with a few outliers (the case a mean-square target hides), `--n` samples of `--size`^2 each.
+- "items": the rate-distortion bench's items (`benchmarks.items`: arrays that ship inside installed packages,
+  scientific and photographic, 8-bit and float, single- and multi-channel, plus the synthetic SciML stand-ins),
+  each packed as tiles and whole like `python -m benchmarks rd` does; `--items` picks some. Geometric means
+  are given over every pack and per group (sci, photo, rgb, multi). Many of these items hold integers (8-bit
+  photos, counts): where a bound is below half a count, dctdata's value lattices decode them exactly, while
+  the peers code to the bound.
+A peer whose library is missing is skipped (one line).
 """
 
 from __future__ import annotations
@@ -44,6 +52,25 @@ def spiky(n: int, size: int, seed: int) -> np.ndarray:
 
 def fields(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
     return {**synthetic_fields(n, size, seed), "spiky": spiky(n, size, seed)}
+
+
+def item_packs(names: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """The rd bench's packs of the named items (all by default): ({"<item>/<mode>": (N, C, H, W) float32},
+    {pack: group}, one line per item skipped because its package is missing)."""
+    from benchmarks.items import load_items, packs_of
+
+    items, skipped = load_items(names)
+    packs = packs_of(items)
+    return (
+        {p.name: np.ascontiguousarray(p.x, dtype=np.float32) for p in packs},
+        {p.name: p.item.group for p in packs},
+        skipped,
+    )
+
+
+def geomeans(cr: dict[tuple[str, str, float], float], packs, names, r: float) -> dict[str, float]:
+    """Per codec (or column) the geometric mean of its ratios over `packs` at bound r."""
+    return {c: math.exp(np.mean([math.log(cr[f, c, r]) for f in packs])) for c in names}
 
 
 def item_ranges(x: np.ndarray) -> np.ndarray:
@@ -142,19 +169,29 @@ CODECS = {"dctdata": ours, "SZ3": sz3, "ZFP": zfp, "SPERR": sperr}
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks max-error", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=8, help="samples per field")
-    parser.add_argument("--size", type=int, default=96, help="sample side")
+    parser.add_argument("--set", choices=("fields", "items"), default="fields", help="what to compress (see above)")
+    parser.add_argument("--items", nargs="+", default=None, help="--set items: these items only (default: all)")
+    parser.add_argument("--n", type=int, default=8, help="--set fields: samples per field")
+    parser.add_argument("--size", type=int, default=96, help="--set fields: sample side")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bounds", default="1e-2,1e-3,1e-4", help="relative bounds r (x each item's range)")
     parser.add_argument("--split", action="store_true", help="list dctdata's bytes by part (coefficients, side, fixed)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     bounds = [float(b) for b in args.bounds.split(",")]
-    data = fields(args.n, args.size, args.seed)
+    if args.set == "items":
+        data, groups, skipped = item_packs(args.items)
+        for line in skipped:
+            print(line)
+        what = f"{len(data)} packs of the rd bench's items (tiles and whole)"
+    else:
+        data, groups = fields(args.n, args.size, args.seed), {}
+        what = f"{args.n} x {args.size}^2 per field"
     codecs = {}
+    probe = spiky(1, 16, args.seed)
     for name, fn in CODECS.items():
         try:
-            fn(data["spiky"][:1, :, :16, :16], 1e-2)
+            fn(probe, 1e-2)
             codecs[name] = fn
         except ImportError as exc:
             print(f"{name} skipped: {exc}")
@@ -163,10 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     names = list(codecs)
     if "dctdata" in codecs:  # per sample: without the pack's fixed files, beside the measured column
         names.insert(1, "per sample")
-    head = f"{'field':8} {'bound':>7} " + " ".join(f"{c:>10}" for c in names) + "   over-bound items"
-    print(
-        f"compression ratio vs float32 at equal max error (r x each item's range), {args.n} x {args.size}^2 per field"
-    )
+    width = max(8, *(len(f) for f in data))
+    head = f"{'field':{width}} {'bound':>7} " + " ".join(f"{c:>10}" for c in names) + "   over-bound items"
+    print(f"compression ratio vs float32 at equal max error (r x each item's range), {what}")
     print(head)
     t0 = time.perf_counter()
     for fname, x in data.items():
@@ -182,21 +218,28 @@ def main(argv: list[str] | None = None) -> None:
                     nbytes, over[name] = fn(x, r)
                 cr[fname, name, r] = raw / nbytes
             row = " ".join(f"{cr[fname, c, r]:10.2f}" for c in names)
-            print(f"{fname:8} {r:7.0e} {row}   " + " ".join(f"{c}:{v}" for c, v in over.items() if v))
-    print("geometric mean over the fields")
-    for r in bounds:
-        g = {c: math.exp(np.mean([math.log(cr[f, c, r]) for f in data])) for c in names}
-        rel = " ".join(f"{c} {g['dctdata'] / g[c]:.2f}" for c in codecs if c != "dctdata")
-        if "per sample" in g:
-            rel += " (per sample: " + " ".join(f"{c} {g['per sample'] / g[c]:.2f}" for c in codecs if c != "dctdata")
-            rel += ")"
-        print(f"{'geomean':8} {r:7.0e} " + " ".join(f"{g[c]:10.2f}" for c in names) + f"   dctdata vs {rel}")
+            print(f"{fname:{width}} {r:7.0e} {row}   " + " ".join(f"{c}:{v}" for c, v in over.items() if v), flush=True)
+    sets = {"geomean": list(data)}
+    if groups:
+        for g in dict.fromkeys(groups.values()):
+            sets[f"  {g}"] = [f for f in data if groups[f] == g]
+    print("geometric mean over the " + ("packs, then per group" if groups else "fields"))
+    for label, packs in sets.items():
+        for r in bounds:
+            g = geomeans(cr, packs, names, r)
+            peers = [c for c in codecs if c != "dctdata"]
+            rel = ""
+            if "dctdata" in g:
+                rel = "dctdata vs " + " ".join(f"{c} {g['dctdata'] / g[c]:.2f}" for c in peers)
+            if "per sample" in g:
+                rel += " (per sample: " + " ".join(f"{c} {g['per sample'] / g[c]:.2f}" for c in peers) + ")"
+            print(f"{label:{width}} {r:7.0e} " + " ".join(f"{g[c]:10.2f}" for c in names) + f"   {rel}")
     if args.split and splits:
         print("dctdata's bytes by part: coefficient shards, side shards (range, mid, corrections), fixed files")
         for (fname, r), s in splits.items():
             total = sum(s.values())
             parts = " ".join(f"{k} {v} ({v / total:.1%})" for k, v in s.items())
-            print(f"{fname:8} {r:7.0e} total {total}: {parts}")
+            print(f"{fname:{width}} {r:7.0e} total {total}: {parts}")
     print(f"({time.perf_counter() - t0:.0f} s)")
 
 

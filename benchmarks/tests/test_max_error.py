@@ -56,3 +56,18 @@ def test_peers_hold_the_bound(name):
     except ImportError as exc:
         pytest.skip(f"{name}: {exc}")
     assert nbytes > 0 and over == 0
+
+
+def test_items_set_packs_tiles_and_whole_with_group_means(capsys):
+    pytest.importorskip("skimage")  # the MRI slice ships with scikit-image's data
+    data, groups, skipped = max_error.item_packs(["mri"])
+    assert not skipped and set(data) == {"mri/tiles", "mri/whole"} and set(groups.values()) == {"sci"}
+    assert data["mri/tiles"].shape[1:] == (1, 60, 76) and data["mri/whole"].shape[0] == 1
+    max_error.main(["--set", "items", "--items", "mri", "--bounds", "1e-3"])
+    out = capsys.readouterr().out
+    for name in data:
+        row = next(line for line in out.splitlines() if line.startswith(name))
+        assert float(row.split()[2]) > 1 and "dctdata:" not in row  # compresses, every value within the bound
+    overall = re.search(r"^geomean +1e-03 +([\d.]+)", out, re.M)
+    group = re.search(r"^  sci +1e-03 +([\d.]+)", out, re.M)
+    assert overall and group and overall.group(1) == group.group(1)  # one group: its mean is the overall one

@@ -292,6 +292,11 @@ DEFAULT_EDGES_LT = (1, 3, 7)
 DEFAULT_EDGES_CH = (1, 3)
 DEFAULT_EDGES_DC = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_EDGES_WIDE = (1, 3, 5, 8, 12, 17, 25, 36, 52)  # for s_in = 2 (a + b) + a2 + b2
+# The alternative `fit` tries for edges_in: one edge per octave, from 1/16 to 4 times the data's scale. The
+# default edges, scaled by the first AC frequency's magnitude, put every s_in below that scale in one bucket;
+# at high rates (tight error bounds) the higher frequencies are many times smaller than the first, so their
+# contexts merged. Octaves keep them apart (docs/benchmarks/entropy.md, "Octave edges").
+OCTAVE_EDGES_IN = tuple(2.0**j for j in range(-4, 3))
 F_LT, F_CH, F_TOP, F_SFLIP, F_WIDE = 1, 2, 4, 8, 16
 FEATURES_ALL = ("top", "wide", "ch", "sign", "lt")
 FEATURES = ("top", "ch", "sign")  # fit's default: "wide" costs more decode speed than its bytes are worth
@@ -900,11 +905,14 @@ class CtxCodec:
             if _first_only:
                 return best[0], report
             wide_in = {True: sc(DEFAULT_EDGES_WIDE), False: sc(DEFAULT_EDGES_IN)}
+            octave_in = sc(OCTAVE_EDGES_IN)
 
             def toggles(c):  # one-feature changes of the current layout
                 yield dict(freq_classes="k" if c["freq_classes"] == "uv" else "uv")
                 if "wide" in use:
                     yield dict(wide=not c["wide"], edges_in=wide_in[not c["wide"]])
+                if not c["wide"] and octave_in != wide_in[False]:
+                    yield dict(edges_in=wide_in[False] if c["edges_in"] == octave_in else octave_in)
                 if use & {"top", "lt"}:
                     yield dict(edges_lt=() if c["edges_lt"] else sc(DEFAULT_EDGES_LT))
                 if channels > 1:
