@@ -103,8 +103,14 @@ def detect(x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, mar
 
 def _grid(v: torch.Tensor, bound: float, margin: float):
     """(step, origin, bound before the snap) of the values v (float32) when they lie on a grid worth
-    snapping to, else None."""
-    if not v.numel() or not (bound > margin) or not bool(torch.isfinite(v).all()):
+    snapping to, else None.
+
+    The grid points must hold the bound less the margin, like any decode, unless they are the values
+    themselves: an exact decode holds any bound (`dctdata.bounds.missing`), even one below the float32
+    margin (integers of a small range on a large offset, at a tight relative bound). The snap's last two
+    operations are checked both as float32 multiply then add (torch, ONNX Runtime) and as one fused
+    multiply-add (a compiler may contract them), so every device lands on the same float32 value."""
+    if not v.numel() or not bool(torch.isfinite(v).all()):
         return None
     u = np.unique(v.numpy().astype(np.float64))
     if len(u) < 2 or len(u) > MAX_LEVELS:
@@ -123,8 +129,9 @@ def _grid(v: torch.Tensor, bound: float, margin: float):
     snapped = (torch.round((u32 - o) / s) * s + o).double()
     if not torch.equal(torch.round((u32 - o) / s).double(), torch.from_numpy(k)):
         return None
-    dev = float((snapped - torch.from_numpy(u)).abs().max())
-    if dev + margin > bound:  # the grid points themselves would miss the bound
+    fused = torch.from_numpy((k * np.float64(step) + np.float64(origin)).astype(np.float32).astype(np.float64))
+    dev = max(float((p - torch.from_numpy(u)).abs().max()) for p in (snapped, fused))
+    if dev > 0 and dev + margin > bound:  # the grid points themselves would miss the bound
         return None
     room = float(step) / 2 - margin - dev
     if room < WORTH * bound:

@@ -281,3 +281,45 @@ def test_a_psnr_target_with_a_bound_costs_nothing_more_on_a_lattice(tmp_path):
         assert bool((10 * torch.log10(rng.square() / mse.clamp(min=1e-300)) >= 70).all())
         sizes[name] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     assert sizes["both"] < 1.05 * sizes["bound"], sizes
+
+
+def test_integers_below_the_float32_margin_decode_exactly(tmp_path):
+    """A near-flat 8-bit channel (values 251..255) at 1e-4 of its range: the bound (0.0004) is below the
+    float32 margin of values near 255 (0.000486), which no decode can keep, but the grid points are the
+    values themselves, so the snapped decode is exact and the pack holds the bound. The same channel off
+    the grid still fails with the float32 message, and writes nothing."""
+    rng = np.random.default_rng(3)
+    flat = rng.integers(251, 256, (3, 1, 24, 24)).astype(np.float32)
+    photo = rng.integers(0, 256, (3, 1, 24, 24)).astype(np.float32)
+    x = np.concatenate([photo, flat], 1)
+    bound, margin, _ = _bounds(torch.from_numpy(x), 1e-4)
+    assert bool((bound[:, 1] < margin[:, 1]).all())  # the case: no decode can keep bound less margin
+    rows, _ = lattice.detect(torch.from_numpy(x), None, bound, margin)
+    assert rows[:, 1, 0].tolist() == [1.0] * 3 and rows[:, 1, 1].tolist() == flat.reshape(3, -1).min(1).tolist()
+    dctdata.pack(x, tmp_path / "p", max_rel_error=1e-4, quiet=True)
+    ds = dctdata.open_dataset(tmp_path / "p", as_dict=True)
+    layer = ds.decompressor("image")
+    y = np.stack([layer(tuple(t[None] for t in ds[i]["image"]))[0].numpy() for i in range(len(ds))])
+    np.testing.assert_array_equal(y, x)
+    off = x.copy()
+    off[:, 1] += rng.uniform(-1e-3, 1e-3, off[:, 1].shape).astype(np.float32)  # no longer on a grid
+    with pytest.raises(DctDataError, match=r"less a float32 margin .*below float32's precision"):
+        dctdata.pack(off, tmp_path / "off", max_rel_error=1e-4, quiet=True)
+    assert not (tmp_path / "off").exists()
+
+
+def test_grid_points_are_checked_as_a_fused_multiply_add_too():
+    """Values that the snap's float32 multiply-then-add reproduces exactly, but that one fused multiply-add
+    (what a compiler may emit for it) misses by a float32 step on about a third of the grid points: with a
+    bound tighter than that step, the grid is refused, so no device's snap can miss the bound."""
+    step, origin = np.float32(0.1), np.float32(0.3)
+    k = np.arange(0, 1000, dtype=np.float64)
+    v = torch.from_numpy((k.astype(np.float32) * step + origin).astype(np.float32))
+    s, o = torch.tensor(step), torch.tensor(origin)
+    assert torch.equal(torch.round((v - o) / s) * s + o, v)  # multiply then add: exact
+    fused = (k * np.float64(step) + np.float64(origin)).astype(np.float32)
+    assert (fused != v.numpy()).mean() > 0.2  # fused: off the values on many points
+    ulp = float(np.spacing(np.float32(100.0)))
+    assert lattice._grid(v, bound=ulp / 4, margin=0.0) is None
+    found = lattice._grid(v, bound=0.01, margin=0.0)
+    assert found is not None and found[:2] == (float(step), float(origin))
