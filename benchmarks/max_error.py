@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,6 +67,11 @@ def item_packs(names: list[str] | None = None) -> tuple[dict[str, np.ndarray], d
         {p.name: p.item.group for p in packs},
         skipped,
     )
+
+
+def bound_label(r: float) -> str:
+    """1e-3 as the docs write it."""
+    return f"{r:.0e}".replace("e-0", "e-").replace("e+0", "e")
 
 
 def geomeans(cr: dict[tuple[str, str, float], float], packs, names, r: float) -> dict[str, float]:
@@ -176,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bounds", default="1e-2,1e-3,1e-4", help="relative bounds r (x each item's range)")
     parser.add_argument("--split", action="store_true", help="list dctdata's bytes by part (coefficients, side, fixed)")
+    parser.add_argument(
+        "--json", default=None, help="also write the rows here: 'packs', 'geomeans' (`python -m benchmarks docs-table`)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     bounds = [float(b) for b in args.bounds.split(",")]
@@ -205,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"compression ratio vs float32 at equal max error (r x each item's range), {what}")
     print(head)
     t0 = time.perf_counter()
+    rows, means = [], []
     for fname, x in data.items():
         raw = x.size * 4
         for r in bounds:
@@ -218,6 +228,13 @@ def main(argv: list[str] | None = None) -> None:
                     nbytes, over[name] = fn(x, r)
                 cr[fname, name, r] = raw / nbytes
             row = " ".join(f"{cr[fname, c, r]:10.2f}" for c in names)
+            head = {"pack": fname, "group": groups[fname]} if groups else {"field": fname}
+            rows.append(
+                head
+                | {"bound": bound_label(r)}
+                | {c: round(cr[fname, c, r], 2) for c in names}
+                | {"over-bound items": " ".join(f"{c}:{v}" for c, v in over.items() if v) or "-"}
+            )
             print(f"{fname:{width}} {r:7.0e} {row}   " + " ".join(f"{c}:{v}" for c, v in over.items() if v), flush=True)
     sets = {"geomean": list(data)}
     if groups:
@@ -234,6 +251,11 @@ def main(argv: list[str] | None = None) -> None:
             if "per sample" in g:
                 rel += " (per sample: " + " ".join(f"{c} {g['per sample'] / g[c]:.2f}" for c in peers) + ")"
             print(f"{label:{width}} {r:7.0e} " + " ".join(f"{g[c]:10.2f}" for c in names) + f"   {rel}")
+            means.append(
+                {"over": label.strip() if label != "geomean" else "all", "bound": bound_label(r)}
+                | {c: round(g[c], 2) for c in names}
+                | ({f"dctdata / {c}": round(g["dctdata"] / g[c], 2) for c in peers} if "dctdata" in g else {})
+            )
     if args.split and splits:
         print("dctdata's bytes by part: coefficient shards, side shards (range, mid, corrections), fixed files")
         for (fname, r), s in splits.items():
@@ -241,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
             parts = " ".join(f"{k} {v} ({v / total:.1%})" for k, v in s.items())
             print(f"{fname:{width}} {r:7.0e} total {total}: {parts}")
     print(f"({time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        result = {"command": "python -m benchmarks max-error " + " ".join(argv if argv is not None else sys.argv[1:])}
+        Path(args.json).write_text(json.dumps(result | {"packs": rows, "geomeans": means}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

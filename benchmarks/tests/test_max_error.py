@@ -2,6 +2,7 @@
 shards and fixed files that add up to the pack, "per sample" leaves the fixed files out, and every peer
 that is installed holds the bound."""
 
+import json
 import re
 
 import numpy as np
@@ -58,13 +59,24 @@ def test_peers_hold_the_bound(name):
     assert nbytes > 0 and over == 0
 
 
-def test_items_set_packs_tiles_and_whole_with_group_means(capsys):
+def test_items_set_packs_tiles_and_whole_with_group_means(capsys, tmp_path):
     pytest.importorskip("skimage")  # the MRI slice ships with scikit-image's data
     data, groups, skipped = max_error.item_packs(["mri"])
     assert not skipped and set(data) == {"mri/tiles", "mri/whole"} and set(groups.values()) == {"sci"}
     assert data["mri/tiles"].shape[1:] == (1, 60, 76) and data["mri/whole"].shape[0] == 1
-    max_error.main(["--set", "items", "--items", "mri", "--bounds", "1e-3"])
+    max_error.main(["--set", "items", "--items", "mri", "--bounds", "1e-3", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["pack"], r["group"], r["bound"]) for r in result["packs"]] == [
+        ("mri/tiles", "sci", "1e-3"),
+        ("mri/whole", "sci", "1e-3"),
+    ]
+    assert [m["over"] for m in result["geomeans"]] == ["all", "sci"]
+    mean = result["geomeans"][0]
+    expect = np.exp(np.mean(np.log([r["dctdata"] for r in result["packs"]])))
+    assert mean["dctdata"] == pytest.approx(expect, rel=0.01)
+    if "ZFP" in mean:
+        assert mean["dctdata / ZFP"] == pytest.approx(mean["dctdata"] / mean["ZFP"], rel=0.02)
     for name in data:
         row = next(line for line in out.splitlines() if line.startswith(name))
         assert float(row.split()[2]) > 1 and "dctdata:" not in row  # compresses, every value within the bound
