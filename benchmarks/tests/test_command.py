@@ -109,3 +109,10 @@ def test_device_decode_rows_on_the_cpu(capsys, tmp_path):
         assert r["samples_per_s_cpu"] > 0 and r["samples_per_s_device"] > 0 and r["stored_per_sample"] > 0
         assert r["crossed_per_sample_device"] < r["crossed_per_sample_cpu"]  # stored bytes, not coefficients
     assert capsys.readouterr().out.count("samples/s cpu") == 4 and (tmp_path / "d.json").exists()
+
+
+def test_every_benchmark_has_a_row_in_the_readme():
+    """benchmarks/README.md lists every name `python -m benchmarks` runs (its "Adding one" asks for a row)."""
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, re.M))
+    assert set(SCRIPTS) <= listed, sorted(set(SCRIPTS) - listed)
