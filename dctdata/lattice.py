@@ -109,7 +109,8 @@ def _grid(v: torch.Tensor, bound: float, margin: float):
     themselves: an exact decode holds any bound (`dctdata.bounds.missing`), even one below the float32
     margin (integers of a small range on a large offset, at a tight relative bound). The snap's last two
     operations are checked both as float32 multiply then add (torch, ONNX Runtime) and as one fused
-    multiply-add (a compiler may contract them), so every device lands on the same float32 value."""
+    multiply-add (a compiler may contract them): the two can land one float32 step apart, and either
+    holds the bound."""
     if not v.numel() or not bool(torch.isfinite(v).all()):
         return None
     u = np.unique(v.numpy().astype(np.float64))
