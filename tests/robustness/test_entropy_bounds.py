@@ -14,16 +14,29 @@ import pytest
 from ctx_streams import leb128, read_leb128
 
 from dctdata.entropy import _ctxrans
-from dctdata.entropy.ctxrans import CtxCodec, CtxCodecError, max_coefficients
+from dctdata.entropy.ctxrans import (
+    DEFAULT_EDGES_DC,
+    DEFAULT_EDGES_IN,
+    DEFAULT_EDGES_LT,
+    CtxCodec,
+    CtxCodecError,
+    max_coefficients,
+)
 from dctdata.errors import IntegrityError
 from dctdata.stages import get_stage
 
 
 @pytest.fixture(scope="module")
 def small():
-    """The issue's case: a codec and an 811-byte-class stream of 2 x 4 x 64 x 4 int8 coefficients."""
+    """The issue's case: a codec and an 811-byte-class stream of 2 x 4 x 64 x 4 int8 coefficients. The layout
+    is fixed (fit's starting one), so the stream, and which of its sections runs out first under a larger
+    declared shape, does not move with fit's choices."""
     q = np.random.default_rng(0).integers(-3, 4, (2, 1, 4, 64, 4)).astype(np.int8)
-    codec = CtxCodec.fit(q, 8, "square")
+    layout = dict(
+        freq_classes="uv", lt_mode="top", wide=False, channel_groups=[0], edges_in=DEFAULT_EDGES_IN,
+        edges_lt=DEFAULT_EDGES_LT, edges_ch=(), edges_dc=DEFAULT_EDGES_DC,
+    )  # fmt: skip
+    codec = CtxCodec.fit(q, 8, "square", layouts=[layout])
     return codec, q, codec.encode(q)
 
 
