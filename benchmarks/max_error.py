@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 import dctdata
+from benchmarks.curves import geomean
 from benchmarks.fields import synthetic_fields
 
 
@@ -76,7 +76,7 @@ def bound_label(r: float) -> str:
 
 def geomeans(cr: dict[tuple[str, str, float], float], packs, names, r: float) -> dict[str, float]:
     """Per codec (or column) the geometric mean of its ratios over `packs` at bound r."""
-    return {c: math.exp(np.mean([math.log(cr[f, c, r]) for f in packs])) for c in names}
+    return {c: geomean([cr[f, c, r] for f in packs]) for c in names}
 
 
 def item_ranges(x: np.ndarray) -> np.ndarray:
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     cr: dict[tuple[str, str, float], float] = {}
     splits: dict[tuple[str, float], dict[str, int]] = {}
     names = list(codecs)
+    peers = [c for c in codecs if c != "dctdata"]
     if "dctdata" in codecs:  # per sample: without the pack's fixed files, beside the measured column
         names.insert(1, "per sample")
     width = max(8, *(len(f) for f in data))
@@ -228,14 +229,15 @@ def main(argv: list[str] | None = None) -> None:
                     nbytes, over[name] = fn(x, r)
                 cr[fname, name, r] = raw / nbytes
             row = " ".join(f"{cr[fname, c, r]:10.2f}" for c in names)
-            head = {"pack": fname, "group": groups[fname]} if groups else {"field": fname}
+            missed = " ".join(f"{c}:{v}" for c, v in over.items() if v)
+            print(f"{fname:{width}} {r:7.0e} {row}   {missed}", flush=True)
+            key = {"pack": fname, "group": groups[fname]} if groups else {"field": fname}
             rows.append(
-                head
+                key
                 | {"bound": bound_label(r)}
                 | {c: round(cr[fname, c, r], 2) for c in names}
-                | {"over-bound items": " ".join(f"{c}:{v}" for c, v in over.items() if v) or "-"}
+                | {"over-bound items": missed or "-"}
             )
-            print(f"{fname:{width}} {r:7.0e} {row}   " + " ".join(f"{c}:{v}" for c, v in over.items() if v), flush=True)
     sets = {"geomean": list(data)}
     if groups:
         for g in dict.fromkeys(groups.values()):
@@ -244,7 +246,6 @@ def main(argv: list[str] | None = None) -> None:
     for label, packs in sets.items():
         for r in bounds:
             g = geomeans(cr, packs, names, r)
-            peers = [c for c in codecs if c != "dctdata"]
             rel = ""
             if "dctdata" in g:
                 rel = "dctdata vs " + " ".join(f"{c} {g['dctdata'] / g[c]:.2f}" for c in peers)

@@ -130,8 +130,8 @@ def _grid(v: torch.Tensor, bound: float, margin: float):
     snapped = (torch.round((u32 - o) / s) * s + o).double()
     if not torch.equal(torch.round((u32 - o) / s).double(), torch.from_numpy(k)):
         return None
-    fused = torch.from_numpy((k * np.float64(step) + np.float64(origin)).astype(np.float32).astype(np.float64))
-    dev = max(float((p - torch.from_numpy(u)).abs().max()) for p in (snapped, fused))
+    fused = (k * np.float64(step) + np.float64(origin)).astype(np.float32).astype(np.float64)  # one rounding
+    dev = max(float(np.abs(snapped.numpy() - u).max()), float(np.abs(fused - u).max()))
     if dev > 0 and dev + margin > bound:  # the grid points themselves would miss the bound
         return None
     room = float(step) / 2 - margin - dev
