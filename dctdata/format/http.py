@@ -13,13 +13,17 @@ until memory runs out (+2 GiB for a 2-sample batch); its files read a 206 body w
 - a whole file (manifest, webdataset shard) is one streamed GET, read only as far as its reader asks (a
   manifest to its 64 MiB cap, a shard to its recorded size and one byte);
 - every request has a total deadline besides the idle timeout (`location.fsspec_options`: aiohttp's
-  `total` timeout, which covers the body), so a server dripping a byte a second cannot hold a reader.
+  `total` timeout, which covers the body), so a server dripping a byte a second cannot hold a reader;
+- a forked child (a DataLoader worker) cannot stall the parent's pooled connections (`_isolate_parent_loop`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import selectors
+import sys
 from typing import Sequence
 
 
@@ -154,3 +158,36 @@ class HTTPStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Fork safety ------------------------------------------------------------------------------------------
+# A forked child holds a copy of the parent's fsspec event loop, whose epoll instance is the parent's own
+# kernel object, and copies of the parent's HTTP filesystems with their pooled keep-alive connections. A
+# DataLoader worker opening a URL makes fsspec drop those copies (its instance cache is per process); the
+# finalizer then closes the copied connections through the copied loop, which unregisters their sockets
+# from the shared epoll: the parent never hears its next answer on them and waits out the idle timeout
+# (60 s, then "no answer in time"). fsspec guards new instances against fork, not this. The child's copy
+# of the loop gets a selector of its own, so nothing it closes can reach the parent's.
+
+_parent_loop: list = [None]
+
+
+def _note_parent_loop() -> None:
+    asyn = sys.modules.get("fsspec.asyn")
+    _parent_loop[0] = asyn.loop[0] if asyn is not None else None
+
+
+def _isolate_parent_loop() -> None:
+    loop, _parent_loop[0] = _parent_loop[0], None
+    if loop is not None and isinstance(getattr(loop, "_selector", None), selectors.BaseSelector):
+        loop._selector = selectors.DefaultSelector()  # the parent's stays registered in the parent only
+
+
+def _forget_parent_loop() -> None:
+    _parent_loop[0] = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_note_parent_loop, after_in_child=_isolate_parent_loop, after_in_parent=_forget_parent_loop
+    )

@@ -1,7 +1,12 @@
 """Object stores: pack to S3 (moto on 127.0.0.1) and read back; a prefix without its manifest (the commit)
-is refused; both formats read over HTTP with range requests."""
+is refused; both formats read over HTTP with range requests; a forked worker cannot stall the parent's
+connections."""
 
 from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
 
 import pytest
 from sample_fields import OPTS, N
@@ -75,3 +80,25 @@ def test_read_both_formats_over_http(labelled_source, tmp_path):
             ds = dctdata.open_dataset(f"{url}/{fmt}")
             it = ds if fmt == "webdataset" else (ds[i] for i in range(len(ds)))
             assert sorted(int(s[1]) for s in it) == list(range(N))
+
+
+def _read_manifest_and_collect(url: str) -> None:
+    dctdata.format.read_manifest(url, storage_options={"timeout": 5})  # fsspec drops the parent's instances
+    gc.collect()  # and their finalizers close the parent's pooled connections, as a worker's GC would
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_worker_does_not_stall_the_parents_http_connections(labelled_source, tmp_path):
+    # A DataLoader worker shares the parent's epoll instance: before the fix, the worker's cleanup of its
+    # copies of the parent's connections unregistered them there and the parent's next read on one waited
+    # out the idle timeout ("no answer in time"), as a second open_dataset after an epoch with workers did.
+    dctdata.pack(labelled_source, tmp_path / "wds", format="webdataset", quiet=True)
+    with serve(tmp_path / "wds") as url:
+        first = dctdata.format.read_manifest(url, storage_options={"timeout": 5})  # leaves a pooled connection
+        child = multiprocessing.get_context("fork").Process(target=_read_manifest_and_collect, args=(url,))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        url.clear()
+        again = dctdata.format.read_manifest(url, storage_options={"timeout": 5})
+        assert again.checksums == first.checksums and url.requests == ["/manifest.json"]
