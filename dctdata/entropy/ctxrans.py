@@ -302,6 +302,17 @@ FEATURES_ALL = ("top", "wide", "ch", "sign", "lt")
 FEATURES = ("top", "ch", "sign")  # fit's default: "wide" costs more decode speed than its bytes are worth
 
 
+def edge_scale(mean1: float) -> int:
+    """The power of two `fit` scales its bucket edges by, from the mean magnitude of the first AC frequency:
+    the default edges suit int8-sized coefficients, and int16 packs often hold 10x their magnitudes."""
+    return max(1, int(2 ** round(math.log2(max(mean1, 1.0) / 4.0)))) if mean1 > 8 else 1
+
+
+def scaled_edges(edges, scale: int) -> tuple[int, ...]:
+    """`edges` times `scale` as distinct bucket edges in 1..NFEAT - 1 (feature sums are clamped there)."""
+    return tuple(sorted({min(NFEAT - 1, max(1, int(round(x * scale)))) for x in edges}))
+
+
 def _bucket_table(edges: Sequence[int], stride: int) -> np.ndarray:
     s = np.arange(NFEAT)
     return (np.searchsorted(np.asarray(edges, dtype=np.int64), s, side="right") * stride).astype(np.int32)
@@ -853,8 +864,7 @@ class CtxCodec:
             if qs[0].shape[3] > 1
             else np.zeros(1)
         )
-        mean1 = float(sample.mean()) if sample.size else 0.0
-        scale = max(1, int(2 ** round(math.log2(max(mean1, 1.0) / 4.0)))) if mean1 > 8 else 1
+        scale = edge_scale(float(sample.mean()) if sample.size else 0.0)
         report = []
 
         def evaluate(spec):
@@ -888,7 +898,7 @@ class CtxCodec:
         else:  # greedy: one feature at a time from a strong default, keep what saves bits
 
             def sc(e):
-                return tuple(sorted({min(NFEAT - 1, max(1, int(round(x * scale)))) for x in e}))
+                return scaled_edges(e, scale)
 
             use = set(features)
             cur = dict(

@@ -183,11 +183,5 @@ def _isolate_parent_loop() -> None:
         loop._selector = selectors.DefaultSelector()  # the parent's stays registered in the parent only
 
 
-def _forget_parent_loop() -> None:
-    _parent_loop[0] = None
-
-
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_note_parent_loop, after_in_child=_isolate_parent_loop, after_in_parent=_forget_parent_loop
-    )
+    os.register_at_fork(before=_note_parent_loop, after_in_child=_isolate_parent_loop)

@@ -215,7 +215,7 @@ def test_fit_keeps_high_frequencies_apart_at_high_rates():
     """Coefficients of a tight bound: the first AC frequency in the hundreds, the last ones near 10. The default
     edges, scaled to the first, put every later frequency's s_in in one bucket; fit takes the octave edges
     instead, and they store fewer bytes than the default edges on the same data."""
-    from dctdata.entropy.ctxrans import DEFAULT_EDGES_IN, OCTAVE_EDGES_IN
+    from dctdata.entropy.ctxrans import DEFAULT_EDGES_IN, OCTAVE_EDGES_IN, edge_scale, scaled_edges
 
     rng = np.random.default_rng(11)
     b, hb, k, wb = 4, 8, 64, 16
@@ -224,11 +224,10 @@ def test_fit_keeps_high_frequencies_apart_at_high_rates():
     q = np.rint(rng.laplace(0, 1, (b, 1, hb, k, wb)) * spread[None, None, None, :, None] * level).astype(np.int16)
     codec = CtxCodec.fit(q, 8, "square")
     edges = codec.get_config()["edges_in"]
-    mean1 = float(np.abs(q[:, :, :, 1:2].astype(np.int32)).mean())
-    scale = 2 ** round(np.log2(mean1 / 4.0))
-    assert edges == sorted({min(1023, max(1, round(e * scale))) for e in OCTAVE_EDGES_IN})
+    scale = edge_scale(float(np.abs(q[:, :, :, 1:2].astype(np.int32)).mean()))
+    assert edges == list(scaled_edges(OCTAVE_EDGES_IN, scale))
     roundtrip(codec, q)
-    default = sorted({min(1023, max(1, round(e * scale))) for e in DEFAULT_EDGES_IN})
+    default = list(scaled_edges(DEFAULT_EDGES_IN, scale))
     plain = CtxCodec.fit(q, 8, "square", layouts=[{**_layout_of(codec), "edges_in": default}])
     assert len(codec.encode(q)) < len(plain.encode(q))
 
