@@ -59,6 +59,10 @@ SCRIPTS = {
         "the markdown for docs/benchmarks/ from a `python -m benchmarks gpu --json` run: device, date, command, rows",
     ),
     "gpu-layer": ("benchmarks.gpu_layer", "fused CUDA Decompress v1 vs v2 GB/s, nvCOMP zstd batch decode"),
+    "kernel-alone": (
+        "benchmarks.kernel_alone",
+        "the fused CUDA kernel alone (CUDA-graph replays, no host time), v1 and v2, other kernel files side by side",
+    ),
     "loader-workers": (
         "benchmarks.loader_workers",
         "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",

@@ -9,8 +9,9 @@
 #   6. the gpu tables (python -m benchmarks gpu: Decompress GB/s, and the loader rows for 4 and 8 workers, batches
 #      of 32 and 256, decode="cpu" beside decode="device", raw float32, nvJPEG; about 2.5-3 minutes), then its
 #      docs section (python -m benchmarks gpu-doc-table -> bench_gpu.md);
-#   7. the decode table alone (python -m benchmarks gpu --decode-only: Decompress v1 and v2 GB/s, seconds).
-# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps (7 is extra).
+#   7. the decode table alone (python -m benchmarks gpu --decode-only: Decompress v1 and v2 GB/s, seconds);
+#   8. the fused kernel alone, without the host's time (python -m benchmarks kernel-alone: CUDA-graph replays).
+# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps (7 and 8 are extra).
 # Each step has its own timeout; the whole run is about 6-8 minutes on an H200.
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
@@ -86,6 +87,11 @@ if step 7; then
     note "7. decode table alone"
     timeout ${DECODE_T:-120} python3 -m benchmarks gpu --decode-only --sizes 256 1024 --cf 2 4 8 --repeat ${DECODE_REPEAT:-20} \
         --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.txt" | tail -40 || status=1
+fi
+if step 8; then
+    note "8. kernel alone"
+    timeout ${KERNEL_T:-150} python3 -m benchmarks kernel-alone --out "$OUT/kernel_alone.json" 2>&1 \
+        | tee "$OUT/kernel_alone.txt" | tail -20 || status=1
 fi
 note "done: exit $status"
 exit $status

@@ -86,11 +86,11 @@ class DeviceTables:
     with one.
 
     `columns` (C, CF, NT, UP) holds the dequantization tables by kept column v of frequencies: for each v the
-    tables a, d (and r when NT = 3) over the rows u, padded with zeros to UP (`padded_rows`) where the mask
-    keeps fewer. Why not (C, K) as stored: a thread reads, for one v, the entries k = u CF + v of every row u,
-    which are CF apart in (C, K) and cost one load instruction each; here they are UP neighbouring floats,
-    which the kernel reads in one or two vector loads. Without this, v2's three tables (a, d, r) made the
-    kernel wait on the load unit at CF 8, where v1 reads two."""
+    tables over the rows u, padded with zeros to UP (`padded_rows`) where the mask keeps fewer. The tables are
+    a and d for a v1 codec; for a v2 codec (NT = 3) a, d' = d - r and r' = 2 r, the kernel's form of the dead
+    zone's sign term (a q + d' + r' clamp(q / 2 + 1/2, 0, 1) = a q + d + r sign(q) for integer q; see
+    `dctdata._triton_synth`). By column because the kernel works through one column v at a time: the values
+    it reads for v are neighbours (one or two cache lines a column), not CF entries apart as in (C, K)."""
 
     columns: torch.Tensor
     m: torch.Tensor | None
@@ -118,7 +118,7 @@ class DeviceTables:
                     f"tables.{name}: expected a contiguous float32 tensor of shape {shape} on {device}. Got {got}"
                 )
         if nt not in (2, 3):
-            raise DctDataError(f"tables.columns: expected 2 (a, d) or 3 (a, d, r) tables. Got {nt}")
+            raise DctDataError(f"tables.columns: expected 2 (a, d) or 3 (a, d - r, 2 r) tables. Got {nt}")
         if (self.scale is None) != (self.shift is None):
             raise DctDataError("tables: expected scale and shift both or neither")
 
@@ -157,7 +157,10 @@ def device_tables(tables: Tables, device: torch.device | str, cf: int, mask: str
     if tables.kept != num_kept(cf, mask):
         raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {tables.kept}")
     index = column_index(cf, mask)
-    stacked = torch.stack([x.to(torch.float32) for x in (tables.a, tables.d, tables.r) if x is not None], 1)
+    a, d, r = tables.a, tables.d, tables.r
+    if r is not None:  # the kernel's form of the dead zone's sign term (see dctdata._triton_synth)
+        d, r = d - r, r + r
+    stacked = torch.stack([x.to(torch.float32) for x in (a, d, r) if x is not None], 1)
     padded = torch.cat([stacked, torch.zeros(*stacked.shape[:2], 1)], 2)  # (C, NT, K + 1): index -1 reads the 0
     columns = padded[:, :, index].permute(0, 2, 1, 3)  # (C, CF, NT, UP)
     put = lambda x: None if x is None else x.to(device=device, dtype=torch.float32).contiguous()  # noqa: E731

@@ -245,20 +245,47 @@ def test_side_with_v1_tables_and_misplaced_tables_are_errors():
 
 @pytest.mark.parametrize("cf, mask", [(2, "square"), (3, "triangle"), (5, "square"), (8, "triangle")])
 def test_column_tables_hold_each_kept_coefficient_once_at_its_row_and_column(cf, mask):
-    """DeviceTables.columns[c, v, j, u] is table j's entry of frequency (u, v), and 0 where the mask drops it."""
+    """DeviceTables.columns[c, v, j, u] is table j's entry of frequency (u, v), and 0 where the mask drops it:
+    a, d - r and 2 r for a v2 codec (the kernel's form of the sign term), a and d for v1."""
     spec = v2_spec(cf, mask)
     tables = fused.tables_for(spec)
     cols = fused_cuda.device_tables(tables, "cpu", cf, mask).columns
     assert cols.shape == (spec.channels, cf, 3, fused_cuda.padded_rows(cf))
     kept = dctdata.transform.kept_frequencies(cf, mask)
-    for j, table in enumerate((tables.a, tables.d, tables.r)):
+    for j, table in enumerate((tables.a, tables.d - tables.r, 2 * tables.r)):
         for k, (u, v) in enumerate(kept):
             torch.testing.assert_close(cols[:, v, j, u], table[:, k].float(), rtol=0, atol=0)
+    v1_tables = fused.tables_for(v1_spec(cf, mask))
+    v1_cols = fused_cuda.device_tables(v1_tables, "cpu", cf, mask).columns
+    assert v1_cols.shape == (spec.channels, cf, 2, fused_cuda.padded_rows(cf))
+    for j, table in enumerate((v1_tables.a, v1_tables.d)):
+        for k, (u, v) in enumerate(kept):
+            torch.testing.assert_close(v1_cols[:, v, j, u], table[:, k].float(), rtol=0, atol=0)
     dropped = torch.ones(cf, fused_cuda.padded_rows(cf), dtype=torch.bool)
     for u, v in kept:
         dropped[v, u] = False
     assert int(dropped.sum()) == cols.shape[1] * cols.shape[3] - len(kept)
     assert bool((cols.permute(0, 2, 1, 3)[:, :, dropped] == 0).all())
+    assert bool((v1_cols.permute(0, 2, 1, 3)[:, :, dropped] == 0).all())
+
+
+def test_half_sign_tables_give_the_dead_zone_reconstruction():
+    """The kernel's sign term: with d' = d - r, r' = 2 r and s = clamp(q / 2 + 1/2, 0, 1), a q + d' + r' s is
+    a q + d + r sign(q) for every integer q (the saturating form the kernel compiles to), to float32 rounding."""
+    spec = v2_spec(5, "square")
+    tables = fused.tables_for(spec)
+    cols = fused_cuda.device_tables(tables, "cpu", 5, "square").columns
+    a, d2, r2 = (cols[:, :, j, :].double() for j in range(3))
+    index = fused_cuda.column_index(5, "square")  # [v, u] -> k
+    a0, d0, r0 = (t.double()[:, index.clamp(min=0)] for t in (tables.a, tables.d, tables.r))
+    for q in range(-3, 4):
+        s = min(max(q * 0.5 + 0.5, 0.0), 1.0)
+        sign = (q > 0) - (q < 0)
+        kept = index >= 0
+        got = (a * q + d2 + r2 * s)[:, kept]
+        want = (a0 * q + d0 + r0 * sign)[:, kept]
+        scale = float(want.abs().max()) + float(r0.abs().max())
+        torch.testing.assert_close(got, want, atol=1e-6 * scale, rtol=0)
 
 
 def test_device_table_errors_name_the_table_and_what_was_expected():
@@ -276,7 +303,7 @@ def test_device_table_errors_name_the_table_and_what_was_expected():
     ):
         dataclasses.replace(good, columns=good.columns[..., :2].contiguous())
     with pytest.raises(
-        dctdata.DctDataError, match=r"tables.columns: expected 2 \(a, d\) or 3 \(a, d, r\) tables. Got 1"
+        dctdata.DctDataError, match=r"tables.columns: expected 2 \(a, d\) or 3 \(a, d - r, 2 r\) tables. Got 1"
     ):
         dataclasses.replace(good, columns=good.columns[:, :, :1].contiguous())
     with pytest.raises(dctdata.DctDataError, match=r"tables.m: expected a contiguous float32 tensor of shape \(2, 2\)"):
