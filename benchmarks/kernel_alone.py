@@ -13,7 +13,7 @@ its dead-zone tables as (a, d, r) (the form before the half-sign tables; see `dc
 tables are then converted back (exact up to one rounding of d, which does not change the timing). Each kernel's
 output is compared with the first kernel's (largest difference over the output's largest magnitude).
 
-Run from the repository root on a CUDA machine (about a minute; without CUDA it prints one line and exits 0):
+Run from the repository root on a CUDA machine (without CUDA it prints one line and exits 0):
     python -m benchmarks kernel-alone --out kernel_alone.json
 """
 
