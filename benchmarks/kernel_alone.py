@@ -29,13 +29,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
-from benchmarks.gpu import skip_reason, v1_spec, v2_spec, wire, write_json  # noqa: E402
+from benchmarks.gpu import BATCH_BYTES, DTYPES, skip_reason, v1_spec, v2_spec, wire, write_json  # noqa: E402
 from dctdata import fused, fused_cuda  # noqa: E402
 from dctdata.errors import DctDataError  # noqa: E402
 from dctdata.wire import split_wire  # noqa: E402
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-BATCH_BYTES = 64 << 20
 
 
 def parse_kernel(text: str) -> tuple[str, str, bool]:
@@ -105,11 +102,12 @@ def rows(kernels, sizes, cfs, dtypes, calls: int, repeat: int) -> list[dict]:
                     for codec in ("v1", "v2"):
                         spec = v1_spec(cf, size) if codec == "v1" else v2_spec(cf, size)
                         q, side = split_wire(wire(spec, batch, dev), spec)
+                        half = fused_cuda.device_tables(fused.tables_for(spec), dev, cf, spec.mask)
+                        plain_form = plain_tables(half) if any(p for _, _, p in kernels) else half
                         first = None
                         for label, module, plain in kernels:
                             fused_cuda._kernel_module = module
-                            tables = fused_cuda.device_tables(fused.tables_for(spec), dev, cf, spec.mask)
-                            tables = plain_tables(tables) if plain else tables
+                            tables = plain_form if plain else half
                             out = torch.empty(batch, 1, size, size, dtype=dtype, device=dev)
                             call = functools.partial(fused_cuda.synthesize, q, tables, cf, spec.mask, (size, size), out,
                                                      side, dtype)  # fmt: skip
@@ -158,8 +156,7 @@ def main(argv=None) -> int:
         print(f"kernel-alone: skipped ({reason})")
         return 0
     if not specs:
-        here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dctdata", "_triton_synth.py")
-        specs = [("current", here, False)]
+        specs = [("current", os.path.join(os.path.dirname(fused_cuda.__file__), "_triton_synth.py"), False)]
     kernels = [(label, load_kernel(label, path), plain) for label, path, plain in specs]
     result = rows(kernels, args.sizes, args.cf, args.dtypes, args.calls, args.repeat)
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; the fused kernel alone (CUDA graph of "

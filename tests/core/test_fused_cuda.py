@@ -278,10 +278,10 @@ def test_half_sign_tables_give_the_dead_zone_reconstruction():
     a, d2, r2 = (cols[:, :, j, :].double() for j in range(3))
     index = fused_cuda.column_index(5, "square")  # [v, u] -> k
     a0, d0, r0 = (t.double()[:, index.clamp(min=0)] for t in (tables.a, tables.d, tables.r))
+    kept = index >= 0
     for q in range(-3, 4):
         s = min(max(q * 0.5 + 0.5, 0.0), 1.0)
         sign = (q > 0) - (q < 0)
-        kept = index >= 0
         got = (a * q + d2 + r2 * s)[:, kept]
         want = (a0 * q + d0 + r0 * sign)[:, kept]
         scale = float(want.abs().max()) + float(r0.abs().max())
