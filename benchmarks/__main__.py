@@ -63,6 +63,10 @@ SCRIPTS = {
         "benchmarks.kernel_alone",
         "the fused CUDA kernel alone (CUDA-graph replays, no host time), v1 and v2, other kernel files side by side",
     ),
+    "kernel-sass": (
+        "benchmarks.kernel_sass",
+        "the fused CUDA kernel's sm_90 machine code without a GPU: registers, warps/SM, instructions, memory ops",
+    ),
     "loader-workers": (
         "benchmarks.loader_workers",
         "webdataset loader samples/s in process and with DataLoader workers, per lossless stage",

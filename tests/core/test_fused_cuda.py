@@ -323,7 +323,9 @@ def test_device_table_errors_name_the_table_and_what_was_expected():
 )
 @pytest.mark.parametrize("out", ["fp32", "bf16"])
 def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
-    """Triton's NVIDIA backend compiles without a driver: each variant of the kernel must reach a cubin."""
+    """Triton's NVIDIA backend compiles without a driver: each variant of the kernel must reach a cubin, compiled
+    as `synthesize` launches it (16-byte aligned pointers and a width that is a multiple of 16, which Triton
+    specializes on): each thread stores its block's rows as 16-byte vectors."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     sys.modules.pop("dctdata._triton_synth", None)
     try:
@@ -339,8 +341,10 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     signature |= {name: "i32" for name in ("C", "HB", "WB", "H", "W", "K", "STRIPS")}
     constants = dict(flags, UP=fused_cuda.padded_rows(flags["CF"]), BLOCKS=32 * warps)
     signature |= {name: "constexpr" for name in constants}
+    names = synthesize_kernel.arg_names
+    aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in (*pointers, "W")}
     try:
-        source = ASTSource(fn=synthesize_kernel, signature=signature, constexprs=constants)
+        source = ASTSource(fn=synthesize_kernel, signature=signature, constexprs=constants, attrs=aligned)
     except TypeError as exc:  # another Triton release's ahead-of-time API; launches on a GPU check the kernel there
         pytest.skip(f"this Triton's ASTSource takes other arguments: {exc}")
     try:
@@ -349,7 +353,7 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
         if "ptxas" in str(exc) or "libdevice" in str(exc):
             pytest.skip(f"Triton's NVIDIA toolchain is not usable here: {exc}")
         raise
-    assert compiled.asm["cubin"] and "st.global" in compiled.asm["ptx"]
+    assert compiled.asm["cubin"] and "st.global.v4" in compiled.asm["ptx"]
     assert "ld.local" not in compiled.asm["ptx"], "register spills"
 
 
