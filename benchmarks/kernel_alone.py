@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import sys
 
@@ -30,6 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
 from benchmarks.gpu import BATCH_BYTES, DTYPES, skip_reason, v1_spec, v2_spec, wire, write_json  # noqa: E402
+from benchmarks.kernel_sass import kernel_module as load_kernel  # noqa: E402
 from dctdata import fused, fused_cuda  # noqa: E402
 from dctdata.errors import DctDataError  # noqa: E402
 from dctdata.wire import split_wire  # noqa: E402
@@ -45,16 +45,6 @@ def parse_kernel(text: str) -> tuple[str, str, bool]:
     if not os.path.isfile(path):
         raise DctDataError(f"--kernel {label}: no such kernel file: {path}")
     return label, path, plain
-
-
-def load_kernel(label: str, path: str):
-    """The kernel module at `path`, imported under its own name (its Triton cache entry is its own source's)."""
-    spec = importlib.util.spec_from_file_location(f"_kernel_alone_{label}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "synthesize_kernel"):
-        raise DctDataError(f"--kernel {label}: {path} defines no synthesize_kernel")
-    return module
 
 
 def plain_tables(tables: fused_cuda.DeviceTables) -> fused_cuda.DeviceTables:

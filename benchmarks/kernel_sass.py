@@ -56,15 +56,20 @@ def parse_kernel(text: str) -> tuple[str, str]:
     return label, path
 
 
-def load_kernel(label: str, path: str):
-    """The `synthesize_kernel` of the module at `path`, imported under its own name."""
-    spec = importlib.util.spec_from_file_location(f"_kernel_sass_{label}", path)
+def kernel_module(label: str, path: str):
+    """The kernel module at `path`, imported under its own name (its Triton cache entry is its own source's);
+    `kernel-alone` loads its `--kernel` files with it too."""
+    spec = importlib.util.spec_from_file_location(f"_kernel_{label}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    kernel = getattr(module, "synthesize_kernel", None)
-    if kernel is None:
+    if not hasattr(module, "synthesize_kernel"):
         raise DctDataError(f"--kernel {label}: {path} defines no synthesize_kernel")
-    return kernel
+    return module
+
+
+def load_kernel(label: str, path: str):
+    """The `synthesize_kernel` of the module at `path`."""
+    return kernel_module(label, path).synthesize_kernel
 
 
 def padded_rows(cf: int) -> int:
@@ -72,9 +77,16 @@ def padded_rows(cf: int) -> int:
     return 8 if cf > 4 else (4 if cf > 2 else 2)
 
 
-def compile_args(arg_names, cf: int, codec: str, dtype: str, warps: int) -> dict:
-    """signature, constexprs and attrs of one variant, for `triton.compiler.ASTSource`."""
-    flags = dict(V1_FLAGS if codec == "v1" else V2_FLAGS, CF=cf, UP=padded_rows(cf), BLOCKS=32 * warps)
+def codec_flags(cf: int, codec: str) -> dict:
+    """The kernel's codec flags of the decode table's v1 or v2 codec at `cf`."""
+    return dict(V1_FLAGS if codec == "v1" else V2_FLAGS, CF=cf)
+
+
+def compile_args(arg_names, codec: dict, dtype: str, warps: int) -> dict:
+    """signature, constexprs and attrs of one variant (`codec`: CF and the HAS_* / TRIANGLE flags), compiled as
+    `fused_cuda.synthesize` launches it, for `triton.compiler.ASTSource`. The compile test of
+    `tests/core/test_fused_cuda.py` builds its variants with it too."""
+    flags = dict(codec, UP=padded_rows(codec["CF"]), BLOCKS=32 * warps)
     pointers = [name for name in arg_names if name.endswith("_ptr")]
     signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{DTYPES[dtype]}"}
     signature |= {name: "i32" for name in SIZES}
@@ -142,7 +154,7 @@ def machine_code(kernel, cf: int, codec: str, dtype: str, warps: int, arch: int 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    source = ASTSource(fn=kernel, **compile_args(kernel.arg_names, cf, codec, dtype, warps))
+    source = ASTSource(fn=kernel, **compile_args(kernel.arg_names, codec_flags(cf, codec), dtype, warps))
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")

@@ -20,11 +20,11 @@ values in one thread's registers; `fused_cuda.launch_config` keeps BLOCKS = 32 x
 thread.
 
 Why the rows u are a compile-time loop and not a tensor axis: the column pass is then a chain of fused
-multiply-adds (a reduction over a tensor axis compiles to a tree of separate multiplies and adds, a third
-more instructions), the DCT rows T[u, :] are not held as one 64-register table through the whole block, and
-a triangle mask's dropped frequencies are skipped when compiling instead of masked when running. The
-compiled kernel then needs fewer registers (more warps fit on a multiprocessor) and fewer instructions per
-block, for v1 and v2 alike.
+multiply-adds (a reduction over a tensor axis compiles to a tree of separate multiplies and adds), the DCT
+rows T[u, :] are not held as one 64-register table through the whole block, and a triangle mask's dropped
+frequencies are skipped when compiling instead of masked when running. The compiled kernel then needs fewer
+registers, so more warps fit on a multiprocessor, for v1 and v2 alike (`python -m benchmarks kernel-sass`
+reads the machine code as launched).
 
 Why the dead zone's sign term is r' s with s = clamp(q / 2 + 1/2, 0, 1) (`fused_cuda.device_tables` stores
 d' = d - r and r' = 2 r): for an integer q, s is 0, 1/2 or 1 where sign(q) is -1, 0 or 1, so

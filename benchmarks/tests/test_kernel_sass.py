@@ -45,7 +45,7 @@ def test_missing_kernel_file_and_file_without_the_kernel_are_named(tmp_path):
 def test_pointers_are_found_by_name_and_aligned_as_launched():
     names = ["q_ptr", "out_ptr", "tab_ptr", "t_ptr", "C", "HB", "WB", "H", "W", "K", "STRIPS", "CF", "UP", "TRIANGLE",
              "BLOCKS", "HAS_R", "HAS_M", "HAS_OUT", "HAS_SIDE"]  # fmt: skip
-    args = kernel_sass.compile_args(names, 4, "v2", "bfloat16", 2)
+    args = kernel_sass.compile_args(names, kernel_sass.codec_flags(4, "v2"), "bfloat16", 2)
     assert list(args["signature"]) == names
     assert args["signature"]["q_ptr"] == "*i8" and args["signature"]["out_ptr"] == "*bf16"
     assert args["signature"]["t_ptr"] == "*fp32" and args["signature"]["W"] == "i32"
@@ -53,9 +53,15 @@ def test_pointers_are_found_by_name_and_aligned_as_launched():
     assert set(args["attrs"]) == {(names.index(n),) for n in ("q_ptr", "out_ptr", "tab_ptr", "t_ptr", "W")}
 
 
+def test_padded_rows_are_fused_cudas():
+    from dctdata import fused_cuda
+
+    assert [kernel_sass.padded_rows(cf) for cf in range(1, 9)] == [fused_cuda.padded_rows(cf) for cf in range(1, 9)]
+
+
 def test_an_argument_of_no_known_kind_is_named():
     with pytest.raises(dctdata.DctDataError, match=r"kernel arguments \['gamma'\]: expected \*_ptr pointers"):
-        kernel_sass.compile_args(["q_ptr", "gamma"], 2, "v1", "float32", 1)
+        kernel_sass.compile_args(["q_ptr", "gamma"], kernel_sass.codec_flags(2, "v1"), "float32", 1)
 
 
 def test_instructions_are_counted_with_their_modifiers_and_predicates_dropped():

@@ -26,6 +26,7 @@ from gpu_fakes import forget_kernel, interpreted_kernel
 import dctdata
 import dctdata.fused as fused
 import dctdata.fused_cuda as fused_cuda
+from benchmarks.kernel_sass import compile_args
 from dctdata import CodecSpec, Decompress
 from dctdata.quantize import decode_reference
 from dctdata.wire import split_wire
@@ -321,7 +322,7 @@ def test_device_table_errors_name_the_table_and_what_was_expected():
     ],
     ids=["v1-cf2", "v2-cf8-side", "v2-cf5-triangle-rotation"],
 )
-@pytest.mark.parametrize("out", ["fp32", "bf16"])
+@pytest.mark.parametrize("out", ["float32", "bfloat16"])
 def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     """Triton's NVIDIA backend compiles without a driver: each variant of the kernel must reach a cubin, compiled
     as `synthesize` launches it (16-byte aligned pointers and a width that is a multiple of 16, which Triton
@@ -336,15 +337,9 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     from dctdata._triton_synth import synthesize_kernel
 
     sys.modules.pop("dctdata._triton_synth", None)
-    pointers = ("q_ptr", "out_ptr", "tab_ptr", "m_ptr", "scale_ptr", "shift_ptr", "side_ptr", "t_ptr")
-    signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{out}"}
-    signature |= {name: "i32" for name in ("C", "HB", "WB", "H", "W", "K", "STRIPS")}
-    constants = dict(flags, UP=fused_cuda.padded_rows(flags["CF"]), BLOCKS=32 * warps)
-    signature |= {name: "constexpr" for name in constants}
-    names = synthesize_kernel.arg_names
-    aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in (*pointers, "W")}
+    args = compile_args(synthesize_kernel.arg_names, flags, out, warps)  # as fused_cuda.synthesize launches it
     try:
-        source = ASTSource(fn=synthesize_kernel, signature=signature, constexprs=constants, attrs=aligned)
+        source = ASTSource(fn=synthesize_kernel, **args)
     except TypeError as exc:  # another Triton release's ahead-of-time API; launches on a GPU check the kernel there
         pytest.skip(f"this Triton's ASTSource takes other arguments: {exc}")
     try:
