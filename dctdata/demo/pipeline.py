@@ -197,9 +197,9 @@ def run_demo(s: DemoSettings, out: str | None = None, quiet: bool = False) -> di
 
     Threads: the run uses `s.threads` torch and Blosc threads (default 1) and puts the previous counts
     back at the end. Its tensors are small (batches of 8 crops of 96 x 96, one 16-channel network), so
-    extra intra-op threads gain little, and torch's default of one per core made the demo 5.8x slower on
-    a loaded 2-core machine (98 s against 17 s with OMP_NUM_THREADS=1, issue 31): the pool's threads
-    wait on each other whenever another process holds a core.
+    extra intra-op threads gain little, and torch's default of one per core made the demo several times
+    slower on a loaded machine (docs/benchmarks/design.md): the pool's threads wait on each other whenever
+    another process holds a core.
     """
     s.check()
     threads = torch.get_num_threads()

@@ -5,9 +5,9 @@ under the map-style dataset, `dctdata verify` and `inspect`. Random access; its 
 Opening (once per process): each field's zarr.json is fetched (all in one batch), checked against the
 manifest's sha256 when the manifest lists it, parsed (`metadata.parse_array_json`) and cross-checked
 with the manifest: shape, dtype, shard and chunk lengths, and inner chunk codecs that are exactly the
-field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead (about
-1.3 ms per field read on sharded arrays) was the loader's bottleneck, it reads missing chunks as fill
-values, and it does not know dctdata's entropy coder.
+field's lossless stage followed by crc32c. zarr-python is not involved: its per-read overhead on sharded
+arrays was the loader's bottleneck (docs/benchmarks/design.md), it reads missing chunks as fill values, and
+it does not know dctdata's entropy coder.
 
 Reading a batch: the reader works out which inner chunks of which shards hold the asked samples,
 fetches every shard index it does not hold yet (one batch of range reads) and checks it
@@ -78,15 +78,13 @@ CACHE_BYTES = 16 << 20
 INDEX_CACHE_ENTRIES = 1 << 20
 MAX_METADATA_BYTES = 1 << 20  # an array's zarr.json (a few hundred bytes as written)
 # Threading a batch's chunk decode (see `decode_threads`). Handing a run of chunks to the pool costs
-# 25-35 us, so each thread must get at least THREAD_MIN_US of estimated decode. The handing out is serial
-# in the caller (and the threads' per-chunk Python work shares the GIL), so a batch of work W spread on n
-# threads takes about W/n + HANDOFF_US * n: at most sqrt(W / HANDOFF_US) threads pay. Measured on a
-# 16-core host: the empty split alone took 0.23 ms on 16 threads, and a zstd-9 batch of 32 chunks read in
-# 2.5 ms on 4 threads against 3.2 ms on 16, while the entropy coder's batch gained up to 16 threads.
-# The estimate is the chunks' decoded bytes over their stage's decode rate in bytes per microsecond
-# (`Stage.decode_bytes_per_us`), measured on 64 KiB chunks of int8 coefficients (one busy core: ctx-rANS
-# 85-100, zstd-9 460-500, crc32c + copy of a raw chunk 15,000) and rounded up, so that an estimate errs
-# toward one thread.
+# about HANDOFF_US, so each thread must get at least THREAD_MIN_US of estimated decode. The handing out is
+# serial in the caller (and the threads' per-chunk Python work shares the GIL), so a batch of work W spread
+# on n threads takes about W/n + HANDOFF_US * n: at most sqrt(W / HANDOFF_US) threads pay. Too many threads
+# slowed a cheap stage's batches (zstd) while the entropy coder's kept gaining: the measurements are in
+# docs/benchmarks/design.md. The estimate is the chunks' decoded bytes over their stage's decode rate in
+# bytes per microsecond (`Stage.decode_bytes_per_us`), each stage's rate rounded up so that an estimate
+# errs toward one thread.
 THREAD_MIN_US = 100
 HANDOFF_US = 25
 CRC_RESIDUE = 0x48674BC7  # crc32c(message + crc32c(message) as 4 little-endian bytes), for every message
