@@ -30,20 +30,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from benchmarks.gpu import BATCH_BYTES, DTYPES, skip_reason, v1_spec, v2_spec, wire, write_json  # noqa: E402
 from benchmarks.kernel_sass import kernel_module as load_kernel  # noqa: E402
+from benchmarks.kernel_sass import parse_kernel as parse_label_path  # noqa: E402
 from dctdata import fused, fused_cuda  # noqa: E402
-from dctdata.errors import DctDataError  # noqa: E402
 from dctdata.wire import split_wire  # noqa: E402
 
 
 def parse_kernel(text: str) -> tuple[str, str, bool]:
     """`LABEL=PATH[:plain]` -> (label, path, plain tables)."""
-    label, sep, rest = text.partition("=")
-    if not sep or not label or not rest:
-        raise DctDataError(f"--kernel: expected LABEL=PATH or LABEL=PATH:plain. Got {text!r}")
-    plain = rest.endswith(":plain")
-    path = rest[: -len(":plain")] if plain else rest
-    if not os.path.isfile(path):
-        raise DctDataError(f"--kernel {label}: no such kernel file: {path}")
+    plain = text.endswith(":plain")
+    label, path = parse_label_path(text[: -len(":plain")] if plain else text, "LABEL=PATH or LABEL=PATH:plain")
     return label, path, plain
 
 

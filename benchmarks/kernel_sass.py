@@ -46,11 +46,12 @@ SIZES = ("C", "HB", "WB", "H", "W", "K", "STRIPS")
 INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
-def parse_kernel(text: str) -> tuple[str, str]:
-    """`LABEL=PATH` -> (label, path)."""
+def parse_kernel(text: str, form: str = "LABEL=PATH") -> tuple[str, str]:
+    """`LABEL=PATH` -> (label, path); `form` names what the caller's option takes, for the message
+    (`kernel-alone` reads a `:plain` suffix off first)."""
     label, sep, path = text.partition("=")
     if not sep or not label or not path:
-        raise DctDataError(f"--kernel: expected LABEL=PATH. Got {text!r}")
+        raise DctDataError(f"--kernel: expected {form}. Got {text!r}")
     if not os.path.isfile(path):
         raise DctDataError(f"--kernel {label}: no such kernel file: {path}")
     return label, path

@@ -249,25 +249,20 @@ def test_column_tables_hold_each_kept_coefficient_once_at_its_row_and_column(cf,
     """DeviceTables.columns[c, v, j, u] is table j's entry of frequency (u, v), and 0 where the mask drops it:
     a, d - r and 2 r for a v2 codec (the kernel's form of the sign term), a and d for v1."""
     spec = v2_spec(cf, mask)
-    tables = fused.tables_for(spec)
-    cols = fused_cuda.device_tables(tables, "cpu", cf, mask).columns
-    assert cols.shape == (spec.channels, cf, 3, fused_cuda.padded_rows(cf))
     kept = dctdata.transform.kept_frequencies(cf, mask)
-    for j, table in enumerate((tables.a, tables.d - tables.r, 2 * tables.r)):
-        for k, (u, v) in enumerate(kept):
-            torch.testing.assert_close(cols[:, v, j, u], table[:, k].float(), rtol=0, atol=0)
-    v1_tables = fused.tables_for(v1_spec(cf, mask))
-    v1_cols = fused_cuda.device_tables(v1_tables, "cpu", cf, mask).columns
-    assert v1_cols.shape == (spec.channels, cf, 2, fused_cuda.padded_rows(cf))
-    for j, table in enumerate((v1_tables.a, v1_tables.d)):
-        for k, (u, v) in enumerate(kept):
-            torch.testing.assert_close(v1_cols[:, v, j, u], table[:, k].float(), rtol=0, atol=0)
     dropped = torch.ones(cf, fused_cuda.padded_rows(cf), dtype=torch.bool)
     for u, v in kept:
         dropped[v, u] = False
-    assert int(dropped.sum()) == cols.shape[1] * cols.shape[3] - len(kept)
-    assert bool((cols.permute(0, 2, 1, 3)[:, :, dropped] == 0).all())
-    assert bool((v1_cols.permute(0, 2, 1, 3)[:, :, dropped] == 0).all())
+    assert int(dropped.sum()) == cf * fused_cuda.padded_rows(cf) - len(kept)
+    for make in (v2_spec, v1_spec):
+        tables = fused.tables_for(make(cf, mask))
+        want = (tables.a, tables.d) if make is v1_spec else (tables.a, tables.d - tables.r, 2 * tables.r)
+        cols = fused_cuda.device_tables(tables, "cpu", cf, mask).columns
+        assert cols.shape == (spec.channels, cf, len(want), fused_cuda.padded_rows(cf))
+        for j, table in enumerate(want):
+            for k, (u, v) in enumerate(kept):
+                torch.testing.assert_close(cols[:, v, j, u], table[:, k].float(), rtol=0, atol=0)
+        assert bool((cols.permute(0, 2, 1, 3)[:, :, dropped] == 0).all())
 
 
 def test_half_sign_tables_give_the_dead_zone_reconstruction():
