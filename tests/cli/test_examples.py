@@ -117,7 +117,9 @@ def test_ddp_resume_on_two_ranks_with_torchrun(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(EXAMPLES / "ddp_resume.py")]
+    # --standalone: a free port of its own, not the fixed 29500 (the suite runs one process a core)
+    torchrun = [sys.executable, *"-m torch.distributed.run --standalone --nproc_per_node 2".split()]
+    cmd = [*torchrun, str(EXAMPLES / "ddp_resume.py")]
     argv = ["--out", str(tmp_path), "--samples", "64", "--workers", "1", "--epochs", "2"]
     first = subprocess.run([*cmd, *argv, "--stop-after", "3"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 README_MAX_LINES = 200
 # The README's two set-up commands, exactly as .ci/run runs them.
-SETUP_COMMANDS = ("pip install -e . && dctdata demo", 'pip install -e ".[dev]" && pytest')
+SETUP_COMMANDS = ("pip install -e . && dctdata demo", 'pip install -e ".[dev]" && pytest -n auto')
 
 FENCE_RE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 CODE_SPAN_RE = re.compile(r"`[^`\n]*`")
@@ -60,6 +60,14 @@ def test_readme_keeps_the_two_set_up_commands():
     text = README.read_text(encoding="utf-8")
     for command in SETUP_COMMANDS:
         assert command in text, f"README.md lacks the set-up command {command!r}"
+
+
+def test_ci_runs_the_readmes_commands():
+    """.ci/run runs what the README's two commands run (after their install step), each as a line of its own."""
+    lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    for command in SETUP_COMMANDS:
+        run = command.split(" && ", 1)[1]
+        assert run in lines, f".ci/run lacks the README's command {run!r}"
 
 
 def python_blocks(markdown: str) -> list[str]:
