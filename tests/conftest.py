@@ -11,8 +11,11 @@ there, outside the wheel, shared by the tests and the benchmarks."""
 from __future__ import annotations
 
 import pathlib
+import random
 import sys
+import zlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,6 +30,21 @@ from sample_fields import labelled_npz  # noqa: E402
 def labelled_source(tmp_path_factory) -> str:
     """An .npz of N small noisy fields (`image`) and their index (`label`), made once per test module."""
     return labelled_npz(tmp_path_factory.mktemp("src"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Each test draws from random states of its own, seeded from its id before its fixtures are set up:
+    Python's, NumPy's and torch's global generators, and the NumPy Generators its module keeps at module
+    level. Without this, what a test drew depended on which tests had run before it in the same process,
+    and `pytest -n auto` shares the tests among its processes in no fixed order."""
+    seed = zlib.crc32(item.nodeid.encode())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    for value in vars(getattr(item, "module", None) or object()).values():
+        if isinstance(value, np.random.Generator):
+            value.bit_generator.state = np.random.default_rng(seed).bit_generator.state
 
 
 def pytest_collection_modifyitems(config, items):
