@@ -42,7 +42,8 @@ def pytest_runtest_setup(item):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    for value in vars(getattr(item, "module", None) or object()).values():
+    module = getattr(item, "module", None)  # None for items that are not Python functions
+    for value in vars(module).values() if module is not None else ():
         if isinstance(value, np.random.Generator):
             value.bit_generator.state = np.random.default_rng(seed).bit_generator.state
 

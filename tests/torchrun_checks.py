@@ -25,6 +25,9 @@ with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as fh:
 dist.barrier()
 dist.destroy_process_group()
 """
+# two ranks on this machine; --standalone: a free port of its own, not the fixed 29500 (the suite runs one
+# process a core, and another test may be launching at the same time)
+TORCHRUN = [sys.executable, *"-m torch.distributed.run --standalone --nproc_per_node 2".split()]
 # the launcher's own variables: a test run under torchrun must not hand them to the ranks it starts
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -35,8 +38,7 @@ def run_ranks(body: str, workdir, timeout: float) -> list[dict]:
     with open(script, "w") as fh:
         fh.write(_PROLOGUE + body.strip("\n") + "\n" + _EPILOGUE)
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
-    cmd = [sys.executable, *"-m torch.distributed.run --standalone --nproc_per_node 2".split(), script, str(workdir)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    r = subprocess.run([*TORCHRUN, script, str(workdir)], capture_output=True, text=True, timeout=timeout, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = []
     for i in range(2):

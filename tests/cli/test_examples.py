@@ -115,11 +115,10 @@ def test_ddp_resume_stops_and_resumes_with_every_sample_once(monkeypatch, capsys
 @pytest.mark.slow
 def test_ddp_resume_on_two_ranks_with_torchrun(tmp_path):
     import subprocess
-    import sys
 
-    # --standalone: a free port of its own, not the fixed 29500 (the suite runs one process a core)
-    torchrun = [sys.executable, *"-m torch.distributed.run --standalone --nproc_per_node 2".split()]
-    cmd = [*torchrun, str(EXAMPLES / "ddp_resume.py")]
+    from torchrun_checks import TORCHRUN
+
+    cmd = [*TORCHRUN, str(EXAMPLES / "ddp_resume.py")]
     argv = ["--out", str(tmp_path), "--samples", "64", "--workers", "1", "--epochs", "2"]
     first = subprocess.run([*cmd, *argv, "--stop-after", "3"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
