@@ -7,7 +7,10 @@ per-sample side information (side (B, C, 2) = [range, mid]), or, from `open_data
 decode="device")`, the field's stored bytes as one `dctdata.wire.StoredBatch`, whose lossless stage it
 decodes first on the batch's device (`decode_stored`; the layer then needs the field's stage: `lossless=`,
 which `from_manifest` and `ds.decompressor()` pass). It returns (B, C, H, W) in `dtype` on the input's
-device.
+device. Stored bytes carry their pack's codec (`dctdata.wire.PackCodec`): bytes of another pack (a
+`ConcatDataset` of packs, a noisy and a clean pack paired) are decoded with that pack's codec (its layer,
+built once with this layer's settings), never with this layer's steps; a `MixedStoredBatch` (samples of
+several packs) part by part, its samples put back in batch order.
 
 Two paths, both only matmul/reshape/transpose/cat-class ops plus a few elementwise ones (so they
 export to ONNX):
@@ -46,7 +49,7 @@ from dctdata.spec import CodecSpec, dequant_tables
 from dctdata.stages import parse_config
 from dctdata.stored import decode_batch_deferred
 from dctdata.transform import BLOCK, _dct_matrix_f64, augment_bias, fold_basis, fold_shift, synthesize
-from dctdata.wire import StoredBatch, split_wire
+from dctdata.wire import MixedStoredBatch, StoredBatch, describe_pack, split_wire, stage_key
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Coefficient dtypes the layer takes: the wire dtypes a spec names, and float64 (exact values, float64
@@ -145,7 +148,60 @@ class Decompress(nn.Module):
     def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
+        if self._other_packs(coeffs):
+            return self._decode_packs(coeffs, out, None)
         return self._decode(coeffs, out, None)
+
+    def _other_packs(self, coeffs) -> bool:
+        """True for stored bytes this layer's own codec does not decode: a batch of several packs, or of
+        another pack whose codec differs from this layer's."""
+        if isinstance(coeffs, MixedStoredBatch):
+            return True
+        return isinstance(coeffs, StoredBatch) and self._layer_for(coeffs) is not self
+
+    def _layer_for(self, part: StoredBatch) -> "Decompress":
+        """The layer that decodes a stored batch of one pack: this one when the bytes carry its codec (or none:
+        a batch made by hand), else their pack's layer with this layer's settings, built once per codec (kept
+        outside the module's children: not in its state_dict, moved to the batch's device when used)."""
+        codec = part.form.codec
+        if codec is None or codec.spec is self.spec:
+            return self
+        if codec.spec == self.spec and (self.lossless is None or _same_stage(codec.lossless, self.lossless)):
+            return self
+        others = self.__dict__.setdefault("_packs", {})
+        layer = others.get(codec.key)
+        if layer is None:
+            layer = others[codec.key] = Decompress(
+                codec.spec, dtype=self.dtype, normalize=self.normalize, lossless=codec.lossless
+            )
+        return layer.to(part.device)
+
+    def _decode_packs(self, coeffs, out, deferred) -> torch.Tensor:
+        """Decode a stored batch of other packs (`_other_packs`): each part through its own pack's layer, the
+        samples written back in batch order. Parts whose samples decode to different shapes are refused, naming
+        both packs (their samples cannot share one output)."""
+        if isinstance(coeffs, StoredBatch):
+            layer = self._layer_for(coeffs)
+            return layer._decode(coeffs, out, deferred)
+        layers = [self._layer_for(p) for p in coeffs.parts]
+        shapes = [tuple(layer.spec.sample_shape) for layer in layers]
+        if len(set(shapes)) > 1:
+            k = next(i for i, sh in enumerate(shapes) if sh != shapes[0])
+            raise DctDataError(
+                f"field {coeffs.field!r}: a stored batch mixing {describe_pack(coeffs.parts[0].form)} (samples "
+                f"{shapes[0]}) and {describe_pack(coeffs.parts[k].form)} (samples {shapes[k]}): expected one sample "
+                "shape to decode into one batch. Batch each pack on its own"
+            )
+        device = coeffs.device
+        result = out
+        if out is not None:
+            self._check_out(out, (len(coeffs), *shapes[0]), device)
+        else:
+            result = torch.empty((len(coeffs), *shapes[0]), dtype=self.dtype, device=device)
+        for layer, part, at in zip(layers, coeffs.parts, coeffs.positions):
+            img = layer._decode(part, None, deferred)
+            result.index_copy_(0, at.to(device), img.to(self.dtype))
+        return result
 
     def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
         """`forward`'s work; `deferred`: None (the correction rows are checked at once), or (checks, indices)
@@ -262,7 +318,20 @@ class Decompress(nn.Module):
         before waiting (`DecodeAhead`). A `StoredBatch` is still decoded and checked at once: pass
         `decode_stored_deferred`'s wire."""
         checks: list = []
+        if self._other_packs(coeffs):
+            return self._decode_packs(coeffs, out, (checks, indices)), checks
         return self._decode(coeffs, out, (checks, indices)), checks
+
+    def forward_stored_deferred(self, batch: StoredBatch | MixedStoredBatch) -> tuple[torch.Tensor, list]:
+        """A stored batch's decoded samples without reading anything back from the device: (output, checks),
+        valid once each check has returned (the lossless stage's and the correction rows'). Batches of other
+        packs are decoded with their own codecs (see `forward`). For `DecodeAhead`."""
+        checks: list = []
+        if self._other_packs(batch):
+            return self._decode_packs(batch, None, (checks, None)), checks
+        wire, more = self.decode_stored_deferred(batch)
+        img, later = self.forward_deferred(wire, indices=batch.indices)
+        return img, [*more, *later]
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
@@ -275,7 +344,21 @@ class Decompress(nn.Module):
     def decode_stored_deferred(self, batch: StoredBatch):
         """`decode_stored` without reading anything back from the device: (coefficients or (coefficients,
         side), checks); the result is valid once each of `checks` has returned (each raises IntegrityError
-        naming a refused sample). For decoders that queue several batches before waiting (`DecodeAhead`)."""
+        naming a refused sample). For decoders that queue several batches before waiting (`DecodeAhead`).
+        Coefficients are those of this layer's codec: bytes of another codec are refused, naming both packs
+        (decode them with `forward`, which uses their own)."""
+        if isinstance(batch, MixedStoredBatch):
+            raise DctDataError(
+                f"field {batch.field!r}: a stored batch of several packs ({batch.packs()}): expected one pack's "
+                "to give its coefficients. Decode it with the layer itself (layer(batch)), which decodes each pack "
+                "with its own codec"
+            )
+        if isinstance(batch, StoredBatch) and self._layer_for(batch) is not self:
+            raise DctDataError(
+                f"field {batch.form.field!r}: stored bytes of {describe_pack(batch.form)}, whose codec differs from "
+                f"this decompressor's ({self._pack_name()}): expected this layer's codec to give coefficients. Decode "
+                "them with the layer itself (layer(batch)) or that pack's decompressor"
+            )
         if self.lossless is None:
             raise TypeError(
                 "coeffs: a StoredBatch needs the layer of its dataset, which knows the field's lossless stage "
@@ -287,6 +370,11 @@ class Decompress(nn.Module):
         if side is None:
             raise DctDataError(f"field {batch.form.field!r}: stored batch: expected side values. Got none")
         return (q, side), checks
+
+    def _pack_name(self) -> str:
+        """This layer's pack as messages name it."""
+        codec = getattr(self, "pack_codec", None)
+        return "a layer built from its spec" if codec is None else codec.describe()
 
     def _tables(self) -> fused.Tables:
         """The fused kernels' tables (`fused.tables_for`), built once."""
@@ -337,6 +425,11 @@ class Decompress(nn.Module):
             f"cf={s.cf}, mask={s.mask!r}, channels={s.channels}, size=({s.height}, {s.width}), "
             f"wire={s.dtype}, out={str(self.dtype).removeprefix('torch.')}{extra}"
         )
+
+
+def _same_stage(a, b) -> bool:
+    """Whether two lossless stage configs are the same stage."""
+    return stage_key(a) == stage_key(b)
 
 
 def _tracing() -> bool:

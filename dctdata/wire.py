@@ -11,6 +11,11 @@ module is the one place that defines the wire forms.
   one contiguous uint8 buffer of the batch's streams, an int64 offsets table, each sample's row and its
   side values, and the `StreamForm` that says how the streams decode. The decompressor decodes the
   lossless stage on the batch's device (`dctdata.stored`), then dequantizes and inverts the DCT.
+  Stored bytes carry their pack's identity and codec (`StreamForm.pack`, `StreamForm.codec`: a
+  `PackCodec`), so a batch holding samples of several packs (a `ConcatDataset` or `ChainDataset` of packs,
+  two packs paired) never decodes one pack's samples from another's bytes or with another's codec: it
+  collates into a `MixedStoredBatch` (one `StoredBatch` per pack and each sample's place), and a layer
+  decodes each part with its own pack's codec.
 
 Either way the first layer takes the collated batch unchanged.
 """
@@ -84,6 +89,53 @@ def stage_key(lossless: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def codec_key(spec: CodecSpec, lossless: Mapping[str, Any] | None) -> str:
+    """A short name of what decoding a dct field's stored bytes depends on (its codec spec and lossless
+    stage: the canonical JSON's sha256): equal keys decode the same bytes to the same values."""
+    text = json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":")) + stage_key(lossless)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PackCodec:
+    """What a dct field's stored bytes need to decode right, carried with them (`StreamForm.codec`): the
+    identity of the pack they come from (`pack`: its manifest's seal, `dctdata.format.reader.pack_identity`),
+    where it was read (`source`, for messages) and the field's codec (`spec`, `lossless`). Why: stream keys
+    and field names are the same in every pack, so without it a batch of two packs' samples decoded one
+    pack's samples from the other's bytes, or with the other's quantization steps."""
+
+    pack: str
+    source: str
+    spec: CodecSpec
+    lossless: Mapping[str, Any] | None
+
+    @property
+    def key(self) -> str:
+        """`codec_key` of the field's codec (computed once)."""
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = codec_key(self.spec, self.lossless)
+            object.__setattr__(self, "_key", key)
+        return key
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_key"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def describe(self) -> str:
+        """The pack as messages name it: where it was read and its identity."""
+        return f"pack {self.source!r} ({self.pack[:19]})"
+
+
+def describe_pack(form: "StreamForm") -> str:
+    """A stream form's pack as messages name it."""
+    if form.codec is not None:
+        return form.codec.describe()
+    return "an unnamed pack" if form.pack is None else f"pack {form.pack[:19]}"
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamForm:
     """How the stored streams of one dct field decode; the same for every stream of a batch.
@@ -93,7 +145,9 @@ class StreamForm:
     (rows, *shape) in `dtype` (`little` endian or not); otherwise (a webdataset `.npy` member) the decoded
     stream holds `expect`'s bytes at their offsets (.npy headers), the coefficients at byte `at` and, when
     `side_at` is set, the sample's (C, 2) little-endian float32 side values there (else they travel
-    beside, in `StoredBatch.side`)."""
+    beside, in `StoredBatch.side`). `pack` is the identity of the pack the streams come from (None: a form made
+    by hand) and `codec` its field's codec (`PackCodec`, not compared: `pack` names it): forms of two packs
+    differ, so their samples never share a stream or a decoder."""
 
     field: str
     stage: str
@@ -105,6 +159,8 @@ class StreamForm:
     side_at: int | None = None
     expect: tuple[tuple[int, bytes], ...] = ()
     little: bool = True
+    pack: str | None = None
+    codec: PackCodec | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def sample_bytes(self) -> int:
@@ -211,14 +267,74 @@ class StoredBatch:
         )
 
 
-def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch:
-    """The samples of a batch as one `StoredBatch`: each distinct stream once in one buffer (a zarr chunk
-    holding several of the batch's samples crosses once), its offsets, each sample's row and side."""
-    if not samples:
-        raise DctDataError("stored samples: expected at least one to collate. Got none")
+@dataclasses.dataclass
+class MixedStoredBatch:
+    """A batch of one dct field's stored bytes from several packs (a `ConcatDataset` or `ChainDataset` of
+    packs, groups merged by `DecodeAhead`): one `StoredBatch` per pack (`parts`), and for each part the places
+    of its samples in the batch (`positions`: int64 tensors on the host). A `Decompress` layer decodes each part
+    with its own pack's codec and puts the samples back in batch order; it travels like a `StoredBatch`."""
+
+    parts: tuple[StoredBatch, ...]
+    positions: tuple[torch.Tensor, ...]
+
+    @property
+    def field(self) -> str:
+        return self.parts[0].form.field
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """The samples' indices in their packs, in batch order (for messages)."""
+        out = [0] * len(self)
+        for part, at in zip(self.parts, self.positions):
+            for i, k in zip(part.indices, at.tolist()):
+                out[k] = i
+        return tuple(out)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def streams(self) -> int:
+        return sum(p.streams for p in self.parts)
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts) + sum(t.nbytes for t in self.positions)
+
+    def packs(self) -> str:
+        """The packs of its parts, as messages name them."""
+        return ", ".join(describe_pack(p.form) for p in self.parts)
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "MixedStoredBatch":
+        """`StoredBatch.apply` on each part (the positions stay on the host)."""
+        return MixedStoredBatch(tuple(p.apply(fn) for p in self.parts), self.positions)
+
+    def pin_memory(self, device=None) -> "MixedStoredBatch":
+        return MixedStoredBatch(tuple(p.pin_memory() for p in self.parts), self.positions)
+
+    def is_pinned(self) -> bool:
+        return all(p.is_pinned() for p in self.parts)
+
+    def to(self, device, non_blocking: bool = False) -> "MixedStoredBatch":
+        return MixedStoredBatch(tuple(p.to(device, non_blocking) for p in self.parts), self.positions)
+
+    def __repr__(self) -> str:
+        return (
+            f"MixedStoredBatch(field={self.field!r}, samples={len(self)}, packs={len(self.parts)}, "
+            f"streams={self.streams}, bytes={sum(p.data.numel() for p in self.parts)}, device={self.device})"
+        )
+
+
+STORED_TYPES = (StoredBatch, MixedStoredBatch)  # what decode="device" collates a dct field's samples into
+
+
+def _collate_one(samples: Sequence[StoredSample]) -> StoredBatch:
+    """Samples of one form (one pack's field) as one `StoredBatch` (see `collate_stored`)."""
     form = samples[0].form
-    if any(s.form != form for s in samples):
-        raise DctDataError(f"stored samples: expected one field's samples of one form. Got {form.field!r} mixed")
     if any((s.side is None) != (samples[0].side is None) for s in samples):
         raise DctDataError(f"field {form.field!r}: stored samples: expected side values for all or none")
     position: dict[Any, int] = {}
@@ -250,23 +366,13 @@ def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch:
     )
 
 
-def merge_stored(batches: Sequence[StoredBatch]) -> tuple[StoredBatch, list[int]]:
-    """Several batches of one field's stored bytes as one batch (its samples in order) and the sample count of
-    each: what lets a device decoder take a group of loader batches in one launch (`DecodeAhead`). The data are
-    concatenated on their device, the offsets on the host."""
-    if not batches:
-        raise DctDataError("stored batches: expected at least one to merge. Got none")
-    for b in batches:
-        if not isinstance(b, StoredBatch):
-            raise TypeError(f"stored batches: expected dctdata.wire.StoredBatch. Got {type(b).__name__}")
+def _merge_one(batches: Sequence[StoredBatch]) -> StoredBatch:
+    """Batches of one form as one batch, their samples in order (see `merge_stored`)."""
     form = batches[0].form
-    if any(b.form != form for b in batches):
-        raise DctDataError(f"stored batches: expected one field's batches of one form. Got {form.field!r} mixed")
     if any((b.side is None) != (batches[0].side is None) for b in batches):
         raise DctDataError(f"field {form.field!r}: stored batches: expected side values for all or none")
-    counts = [len(b) for b in batches]
     if len(batches) == 1:
-        return batches[0], counts
+        return batches[0]
     offsets, rows, base, streams = [], [], 0, 0
     picked = any(b.rows is not None for b in batches)  # then every batch's samples get their row
     for b in batches:
@@ -286,7 +392,71 @@ def merge_stored(batches: Sequence[StoredBatch]) -> tuple[StoredBatch, list[int]
         form,
         tuple(i for b in batches for i in b.indices),
     )
-    return merged, counts
+    return merged
+
+
+def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch | MixedStoredBatch:
+    """The samples of a batch as one `StoredBatch`: each distinct stream once in one buffer (a zarr chunk
+    holding several of the batch's samples crosses once), its offsets, each sample's row and side. Samples
+    of several packs (one field) give a `MixedStoredBatch`: one such batch per pack, so no sample is read
+    from another pack's stream (stream keys are the same in every pack)."""
+    if not samples:
+        raise DctDataError("stored samples: expected at least one to collate. Got none")
+    groups: dict[StreamForm, list[int]] = {}
+    for k, s in enumerate(samples):
+        groups.setdefault(s.form, []).append(k)
+    if len(groups) == 1:
+        return _collate_one(samples)
+    _check_packs(list(groups), "samples")
+    parts = tuple(_collate_one([samples[k] for k in ks]) for ks in groups.values())
+    return MixedStoredBatch(parts, tuple(torch.tensor(ks, dtype=torch.int64) for ks in groups.values()))
+
+
+def _check_packs(forms: Sequence[StreamForm], what: str) -> None:
+    """Refuse forms that may not sit in one batch: of several fields, or two forms of one pack."""
+    fields = sorted({f.field for f in forms})
+    if len(fields) > 1:
+        raise DctDataError(
+            f"stored {what}: expected one field's {what} of one form per pack. Got fields {fields} mixed"
+        )
+    seen: dict[Any, StreamForm] = {}
+    for f in forms:
+        if f.pack in seen:
+            raise DctDataError(
+                f"stored {what}: expected one field's {what} of one form per pack. Got two forms of field "
+                f"{f.field!r} of {describe_pack(f)}: {seen[f.pack]} and {f}"
+            )
+        seen[f.pack] = f
+
+
+def merge_stored(batches: Sequence[StoredBatch | MixedStoredBatch]) -> tuple[StoredBatch | MixedStoredBatch, list[int]]:
+    """Several batches of one field's stored bytes as one batch (its samples in order) and the sample count of
+    each: what lets a device decoder take a group of loader batches in one launch (`DecodeAhead`). The data are
+    concatenated on their device, the offsets on the host. Batches of several packs merge pack by pack into a
+    `MixedStoredBatch` (each sample keeps its pack's bytes and codec)."""
+    if not batches:
+        raise DctDataError("stored batches: expected at least one to merge. Got none")
+    for b in batches:
+        if not isinstance(b, STORED_TYPES):
+            raise TypeError(f"stored batches: expected dctdata.wire.StoredBatch. Got {type(b).__name__}")
+    counts = [len(b) for b in batches]
+    if len(batches) == 1:
+        return batches[0], counts
+    groups: dict[StreamForm, tuple[list[StoredBatch], list[torch.Tensor]]] = {}
+    base = 0
+    for b in batches:
+        parts = b.parts if isinstance(b, MixedStoredBatch) else (b,)
+        places = b.positions if isinstance(b, MixedStoredBatch) else (torch.arange(len(b)),)
+        for part, at in zip(parts, places):
+            got = groups.setdefault(part.form, ([], []))
+            got[0].append(part)
+            got[1].append(at + base)
+        base += len(b)
+    if len(groups) == 1:
+        return _merge_one(next(iter(groups.values()))[0]), counts
+    _check_packs(list(groups), "batches")
+    parts = tuple(_merge_one(ps) for ps, _ in groups.values())
+    return MixedStoredBatch(parts, tuple(torch.cat(at) for _, at in groups.values())), counts
 
 
 def _collate_stored_fn(batch, *, collate_fn_map=None) -> StoredBatch:

@@ -14,7 +14,9 @@ The decoder is any object with
 `DecompressBatches` is the one for `open_dataset(..., decode="device")` loaders: the group's stored bytes
 merged into one launch of the lossless stage's device decoder (the entropy coder's kernel, nvCOMP's zstd),
 then `Decompress`, on a side stream; each batch comes back with its stored fields replaced by the decoded
-arrays. A `Decompress` layer (or a dict of them by field) given as the decoder is wrapped in one.
+arrays. A `Decompress` layer (or a dict of them by field, or a list of them by position) given as the decoder
+is wrapped in one. Stored bytes carry their pack's codec: a batch holding several packs' samples, or two packs
+paired (`StackDataset(noisy, clean)`: both fields named "image"), decodes each pack with its own codec.
 `dctdata.nvcomp_zstd.ZstdBatches` is a lower-level one (zstd streams -> sample tensors on the GPU).
 
 Typical use, with batches of stored streams already on the device (`DevicePrefetcher`)::
@@ -39,7 +41,7 @@ from torch import nn
 from dctdata.errors import DctDataError
 from dctdata.loaders.device import map_leaves
 from dctdata.parse import is_int
-from dctdata.wire import StoredBatch, merge_stored
+from dctdata.wire import STORED_TYPES, MixedStoredBatch, StoredBatch, merge_stored
 
 __all__ = ["DecodeAhead", "DecompressBatches"]
 
@@ -51,14 +53,16 @@ class DecodeAhead:
     def __init__(self, batches: Iterable, decoder: Any, group: int = 8) -> None:
         if not isinstance(batches, Iterable):
             raise TypeError(f"batches: expected an iterable such as a DataLoader. Got {type(batches).__name__}")
-        if isinstance(decoder, nn.Module) or (
-            isinstance(decoder, Mapping) and decoder and all(isinstance(v, nn.Module) for v in decoder.values())
+        if (
+            isinstance(decoder, nn.Module)
+            or (isinstance(decoder, Mapping) and decoder and all(isinstance(v, nn.Module) for v in decoder.values()))
+            or (isinstance(decoder, (list, tuple)) and decoder and all(isinstance(v, nn.Module) for v in decoder))
         ):
             decoder = DecompressBatches(decoder)
         if not (callable(getattr(decoder, "start", None)) and callable(getattr(decoder, "finish", None))):
             raise TypeError(
-                f"decoder: expected a Decompress layer (ds.decompressor()), a dict of them by field, or an object "
-                f"with start(batches, first) and finish(pending). Got {type(decoder).__name__}"
+                f"decoder: expected a Decompress layer (ds.decompressor()), a dict of them by field, a list of them by "
+                f"position, or an object with start(batches, first) and finish(pending). Got {type(decoder).__name__}"
             )
         if not is_int(group) or group < 1:
             raise DctDataError(f"group: expected a positive int (batches per decoder call). Got {group!r}")
@@ -109,18 +113,22 @@ class _Group(NamedTuple):
 
 
 def _is_layer(obj) -> bool:
-    """What a group's decode calls on a layer: `Decompress`'s deferred decode of stored bytes and its forward."""
-    return callable(getattr(obj, "decode_stored_deferred", None)) and callable(getattr(obj, "forward_deferred", None))
+    """What a group's decode calls on a layer: `Decompress`'s deferred decode of stored bytes."""
+    return callable(getattr(obj, "forward_stored_deferred", None))
 
 
 class DecompressBatches:
     """The group decoder of `DecodeAhead` for `decode="device"` loaders: each batch's `StoredBatch` fields
     (the j-th of every batch together) merged into one batch, decoded by the layer in one launch of its stage's
     device decoder and one `Decompress` call, and handed back batch by batch with those fields replaced by the
-    decoded arrays (other fields unchanged). `layers`: a `Decompress` (every stored field is its field) or a
-    dict field -> `Decompress`. `timed=True` records each group's decode time in `timings` (for benchmarks):
-    on CUDA a (start, end) pair of events around its work on the side stream (read them once the device is
-    synchronized), elsewhere the milliseconds `start` took.
+    decoded arrays (other fields unchanged). `layers`: a `Decompress` (every stored field is its field), a
+    dict field -> `Decompress`, or a list of them, one per stored value of a batch in traversal order (two
+    packs paired: `[noisy.decompressor(), clean.decompressor()]`). The bytes carry their pack's codec, so each
+    pack decodes with its own whatever layer is given (a layer of another codec decodes them with theirs, with
+    its own settings: output dtype, normalization); the layer chosen sets those settings. `timed=True` records
+    each group's decode time in `timings` (for benchmarks): on CUDA a (start, end) pair of events around its
+    work on the side stream (read them once the device is synchronized), elsewhere the milliseconds `start`
+    took.
 
     Why: a loader batch of 32 small samples keeps a GPU decoder's launch mostly idle (the entropy kernel's
     work per launch is a few segments a sample) and reading each batch's status back waits for it; a group
@@ -134,6 +142,11 @@ class DecompressBatches:
             if not layers or bad:
                 raise TypeError(f"layers: expected Decompress layers by field name. Got {bad or 'none'}")
             self.layers = dict(layers)
+        elif isinstance(layers, (list, tuple)):
+            bad = [k for k, v in enumerate(layers) if not _is_layer(v)]
+            if not layers or bad:
+                raise TypeError(f"layers: expected Decompress layers by position. Got {bad or 'none'} that are not")
+            self.layers = list(layers)
         elif _is_layer(layers):
             self.layers = layers
         else:
@@ -142,7 +155,15 @@ class DecompressBatches:
         self.timed = bool(timed)
         self.timings: list = []
 
-    def _layer(self, field: str) -> nn.Module:
+    def _layer(self, field: str, j: int) -> nn.Module:
+        """The layer of a batch's j-th stored value, of field `field`."""
+        if isinstance(self.layers, list):
+            if j >= len(self.layers):
+                raise DctDataError(
+                    f"stored value {j} (field {field!r}): expected a decompressor for it in layers. Got "
+                    f"{len(self.layers)} layers for positions 0..{len(self.layers) - 1}"
+                )
+            return self.layers[j]
         if not isinstance(self.layers, dict):
             return self.layers
         layer = self.layers.get(field)
@@ -170,9 +191,10 @@ class DecompressBatches:
             side.wait_stream(torch.cuda.current_stream(device))  # the batches' copies are there
             for s in stored:
                 for b in s:
-                    for t in (b.data, b.rows, b.side):
-                        if t is not None and t.device.type == "cuda":
-                            t.record_stream(side)  # allocated on another stream, read on the side one
+                    for part in b.parts if isinstance(b, MixedStoredBatch) else (b,):
+                        for t in (part.data, part.rows, part.side):
+                            if t is not None and t.device.type == "cuda":
+                                t.record_stream(side)  # allocated on another stream, read on the side one
         decoded, whole, checks = [], [], []
         began = time.perf_counter()
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
@@ -181,12 +203,11 @@ class DecompressBatches:
                 self.timings[-1][0].record(side)
             for j in range(width):
                 merged, counts = merge_stored([s[j] for s in stored])
-                layer = self._layer(merged.form.field)
-                wire, more = layer.decode_stored_deferred(merged)
-                img, later = layer.forward_deferred(wire, indices=merged.indices)  # correction rows checked at finish
+                layer = self._layer(merged.field if isinstance(merged, MixedStoredBatch) else merged.form.field, j)
+                img, more = layer.forward_stored_deferred(merged)  # each pack's samples with its own codec
                 whole.append(img)
                 decoded.append(torch.split(whole[-1], counts))
-                checks += [*more, *later]
+                checks += more
             done = None
             if side is not None:
                 if self.timed:
@@ -212,16 +233,18 @@ class DecompressBatches:
 
     def __repr__(self) -> str:
         fields = sorted(self.layers) if isinstance(self.layers, dict) else "all"
+        if isinstance(self.layers, list):
+            fields = f"{len(self.layers)} by position"
         return f"DecompressBatches(fields={fields})"
 
 
-def _stored(batch: Any) -> list[StoredBatch]:
-    """The StoredBatch values of a batch, in traversal order."""
-    found: list[StoredBatch] = []
-    map_leaves(batch, lambda v: found.append(v) if isinstance(v, StoredBatch) else None)
+def _stored(batch: Any) -> list[StoredBatch | MixedStoredBatch]:
+    """The StoredBatch values of a batch (MixedStoredBatch ones too), in traversal order."""
+    found: list[StoredBatch | MixedStoredBatch] = []
+    map_leaves(batch, lambda v: found.append(v) if isinstance(v, STORED_TYPES) else None)
     return found
 
 
 def _replace_stored(batch: Any, values: Iterator) -> Any:
     """The batch with its StoredBatch values replaced, in traversal order, by `values`."""
-    return map_leaves(batch, lambda v: next(values) if isinstance(v, StoredBatch) else v)
+    return map_leaves(batch, lambda v: next(values) if isinstance(v, STORED_TYPES) else v)

@@ -37,7 +37,7 @@ from torch import nn
 
 from dctdata.errors import DctDataError
 from dctdata.parse import is_int
-from dctdata.wire import StoredBatch
+from dctdata.wire import STORED_TYPES
 
 __all__ = ["AugmentOnDevice", "DevicePrefetcher", "pin", "resolve_device", "to_device", "with_decompress"]
 
@@ -87,7 +87,7 @@ def _map(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     def leaf(value):
         if isinstance(value, torch.Tensor):
             return fn(value)
-        if isinstance(value, StoredBatch):  # decode="device": its buffer, offsets, rows and side
+        if isinstance(value, STORED_TYPES):  # decode="device": its buffer, offsets, rows and side (each pack's)
             return value.apply(fn)
         return value  # numbers, strings, None, numpy arrays: left as they are
 

@@ -29,7 +29,16 @@ from dctdata.errors import DctDataError
 from dctdata.format.checksum import sha256_file
 from dctdata.format.fields import FieldSpec, assemble, user_fields, with_partners
 from dctdata.format.location import join
-from dctdata.format.manifest import Manifest
+from dctdata.format.manifest import Manifest, manifest_seal
+from dctdata.wire import PackCodec, StreamForm
+
+
+def pack_identity(manifest: Manifest) -> str:
+    """A pack's identity: its manifest's seal ("sha256:" + hex, `dctdata.format.manifest.manifest_seal`) over
+    what decoding depends on (fields and codecs, layout, the sha256 of every stored file, sample count), the
+    same for every copy of the pack and different for any other. Computed from the manifest as read, so packs
+    of every version have one (version 5 packs: the seal they were written with)."""
+    return manifest_seal(manifest.to_dict())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +85,14 @@ class StorageReader:
     @property
     def samples(self) -> int:
         return self.manifest.samples
+
+    def stamp(self, form: StreamForm, f: FieldSpec) -> StreamForm:
+        """`form` with this pack's identity and field f's codec (`dctdata.wire.PackCodec`): what its stored
+        bytes carry with decode="device", so that no batch decodes them as another pack's."""
+        ident = self.__dict__.get("_pack_identity")
+        if ident is None:
+            ident = self._pack_identity = pack_identity(self.manifest)
+        return dataclasses.replace(form, pack=ident, codec=PackCodec(ident, self.root, f.codec, f.lossless))
 
     # What a storage provides ---------------------------------------------------------------------
     def read_samples(

@@ -364,8 +364,17 @@ def test_decompressor_refuses_a_batch_it_cannot_decode(packs):
     ds = _open(packs / "zarr-ctx", decode="device")
     batch = collate(ds.__getitems__([0, 1]))["image"]
     other = _open(packs / "zarr-zstd").decompressor()
+    # the bytes carry their pack's codec: another pack's layer decodes them with it, not with its own stage
+    assert torch.equal(other(batch), ds.decompressor()(batch))
+    with pytest.raises(
+        DctDataError,
+        match=r"stored bytes of pack '.*zarr-ctx' \(sha256:.*\), whose codec differs "
+        r"from this decompressor's \(pack '.*zarr-zstd' \(sha256:",
+    ):
+        other.decode_stored(batch)  # its coefficients would be another codec's
+    bare = dataclasses.replace(batch, form=dataclasses.replace(batch.form, pack=None, codec=None))  # made by hand
     with pytest.raises(DctDataError, match=r"expected streams of this decompressor's lossless stage 'zstd'"):
-        other(batch)
+        other(bare)
     with pytest.raises(TypeError, match=r"a StoredBatch needs the layer of its dataset"):
         dctdata.Decompress(ds.manifest.field("image").codec)(batch)
     with pytest.raises(DctDataError, match=r"field 'image': stored batch: expected side values\. Got none"):

@@ -21,7 +21,7 @@ import math
 import os
 import re
 import tarfile
-from typing import Any, Collection, Iterator, Mapping
+from typing import Any, Callable, Collection, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -157,8 +157,10 @@ class WebDatasetReader(StorageReader):
         """The shard, read whole and verified; its samples hold every field of the pack (a shard's members
         are checked against all of them)."""
         if self.group is not None:
-            return GroupShardReader(self.files, unit.key, self.manifest.fields, self.codecs, self.group)
-        return ShardReader(self.files, unit.key, self.manifest.fields, self.codecs)
+            return GroupShardReader(
+                self.files, unit.key, self.manifest.fields, self.codecs, self.group, stamp=self.stamp
+            )
+        return ShardReader(self.files, unit.key, self.manifest.fields, self.codecs, stamp=self.stamp)
 
     def file_samples(self, rel: str) -> str:
         return samples_of_file(self.manifest, rel)
@@ -168,9 +170,16 @@ class ShardReader(UnitReader):
     """A shard read whole and verified (size, sha256, member names, keys, fields) before use."""
 
     def __init__(
-        self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict | None = None
+        self,
+        files: Files,
+        entry: Mapping[str, Any],
+        fields: tuple[FieldSpec, ...],
+        codecs: dict | None = None,
+        stamp: Callable[[StreamForm, FieldSpec], StreamForm] | None = None,
     ) -> None:
         self.entry, self.fields = entry, fields
+        # decode="device": a stream form with the pack's identity and codec (`StorageReader.stamp`)
+        self._stamp = stamp if stamp is not None else (lambda form, f: form)
         self.codecs = codecs_for(fields) if codecs is None else codecs
         self.where = files.location(entry["name"])
         first, last = entry["start"], entry["start"] + entry["samples"] - 1
@@ -289,7 +298,9 @@ class ShardReader(UnitReader):
             where = f"{self.where}: sample {self.entry['start'] + j} field {parts[0].name!r}"
             raw = self.data[off : off + size]
             if parts[0].name in stored:
-                form = self._forms.get(parts[0].name) or self._forms.setdefault(parts[0].name, stream_form(parts[0]))
+                form = self._forms.get(parts[0].name)
+                if form is None:
+                    form = self._forms[parts[0].name] = self._stamp(stream_form(parts[0]), parts[0])
                 values += member_stored(parts, codec, raw, where, form, self.entry["start"] + j)
                 continue
             for g, arr in zip(parts, member_arrays(parts, codec, raw, where)):
@@ -303,14 +314,20 @@ class GroupShardReader(ShardReader):
     row j mod K of group j // K. A group's members are decoded once and kept while its samples are read."""
 
     def __init__(
-        self, files: Files, entry: Mapping[str, Any], fields: tuple[FieldSpec, ...], codecs: dict, group: int
+        self,
+        files: Files,
+        entry: Mapping[str, Any],
+        fields: tuple[FieldSpec, ...],
+        codecs: dict,
+        group: int,
+        stamp: Callable[[StreamForm, FieldSpec], StreamForm] | None = None,
     ) -> None:
         self.group = group
         self._parts = group_members(fields)  # (stored field, a side partner?)
         self._decoded: dict[str, np.ndarray] = {}
         self._streams: dict[str, bytes] = {}
         self._at = -1  # the group whose members `_decoded` and `_streams` hold
-        super().__init__(files, entry, fields, codecs)
+        super().__init__(files, entry, fields, codecs, stamp)
 
     def _wanted(self) -> set[str]:
         return {group_name(f, side) for f, side in self._parts}
@@ -345,7 +362,9 @@ class GroupShardReader(ShardReader):
         values = []
         for f, side in self._parts:
             if f.name in stored:
-                form = self._forms.get(f.name) or self._forms.setdefault(f.name, group_form(f, self.group))
+                form = self._forms.get(f.name)
+                if form is None:
+                    form = self._forms[f.name] = self._stamp(group_form(f, self.group), f)
                 if f.name not in self._streams:
                     raw = self._member(g, f, side)
                     where = f"{self.where}: {self._span(g)} field {f.name!r}"

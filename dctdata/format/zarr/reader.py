@@ -167,6 +167,7 @@ class ZarrReader(StorageReader):
                     f"{meta.dtype}"
                 )
             plans[f.name] = _field_plan(meta, f, self.layout[f.name], where)
+            plans[f.name].form = self.stamp(plans[f.name].form, f)  # its pack's identity and codec
         self._plans = plans
         # side partners kept in the manifest (version 4) are whole arrays from the start
         self._cache: dict[str, np.ndarray] = {
