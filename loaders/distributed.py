@@ -25,7 +25,10 @@ and DataLoader workers.
   shallow copy that knows the batch size and the settings above (epoch and counters stay shared with
   `ds`). With at least world x workers shards each shard is read once per epoch; with fewer, a warning
   says so and the split falls back to batches of the rank's stream (still exactly once; see
-  `dctdata.loaders.wds_plan`). For equal steps per rank, pack a shard count the world size divides.
+  `dctdata.loaders.wds_plan`). With several ranks every rank yields the same number of batches each
+  epoch, whatever the shard sizes (a rank with fewer would leave the others waiting in DDP's all-reduce):
+  the ranks split the epoch's samples at sample level (`wds_plan.even_split`), every sample exactly once
+  unless equal counts need a repeated sample (at most world - 1 of them; as DistributedSampler pads).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ def make_loader(
     loader_kwargs.setdefault("collate_fn", collate)  # torch's default, and decode="device" batches
     if isinstance(dataset, IterableDataset):
         dataset = _configured(dataset, batch_size, shuffle, seed, rank, world_size)
+        dataset.drop_last = bool(drop_last)
         if message := dataset.fallback_warning(num_workers):
             log.warning(message)
         dataset._warned = True

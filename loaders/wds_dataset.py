@@ -23,9 +23,11 @@ Order and splitting (every sample exactly once per epoch; `dctdata.loaders.wds_p
 - rank/world size come from `rank=`/`world_size=`, else webdataset's `pytorch_worker_info`
   (RANK/WORLD_SIZE env or an initialized torch.distributed). `split_by_node=False` gives every rank
   all shards.
-- `len(ds)` is the number of samples *this rank* yields per epoch; ranks can differ by up to about
-  one shard (DDP users: `torch.distributed.algorithms.Join`, or `--samples-per-shard` so shard counts
-  divide evenly).
+- `len(ds)` is the number of samples *this rank* yields per epoch. Through `make_loader` with several
+  ranks (DDP) the ranks split at sample level and yield the same number of batches every epoch
+  (`wds_plan.even_split`: floor/ceil shares, exactly once unless equal counts need a repeated sample,
+  at most world - 1 of them); a plain DataLoader over several ranks takes whole shards, and ranks can
+  differ by up to about one shard.
 
 Resume: `iter(ds)` returns a torchdata-`Stateful` iterator whose state is its position in the
 worker's planned order; loading it fast-forwards without reading (deterministic replay), so
@@ -142,6 +144,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         self.as_dict, self.on_error, self.split_by_node = bool(as_dict), on_error, bool(split_by_node)
         self.rank, self.world_size = rank, world_size
         self.batch_size: int | None = None  # make_loader's batch size (see wds_plan)
+        self.drop_last = False  # make_loader's drop_last (wds_plan.even_split's batch counts)
         self._warned = False
         # Shared memory: set_epoch reaches persistent workers, and workers' counts reach ds.stats.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -182,6 +185,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
             worker=worker,
             workers=max(1, num_workers),
             batch=self.batch_size,
+            drop_last=self.drop_last,
         )
 
     def indices_for(self, epoch: int, rank: int, world_size: int, worker: int = 0, num_workers: int = 1) -> list[int]:
@@ -204,14 +208,14 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         (each worker batches its own samples, so this can exceed ceil(len(ds) / batch_size))."""
         rank, world = self._node()
         split = self.split(self.epoch, rank, world, 0, num_workers)
-        split = dataclasses.replace(split, batch=batch_size) if batch_size else split
+        split = dataclasses.replace(split, batch=batch_size, drop_last=drop_last) if batch_size else split
         return wds_plan.batches(self._sizes(), split, drop_last) if batch_size else len(self)
 
     def fallback_warning(self, num_workers: int) -> str | None:
         """The warning for a split that cannot give every worker whole shards of its own, else None."""
         rank, world = self._node()
         split = self.split(self.epoch, rank, world, 0, num_workers)
-        if not self.shuffle or wds_plan.whole_shards(len(self.shards), split):
+        if not self.shuffle or wds_plan.whole_shards(len(self.shards), split) or wds_plan.even_split(split):
             return None
         readers = split.world * split.workers
         per = self.samples // readers

@@ -17,6 +17,20 @@ Two ways to split, chosen the same way by every rank and worker:
   which the DataLoader collects batches from its workers: the loader yields the rank's stream in order
   (the manifest's order for one rank with `shuffle=False`), and its length is exactly
   ceil(samples / batch). The cost: every worker reads each shard it has a batch in.
+
+With several ranks and `make_loader`'s batch size (`even_split`), the ranks split at sample level instead,
+so that DDP's collectives never wait on a rank that has run out of batches (a rank of whole shards could
+get 45 batches and the other 44, and the first all-reduce of the extra step hung): the epoch's samples in
+shard order (permuted by (seed, epoch) when shuffling) are cut into `world` contiguous runs of
+floor/ceil(samples / world) samples, so every rank reads about the same and a shard is read by at most two
+ranks. Every rank then yields the same number of batches (`batches`): ceil(n / batch) (floor with
+`drop_last`) is the same for n = floor and ceil unless floor(samples / world) is a multiple of the batch
+(ceil with `drop_last`); only then do the shorter ranks take one more sample, the first of the next rank's
+run (as torch's DistributedSampler pads), so at most world - 1 samples repeat in such an epoch, and
+otherwise every sample is read exactly once. Within a rank, with `shuffle` each worker takes a contiguous
+run of whole batches of the rank's samples (reads only the shards under it) and mixes it in a buffer
+seeded with (seed, epoch, rank, worker); without, the rank's run is cut into batches dealt to workers as
+above (the loader yields it in order).
 """
 
 from __future__ import annotations
@@ -44,10 +58,19 @@ class Split:
     worker: int = 0
     workers: int = 1
     batch: int | None = None  # samples per DataLoader batch; None when the loader is not make_loader's
+    drop_last: bool = False  # the loader drops each worker's last short batch (`even_split`'s counts)
+
+
+def even_split(split: Split) -> bool:
+    """True when ranks split at sample level so that each yields the same number of batches: several ranks
+    and a known batch size (see the module docstring)."""
+    return split.world > 1 and split.batch is not None
 
 
 def whole_shards(n_shards: int, split: Split) -> bool:
     """True when every worker of every rank reads whole shards of its own (one read per shard)."""
+    if even_split(split):
+        return False
     return (split.shuffle or split.batch is None) and n_shards >= split.world * split.workers
 
 
@@ -90,15 +113,46 @@ def worker_plan(counts: Sequence[int], starts: Sequence[int], split: Split) -> t
         entry = _ranges(counts, starts, mine)
         return _buffered(entry, split, (split.seed, split.epoch, split.rank, split.worker)), entry
     entry = _rank_entry(counts, starts, split)
+    if even_split(split) and split.shuffle:  # a contiguous run of whole batches per worker, mixed on its own
+        lo, hi = _worker_run(len(entry), split, split.worker)
+        run = entry[lo:hi]
+        return _buffered(run, split, (split.seed, split.epoch, split.rank, split.worker)), run
     stream = _buffered(entry, split, (split.seed, split.epoch, split.rank))
     batch = split.batch or 1
     order = stream[(np.arange(len(stream)) // batch) % split.workers == split.worker]
     return order, entry[np.isin(entry, order)]
 
 
+def _worker_run(n: int, split: Split, worker: int) -> tuple[int, int]:
+    """[lo, hi) of a rank's n samples that `worker` takes in an `even_split` with shuffle: whole batches,
+    the batches dealt in contiguous runs (the last worker's last batch may be short)."""
+    batch = split.batch or 1
+    n_batches = math.ceil(n / batch)
+    lo = worker * n_batches // split.workers * batch
+    hi = (worker + 1) * n_batches // split.workers * batch
+    return min(lo, n), min(hi, n)
+
+
+def even_size(total: int, split: Split) -> int:
+    """Samples the rank yields in an `even_split` of `total` samples: its floor/ceil(total / world) share, or
+    ceil(total / world) when the shorter shares would make one batch fewer (see the module docstring)."""
+    own = (split.rank + 1) * total // split.world - split.rank * total // split.world
+    lo, hi, batch = total // split.world, -(-total // split.world), split.batch or 1
+    count = (lambda n: n // batch) if split.drop_last else (lambda n: -(-n // batch))  # noqa: E731
+    return hi if count(lo) != count(hi) else own
+
+
 def _rank_entry(counts: Sequence[int], starts: Sequence[int], split: Split) -> np.ndarray:
-    """The rank's samples shard by shard (whole shards when there are enough, else every world-th)."""
+    """The rank's samples shard by shard (whole shards when there are enough, else every world-th; with
+    `even_split` its contiguous run of the epoch's samples)."""
     order = shard_order(len(counts), split)
+    if even_split(split):
+        every = _ranges(counts, starts, order)
+        total = len(every)
+        if not total:
+            return every
+        first = split.rank * total // split.world
+        return every[np.arange(first, first + even_size(total, split)) % total]
     if len(counts) >= split.world:
         return _ranges(counts, starts, order[split.rank :: split.world])
     return _ranges(counts, starts, order)[split.rank :: split.world]
@@ -112,6 +166,8 @@ def worker_indices(counts: Sequence[int], starts: Sequence[int], split: Split) -
 def rank_size(counts: Sequence[int], split: Split) -> int:
     """Samples the rank yields per epoch (no data read, no shuffle simulated)."""
     n = len(counts)
+    if even_split(split):
+        return even_size(int(sum(counts)), split)
     if n >= split.world:
         return int(sum(counts[s] for s in shard_order(n, split)[split.rank :: split.world]))
     return len(range(split.rank, int(sum(counts)), split.world))
@@ -123,6 +179,8 @@ def worker_sizes(counts: Sequence[int], split: Split) -> list[int]:
         mine = shard_order(len(counts), split)[split.rank :: split.world]
         return [int(sum(counts[s] for s in mine[w :: split.workers])) for w in range(split.workers)]
     total, batch = rank_size(counts, split), split.batch or 1
+    if even_split(split) and split.shuffle:
+        return [(lambda r: r[1] - r[0])(_worker_run(total, split, w)) for w in range(split.workers)]
     n_batches = math.ceil(total / batch)
     sizes = [len(range(w, n_batches, split.workers)) * batch for w in range(split.workers)]
     if n_batches:

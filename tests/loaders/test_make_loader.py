@@ -69,27 +69,37 @@ def test_readme_snippet_exactly_once_with_workers_and_two_ranks(packs, fmt, work
 
 @pytest.mark.parametrize("workers", [0, 3])
 def test_fewer_shards_than_ranks_times_workers_fall_back_exactly_once(tiny, workers, caplog):
-    seen = []
+    """5 samples for 2 ranks in batches of 2: shares of 3 and 2 would give 2 and 1 steps (DDP hangs on the
+    missing one), so the short rank repeats one sample: the same steps on both, every sample read."""
+    seen, steps = [], []
     for rank in (0, 1):
         ds = dctdata.open_dataset(tiny)
         with caplog.at_level("WARNING", logger="dctdata.loaders.distributed"):
             loader = make_loader(ds, batch_size=2, num_workers=workers, rank=rank, world_size=2)
         got = labels(loader)
-        assert len(got) == len(loader.dataset) and len(loader) == -(-len(got) // 2)
+        assert len(got) == len(loader.dataset) == 3 and len(loader) == -(-len(got) // 2)
         seen += got
-    assert sorted(seen) == list(range(5))
-    if workers:  # the warning names the fix, before any worker starts
-        assert "5 shards for 2 rank(s) x 3 DataLoader worker(s)" in caplog.text
-        assert "fewer samples (5) than that: use fewer DataLoader workers" in caplog.text
+        steps.append(len(loader))
+    assert steps == [2, 2] and set(seen) == set(range(5)) and len(seen) == 6
+    assert "DataLoader worker(s)" not in caplog.text  # each worker reads a run of its rank's samples
+
+
+def test_exactly_once_when_the_shares_give_the_same_steps(tiny):
+    seen, steps = [], []
+    for rank in (0, 1):
+        loader = make_loader(dctdata.open_dataset(tiny), batch_size=4, rank=rank, world_size=2)
+        seen += labels(loader)
+        steps.append(len(loader))
+    assert steps == [1, 1] and sorted(seen) == list(range(5))  # shares of 3 and 2: one batch each
 
 
 def test_the_fallback_warning_names_the_samples_per_shard_that_avoids_it(packs, caplog):
-    ds = dctdata.open_dataset(packs["webdataset"], rank=0, world_size=4)  # 16 shards for 4 x 8 readers
+    ds = dctdata.open_dataset(packs["webdataset"])  # one rank: 16 shards for 32 readers
     with caplog.at_level("WARNING", logger="dctdata.loaders.distributed"):
-        loader = make_loader(ds, batch_size=4, num_workers=8)
-    assert "16 shards for 4 rank(s) x 8 DataLoader worker(s)" in caplog.text
+        loader = make_loader(ds, batch_size=4, num_workers=32)
+    assert "16 shards for 1 rank(s) x 32 DataLoader worker(s)" in caplog.text
     assert "repack with --samples-per-shard 2 for one read per shard" in caplog.text  # 64 / 32 readers
-    assert len(loader) == 4  # 16 samples of this rank in 4 batches, dealt to 8 workers
+    assert len(loader) == 16  # 64 samples in 16 batches, dealt to 32 workers
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
