@@ -402,6 +402,9 @@ def collate_stored(samples: Sequence[StoredSample]) -> StoredBatch | MixedStored
     from another pack's stream (stream keys are the same in every pack)."""
     if not samples:
         raise DctDataError("stored samples: expected at least one to collate. Got none")
+    first = samples[0].form
+    if all(s.form is first or s.form == first for s in samples):  # one pack's: the usual case, no grouping
+        return _collate_one(samples)
     groups: dict[StreamForm, list[int]] = {}
     for k, s in enumerate(samples):
         groups.setdefault(s.form, []).append(k)
