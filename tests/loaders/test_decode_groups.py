@@ -5,6 +5,8 @@ untouched, a refused sample named when its group is finished. Here on the CPU; o
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ import dctdata
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.loaders.decode_ahead import DecodeAhead, DecompressBatches
 from dctdata.loaders.distributed import make_loader
-from dctdata.wire import StoredBatch, collate, merge_stored
+from dctdata.wire import MixedStoredBatch, StoredBatch, collate, merge_stored
 
 
 def _loader(path, batch=8):
@@ -72,8 +74,15 @@ def test_merge_and_group_errors(packs):  # noqa: F811
     ds = _open(packs / "zarr-ctx", decode="device")
     other = _open(packs / "zarr-zstd", decode="device")
     a, b = collate(ds.__getitems__([0])), collate(other.__getitems__([0]))
-    with pytest.raises(DctDataError, match="stored batches: expected one field's batches of one form. Got 'image'"):
-        merge_stored([a["image"], b["image"]])
+    merged, counts = merge_stored([a["image"], b["image"]])  # two packs: one part each, with its own codec
+    assert isinstance(merged, MixedStoredBatch) and counts == [1, 1] and len(merged.parts) == 2
+    form = dataclasses.replace(a["image"].form, rows=a["image"].form.rows + 1)  # another form of the same pack
+    with pytest.raises(
+        DctDataError,
+        match=r"stored batches: expected one field's batches of one form per pack\. "
+        r"Got two forms of field 'image' of pack '.*zarr-ctx' \(sha256:",
+    ):
+        merge_stored([a["image"], dataclasses.replace(a["image"], form=form)])
     with pytest.raises(DctDataError, match="stored batches: expected at least one to merge. Got none"):
         merge_stored([])
     with pytest.raises(TypeError, match="stored batches: expected dctdata.wire.StoredBatch. Got Tensor"):
