@@ -181,8 +181,7 @@ class Decompress(nn.Module):
         samples written back in batch order. Parts whose samples decode to different shapes are refused, naming
         both packs (their samples cannot share one output)."""
         if isinstance(coeffs, StoredBatch):
-            layer = self._layer_for(coeffs)
-            return layer._decode(coeffs, out, deferred)
+            return self._decode_part(self._layer_for(coeffs), coeffs, out, deferred)
         layers = [self._layer_for(p) for p in coeffs.parts]
         shapes = [tuple(layer.spec.sample_shape) for layer in layers]
         if len(set(shapes)) > 1:
@@ -199,9 +198,19 @@ class Decompress(nn.Module):
         else:
             result = torch.empty((len(coeffs), *shapes[0]), dtype=self.dtype, device=device)
         for layer, part, at in zip(layers, coeffs.parts, coeffs.positions):
-            img = layer._decode(part, None, deferred)
+            img = self._decode_part(layer, part, None, deferred)
             result.index_copy_(0, at.to(device), img.to(self.dtype))
         return result
+
+    @staticmethod
+    def _decode_part(layer: "Decompress", part: StoredBatch, out, deferred) -> torch.Tensor:
+        """One pack's stored batch through its layer: at once, or with its checks queued on `deferred` (the
+        lossless stage's too, so that nothing is read back from the device before they run)."""
+        if deferred is None:
+            return layer._decode(part, out, None)
+        img, checks = layer.forward_stored_deferred(part)
+        deferred[0].extend(checks)
+        return img if out is None else out.copy_(img)
 
     def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
         """`forward`'s work; `deferred`: None (the correction rows are checked at once), or (checks, indices)
