@@ -470,10 +470,10 @@ class PackSettings:
         size = None if self.max_shard_size is None else parse_size(self.max_shard_size, "--max-shard-size")
         given = (size, self.samples_per_shard, self.samples_per_member)
         shard = {k: v for k, v in zip(SHARD_OPTIONS, given) if v is not None}
-        if shard and self.format != "webdataset":
+        if shard and not storages.get(self.format, "--format").sharded:
             raise DctDataError(
-                "--max-shard-size/--samples-per-shard/--samples-per-member: expected --format webdataset. Got "
-                f"--format {self.format}"
+                "--max-shard-size/--samples-per-shard/--samples-per-member: expected --format "
+                f"{'|'.join(storages.sharded())}. Got --format {self.format}"
             )
         options = dict(self.writer_options or {})
         both = sorted(k for k in shard if k in options and options[k] != shard[k])

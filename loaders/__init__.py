@@ -11,6 +11,7 @@ one module does not import the others:
   across ranks and workers, `state_dict()`/`load_state_dict()` to resume mid-epoch.
 - `DevicePrefetcher`, `with_decompress`, `AugmentOnDevice`, `to_device`, `pin`, `resolve_device`: batches to
   the accelerator and through the first layer there.
+- `WdsDecoder`: a webdataset pack read with webdataset's own pipeline (its decoder handler and stage).
 - `balance_threads`, `worker_init`, `available_cores`, `main_threads`: torch threads against DataLoader
   workers on a shared CPU.
 """
@@ -32,6 +33,7 @@ _LAZY = {
     "pin": "dctdata.loaders.device",
     "resolve_device": "dctdata.loaders.device",
     "set_epoch": "dctdata.loaders.distributed",
+    "WdsDecoder": "dctdata.loaders.wds_decode",
     "to_device": "dctdata.loaders.device",
     "with_decompress": "dctdata.loaders.device",
     "worker_init": "dctdata.loaders.threads",

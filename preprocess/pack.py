@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from dctdata.errors import DctDataError
-from dctdata.format import Manifest, is_url, make_writer
+from dctdata.format import Manifest, is_url, make_writer, storages
 from dctdata.format.manifest import check_manifest_size, entry_sizes
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.commit import (
@@ -208,7 +208,7 @@ def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
     its fields (attributes included) and coordinates are known now, and each part adds a file per field
     (zarr) or one shard (webdataset)."""
     known = {"fields": [f.to_dict() for f in specs], "coords": dict(coords or {})}
-    files = len(parts) * (len(specs) if storage == "zarr" else 1)
+    files = storages.get(storage, "--format").files(len(parts), len(specs))
     sizes = entry_sizes(known) + [(files * FILE_ENTRY_BYTES, f"the entries of {files} stored files")]
     check_manifest_size(sum(n for n, _ in sizes), sizes, estimated=True)
 

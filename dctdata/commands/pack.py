@@ -29,13 +29,13 @@ def register(sub) -> None:
 def _main(args) -> int:
     from dctdata.api import pack
     from dctdata.bounds import bound_text
+    from dctdata.format import storages
     from dctdata.format.fields import user_fields
     from dctdata.report import num, pack_summary, volume_hint
 
     manifest = pack(args.source, args.out, settings=PackSettings.from_args(args))
     if not args.quiet:
-        shards = manifest.layout.get("shards") if manifest.storage == "webdataset" else None
-        files = f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
+        files = storages.get(manifest.storage).describe_files(manifest)
         t = pack_summary(manifest)
         print(
             f"packed {manifest.samples} samples into {args.out} ({manifest.storage}, {files}): stored "

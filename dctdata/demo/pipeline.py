@@ -281,11 +281,12 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
             if kind == "raw":
                 g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
                 return torch.utils.data.DataLoader(raw_ds, batch_size=s.batch_size, shuffle=True, generator=g)
-            if kind == "zarr":
-                g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
-                return torch.utils.data.DataLoader(zarr_ds, batch_size=s.batch_size, shuffle=True, generator=g)
-            wds_ds.set_epoch(epoch)
-            return torch.utils.data.DataLoader(wds_ds, batch_size=s.batch_size)
+            ds = {"zarr": zarr_ds, "webdataset": wds_ds}[kind]
+            if isinstance(ds, torch.utils.data.IterableDataset):  # streamed: the epoch orders its shards
+                ds.set_epoch(epoch)
+                return torch.utils.data.DataLoader(ds, batch_size=s.batch_size)
+            g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
+            return torch.utils.data.DataLoader(ds, batch_size=s.batch_size, shuffle=True, generator=g)
 
         decoders = {k: {f: ds.decompressor(f) for f in FIELDS} for k, ds in (("zarr", zarr_ds), ("webdataset", wds_ds))}
 

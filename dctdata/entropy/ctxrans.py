@@ -77,7 +77,6 @@ import numpy as np
 import dctdata.entropy._ctxrans as _ctxrans
 from dctdata import transform3d
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.stages.ctxrans_id import CODEC_ID
 from dctdata.transform import kept_frequencies as _kept_frequencies
 
 __all__ = [
@@ -89,6 +88,10 @@ __all__ = [
     "max_coefficients",
     "supports",
 ]
+
+# The codec owns its id: the entropy stage (`dctdata.stages.ctxrans`) writes it into the manifest and as a zarr
+# codec name, and the configs this module writes carry it.
+CODEC_ID = "dctdata_ctxrans"
 
 
 def kept_frequencies(cf: int, mask: str) -> tuple[tuple[int, ...], ...]:

@@ -17,11 +17,23 @@ from dctdata.errors import DctDataError
 
 @dataclasses.dataclass(frozen=True)
 class Storage:
-    """A storage's name and where its reader and writer classes live ("module:Class")."""
+    """A storage's name, where its reader and writer classes live ("module:Class"), and what callers
+    outside its package ask of it instead of comparing names: whether it writes size-capped shards (one
+    file a part, the shard flags of `pack` apply) or one file a field a part."""
 
     name: str
     reader_path: str
     writer_path: str
+    sharded: bool = False
+
+    def files(self, parts: int, fields: int) -> int:
+        """Stored files a pack of `parts` parts and `fields` fields writes."""
+        return parts * (1 if self.sharded else fields)
+
+    def describe_files(self, manifest) -> str:
+        """The pack's stored files for a summary line: its shards where sharded, else its files."""
+        shards = manifest.layout.get("shards") if self.sharded else None
+        return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
 
     @property
     def reader(self) -> type:
@@ -35,9 +47,14 @@ class Storage:
 _REGISTRY: dict[str, Storage] = {}
 
 
-def register(name: str, reader: str, writer: str) -> None:
+def register(name: str, reader: str, writer: str, *, sharded: bool = False) -> None:
     """Register a storage by name with its reader and writer classes given as "module:Class"."""
-    _REGISTRY[name] = Storage(name, reader, writer)
+    _REGISTRY[name] = Storage(name, reader, writer, sharded)
+
+
+def sharded() -> tuple[str, ...]:
+    """The names of the storages that write size-capped shards (where `pack`'s shard flags apply)."""
+    return tuple(n for n, s in _REGISTRY.items() if s.sharded)
 
 
 def names() -> tuple[str, ...]:
@@ -74,4 +91,5 @@ register(
     "webdataset",
     "dctdata.format.webdataset.reader:WebDatasetReader",
     "dctdata.format.webdataset.writer:WebDatasetWriter",
+    sharded=True,
 )

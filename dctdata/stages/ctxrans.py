@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from dctdata.entropy.ctxrans import CODEC_ID  # in the manifest and as a zarr codec name
 from dctdata.stages.base import DeviceDecoder, Stage
-from dctdata.stages.ctxrans_id import CODEC_ID  # in the manifest and as a zarr codec name
 from dctdata.stages.zstd import max_stage
 
 

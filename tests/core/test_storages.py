@@ -3,7 +3,9 @@ reader interface (`dctdata.format.reader`) is what verify and the loaders use.""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import pathlib
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from dctdata.format.reader import StorageReader, Unit
 from dctdata.format.webdataset.reader import WebDatasetReader
 from dctdata.format.zarr.reader import ZarrReader
 from dctdata.format.zarr.writer import ZarrWriter
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class EchoReader(ZarrReader):
@@ -61,3 +65,45 @@ def test_a_webdataset_reader_has_no_random_access(tmp_path):
         reader.read_samples(m.fields, [0])
     assert reader.check_files() == []  # its shards are hashed as they are read
     assert reader.file_samples("shard-000000.tar") == " (samples 0..0)"
+
+
+def _storage_name_comparisons(path: pathlib.Path, names: set[str]) -> list[str]:
+    """`x == "zarr"`, `x != "webdataset"`, `x in ("zarr", ...)`: a comparison with a storage's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        consts = [c for s in sides for c in ([s] if isinstance(s, ast.Constant) else getattr(s, "elts", []))]
+        hit = sorted({c.value for c in consts if isinstance(c, ast.Constant) and c.value in names})
+        if hit:
+            found.append(f"{path}:{node.lineno}: {hit}")
+    return found
+
+
+def test_no_storage_name_compared_outside_its_package():
+    """Callers ask the registry (`storages.get(name).sharded`, a reader's `storage`, `random_access`) instead
+    of comparing names, so adding a storage is one package and one registration."""
+    names = set(storages.names())
+    found = []
+    for folder in ("dctdata", "preprocess", "loaders"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if (ROOT / "dctdata" / "format") in path.parents:
+                continue
+            found += _storage_name_comparisons(path, names)
+    assert not found, found
+
+
+def test_the_storage_name_check_catches_each_form(tmp_path):
+    path = tmp_path / "x.py"
+    for source in ('if fmt == "zarr": pass\n', 'ok = "webdataset" != fmt\n', 'ok = fmt in ("zarr", "x")\n'):
+        path.write_text(source)
+        assert _storage_name_comparisons(path, set(storages.names())), source
+    path.write_text('fmt = "zarr"\nok = fmt == "zarrs"\n')
+    assert not _storage_name_comparisons(path, set(storages.names()))
+
+
+def test_a_storage_answers_what_callers_ask():
+    wds, zarr = storages.get("webdataset"), storages.get("zarr")
+    assert storages.sharded() == ("webdataset",) and wds.sharded and not zarr.sharded
+    assert wds.files(3, 4) == 3 and zarr.files(3, 4) == 12

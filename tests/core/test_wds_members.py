@@ -18,7 +18,8 @@ import dctdata
 from dctdata.api import open_dataset
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import read_manifest
-from dctdata.format.webdataset import WdsDecoder, WebDatasetReader
+from dctdata.format.webdataset import WebDatasetReader
+from dctdata.loaders import WdsDecoder
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "golden_wds_v4")
 N = 21

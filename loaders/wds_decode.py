@@ -2,7 +2,7 @@
 docs/guides/field-kinds-and-webdataset.md):
 
     import webdataset as wds
-    from dctdata.format.webdataset import WdsDecoder
+    from dctdata.loaders import WdsDecoder
 
     dec = WdsDecoder("pack/")
     ds = wds.WebDataset(dec.urls, shardshuffle=False).decode(dec.handler).compose(dec.samples)
@@ -35,7 +35,7 @@ from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format.fields import SIDE_SUFFIX, FieldKind, user_fields
 from dctdata.format.location import MANIFEST_NAME, join
 from dctdata.format.webdataset.layout import group_members, group_name, sample_key, samples_per_member, shard_list
-from dctdata.format.webdataset.reader import Files, codecs_for, group_member
+from dctdata.format.webdataset.reader import Files, WebDatasetReader, codecs_for, group_member
 
 
 class WdsDecoder:
@@ -50,7 +50,7 @@ class WdsDecoder:
         self.root = os.fspath(path)
         self.manifest = Files(self.root, storage_options).manifest()
         where = join(self.root, MANIFEST_NAME)
-        if self.manifest.storage != "webdataset":
+        if self.manifest.storage != WebDatasetReader.storage:
             raise DctDataError(f"{where}: expected a webdataset pack. Got storage {self.manifest.storage!r}")
         k = samples_per_member(self.manifest.layout, where)
         if k is None:
