@@ -375,14 +375,20 @@ class WellSource(Source):
 
     def _stats(self) -> dict[str, Any]:
         """Per stored field (and channel): mean, std, RMS of the values and of the differences between
-        consecutive frames, over every frame of every trajectory (float64 sums, one trajectory at a time)."""
+        consecutive frames, over every frame of every trajectory (float64 sums, one trajectory at a time);
+        constant fields by their Well name, over trajectories (no differences: those stats are 0)."""
         sums: dict[str, np.ndarray] = {}
+        kinds = [(e, "field") for e in self.fields] + [(e, "scalar") for e in self.scalars]
+        kinds += [(e, "constant") for e in self.constant_fields]
         for i, j, steps in self.trajectories:
             fh = self._file(i)
-            for e, is_field in [(e, True) for e in self.fields] + [(e, False) for e in self.scalars]:
-                if is_field:
+            for e, kind in kinds:
+                if kind == "field":
                     a = self._field(fh, e, j, slice(0, steps)).astype(np.float64)
                     a = a.reshape(a.shape[0], a.shape[1], -1)  # (T, C, pixels)
+                elif kind == "constant":
+                    a = self._field(fh, e, j, None).astype(np.float64)
+                    a = a.reshape(1, a.shape[0], -1)
                 else:
                     a = self._scalar(fh, e, j, slice(0, steps)).astype(np.float64).reshape(-1, 1, 1)
                 d = np.diff(a, axis=0)
@@ -396,7 +402,8 @@ class WellSource(Source):
                         (d * d).sum(axis=(0, 2)),
                     ]
                 )
-                sums[e["stored"]] = sums.get(e["stored"], 0) + row
+                name = e["name"] if kind == "constant" else e["stored"]
+                sums[name] = sums.get(name, 0) + row
         out = {}
         for name, (n, s, ss, nd, ds, dss) in sums.items():
             mean, msq = s / n, ss / n

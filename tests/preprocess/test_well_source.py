@@ -45,7 +45,7 @@ def test_frames_in_well_order_with_vector_channels(well_dir):
 
 
 def test_pack_keeps_constants_grids_and_statistics(well_dir, tmp_path):
-    m = dctdata.pack(str(well_dir / "a.h5"), tmp_path / "p.zarr", target_psnr=40, quiet=True)
+    m = dctdata.pack(str(well_dir / "a.h5"), tmp_path / "p.zarr", quiet=True)
     assert m.samples == 30
     info = m.pack["source_info"]["trajectories"]
     with h5py.File(well_dir / "a.h5") as fh:
