@@ -129,7 +129,7 @@ def open_source(
     elif key is not None and not s.lower().endswith(HDF5_SUFFIXES):
         raise DctDataError(f"--key: expected an HDF5 source ({', '.join(HDF5_SUFFIXES)}). Got {s}")
     elif key is None and (well := well_files(s)):
-        src = WellSource(s, well, allow_external)
+        src = WellSource(s, well, allow_external, dims)
     elif os.path.isdir(s):
         src = directory_source(s)
     elif s.endswith(".npy"):

@@ -101,7 +101,9 @@ def decode_array(entry: dict[str, Any]) -> np.ndarray:
 class WellSource(Source):
     """The frames of one Well file or of a folder of them (see the module docstring)."""
 
-    def __init__(self, path: str, files: list[str] | None = None, allow_external: bool = False) -> None:
+    def __init__(
+        self, path: str, files: list[str] | None = None, allow_external: bool = False, dims: int | None = None
+    ) -> None:
         self.description = path
         self.path = path
         self.files = files if files is not None else well_files(path)
@@ -131,6 +133,12 @@ class WellSource(Source):
             n_traj = int(fh.attrs["n_trajectories"])
             steps = int(fh["dimensions"]["time"].shape[-1])
             self.trajectories += [(i, j, steps) for j in range(n_traj)]
+        if dims is not None and dims != len(self.spatial_dims):
+            raise DctDataError(
+                f"{self.files[0]}: --dims {dims}: expected the data's spatial dims. Got {len(self.spatial_dims)}-D "
+                f"frames ({', '.join(self.spatial_dims)}): pack with --dims {len(self.spatial_dims)} (Python: "
+                f"dims={len(self.spatial_dims)})"
+            )
         self.offsets = np.concatenate([[0], np.cumsum([s for _, _, s in self.trajectories])]).astype(np.int64)
         self.n = int(self.offsets[-1])
         self._info: dict[str, Any] | None = None

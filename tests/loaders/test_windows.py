@@ -203,3 +203,56 @@ def test_errors(packed, tmp_path):
     dctdata.pack(str(raw / "b.h5"), wds, format="webdataset", quiet=True)
     with pytest.raises(DctDataError, match="expected a zarr pack .* Got a webdataset pack"):
         dctdata.open_dataset(wds, n_steps_input=2)
+
+
+def _write_3d(path, n_traj=2, n_steps=6, size=16):
+    """A minimal 3-D Well file: one scalar field of travelling waves on a periodic cube."""
+    import h5py
+
+    c = (np.arange(size, dtype=np.float32) + 0.5) / size
+    X, Y, Z = np.meshgrid(c, c, c, indexing="ij")
+    t = np.arange(n_steps, dtype=np.float32) * 0.05
+    data = np.stack(
+        [
+            np.stack([np.sin(2 * np.pi * (X + Y * (j + 1) - s)) * np.cos(2 * np.pi * Z) for s in t])
+            for j in range(n_traj)
+        ]
+    ).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.attrs.update(dataset_name="waves3d", grid_type="cartesian", n_spatial_dims=3, n_trajectories=n_traj)
+        f.attrs["simulation_parameters"] = []
+        dims = f.create_group("dimensions")
+        dims.attrs["spatial_dims"] = ["x", "y", "z"]
+        for name, values in (("time", t), ("x", c), ("y", c), ("z", c)):
+            dims.create_dataset(name, data=values).attrs["sample_varying"] = False
+        f.create_group("boundary_conditions")
+        f.create_group("scalars").attrs["field_names"] = []
+        g = f.create_group("t0_fields")
+        g.attrs["field_names"] = ["wave"]
+        d = g.create_dataset("wave", data=data)
+        d.attrs.update(dim_varying=[True, True, True], sample_varying=True, time_varying=True)
+        f.create_group("t1_fields").attrs["field_names"] = []
+        f.create_group("t2_fields").attrs["field_names"] = []
+
+
+def test_3d_well_data_packs_with_3d_blocks(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _write_3d(raw / "w.h5")
+    with pytest.raises(DctDataError, match=r"--dims 2: expected the data's spatial dims. Got 3-D frames .*--dims 3"):
+        dctdata.pack(str(raw), tmp_path / "no.zarr", quiet=True)
+    m = dctdata.pack(str(raw), tmp_path / "w.zarr", dims=3, quiet=True)  # no target: no calibration, fast
+    assert m.field("wave").shape == (1, 16, 16, 16)
+    ds = dctdata.open_dataset(tmp_path / "w.zarr", n_steps_input=2, n_steps_output=1)
+    assert len(ds) == 2 * windows_per_trajectory(6, 2, 1, 1)
+    item = ds[3]
+    assert item["input_fields"].shape == (2, 16, 16, 16, 1) and item["space_grid"].shape == (16, 16, 16, 3)
+    assert item["boundary_conditions"].tolist() == [[1.0, 1.0]] * 3  # open: no boundary groups
+    the_well = pytest.importorskip("the_well.data")
+    well = the_well.WellDataset(path=str(raw), n_steps_input=2, n_steps_output=1)
+    assert len(well) == len(ds)
+    for i in range(len(ds)):
+        ref, got = well[i], ds[i]
+        assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in ref.items()}
+        psnr = _psnr(got["output_fields"].flatten(1, 2), ref["output_fields"].flatten(1, 2))
+        assert psnr.min() >= m.stats["wave"].psnr_min - 0.01  # each frame: at least the pack's worst sample
