@@ -297,8 +297,8 @@ class WellSource(Source):
             files.append(
                 {
                     "name": os.path.basename(f),
-                    "n_trajectories": int(fh.attrs["n_trajectories"]),
-                    "n_steps": int(fh["dimensions"]["time"].shape[-1]),
+                    "n_trajectories": sum(1 for t in self.trajectories if t[0] == i),
+                    "n_steps": max(s for fi, _, s in self.trajectories if fi == i),
                     "time": self._time(fh),
                     "constant_fields": self._constants(fh),
                     "constant_scalars": {
@@ -306,11 +306,7 @@ class WellSource(Source):
                         for e in self.constant_scalars
                     },
                     "boundary_conditions": self._bcs(fh),
-                    "parameters": {
-                        p: _jsonable(fh.attrs[p])
-                        for p in _text(fh.attrs.get("simulation_parameters", []))
-                        if p in fh.attrs
-                    },
+                    "parameters": {p: _jsonable(fh.attrs[p]) for p in self._parameters(fh)},
                 }
             )
         return {
@@ -347,7 +343,7 @@ class WellSource(Source):
         return values.tolist()
 
     def _constants(self, fh) -> dict[str, Any]:
-        n_traj = int(fh.attrs["n_trajectories"])
+        n_traj = int(fh.attrs["n_trajectories"]) if self.constant_fields else 0
         out = {}
         for e in self.constant_fields:
             if e["sample_varying"]:

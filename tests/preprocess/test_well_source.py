@@ -59,7 +59,7 @@ def test_pack_keeps_constants_grids_and_statistics(well_dir, tmp_path):
         np.testing.assert_array_equal(decode_array(entry["constant_fields"]["bathymetry"][j])[0], bathy[j])
     np.testing.assert_allclose(entry["time"], time, rtol=1e-7)
     np.testing.assert_allclose(info["grid"]["x"], x, rtol=1e-7)
-    assert entry["constant_scalars"] == {"g": 1.0}
+    assert entry["constant_scalars"] == {"g": 1.0} and entry["parameters"] == {"g": 1.0}
     assert entry["boundary_conditions"]["padding"] == [[2.0, 2.0], [2.0, 2.0]]  # periodic, WellDataset's code
     assert info["offsets"] == [0, 10, 20, 30]
     assert info["fields"][1]["channels"] == ["velocity_x", "velocity_y"]
