@@ -1,4 +1,5 @@
-"""`WindowDataset`: time windows over a pack of trajectories (`dctdata pack` of The Well's HDF5 layout),
+"""`WindowDataset`: time windows over a pack of trajectories (`dctdata pack` of The Well's or PDEBench's
+HDF5 layouts; a NetCDF/zarr store packed with `--sample-dim time` is one trajectory: `series_info`),
 served as `the_well.data.WellDataset` serves them, from frames stored once.
 
     ds = dctdata.open_dataset("sw.zarr", n_steps_input=4, n_steps_output=1)
@@ -114,10 +115,13 @@ class WindowDataset(torch.utils.data.Dataset):
         )
         self.root = self.frames.root
         info = (self.manifest.pack.get("source_info") or {}).get(TRAJECTORY_INFO)
+        if info is None:
+            info = series_info(self.manifest)
         if not isinstance(info, dict) or info.get("layout") != "the_well":
             raise DctDataError(
                 f"{self.root}: n_steps_input/n_steps_output/dt_stride: expected a pack of trajectories (packed from "
-                "The Well's HDF5 layout). Got a pack of independent samples"
+                "The Well's or PDEBench's HDF5 layout, or a NetCDF/zarr store with --sample-dim TIME). Got a pack of "
+                "independent samples"
             )
         self.info = info
         n_in = parse_int(n_steps_input, "n_steps_input", minimum=1)
@@ -255,6 +259,8 @@ class WindowDataset(torch.utils.data.Dataset):
                 value = _stack([s[f["stored"]] for s in samples])
                 spec = self.manifest.field(f["stored"])
                 parts.append(self._layer(f["stored"])(value).float() if spec.is_dct else torch.as_tensor(value).float())
+            n_spatial = len(self.info["spatial_dims"])
+            parts = [p.unsqueeze(1) if p.ndim == 1 + n_spatial else p for p in parts]  # a field without channels
             x = torch.cat(parts, dim=1)  # (n, F, *spatial)
             if self._norm is not None:
                 shift, scale = self._norm
@@ -379,6 +385,79 @@ class WindowDataset(torch.utils.data.Dataset):
             + (f"..{self.max_dt_stride}" if self.max_dt_stride > self.min_dt_stride else "")
             + ")"
         )
+
+
+def series_info(manifest: Manifest) -> dict[str, Any] | None:
+    """The trajectory record of a NetCDF/zarr store packed along its time dim (`--sample-dim time`): one
+    trajectory of every sample, the dct fields as its time-varying fields (all of one spatial shape), time
+    values in seconds from the first (numbers as they are), the grid from the per-sample coordinates
+    (indices where there are none), open boundaries, no constants and no statistics. None for any other
+    pack."""
+    from dctdata.format.coords import decode_coord
+    from dctdata.format.fields import user_fields
+
+    source = manifest.pack.get("source_info") or {}
+    dim = source.get("sample_dim") if isinstance(source, dict) else None
+    fields = [f for f in user_fields(manifest.fields) if f.is_dct]
+    if dim is None or not fields:
+        return None
+    spatial = {tuple(f.shape[-f.codec.dims :]) for f in fields}
+    if len(spatial) != 1:
+        return None
+    shape = list(spatial.pop())
+    names = list(fields[0].attrs.get("dims") or [])[-len(shape) :]
+    if len(names) != len(shape):
+        names = [f"dim_{k}" for k in range(len(shape))]
+    coords = manifest.coords
+    grid = {}
+    for d, n in zip(names, shape):
+        entry = coords.get(d)
+        values = decode_coord(entry) if entry is not None and not entry.get("sample") else None
+        ok = values is not None and values.shape == (n,) and values.dtype.kind in "fiu"
+        grid[d] = values.astype(np.float64).tolist() if ok else list(range(n))
+    time = list(range(manifest.samples))
+    for entry in coords.values():
+        if entry.get("sample") and entry.get("dim") == dim:
+            values = decode_coord(entry)
+            if values.dtype.kind == "M":
+                time = ((values - values[0]) / np.timedelta64(1, "s")).astype(np.float64).tolist()
+            elif values.dtype.kind in "fiu":
+                time = values.astype(np.float64).tolist()
+            break
+    return {
+        "layout": "the_well",
+        "source_layout": f"series along {dim}",
+        "spatial_dims": names,
+        "spatial_resolution": shape,
+        "grid": grid,
+        "fields": [
+            {"name": f.name, "stored": f.name, "order": 0, "channels": _channels(f, len(shape))} for f in fields
+        ],
+        "scalars": [],
+        "constant_fields": [],
+        "constant_scalars": [],
+        "files": [
+            {
+                "name": str(manifest.pack.get("source", "")),
+                "time": time,
+                "constant_fields": {},
+                "constant_scalars": {},
+                "boundary_conditions": {"groups": {}, "padding": [[1.0, 1.0]] * len(shape)},
+            }
+        ],
+        "trajectories": [[0, 0, manifest.samples]],
+        "offsets": [0, manifest.samples],
+        "stats": {},
+    }
+
+
+def _channels(f: Any, n_spatial: int) -> list[str]:
+    """A field's channel names: the stacked variables' names it records, else name or name_0, name_1, ..."""
+    named = f.attrs.get("channels")
+    if isinstance(named, list) and all(isinstance(c, str) for c in named):
+        return list(named)
+    c = 1 if len(f.shape) == n_spatial else int(f.shape[0])
+    return [f.name] if c == 1 else [f"{f.name}_{k}" for k in range(c)]
 
 
 def open_windows(path_or_url, manifest: Manifest, shards: Any, **kwargs: Any) -> WindowDataset:

@@ -12,7 +12,7 @@ import torch
 
 import dctdata
 from dctdata.datasets.well import write_well_file
-from dctdata.errors import DctDataError
+from dctdata.errors import DctDataError, FormatError
 from dctdata.loaders.distributed import make_loader
 from dctdata.loaders.windows import WindowDataset, windows_per_trajectory
 
@@ -256,3 +256,29 @@ def test_3d_well_data_packs_with_3d_blocks(tmp_path):
         assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in ref.items()}
         psnr = _psnr(got["output_fields"].flatten(1, 2), ref["output_fields"].flatten(1, 2))
         assert psnr.min() >= m.stats["wave"].psnr_min - 0.01  # each frame: at least the pack's worst sample
+
+
+def test_a_netcdf_style_series_packed_along_time_serves_windows(tmp_path):
+    """A store packed with --sample-dim time is one trajectory: windows over its samples, time values in
+    seconds from the first, the grid from its coordinates; no statistics to normalize with."""
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(0)
+    times = np.array("2020-01-01T00", dtype="datetime64[ns]") + np.arange(12) * np.timedelta64(6, "h")
+    lat, lon = np.linspace(-10, 10, 16), np.linspace(0, 30, 32)
+    base = np.sin(lat[:, None] / 5) * np.cos(lon[None, :] / 7)
+    t2m = np.stack([base * (1 + 0.1 * k) + 0.01 * rng.standard_normal(base.shape) for k in range(12)])
+    ds = xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), t2m.astype(np.float32))}, coords={"time": times, "lat": lat, "lon": lon}
+    )
+    dctdata.pack(ds, tmp_path / "era.zarr", sample_dim="time", quiet=True)
+    win = dctdata.open_dataset(tmp_path / "era.zarr", n_steps_input=3, n_steps_output=2)
+    assert len(win) == 12 - 5 + 1 and win.field_names == ["t2m"]
+    item = win[2]
+    assert item["input_fields"].shape == (3, 16, 32, 1) and item["output_fields"].shape == (2, 16, 32, 1)
+    ref = t2m[2:5]
+    assert np.abs(item["input_fields"][..., 0].numpy() - ref).max() < 0.05 * (ref.max() - ref.min())
+    assert item["space_grid"].shape == (16, 32, 2) and item["space_grid"][0, -1].tolist() == pytest.approx([-10, 30])
+    full = dctdata.open_dataset(tmp_path / "era.zarr", n_steps_input=1, n_steps_output=1, normalize_time_grid=False)
+    assert full[3]["input_time_grid"].tolist() == [3 * 6 * 3600.0]
+    with pytest.raises(FormatError, match="normalization: expected statistics of field 't2m'"):
+        dctdata.open_dataset(tmp_path / "era.zarr", n_steps_input=1, normalization="zscore")
