@@ -107,6 +107,15 @@ class WindowDataset(torch.utils.data.Dataset):
     ) -> None:
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
+        if kwargs.get("decode", "cpu") != "cpu":
+            raise DctDataError(
+                f"decode={kwargs['decode']!r}: expected 'cpu' for windows (decoded in the loader's workers). Got "
+                "another decode: windows decoded on the device are not offered yet"
+            )
+        if kwargs.get("on_error", "raise") != "raise":
+            raise DctDataError(
+                f"on_error={kwargs['on_error']!r}: expected 'raise' for windows (a window needs all its frames)"
+            )
         self.manifest = (
             manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
         )

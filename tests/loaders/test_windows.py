@@ -106,6 +106,32 @@ def test_normalization_matches_welldataset_zscore(packed):
         assert not torch.allclose(got["input_fields"], plain[i]["input_fields"])
 
 
+def test_rms_normalization_matches_welldataset(packed):
+    the_well = pytest.importorskip("the_well.data")
+    import yaml
+    from the_well.data.normalization import RMSNormalization
+
+    raw, pack, m = packed
+    ours = dctdata.open_dataset(pack, n_steps_input=1, n_steps_output=1, normalization="rms")
+    plain = dctdata.open_dataset(pack, n_steps_input=1, n_steps_output=1)
+    stats_path = raw.parent / "stats_rms.yaml"
+    stats_path.write_text(yaml.safe_dump(ours.stats))
+    well = the_well.WellDataset(
+        path=str(raw),
+        n_steps_input=1,
+        n_steps_output=1,
+        use_normalization=True,
+        normalization_type=RMSNormalization,
+        normalization_path=str(stats_path),
+    )
+    rms = torch.tensor([ours.stats["rms"]["height"], *ours.stats["rms"]["velocity"]], dtype=torch.float32)
+    for i in (1, len(ours) // 2):
+        got, ref = ours[i], well[i]
+        assert _psnr(got["output_fields"], ref["output_fields"]).min() >= _floor(m) - 0.01
+        torch.testing.assert_close(got["constant_fields"], ref["constant_fields"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["input_fields"] * rms, plain[i]["input_fields"], rtol=1e-5, atol=1e-7)
+
+
 def test_window_count_and_order_without_the_well(packed):
     """The mapping written out: trajectory after trajectory, start steps 0..W-1, W = S - dt*(n_in+n_out-1)."""
     _, pack, m = packed
@@ -197,6 +223,10 @@ def test_errors(packed, tmp_path):
         dctdata.open_dataset(pack, n_steps_input=2, normalization="minmax")
     with pytest.raises(TypeError, match="dt_stride: expected an int or a"):
         dctdata.open_dataset(pack, dt_stride="2")
+    with pytest.raises(DctDataError, match="decode='device': expected 'cpu' for windows"):
+        dctdata.open_dataset(pack, n_steps_input=2, decode="device")
+    with pytest.raises(DctDataError, match="on_error='skip': expected 'raise' for windows"):
+        dctdata.open_dataset(pack, n_steps_input=2, on_error="skip")
     with pytest.raises(IndexError, match="window 999 out of range"):
         dctdata.open_dataset(pack, n_steps_input=2)[999]
     wds = tmp_path / "sw.wds"
