@@ -20,6 +20,9 @@ def test_trajectories_bench(capsys, tmp_path):
     assert "dctdata" in readers
     for r in result["windows"]:
         assert r["windows"] == windows and r["seconds"] > 0 and r["workers"] == 0
+    assert set(result["relative_l2"]) == {"height", "velocity_x", "velocity_y"}
+    for e in result["relative_l2"].values():
+        assert 0 < e["mean"] <= e["max"] < 0.5
     lines = capsys.readouterr().out.splitlines()
     rates = [line.split("|")[1:-1] for line in lines if line.startswith("| ") and line.count("|") == 4]
     rates = [cells for cells in rates if cells[0].strip() in readers]
