@@ -86,6 +86,10 @@ SCRIPTS = {
         "bytes of the entropy stage's segments (GPU decode units) per segment length, fields and photos",
     ),
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
+    "trajectories": (
+        "benchmarks.trajectories",
+        "a Well-format set: bytes against its HDF5 (raw, gzip, zstd) and windows/s against WellDataset, workers 0/2",
+    ),
     "volumes-rd": (
         "benchmarks.volumes_rd",
         "volumes (dims=3) at equal PSNR against SZ3, ZFP and 2-D packing; 3-D vs 2-D Decompress GB/s",

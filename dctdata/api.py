@@ -84,7 +84,12 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
     allow_pipe=True.
     sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a
-    manifest with any other bytes is refused (its checksums then pin every stored file)."""
+    manifest with any other bytes is refused (its checksums then pin every stored file).
+    A pack of trajectories (The Well's layout) opened with n_steps_input, n_steps_output, dt_stride
+    (min_dt_stride, max_dt_stride), full_trajectory_mode, ...: its time windows as The Well's
+    WellDataset serves them (`dctdata.loaders.windows.WindowDataset`)."""
+    from dctdata.loaders.windows import WINDOW_OPTIONS
+
     sha256 = kwargs.pop("sha256", None)
     if isinstance(path_or_url, (str, os.PathLike)) and os.fspath(path_or_url).startswith("pipe:"):
         from dctdata.loaders.wds_dataset import DCTWebDataset
@@ -94,6 +99,10 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
         return DCTWebDataset(path_or_url, **kwargs)
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
+    if WINDOW_OPTIONS & kwargs.keys():  # time windows over a pack of trajectories
+        from dctdata.loaders.windows import open_windows
+
+        return open_windows(path_or_url, manifest, shards, **kwargs)
     if storages.get(manifest.storage).reader.random_access:  # map-style over random access
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 

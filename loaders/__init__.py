@@ -7,6 +7,8 @@ one module does not import the others:
 
 - `DCTZarrDataset` (map-style, zarr) and `DCTWebDataset` (iterable, webdataset shards), both
   `PackedDataset`s; `dctdata.open_dataset` picks the right one from the manifest.
+- `WindowDataset`: time windows over a zarr pack of trajectories (The Well's `WellDataset` items);
+  `dctdata.open_dataset(path, n_steps_input=..., n_steps_output=...)` opens one.
 - `make_loader`, `set_epoch`, `PackLoader`: the DataLoader for either kind, every sample once per epoch
   across ranks and workers, `state_dict()`/`load_state_dict()` to resume mid-epoch.
 - `DevicePrefetcher`, `with_decompress`, `AugmentOnDevice`, `to_device`, `pin`, `resolve_device`: batches to
@@ -26,6 +28,7 @@ _LAZY = {
     "DevicePrefetcher": "dctdata.loaders.device",
     "PackLoader": "dctdata.loaders.stateful",
     "PackedDataset": "dctdata.loaders.base",
+    "WindowDataset": "dctdata.loaders.windows",
     "available_cores": "dctdata.loaders.threads",
     "balance_threads": "dctdata.loaders.threads",
     "main_threads": "dctdata.loaders.threads",

@@ -17,6 +17,10 @@ Kinds (`open_source`):
   torchvision datasets included. Items may be a dict (its keys name the fields), a tuple/list (named
   `image`, then `label` if a scalar else `target`, then `field2`, ...) or a single value (`image`).
   PIL images become (C, H, W) arrays.
+- The Well's HDF5 layout (`sources.well`): a Well file, or a folder of them (a split folder such as
+  `data/train`): one sample per frame of every trajectory; time-invariant fields, grids, time values and
+  boundary conditions kept in the manifest. PDEBench's 2-D/3-D HDF5 layouts likewise
+  (`sources.pdebench`).
 - NetCDF files (`.nc`, ...) and zarr stores (a `.zarr` path or URL, or a directory with zarr
   metadata), through xarray: `sample_dim`, `variables`, `stack` (`sources.xarray_store`).
 - Python objects (`dctdata.pack(obj, ...)`): a NumPy array or torch tensor (samples first, field
@@ -47,6 +51,8 @@ from dctdata.preprocess.sources.hdf5 import HDF5_SUFFIXES, check_hdf5_inside, hd
 from dctdata.preprocess.sources.images import IMAGE_SUFFIXES, directory_source, read_image
 from dctdata.preprocess.sources.iterables import IterableSource, is_sample_iterable
 from dctdata.preprocess.sources.objects import SampleListSource, array_source, is_array
+from dctdata.preprocess.sources.pdebench import PDEBenchSource, pdebench_layout
+from dctdata.preprocess.sources.well import WellSource, well_files
 from dctdata.preprocess.sources.xarray_store import XarraySource, is_xarray_object, is_xarray_path
 
 
@@ -124,6 +130,10 @@ def open_source(
         raise DctDataError(f"{s}: expected an existing file or directory (or module:callable). Got no such path")
     elif key is not None and not s.lower().endswith(HDF5_SUFFIXES):
         raise DctDataError(f"--key: expected an HDF5 source ({', '.join(HDF5_SUFFIXES)}). Got {s}")
+    elif key is None and (well := well_files(s)):
+        src = WellSource(s, well, allow_external, dims)
+    elif key is None and s.lower().endswith(HDF5_SUFFIXES) and (layout := pdebench_layout(s)):
+        src = PDEBenchSource(s, layout, allow_external, dims)
     elif os.path.isdir(s):
         src = directory_source(s)
     elif s.endswith(".npy"):
@@ -148,8 +158,10 @@ __all__ = [
     "DatasetSource",
     "IterableSource",
     "NpzSource",
+    "PDEBenchSource",
     "SampleListSource",
     "Source",
+    "WellSource",
     "XarraySource",
     "describe",
     "field_name",
