@@ -1,0 +1,51 @@
+"""`python -m benchmarks pack-speed`: its rows, JSON and GPU checks, on a tiny set (timings are the bench's,
+not the tests')."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import pack_speed
+from dctdata.errors import DctDataError
+
+
+def test_power_law_fields_are_smooth_and_repeatable():
+    a, b = pack_speed.power_law_fields(3, 128, seed=1), pack_speed.power_law_fields(3, 128, seed=1)
+    assert a.shape == (3, 1, 128, 128) and a.dtype == np.float32 and np.array_equal(a, b)
+    step = np.abs(np.diff(a, axis=-1)).mean()
+    assert step < 0.25 * a.std()  # neighbours close: most of the power at low frequencies
+
+
+def test_the_bench_writes_a_row_per_measure_and_its_json(tmp_path, capsys):
+    out = tmp_path / "ps.json"
+    assert pack_speed.main(["--size-mb", "1", "--sets", "fields", "--rows", "fixed", "peers", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {"command", "date", "device"} <= set(result) and result["command"].startswith("python -m benchmarks pack")
+    assert rows[0]["row"] == "fixed" and rows[0]["set"] == "fields"
+    for r in rows:
+        assert r["MB/s"] > 0 and r["CR"] > 1 and r["seconds"] > 0
+    peers = {r["row"] for r in rows[1:]}
+    assert peers <= set(pack_speed.PEERS) and peers  # those installed
+    printed = capsys.readouterr().out
+    assert "fields  fixed" in printed and "--cf 4 --quant int8" in printed
+
+
+def test_gpu_checks_read_the_gpu_row():
+    rows = [
+        {"set": "fields", "row": "gpu", "MB/s": 3000.0, "bytes_vs_cpu": 0.001, "differing_share": 1e-5},
+        {"set": "fields", "row": "default", "MB/s": 50.0},
+    ]
+    c = pack_speed.checks(rows, 1024)
+    assert c["gpu_GBps"]["met"] and c["gpu_GBps"]["value"] == 3.0 and c["gpu_bytes_vs_cpu"]["met"]
+    rows[0]["bytes_vs_cpu"] = -0.006
+    assert not pack_speed.checks(rows, 1024)["gpu_bytes_vs_cpu"]["met"]
+    assert pack_speed.checks(rows[1:], 1024) == {}
+
+
+def test_a_bad_size_is_one_error():
+    with pytest.raises(DctDataError, match=r"--size-mb: expected a positive number of MB\. Got 0"):
+        pack_speed.main(["--size-mb", "0"])
