@@ -43,14 +43,16 @@ import torch
 from dctdata.bounds import BoundError
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format.fields import SIDE_SUFFIX
-from dctdata.preprocess.parts import Encoder, PartJob, _digest, _read
+from dctdata.preprocess.parts import BATCH_BYTES, Encoder, PartJob, _digest, batch_size
 from dctdata.quantize import F32_SAFE_MAX, encode
 from dctdata.wire import split_wire
 
 log = logging.getLogger(__name__)
 
 READ_AHEAD = 3  # batches the reader keeps ready ahead of the device
-DEFAULT_THREADS = 4  # writer threads when --workers is not given (capped by the machine's cores)
+# Source bytes per device batch: larger than the CPU pack's (`parts.BATCH_BYTES`) so the host's work per batch
+# (Python, launches, the syncs of the floor's loop and the figures) is spread over more data.
+DEVICE_BATCH_BYTES = 64 << 20
 _DONE = object()  # end of a queue
 # source dtypes the device converts to float32 exactly (the CPU path checks the others: `check_float32`)
 _EXACT = {np.dtype(t) for t in ("float32", "float16", "uint8", "int8", "uint16", "int16")}
@@ -73,8 +75,8 @@ def torch_device(name: str) -> torch.device:
 
 
 def writer_threads(workers: int | None) -> int:
-    """Entropy-coder threads of a device pack: --workers, else up to DEFAULT_THREADS of the machine's cores."""
-    return max(1, workers or min(DEFAULT_THREADS, os.cpu_count() or 1))
+    """Entropy-coder threads of a device pack: --workers, else every core but the one that drives the device."""
+    return max(1, workers or (os.cpu_count() or 2) - 1)
 
 
 def on_device(codec) -> bool:
@@ -160,6 +162,19 @@ class DeviceEncoder(Encoder):
                 return None
             out[name] = t
         return out
+
+
+def _read(src, job: PartJob, start: int, stop: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """The samples [start, stop) in device batches (`parts._read`'s checks, DEVICE_BATCH_BYTES a batch)."""
+    size = batch_size(job.specs) * max(1, DEVICE_BATCH_BYTES // BATCH_BYTES)
+    seen = start
+    for a, batch in src.batches(size, start, stop):
+        yield a, batch
+        seen += len(next(iter(batch.values())))
+    if seen != stop:
+        raise DctDataError(
+            f"{src.description}: expected samples {start}..{stop - 1}. Got {seen - start} (the source ended early)"
+        )
 
 
 def _pinned(batch: dict[str, np.ndarray], names: set[str]) -> dict[str, Any]:
