@@ -214,3 +214,32 @@ def test_the_promises_hold_on_the_device_path(tmp_path, on_cpu):
 )
 def test_a_cuda_pack_is_the_cpu_pack_up_to_rounding(tmp_path, kw):
     near_cpu_pack(tmp_path, kw)
+
+
+def test_pinned_copies_keep_every_dct_field_exact(monkeypatch):
+    # pin_memory needs CUDA: here the copy into the pinned buffer is checked with an ordinary one
+    real = torch.empty
+    monkeypatch.setattr(device_pack.torch, "empty", lambda *a, pin_memory=False, **kw: real(*a, **kw))
+    batch = {
+        "u": np.array([[0, 40000, 65535]], np.uint16),
+        "f": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "d": np.ones((1, 2), np.float64),  # float64: left for the CPU route's float32 check
+        "label": np.arange(3),
+    }
+    out = device_pack._pinned(batch, {"u", "f", "d"})
+    assert isinstance(out["u"], torch.Tensor) and out["u"].dtype == torch.uint16
+    assert out["u"].numpy().tolist() == [[0, 40000, 65535]]
+    assert isinstance(out["f"], torch.Tensor) and np.array_equal(out["f"].numpy(), batch["f"])
+    assert isinstance(out["d"], np.ndarray) and isinstance(out["label"], np.ndarray)
+
+
+@pytest.mark.cuda
+def test_a_cuda_pack_of_uint16_frames_is_the_cpu_pack_up_to_rounding(tmp_path):
+    f = poisson_fields(16, 1, 64, 64)
+    x = ((f - f.min()) / np.ptp(f) * 60000 + 2000).astype(np.uint16)  # past int16: the upload's unwrap
+    dctdata.pack(x, tmp_path / "cpu.dct", quiet=True, target_psnr=45, writer_options=SMALL)
+    dctdata.pack(x, tmp_path / "dev.dct", quiet=True, target_psnr=45, writer_options=SMALL, device="cuda")
+    diff = device_pack.difference(tmp_path / "cpu.dct", tmp_path / "dev.dct")
+    assert diff["differing"] <= 1e-3 * diff["coefficients"] and diff["largest"] <= 1
+    a, b = diff["bytes"]
+    assert abs(a - b) <= 0.005 * a
