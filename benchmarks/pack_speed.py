@@ -11,7 +11,7 @@ Rows (`--rows` picks them): `default` (`dctdata.pack(path, out, target_psnr=40)`
 (the same with `codec=zstd`), `fixed` (`cf=4, quant="int8"`: no calibration), `workers` (the default pack
 on a local Dask cluster of every core), `cli` (the default pack as `python -m dctdata pack` in a fresh
 subprocess: import and start-up included), `gpu` (`device="cuda"`, where CUDA is present: its stored bytes
-and coefficients are compared with the `default` row's pack, `dctdata.preprocess.device_pack.difference`),
+and coefficients are compared with the `default` row's pack, `difference`),
 and `peers`: SZ3 (pysz, absolute bound), ZFP (zfpy, fixed accuracy) and SPERR (imagecodecs, point-wise
 error), each on one thread, every sample channel alone, at an absolute bound of `--bound` (1e-2) x the
 item's value range: the tolerance that gives about the PSNR of a 40 dB pack (RMSE = 1e-2 x range); their
@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,6 +85,38 @@ def real_set() -> tuple[np.ndarray, list[str]]:
 
 def tree_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+
+
+def difference(a: str | os.PathLike, b: str | os.PathLike, batch: int = 64) -> dict[str, Any]:
+    """How far pack `b` (a device pack) is from pack `a` (the CPU pack of the same source and settings): the
+    stored coefficients of every dct field compared value by value, and each pack's bytes on disk. Returns
+    {"coefficients": compared, "differing": how many differ, "largest": the largest |difference| in quantized
+    steps, "side_differing": side values that differ, "bytes": (bytes of a, bytes of b)}."""
+    da, db = dctdata.open_dataset(a, as_dict=True), dctdata.open_dataset(b, as_dict=True)
+    if len(da) != len(db):
+        raise DctDataError(f"{b}: expected {len(da)} samples like {a}. Got {len(db)}")
+    dct = [f.name for f in da.manifest.fields if f.is_dct]
+    compared = differing = side_differing = 0
+    largest = 0.0
+    for start in range(0, len(da), batch):
+        idx = list(range(start, min(len(da), start + batch)))
+        for sa, sb in zip(da.__getitems__(idx), db.__getitems__(idx)):
+            for name in dct:
+                va, vb = sa[name], sb[name]
+                qa, qb = (va[0], vb[0]) if isinstance(va, tuple) else (va, vb)
+                d = (torch.as_tensor(qa).double() - torch.as_tensor(qb).double()).abs()
+                compared += d.numel()
+                differing += int((d > 0).sum())
+                largest = max(largest, float(d.max()) if d.numel() else 0.0)
+                if isinstance(va, tuple):
+                    side_differing += int((torch.as_tensor(va[1]) != torch.as_tensor(vb[1])).sum())
+    return {
+        "coefficients": compared,
+        "differing": differing,
+        "largest": largest,
+        "side_differing": side_differing,
+        "bytes": (tree_bytes(a), tree_bytes(b)),
+    }
 
 
 def _psnr_min(manifest) -> float | None:
@@ -230,8 +263,6 @@ def measure_set(set_name: str, x: np.ndarray, rows: list[str], tmp: Path, args, 
         if not torch.cuda.is_available():
             log("gpu row skipped: no CUDA device")
         else:
-            from dctdata.preprocess.device_pack import difference
-
             time_pack(src, tmp / "g.dct", device="cuda", **target)  # warm-up: CUDA context, kernels
             s, m = time_pack(src, tmp / "g.dct", device="cuda", **target)
             d = difference(cpu_pack, tmp / "g.dct")

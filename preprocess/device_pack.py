@@ -16,8 +16,9 @@ Three stages run at once, joined by bounded queues:
 
 The bytes are the CPU pack's wherever the device's float32 arithmetic rounds like the CPU's; where it does
 not, a coefficient near a quantization boundary can land on the neighbouring integer (`python -m benchmarks
-pack-speed` measures the share on a GPU). The promises are checked on the device values exactly as on the
-CPU: the floor and the bounds re-code items from the device decode, and the figures come from it.
+pack-speed` measures the share on a GPU: its `difference`). The promises are checked on the device values
+exactly as on the CPU: the floor and the bounds re-code items from the device decode, and the figures come
+from it.
 
 Batches the device path does not take go through the CPU pack's `Encoder` unchanged (the same stats): any
 non-finite value (its error or NaN policy), validity masks, sources float32 cannot carry exactly (float64,
@@ -310,42 +311,3 @@ def _check_writers(futures: dict[int, Future]) -> None:
     for fut in futures.values():
         if fut.done() and fut.exception() is not None:
             raise fut.exception()
-
-
-def difference(a: str | os.PathLike, b: str | os.PathLike, batch: int = 64) -> dict[str, Any]:
-    """How far pack `b` (a device pack) is from pack `a` (the CPU pack of the same source and settings): the
-    stored coefficients of every dct field compared value by value, and each pack's bytes on disk. Returns
-    {"coefficients": compared, "differing": how many differ, "largest": the largest |difference| in quantized
-    steps, "side_differing": side values that differ, "bytes": (bytes of a, bytes of b)}."""
-    from dctdata.api import open_dataset
-
-    da, db = open_dataset(a, as_dict=True), open_dataset(b, as_dict=True)
-    if len(da) != len(db):
-        raise DctDataError(f"{b}: expected {len(da)} samples like {a}. Got {len(db)}")
-    dct = [f.name for f in da.manifest.fields if f.is_dct]
-    compared = differing = side_differing = 0
-    largest = 0.0
-    for start in range(0, len(da), batch):
-        idx = list(range(start, min(len(da), start + batch)))
-        for sa, sb in zip(da.__getitems__(idx), db.__getitems__(idx)):
-            for name in dct:
-                va, vb = sa[name], sb[name]
-                qa, qb = (va[0], vb[0]) if isinstance(va, tuple) else (va, vb)
-                d = (torch.as_tensor(qa).double() - torch.as_tensor(qb).double()).abs()
-                compared += d.numel()
-                differing += int((d > 0).sum())
-                largest = max(largest, float(d.max()) if d.numel() else 0.0)
-                if isinstance(va, tuple):
-                    side_differing += int((torch.as_tensor(va[1]) != torch.as_tensor(vb[1])).sum())
-    return {
-        "coefficients": compared,
-        "differing": differing,
-        "largest": largest,
-        "side_differing": side_differing,
-        "bytes": (_tree_bytes(a), _tree_bytes(b)),
-    }
-
-
-def _tree_bytes(root: str | os.PathLike) -> int:
-    """Bytes of every file under a local pack."""
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)

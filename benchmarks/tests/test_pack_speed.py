@@ -49,3 +49,17 @@ def test_gpu_checks_read_the_gpu_row():
 def test_a_bad_size_is_one_error():
     with pytest.raises(DctDataError, match=r"--size-mb: expected a positive number of MB\. Got 0"):
         pack_speed.main(["--size-mb", "0"])
+
+
+def test_difference_counts_the_coefficients_that_differ(tmp_path):
+    import dctdata
+
+    x = pack_speed.power_law_fields(6, 32, seed=2)
+    y = x.copy()
+    y[4] += 0.5 * x[4].std() * np.sin(np.arange(32) / 3.0)  # one sample changed
+    for name, data in (("a", x), ("b", x), ("c", y)):
+        dctdata.pack(data, tmp_path / f"{name}.dct", cf=4, quant="int8", quiet=True)
+    same = pack_speed.difference(tmp_path / "a.dct", tmp_path / "b.dct")
+    assert same["differing"] == 0 and same["coefficients"] == 6 * 16 * 4 * 4 and same["bytes"][0] == same["bytes"][1]
+    other = pack_speed.difference(tmp_path / "a.dct", tmp_path / "c.dct")
+    assert 0 < other["differing"] <= 16 * 4 * 4 and other["largest"] >= 1  # only sample 4's coefficients
