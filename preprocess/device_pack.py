@@ -54,6 +54,9 @@ READ_AHEAD = 3  # batches the reader keeps ready ahead of the device
 # Source bytes per device batch: larger than the CPU pack's (`parts.BATCH_BYTES`) so the host's work per batch
 # (Python, launches, the syncs of the floor's loop and the figures) is spread over more data.
 DEVICE_BATCH_BYTES = 64 << 20
+# The figures' float64 decode in slices this large on a CUDA device (the CPU's 4 MB keeps its temporaries in
+# cache; a GPU wants fewer, larger launches and one read-back a slice).
+DEVICE_FIGURE_BYTES = 256 << 20
 _DONE = object()  # end of a queue
 # source dtypes the device converts to float32 exactly (the CPU path checks the others: `check_float32`)
 _EXACT = {np.dtype(t) for t in ("float32", "float16", "uint8", "int8", "uint16", "int16")}
@@ -92,6 +95,8 @@ class DeviceEncoder(Encoder):
     def __init__(self, specs, nan, strict: bool, derived: tuple[str, ...], device: torch.device) -> None:
         super().__init__(specs, nan, strict, derived)
         self.device = device
+        if device.type == "cuda":
+            self.figure_bytes = DEVICE_FIGURE_BYTES
         self.cpu = Encoder(specs, nan, strict, derived)
         self.cpu.stats = self.stats
         self.direct = not derived and all(
