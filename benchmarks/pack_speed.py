@@ -211,7 +211,7 @@ def row(set_name: str, name: str, setting: str, seconds: float, raw: int, stored
         "row": name,
         "setting": setting,
         "seconds": round(seconds, 3),
-        "MB/s": round(raw / seconds / 1e6, 1),
+        "MB/s": float(f"{raw / seconds / 1e6:.3g}"),
         "CR": round(raw / stored, 2),
         "psnr_min": None if psnr_min is None else round(float(psnr_min), 2),
     }
@@ -257,8 +257,10 @@ def measure_set(set_name: str, x: np.ndarray, rows: list[str], tmp: Path, args, 
             log(f"workers row skipped: {exc}")
     if "cli" in rows:
         s = time_cli(src, tmp / "c.dct", ["--target-psnr", f"{args.target_psnr:g}"])
+        stats = json.loads((tmp / "c.dct" / "manifest.json").read_text()).get("stats", {})
+        lows = [v["psnr_min"] for v in stats.values() if isinstance(v, dict) and v.get("psnr_min") is not None]
         add(row(set_name, "cli", f"dctdata pack x.npy out --target-psnr {args.target_psnr:g} (cold)", s, raw,
-                tree_bytes(tmp / "c.dct")))  # fmt: skip
+                tree_bytes(tmp / "c.dct"), min(lows) if lows else None))  # fmt: skip
     if "gpu" in rows:
         if not torch.cuda.is_available():
             log("gpu row skipped: no CUDA device")
@@ -337,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = "" if "bytes_vs_cpu" not in r else (
             f"  bytes vs CPU {100 * r['bytes_vs_cpu']:+.3f}%  differing {r['differing_share']:.2e}")  # fmt: skip
         psnr = "-" if r["psnr_min"] is None else f"{r['psnr_min']:.2f}"
-        print(f"{r['set']:7} {r['row']:8} {r['MB/s']:9.1f} MB/s  CR {r['CR']:7.2f}  min PSNR {psnr:>6}  "
+        print(f"{r['set']:7} {r['row']:8} {r['MB/s']:9.3g} MB/s  CR {r['CR']:7.2f}  min PSNR {psnr:>6}  "
               f"{r['seconds']:8.2f} s  {r['setting']}{extra}", flush=True)  # fmt: skip
         if args.json:  # after every row: a run cut short keeps the rows it finished
             Path(args.json).write_text(json.dumps(result, indent=1))

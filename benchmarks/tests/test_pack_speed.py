@@ -21,14 +21,16 @@ def test_power_law_fields_are_smooth_and_repeatable():
 
 def test_the_bench_writes_a_row_per_measure_and_its_json(tmp_path, capsys):
     out = tmp_path / "ps.json"
-    assert pack_speed.main(["--size-mb", "1", "--sets", "fields", "--rows", "fixed", "peers", "--json", str(out)]) == 0
+    args = ["--size-mb", "1", "--sets", "fields", "--rows", "fixed", "cli", "peers", "--json", str(out)]
+    assert pack_speed.main(args) == 0
     result = json.loads(out.read_text())
     rows = result["rows"]
     assert {"command", "date", "device"} <= set(result) and result["command"].startswith("python -m benchmarks pack")
-    assert rows[0]["row"] == "fixed" and rows[0]["set"] == "fields"
+    assert [r["row"] for r in rows[:2]] == ["fixed", "cli"] and rows[0]["set"] == "fields"
+    assert rows[1]["psnr_min"] is not None and rows[1]["CR"] > rows[0]["CR"] / 4  # the cold CLI's own pack (40 dB)
     for r in rows:
         assert r["MB/s"] > 0 and r["CR"] > 1 and r["seconds"] > 0
-    peers = {r["row"] for r in rows[1:]}
+    peers = {r["row"] for r in rows[2:]}
     assert peers <= set(pack_speed.PEERS) and peers  # those installed
     printed = capsys.readouterr().out
     assert "fields  fixed" in printed and "--cf 4 --quant int8" in printed
