@@ -88,6 +88,15 @@ def test_the_device_path_stores_the_cpu_packs_bytes(tmp_path, on_cpu, kw):
     assert abs(a - b) <= 0.005 * a
 
 
+def test_a_webdataset_device_pack_is_the_cpu_packs(tmp_path, on_cpu):
+    x = poisson_fields(24, 1, 24, 24)
+    kw = dict(format="webdataset", target_psnr=40, quiet=True, samples_per_shard=8)
+    dctdata.pack(x, tmp_path / "cpu.dct", **kw)
+    dctdata.pack(x, tmp_path / "dev.dct", device="cuda", workers=2, **kw)
+    assert sum(on_cpu) == len(x) and len(files(tmp_path / "dev.dct")) == 4  # three shards and the manifest
+    same_pack(tmp_path / "cpu.dct", tmp_path / "dev.dct")
+
+
 @pytest.mark.slow
 def test_bounded_packs_take_the_cpu_route_with_their_corrections(tmp_path, on_cpu):
     x = poisson_fields(8, 1, 16, 16)
