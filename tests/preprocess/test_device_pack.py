@@ -97,6 +97,28 @@ def test_a_webdataset_device_pack_is_the_cpu_packs(tmp_path, on_cpu):
     same_pack(tmp_path / "cpu.dct", tmp_path / "dev.dct")
 
 
+def test_an_interrupted_device_pack_resumes_to_the_cpu_packs_bytes(tmp_path, on_cpu, monkeypatch):
+    from dctdata.format.zarr.writer import ZarrWriter
+
+    np.save(tmp_path / "x.npy", poisson_fields(40, 1, 16, 16))
+    kw = dict(cf=4, quant="int8", quiet=True, writer_options=SMALL)
+    dctdata.pack(tmp_path / "x.npy", tmp_path / "cpu.dct", **kw)
+    real = ZarrWriter.write_part
+
+    def failing(self, root, fields, n, index, *args):
+        if index == 3:
+            raise OSError("disk full (test)")
+        return real(self, root, fields, n, index, *args)
+
+    monkeypatch.setattr(ZarrWriter, "write_part", failing)
+    with pytest.raises(OSError, match=r"disk full \(test\)"):
+        dctdata.pack(tmp_path / "x.npy", tmp_path / "dev.dct", device="cuda", workers=2, **kw)
+    assert (tmp_path / ".dev.dct.partial").is_dir()
+    monkeypatch.setattr(ZarrWriter, "write_part", real)
+    dctdata.pack(tmp_path / "x.npy", tmp_path / "dev.dct", device="cuda", resume=True, **kw)
+    same_pack(tmp_path / "cpu.dct", tmp_path / "dev.dct")
+
+
 @pytest.mark.slow
 def test_bounded_packs_take_the_cpu_route_with_their_corrections(tmp_path, on_cpu):
     x = poisson_fields(8, 1, 16, 16)
