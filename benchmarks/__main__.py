@@ -76,6 +76,10 @@ SCRIPTS = {
         "benchmarks.max_error",
         "bytes at equal pointwise error bound: --max-rel-error against SZ3 (abs), ZFP (fixed accuracy), SPERR (pwe)",
     ),
+    "pack-speed": (
+        "benchmarks.pack_speed",
+        "pack MB/s of float32 and CR (default, zstd, fixed, workers, cold CLI, GPU) beside SZ3, ZFP and SPERR",
+    ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
     "robustness-bounds": (
         "benchmarks.robustness_bounds",

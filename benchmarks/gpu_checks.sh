@@ -10,9 +10,17 @@
 #      of 32 and 256, decode="cpu" beside decode="device", raw float32, nvJPEG; about 2.5-3 minutes), then its
 #      docs section (python -m benchmarks gpu-doc-table -> bench_gpu.md);
 #   7. the decode table alone (python -m benchmarks gpu --decode-only: Decompress v1 and v2 GB/s, seconds);
-#   8. the fused kernel alone, without the host's time (python -m benchmarks kernel-alone: CUDA-graph replays).
-# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps (7 and 8 are extra).
+#   8. the fused kernel alone, without the host's time (python -m benchmarks kernel-alone: CUDA-graph replays);
+#   9. the GPU pack (issue 44): python -m benchmarks pack-speed on 1 GiB of 512² fields from page cache, the CPU pack
+#      beside `--device cuda` (whole pack GB/s >= 2.5, bytes within 0.5% of the CPU pack's, share of differing
+#      coefficients);
+#  10. the device-decode checks still open (issue 28 via 44): a short gpu table (decode table at 256 and 1024, CF 2 4 8;
+#      loader rows for 8 workers, batch 32 only): Decompress v2 >= 0.9x v1 at every size and CF, and one decompressor
+#      call on a batch of 32 x 256² under 1 ms;
+#  11. the summary: every threshold of steps 9 and 10, met or not, from their JSONs (summary.txt).
+# OUT (default ./gpu_out) receives one log and one JSON per step. STEPS (default "1 2 3 4 5 6") picks steps (7-11 are extra).
 # Each step has its own timeout; the whole run is about 6-8 minutes on an H200.
+# Issue 44's run, under 8 minutes: STEPS="1 9 10 11" PYTEST_T=170 bash benchmarks/gpu_checks.sh
 set -u -o pipefail
 OUT=${OUT:-gpu_out}
 STEPS=${STEPS:-"1 2 3 4 5 6"}
@@ -92,6 +100,45 @@ if step 8; then
     note "8. kernel alone"
     timeout ${KERNEL_T:-150} python3 -m benchmarks kernel-alone --out "$OUT/kernel_alone.json" 2>&1 \
         | tee "$OUT/kernel_alone.txt" | tail -20 || status=1
+fi
+if step 9; then
+    note "9. GPU pack (pack-speed, 1 GiB of 512² fields)"
+    timeout ${PACK_T:-150} python3 -m benchmarks pack-speed --size-mb ${PACK_MB:-1024} --sets fields --rows default gpu \
+        --json "$OUT/pack_speed.json" 2>&1 | tee "$OUT/pack_speed.txt" | tail -20 || status=1
+fi
+if step 10; then
+    note "10. device-decode checks (short gpu table)"
+    timeout ${DECODE44_T:-170} python3 -m benchmarks gpu --sizes 256 1024 --cf 2 4 8 --repeat 10 --workers 8 --batch 32 \
+        --samples 512 --epochs 1 --json "$OUT/bench_gpu44.json" 2>&1 | tee "$OUT/bench_gpu44.txt" | tail -40 || status=1
+fi
+if step 11; then
+    note "11. summary"
+    python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/summary.txt" || status=1
+import json, os, sys
+out = sys.argv[1]
+failed = False
+for name, key in (("pack_speed.json", "checks"), ("bench_gpu44.json", "must_show")):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        print(f"{name}: missing (its step did not run or was cut short)")
+        failed = True
+        continue
+    checks = json.load(open(path)).get(key) or {}
+    wanted = ("gpu_GBps", "gpu_bytes_vs_cpu", "gpu_differing_share") if key == "checks" else (
+        "v2_over_v1_min", "batch32_decode_ms", "batch32_decode_ms_grouped")
+    for k in wanted:
+        c = checks.get(k)
+        if c is None:
+            print(f"{name} {k}: not measured")
+            failed = failed or k in ("gpu_GBps", "gpu_bytes_vs_cpu", "v2_over_v1_min", "batch32_decode_ms")
+            continue
+        print(f"{name} {k}: {c.get('value')} {c.get('threshold') or ''} met={c.get('met')}  ({c.get('what')})")
+        if k == "v2_over_v1_min":
+            print("    by size/cf/dtype: " + json.dumps(c.get("by_size_cf_dtype")))
+        failed = failed or c.get("met") is False and k != "batch32_decode_ms_grouped"
+print("all thresholds met" if not failed else "SOME THRESHOLDS NOT MET OR NOT MEASURED")
+sys.exit(1 if failed else 0)
+PY
 fi
 note "done: exit $status"
 exit $status

@@ -47,6 +47,7 @@ def pack(
     quiet: bool = False,
     workers: int | None = None,
     scheduler: str | None = None,
+    device: str = "cpu",
     resume: bool = False,
     max_shard_size: int | str | None = None,
     samples_per_shard: int | None = None,

@@ -151,7 +151,7 @@ def quantize_per_sample(
     if spec.dtype == "float16":
         over = (c.abs() > _FP16_MAX).reshape(*lead, -1).sum(-1)
         return c.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16).reshape(shape), over
-    return c.to(spec.torch_dtype).reshape(shape), torch.zeros(lead, dtype=torch.int64)
+    return c.to(spec.torch_dtype).reshape(shape), torch.zeros(lead, dtype=torch.int64, device=c.device)
 
 
 def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
@@ -313,7 +313,7 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     with torch.inference_mode():
         x_hat = layer((q, side)) if x_hat is None else x_hat
     nm = errors.nmse(x_hat)
-    g = torch.ones(side.shape[:-1], dtype=torch.float64)
+    g = torch.ones(side.shape[:-1], dtype=torch.float64, device=side.device)
     base = side[..., 0].to(torch.float64)  # the ranges the coefficients were coded with (g = 1)
     # nmse ~ g^a per item: a = 2 for fine steps, nearer 1 where the dead zone zeroes much (real frames land
     # in between, docs/benchmarks/design.md). The first move assumes 2; each later one uses the exponent the
@@ -391,7 +391,7 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
     with torch.no_grad():
         err = item_max_error(x, layer((q, side)), valid, spec.dims)
-    g = torch.ones(side.shape[:-1], dtype=torch.float64)
+    g = torch.ones(side.shape[:-1], dtype=torch.float64, device=side.device)
     base = side[..., 0].to(torch.float64).clone()  # the ranges `coeffs` were coded with (g = 1)
     stuck = torch.zeros_like(err, dtype=torch.bool)
     for _ in range(BOUND_ROUNDS):

@@ -257,6 +257,16 @@ def flag_of(field: dataclasses.Field) -> str | None:
     return None if flag is None else flag or "--" + field.name.replace("_", "-")
 
 
+def parse_device(device: object) -> str:
+    """Validate `--device`: "cpu", "cuda" or "cuda:N" (whether CUDA is present is checked when the pack starts)."""
+    if not isinstance(device, str):
+        raise TypeError(f"device: expected 'cpu', 'cuda' or 'cuda:N'. Got {device!r} of type {type(device).__name__}")
+    head, _, index = device.partition(":")
+    if device == "cpu" or head == "cuda" and (not _ or index.isdigit()):
+        return device
+    raise DctDataError(f"--device: expected cpu, cuda or cuda:N (a CUDA device index). Got {device!r}")
+
+
 # The settings ------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PackSettings:
@@ -376,6 +386,13 @@ class PackSettings:
         metavar="ADDRESS",
         help="pack on an existing Dask cluster (tcp://host:8786); workers must see SOURCE and OUT",
     )
+    device: str = setting(
+        "cpu",
+        writer=False,
+        metavar="cpu|cuda[:N]",
+        help="where the transform, quantization and error figures run: cpu (default) or a CUDA device (cuda, "
+        "cuda:1); with cuda the entropy coder runs on --workers CPU threads, overlapped with the device",
+    )
     resume: bool = setting(
         False,
         writer=False,
@@ -460,6 +477,12 @@ class PackSettings:
             raise DctDataError(
                 f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got "
                 f"workers={workers} scheduler={scheduler!r}"
+            )
+        parse_device(self.device)
+        if self.device != "cpu" and scheduler is not None:
+            raise DctDataError(
+                f"--device {self.device}/--scheduler: expected one of them (a device pack runs in this process, its "
+                f"entropy coder on --workers threads). Got scheduler={scheduler!r}"
             )
         if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
             raise DctDataError(

@@ -45,6 +45,7 @@ import torch
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer, storages
 from dctdata.format.manifest import check_manifest_size, entry_sizes
+from dctdata.preprocess import device_pack
 from dctdata.preprocess import parallel as parallel_mod
 from dctdata.preprocess.commit import (
     check_not_source,
@@ -71,7 +72,8 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
     s = settings
     workers, scheduler, resume, overwrite, quiet = s.workers, s.scheduler, s.resume, s.overwrite, s.quiet
     calibration, length = s.calibration, s.length
-    parallel = (workers or 1) > 1 or scheduler is not None
+    device = None if s.device == "cpu" else device_pack.torch_device(s.device)  # a clear error without CUDA
+    parallel = device is None and ((workers or 1) > 1 or scheduler is not None)  # a device pack: threads
     if not is_path(source) and (parallel or resume):
         raise DctDataError(
             f"--workers/--scheduler/--resume: expected a path, URL or module:callable source (workers and a resumed "
@@ -81,6 +83,12 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
         raise DctDataError(f"length: expected an iterable source (others know their length). Got {describe(source)}")
     if is_sample_iterable(source):
         from dctdata.preprocess.writer import pack_iterable
+
+        if device is not None:
+            raise DctDataError(
+                f"--device {s.device}: expected a source with random access (an iterable is packed by the "
+                f"incremental Writer, on the CPU). Got {describe(source)}"
+            )
 
         return pack_iterable(source, out, settings)
     if parallel:
@@ -172,6 +180,7 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
             quiet=quiet,
             total=len(parts),
             done=len(results),
+            device=device,
         )
         ordered = [results[i] for i in range(len(parts))]
         result = writer.finish(root, specs, n, ordered)
@@ -214,9 +223,21 @@ def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
 
 
 def _run(
-    job: "PartJob", todo, results: dict, journal, *, src, workers, scheduler, quiet: bool, total: int, done: int
+    job: "PartJob",
+    todo,
+    results: dict,
+    journal,
+    *,
+    src,
+    workers,
+    scheduler,
+    quiet: bool,
+    total: int,
+    done: int,
+    device=None,
 ) -> None:
-    """Run the parts in `todo` (serially here, or on Dask), journaling each as it finishes."""
+    """Run the parts in `todo` (serially here, on Dask, or with the transform on `device`:
+    `dctdata.preprocess.device_pack`), journaling each as it finishes."""
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -230,7 +251,13 @@ def _run(
         bar.update(1)
 
     try:
-        if (workers or 1) > 1 or scheduler is not None:
+        if device is not None:
+            threads = torch.get_num_threads()
+            try:
+                device_pack.run_parts(job, todo, src, device, finished, device_pack.writer_threads(workers))
+            finally:
+                torch.set_num_threads(threads)
+        elif (workers or 1) > 1 or scheduler is not None:
             parallel_mod.run_parts(job, todo, workers=workers, scheduler=scheduler, on_done=finished)
         else:
             threads = torch.get_num_threads()

@@ -205,6 +205,8 @@ def new_stats(specs: tuple[FieldSpec, ...]) -> dict:
 class Encoder:
     """Samples -> stored arrays + error figures, for one part or one incremental Writer."""
 
+    figure_bytes = FIGURE_BYTES  # float64 bytes a slice of the figures' decode (a device encoder takes more)
+
     def __init__(
         self, specs: tuple[FieldSpec, ...], nan: NanPolicy, strict: bool, derived: tuple[str, ...] = ()
     ) -> None:
@@ -283,7 +285,7 @@ class Encoder:
     def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
         from a float64 decode of the stored coefficients (in slices, see FIGURE_BYTES)."""
-        step = max(1, FIGURE_BYTES // (8 * math.prod(f.shape)))
+        step = max(1, self.figure_bytes // (8 * math.prod(f.shape)))
         for a in range(0, len(x), step):
             v = None if valid is None else torch.from_numpy(valid[a : a + step])
             part = tuple(w[a : a + step] for w in wire) if isinstance(wire, tuple) else wire[a : a + step]

@@ -43,7 +43,17 @@ def test_the_writer_takes_the_fields_that_apply_to_a_stream():
     writer_fields = {n for n, f in FIELDS.items() if f.metadata["writer"]}
     assert set(params) == writer_fields | WRITER_ONLY
     assert writer_fields == set(PackSettings.names(writer=True))
-    stream_only = {"key", "sample_dim", "variables", "stack", "allow_external", "workers", "scheduler", "resume"}
+    stream_only = {
+        "key",
+        "sample_dim",
+        "variables",
+        "stack",
+        "allow_external",
+        "workers",
+        "scheduler",
+        "device",
+        "resume",
+    }
     assert stream_only | {"length"} == set(FIELDS) - writer_fields
     for name in writer_fields:
         assert params[name].default == FIELDS[name].default, name
