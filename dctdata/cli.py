@@ -76,12 +76,33 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
     sub.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
+def _starting(command: str, argv: list[str] | None) -> str:
+    """The line a terminal shows while a command's modules (torch) load: its module's STARTING, unless
+    --quiet or --help is given or stderr is not a terminal ("" then)."""
+    words = sys.argv[1:] if argv is None else argv
+    if not command or {"--quiet", "-h", "--help"} & set(words) or not sys.stderr.isatty():
+        return ""
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        if getattr(module, "NAME", None) == command:
+            return getattr(module, "STARTING", "")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    command = _command(argv)
+    starting = _starting(command, argv)
+    if starting:  # the first progress line, before torch loads; the command's own bars overwrite it
+        sys.stderr.write(f"\r{starting}")
+        sys.stderr.flush()
     try:
-        parser = build_parser(_command(argv))  # may import torch (pack, demo): a Ctrl-C here is one line too
+        parser = build_parser(command)  # may import torch (pack, demo): a Ctrl-C here is one line too
     except KeyboardInterrupt:
-        print("dctdata: interrupted", file=sys.stderr)
+        print(("\n" if starting else "") + "dctdata: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if starting:
+            sys.stderr.write("\r" + " " * len(starting) + "\r")
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _refuse_unknown(parser, args.command, unknown)

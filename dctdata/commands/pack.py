@@ -6,6 +6,7 @@ from __future__ import annotations
 # `dctdata --help` lists the command from these alone (`dctdata.cli`): its settings import torch
 NAME = "pack"
 HELP = "pack .npy/.npz/HDF5/NetCDF/zarr stores/image folders/module:callable datasets into a dctdata dataset"
+STARTING = "pack: starting (loading torch)"  # shown on a terminal while the packer's modules load
 
 
 def register(sub) -> None:

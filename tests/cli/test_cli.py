@@ -77,3 +77,15 @@ def test_a_mistyped_command_is_refused_by_the_whole_parser(capsys):
     with pytest.raises(SystemExit):
         main(["pakc", "x.npy", "o.dct"])
     assert "invalid choice: 'pakc'" in capsys.readouterr().err
+
+
+def test_pack_shows_a_line_before_its_modules_load_on_a_terminal(tmp_path, monkeypatch, capsys):
+    import sys
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(3, 16, 16)).astype(np.float32))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["pack", str(tmp_path / "x.npy"), str(tmp_path / "o.dct"), "--cf", "4", "--quant", "int16"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("\rpack: starting (loading torch)\r" + " " * 30 + "\r") and "B/s" in err
+    main(["pack", str(tmp_path / "x.npy"), str(tmp_path / "q.dct"), "--cf", "4", "--quant", "int16", "--quiet"])
+    assert capsys.readouterr().err == ""  # --quiet: no line
