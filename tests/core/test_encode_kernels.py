@@ -104,3 +104,11 @@ def test_kernel_refuses_bad_buffers():
         _encode.quantize(x, 5, np.zeros(10, np.int8), np.zeros(1, np.int64), (1, 1, 1, 1, 10), None, None, -1.0)
     with pytest.raises(ValueError, match="out does not match"):
         _encode.quantize(x, 1, np.zeros(10, np.int8), np.zeros(1, np.int64), (1, 1, 1, 1, 10), None, None, -1.0)
+
+
+def test_item_range_of_float32_matches_float64():
+    from dctdata.metrics import item_range
+
+    x = torch.randn(3, 2, 9, 7) * 1e4 + 1e5
+    assert torch.equal(item_range(x), item_range(x.double()))
+    assert item_range(x).dtype == torch.float64
