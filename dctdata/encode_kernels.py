@@ -33,7 +33,7 @@ def available() -> bool:
 
 
 def _plain(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and not t.requires_grad and t.layout == torch.strided
+    return t.device.type == "cpu" and not t.requires_grad and t.layout == torch.strided and not t.is_neg()
 
 
 def normalize(x: torch.Tensor, side: torch.Tensor, dims: int) -> torch.Tensor | None:
