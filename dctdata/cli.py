@@ -31,7 +31,10 @@ COMMAND_MODULES = (
 QUIET_LOGGERS = ("PIL", "fsspec", "asyncio", "urllib3", "numcodecs")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (`command` given) one whose other commands are listed by name and help only: a
+    command module with NAME and HELP imports its heavy modules (torch) in `register`, so `dctdata --help` and
+    the light commands start without them. `command=""`: every such command listed only."""
     from dctdata._version import __version__
 
     parser = argparse.ArgumentParser(
@@ -41,8 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        module = importlib.import_module(name)
+        if command is not None and getattr(module, "NAME", command) != command:
+            sub.add_parser(module.NAME, help=module.HELP)
+        else:
+            module.register(sub)
     return parser
+
+
+def _command(argv: list[str] | None) -> str:
+    """The command named on the command line ("" for none: `dctdata --help`; the top-level options take no
+    values, so it is the first word that is not an option). A word that is no command is refused by the
+    parser, which lists every command either way."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return words[0] if words else ""
 
 
 def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
@@ -61,12 +76,33 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
     sub.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
+def _starting(command: str, argv: list[str] | None) -> str:
+    """The line a terminal shows while a command's modules (torch) load: its module's STARTING, unless
+    --quiet or --help is given or stderr is not a terminal ("" then)."""
+    words = sys.argv[1:] if argv is None else argv
+    if not command or {"--quiet", "-h", "--help"} & set(words) or not sys.stderr.isatty():
+        return ""
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        if getattr(module, "NAME", None) == command:
+            return getattr(module, "STARTING", "")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    command = _command(argv)
+    starting = _starting(command, argv)
+    if starting:  # the first progress line, before torch loads; the command's own bars overwrite it
+        sys.stderr.write(f"\r{starting}")
+        sys.stderr.flush()
     try:
-        parser = build_parser()  # imports torch through the commands: a Ctrl-C here is one line too
+        parser = build_parser(command)  # may import torch (pack, demo): a Ctrl-C here is one line too
     except KeyboardInterrupt:
-        print("dctdata: interrupted", file=sys.stderr)
+        print(("\n" if starting else "") + "dctdata: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if starting:
+            sys.stderr.write("\r" + " " * len(starting) + "\r")
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         _refuse_unknown(parser, args.command, unknown)

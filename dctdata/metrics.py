@@ -35,8 +35,11 @@ def _valid(valid: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | Non
 def item_range(x: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None) -> torch.Tensor:
     """max - min over the last `dims` dimensions (per item), in float64; over valid pixels when
     `valid` is given (0 for an item without any)."""
-    flat = _flat(x.detach().to(torch.float64), dims)
     v = _valid(valid, x)
+    if v is None and x.dtype == torch.float32:  # float32 extremes are exact: no float64 copy
+        flat = _flat(x.detach(), dims)
+        return flat.amax(-1).to(torch.float64) - flat.amin(-1).to(torch.float64)
+    flat = _flat(x.detach().to(torch.float64), dims)
     if v is None:
         return flat.amax(-1) - flat.amin(-1)
     fv = _flat(v, dims)

@@ -237,18 +237,26 @@ def _run(
     device=None,
 ) -> None:
     """Run the parts in `todo` (serially here, on Dask, or with the transform on `device`:
-    `dctdata.preprocess.device_pack`), journaling each as it finishes."""
+    `dctdata.preprocess.device_pack`), journaling each as it finishes. The bar counts the source's bytes
+    (MB/s and the time left): per batch in one process, per part from workers or the device pipeline."""
     from tqdm.auto import tqdm
 
+    from dctdata.format.fields import user_fields
+
+    per = sum(f.source_sample_bytes for f in user_fields(job.specs) if f.name not in job.derived)  # a sample read
+    kept = sum(r["stop"] - r["start"] for r in results.values())  # resumed: verified parts
     bar = tqdm(
-        total=total, initial=done, unit="part", desc="pack", disable=quiet or not sys.stderr.isatty(), leave=False
-    )
+        total=job.samples * per, initial=kept * per, unit="B", unit_scale=True, unit_divisor=1000, desc="pack",
+        disable=quiet or not sys.stderr.isatty(), leave=False,
+    )  # fmt: skip
+    serial = device is None and not ((workers or 1) > 1 or scheduler is not None)
 
     def finished(res: dict) -> None:
         results[res["index"]] = res
         if journal is not None:
             journal.record(res)
-        bar.update(1)
+        if not serial:
+            bar.update((res["stop"] - res["start"]) * per)
 
     try:
         if device is not None:
@@ -263,7 +271,7 @@ def _run(
             threads = torch.get_num_threads()
             try:
                 for i, a, b in todo:
-                    finished(run_part(job, i, a, b, src=src))
+                    finished(run_part(job, i, a, b, src=src, progress=lambda k: bar.update(k * per)))
             finally:
                 torch.set_num_threads(threads)
     finally:

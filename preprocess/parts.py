@@ -89,8 +89,10 @@ def check_finite(x: np.ndarray, name: str, nan_fill: float | None, where) -> np.
     return x
 
 
-def check_magnitude(x: np.ndarray, name: str, where) -> None:
-    peak = np.abs(x).reshape(len(x), -1).max(axis=1) if x.size else np.zeros(len(x))
+def check_magnitude(x: np.ndarray, name: str, where, peak: np.ndarray | None = None) -> None:
+    """Refuse values past F32_SAFE_MAX; `peak`: max |x| per sample if the caller has it."""
+    if peak is None:
+        peak = np.abs(x).reshape(len(x), -1).max(axis=1) if x.size else np.zeros(len(x))
     if (peak > F32_SAFE_MAX).any():  # the 8x8 DCT would overflow float32 to inf
         j = int(np.argmax(peak > F32_SAFE_MAX))
         raise DctDataError(
@@ -154,6 +156,12 @@ def prepare_dct(
 ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """A dct batch (B, C, H, W) float32 ready to encode: (filled values, validity or None when every
     pixel is valid, how many pixels were filled). `mask`: the explicit mask batch (field `mask_name`)."""
+    if mask is None and x.size:  # the common case in two reductions, no full-size temporaries
+        flat = x.reshape(len(x), -1)
+        lo, hi = flat.min(axis=1), flat.max(axis=1)  # NaN propagates: not finite
+        if np.isfinite(lo).all() and np.isfinite(hi).all():
+            check_magnitude(x, name, where, peak=np.maximum(np.abs(lo), np.abs(hi)))
+            return x, None, 0
     finite = np.isfinite(x)
     if mask is not None:
         valid = mask_batch(mask, shape)
@@ -309,8 +317,9 @@ class Encoder:
         self.stats["below_floor"][f.name][1] = count + len(hits)
 
 
-def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None = None) -> dict:
-    """Encode and write part `index` (samples [start, stop)); returns its files and error figures."""
+def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None = None, progress=None) -> dict:
+    """Encode and write part `index` (samples [start, stop)); returns its files and error figures.
+    `progress(samples)`: called after each batch is encoded (a progress bar)."""
     if job.threads is not None:
         torch.set_num_threads(job.threads)
     src = src if src is not None else _source(job)
@@ -320,7 +329,10 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
         with torch.inference_mode():
             for a, batch in _read(src, job, start, stop):
                 _digest(digest, batch)
-                yield encoder.encode(batch, a, src.where)
+                stored = encoder.encode(batch, a, src.where)
+                if progress is not None:
+                    progress(len(next(iter(batch.values()))))
+                yield stored
 
     digest: dict[str, int] = {}
     out = job.writer.write_part(job.root, job.specs, job.samples, index, start, stop, batches(digest))

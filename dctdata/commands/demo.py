@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import sys
 
+# `dctdata --help` lists the command from these alone (`dctdata.cli`): the demo's module imports torch
+NAME = "demo"
+HELP = "end to end on a synthetic EM denoising set: pack, stream, Decompress as first layer, train vs raw"
+
 
 def register(sub) -> None:
     from dctdata.demo.pipeline import DemoSettings
 
     d = DemoSettings()
     p = sub.add_parser(
-        "demo",
-        help="end to end on a synthetic EM denoising set: pack, stream, Decompress as first layer, train vs raw",
+        NAME,
+        help=HELP,
         description="Generate a small em_denoise-like set, pack it (zarr and webdataset), train a small denoiser whose "
         "first layer is Decompress on it and the same denoiser on the raw float32 arrays, and print one table.",
     )

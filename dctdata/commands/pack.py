@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-from dctdata.settings import PackSettings
+# `dctdata --help` lists the command from these alone (`dctdata.cli`): its settings import torch
+NAME = "pack"
+HELP = "pack .npy/.npz/HDF5/NetCDF/zarr stores/image folders/module:callable datasets into a dctdata dataset"
+STARTING = "pack: starting (loading torch)"  # shown on a terminal while the packer's modules load
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "pack",
-        help="pack .npy/.npz/HDF5/NetCDF/zarr stores/image folders/module:callable datasets into a dctdata dataset",
-    )
+    from dctdata.settings import PackSettings
+
+    p = sub.add_parser(NAME, help=HELP)
     p.add_argument(
         "source",
         metavar="SOURCE",
@@ -32,6 +34,7 @@ def _main(args) -> int:
     from dctdata.format import storages
     from dctdata.format.fields import user_fields
     from dctdata.report import num, pack_summary, volume_hint
+    from dctdata.settings import PackSettings
 
     manifest = pack(args.source, args.out, settings=PackSettings.from_args(args))
     if not args.quiet:

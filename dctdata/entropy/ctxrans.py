@@ -702,7 +702,7 @@ class CtxCodec:
         buf = self._k.encode(self._blob, q, shape, q.itemsize, mode, nseg)
         if mode == MODE_SEGMENTS and self.segment_bytes and buf[0] == MODE_SEGMENTS:
             # beyond the first version 3 count, one segment per segment_bytes bytes of this stream
-            base = self.with_streams(segment=SEGMENT_V3, segment_bytes=0).stream_mode(shape)
+            base = _stream_mode(self.version, SEGMENT_V3, shape)  # (not a codec built per call: its tables cost)
             cap = max(base[1], 1) + len(buf) // self.segment_bytes
             if cap < nseg:
                 n = math.prod(shape)
@@ -715,10 +715,7 @@ class CtxCodec:
         `segment` coefficients (at most one per block row) from version 3, for arrays of two segments or more; mode 2
         from version 2, else mode 0 (segments 0 outside mode 3). The most segments: `encode` writes fewer where
         `segment_bytes` bounds them (a low-rate array), and a raw copy (mode 1) where coding does not save."""
-        n = math.prod(int(s) for s in shape)
-        if self.version >= 3 and n >= 2 * self.segment and int(shape[2]) >= 2:
-            return MODE_SEGMENTS, min(int(shape[2]), n // self.segment)
-        return (MODE_LANES if self.version >= 2 and n >= LANES_MIN else 0), 0
+        return _stream_mode(self.version, self.segment, shape)
 
     def decode(self, buf, shape: Sequence[int] | None = None, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.
@@ -959,6 +956,14 @@ class CtxCodec:
         refines the starting layout (docs/benchmarks/design.md)."""
         _, report = cls.fit(q_samples, cf, mask, features=features, return_report=True, _first_only=True)
         return report[0][1] / 8
+
+
+def _stream_mode(version: int, segment: int, shape: Sequence[int]) -> tuple[int, int]:
+    """`CtxCodec.stream_mode` of a codec of this config version and segment length."""
+    n = math.prod(int(s) for s in shape)
+    if version >= 3 and n >= 2 * segment and int(shape[2]) >= 2:
+        return MODE_SEGMENTS, min(int(shape[2]), n // segment)
+    return (MODE_LANES if version >= 2 and n >= LANES_MIN else 0), 0
 
 
 def supports(cf: int, mask: str) -> bool:

@@ -102,3 +102,17 @@ def test_settings_parsers():
 def test_partial_dir_is_a_hidden_sibling(tmp_path):
     out = str(tmp_path / "out.dct")
     assert partial_dir(out) == os.path.join(str(tmp_path), ".out.dct.partial")
+
+
+def test_the_pack_bar_counts_source_bytes(tmp_path, monkeypatch, capsys):
+    """On a terminal the pack's bar shows bytes read per second and the time left (tqdm's B/s and ETA)."""
+    import sys
+
+    import dctdata
+
+    x = poisson_fields(6, 1, 16, 16)
+    np.save(tmp_path / "x.npy", x)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    dctdata.pack(str(tmp_path / "x.npy"), str(tmp_path / "o.dct"), cf=4, quant="int16")
+    err = capsys.readouterr().err
+    assert "pack:" in err and "B/s" in err and f"/{x.nbytes / 1e3:.2f}k " in err  # the total: the bytes read

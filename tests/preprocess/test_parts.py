@@ -63,3 +63,23 @@ def test_check_finite_refuses_values_the_dct_would_overflow():
     x = np.full((2, 1, 8, 8), 1e38, np.float32)
     with pytest.raises(DctDataError, match=r"sample 0: field 'f': expected \|x\| <= .* Got max \|x\| = 1e\+38"):
         check_finite(x, "f", None, lambda j: f"sample {j}")
+
+
+def test_a_part_reports_progress_per_batch(tmp_path, monkeypatch):
+    import dctdata.preprocess.parts as parts
+
+    monkeypatch.setattr(parts, "BATCH_BYTES", 2 * (8 * 8 * 4 + 8))  # two samples (image and label) a batch
+    x = poisson_fields(7, 1, 8, 8)
+    seen = []
+    run_part(job(tmp_path, x, CodecSpec(cf=4, height=8, width=8)), 0, 1, 6, progress=seen.append)
+    assert seen == [2, 2, 1]
+
+
+@pytest.mark.parametrize("big", [1e38, -1e38])
+def test_a_part_names_the_sample_past_the_float32_bound(tmp_path, big):
+    x = poisson_fields(3, 1, 8, 8)
+    x[2, 0, 1, 1] = big  # finite, but the DCT would overflow float32: the largest |x| of either sign
+    with pytest.raises(
+        DctDataError, match=r"s\.npz sample 2: field 'image': expected \|x\| <= .* Got max \|x\| = 1e\+38"
+    ):
+        run_part(job(tmp_path, x, CodecSpec(cf=8, height=8, width=8)), 0, 0, 3)

@@ -746,7 +746,7 @@ def test_b5_ctrl_c_while_the_cli_starts_is_one_line(monkeypatch, capsys):
     probe = "import sys, dctdata.cli; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
 
-    def interrupted():  # Ctrl-C while the commands (and torch) are imported
+    def interrupted(*args):  # Ctrl-C while the commands (and torch) are imported
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_parser", interrupted)

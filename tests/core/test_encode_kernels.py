@@ -1,0 +1,114 @@
+"""The encode's C loops (dctdata/_encode.c) give the torch path's values bit for bit."""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from dctdata import encode_kernels
+from dctdata.errors import DctDataError
+from dctdata.spec import CodecSpec
+
+Q = importlib.import_module("dctdata.quantize")
+
+pytestmark = pytest.mark.skipif(not encode_kernels.available(), reason="dctdata._encode not built")
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Run a function with the kernels off (the torch reference)."""
+
+    def run(fn, *args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(encode_kernels, "ENABLED", False)
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 13, 21), (2, 4, 8, 8), (1, 2, 1, 5), (5, 3, 17, 9)])
+def test_normalize_matches_torch(shape, torch_path):
+    x = (torch.randn(shape) * 0.01 + 300.0).float()  # detail far below the offset: float64 matters
+    x[0, 0, 0, 0] = 300.5
+    side = Q.item_side(x)
+    ref = torch_path(Q.normalize, x, side)
+    got = Q.normalize(x, side)
+    assert got.dtype == torch.float32 and torch.equal(got, ref)
+
+
+def test_normalize_volume_and_constant_items(torch_path):
+    x = torch.randn(2, 3, 9, 10, 11)
+    x[1, 2] = 7.0  # a constant item: range 1
+    side = Q.item_side(x, dims=3)
+    assert float(side[1, 2, 0]) == 1.0
+    assert torch.equal(Q.normalize(x, side, dims=3), torch_path(Q.normalize, x, side, dims=3))
+
+
+def test_item_side_matches_float64_extremes():
+    x = torch.randn(4, 2, 11, 13) * 1e3
+    flat = x.double().flatten(-2)
+    lo, hi = flat.amin(-1), flat.amax(-1)
+    want = torch.stack([torch.where(hi > lo, hi - lo, torch.ones_like(lo)), (hi + lo) / 2], -1).float()
+    assert torch.equal(Q.item_side(x), want)
+
+
+def _spec(h, w, c, dtype, theta, rng):
+    k = 9
+    return CodecSpec(
+        cf=3, height=h, width=w, channels=c, dtype=dtype, theta=theta,
+        steps=(rng.uniform(0.05, 2.0, (c, k))).tolist(), offsets=(rng.normal(0, 1, (c, k))).tolist(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+@pytest.mark.parametrize("theta", [None, 0.3])
+@pytest.mark.parametrize("hw,c", [((13, 21), 1), ((8, 8), 3), ((30, 7), 2)])
+def test_quantize_matches_torch(dtype, theta, hw, c, torch_path):
+    rng = np.random.default_rng(0)
+    spec = _spec(*hw, c, dtype, theta, rng)
+    coeffs = torch.randn(5, *spec.coeff_shape) * (300.0 if dtype == "int8" else 3e4)
+    coeffs[0, 0, 0, 0, 0] = 0.0
+    coeffs[1, 0, 0, 0, 0] = -0.0
+    coeffs.view(-1)[7] = 2.5  # ties: to even
+    ref_q, ref_over = torch_path(Q.quantize_per_sample, coeffs, spec)
+    q, over = Q.quantize_per_sample(coeffs, spec)
+    assert q.dtype == spec.torch_dtype and torch.equal(q, ref_q)
+    assert torch.equal(over, ref_over) and int(over.sum()) > 0  # some values clamped and counted
+    one_q, one_over = Q.quantize(coeffs[2], spec)  # one sample: no leading dims
+    assert torch.equal(one_q, ref_q[2]) and one_over == int(ref_over[2])
+
+
+def test_quantize_without_offsets(torch_path):
+    spec = CodecSpec(cf=2, height=9, width=9, channels=1, dtype="int8", steps=[[1.0] * 4])
+    coeffs = torch.randn(3, *spec.coeff_shape) * 200
+    assert all(torch.equal(a, b) for a, b in zip(Q.quantize_per_sample(coeffs, spec), torch_path(
+        Q.quantize_per_sample, coeffs, spec)))  # fmt: skip
+
+
+def test_quantize_refuses_non_finite():
+    spec = CodecSpec(cf=2, height=8, width=8, channels=1, dtype="int8", steps=[[1.0] * 4])
+    coeffs = torch.zeros(2, *spec.coeff_shape)
+    coeffs[1, 0, 0, 0, 0] = float("nan")
+    with pytest.raises(DctDataError, match="expected finite values. Got 1 NaN/Inf"):
+        Q.quantize_per_sample(coeffs, spec)
+
+
+def test_kernel_refuses_bad_buffers():
+    from dctdata import _encode
+
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="whole items"):
+        _encode.normalize(x, np.ones(3, np.float32), np.ones(3, np.float32), np.zeros(10, np.float32), 3)
+    with pytest.raises(ValueError, match="qkind"):
+        _encode.quantize(x, 5, np.zeros(10, np.int8), np.zeros(1, np.int64), (1, 1, 1, 1, 10), None, None, -1.0)
+    with pytest.raises(ValueError, match="out does not match"):
+        _encode.quantize(x, 1, np.zeros(10, np.int8), np.zeros(1, np.int64), (1, 1, 1, 1, 10), None, None, -1.0)
+
+
+def test_item_range_of_float32_matches_float64():
+    from dctdata.metrics import item_range
+
+    x = torch.randn(3, 2, 9, 7) * 1e4 + 1e5
+    assert torch.equal(item_range(x), item_range(x.double()))
+    assert item_range(x).dtype == torch.float64
