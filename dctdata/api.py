@@ -149,30 +149,35 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
         path_or_url: The pack's directory or URL, its manifest.json, or (webdataset) a list or brace expression of
             its shard files.
         **kwargs: The keywords of the dataset class the storage picks (listed below), and `sha256`.
-        sha256: The manifest's expected sha256 (`dctdata info` prints it); any other manifest bytes are refused. Not
-            for `pipe:` streams.
-        decode: "cpu" (default: the workers decode the lossless stage) or "device" (the stored bytes cross;
+
+    Keyword Args:
+        sha256 (str): The manifest's expected sha256 (`dctdata info` prints it); any other manifest bytes are
+            refused. Not for `pipe:` streams.
+        decode (str): "cpu" (default: the workers decode the lossless stage) or "device" (the stored bytes cross;
             `ds.decompressor()` decodes them).
-        as_dict: Yield each sample as a dict by field name instead of a tuple in manifest order.
-        on_error: "raise" (default: a bad chunk or shard raises `IntegrityError`) or "skip" (bad samples or shards
-            are logged, counted and dropped).
-        storage_options: fsspec options for a URL pack (credentials, endpoint).
-        manifest: An already read `Manifest` of the pack (skips reading it again).
-        fields: zarr only: the fields to read (default: all; a field's partners come with it).
-        shuffle: webdataset only: shuffle the shard order and mix samples in a buffer (default True).
-        seed: webdataset only: the seed of the order, a pure function of (seed, epoch).
-        buffer_size: webdataset only: samples in each worker's shuffle buffer.
-        initial: webdataset only: samples the buffer holds before the first is yielded (default: min(buffer_size,
-            100)).
-        split_by_node: webdataset only: deal shards to ranks (default True); False gives every rank all shards.
-        rank: webdataset only: this process's rank (default: from the environment or torch.distributed).
-        world_size: webdataset only: the number of ranks (with `rank`).
-        allow_pipe: webdataset only: accept a shell `pipe:CMD` URL (it runs CMD).
-        cache_dir: webdataset only: keep fetched shards in this local cache (sha256-checked on reuse).
-        cache_limit: webdataset only: the cache's size cap, in bytes or with a unit (default 50 GiB).
+        as_dict (bool): Yield each sample as a dict by field name instead of a tuple in manifest order.
+        on_error (str): "raise" (default: a bad chunk or shard raises `IntegrityError`) or "skip" (bad samples or
+            shards are logged, counted and dropped).
+        storage_options (dict): fsspec options for a URL pack (credentials, endpoint).
+        manifest (Manifest): An already read `Manifest` of the pack (skips reading it again).
+        fields (list[str]): zarr only: the fields to read (default: all; a field's partners come with it).
+        shuffle (bool): webdataset only: shuffle the shard order and mix samples in a buffer (default True).
+        seed (int): webdataset only: the seed of the order, a pure function of (seed, epoch).
+        buffer_size (int): webdataset only: samples in each worker's shuffle buffer.
+        initial (int): webdataset only: samples the buffer holds before the first is yielded (default:
+            min(buffer_size, 100)).
+        split_by_node (bool): webdataset only: deal shards to ranks (default True); False gives every rank all
+            shards.
+        rank (int): webdataset only: this process's rank (default: from the environment or torch.distributed).
+        world_size (int): webdataset only: the number of ranks (with `rank`).
+        allow_pipe (bool): webdataset only: accept a shell `pipe:CMD` URL (it runs CMD).
+        cache_dir (str | os.PathLike): webdataset only: keep fetched shards in this local cache (sha256-checked on
+            reuse).
+        cache_limit (int | str): webdataset only: the cache's size cap, in bytes or with a unit (default 50 GiB).
 
     Returns:
-        A `DCTZarrDataset` (map-style) for a zarr pack or a `DCTWebDataset` (iterable) for a webdataset pack.
+        (DCTZarrDataset | DCTWebDataset): A `DCTZarrDataset` (map-style) for a zarr pack or a `DCTWebDataset`
+            (iterable) for a webdataset pack.
 
     Raises:
         DctDataError: The manifest is missing or invalid, its sha256 differs from `sha256`, or a keyword does not

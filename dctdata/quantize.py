@@ -214,7 +214,7 @@ def encode(
             zstd).
 
     Returns:
-        The pair (wire value, overflow count): the wire value is the coefficients or (coefficients, side).
+        (tuple): The pair (wire value, overflow count): the wire value is the coefficients or (coefficients, side).
 
     Raises:
         DctDataError: `x` does not match the spec's shape or `side`/`valid` do not fit it.
@@ -336,8 +336,8 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
 
     With a channel rotation every channel of a sample is scaled alike: scaling one channel's range mixes
     that channel into the others' coded channels (R diag(1/g) R^T), which spreads its detail over coded
-    channels that quantize it coarsely, and the item barely moved (measured on 8-channel MRI tiles:
-    0.9 made the item 0.16 dB worse); scaling them alike is y / g, each channel's error scales with g^2."""
+    channels that quantize it coarsely, and the item barely moved (docs/benchmarks/design.md); scaling them
+    alike is y / g, each channel's error scales with g^2."""
     from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)

@@ -129,7 +129,7 @@ def basis(cf: int, mask: str = "square", dtype: torch.dtype = torch.float32, dev
         cf: The chop factor 1..8: frequencies u, v < cf are candidates.
         mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
         dtype: The dtype of the basis.
-        device: The device of the basis (default: the CPU).
+        device (torch.device | str | None): The device of the basis (default: the CPU).
 
     Returns:
         The (K, 64) synthesis basis, K = `num_kept(cf, mask)`.
