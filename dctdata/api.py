@@ -66,7 +66,66 @@ def pack(
     samples (dicts, tuples or arrays; `length=` when known).
 
     The keywords are the fields of `dctdata.PackSettings` (the CLI's flags in snake_case; each field's
-    help says what it does), or pass `settings=PackSettings(...)` instead of them."""
+    help says what it does), or pass `settings=PackSettings(...)` instead of them.
+
+    Args:
+        source: What to pack (see above): a path or URL, a module:callable or a Python object.
+        out: The dataset to write: a directory or fsspec URL (`storage_options` for credentials).
+        format: zarr (random access, default) or webdataset (streaming shards).
+        cf: chop factor 1..8 (default 4 without --target-psnr).
+        mask: kept-frequency mask (default square; volumes: cube = square, tetra = triangle: u + v + w < CF).
+        dims: spatial dims of a dct sample: 2 ((H, W) or (C, H, W), default) or 3 (volumes: (D, H, W) or (C, D, H,
+            W) as 8x8x8 blocks).
+        quant: coefficient dtype (default none = fp32).
+        target_psnr: calibrate steps (and free knobs) to reach this PSNR (per channel, over valid pixels); per
+            field: noisy=40,clean=45 (a bare DB sets the fields not named).
+        max_error: pointwise bound: every decoded value within E of the source, in the field's units, checked on
+            every sample at pack time (SZ3/ZFP's absolute mode); per field: u=0.01,p=2 (a bare E sets the fields not
+            named).
+        max_rel_error: pointwise bound relative to each sample channel's value range (1e-3: within 0.1% of the
+            range); with --max-error the smaller bound holds.
+        fields: override a field's kind (dct|array|label).
+        key: HDF5 dataset(s) to pack (repeat or comma-separate).
+        channels_last: per-sample arrays are (H, W, C): move C first (--no-channels-last: keep a layout that looks
+            channels-last as it is).
+        nan: NaN/Inf in dct fields: error (default); mask: fill smoothly and store the validity mask as FIELD_valid;
+            fill=VALUE: a constant, no mask.
+        valid: the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields).
+        sample_dim: NetCDF/zarr: the dimension that becomes samples (e.g. time).
+        variables: NetCDF/zarr: data variables to pack (default: all).
+        stack: NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each).
+        allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual
+            datasets, external links); only for a file you trust.
+        codec: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
+            (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader
+            workers), zstd:LEVEL (1..22), lz4 (numcodecs' LZ4: the fastest decode, the most bytes).
+        strict: fail on any quantization overflow.
+        overwrite: replace an existing OUT (only once the new one is complete).
+        quiet: no progress bar or summary.
+        workers: pack on a local Dask cluster of N processes (needs dctdata[dask]).
+        scheduler: pack on an existing Dask cluster (tcp://host:8786); workers must see SOURCE and OUT.
+        resume: finish an interrupted pack of the same settings (redo only unfinished parts).
+        max_shard_size: webdataset: cap on each .tar shard, in bytes or with a unit: 64MiB, '1.5 GB' (default 256
+            MiB).
+        samples_per_shard: webdataset: samples per shard (default: as many as fit the cap, and at least 16 shards
+            for a set of 16 samples or more, so ranks x DataLoader workers each get whole shards).
+        samples_per_member: webdataset: samples per tar member, 1..256 (default: about 256 KiB of source per member,
+            1 for larger samples, at most 1/16 of the set; each member costs a 512-byte tar header and padding).
+        calibration: an explicit calibration set (anything `pack` takes) instead of the source's samples.
+        length: the sample count of an iterable source.
+        writer_options: the storage writer's options: zarr chunk_samples, shard_samples; webdataset max_shard_size,
+            samples_per_shard, samples_per_member.
+        storage_options: fsspec options for a URL OUT (s3://..., credentials, endpoint).
+        settings: A `PackSettings` with every setting at once, instead of the keywords above.
+
+    Returns:
+        The `Manifest` written at OUT (`dctdata.format.Manifest`).
+
+    Raises:
+        DctDataError: A setting is invalid, the source cannot be read or does not match the settings, OUT exists
+            without `overwrite=True`, or (with `strict=True`) a coefficient overflowed.
+        TypeError: A setting has the wrong type.
+    """
     from dctdata.preprocess.pack import pack as _pack
 
     given = {k: v for k, v in locals().items() if k in SETTINGS}
@@ -88,7 +147,52 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     manifest with any other bytes is refused (its checksums then pin every stored file).
     A pack of trajectories (The Well's layout) opened with n_steps_input, n_steps_output, dt_stride
     (min_dt_stride, max_dt_stride), full_trajectory_mode, ...: its time windows as The Well's
-    WellDataset serves them (`dctdata.loaders.windows.WindowDataset`)."""
+    WellDataset serves them (`dctdata.loaders.windows.WindowDataset`).
+
+    Args:
+        path_or_url: The pack's directory or URL, its manifest.json, or (webdataset) a list or brace expression of
+            its shard files.
+        **kwargs: The keywords of the dataset class the storage picks (listed below), and `sha256`.
+
+    Keyword Args:
+        sha256 (str): The manifest's expected sha256 (`dctdata info` prints it); any other manifest bytes are
+            refused. Not for `pipe:` streams.
+        decode (str): "cpu" (default: the workers decode the lossless stage) or "device" (the stored bytes cross;
+            `ds.decompressor()` decodes them).
+        as_dict (bool): Yield each sample as a dict by field name instead of a tuple in manifest order.
+        on_error (str): "raise" (default: a bad chunk or shard raises `IntegrityError`) or "skip" (bad samples or
+            shards are logged, counted and dropped).
+        storage_options (dict): fsspec options for a URL pack (credentials, endpoint).
+        manifest (Manifest): An already read `Manifest` of the pack (skips reading it again).
+        fields (list[str]): zarr only: the fields to read (default: all; a field's partners come with it).
+        shuffle (bool): webdataset only: shuffle the shard order and mix samples in a buffer (default True).
+        seed (int): webdataset only: the seed of the order, a pure function of (seed, epoch).
+        buffer_size (int): webdataset only: samples in each worker's shuffle buffer.
+        initial (int): webdataset only: samples the buffer holds before the first is yielded (default:
+            min(buffer_size, 100)).
+        split_by_node (bool): webdataset only: deal shards to ranks (default True); False gives every rank all
+            shards.
+        rank (int): webdataset only: this process's rank (default: from the environment or torch.distributed).
+        world_size (int): webdataset only: the number of ranks (with `rank`).
+        allow_pipe (bool): webdataset only: accept a shell `pipe:CMD` URL (it runs CMD).
+        cache_dir (str | os.PathLike): webdataset only: keep fetched shards in this local cache (sha256-checked on
+            reuse).
+        cache_limit (int | str): webdataset only: the cache's size cap, in bytes or with a unit (default 50 GiB).
+        n_steps_input (int): a pack of trajectories: frames in (with the other window options below, the
+            pack's time windows as a `WindowDataset`, The Well's `WellDataset` items).
+        n_steps_output (int): a pack of trajectories: frames out.
+        dt_stride (int): a pack of trajectories: the step between frames (or min_dt_stride / max_dt_stride).
+
+    Returns:
+        (DCTZarrDataset | DCTWebDataset | WindowDataset): A `DCTZarrDataset` (map-style) for a zarr pack, a
+            `DCTWebDataset` (iterable) for a webdataset pack, a `WindowDataset` with window options.
+
+    Raises:
+        DctDataError: The manifest is missing or invalid, its sha256 differs from `sha256`, or a keyword does not
+            fit the pack's storage (shard files or cache_dir for a zarr pack).
+        IntegrityError: Stored bytes fail their checksum (with `on_error="raise"`).
+        TypeError: A keyword the dataset class does not take.
+    """
     from dctdata.loaders.windows import WINDOW_OPTIONS
 
     sha256 = kwargs.pop("sha256", None)

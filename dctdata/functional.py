@@ -21,7 +21,21 @@ __all__ = ["decompress"]
 
 
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
-    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding)."""
+    """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding).
+
+    Args:
+        coeffs: Coefficients (..., Hb, K, Wb) as `compress` returns them.
+        cf: The chop factor 1..8: frequencies u, v < cf are candidates.
+        size: The image size (H, W) to crop to.
+        mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
+
+    Returns:
+        The float32 images (..., H, W), on `coeffs`' device.
+
+    Raises:
+        TypeError: `coeffs` is not a torch.Tensor.
+        DctDataError: `coeffs`' last three axes do not match (Hb, K, Wb) for `size`, `cf` and `mask`.
+    """
     if not isinstance(coeffs, torch.Tensor):
         raise TypeError(f"coeffs: expected a torch.Tensor of shape (..., Hb, K, Wb). Got {type(coeffs).__name__}")
     size = parse_size(size)

@@ -66,7 +66,18 @@ def _result(img: torch.Tensor, out: torch.Tensor | None, unbatched: bool) -> tor
 
 class Decompress(nn.Module):
     """Coefficients -> images. `normalize=False` ignores the spec's mean/std. A volume spec (`spec.depth`) gets
-    the subclass `dctdata.volume.VolumeDecompress`."""
+    the subclass `dctdata.volume.VolumeDecompress`.
+
+    Args:
+        spec: The `CodecSpec` of the field (`ds.decompressor()` builds the layer from the pack's).
+        dtype: The output dtype (float32, float16, bfloat16 or float64).
+        normalize: Apply the spec's mean/std after decoding (False ignores them).
+        lossless: The field's lossless stage (its manifest entry), to finish `StoredBatch` inputs
+            (`decode="device"`).
+
+    Raises:
+        TypeError: `spec` is not a CodecSpec or `dtype` is not a supported output dtype.
+    """
 
     _AXES = "C, Hb, K, Wb"  # a sample's coefficient axes, for the shape error
 

@@ -121,7 +121,15 @@ def coded_coefficients(
 
 # Quantization ------------------------------------------------------------------------------------
 def quantize(coeffs: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, int]:
-    """float32 (..., C, Hb, K, Wb) -> (wire-dtype tensor, number of clamped values)."""
+    """float32 (..., C, Hb, K, Wb) -> (wire-dtype tensor, number of clamped values).
+
+    Args:
+        coeffs: float32 coefficients (..., C, Hb, K, Wb).
+        spec: The `CodecSpec` whose dtype, steps, offsets and theta apply.
+
+    Returns:
+        The pair (coefficients in the spec's wire dtype, number of values clamped to the dtype's range).
+    """
     q, clamped = quantize_per_sample(coeffs, spec)
     return q, int(clamped.sum())
 
@@ -165,7 +173,15 @@ def quantize_per_sample(
 
 
 def dequantize(q: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
-    """Wire-dtype coefficients -> float32 coefficients: step * (q - recon * sign(q)) + offset."""
+    """Wire-dtype coefficients -> float32 coefficients: step * (q - recon * sign(q)) + offset.
+
+    Args:
+        q: Wire-dtype coefficients (..., C, Hb, K, Wb).
+        spec: The `CodecSpec` whose steps, offsets and recon apply.
+
+    Returns:
+        The float32 coefficients, same shape as `q`.
+    """
     check_coeff_shape(q, spec)
     c = as_rows(q.to(torch.float32), spec)
     if spec.recon is not None:
@@ -197,6 +213,22 @@ def encode(
     raised. With spec.corrections, each sample is also tried at coarser steps with the values that miss
     corrected one by one (`dctdata.corrections`), and keeps the encoding that stores least by `size_of`
     (a sample's coefficients (C, ...) -> bytes after the field's lossless stage; default zstd).
+
+    Args:
+        x: Float samples (..., C, H, W) (a volume spec: (..., C, D, H, W)).
+        spec: The `CodecSpec` of the field.
+        side: Per-sample side information (..., C, 2) to use instead of computing it from `x` (side specs only).
+        valid: A validity mask broadcastable to `x` (nonzero = valid): side information and bounds consider valid
+            pixels only.
+        size_of: A sample's coefficients -> stored bytes, to choose among encodings with corrections (default:
+            zstd).
+
+    Returns:
+        (tuple): The pair (wire value, overflow count): the wire value is the coefficients or (coefficients, side).
+
+    Raises:
+        DctDataError: `x` does not match the spec's shape or `side`/`valid` do not fit it.
+        BoundError: An item cannot meet spec.max_error/max_rel_error (`dctdata.bounds.BoundError`, a DctDataError).
     """
     n = len(spec.sample_shape)
     if isinstance(x, torch.Tensor) and tuple(x.shape[-n:]) != spec.sample_shape:
@@ -314,8 +346,8 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
 
     With a channel rotation every channel of a sample is scaled alike: scaling one channel's range mixes
     that channel into the others' coded channels (R diag(1/g) R^T), which spreads its detail over coded
-    channels that quantize it coarsely, and the item barely moved (measured on 8-channel MRI tiles:
-    0.9 made the item 0.16 dB worse); scaling them alike is y / g, each channel's error scales with g^2."""
+    channels that quantize it coarsely, and the item barely moved (docs/benchmarks/design.md); scaling them
+    alike is y / g, each channel's error scales with g^2."""
     from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)

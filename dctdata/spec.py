@@ -145,6 +145,36 @@ class CodecSpec:
     lattice: True when items whose values lie on an evenly spaced grid are snapped back onto it after
     decoding (`dctdata.lattice`, manifest version 5, optional): C rows (step, origin) follow the other side
     rows.
+
+    Args:
+        cf: The chop factor 1..8 (with `mask`: the K kept frequencies).
+        height: The decoded sample height H.
+        width: The decoded sample width W.
+        channels: The channel count C.
+        mask: The kept-frequency mask: "square" or "triangle" (volumes: "cube" or "tetra").
+        dtype: The coefficient dtype on the wire (float32, float16, bfloat16, int16, int8, ...).
+        steps: Dequantization steps (C x K, or (C,) for one per channel); required for integer dtypes.
+        offsets: Dequantization offsets (C x K).
+        mean: Per-channel mean (C) of the normalization applied after decoding.
+        std: Per-channel std (C) of the normalization applied after decoding.
+        block: The block size; only 8.
+        pad: How the encoder fills a sample to whole blocks: "symmetric" or "edge".
+        theta: The encoder's dead-zone rounding (None: round half to even).
+        recon: Reconstruction offsets in steps (C x K).
+        rotation: An orthonormal C x C channel rotation applied before the DCT.
+        side: "range_mid" when every sample carries its own (range, mid) per channel.
+        min_psnr: A per-item PSNR floor the encoder enforces with finer effective steps (needs `side`).
+        weights: Per-channel weights (C,) around the rotation (needs `rotation`).
+        depth: The sample depth D of a volume spec (None: 2-D samples).
+        max_error: A pointwise absolute error bound, in the field's units.
+        max_rel_error: A pointwise error bound relative to each item's value range.
+        bound_ref: The normalized bound the steps were chosen for.
+        corrections: The capacity (rows per sample) of the sparse correction list.
+        lattice: True when items on an evenly spaced grid are snapped back onto it after decoding.
+
+    Raises:
+        DctDataError: A field is out of range, a table has the wrong shape, or fields contradict each other.
+        TypeError: A field has the wrong type.
     """
 
     cf: int

@@ -50,7 +50,18 @@ def parse_mask(mask: object) -> str:
 
 @functools.lru_cache(maxsize=None)
 def kept_frequencies(cf: int, mask: str = "square") -> tuple[tuple[int, int], ...]:
-    """The (u, v) frequencies kept by a mask, in row-major order: plane k of the layout is entry k."""
+    """The (u, v) frequencies kept by a mask, in row-major order: plane k of the layout is entry k.
+
+    Args:
+        cf: The chop factor 1..8: frequencies u, v < cf are candidates.
+        mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
+
+    Returns:
+        The K kept (u, v) pairs, in the order of the coefficient layout's K axis.
+
+    Raises:
+        DctDataError: `cf` is outside 1..8 or `mask` is not a known mask.
+    """
     cf, mask = parse_cf(cf), parse_mask(mask)
     if mask == "square":
         return tuple((u, v) for u in range(cf) for v in range(cf))
@@ -58,7 +69,18 @@ def kept_frequencies(cf: int, mask: str = "square") -> tuple[tuple[int, int], ..
 
 
 def num_kept(cf: int, mask: str = "square") -> int:
-    """K: coefficients kept per 8x8 block (cf^2 for square, cf(cf+1)/2 for triangle)."""
+    """K: coefficients kept per 8x8 block (cf^2 for square, cf(cf+1)/2 for triangle).
+
+    Args:
+        cf: The chop factor 1..8: frequencies u, v < cf are candidates.
+        mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
+
+    Returns:
+        K, the number of coefficients kept per 8x8 block.
+
+    Raises:
+        DctDataError: `cf` is outside 1..8 or `mask` is not a known mask.
+    """
     return len(kept_frequencies(cf, mask))
 
 
@@ -78,7 +100,15 @@ def _dct_matrix_f64() -> torch.Tensor:
 
 
 def dct_matrix(dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
-    """Orthonormal DCT-II matrix T (8 x 8): T[0, j] = 1/sqrt(8), T[i, j] = sqrt(2/8) cos(pi (2j+1) i / 16)."""
+    """Orthonormal DCT-II matrix T (8 x 8): T[0, j] = 1/sqrt(8), T[i, j] = sqrt(2/8) cos(pi (2j+1) i / 16).
+
+    Args:
+        dtype: The dtype of the matrix.
+        device: The device of the matrix (default: the CPU).
+
+    Returns:
+        The (8, 8) orthonormal DCT-II matrix T.
+    """
     return _dct_matrix_f64().to(dtype=dtype, device=device)
 
 
@@ -94,6 +124,18 @@ def basis(cf: int, mask: str = "square", dtype: torch.dtype = torch.float32, dev
     """(K, 64) synthesis basis: row k is the 8x8 image of frequency (u_k, v_k), flattened row-major.
 
     Its rows are orthonormal, so analysis is `blocks @ basis.T` and synthesis `coeffs @ basis`.
+
+    Args:
+        cf: The chop factor 1..8: frequencies u, v < cf are candidates.
+        mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
+        dtype: The dtype of the basis.
+        device (torch.device | str | None): The device of the basis (default: the CPU).
+
+    Returns:
+        The (K, 64) synthesis basis, K = `num_kept(cf, mask)`.
+
+    Raises:
+        DctDataError: `cf` is outside 1..8 or `mask` is not a known mask.
     """
     return _basis_f64(parse_cf(cf), parse_mask(mask)).to(dtype=dtype, device=device)
 
@@ -146,7 +188,22 @@ def to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
 
 
 def compress(x: torch.Tensor, cf: int = 8, mask: str = "square", pad: str = "symmetric") -> torch.Tensor:
-    """(..., H, W) float -> (..., Hb, K, Wb) float32 DCT coefficients of the kept frequencies."""
+    """(..., H, W) float -> (..., Hb, K, Wb) float32 DCT coefficients of the kept frequencies.
+
+    Args:
+        x: Float samples (..., H, W), any H, W >= 1 (float16, bfloat16, float32 or float64).
+        cf: The chop factor 1..8: frequencies u, v < cf are candidates.
+        mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
+        pad: How a sample is filled to whole 8x8 blocks: "symmetric" (half-sample mirror) or "edge" (replicate the
+            edge, as version-1 packs).
+
+    Returns:
+        The float32 coefficients (..., Hb, K, Wb), Hb = ceil(H / 8), Wb = ceil(W / 8).
+
+    Raises:
+        TypeError: `x` is not a floating torch.Tensor.
+        DctDataError: `x` has fewer than two axes or an empty one, or `cf`, `mask` or `pad` is invalid.
+    """
     x = _check_image(x)
     m = basis(cf, mask, dtype=torch.float32, device=x.device)
     *lead, h, w = x.shape

@@ -120,6 +120,16 @@ class DevicePrefetcher:
     len() is the loader's; each `iter()` starts a new pass over the loader (one per epoch). With
     `pin_memory=True` unpinned CPU tensors are pinned before the copy (set `pin_memory=True` on the
     DataLoader instead to pin in its background thread, which is cheaper).
+
+    Args:
+        loader: The loader to iterate (e.g. a DataLoader `make_loader` returned).
+        device: Where batches go (default: the current CUDA device if any, else the CPU).
+        non_blocking: Copy asynchronously (CUDA, pinned memory).
+        pin_memory: Pin unpinned CPU tensors before the copy.
+
+    Raises:
+        TypeError: `loader` is not iterable or `device` has the wrong type.
+        DctDataError: `device` is not a device name or is not available.
     """
 
     def __init__(

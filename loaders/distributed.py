@@ -74,7 +74,28 @@ def make_loader(
     **loader_kwargs: Any,
 ) -> PackLoader:
     """A stateful DataLoader that gives this rank its share of `dataset` (see the module docstring). Workers
-    run one thread each (`dctdata.loaders.threads.worker_init`, before any `worker_init_fn` given)."""
+    run one thread each (`dctdata.loaders.threads.worker_init`, before any `worker_init_fn` given).
+
+    Args:
+        dataset: A dataset `open_dataset` returned (map-style or iterable).
+        batch_size: Samples per batch (>= 1).
+        num_workers: DataLoader worker processes (0: load in the main process).
+        shuffle: Shuffle the order (None: the dataset's own setting for webdataset, True for zarr).
+        seed: The seed of the order (None: the dataset's for webdataset, 0 for zarr).
+        drop_last: Drop the last incomplete batch (zarr: also the samples DistributedSampler would repeat).
+        rank: This process's rank (with `world_size`; default: torch.distributed or RANK/WORLD_SIZE).
+        world_size: The number of ranks (with `rank`).
+        **loader_kwargs: Passed on to the DataLoader (pin_memory, persistent_workers, worker_init_fn, collate_fn,
+            ...).
+
+    Returns:
+        A `PackLoader` (torchdata's StatefulDataLoader: `state_dict()`/`load_state_dict()` resume mid-epoch).
+
+    Raises:
+        DctDataError: `batch_size`, `num_workers` or `seed` is out of range, or only one of `rank`/`world_size` is
+            given.
+        TypeError: `dataset` is an iterable that is not a dctdata dataset.
+    """
     parse_int(batch_size, "batch_size", minimum=1, expected="a positive int", type_error=DctDataError)
     parse_int(num_workers, "num_workers", minimum=0, type_error=DctDataError)
     loader_kwargs["worker_init_fn"] = functools.partial(worker_init, then=loader_kwargs.get("worker_init_fn"))
@@ -134,7 +155,15 @@ def _configured(dataset: Any, batch_size: int, shuffle, seed, rank, world_size) 
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Make the next epoch's order a function of (seed, epoch) for either dataset kind."""
+    """Make the next epoch's order a function of (seed, epoch) for either dataset kind.
+
+    Args:
+        loader: The loader `make_loader` returned (or a DataLoader over a dctdata dataset).
+        epoch: The epoch number (>= 0).
+
+    Raises:
+        DctDataError: `epoch` is not a non-negative int.
+    """
     epoch = parse_int(epoch, "set_epoch: epoch", minimum=0, maximum=SEED_MAX)
     if isinstance(loader, PackLoader):
         loader.set_epoch(epoch)

@@ -33,7 +33,14 @@ def main_threads(num_workers: int) -> int:
 
 
 def balance_threads(num_workers: int) -> int:
-    """Set the main process's torch threads to `main_threads(num_workers)`; returns the number set."""
+    """Set the main process's torch threads to `main_threads(num_workers)`; returns the number set.
+
+    Args:
+        num_workers: The DataLoader workers running beside the main process.
+
+    Returns:
+        The number of torch threads set (at least 1).
+    """
     n = main_threads(num_workers)
     torch.set_num_threads(n)
     return n

@@ -103,8 +103,8 @@ def _curl(a: torch.Tensor) -> torch.Tensor:
 
 
 def _advect(c: torch.Tensor, vel: torch.Tensor) -> torch.Tensor:
-    """One semi-Lagrangian step: c(x) <- c(x - v(x)), trilinear and periodic (eight gathers: grid_sample in
-    3-D ran 20-50x slower on the CPU here)."""
+    """One semi-Lagrangian step: c(x) <- c(x - v(x)), trilinear and periodic (eight gathers: they ran faster
+    than grid_sample in 3-D on the CPU; docs/benchmarks/design.md)."""
     size = c.shape
     grids = torch.meshgrid(*(torch.arange(m, dtype=c.dtype) for m in size), indexing="ij")
     dep = [torch.remainder(g - v, m) for g, v, m in zip(grids, vel, size)]

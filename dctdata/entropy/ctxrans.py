@@ -133,7 +133,7 @@ MODE_SEGMENTS = _ctxrans.MODE_SEGMENTS
 LANES_MIN = 1 << 14  # below this, the 16-lane layout's 48 more header bytes outweigh its faster decode
 SEGMENT_V3 = 1 << 14  # coefficients per segment (mode 3) of a version 3 config without "segment"
 SEGMENT = 1 << 13  # what `fit` writes: a 256x256 int8 sample at CF 8 is 8 segments (the byte cost and GPU time
-# it was picked by are in docs/gpu-entropy-decoder.md)
+# it was picked by are in docs/guides/gpu-entropy-decoder.md)
 SEGMENT_BYTES = 6000  # and one segment beyond SEGMENT_V3's count per this many stream bytes (0: no bound)
 SEGMENT_RANGE = (1 << 10, 1 << 24)  # the segment lengths a config may name
 SEGMENT_BYTES_MAX = 1 << 30

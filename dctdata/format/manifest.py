@@ -6,55 +6,14 @@ stored. It also records the pack settings, the error figures achieved per field,
 checksums of every stored file, and a free `layout` dict for storage-specific entries (zarr chunking,
 the webdataset shard list). JSON has no infinities: +/-inf error figures are written as "inf"/"-inf".
 
-Versions (a reader reads every version up to FORMAT_VERSION, each with its own strict key set):
-- 1: the first format.
-- 2: codec v2, masked data and source metadata, compact JSON.
-  - Codec: CodecSpec `pad`, `theta`, `recon`, `rotation`, `side`, `min_psnr` (`dctdata.spec`), steps
-    stored (C,) when constant per channel, tables at float32 precision; a dct field whose codec has
-    side information has a stored partner field `<name>__side` ((C, 2) float32 per sample).
-  - Masks and metadata: a field's `valid` (the field holding its validity mask) and `attrs` (units,
-    ...); a field's stats `psnr_dataset`, `channels` (per-channel figures) and `valid_fraction`; the
-    manifest's `coords` (1-D coordinates of the source, e.g. the time of every sample;
-    `dctdata.format.coords`). Error figures are per channel of each sample over its valid pixels
-    (version 1 packs reported one figure per sample).
-  - Compact form (written since 0.1.x; every version-2 reader reads it, and reads the older form): a pack
-    keeps its error figures at 6 significant digits (`figure`); a one-channel field's `channels` left out when it only
-    repeats the field's figures (a reader fills it back); `pack` entries at their default
-    (`PACK_DEFAULTS`) left out (a reader fills them back). Small packs store a few hundred bytes less.
-- 3: nothing the manifest can derive is written (`compact_json`, `full_json`): a dct field's side
-  partner is not listed in `fields` (it is always `side_field(f)`, placed after its field); a zarr
-  `layout.arrays` entry has no `path` when it is the field's name; a webdataset `layout.shards` entry has
-  no `sha256`/`bytes` when the checksums say the same of its file. A `Manifest` in memory always has the
-  full form (what version 2 wrote), so every reader of it is unchanged; a version 2 reader refuses
-  version 3 by its version.
-- 4: a zarr pack may keep a small side partner (at most `zarr.layout.INLINE_BYTES`, packs of up to 128
-  samples x channels) in `layout.arrays` as {"inline": base64} instead of an array with its own files
-  (about 850 bytes of zarr.json, shard index, checksums and layout). A version 3 reader refuses it by its
-  version; everything else is as version 3.
-- 5: the manifest seals itself. `seal` is "sha256:" and the hex sha256 of the canonical JSON (sorted keys,
-  no spaces) of what decoding depends on: format, version, storage, sample count, fields (codecs
-  included), layout, checksums and coords, as written. Every read checks it after validating the rest, so
-  one changed character in a quantization step (a PSNR of 44 dB becoming 27 dB while every file still
-  matches its checksum) is refused. A seal is not a signature: whoever rewrites a manifest can reseal it
-  (`open_dataset(path, sha256=...)` pins a pack against that). Versions 1-4 have no seal and still read
-  (a version 4 reader refuses version 5 by its version); the pack settings, error figures and writing
-  dctdata version stay outside it (they describe the pack, decoding never reads them). The seal is
-  optional within version 5 (every writer of this release adds it; other version 5 features were developed
-  beside it, and a version 5 manifest written without it still reads, unchecked); a seal that is there
-  must match.
-  Also in version 5, a dct field's codec may record a pointwise error bound (`max_error`,
-  `max_rel_error`, `bound_ref`: `dctdata.bounds`; the decoder is unchanged) and the `pack` entry the
-  `max_error`/`max_rel_error` settings; an older manifest naming a bound is refused. A version 5 manifest
-  without them reads as before.
-  Also in version 5 (`VOLUMES_VERSION`; the round's format changes share it): a dct field may be a volume:
-  per-sample shape (C, D, H, W), its codec has a `depth` (8x8x8 blocks, masks "cube"/"tetra", coefficients
-  (C, Db, Hb, K, Wb)), and the pack entry `dims` (2 by default). A version 5 manifest without volumes reads
-  as before; a volume field in an older version is an error.
-  Also in version 5, a dct field's codec may carry channel `weights` (codec v3, `dctdata.spec.CodecSpec`:
-  with a channel rotation, each output channel's own error at the same steps, so every channel lands at
-  its target; an older manifest naming them is refused), and a webdataset pack's `layout.samples_per_member`
-  K says its tar members hold one standard array of K samples each (a dct field's side values their own
-  member; `dctdata.format.webdataset.layout`); a version 5 layout without it has per-sample members.
+Versions (a reader reads every version up to FORMAT_VERSION, each with its own strict key set): what
+each version adds and which readers read it is the "Version history" of docs/format.md, written once
+there. Where the code keeps them: version 2's compact form (`figure`, `PACK_DEFAULTS`: a reader fills the
+left-out entries back); version 3 (`compact_json`, `full_json`: a `Manifest` in memory always has the
+full form, so every reader of it is unchanged); version 4's inline side values
+(`zarr.layout.INLINE_BYTES`); version 5's seal (`manifest_seal`), error bounds (`dctdata.bounds`), volumes
+(`VOLUMES_VERSION`), channel weights (codec v3, `dctdata.spec.CodecSpec`) and grouped webdataset members
+(`dctdata.format.webdataset.layout`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The pack setting "auto": per dct field, the stage that stores its quantized coefficients in the fewest
 bytes, model included. A policy over two stages, not a stage.
 
-Why these two (measured on quantized coefficients of package-shipped images and SciML fields, README
-"Lossless stage" and examples/entropy_decode_speed.py): the entropy coder stores less than zstd-19 on
+Why these two (the measurements are in docs/benchmarks/entropy.md and docs/benchmarks/design.md): on
+quantized coefficients of package-shipped images and SciML fields the entropy coder stores less than zstd-19 on
 most sets, encodes faster than zstd-9 and decodes fast enough for the loaders; zstd-19 wins on periodic
 textures its long matches catch, and decodes faster. So integer coefficients get the smaller of the two
 (a tie goes to zstd-19, the faster to decode); float coefficients, arrays and labels get zstd-9 (packing

@@ -74,8 +74,8 @@ def get_stage(config: Mapping[str, Any] | None) -> Stage:
 def _build(config: dict[str, Any]) -> Stage:
     """The stage of a config, built once per process (a DataLoader worker forked after a manifest was read
     inherits it). Why: building the entropy coder (its frequency and search tables) takes milliseconds,
-    and the webdataset loader rebuilt it in every worker every epoch (measured: a fifth of decoding a
-    sample). Stages keep no per-call state, so one instance serves every caller; a config that fails to
+    and the webdataset loader rebuilt it in every worker every epoch (docs/benchmarks/design.md has the cost).
+    Stages keep no per-call state, so one instance serves every caller; a config that fails to
     build is never cached."""
     cls = _STAGES[config["id"]]
     try:
