@@ -10,11 +10,11 @@ write the dataset as *parts* (`dctdata.preprocess.parts`): sample ranges that ea
 files (a zarr shard of every field; one webdataset tar). A part validates shapes/dtypes/NaN, fills
 masked pixels, encodes `dct` fields with `dctdata.encode`, decodes them again to measure PSNR (per
 channel of each sample, over its valid pixels, against their value range) and max error, counts
-overflows and hands the stored arrays to the writer. Parts run in order in this process (default), or
-as Dask tasks (`workers=N` starts a LocalCluster, `scheduler=ADDRESS` uses an existing cluster;
-`dctdata.preprocess.parallel`); the bytes are the same either way. The manifest is written last, by
-the client. Iterables without random access (generators) are packed through the incremental `Writer`
-(`dctdata.preprocess.writer`), to the same format.
+overflows and hands the stored arrays to the writer. Parts run on forked worker processes, one a core
+by default (`workers=N`; 1, or a single part, runs them in this process), or as tasks on an existing Dask
+cluster (`scheduler=ADDRESS`; `dctdata.preprocess.parallel`); the bytes are the same either way. The
+manifest is written last, by the client. Iterables without random access (generators) are packed
+through the incremental `Writer` (`dctdata.preprocess.writer`), to the same format.
 
 Atomic commit (`dctdata.preprocess.commit`): a local OUT is written into the temporary sibling
 `.OUT.partial`, renamed to OUT only when everything worked; a data error removes it. An interruption
@@ -71,11 +71,10 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
     s = settings
     workers, scheduler, resume, overwrite, quiet = s.workers, s.scheduler, s.resume, s.overwrite, s.quiet
     calibration, length = s.calibration, s.length
-    parallel = (workers or 1) > 1 or scheduler is not None
-    if not is_path(source) and (parallel or resume):
+    if not is_path(source) and (scheduler is not None or resume):
         raise DctDataError(
-            f"--workers/--scheduler/--resume: expected a path, URL or module:callable source (workers and a resumed "
-            f"pack reopen the source by name). Got a Python object {describe(source)}"
+            f"--scheduler/--resume: expected a path, URL or module:callable source (a cluster's workers and a "
+            f"resumed pack reopen the source by name). Got a Python object {describe(source)}"
         )
     if length is not None and not is_sample_iterable(source):
         raise DctDataError(f"length: expected an iterable source (others know their length). Got {describe(source)}")
@@ -83,7 +82,7 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
         from dctdata.preprocess.writer import pack_iterable
 
         return pack_iterable(source, out, settings)
-    if parallel:
+    if scheduler is not None:
         parallel_mod.require_dask()
     storage_options = dict(s.storage_options or {})
     out = check_out(out, overwrite, storage_options)
@@ -216,7 +215,8 @@ def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
 def _run(
     job: "PartJob", todo, results: dict, journal, *, src, workers, scheduler, quiet: bool, total: int, done: int
 ) -> None:
-    """Run the parts in `todo` (serially here, or on Dask), journaling each as it finishes."""
+    """Run the parts in `todo` (here, on forked workers, or on a Dask cluster), journaling each as it
+    finishes."""
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -230,8 +230,11 @@ def _run(
         bar.update(1)
 
     try:
-        if (workers or 1) > 1 or scheduler is not None:
-            parallel_mod.run_parts(job, todo, workers=workers, scheduler=scheduler, on_done=finished)
+        local = parallel_mod.local_workers(workers, len(todo))
+        if scheduler is not None:
+            parallel_mod.run_parts(job, todo, workers=None, scheduler=scheduler, on_done=finished)
+        elif local > 1:
+            parallel_mod.run_parts_local(job, todo, src=src, workers=local, on_done=finished)
         else:
             threads = torch.get_num_threads()
             try:
