@@ -234,7 +234,7 @@ def _run(
         if scheduler is not None:
             parallel_mod.run_parts(job, todo, workers=None, scheduler=scheduler, on_done=finished)
         elif local > 1:
-            parallel_mod.run_parts_local(job, todo, src=src, workers=local, on_done=finished)
+            parallel_mod.run_parts_local(job, todo, src=src, workers=local, on_done=finished, run=run_part)
         else:
             threads = torch.get_num_threads()
             try:

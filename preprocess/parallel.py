@@ -49,40 +49,62 @@ def local_workers(workers: int | None, parts: int) -> int:
     return max(1, min(n, parts))
 
 
-_FORKED: tuple | None = None  # (job, source or None) the forked workers inherit; set only while a pool runs
+_FORKED: tuple | None = None  # (job, source or None, run) the forked workers inherit; set while a pool runs
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _start_worker() -> None:
+def _start_worker(parent: int) -> None:
     import torch
 
     torch.set_num_threads(1)  # one core each: N workers on N cores (run_part sets it again per part)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's to handle: it stops the pool
+    try:  # a client killed outright (kill -9) takes its workers with it: none writes into a resumed pack
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pool's own checks end the workers with the client
+        pass
+    if os.getppid() != parent:  # the client died before the signal was armed
+        os._exit(1)
 
 
 def _forked_part(task: tuple[int, int, int]) -> dict:
-    from dctdata.preprocess.parts import run_part
-
-    job, src = _FORKED
+    job, src, run = _FORKED
     i, a, b = task
-    return run_part(job, i, a, b, src=src)
+    return run(job, i, a, b, src=src)
 
 
-def run_parts_local(job, todo, *, src, workers: int, on_done) -> None:
+def run_parts_local(job, todo, *, src, workers: int, on_done, run=None) -> None:
     """Run every (index, start, stop) of `todo` on `workers` forked processes; call on_done(result) (in
     this process) as each finishes. `src`: the open source, used by the workers only when the job has no
-    name to reopen it by (an in-memory object, inherited by the fork)."""
+    name to reopen it by (an in-memory object, inherited by the fork). `run`: the part function
+    (default `dctdata.preprocess.parts.run_part`).
+
+    A part's error (any exception, KeyboardInterrupt included) is raised here and the parts not started
+    are dropped; a worker that dies (killed, out of memory) raises BrokenProcessPool instead of waiting
+    for its part forever. On the way out the workers are ended, so none writes after the pack returns."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from dctdata.preprocess.parts import run_part
     from dctdata.preprocess.sources import is_path
 
     global _FORKED
-    _FORKED = (job, None if is_path(job.source) else src)
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=_start_worker)
+    _FORKED = (job, None if is_path(job.source) else src, run or run_part)
+    ctx = multiprocessing.get_context("fork")
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker, initargs=(os.getpid(),))
+    finished = False
     try:
-        for res in pool.imap_unordered(_forked_part, todo, chunksize=1):
-            on_done(res)
-        pool.close()
+        pending = {pool.submit(_forked_part, task) for task in todo}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: f.exception() is not None):  # finished parts count, then errors
+                on_done(fut.result())
+        finished = True
     finally:
-        pool.terminate()  # after an error or Ctrl-C: no part keeps running past the pack
-        pool.join()
+        if not finished:  # parts still running after an error or Ctrl-C stop now
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
         _FORKED = None
 
 

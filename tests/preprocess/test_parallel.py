@@ -121,3 +121,16 @@ def test_parallel_pack_of_masked_data_is_byte_identical_to_serial(tmp_path):
     m2 = dctdata.pack(tmp_path / "x.npy", tmp_path / "dask", workers=2, **kw)
     assert m1.names == ("image", "image_valid") and m1.to_json() == m2.to_json()
     assert files(tmp_path / "serial") == files(tmp_path / "dask")
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    import os
+    from concurrent.futures.process import BrokenProcessPool
+
+    import dctdata.preprocess.pack as pack_mod
+
+    monkeypatch.setattr(pack_mod, "run_part", lambda *a, **k: os._exit(3))  # killed mid-part (out of memory)
+    x = np.random.default_rng(0).standard_normal((16, 1, 8, 8)).astype(np.float32)
+    with pytest.raises(BrokenProcessPool):
+        dctdata.pack(x, tmp_path / "o", workers=2, cf=4, quant="int8", quiet=True, writer_options={"shard_samples": 4})
+    assert not (tmp_path / "o").exists()
