@@ -429,7 +429,7 @@ class PackSettings:
         writer=False,
         type=int,
         metavar="N",
-        help="pack on a local Dask cluster of N processes (needs dctdata[dask])",
+        help="pack on N worker processes of this machine (default: its cores; 1: in this process)",
     )
     scheduler: str | None = setting(
         None,
@@ -526,7 +526,7 @@ class PackSettings:
         parse_optional_int(workers, "--workers", minimum=1, expected="a positive int", type_error=DctDataError)
         if workers not in (None, 1) and scheduler is not None:
             raise DctDataError(
-                f"--workers/--scheduler: expected one of them (--workers starts a local cluster). Got "
+                f"--workers/--scheduler: expected one of them (--workers runs on this machine). Got "
                 f"workers={workers} scheduler={scheduler!r}"
             )
         parse_device(self.device)

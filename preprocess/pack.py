@@ -10,11 +10,11 @@ write the dataset as *parts* (`dctdata.preprocess.parts`): sample ranges that ea
 files (a zarr shard of every field; one webdataset tar). A part validates shapes/dtypes/NaN, fills
 masked pixels, encodes `dct` fields with `dctdata.encode`, decodes them again to measure PSNR (per
 channel of each sample, over its valid pixels, against their value range) and max error, counts
-overflows and hands the stored arrays to the writer. Parts run in order in this process (default), or
-as Dask tasks (`workers=N` starts a LocalCluster, `scheduler=ADDRESS` uses an existing cluster;
-`dctdata.preprocess.parallel`); the bytes are the same either way. The manifest is written last, by
-the client. Iterables without random access (generators) are packed through the incremental `Writer`
-(`dctdata.preprocess.writer`), to the same format.
+overflows and hands the stored arrays to the writer. Parts run on forked worker processes, one a core
+by default (`workers=N`; 1, or a single part, runs them in this process), or as tasks on an existing Dask
+cluster (`scheduler=ADDRESS`; `dctdata.preprocess.parallel`); the bytes are the same either way. The
+manifest is written last, by the client. Iterables without random access (generators) are packed
+through the incremental `Writer` (`dctdata.preprocess.writer`), to the same format.
 
 Atomic commit (`dctdata.preprocess.commit`): a local OUT is written into the temporary sibling
 `.OUT.partial`, renamed to OUT only when everything worked; a data error removes it. An interruption
@@ -73,11 +73,10 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
     workers, scheduler, resume, overwrite, quiet = s.workers, s.scheduler, s.resume, s.overwrite, s.quiet
     calibration, length = s.calibration, s.length
     device = None if s.device == "cpu" else device_pack.torch_device(s.device)  # a clear error without CUDA
-    parallel = device is None and ((workers or 1) > 1 or scheduler is not None)  # a device pack: threads
-    if not is_path(source) and (parallel or resume):
+    if not is_path(source) and (scheduler is not None or resume):
         raise DctDataError(
-            f"--workers/--scheduler/--resume: expected a path, URL or module:callable source (workers and a resumed "
-            f"pack reopen the source by name). Got a Python object {describe(source)}"
+            f"--scheduler/--resume: expected a path, URL or module:callable source (a cluster's workers and a "
+            f"resumed pack reopen the source by name). Got a Python object {describe(source)}"
         )
     if length is not None and not is_sample_iterable(source):
         raise DctDataError(f"length: expected an iterable source (others know their length). Got {describe(source)}")
@@ -91,7 +90,7 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
             )
 
         return pack_iterable(source, out, settings)
-    if parallel:
+    if scheduler is not None:
         parallel_mod.require_dask()
     storage_options = dict(s.storage_options or {})
     out = check_out(out, overwrite, storage_options)
@@ -236,7 +235,7 @@ def _run(
     done: int,
     device=None,
 ) -> None:
-    """Run the parts in `todo` (serially here, on Dask, or with the transform on `device`:
+    """Run the parts in `todo` (here, on forked workers, on a Dask cluster, or with the transform on `device`:
     `dctdata.preprocess.device_pack`), journaling each as it finishes. The bar counts the source's bytes
     (MB/s and the time left): per batch in one process, per part from workers or the device pipeline."""
     from tqdm.auto import tqdm
@@ -249,7 +248,8 @@ def _run(
         total=job.samples * per, initial=kept * per, unit="B", unit_scale=True, unit_divisor=1000, desc="pack",
         disable=quiet or not sys.stderr.isatty(), leave=False,
     )  # fmt: skip
-    serial = device is None and not ((workers or 1) > 1 or scheduler is not None)
+    local = parallel_mod.local_workers(workers, len(todo))
+    serial = device is None and scheduler is None and local <= 1
 
     def finished(res: dict) -> None:
         results[res["index"]] = res
@@ -265,8 +265,10 @@ def _run(
                 device_pack.run_parts(job, todo, src, device, finished, device_pack.writer_threads(workers))
             finally:
                 torch.set_num_threads(threads)
-        elif (workers or 1) > 1 or scheduler is not None:
-            parallel_mod.run_parts(job, todo, workers=workers, scheduler=scheduler, on_done=finished)
+        elif scheduler is not None:
+            parallel_mod.run_parts(job, todo, workers=None, scheduler=scheduler, on_done=finished)
+        elif local > 1:
+            parallel_mod.run_parts_local(job, todo, src=src, workers=local, on_done=finished, run=run_part)
         else:
             threads = torch.get_num_threads()
             try:

@@ -1284,9 +1284,9 @@ _obj(
 )
 _obj(
     "pack objects",
-    "an array with --workers",
-    r"--workers/--scheduler/--resume: expected a path, URL or module:callable source",
-    lambda t: dctdata.pack(fields(3), t / "out", workers=2),
+    "an array with --scheduler",
+    r"--scheduler/--resume: expected a path, URL or module:callable source",
+    lambda t: dctdata.pack(fields(3), t / "out", scheduler="tcp://127.0.0.1:1"),
 )
 _obj(
     "pack objects",
