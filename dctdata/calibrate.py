@@ -571,7 +571,10 @@ def calibrate_report(
             where or (lambda i: f"calibration sample {i}"),
         )
         if bounds:
-            spec, result = _both(x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors)
+            spec, result = _both(
+                x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
+                where or (lambda i: f"calibration sample {i}"),
+            )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
     return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
@@ -677,7 +680,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     return best[0].replace(corrections=cap), tuple(candidates)
 
 
-def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors):
+def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors, where):
     """A target and a bound (both hold): the bound's own spec when it already reaches the target on the
     subset (a tight bound usually does), with the target's per-sample floor; else the landed spec with the
     items that miss the bound re-coded (int16 landed again when int8 cannot hold the bound)."""
@@ -695,7 +698,9 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
     except BoundError:
         if dtype is not None or spec.dtype != "int8":
             raise
-        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors)[0].replace(**bounds)
+        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where)[0]
+        spec = spec.replace(**bounds)
+        encode(x, spec, valid=valid)  # a BoundError here names the item int16 cannot hold either
     return spec, None
 
 

@@ -395,11 +395,6 @@ class VolumeDecompress(Decompress):
             img = self._snap(img if target is None else target, grid, target, indices, deferred)
         return _result(img, out, unbatched)
 
-    def _check_dtype(self, q: torch.Tensor) -> None:
-        # any real dtype, as before: the 2-D layer's list of wire dtypes was never applied to volumes
-        if q.is_complex() or q.dtype == torch.bool:
-            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
-
     def _check_spec(self, spec: CodecSpec) -> None:
         if spec.depth is None:
             raise DctDataError(f"spec: expected a volume spec (depth set). Got a 2-D spec of shape {spec.sample_shape}")
