@@ -30,6 +30,7 @@ PSNR here is always against each item's own value range (`dctdata.metrics`). "Da
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -550,7 +551,8 @@ def calibrate_report(
     result = None
     bounds = _parse_bounds(max_error, max_rel_error, dtype)
     if target_psnr is None and bounds:
-        spec, candidates = _bounded(x, valid, cfs or 8, masks or _masks(x.dim() - 2)[1], dtype, bounds, codec)
+        with _naming(where):
+            spec, candidates = _bounded(x, valid, cfs or 8, masks or _masks(x.dim() - 2)[1], dtype, bounds, codec)
         evaluations = len(candidates)
     elif target_psnr is None:
         spec = _untargeted(x, side, cfs, masks or _masks(x.dim() - 2)[1], dtype or "float32", min_psnr)
@@ -571,13 +573,29 @@ def calibrate_report(
             where or (lambda i: f"calibration sample {i}"),
         )
         if bounds:
-            spec, result = _both(
-                x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
-                where or (lambda i: f"calibration sample {i}"),
-            )  # fmt: skip
+            with _naming(where):
+                spec, result = _both(
+                    x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
+                    where or (lambda i: f"calibration sample {i}"),
+                )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
     return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
+
+
+@contextlib.contextmanager
+def _naming(where: Callable[[int], str] | None):
+    """A `BoundError` of the bounded search raised again with its sample named (`where`, or its index in the
+    calibration subset): the encoder knows only its position in the batch."""
+    from dctdata.bounds import BoundError
+
+    try:
+        yield
+    except BoundError as exc:
+        name = where(exc.sample) if where is not None else f"calibration sample {exc.sample}"
+        named = BoundError(f"{name}: {exc}", exc.sample, exc.channel)
+        named.item, named.detail = name, str(exc)  # for a caller that adds the field's name between them
+        raise named from None
 
 
 def _parse_bounds(max_error, max_rel_error, dtype: str | None) -> dict[str, float]:
@@ -656,9 +674,11 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
         dt = dtype or "int16"
         floors = reach / (INT_LIMITS[dt] - 0.5)
         for m in FINER_STEPS:
-            spec = probe.replace(
-                dtype=dt, bound_ref=ref, steps=torch.maximum(floors, m * ref * torch.ones_like(floors)).tolist()
-            )
+            steps = torch.maximum(floors, m * ref * torch.ones_like(floors))
+            # "the floors alone" where a frequency has one; one the subset never reached (floor 0: near-constant
+            # or grid data) keeps the finest step tried before, never a step of 0
+            steps = torch.where(steps > 0, steps, torch.full_like(steps, FINER_STEPS[-2] * ref))
+            spec = probe.replace(dtype=dt, bound_ref=ref, steps=steps.tolist())
             try:
                 encode(x, spec, valid=valid)
             except BoundError as exc:
