@@ -144,7 +144,9 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 
 
 # Inputs ------------------------------------------------------------------------------------------
-def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
+def _check_samples(
+    samples: object, valid: object, bounded: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
     if samples.dim() not in (4, 5) or samples.shape[0] < 1 or samples.numel() == 0:
@@ -173,7 +175,7 @@ def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.
                 f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
             ) from exc
     errors = ItemErrors(x, valid, dims=x.dim() - 2)
-    if not bool(errors.ok.any()):
+    if not bool(errors.ok.any()) and not bounded:  # a bound alone needs no PSNR: constant items are stored exactly
         raise DctDataError(
             "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
             "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
@@ -529,7 +531,8 @@ def calibrate_report(
     the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
     """
     t0 = time.perf_counter()
-    x, valid, errors = _check_samples(samples, valid)
+    bounded_only = target_psnr is None and (max_error is not None or max_rel_error is not None)
+    x, valid, errors = _check_samples(samples, valid, bounded_only)
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
@@ -1052,7 +1055,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
         nm = errors.nmse(x_hat)
     else:
         wire, overflow, x_hat, nm = result
-    per_item = [db(v) for v in nm[errors.ok].tolist()]
+    per_item = [db(v) for v in nm[errors.ok].tolist()] or [math.inf]  # only constant items (a bound): no error
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
@@ -1065,7 +1068,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
     return Calibration(
         spec=spec,
         target_psnr=target,
-        dataset_psnr=db(float(nm[errors.ok].mean())),
+        dataset_psnr=db(float(nm[errors.ok].mean())) if bool(errors.ok.any()) else math.inf,
         psnr_min=min(per_item),
         psnr_median=statistics.median(per_item),
         max_error=float(diff.max()),
