@@ -135,7 +135,7 @@ def _grid(v: torch.Tensor, bound: float, margin: float):
     holds the bound."""
     if not v.numel() or not bool(torch.isfinite(v).all()):
         return None
-    u = np.unique(v.numpy())
+    u = np.unique(v.numpy().astype(np.float64))
     if len(u) == 1:
         return _point(float(u[0]), bound, margin)
     if len(u) > MAX_LEVELS:
