@@ -130,17 +130,11 @@ def constant(rng: torch.Tensor) -> torch.Tensor:
     return rng == 0
 
 
-def constant_advice(x: torch.Tensor, spec: CodecSpec, bound) -> str:
-    """What helps a constant item that misses its bound (the `BoundError`'s reason)."""
-    kind = str(x.dtype).removeprefix("torch.")
-    if float(bound) > 0 or x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return (
-            "a constant item: it decodes exactly only on a lattice, which this field's codec has not (no item of "
-            "the calibration subset needed one): pack with this sample in the calibration set, or give "
-            "--max-error instead of --max-rel-error"
-        )
+def constant_advice(spec: CodecSpec) -> str:
+    """What helps a constant item that misses its bound (the `BoundError`'s reason). A value float32 does not
+    hold is named before coding (`check_float32_rounding`); one it holds decodes exactly on a lattice."""
+    instead = ", or give --max-error instead of --max-rel-error" if spec.max_rel_error is not None else ""
     return (
-        f"a constant item whose {kind} value float32 does not hold: the codec stores float32, so it cannot "
-        "decode exactly (its relative bound is 0, relative to a range of 0); cast the source to float32 first, "
-        "give --max-error instead, or keep the field exact: --field NAME=array"
+        "a constant item: it decodes exactly only on a lattice, which this field's codec has not (no item of "
+        f"the calibration subset needed one): pack with this sample in the calibration set{instead}"
     )

@@ -431,7 +431,7 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     # one error per sample that misses (its first item): raised, or handed to on_miss
     for j, c in ((int(j), int(bad[j].nonzero()[0])) for j in bad.any(1).nonzero().flatten()):
         why = (
-            constant_advice(x, spec, bound[j, c])
+            constant_advice(spec)
             if flat is not None and bool(flat[j, c])
             else "the bound is below float32's precision for these values: loosen it or subtract an offset"
             if float(margin[j, c]) >= float(bound[j, c])
