@@ -70,6 +70,28 @@ def item_bounds(
     return bound, MARGIN_REL * flat.amax(-1), rng
 
 
+def check_float32_rounding(x: torch.Tensor, spec: CodecSpec, valid: torch.Tensor | None = None) -> None:
+    """Raise `BoundError` naming the first item of a float64 batch whose values float32 alone rounds by more
+    than its bound: the codec stores and decodes float32, so no encoding holds that bound against the
+    source as given (its float32 cast's errors would be measured against the wrong values)."""
+    if x.dtype != torch.float64:
+        return
+    bound, _, _ = item_bounds(x, spec, valid)
+    err = item_max_error(x, x.to(torch.float32), valid, spec.dims)
+    bad = err > bound
+    if bool(bad.any()):
+        j = int(bad.any(1).nonzero()[0])
+        c = int(bad[j].nonzero()[0])
+        raise BoundError(
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}) on every value. Got float64 "
+            f"values in channel {c} that float32, what the codec stores, rounds by up to {float(err[j, c]):.3g} "
+            "alone (loosen the bound, cast the source to float32 first if its float32 values are what is to be "
+            "bounded, or keep the field exact: --field NAME=array)",
+            j,
+            c,
+        )
+
+
 def item_max_error(
     x: torch.Tensor, x_hat: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2
 ) -> torch.Tensor:
@@ -83,13 +105,36 @@ def item_max_error(
 def initial_scale(bound: torch.Tensor, rng: torch.Tensor, spec: CodecSpec) -> torch.Tensor | None:
     """(B, C) the factor each item's stored range starts at: its normalized bound (bound / range) over the
     spec's bound_ref, so every item starts at the step its own bound needs; None without bound_ref.
-    Items without a range (constant) decode exactly and keep 1."""
+    Items without a range (constant) keep 1 (`constant`)."""
     if spec.bound_ref is None:
         return None
     g = bound / (spec.bound_ref * rng.clamp(min=1e-300))
     return torch.where((rng > 0) & torch.isfinite(g), g.clamp(1e-6, 1e6), torch.ones_like(g))
 
 
-def missing(err: torch.Tensor, bound: torch.Tensor, margin: torch.Tensor) -> torch.Tensor:
-    """Items whose decode misses the bound less the margin (an exact decode always holds)."""
-    return (err + margin > bound) & (err > 0)
+def missing(
+    err: torch.Tensor, bound: torch.Tensor, margin: torch.Tensor, exact: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Items whose decode misses the bound less the margin. An exact decode holds any bound only where
+    `exact` (B, C) says every decode path gives the same values: an item snapped onto its lattice (the snap
+    computes in float32 for every output dtype, `dctdata.lattice`). Elsewhere a float32 decode that happens
+    to round onto the source's values says nothing of a float64 decode, so the margin is kept."""
+    miss = err + margin > bound
+    return miss if exact is None else miss & ~(exact & (err == 0))
+
+
+def constant(rng: torch.Tensor) -> torch.Tensor:
+    """(B, C) the items constant over their valid pixels. A relative bound is 0 there (relative to a range of
+    0): as SZ3 does with a bound of 0, such an item is stored exactly, on a one-point lattice (`dctdata.lattice`
+    gives it one; the snap returns its value on every path), or the pack names it."""
+    return rng == 0
+
+
+def constant_advice(spec: CodecSpec) -> str:
+    """What helps a constant item that misses its bound (the `BoundError`'s reason). A value float32 does not
+    hold is named before coding (`check_float32_rounding`); one it holds decodes exactly on a lattice."""
+    instead = ", or give --max-error instead of --max-rel-error" if spec.max_rel_error is not None else ""
+    return (
+        "a constant item: it decodes exactly only on a lattice, which this field's codec has not (no item of "
+        f"the calibration subset needed one): pack with this sample in the calibration set{instead}"
+    )

@@ -30,6 +30,7 @@ PSNR here is always against each item's own value range (`dctdata.metrics`). "Da
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -143,7 +144,9 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 
 
 # Inputs ------------------------------------------------------------------------------------------
-def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
+def _check_samples(
+    samples: object, valid: object, bounded: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
     if samples.dim() not in (4, 5) or samples.shape[0] < 1 or samples.numel() == 0:
@@ -172,7 +175,7 @@ def _check_samples(samples: object, valid: object) -> tuple[torch.Tensor, torch.
                 f"valid: expected a mask broadcastable to {tuple(x.shape)}. Got {tuple(valid.shape)}"
             ) from exc
     errors = ItemErrors(x, valid, dims=x.dim() - 2)
-    if not bool(errors.ok.any()):
+    if not bool(errors.ok.any()) and not bounded:  # a bound alone needs no PSNR: constant items are stored exactly
         raise DctDataError(
             "calibration samples: expected at least one item (sample channel) with max > min. Got only constant "
             "items, for which PSNR against the item's range is undefined; pack them with --quant none|fp16|bf16 "
@@ -540,7 +543,8 @@ def calibrate_report(
     the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
     """
     t0 = time.perf_counter()
-    x, valid, errors = _check_samples(samples, valid)
+    bounded_only = target_psnr is None and (max_error is not None or max_rel_error is not None)
+    x, valid, errors = _check_samples(samples, valid, bounded_only)
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
@@ -562,7 +566,8 @@ def calibrate_report(
     result = None
     bounds = _parse_bounds(max_error, max_rel_error, dtype)
     if target_psnr is None and bounds:
-        spec, candidates = _bounded(x, valid, cfs or 8, masks or _masks(x.dim() - 2)[1], dtype, bounds, codec)
+        with _naming(where):
+            spec, candidates = _bounded(x, valid, cfs or 8, masks or _masks(x.dim() - 2)[1], dtype, bounds, codec)
         evaluations = len(candidates)
     elif target_psnr is None:
         spec = _untargeted(x, side, cfs, masks or _masks(x.dim() - 2)[1], dtype or "float32", min_psnr)
@@ -583,10 +588,29 @@ def calibrate_report(
             where or (lambda i: f"calibration sample {i}"),
         )
         if bounds:
-            spec, result = _both(x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors)
+            with _naming(where):
+                spec, result = _both(
+                    x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
+                    where or (lambda i: f"calibration sample {i}"),
+                )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
     return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
+
+
+@contextlib.contextmanager
+def _naming(where: Callable[[int], str] | None):
+    """A `BoundError` of the bounded search raised again with its sample named (`where`, or its index in the
+    calibration subset): the encoder knows only its position in the batch."""
+    from dctdata.bounds import BoundError
+
+    try:
+        yield
+    except BoundError as exc:
+        name = where(exc.sample) if where is not None else f"calibration sample {exc.sample}"
+        named = BoundError(f"{name}: {exc}", exc.sample, exc.channel)
+        named.item, named.detail = name, str(exc)  # for a caller that adds the field's name between them
+        raise named from None
 
 
 def _parse_bounds(max_error, max_rel_error, dtype: str | None) -> dict[str, float]:
@@ -665,9 +689,11 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
         dt = dtype or "int16"
         floors = reach / (INT_LIMITS[dt] - 0.5)
         for m in FINER_STEPS:
-            spec = probe.replace(
-                dtype=dt, bound_ref=ref, steps=torch.maximum(floors, m * ref * torch.ones_like(floors)).tolist()
-            )
+            steps = torch.maximum(floors, m * ref * torch.ones_like(floors))
+            # "the floors alone" where a frequency has one; one the subset never reached (floor 0: near-constant
+            # or grid data) keeps the finest step tried before, never a step of 0
+            steps = torch.where(steps > 0, steps, torch.full_like(steps, FINER_STEPS[-2] * ref))
+            spec = probe.replace(dtype=dt, bound_ref=ref, steps=steps.tolist())
             try:
                 encode(x, spec, valid=valid)
             except BoundError as exc:
@@ -689,7 +715,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     return best[0].replace(corrections=cap), tuple(candidates)
 
 
-def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors):
+def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors, where):
     """A target and a bound (both hold): the bound's own spec when it already reaches the target on the
     subset (a tight bound usually does), with the target's per-sample floor; else the landed spec with the
     items that miss the bound re-coded (int16 landed again when int8 cannot hold the bound)."""
@@ -707,7 +733,9 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
     except BoundError:
         if dtype is not None or spec.dtype != "int8":
             raise
-        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors)[0].replace(**bounds)
+        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where)[0]
+        spec = spec.replace(**bounds)
+        encode(x, spec, valid=valid)  # a BoundError here names the item int16 cannot hold either
     return spec, None
 
 
@@ -1039,7 +1067,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
         nm = errors.nmse(x_hat)
     else:
         wire, overflow, x_hat, nm = result
-    per_item = [db(v) for v in nm[errors.ok].tolist()]
+    per_item = [db(v) for v in nm[errors.ok].tolist()] or [math.inf]  # only constant items (a bound): no error
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
@@ -1052,7 +1080,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
     return Calibration(
         spec=spec,
         target_psnr=target,
-        dataset_psnr=db(float(nm[errors.ok].mean())),
+        dataset_psnr=db(float(nm[errors.ok].mean())) if bool(errors.ok.any()) else math.inf,
         psnr_min=min(per_item),
         psnr_median=statistics.median(per_item),
         max_error=float(diff.max()),

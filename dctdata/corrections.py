@@ -142,8 +142,9 @@ def build(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(correction rows (B, 1 + cap, 2) float32, count per sample (B,)) that bring every valid value of
     x_hat (B, C, *size) within `room` (B, C: the bound less the float32 margin) of x. A sample needing
-    more than `cap` corrections gets count > cap and no rows (the caller does not use it). The step is
-    the sample's smallest room: the corrected value is within step / 2 of x before float32 rounding."""
+    more than `cap` corrections, or one of more than 2^24 steps, gets count > cap and no rows (the caller
+    does not use it). The step is the smallest room of the sample's items that have values to correct: the
+    corrected value is within step / 2 of x before float32 rounding."""
     b = x.shape[0]
     d = x.detach().to(torch.float64) - x_hat.detach().to(torch.float64)
     at = (...,) + (None,) * (x.dim() - 2)
@@ -153,10 +154,12 @@ def build(
     miss = miss.reshape(b, -1)
     d = d.reshape(b, -1)
     counts = miss.sum(1)
-    # the smallest room of the items that have some (a constant item decodes exactly: its room of 0 takes no
-    # correction), as float32: what the decoder multiplies by
-    step = room.masked_fill(~(room > 0), math.inf).amin(1).to(torch.float32).to(torch.float64)
-    stuck = (miss.reshape(x.shape).flatten(2).any(-1) & ~(room > 0)).any(1)  # a miss where nothing may move
+    # the smallest room of the items with a value to correct (one step serves the sample; a channel without
+    # misses does not make it finer: channels whose ranges differ by 1e8 would need corrections past 2^24
+    # steps), as float32: what the decoder multiplies by. A constant item decodes exactly: its room of 0 takes none
+    per_item = miss.reshape(x.shape).flatten(2).any(-1)  # (B, C)
+    step = room.masked_fill(~((room > 0) & per_item), math.inf).amin(1).to(torch.float32).to(torch.float64)
+    stuck = (per_item & ~(room > 0)).any(1)  # a miss where nothing may move
     counts[stuck] = cap + 1
     fix = torch.zeros(b, 1 + cap, 2, dtype=torch.float32)
     for j in (counts <= cap).nonzero().flatten().tolist():
@@ -172,6 +175,9 @@ def build(
             counts[j] = cap + 1  # rare (2^24 values between two misses): the sample goes without
             continue
         k = torch.round(d[j, where] / s)
+        if bool((k.abs() > EXACT).any()):  # a correction float32 cannot hold (what `check` refuses): go without
+            counts[j] = cap + 1
+            continue
         fix[j, 0, 0], fix[j, 0, 1] = s, len(where)
         fix[j, 1 : 1 + len(where), 0] = gaps.to(torch.float32)
         fix[j, 1 : 1 + len(where), 1] = k.to(torch.float32)

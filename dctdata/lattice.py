@@ -66,17 +66,23 @@ def check_deferred(rows: torch.Tensor, indices=None, where: str = "field"):
 def snap(img: torch.Tensor, rows: torch.Tensor, scale=None, shift=None) -> torch.Tensor:
     """img (B, C, *size) with each item's values rounded to its grid origin + k * step (rows (B, C, 2), in
     the field's units; step 0: left as is). scale, shift (C,): the layer's normalization x * scale + shift
-    (img is normalized; the grid is mapped the same way), or None."""
+    (img is normalized; the grid is mapped the same way), or None.
+
+    Computed in float32 for every output dtype, then cast: the grid points are float32 numbers (the values of
+    a float32 source, and what the encoder checked). A float64 snap would land up to half a float32 ulp
+    beside them, past a bound the exact float32 values hold (`dctdata.bounds.missing`)."""
     at = (...,) + (None,) * (img.dim() - 2)
-    step = rows[..., 0].to(img.dtype)
-    origin = rows[..., 1].to(img.dtype)
+    work = img if img.dtype == torch.float32 else img.to(torch.float32)
+    step = rows[..., 0].to(torch.float32)
+    origin = rows[..., 1].to(torch.float32)
     if scale is not None:
-        scale, shift = scale.to(img.dtype).reshape(-1), shift.to(img.dtype).reshape(-1)
+        scale, shift = scale.to(torch.float32).reshape(-1), shift.to(torch.float32).reshape(-1)
         step, origin = step * scale, origin * scale + shift
     on = step > 0
     s = torch.where(on, step, torch.ones_like(step))[at]
     o = origin[at]
-    return torch.where(on[at], torch.round((img - o) / s) * s + o, img)
+    snapped = torch.round((work - o) / s) * s + o
+    return torch.where(on[at], snapped.to(img.dtype), img)
 
 
 def detect(x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, margin: torch.Tensor):
@@ -89,7 +95,7 @@ def detect(x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, mar
     b, c = x.shape[:2]
     rows = torch.zeros(b, c, 2, dtype=torch.float32)
     eff = bound.clone()
-    flat = x.detach().to(torch.float32).reshape(b, c, -1)
+    flat = x.detach().to(torch.float64).reshape(b, c, -1)  # the source as given (a float64 one's own values)
     mask = None if valid is None else torch.broadcast_to(valid, x.shape).reshape(b, c, -1)
     for i in range(b):
         for ch in range(c):
@@ -101,9 +107,25 @@ def detect(x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, mar
     return rows, eff
 
 
+def _point(value: float, bound: float, margin: float):
+    """(step, origin, bound before the snap) of a constant item whose bound no decode holds but an exact one (a
+    relative bound: 0 on a constant item), else None: a one-point grid at its value, with a step of the value's
+    own magnitude (at least 1), so a decode within a few float32 ulps of it snaps to it on every path. None
+    where float32 does not hold the value (a float64 source's): no decode is exact there."""
+    if bound > margin:  # the item's decode holds its bound without a grid
+        return None
+    origin = np.float32(value)
+    if float(origin) != value or not np.isfinite(origin):
+        return None
+    step = np.float32(max(abs(float(origin)), 1.0))
+    room = float(step) / 2 - margin
+    return float(step), float(origin), room
+
+
 def _grid(v: torch.Tensor, bound: float, margin: float):
-    """(step, origin, bound before the snap) of the values v (float32) when they lie on a grid worth
-    snapping to, else None.
+    """(step, origin, bound before the snap) of the values v (float64: the source's values as given) when
+    they lie on a grid worth snapping to, else None. The grid points are float32 numbers: a float64 value
+    float32 does not hold is that far from its point, counted in the deviation like any other.
 
     The grid points must hold the bound less the margin, like any decode, unless they are the values
     themselves: an exact decode holds any bound (`dctdata.bounds.missing`), even one below the float32
@@ -114,7 +136,9 @@ def _grid(v: torch.Tensor, bound: float, margin: float):
     if not v.numel() or not bool(torch.isfinite(v).all()):
         return None
     u = np.unique(v.numpy().astype(np.float64))
-    if len(u) < 2 or len(u) > MAX_LEVELS:
+    if len(u) == 1:
+        return _point(float(u[0]), bound, margin)
+    if len(u) > MAX_LEVELS:
         return None
     d = np.diff(u)
     q0 = float(d.min())

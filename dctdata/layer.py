@@ -232,11 +232,16 @@ class Decompress(nn.Module):
         side, fix, grid = self._split_side(side)
         size = (spec.height, spec.width)
         img = None
-        if fused_cuda.usable(y, self.dtype, target):  # None if the kernel failed to build: the torch paths run
+        dtype, final = self.dtype, None
+        if (fix is not None or grid is not None) and dtype in (torch.float16, torch.bfloat16):
+            # corrections and the snap work on the float32 decode, then it is rounded: a half-precision value can
+            # sit nearer another grid point than its own (the bound holds to the output dtype's rounding)
+            dtype, final, target = torch.float32, target, None
+        if fused_cuda.usable(y, dtype, target):  # None if the kernel failed to build: the torch paths run
             img = fused_cuda.guarded(
-                fused_cuda.synthesize, y, self._tables_on(y.device), spec.cf, spec.mask, size, target, side, self.dtype
+                fused_cuda.synthesize, y, self._tables_on(y.device), spec.cf, spec.mask, size, target, side, dtype
             )
-        if img is None and fused.usable(y, self.dtype, target):
+        if img is None and fused.usable(y, dtype, target):
             img = fused.synthesize(y, self._tables(), spec.cf, spec.mask, size, out=target, side=side)
         if img is None:
             compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
@@ -244,16 +249,16 @@ class Decompress(nn.Module):
             trows = self.trows.to(device=y.device, dtype=compute)
         if img is None and self.folded:
             shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
-            img = synthesize(
-                y, weight, trows, spec.mask, size, self.bias_row, dtype=self.dtype, out=target, shift=shift
-            )
+            img = synthesize(y, weight, trows, spec.mask, size, self.bias_row, dtype=dtype, out=target, shift=shift)
         elif img is None:
             prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
-            img = synthesize(y, weight, trows, spec.mask, size, dtype=self.dtype, out=target, prepare=prepare)
+            img = synthesize(y, weight, trows, spec.mask, size, dtype=dtype, out=target, prepare=prepare)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
             img = self._snap(img if target is None else target, grid, target, indices, deferred)
+        if dtype != self.dtype:
+            img = img.to(self.dtype) if final is None else final.copy_(img)
         return _result(img, out, unbatched)
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
@@ -507,11 +512,6 @@ class VolumeDecompress(Decompress):
         if grid is not None:
             img = self._snap(img if target is None else target, grid, target, indices, deferred)
         return _result(img, out, unbatched)
-
-    def _check_dtype(self, q: torch.Tensor) -> None:
-        # any real dtype, as before: the 2-D layer's list of wire dtypes was never applied to volumes
-        if q.is_complex() or q.dtype == torch.bool:
-            raise TypeError(f"coeffs: expected an integer or floating tensor. Got {q.dtype}")
 
     def _check_spec(self, spec: CodecSpec) -> None:
         if spec.depth is None:

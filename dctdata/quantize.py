@@ -242,6 +242,10 @@ def encode(
             x[None], spec, None if side is None else side[None], None if valid is None else valid[None], size_of
         )
         return (wire[0][0], wire[1][0]), over
+    if spec.bounded and x.dtype == torch.float64:  # a source float32 cannot carry: its own rounding first
+        from dctdata.bounds import check_float32_rounding
+
+        check_float32_rounding(x, spec, valid)
     if spec.lattice is not None and spec.bounded:
         return _encode_on_lattice(x, spec, side, valid, size_of)
     return _encode(x, spec, side, valid, size_of)
@@ -253,9 +257,10 @@ def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None
     n = len(spec.sample_shape)
     coeffs, side = coded_coefficients(x, spec, side, valid)
     if spec.bounded:
-        from dctdata.bounds import initial_scale, item_bounds
+        from dctdata.bounds import constant, initial_scale, item_bounds
 
         bound, margin, rng = item_bounds(x, spec, valid) if bounds is None else bounds
+        flat = constant(rng)  # no finer step changes their decode: a miss there is named, not re-coded
         g = initial_scale(bound, rng, spec)
         plain = (coeffs, side, g)  # the coefficients as coded with the items' own ranges, and the bound's scale
         if g is not None:  # every item starts at the step its own bound needs
@@ -272,7 +277,9 @@ def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)
         failed = []  # with corrections, an item re-coding cannot save (integer overflow) may still hold with them
         on_miss = None if spec.corrections is None else failed.append
-        q, side, over, _ = keep_bound(coeffs, spec, q, side.clone(), over, x, valid, bound, margin, on_miss=on_miss)
+        q, side, over, _ = keep_bound(
+            coeffs, spec, q, side.clone(), over, x, valid, bound, margin, on_miss=on_miss, flat=flat
+        )
         if spec.corrections is not None:
             q, side = choose_corrections(plain, spec, q, side, over, x, valid, bound, margin, size_of, failed)
     return ((q, side) if spec.side is not None else q), int(over.sum())
@@ -307,7 +314,7 @@ def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
         if bool((errors.ok & (errors.nmse(y) > 10.0 ** (-spec.min_psnr / 10.0))).any()):  # rare: keep it the usual way
             q, sd, over, y = coded(inner)
     err = item_max_error(x, y, valid, spec.dims)
-    bad = missing(err, bound, margin)
+    bad = missing(err, bound, margin, rows[..., 0] > 0)  # a snapped item's exact decode is exact on every path
     if bool(bad.any()):  # the room `detect` leaves makes this unreachable; the guarantee does not rest on it
         j = int(bad.any(1).nonzero()[0])
         c = int(bad[j].nonzero()[0])
@@ -417,15 +424,16 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     return q, side, over, x_hat, nm
 
 
-def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None, margin=None, on_miss=None):
+def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None, margin=None, on_miss=None, flat=None):
     """Re-code the items whose float32 decode misses spec's bound with a smaller stored range until every
     item holds: (q, side, over, largest error per item). `coeffs` are the coded coefficients `q` was
     quantized from with `side`; `x` the samples (B, C, H, W). Raises `BoundError` for an item that cannot
     hold (re-coding it would overflow the integer dtype, or the bound is below float32's precision), or,
     given `on_miss`, calls it with that error and returns the encoding as it is (a caller with corrections
     tries them on the samples that still miss, and raises the error if they cannot hold either): one error
-    per sample that misses."""
-    from dctdata.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
+    per sample that misses. `flat` (B, C): the constant items (`dctdata.bounds.constant`): a finer step does
+    not change their decode, so one that misses is named at once with what helps."""
+    from dctdata.bounds import BoundError, bound_text, constant_advice, item_bounds, item_max_error, missing
     from dctdata.layer import Decompress  # the readers' decoder; layer does not import this module
 
     if bound is None or margin is None:
@@ -438,6 +446,9 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     stuck = torch.zeros_like(err, dtype=torch.bool)
     for _ in range(BOUND_ROUNDS):
         bad = missing(err, bound, margin) & ~stuck
+        if flat is not None:
+            stuck |= bad & flat
+            bad &= ~flat
         if not bool(bad.any()):
             break
         rows = bad.any(1).nonzero().flatten()
@@ -462,7 +473,9 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     # one error per sample that misses (its first item): raised, or handed to on_miss
     for j, c in ((int(j), int(bad[j].nonzero()[0])) for j in bad.any(1).nonzero().flatten()):
         why = (
-            "the bound is below float32's precision for these values: loosen it or subtract an offset"
+            constant_advice(spec)
+            if flat is not None and bool(flat[j, c])
+            else "the bound is below float32's precision for these values: loosen it or subtract an offset"
             if float(margin[j, c]) >= float(bound[j, c])
             else f"finer steps overflow {spec.dtype}: use --quant int16"
             if bool(stuck[j, c]) and spec.dtype == "int8"

@@ -73,15 +73,16 @@ def decode_batch_deferred(batch: StoredBatch, lossless: Mapping[str, Any] | None
             f"field {form.field!r}: stored batch: expected coefficients {tuple(spec.coeff_shape)}. Got {form.shape}"
         )
     where = _namer(batch)
+    rows_check = _check_rows(batch)
     dtype = np.dtype(form.dtype).newbyteorder("<")
     stage = get_stage(lossless)
     if form.raw:
         q, verdict = stage.decode_batch_deferred(batch.data, batch.offsets, (form.rows, *form.shape), dtype, where)
-        checks = [verdict.check]
+        checks = [rows_check, verdict.check]
         side = None
     else:
         raw, verdict = stage.decode_batch_deferred(batch.data, batch.offsets, (form.decoded,), np.uint8, where)
-        checks = [verdict.check, _expected_check(raw, form, where)]
+        checks = [rows_check, verdict.check, _expected_check(raw, form, where)]
         q = _cut(raw, form.at, form.rows * form.sample_bytes, _torch_dtype(dtype))
         side = None
         if form.side_at is not None:
@@ -90,12 +91,62 @@ def decode_batch_deferred(batch: StoredBatch, lossless: Mapping[str, Any] | None
         q = q.contiguous().view(torch.uint8).reshape(*q.shape, dtype.itemsize).flip(-1).contiguous()
         q = q.view(_torch_dtype(dtype)).squeeze(-1)
     q = q.reshape(-1, *form.shape)
-    if batch.rows is not None:
-        q = q.index_select(0, batch.rows.to(q.device))
-        side = None if side is None else side.index_select(0, batch.rows.to(q.device))
+    if batch.rows is not None:  # clamped: a row out of range is named by rows_check, never read past the streams
+        rows = batch.rows.to(q.device).clamp(0, max(len(q) - 1, 0))
+        q = q.index_select(0, rows)
+        side = None if side is None else side.index_select(0, rows)
     if q.dtype != spec.torch_dtype:  # bfloat16 coefficients are stored as their uint16 bits
         q = q.view(spec.torch_dtype)
     return q, batch.side if batch.side is not None else side, checks
+
+
+def _check_rows(batch: StoredBatch) -> Callable[[], None]:
+    """The batch's row table against its streams: one row per sample, each inside the streams' decoded rows,
+    and every stream the row of some sample (an offsets table with an entry too many reads as an empty stream
+    of no sample). What the host holds is checked now, raising `IntegrityError`; rows on an accelerator are
+    tested there and read back when the returned check is called (rows past the streams are clamped before
+    they are used, so nothing reads outside them meanwhile)."""
+    form, n = batch.form, len(batch.indices)
+    total = batch.streams * form.rows
+    field = f"field {form.field!r} stored batch"
+    if batch.rows is None:
+        if total != n:
+            raise IntegrityError(
+                f"{field}: expected {n} decoded rows (one per sample {list(batch.indices)[:8]}): offsets of "
+                f"{n // max(form.rows, 1)} streams of {form.rows} row(s) each. Got {batch.streams} streams "
+                f"({len(batch.offsets)} offsets) holding {total} rows"
+            )
+        return lambda: None
+    rows = batch.rows
+    if rows.dim() != 1 or len(rows) != n or rows.dtype.is_floating_point or rows.dtype == torch.bool:
+        raise IntegrityError(
+            f"{field}: expected an integer row per sample ({n},). Got {tuple(rows.shape)} {rows.dtype} rows"
+        )
+    outside = (rows < 0) | (rows >= total)
+    used = torch.zeros(max(batch.streams, 0), dtype=torch.bool, device=rows.device)
+    inside = rows[~outside] if rows.device.type == "cpu" else rows.clamp(0, max(total - 1, 0))
+    used.index_fill_(0, torch.div(inside, max(form.rows, 1), rounding_mode="floor"), True)
+
+    def check() -> None:
+        bad = outside.cpu()
+        if bool(bad.any()):
+            k = bad.nonzero().flatten().tolist()
+            said = ", ".join(f"sample {batch.indices[j]} at row {int(batch.rows[j])}" for j in k[:4])
+            raise IntegrityError(
+                f"{field}: expected each sample's row in [0, {total}) ({batch.streams} streams of {form.rows} "
+                f"row(s)). Got {len(k)} outside: {said}"
+            )
+        idle = (~used.cpu()).nonzero().flatten().tolist()
+        if idle:
+            raise IntegrityError(
+                f"{field}: expected every stream to hold a row of the batch's samples {list(batch.indices)[:8]}. "
+                f"Got stream(s) {idle[:4]} of {batch.streams} holding none (an offsets table of "
+                f"{len(batch.offsets)} entries with some too many?)"
+            )
+
+    if rows.device.type == "cpu":
+        check()  # before any stream is decoded: an empty stream of no sample would be reported as damaged
+    return check
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -137,6 +188,8 @@ def _namer(batch: StoredBatch) -> Callable[[int], str]:
             rows = batch.rows.tolist()
             lo, hi = k * batch.form.rows, (k + 1) * batch.form.rows
             samples = [i for i, r in zip(batch.indices, rows) if lo <= r < hi]
+        if not samples:  # a stream no sample of the batch reads (`_check_rows` names the table)
+            return f"field {batch.form.field!r} stream {k} of {batch.streams} (no sample's row)"
         said = f"sample {samples[0]}" if len(samples) == 1 else f"samples {samples}"
         return f"field {batch.form.field!r} {said}"
 

@@ -136,6 +136,22 @@ def check_float32(x: np.ndarray, name: str, where) -> None:
         )
 
 
+def _as_given(x: np.ndarray, xf: np.ndarray, valid: np.ndarray | None, f: FieldSpec) -> torch.Tensor:
+    """The batch the encoder checks its bound (and the figures measure errors) against: the float32 values
+    it codes, or, where float32 does not hold some of the source's values (float64, integers past 2^24),
+    the source's own values in float64 (invalid pixels as filled). A bound is a promise about the data as
+    given: float32's rounding of it counts against the bound like any other error."""
+    coded = torch.from_numpy(np.ascontiguousarray(xf))
+    if np.can_cast(x.dtype, np.float32):
+        return coded
+    given = np.asarray(x, dtype=np.float64).reshape(xf.shape)
+    if valid is not None:
+        given = np.where(valid, given, xf)
+    if np.array_equal(given, xf):  # every value a float32 number: nothing float32 rounds
+        return coded
+    return torch.from_numpy(np.ascontiguousarray(given))
+
+
 def mask_batch(m: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A batch of explicit masks (B, *mask_shape) -> bool (B, C, H, W) ((B, C, D, H, W) for a volume field
     of shape (C, D, H, W); nonzero = valid)."""
@@ -221,7 +237,9 @@ class Encoder:
         self.specs = tuple(specs)
         self.by_name = {f.name: f for f in user_fields(self.specs)}  # side partners are made here, not read
         self.nan, self.strict, self.derived = nan, bool(strict), tuple(derived)
-        self.layers = {f.name: Decompress(f.codec, dtype=torch.float64, normalize=False) for f in specs if f.is_dct}
+        # the figures come from the decode the readers run (float32, `Decompress`'s default), so what the pack
+        # records (and `verify` checks) is what a reader gets
+        self.layers = {f.name: Decompress(f.codec, normalize=False) for f in specs if f.is_dct}
         self.stats = new_stats(self.specs)
         # fields with corrections weigh each sample's candidates by their bytes after the field's stage
         self.sizers = {
@@ -263,7 +281,7 @@ class Encoder:
             xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes
-            xt = torch.from_numpy(np.ascontiguousarray(xf))
+            xt = _as_given(x, xf, valid, f)
             try:
                 wire, over = encode(
                     xt, f.codec, valid=None if valid is None else torch.from_numpy(valid), size_of=self.sizers.get(name)
@@ -292,7 +310,8 @@ class Encoder:
 
     def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
-        from a float64 decode of the stored coefficients (in slices, see FIGURE_BYTES)."""
+        from the readers' float32 decode of the stored coefficients against the source's values as given (a
+        float64 source's own), in float64 (in slices, see FIGURE_BYTES)."""
         step = max(1, self.figure_bytes // (8 * math.prod(f.shape)))
         for a in range(0, len(x), step):
             v = None if valid is None else torch.from_numpy(valid[a : a + step])

@@ -212,6 +212,7 @@ def _calibrate(
     with a progress bar on a terminal while the search runs."""
     from tqdm.auto import tqdm
 
+    from dctdata.bounds import BoundError
     from dctdata.calibrate import calibrate_report
 
     v = None if valid is None else torch.from_numpy(np.ascontiguousarray(valid))
@@ -226,6 +227,9 @@ def _calibrate(
             x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress,
             where=where, **(bound or {}),
         )  # fmt: skip
+    except BoundError as exc:  # the item the bound cannot hold, named with its field as the encoder's are
+        item = getattr(exc, "item", f"calibration sample {exc.sample}")
+        raise BoundError(f"{item}: field {name!r}: {getattr(exc, 'detail', exc)}", exc.sample, exc.channel) from None
     finally:
         bar.close()
     return report.spec, report.codec

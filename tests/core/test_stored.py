@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -119,3 +121,38 @@ def test_collating_mixed_samples_is_refused():
         collate_stored([S(q[0].tobytes(), 0, 0, a, 0, torch.zeros(1, 2)), S(q[1].tobytes(), 1, 0, a, 1)])
     with pytest.raises(DctDataError, match=r"expected at least one to collate"):
         collate_stored([])
+
+
+@pytest.mark.parametrize("stage", [{}, ZSTD])
+@pytest.mark.parametrize("rows", [1, 2, 4])  # a webdataset member per sample, zarr chunks of 2 and 4 samples
+def test_a_row_table_that_does_not_fit_its_streams_is_named(stage, rows):
+    """Rows past the streams, negative rows, a table of the wrong length and an offsets table with an entry too
+    many: each an IntegrityError naming the field and the samples, never a bare IndexError or "samples []"."""
+    q = _values(4, seed=3)
+    pack = get_stage(stage)
+    chunks = [pack.encode(q[a : a + rows].tobytes()) for a in range(0, 4, rows)]
+    form = StreamForm("x", stage_key(stage), SHAPE, "int16", rows=rows, decoded=rows * q[0].nbytes)
+    batch = collate_stored([S(chunks[i // rows], i // rows, i % rows, form, 10 + i) for i in (3, 0, 2)])
+    assert torch.equal(decode_batch(batch, stage, SPEC)[0], torch.from_numpy(q[[3, 0, 2]]))
+    total = batch.streams * rows
+    for bad_rows, shown in (([0, 1, total], f"sample 12 at row {total}"), ([0, -1, 1], "sample 10 at row -1")):
+        bad = dataclasses.replace(batch, rows=torch.tensor(bad_rows))
+        with pytest.raises(
+            IntegrityError, match=rf"field 'x' stored batch: expected each sample's row in \[0, {total}\).* {shown}"
+        ):
+            decode_batch(bad, stage, SPEC)
+    for bad_rows in (torch.tensor([0, 1]), torch.tensor([0.0, 1.0, 2.0]), torch.zeros(3, 1, dtype=torch.int64)):
+        with pytest.raises(IntegrityError, match=r"field 'x' stored batch: expected an integer row per sample \(3,\)"):
+            decode_batch(dataclasses.replace(batch, rows=bad_rows), stage, SPEC)
+    extra = dataclasses.replace(batch, offsets=torch.cat([batch.offsets, batch.offsets[-1:]]))
+    with pytest.raises(
+        IntegrityError,
+        match=r"expected (every stream to hold a row of the batch's samples|3 decoded rows \(one per sample) "
+        r"\[13, 10, 12\]",
+    ):
+        decode_batch(extra, stage, SPEC)
+    whole = collate_stored([S(chunks[i // rows], i // rows, i % rows, form, i) for i in range(4)])
+    assert whole.rows is None
+    for offsets in (torch.cat([whole.offsets, whole.offsets[-1:]]), whole.offsets[:-1]):
+        with pytest.raises(IntegrityError, match=r"expected 4 decoded rows \(one per sample \[0, 1, 2, 3\]\)"):
+            decode_batch(dataclasses.replace(whole, offsets=offsets), stage, SPEC)

@@ -254,8 +254,11 @@ def test_layer_errors_name_the_expected_form():
         layer((q[..., :2], side))
     with pytest.raises(TypeError, match=r"expected the pair \(coefficients, side\)"):
         layer(q)
-    with pytest.raises(TypeError, match="expected an integer or floating tensor"):
-        layer((q.bool(), side))
+    # the wire dtypes only, as the 2-D layer: uint8 would read int8's -1 as 255 and decode silently wrong
+    for bad in (q.bool(), q.view(torch.uint8), q.to(torch.int32), q.to(torch.int64), q.to(torch.complex64)):
+        wire_only = rf"expected int8, int16, .* \(the wire dtypes; this spec's is int8\)\. Got {bad.dtype}"
+        with pytest.raises(TypeError, match=wire_only):
+            layer((bad, side))
     with pytest.raises(dctdata.DctDataError, match="expected a volume spec"):
         VolumeDecompress(CodecSpec(cf=4, height=8, width=8))
     assert "size=(13, 9, 21)" in repr(layer) and "rotation" in repr(layer)
