@@ -41,6 +41,10 @@ class BoundError(DctDataError):
         super().__init__(message)
         self.sample, self.channel = sample, channel
 
+    def __reduce__(self):
+        """Its three arguments: a pack's worker process sends the error back to the client pickled."""
+        return type(self), (str(self), self.sample, self.channel)
+
 
 def bound_text(spec: CodecSpec) -> str:
     """The bound as the messages and the CLI spell it."""

@@ -125,3 +125,38 @@ def test_a_missing_parameter_or_returns_is_caught():
         "Args: no entry for **extra",
         "no Returns: section",
     ]
+
+
+def entry_texts(doc: str, title: str = "Args") -> dict[str, str]:
+    """Each entry of a section with its text, continuation lines joined."""
+    lines = inspect.cleandoc(doc).splitlines()
+    start = lines.index(f"{title}:")
+    out, name, indent = {}, None, None
+    for line in lines[start + 1 :]:
+        if not line.strip() or not line.startswith(" "):
+            break
+        width = len(line) - len(line.lstrip())
+        indent = width if indent is None else indent
+        m = ENTRY_RE.match(line.strip()) if width == indent else None
+        if m:
+            name = m.group(1)
+            out[name] = line.strip()[m.end() :].strip()
+        elif name is not None:
+            out[name] += " " + line.strip()
+    return out
+
+
+@pytest.mark.parametrize("name", ["PackSettings", "pack", "Writer"])
+def test_setting_entries_say_what_the_setting_declares(name):
+    """A setting is declared once (its field's help is the CLI's --help): the reference's entries for it in
+    `PackSettings`, `pack` and `Writer` say the same, so the pages cannot drift from `--help`."""
+    import dataclasses
+
+    from dctdata.settings import PackSettings
+
+    helps = {f.name: f.metadata["help"].replace("%%", "%") for f in dataclasses.fields(PackSettings)}
+    texts = entry_texts(getattr(dctdata, name).__doc__)
+    shared = sorted(set(texts) & set(helps))
+    assert len(shared) >= 20, shared  # the settings are documented here at all
+    differ = {k: (texts[k], helps[k]) for k in shared if texts[k].rstrip(".") != helps[k].strip().rstrip(".")}
+    assert not differ, f"{name}: Args entries that differ from the setting's help: {differ}"

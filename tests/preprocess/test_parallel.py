@@ -134,3 +134,57 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path, monkeypatch):
     with pytest.raises(BrokenProcessPool):
         dctdata.pack(x, tmp_path / "o", workers=2, cf=4, quant="int8", quiet=True, writer_options={"shard_samples": 4})
     assert not (tmp_path / "o").exists()
+
+
+def _error_classes() -> list[type]:
+    """Every error class of the package a pack's worker may raise (they cross the fork pickled)."""
+    import importlib
+    import pkgutil
+
+    for m in pkgutil.walk_packages(dctdata.__path__, "dctdata."):
+        if not m.name.endswith("__main__") and ".cuda" not in m.name:
+            try:
+                importlib.import_module(m.name)
+            except ImportError:  # an optional extra
+                pass
+    out, todo = [], [DctDataError]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def test_every_error_a_worker_raises_comes_back_whole():
+    """An error whose constructor takes more than a message (BoundError: sample, channel) must survive the
+    pickle a forked worker sends it back in; otherwise the pool reports a worker 'terminated abruptly'."""
+    import inspect
+    import pickle
+
+    checked = 0
+    for cls in _error_classes():
+        params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            args = ("sample 3: field 'x': expected within 1e-06",)
+        else:
+            args = ("sample 3: field 'x': expected within 1e-06",) + tuple(range(1, len(params)))
+        err = cls(*args)
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is cls and str(back) == str(err), cls
+        assert vars(back) == vars(err), cls
+        checked += 1
+    assert checked >= 5
+
+
+def test_a_bound_error_in_a_worker_reaches_the_caller(tmp_path, monkeypatch):
+    """A float64 source a bound cannot hold on, packed on 2 forked workers: the BoundError naming the sample."""
+    from dctdata.bounds import BoundError
+
+    x = np.round(np.random.default_rng(0).uniform(0, 200, size=(16, 1, 16, 16))) + 0.001
+    started = []
+    real = parallel.run_parts_local
+    monkeypatch.setattr(parallel, "run_parts_local", lambda *a, **k: started.append(k["workers"]) or real(*a, **k))
+    with pytest.raises(BoundError, match=r"sample \d+: field 'image': expected \|decoded - x\| <= 1e-06"):
+        dctdata.pack(x, tmp_path / "p", max_error=1e-6, workers=2, writer_options={"shard_samples": 4}, quiet=True)
+    assert started == [2]  # the parts ran on forked workers
+    assert not (tmp_path / "p").exists()
