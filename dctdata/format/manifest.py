@@ -55,6 +55,11 @@ Versions (a reader reads every version up to FORMAT_VERSION, each with its own s
   its target; an older manifest naming them is refused), and a webdataset pack's `layout.samples_per_member`
   K says its tar members hold one standard array of K samples each (a dct field's side values their own
   member; `dctdata.format.webdataset.layout`); a version 5 layout without it has per-sample members.
+- 6: a dct field's codec may store its `steps`, `offsets` and `recon` tables of 16 values or more as
+  {"f32z": base64 of zlib of the little-endian float32 values, (C, K) row-major} instead of nested JSON
+  numbers (`dctdata.format.fields.TABLES_VERSION`: a volume's tables took more bytes than a small volume's
+  coefficients); the values are the same float32 numbers. A packed table in an older manifest is refused;
+  everything else is as version 5.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected, with_path
 from dctdata.format.coords import check_coords
-from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
+from dctdata.format.fields import SIDE_SUFFIX, TABLES_VERSION, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import (
     MANIFEST_NAME,
     check_relative_path,
@@ -91,7 +96,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
 SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
 VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes
@@ -400,7 +405,7 @@ class Manifest:
             "dctdata_version": self.dctdata_version,
             "storage": self.storage,
             "samples": self.samples,
-            "fields": [f.to_dict() for f in self.fields],
+            "fields": [f.to_dict(packed=self.version >= TABLES_VERSION) for f in self.fields],
             "pack": _pack_out(self.pack) if self.version >= 2 else _json_ready(dict(self.pack)),
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             "checksums": {k: dict(v) for k, v in self.checksums.items()},
