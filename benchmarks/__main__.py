@@ -77,6 +77,10 @@ SCRIPTS = {
         "bytes at equal pointwise error bound: --max-rel-error against SZ3 (abs), ZFP (fixed accuracy), SPERR (pwe)",
     ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
+    "stage-choice": (
+        "benchmarks.stage_choice",
+        'stored bytes against the target where "auto" decides the size (int16 fMRI-like slices, an odd MRI volume)',
+    ),
     "robustness-bounds": (
         "benchmarks.robustness_bounds",
         "what each resource bomb of issue 30 costs a reader: peak RSS growth and longest block",
