@@ -81,6 +81,10 @@ SCRIPTS = {
         "pack MB/s of float32 and CR (default, zstd, fixed, workers, cold CLI, GPU) beside SZ3, ZFP and SPERR",
     ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
+    "stage-choice": (
+        "benchmarks.stage_choice",
+        'stored bytes against the target where "auto" decides the size (int16 fMRI-like slices, an odd MRI volume)',
+    ),
     "robustness-bounds": (
         "benchmarks.robustness_bounds",
         "what each resource bomb of issue 30 costs a reader: peak RSS growth and longest block",

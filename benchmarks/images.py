@@ -74,6 +74,48 @@ def mri_slice() -> np.ndarray:
     return np.frombuffer(raw, ">u2").reshape(256, 256).astype(np.uint16)
 
 
+def fmri_series(slices: int = 24, volumes: int = 2, seed: int = 0) -> np.ndarray:
+    """An fMRI-like int16 stand-in built from `mri_slice`: `volumes` x `slices` slices of 96 x 128 (the head's
+    outline changing with depth, a small shift per slice), the same slices again in each volume with 1% more
+    signal, noise on a dark (mostly zero) background: (volumes * slices, 96, 128). A time series repeats
+    its slices, which one zstd stream over all of them finds and one stream per chunk does not."""
+    from scipy import ndimage
+
+    im = mri_slice().astype(np.float64) * 8
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(volumes * slices):
+        t = (k % slices) / max(1, slices - 1)
+        z = ndimage.zoom(im, 0.5 + 0.08 * np.sin(2 * np.pi * t), order=1)
+        canvas = np.zeros((128, 128))
+        h, w = min(128, z.shape[0]), min(128, z.shape[1])
+        oy, ox = (128 - h) // 2, (128 - w) // 2
+        canvas[oy : oy + h, ox : ox + w] = z[:h, :w]
+        canvas = ndimage.shift(canvas, (3 * np.sin(5 * t), 2 * np.cos(3 * t)), order=1)
+        sl = canvas[16:112] * (0.9 + 0.2 * t) * (1 + 0.01 * (k // slices))
+        noise = rng.normal(0, 0.004 * sl.max(), sl.shape)
+        out.append(np.round(np.abs(sl + np.where(sl > 0.05 * sl.max(), noise, 0.3 * noise))))
+    return np.stack(out).astype(np.int16)
+
+
+def mri_volume(shape: tuple[int, int, int] = (25, 41, 33)) -> np.ndarray:
+    """One int16 head-like volume of an odd size from `fmri_series`' first slice: each depth a smaller copy
+    where a sphere's cross-section is, on a zero background: (D, H, W)."""
+    from scipy import ndimage
+
+    d, h, w = shape
+    base = fmri_series(slices=1, volumes=1)[0].astype(np.float64)
+    out = []
+    for k in range(d):
+        r = np.sqrt(max(0.05, 1 - ((k - d / 2) / (d / 2 + 1)) ** 2))
+        z = ndimage.zoom(base, (h * r / base.shape[0], w * r / base.shape[1]), order=1)[:h, :w]
+        c = np.zeros((h, w))
+        oy, ox = (h - z.shape[0]) // 2, (w - z.shape[1]) // 2
+        c[oy : oy + z.shape[0], ox : ox + z.shape[1]] = z
+        out.append(c)
+    return np.round(np.stack(out)).astype(np.int16)
+
+
 def elevation_model() -> np.ndarray:
     """matplotlib's Jacksboro fault DEM: elevations in metres, int16 (344, 403)."""
     with np.load(_mpl_sample("jacksboro_fault_dem.npz"), allow_pickle=False) as data:

@@ -58,6 +58,7 @@ from dctdata.quantize import (
 )
 from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
 from dctdata.stages import AUTO, for_setting, get_stage
+from dctdata.stages.auto import stored_bytes
 from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
@@ -1071,7 +1072,8 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
-    nbytes = len(get_stage(stage).encode(qn)) + (0 if spec.side is None else 8 * spec.channels * x.shape[0])
+    nbytes = stored_bytes(get_stage(stage), qn, SUB_VALUES)  # as the writer chunks them
+    nbytes += 0 if spec.side is None else 8 * spec.channels * x.shape[0]
     diff = (x_hat.to(torch.float32) - x).abs()
     if valid is not None:
         diff = diff.masked_fill(~valid, 0)

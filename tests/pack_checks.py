@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from dctdata.cli import main
+from dctdata.format.fields import TABLES_VERSION, unpack_tables
 
 
 def read_all(ds) -> list:
@@ -45,4 +46,14 @@ def reseal(m: dict) -> dict:
         m["seal"] = manifest_seal(m)
     else:
         m.pop("seal", None)  # an older version has none
+    return m
+
+
+def as_version(m: dict, version: int) -> dict:
+    """A manifest's JSON edited to claim an older `version`, as that version wrote it: codec tables that the
+    writer packed (version >= TABLES_VERSION) back to JSON numbers."""
+    if version < TABLES_VERSION:
+        for f in m["fields"]:
+            f["codec"] = unpack_tables(f["codec"], m["version"])
+    m["version"] = version
     return m

@@ -15,9 +15,12 @@ Conventions both sides rely on:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import math
 import re
+import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -194,13 +197,16 @@ class FieldSpec:
                 f"Got {mask.shape}"
             )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, packed: bool = True) -> dict[str, Any]:
+        """The manifest's JSON of the field; `packed`: its codec's large tables as `pack_tables` writes them
+        (manifest version >= TABLES_VERSION)."""
+        codec = None if self.codec is None else self.codec.to_dict()
         out = {
             "name": self.name,
             "kind": self.kind.value,
             "shape": list(self.shape),
             "dtype": self.dtype,
-            "codec": None if self.codec is None else self.codec.to_dict(),
+            "codec": pack_tables(codec) if packed and codec is not None else codec,
             "lossless": dict(self.lossless),
         }
         if self.valid is not None:
@@ -226,7 +232,7 @@ class FieldSpec:
             )
         if d["codec"] is not None:
             try:
-                codec = CodecSpec.from_dict(d["codec"])
+                codec = CodecSpec.from_dict(unpack_tables(d["codec"], version))
             except (DctDataError, TypeError) as exc:
                 raise FormatError(f"{where}: codec: {exc}") from exc
             if codec.bounded and version < BOUNDS_VERSION:
@@ -251,6 +257,63 @@ class FieldSpec:
 
 # The manifest version whose dct codecs may record a pointwise error bound (`dctdata.bounds`).
 BOUNDS_VERSION = 5
+# The manifest version whose dct codecs may store a table as {"f32z": base64 of zlib of its little-endian
+# float32 values, row-major (C, K)}: a volume's 512-entry step and reconstruction tables took 6.1 and 3.4 KB as
+# JSON numbers, more than the coefficients of a small volume; their values repeat, so zlib packs them to tens
+# or hundreds of bytes. The values are float32 already (`dctdata.spec`), so the round trip is exact.
+TABLES_VERSION = 6
+PACKED_TABLES = ("steps", "offsets", "recon")
+PACK_MIN_VALUES = 16  # smaller tables stay JSON numbers (readable, and no larger)
+_F32Z = "f32z"
+_MAX_KEPT = 512  # a volume block's frequencies: no table row is longer
+
+
+def pack_tables(codec: dict[str, Any]) -> dict[str, Any]:
+    """A codec's JSON (`CodecSpec.to_dict`) with each (C, K) table of at least PACK_MIN_VALUES values as
+    {"f32z": ...} (see TABLES_VERSION); one-value-per-channel tables stay lists."""
+    out = dict(codec)
+    for name in PACKED_TABLES:
+        table = out.get(name)
+        if isinstance(table, list) and table and isinstance(table[0], list):
+            values = np.asarray(table, dtype="<f4")
+            if values.size >= PACK_MIN_VALUES:
+                out[name] = {_F32Z: base64.b64encode(zlib.compress(values.tobytes(), 9)).decode("ascii")}
+    return out
+
+
+def unpack_tables(codec: object, version: int) -> object:
+    """Inverse of `pack_tables` on a manifest's codec JSON of `version`: packed tables back to nested lists
+    (C rows, C the codec's `channels`). A packed table in an older manifest, or one that is not valid base64
+    of zlib of whole rows of float32, is a FormatError naming the table; at most C x 512 values are inflated."""
+    if not isinstance(codec, Mapping) or not any(isinstance(codec.get(n), Mapping) for n in PACKED_TABLES):
+        return codec
+    out = dict(codec)
+    channels = out.get("channels", 1)
+    for name in PACKED_TABLES:
+        table = out.get(name)
+        if not isinstance(table, Mapping):
+            continue
+        if version < TABLES_VERSION:
+            raise FormatError(
+                f"{name}: expected a list of numbers in a version {version} manifest (packed tables came with "
+                f"version {TABLES_VERSION}). Got {dict(table)!r}"
+            )
+        if set(table) != {_F32Z} or not isinstance(table[_F32Z], str) or not is_int(channels) or channels < 1:
+            raise FormatError(f"{name}: expected {{{_F32Z!r}: base64 text}} and an int channels. Got {dict(table)!r}")
+        limit = channels * _MAX_KEPT * 4
+        try:
+            inflate = zlib.decompressobj()
+            raw = inflate.decompress(base64.b64decode(table[_F32Z], validate=True), limit + 1)
+            complete = inflate.eof and not inflate.unconsumed_tail and not inflate.unused_data
+        except (binascii.Error, ValueError, zlib.error) as exc:
+            raise FormatError(f"{name}: expected base64 of zlib-compressed float32 values. Got {exc}") from None
+        if not complete or len(raw) > limit or len(raw) % (4 * channels) or not raw:
+            raise FormatError(
+                f"{name}: expected one zlib stream of {channels} rows of at most {_MAX_KEPT} float32 values. Got "
+                f"{len(raw)} bytes{'' if complete else ' (a stream that does not end there)'}"
+            )
+        out[name] = np.frombuffer(raw, "<f4").reshape(channels, -1).astype(float).tolist()
+    return out
 
 
 def side_field(f: FieldSpec) -> FieldSpec:

@@ -13,7 +13,7 @@ left-out entries back); version 3 (`compact_json`, `full_json`: a `Manifest` in 
 full form, so every reader of it is unchanged); version 4's inline side values
 (`zarr.layout.INLINE_BYTES`); version 5's seal (`manifest_seal`), error bounds (`dctdata.bounds`), volumes
 (`VOLUMES_VERSION`), channel weights (codec v3, `dctdata.spec.CodecSpec`) and grouped webdataset members
-(`dctdata.format.webdataset.layout`).
+(`dctdata.format.webdataset.layout`); version 6's packed tables (`dctdata.format.fields.TABLES_VERSION`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected, with_path
 from dctdata.format.coords import check_coords
-from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, has_side, side_field, user_fields
+from dctdata.format.fields import SIDE_SUFFIX, TABLES_VERSION, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.location import (
     MANIFEST_NAME,
     check_relative_path,
@@ -50,7 +50,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
 SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
 VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes
@@ -359,7 +359,7 @@ class Manifest:
             "dctdata_version": self.dctdata_version,
             "storage": self.storage,
             "samples": self.samples,
-            "fields": [f.to_dict() for f in self.fields],
+            "fields": [f.to_dict(packed=self.version >= TABLES_VERSION) for f in self.fields],
             "pack": _pack_out(self.pack) if self.version >= 2 else _json_ready(dict(self.pack)),
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             "checksums": {k: dict(v) for k, v in self.checksums.items()},

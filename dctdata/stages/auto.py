@@ -7,6 +7,12 @@ most sets, encodes faster than zstd-9 and decodes fast enough for the loaders; z
 textures its long matches catch, and decodes faster. So integer coefficients get the smaller of the two
 (a tie goes to zstd-19, the faster to decode); float coefficients, arrays and labels get zstd-9 (packing
 speed; masks and labels are a small share of a pack).
+
+Both are sized as the writer stores them: one stream per chunk of `writer_chunk` samples (the zarr
+writer's default inner chunk; a chunk is the unit zstd's matches cannot cross), on a few evenly spaced
+chunks of the calibration subset (`SAMPLE_CHUNKS`, scaled to the subset; the two stages code the same
+chunks, so the comparison is paired). Sized as one stream over the subset instead, zstd-19 found matches
+across samples that per-chunk frames never see, and "auto" chose it where it stored far more.
 """
 
 from __future__ import annotations
@@ -21,6 +27,50 @@ from dctdata.stages.zstd import DEFAULT_CONFIG, max_stage
 AUTO = "auto"
 AUTO_HELP = f"{AUTO} (default: per dct field the smaller of the entropy coder and zstd-19)"
 FIT_VALUES = 1 << 22  # coefficients the entropy coder's model is fitted on (evenly spaced samples)
+SAMPLE_CHUNKS = 8  # writer chunks each stage codes to decide (evenly spaced over the subset)
+# The decoded bytes of a zarr inner chunk the writer aims at (`dctdata.format.zarr.layout.CHUNK_BYTES`, which a
+# test keeps equal: the format imports the stages, so this module cannot import it).
+CHUNK_BYTES = 16 << 10
+
+
+def writer_chunk(sample_bytes: int) -> int:
+    """Samples per stored stream of a field whose samples take `sample_bytes` before the lossless stage: the
+    zarr writer's default inner chunk (a power of two, at least one sample; a webdataset member is one
+    sample, the same wherever a sample is 8 KiB or more)."""
+    return 1 << (max(1, CHUNK_BYTES // max(1, int(sample_bytes))).bit_length() - 1)
+
+
+def chunked_bytes(stage: Any, q: np.ndarray, chunks: int | None = SAMPLE_CHUNKS, values: int | None = None) -> float:
+    """Bytes `stage` stores q (B, C, Hb, K, Wb) in, one stream per writer chunk (`writer_chunk`): every chunk
+    coded (`chunks=None`), or `chunks` evenly spaced ones scaled to all of q. `values` bounds the coefficients
+    coded (at least one chunk; a chunk larger than that is coded on its first block rows, or a volume's first
+    planes of blocks, and scaled)."""
+    b = len(q)
+    if b == 0:
+        return 0.0
+    per = max(1, q[0].size)
+    chunk = writer_chunk(q[0].nbytes)
+    starts = list(range(0, b, chunk))
+    if chunks is not None:
+        keep = max(1, min(len(starts), chunks, (values or 1 << 62) // (per * chunk)))
+        starts = [starts[int(i)] for i in np.unique(np.linspace(0, len(starts) - 1, keep).round())]
+    coded, nbytes = 0, 0
+    for lo in starts:
+        part = q[lo : lo + chunk]
+        rows = part.shape[2]
+        if values is not None and part.size > values and rows > 1:  # block rows (a volume's block planes)
+            rows = max(1, values // max(1, part.size // rows))
+        nbytes += len(stage.encode(np.ascontiguousarray(part[:, :, :rows]))) * part.shape[2] / rows
+        coded += len(part)
+    return nbytes * b / coded
+
+
+def stored_bytes(stage: Any, q: np.ndarray, values: int) -> float:
+    """The bytes a pack stores q (B, C, Hb, K, Wb) in with `stage` (calibration's report): every writer chunk
+    coded, or with zstd at level 10 and above (it encodes slowly; never over the whole subset) `SAMPLE_CHUNKS`
+    of them scaled (at most `values` coefficients)."""
+    slow = stage.get_config().get("id") == "zstd" and stage.get_config().get("level", 0) >= 10
+    return chunked_bytes(stage, q, SAMPLE_CHUNKS, values) if slow else chunked_bytes(stage, q, None)
 
 
 class Auto:
@@ -32,9 +82,10 @@ class Auto:
 
     def choose(self, q: np.ndarray, cf: int, mask: str, integer: bool, compare_values: int) -> dict[str, Any]:
         """The stage config of a dct field from its quantized calibration coefficients q (B, C, Hb, K, Wb): for
-        integers the coder fitted on a few million of them (evenly spaced samples), unless zstd-19 stores a
-        bounded share (`compare_values` coefficients: zstd-19 encodes slowly) in no more bytes, the model's
-        share counted; zstd-9 for float coefficients; zstd-19 for volume blocks the coder cannot code."""
+        integers the coder fitted on a few million of them (evenly spaced samples), unless zstd-19 stores the
+        same few writer chunks (`chunked_bytes`: at most `SAMPLE_CHUNKS` of them and `compare_values`
+        coefficients, since zstd-19 encodes slowly) in no more bytes, the model's bytes counted over the
+        subset; zstd-9 for float coefficients; zstd-19 for volume blocks the coder cannot code."""
         from dctdata.entropy.ctxrans import supports
 
         if not integer:
@@ -43,10 +94,9 @@ class Auto:
             return max_stage().get_config()
         per = max(1, q[0].size)
         pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
-        sub = q[: max(1, compare_values // per)]
         best, cost = None, 0.0
         for stage in (max_stage(), CtxransStage.fit(q[pick], cf, mask)):  # ties: the first
-            c = len(stage.encode(sub)) + stage.model_nbytes() * len(sub) / len(q)
+            c = chunked_bytes(stage, q, SAMPLE_CHUNKS, compare_values) + stage.model_nbytes()
             if best is None or c < cost:
                 best, cost = stage, c
         return best.get_config()

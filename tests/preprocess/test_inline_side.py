@@ -10,7 +10,7 @@ import fsspec
 import numpy as np
 import pytest
 import torch
-from pack_checks import reseal
+from pack_checks import as_version, reseal
 from sample_fields import files, smooth_fields
 
 import dctdata
@@ -130,7 +130,7 @@ def _edit(tmp_path, change):
     "change, message",
     [
         (
-            lambda d: (d.pop("seal"), d.update(version=3)),
+            lambda d: (d.pop("seal"), as_version(d, 3)),
             r"layout\.arrays\['image__side'\]: expected \{path, chunk, shard\} \(inline arrays need version 4\)",
         ),
         (

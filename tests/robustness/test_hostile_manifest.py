@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pack_checks import read_all, reseal, verify
+from pack_checks import as_version, read_all, reseal, verify
 
 import dctdata
 from dctdata.cli import main
@@ -144,15 +144,15 @@ def test_3_descriptive_entries_stay_outside_the_seal(pack):
 
 
 def test_3_older_unsealed_versions_still_read_and_a_seal_present_must_match(pack):
-    assert json.loads((pack / "manifest.json").read_text())["version"] == FORMAT_VERSION == 5
+    assert json.loads((pack / "manifest.json").read_text())["version"] == FORMAT_VERSION == 6
     before = read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))
-    _json_edit(pack, lambda m: (m.pop("seal"), m.update(version=4)))  # as the previous release wrote it
+    _json_edit(pack, lambda m: (m.pop("seal"), as_version(m, 4)))  # as an older release wrote it
     after = read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))
     assert len(after) == len(before) == N
     _json_edit(pack, lambda m: m.update(seal="sha256:" + "0" * 64))
     with pytest.raises(FormatError, match=r"expected keys .*Got unknown keys \['seal'\]"):
         dctdata.open_dataset(pack)
-    _json_edit(pack, lambda m: (m.pop("seal"), m.update(version=5)))  # version 5 written without the seal
+    _json_edit(pack, lambda m: (m.pop("seal"), as_version(m, 5)))  # version 5 written without the seal
     assert len(read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))) == N
     _json_edit(pack, lambda m: m.update(seal=7))
     with pytest.raises(IntegrityError, match=r"seal: expected sha256:.*Got int"):

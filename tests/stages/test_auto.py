@@ -1,13 +1,17 @@
 """The pack setting "auto": integer coefficients get the smaller of the fitted entropy coder and zstd-19
-(the model's bytes counted; a tie to zstd-19), float coefficients zstd-9; calibration asks it as it asks a
-stage."""
+(the model's bytes counted; a tie to zstd-19), float coefficients zstd-9, both sized per writer chunk as the
+pack stores them; calibration asks it as it asks a stage."""
+
+import json
 
 import numpy as np
 import pytest
 
+import dctdata
 import dctdata.stages.auto as auto
 from dctdata.calibrate import SUB_VALUES
-from dctdata.stages import AUTO, DEFAULT_CODEC, ZSTD_MAX, Auto, CtxransStage, for_setting, get_stage
+from dctdata.format.zarr import layout
+from dctdata.stages import AUTO, DEFAULT_CODEC, ZSTD_MAX, Auto, CtxransStage, ZstdStage, for_setting, get_stage
 
 CF, MASK = 3, "square"
 
@@ -37,17 +41,18 @@ def test_integers_get_the_smaller_stage_model_included():
     chosen = Auto().choose(q, CF, MASK, True, SUB_VALUES)
     coder = CtxransStage.fit(q, CF, MASK)
     assert chosen == coder.get_config()
-    assert len(coder.encode(q)) + coder.model_nbytes() < len(get_stage(ZSTD_MAX).encode(q))
+    zstd = auto.chunked_bytes(get_stage(ZSTD_MAX), q, None)
+    assert auto.chunked_bytes(coder, q, None) + coder.model_nbytes() < zstd
     assert Auto().choose(periodic(), CF, MASK, True, SUB_VALUES) == ZSTD_MAX
 
 
 def test_a_tie_goes_to_zstd19(monkeypatch):
     monkeypatch.setattr(CtxransStage, "model_nbytes", lambda self: 0)
     q = smooth()
-    size = len(get_stage(ZSTD_MAX).encode(q))
-    monkeypatch.setattr(CtxransStage, "encode", lambda self, data: b"\0" * size)
+    zstd = get_stage(ZSTD_MAX)
+    monkeypatch.setattr(CtxransStage, "encode", lambda self, data: b"\0" * len(zstd.encode(data)))
     assert Auto().choose(q, CF, MASK, True, SUB_VALUES) == ZSTD_MAX
-    monkeypatch.setattr(CtxransStage, "encode", lambda self, data: b"\0" * (size - 1))
+    monkeypatch.setattr(CtxransStage, "encode", lambda self, data: b"\0" * (len(zstd.encode(data)) - 1))
     assert Auto().choose(q, CF, MASK, True, SUB_VALUES)["id"] == CtxransStage.codec_id
 
 
@@ -70,3 +75,98 @@ def test_the_fit_is_on_evenly_spaced_samples(monkeypatch):
     )
     Auto().choose(smooth(), CF, MASK, True, SUB_VALUES)
     assert seen == [2]
+
+
+def repeated(n=12, seed=2) -> np.ndarray:
+    """n copies of one sample of 16 KiB coefficients (a chunk each): one zstd stream over them is nearly free,
+    one frame per chunk is not."""
+    one = np.random.default_rng(seed).laplace(0, 0.8, (1, 1, 32, CF * CF, 57)).round().astype(np.int8)
+    return np.ascontiguousarray(np.broadcast_to(one, (n, *one.shape[1:])))
+
+
+def test_zstd19_is_sized_per_writer_chunk_not_as_one_stream():
+    q = repeated()
+    assert auto.writer_chunk(q[0].nbytes) == 1
+    zstd, coder = get_stage(ZSTD_MAX), CtxransStage.fit(q, CF, MASK)
+    assert len(zstd.encode(q)) < len(coder.encode(q))  # one stream: zstd-19 (what "auto" used to compare)
+    assert auto.chunked_bytes(coder, q, None) + coder.model_nbytes() < auto.chunked_bytes(zstd, q, None)
+    assert Auto().choose(q, CF, MASK, True, SUB_VALUES) == coder.get_config()
+
+
+def test_the_decision_codes_a_few_chunks(monkeypatch):
+    q = repeated(n=40)
+    coded = []
+    encode = ZstdStage.encode
+    counted = lambda self, data: coded.append(np.asarray(data).size) or encode(self, data)  # noqa: E731
+    monkeypatch.setattr(ZstdStage, "encode", counted)
+    Auto().choose(q, CF, MASK, True, SUB_VALUES)
+    assert len(coded) == auto.SAMPLE_CHUNKS and sum(coded) == auto.SAMPLE_CHUNKS * q[0].size
+    coded.clear()
+    Auto().choose(q, CF, MASK, True, q[0].size // 4)  # a chunk over the budget: its first block rows
+    assert coded == [q[0].size // 4]
+
+
+def test_writer_chunks_are_the_zarr_writers():
+    assert auto.CHUNK_BYTES == layout.CHUNK_BYTES
+    assert [auto.writer_chunk(b) for b in (1, 300, 8192, 8193, 16384, 10**6)] == [16384, 32, 2, 1, 1, 1]
+
+
+def _fmri_like(n=16, seed=0) -> np.ndarray:
+    """int16 slices of a bright blob on a dark, lightly noisy background (an fMRI slice's look)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:48, :64]
+    blob = np.exp(-(((yy - 24) / 14.0) ** 2 + ((xx - 32) / 20.0) ** 2) * 2)
+    texture = np.cos(xx / 3.0) * np.sin(yy / 5.0)
+    x = [1500 * blob * (1 + 0.2 * texture * (k % 4)) + rng.normal(0, 40, blob.shape) for k in range(n)]
+    return np.abs(np.stack(x)).round().astype(np.int16)
+
+
+def _field(n=16, seed=1) -> np.ndarray:
+    """Smooth float fields (the entropy coder's ground)."""
+    f = np.fft.irfft2(np.random.default_rng(seed).normal(size=(n, 64, 33)) / (1 + np.arange(33)) ** 1.5, s=(64, 64))
+    return f.astype(np.float32)
+
+
+def _texture(n=8) -> np.ndarray:
+    """A periodic texture with small shifts (long matches: zstd-19's ground)."""
+    tile = np.random.default_rng(3).normal(size=(8, 8))
+    return np.stack([np.roll(np.tile(tile, (4, 8)), k, axis=1) for k in range(n)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("make", [_fmri_like, _field, _texture])
+def test_the_estimate_is_the_packs_stored_bytes(tmp_path, make):
+    """Every writer chunk coded: exactly the payload of the pack's shards; a few of them, scaled: within a few
+    percent of it."""
+    src, out = tmp_path / "x.npy", tmp_path / "pack"
+    np.save(src, make())
+    manifest = dctdata.pack(str(src), str(out), target_psnr=40, quiet=True)
+    field = manifest.field(kind="dct")
+    q, _ = dctdata.open_dataset(str(out), fields=[field.name], as_dict=True)[0 : manifest.samples][field.name]
+    q = q.numpy()
+    doc = json.loads((out / "manifest.json").read_text())
+    entry = doc["layout"]["arrays"][field.name]
+    chunk, shard = entry["chunk"], entry["shard"]
+    assert chunk == auto.writer_chunk(q[0].nbytes)
+    files = [k for k in doc["checksums"] if k.startswith(f"{field.name}/c.")]
+    payload = sum(doc["checksums"][k]["bytes"] for k in files)
+    payload -= len(files) * (layout.INDEX_ENTRY_BYTES * (shard // chunk) + layout.CRC_BYTES)  # shard indexes
+    payload -= -(-len(q) // chunk) * layout.CRC_BYTES  # each chunk's checksum
+    stage = get_stage(field.lossless)
+    assert auto.chunked_bytes(stage, q, None) == payload
+    assert auto.chunked_bytes(stage, q, 3) == pytest.approx(payload, rel=0.05)
+
+
+def test_calibration_reports_every_chunk_but_zstd19s_few(monkeypatch):
+    q = repeated(n=20)
+    coded = []
+    for cls in (ZstdStage, CtxransStage):
+        encode = cls.encode
+        monkeypatch.setattr(
+            cls, "encode", lambda self, data, encode=encode: coded.append(len(data)) or encode(self, data)
+        )
+    coder = CtxransStage.fit(q, CF, MASK)
+    assert auto.stored_bytes(coder, q, SUB_VALUES) == auto.chunked_bytes(coder, q, None) and len(coded) == 2 * len(q)
+    coded.clear()
+    assert auto.stored_bytes(get_stage(ZSTD_MAX), q, SUB_VALUES) > 0 and len(coded) == auto.SAMPLE_CHUNKS
+    coded.clear()
+    assert auto.stored_bytes(get_stage(DEFAULT_CODEC), q, SUB_VALUES) > 0 and len(coded) == len(q)

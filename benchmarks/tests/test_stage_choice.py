@@ -1,0 +1,29 @@
+"""benchmarks/stage_choice.py on its --quick configuration: real packs of both sets at each target, their rows
+in the JSON and the table, and stored bytes that rise with the target."""
+
+import json
+
+from benchmarks import stage_choice
+from benchmarks.images import fmri_series, mri_volume
+
+
+def test_the_sets_are_int16_with_a_dark_background():
+    slices, volume = fmri_series(slices=4), mri_volume()
+    assert slices.shape == (8, 96, 128) and volume.shape == (25, 41, 33)
+    for x in (slices, volume):
+        assert x.dtype == "int16" and x.min() >= 0 and (x < 0.05 * x.max()).mean() > 0.3 and x.max() > 1000
+    assert (slices[4:] != slices[:4]).any()  # the second volume is not a copy
+
+
+def test_stage_choice_quick_run(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    stage_choice.main(["--quick", "--json", str(out)])
+    run = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert run["targets"] == list(stage_choice.QUICK_TARGETS) and len(run["sets"]) == 2
+    for name, res in run["sets"].items():
+        assert [r["target"] for r in res["rows"]] == run["targets"]
+        for r in res["rows"]:
+            assert r["psnr"] >= r["target"] - 0.5 and r["stored_bytes"] > r["manifest_bytes"] > 0
+            assert f"| {name} | {r['target']:g} | {r['psnr']:.2f} |" in text
+        assert res["monotone"] and f"{name}: stored bytes rise with the target" in text
