@@ -86,8 +86,9 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
     if parallel:
         parallel_mod.require_dask()
     storage_options = dict(s.storage_options or {})
+    if isinstance(out, (str, os.PathLike)):  # first: with --overwrite, OUT holding the source is the worse mistake
+        check_not_source(source, os.fspath(out))
     out = check_out(out, overwrite, storage_options)
-    check_not_source(source, out)
     url = is_url(out)
     if resume and url:
         raise DctDataError(

@@ -347,6 +347,68 @@ def test_existing_out_is_refused(tmp_path, capsys):
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    "make, got",
+    [
+        (lambda out: (out.mkdir(), (out / "keep.txt").write_text("mine")), r"Got a folder of 1 entry without a "),
+        (lambda out: out.write_text("mine"), r"Got a file "),
+        (
+            lambda out: (out.mkdir(), (out / "manifest.json").write_text('{"format": "other"}')),
+            r"Got a folder whose manifest\.json is not a dctdata manifest",
+        ),
+    ],
+    ids=["results folder", "file", "other manifest"],
+)
+def test_overwrite_refuses_what_is_not_a_pack(tmp_path, capsys, make, got):
+    """--overwrite replaces a dctdata pack or an empty folder only: a mistyped OUT is refused, nothing deleted."""
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    out = tmp_path / "out"
+    make(out)
+    before = files(out) if out.is_dir() else out.read_text()
+    match = r"out: --overwrite: expected a dctdata pack \(a folder holding a dctdata manifest\.json\) or an empty "
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "--overwrite"], match + r"folder to replace\. " + got + r".*nothing")
+    with pytest.raises(dctdata.DctDataError, match=got):
+        dctdata.Writer(out, cf=4, overwrite=True)
+    assert (files(out) if out.is_dir() else out.read_text()) == before
+    assert leftovers(tmp_path) == []
+
+
+def test_overwrite_replaces_an_empty_folder_and_a_pack(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    (tmp_path / "out").mkdir()
+    for _ in range(2):  # the empty folder, then the pack it became
+        assert run(["pack", tmp_path / "x.npy", tmp_path / "out", "--overwrite", "--quiet"], capsys)[0] == 0
+        assert len(dctdata.open_dataset(tmp_path / "out")) == 2
+
+
+def test_overwrite_of_a_url_refuses_another_manifest(tmp_path):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/trust-cli-out/manifest.json", b'{"format": "something else"}')
+    with pytest.raises(dctdata.DctDataError, match=r"--overwrite: expected a dctdata pack to replace\. Got a manifest"):
+        dctdata.pack(fields(2, 1, 8, 8), "memory://trust-cli-out", cf=4, quiet=True, overwrite=True)
+    assert fs.cat("/trust-cli-out/manifest.json") == b'{"format": "something else"}'
+    fs.rm("/trust-cli-out", recursive=True)
+
+
+def test_missing_parents_of_out_are_made(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    out = tmp_path / "runs" / "a" / "out"
+    assert run(["pack", tmp_path / "x.npy", out, "--quiet"], capsys)[0] == 0
+    assert len(dctdata.open_dataset(out)) == 2
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc (root writes any chmod-ed folder)")
+def test_unwritable_out_is_named(tmp_path, capsys):
+    """A virtual file system refuses the lock file a pack makes first: the error names OUT and its folder."""
+    np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
+    match = r"/proc/dctdata-out: expected an OUT whose folder /proc can be written\. Got .* \(choose another OUT\)"
+    _bad(tmp_path, capsys, [tmp_path / "x.npy", "/proc/dctdata-out", "OUT_GIVEN"], match)
+    with pytest.raises(dctdata.DctDataError, match=match):
+        dctdata.pack(fields(2, 1, 8, 8), "/proc/dctdata-out", cf=4, quiet=True)
+
+
 def test_bad_settings(tmp_path, capsys):
     np.save(tmp_path / "x.npy", fields(2, 1, 8, 8))
     match = r"--field nope: expected one of the source's fields \['image'\]"
