@@ -39,8 +39,9 @@ def _main(args) -> int:
         t = pack_summary(manifest)
         print(
             f"packed {manifest.samples} samples into {args.out} ({manifest.storage}, {files}): stored "
-            f"{t['stored_bytes'] / 1e6:.3f} MB, ratio {num(t['ratio_f32'])}x vs float32 and {num(t['ratio_src'])}x vs "
-            f"the source, transfer ratio {num(t['transfer'])}x (float32 bytes / bytes sent to the device)"
+            f"{t['stored_bytes'] / 1e6:.3f} MB (every file, the manifest included), ratio {num(t['ratio_f32'])}x vs "
+            f"float32 and {num(t['ratio_src'])}x vs the source, transfer ratio {num(t['transfer'])}x (float32 bytes / "
+            "bytes sent to the device)"
         )
         for f in user_fields(manifest.fields):
             s = manifest.stats[f.name]

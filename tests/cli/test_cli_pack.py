@@ -182,15 +182,51 @@ def test_info_and_summary(tmp_path, capsys):
     rc, out, _ = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--cf", "3"], capsys)
     assert rc == 0 and "PSNR min" in out
     m = dctdata.format.read_manifest(tmp_path / "out")
-    stored, f32 = m.stored_bytes, 4 * 4 * 16 * 16
+    stored, f32 = disk_bytes(tmp_path / "out"), 4 * 4 * 16 * 16
     assert (
-        f"({m.storage}, {len(m.checksums)} files): stored {stored / 1e6:.3f} MB, ratio {f32 / stored:.2f}x vs " in out
+        f"({m.storage}, {len(m.checksums)} files): stored {stored / 1e6:.3f} MB (every file, the manifest included), "
+        f"ratio {f32 / stored:.2f}x vs " in out
     )
     assert f"transfer ratio {64 / 9:.2f}x" in out
     rc, out, _ = run(["info", tmp_path / "out"], capsys)
     assert rc == 0
     assert "| image | dct | [1, 16, 16] | float32 |" in out and "cf=3 square float32" in out
     assert f"{m.stats['image'].psnr_min:.2f}" in out
+
+
+def disk_bytes(root) -> int:
+    return sum(len(b) for b in files(root).values())
+
+
+def printed_ratios(text: str) -> tuple[float, float]:
+    import re
+
+    got = re.search(r"ratio ([0-9.]+)x vs float32 and ([0-9.]+)x vs the source", text)
+    assert got, text
+    return float(got[1]), float(got[2])
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+def test_summary_and_info_ratios_count_every_byte_on_disk(tmp_path, capsys, fmt, masked):
+    """Pack's summary and info print the same ratios: the source's bytes over every byte on disk (manifest and
+    zarr.json included); a validity mask the pack made is not source data (it counted as float32 data: 69.0x
+    printed where the source over the pack was 33.4x)."""
+    x = fields(12, 1, 32, 32)
+    if masked:
+        x[:, :, :6, :10] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    args = ["--format", fmt, "--quant", "int8"] + (["--nan", "mask"] if masked else [])
+    rc, out, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", *args], capsys)
+    assert rc == 0, err
+    want = x.nbytes / disk_bytes(tmp_path / "out")  # float32 source: the two ratios are one
+    assert printed_ratios(out) == (round(want, 2), round(want, 2))
+    rc, info, _ = run(["info", tmp_path / "out"], capsys)
+    assert rc == 0 and printed_ratios(info) == printed_ratios(out)
+    assert f"stored: {disk_bytes(tmp_path / 'out') / 1e6:.3f} MB" in info and f"({x.nbytes / 1e6:.3f} MB)" in info
+    if masked:
+        mask_row = next(line for line in info.splitlines() if line.startswith("| image_valid |"))
+        assert [c.strip() for c in mask_row.strip("|").split("|")][8:10] == ["-", "-"]  # no ratio: not source data
 
 
 def test_pack_summary_names_the_shards_and_info_gives_labels_no_ratios(tmp_path, capsys):
