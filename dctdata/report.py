@@ -88,6 +88,40 @@ def pack_summary(m: Manifest, manifest_bytes: int | None = None) -> dict[str, An
     }
 
 
+def fidelity_line(m: Manifest) -> str | None:
+    """What a pack packed without any fidelity flag promises, for its summary: the default target its float
+    fields were calibrated to (`default_target_psnr` in the manifest's pack entry) and the per-sample floor
+    each records, and which fields are stored exactly. None when the pack named a fidelity setting."""
+    target = m.pack.get("default_target_psnr")
+    names = m.pack.get("cf"), m.pack.get("mask"), m.pack.get("quant"), m.pack.get("target_psnr")
+    bounds = m.pack.get("max_error"), m.pack.get("max_rel_error")
+    if any(v is not None for v in (*names, *bounds)):
+        return None
+    dct = [f for f in user_fields(m.fields) if f.is_dct]
+    # where the default target could not be calibrated, every frequency is kept as float32 (near-exact)
+    near = [f.name for f in dct if target is not None and f.codec.cf == 8 and f.codec.dtype == "float32"]
+    lossy = [f for f in dct if f.name not in near]
+    exact = [f.name for f in user_fields(m.fields) if not f.is_dct]
+    parts = []
+    if near:
+        parts.append(
+            f"{', '.join(near)} kept near-exact (every frequency as float32: the default target "
+            f"{num(target, '{:g}')} dB could not be calibrated on these samples)"
+        )
+    if lossy and target is not None:
+        floors = [f"{f.name} {f.codec.min_psnr:.2f} dB" for f in lossy if f.codec.min_psnr is not None]
+        parts.append(
+            f"default target {num(target, '{:g}')} dB for {', '.join(f.name for f in lossy)}"
+            + (f" (per-sample floor {', '.join(floors)})" if floors else "")
+            + "; --target-psnr DB chooses another"
+        )
+    elif lossy:  # dct fields without a recorded default target (a source's own kind, an older pack)
+        parts.append(f"{', '.join(f.name for f in lossy)} coded with the settings above")
+    if exact:
+        parts.append(f"{', '.join(exact)} stored exactly")
+    return "no fidelity flag: " + "; ".join(parts)
+
+
 def stage_name(lossless) -> str:
     """A field's lossless stage as a reader would name it: `dctdata_ctxrans` (the entropy coder, which
     only dctdata decodes), `zstd-19`, `blosc zstd-5`, or `none` (plain arrays other zarr readers read):

@@ -30,7 +30,7 @@ def _main(args) -> int:
     from dctdata.api import pack
     from dctdata.bounds import bound_text
     from dctdata.format.fields import user_fields
-    from dctdata.report import num, pack_summary, volume_hint
+    from dctdata.report import fidelity_line, num, pack_summary, volume_hint
 
     manifest = pack(args.source, args.out, settings=PackSettings.from_args(args))
     if not args.quiet:
@@ -43,6 +43,9 @@ def _main(args) -> int:
             f"float32 and {num(t['ratio_src'])}x vs the source, transfer ratio {num(t['transfer'])}x (float32 bytes / "
             "bytes sent to the device)"
         )
+        promise = fidelity_line(manifest)
+        if promise is not None:
+            print(f"  {promise}")
         for f in user_fields(manifest.fields):
             s = manifest.stats[f.name]
             extra = ""

@@ -81,6 +81,13 @@ class Source:
                         parts.append({k: v[i - a : i - a + 1] for k, v in batch.items()})
                 if len(parts) == len(indices):
                     break
+        for i, p in zip(indices, parts):  # ragged samples: the error read_batch gives, before concatenate's
+            for k, v in p.items():
+                if v.shape[1:] != parts[0][k].shape[1:]:
+                    raise DctDataError(
+                        f"{self.where(i)}: field {k!r}: expected shape {parts[0][k].shape[1:]} like sample "
+                        f"{indices[0]}. Got {v.shape[1:]} (ragged samples)"
+                    )
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def close(self) -> None:
