@@ -351,7 +351,7 @@ def plan_fields(
                 )
             derived.append(mask_field)
         target = targets.get(name)
-        if unflagged and dtype.kind == "f":
+        if unflagged:  # float fields, and integers made dct by --field NAME=dct
             target = DEFAULT_TARGET_PSNR
         spec, stage = _codec(
             name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet,

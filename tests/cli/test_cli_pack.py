@@ -672,3 +672,13 @@ def test_integer_source_with_only_a_bound_is_coded_as_dct(tmp_path, capsys):
     assert rc == 0, err
     assert "image: array [16, 1, 32, 32]"[:13] in text and "(--field image=array)" in text
     np.testing.assert_array_equal(dctdata.open_dataset(tmp_path / "exact")[0:16][0].numpy(), x)
+
+
+def test_integers_made_dct_without_a_flag_get_the_default_target(tmp_path, capsys):
+    x = (fields(16, 1, 32, 32) * 50).astype(np.int16)
+    np.save(tmp_path / "x.npy", x)
+    rc, text, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--field", "image=dct"], capsys)
+    assert rc == 0, err
+    m = dctdata.format.read_manifest(tmp_path / "out")
+    assert "no fidelity flag: default target 40 dB for image (per-sample floor" in text
+    assert m.field("image").codec.min_psnr is not None and m.stats["image"].psnr_dataset >= 40
