@@ -682,3 +682,15 @@ def test_integers_made_dct_without_a_flag_get_the_default_target(tmp_path, capsy
     m = dctdata.format.read_manifest(tmp_path / "out")
     assert "no fidelity flag: default target 40 dB for image (per-sample floor" in text
     assert m.field("image").codec.min_psnr is not None and m.stats["image"].psnr_dataset >= 40
+
+
+def test_a_mask_the_source_holds_is_source_data_in_the_ratios(tmp_path, capsys):
+    """Only a mask the pack made (--nan mask) is left out of the ratios; a source's own mask (--valid) is data."""
+    x = fields(12, 1, 32, 32)
+    mask = np.ones((12, 1, 32, 32), np.uint8)
+    mask[:, :, :4] = 0
+    np.savez(tmp_path / "d.npz", image=x, mask=mask)
+    rc, out, err = run(["pack", tmp_path / "d.npz", tmp_path / "out", "--valid", "image=mask", "--cf", "4"], capsys)
+    assert rc == 0, err
+    disk = disk_bytes(tmp_path / "out")
+    assert printed_ratios(out) == (round(2 * x.nbytes / disk, 2), round((x.nbytes + mask.nbytes) / disk, 2))
