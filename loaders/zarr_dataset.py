@@ -75,8 +75,10 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
         # Skipped samples, one slot per DataLoader worker (slot 0: this process), in shared memory: the
         # workers' counts reach `skipped` in the main process (a plain int stayed 0 there), and each worker
-        # adds only to its own slot, so no two processes race on one count.
-        self._skipped = torch.zeros(SKIP_SLOTS, dtype=torch.int64).share_memory_()
+        # adds only to its own slot, so no two processes race on one count. Only on_error="skip" counts: a
+        # shared tensor holds a file descriptor while the dataset lives, which the default mode does not need.
+        counts = torch.zeros(SKIP_SLOTS if on_error == "skip" else 1, dtype=torch.int64)
+        self._skipped = counts.share_memory_() if on_error == "skip" else counts
         self.reader = reader(self.root, self.manifest, self.fields, storage_options)
 
     def _index(self, i: object) -> int:
