@@ -1,6 +1,9 @@
 """A loopback HTTP server for benchmarks and tests: serves a directory on 127.0.0.1 with single byte
 ranges (as object stores and real web servers do), optionally throttled to a bandwidth shared by all
-connections, and counts the requests it answers and the body bytes it sends.
+connections, and counts the requests it answers and the body bytes it sends. A body piece is counted
+before it is written: counted after, a loaded machine let the client read a response and `reset()` the
+counts before the server thread added it, so one epoch's count could hold bytes of a request made before it
+(a loader's opening reads).
 
 http.server is enough here: the point is a faithful stand-in for a remote store (ranges, a
 bandwidth cap), not speed. It reads only the asked range from disk, keeps connections alive
@@ -87,10 +90,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
                 if not piece:
                     break
                 server.throttle.take(len(piece))
+                with server.lock:  # counted before it is written: once a client has the bytes they are counted
+                    server.bytes_sent += len(piece)
                 self.wfile.write(piece)
                 left -= len(piece)
-                with server.lock:
-                    server.bytes_sent += len(piece)
 
 
 class _Server(http.server.ThreadingHTTPServer):

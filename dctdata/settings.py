@@ -336,7 +336,9 @@ class PackSettings:
     format: str = setting(
         "zarr", metavar="zarr|webdataset", help="zarr (random access, default) or webdataset (streaming shards)"
     )
-    cf: int | None = setting(None, type=int, help="chop factor 1..8 (default 4 without --target-psnr)")
+    cf: int | None = setting(
+        None, type=int, help="chop factor 1..8 (default 4 with other settings but no --target-psnr)"
+    )
     mask: str | None = setting(
         None,
         choices=["square", "triangle", "cube", "tetra"],
@@ -354,7 +356,8 @@ class PackSettings:
         None,
         metavar="DB|NAME=DB,...",
         help="calibrate steps (and free knobs) to reach this PSNR (per channel, over valid pixels); per field: "
-        "noisy=40,clean=45 (a bare DB sets the fields not named)",
+        "noisy=40,clean=45 (a bare DB sets the fields not named). With no fidelity flag at all (--cf, --mask, "
+        "--quant, --target-psnr, --max-error, --max-rel-error) float fields get 40 and integer fields stay exact",
     )
     max_error: float | str | Mapping[str, float] | None = setting(
         None,

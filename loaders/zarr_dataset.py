@@ -13,7 +13,7 @@ Reading, per-process opening (fork and spawn safe) and every integrity check are
 storage reader (`dctdata.format.zarr.ZarrReader`, through `dctdata.format.storages`); this class is the
 torch Dataset over it. A missing shard or chunk, a truncated shard or a chunk failing its crc32c raises
 `IntegrityError` naming the file, field and samples; `on_error="skip"` drops bad samples from
-`__getitems__` batches instead (logged and counted in `ds.skipped`).
+`__getitems__` batches instead (logged and counted in `ds.skipped`, summed over the DataLoader workers).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from dctdata.parse import is_int
 from dctdata.wire import StoredBatch, StoredSample, collate_stored, parse_decode
 
 log = logging.getLogger(__name__)
+# Slots of the shared skipped-sample count: this process and up to 255 DataLoader workers (more workers share
+# slots modulo 255).
+SKIP_SLOTS = 256
 
 
 class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
@@ -70,7 +73,12 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.decode = parse_decode(decode)
         # decode="device": the dct fields cross as their checked stored bytes
         self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
-        self.skipped = 0
+        # Skipped samples, one slot per DataLoader worker (slot 0: this process), in shared memory: the
+        # workers' counts reach `skipped` in the main process (a plain int stayed 0 there), and each worker
+        # adds only to its own slot, so no two processes race on one count. Only on_error="skip" counts: a
+        # shared tensor holds a file descriptor while the dataset lives, which the default mode does not need.
+        counts = torch.zeros(SKIP_SLOTS if on_error == "skip" else 1, dtype=torch.int64)
+        self._skipped = counts.share_memory_() if on_error == "skip" else counts
         self.reader = reader(self.root, self.manifest, self.fields, storage_options)
 
     def _index(self, i: object) -> int:
@@ -134,9 +142,17 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
                 try:
                     got.update(self._read_runs([j]))
                 except IntegrityError as exc:
-                    self.skipped += 1
+                    info = torch.utils.data.get_worker_info()
+                    slot = 0 if info is None else 1 + info.id % (SKIP_SLOTS - 1)
+                    self._skipped.numpy()[slot] += 1  # a view of the shared counts: a plain store
                     log.warning("skipping sample %d: %s", j, exc)
         return [got[j] for j in idx if j in got]
+
+    @property
+    def skipped(self) -> int:
+        """Samples dropped by `on_error="skip"` since the dataset was made, summed over this process and its
+        DataLoader workers (a sample skipped in two epochs counts twice)."""
+        return int(self._skipped.sum())
 
     def close(self) -> None:
         """Close this process's file descriptors now (also done when the dataset is collected); a later

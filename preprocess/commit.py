@@ -1,7 +1,8 @@
 """Where a pack writes and how it commits: OUT checks, the temporary sibling, the final rename.
 
 A local OUT is written into the temporary sibling `.OUT.partial` and renamed to OUT only when
-everything worked (an old OUT, with `--overwrite`, is replaced only then). One pack at a time per local
+everything worked (an old OUT, with `--overwrite`, is replaced only then; `--overwrite` replaces only a
+dctdata pack or an empty folder, never a folder of other files typed as OUT). One pack at a time per local
 OUT: the writer holds an exclusive `flock` on the sibling `.OUT.lock` from its OUT checks to its commit,
 so a second pack into the same OUT is refused instead of deleting the first's partial directory (the
 kernel drops the lock when a pack dies, even by kill -9: no stale locks). An fsspec URL OUT has no
@@ -25,9 +26,14 @@ from typing import Any, Callable, Mapping
 from dctdata.errors import DctDataError
 from dctdata.format import MANIFEST_NAME, Manifest, is_url, write_manifest, write_manifest_url
 from dctdata.format.location import fsspec_options
+from dctdata.format.manifest import FORMAT_NAME
 
 
 def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | None) -> str:
+    """OUT checked (and normalized: absolute, a symbolic link resolved) before a pack writes anything: a
+    local OUT must not exist, or with --overwrite be a dctdata pack or an empty folder (`replaceable`); its
+    missing parent folders are made (as `mkdir -p`). An fsspec URL prefix must not hold a manifest, or with
+    --overwrite a dctdata one."""
     if not isinstance(out, (str, os.PathLike)):
         raise TypeError(f"out: expected a local directory path or an fsspec URL. Got {type(out).__name__}")
     out = os.fspath(out)
@@ -35,28 +41,95 @@ def check_out(out: str, overwrite: bool, storage_options: Mapping[str, Any] | No
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(out, **fsspec_options(out, storage_options))
-        if fs.exists(path.rstrip("/") + "/" + MANIFEST_NAME) and not overwrite:
-            raise DctDataError(
-                f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use --overwrite to "
-                "replace it)"
-            )
+        loc = path.rstrip("/") + "/" + MANIFEST_NAME
+        if fs.exists(loc):
+            if not overwrite:
+                raise DctDataError(
+                    f"{out}: expected an OUT prefix without a dataset. Got an existing {MANIFEST_NAME} (use "
+                    "--overwrite to replace it)"
+                )
+            with fs.open(loc, "rb") as fh:
+                head = fh.read(MAX_OVERWRITE_MANIFEST_BYTES + 1)
+            if not _is_pack_manifest(head):
+                raise DctDataError(
+                    f"{out}: --overwrite: expected a dctdata pack to replace. Got a {MANIFEST_NAME} that is not a "
+                    "dctdata manifest (nothing was deleted; remove it yourself or choose another OUT)"
+                )
         return out.rstrip("/")
     out = os.path.abspath(out.removeprefix("file://"))
-    if os.path.lexists(out) and not overwrite:
-        raise DctDataError(
-            f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)"
-        )
+    if os.path.lexists(out):
+        if not overwrite:
+            raise DctDataError(
+                f"{out}: expected an OUT path that does not exist. Got an existing path (use --overwrite to replace it)"
+            )
+        what = replaceable(out)
+        if what is not None:
+            raise DctDataError(
+                f"{out}: --overwrite: expected a dctdata pack (a folder holding a dctdata {MANIFEST_NAME}) or an empty "
+                f"folder to replace. Got {what} (nothing was deleted; remove it yourself or choose another OUT)"
+            )
     if os.path.islink(out):  # pack where it points (module docstring)
         out = os.path.realpath(out)
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
-        got = (
-            "a file in the way"
-            if os.path.lexists(parent) or any(os.path.isfile(p) for p in _ancestors(parent))
-            else "a missing directory"
-        )
-        raise DctDataError(f"{out}: expected an existing parent directory. Got {got} at {parent}")
+        if os.path.lexists(parent) or any(os.path.isfile(p) for p in _ancestors(parent)):
+            raise DctDataError(f"{out}: expected an existing parent directory. Got a file in the way at {parent}")
+        try:
+            os.makedirs(parent, exist_ok=True)  # OUT's missing parents, as mkdir -p
+        except OSError as exc:
+            raise unwritable(out, exc) from None
     return out
+
+
+# The most of an old manifest --overwrite reads to see that it is a dctdata one (readers open at most
+# MAX_MANIFEST_BYTES; only its first key matters here, and a JSON parse needs the whole text).
+MAX_OVERWRITE_MANIFEST_BYTES = 64 << 20
+
+
+def _is_pack_manifest(raw: bytes) -> bool:
+    if len(raw) > MAX_OVERWRITE_MANIFEST_BYTES:
+        return False
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(d, dict) and d.get("format") == FORMAT_NAME
+
+
+def replaceable(out: str) -> str | None:
+    """None when `--overwrite` may replace the local path OUT (following a symbolic link): a folder holding
+    a dctdata manifest (any version; its data files need not be intact), or an empty folder. Otherwise what
+    is there instead, for the error: --overwrite must never delete a results folder typed as OUT."""
+    target = os.path.realpath(out)
+    if not os.path.isdir(target):
+        return "a file" if os.path.exists(target) else "a broken symbolic link"
+    try:
+        names = os.listdir(target)
+    except OSError as exc:
+        return f"a folder that cannot be listed ({exc.strerror})"
+    if not names:
+        return None
+    manifest = os.path.join(target, MANIFEST_NAME)
+    if not os.path.isfile(manifest):
+        return f"a folder of {len(names)} entr{'y' if len(names) == 1 else 'ies'} without a {MANIFEST_NAME}"
+    try:
+        with open(manifest, "rb") as fh:
+            head = fh.read(MAX_OVERWRITE_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        return f"a {MANIFEST_NAME} that cannot be read ({exc.strerror})"
+    if not _is_pack_manifest(head):
+        return f"a folder whose {MANIFEST_NAME} is not a dctdata manifest"
+    return None
+
+
+def unwritable(out: str, exc: OSError) -> DctDataError:
+    """The error for an OUT whose folder cannot be written (a missing parent that cannot be made, a read-only
+    or virtual file system): it names OUT and the folder, not the lock or partial file a pack tried first."""
+    reason = exc.strerror or type(exc).__name__
+    return DctDataError(
+        f"{out}: expected an OUT whose folder {os.path.dirname(out)} can be written. Got {reason} when creating a "
+        "file there (choose another OUT)"
+    )
 
 
 def lock_path(out: str) -> str:
@@ -77,7 +150,10 @@ class OutLock:
         except ImportError:  # pragma: no cover - no flock (Windows): packs are not serialized there
             return self
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as exc:  # OUT's folder is read-only or virtual (/proc): say OUT, not the lock file
+                raise unwritable(self.out, exc) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -62,8 +62,8 @@ def read_originals(
         return None
     finally:
         src.close()
-    if 1 < x.ndim < 4 and tuple(x.shape[1:]) == tuple(shape)[4 - x.ndim :]:
-        x = x.reshape(len(x), *shape)  # (H, W) or 1-D samples of a (1, H, W) or (1, 1, L) field
+    if 1 < x.ndim <= len(shape) and tuple(x.shape[1:]) == tuple(shape)[len(shape) + 1 - x.ndim :]:
+        x = x.reshape(len(x), *shape)  # (H, W), 1-D or (D, H, W) samples of a (1, H, W), (1, 1, L) or volume field
     if tuple(x.shape[1:]) != tuple(shape):
         log.warning("originals in %s have per-sample shape %s, not the field's %s: not shown", name, x.shape[1:], shape)
         return None
@@ -131,6 +131,7 @@ def inspect_dataset(
         scores = psnr(
             torch.from_numpy(org[:, shown]),
             torch.from_numpy(rec[:, shown].astype(np.float64)),
+            dims=rec.ndim - 2,  # a volume's PSNR is over the whole (D, H, W) item
             valid=None if valid is None else torch.from_numpy(np.ascontiguousarray(valid[:, shown])),
         )
         worst = torch.nan_to_num(scores, nan=math.inf).amin(1)
@@ -140,12 +141,18 @@ def inspect_dataset(
     indices = [indices[j] for j in pick]
     rec, org = rec[pick][:, shown], None if org is None else org[pick][:, shown]
     valid = None if valid is None else np.ascontiguousarray(valid[pick][:, shown])
+    depth = f.codec.depth
+    if depth is not None:  # a volume (C, D, H, W): the figure shows its middle slice along D
+        mid = depth // 2
+        rec, org = rec[:, :, mid], None if org is None else org[:, :, mid]
+        valid = None if valid is None else np.ascontiguousarray(valid[:, :, mid])
     items_rec = rec.reshape(-1, *rec.shape[2:])
     items_org = None if org is None else org.reshape(-1, *org.shape[2:])
     items_valid = None if valid is None else valid.reshape(-1, *rec.shape[2:])
     names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else None
+    where = f" slice {depth // 2} of {depth}" if depth is not None else ""
     titles = [
-        f"{f.name} sample {i} channel {ch}" + (f" ({names[ch]})" if names and ch < len(names) else "")
+        f"{f.name} sample {i} channel {ch}{where}" + (f" ({names[ch]})" if names and ch < len(names) else "")
         for i in indices
         for ch in shown
     ]

@@ -23,9 +23,11 @@ Atomic commit (`dctdata.preprocess.commit`): a local OUT is written into the tem
 sha256. OUT may also be an fsspec URL (s3://bucket/prefix, ...; `storage_options`): data files are
 written in place and the manifest, written last, is the commit.
 
-Defaults without a target PSNR: cf=4, mask square, quant none (fp32): 16 of 64 frequencies kept, a
-4x smaller tensor on the device. With `target_psnr`, calibration chooses whatever of cf/mask/quant is
-left None (smallest stored size that reaches the target); per-field targets as in `plan`.
+Defaults: without any fidelity setting, float dct fields are calibrated to `plan.DEFAULT_TARGET_PSNR`
+and integer fields are stored exactly; with some setting but no target PSNR: cf=4, mask square, quant none
+(fp32): 16 of 64 frequencies kept, a 4x smaller tensor on the device. With `target_psnr`, calibration
+chooses whatever of cf/mask/quant is left None (smallest stored size that reaches the target); per-field
+targets as in `plan`.
 
 Writers (one per storage format, `dctdata.format.make_writer`) implement the part interface of
 `dctdata.format.base`; they never compute error figures and never write the manifest: the orchestrator
@@ -93,8 +95,9 @@ def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifes
     if scheduler is not None:
         parallel_mod.require_dask()
     storage_options = dict(s.storage_options or {})
+    if isinstance(out, (str, os.PathLike)):  # first: with --overwrite, OUT holding the source is the worse mistake
+        check_not_source(source, os.fspath(out))
     out = check_out(out, overwrite, storage_options)
-    check_not_source(source, out)
     url = is_url(out)
     if resume and url:
         raise DctDataError(

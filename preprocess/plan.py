@@ -3,16 +3,18 @@ incremental `Writer` (streams): the validated settings, each field's kind and Co
 included), and, at the end, the manifest's error figures.
 
 Field kinds (`kind_and_reason`): numeric arrays with >= 2 dims per sample -> `dct` (integers only with a
-lossy setting for them: a target PSNR, --quant or --cf, and only when their calibration subset holds more
-than `FEW_VALUES` distinct values: fewer is a mask or label map, kept exact), integer scalars -> `label`,
-everything else -> `array`; a source may default decoded images to `dct`; `fields={"mask": "array"}`
-overrides. Each field carries the reason for its kind, which the pack summary prints. A `dct` field's
-CodecSpec comes from cf/mask/quant directly, or from `dctdata.calibrate` on a calibration subset when quant
-is int8/int16 or the field has a target PSNR.
+lossy setting for them: a target PSNR, --quant, --cf or a pointwise bound, and only when their calibration
+subset holds more than `FEW_VALUES` distinct values: fewer is a mask or label map, kept exact), integer
+scalars -> `label`, everything else -> `array`; a source may default decoded images to `dct` (under a lossy
+setting only: integer images without one are exact, as the same integers from any other source);
+`fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack summary
+prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.calibrate` on a
+calibration subset when quant is int8/int16 or the field has a target PSNR.
 
 Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
 `noisy=40,clean=45` (per field; a bare number is the default of the fields not named). A dct field
-without a target gets the explicit settings, or the defaults (cf=4, square, float32).
+without a target gets the explicit settings, or the defaults (cf=4, square, float32); a pack without any
+fidelity setting gets `DEFAULT_TARGET_PSNR` for its float fields instead (`no_fidelity_flag`).
 
 Calibration subset: for a random-access source, evenly spaced samples (at least 64, more when they are
 small: up to 4M values; `calibration_indices`); for a stream, its first samples, as many (the
@@ -62,6 +64,23 @@ DEFAULT_CF = 4
 FEW_VALUES = 32
 CALIBRATION_SAMPLES = 64
 CALIBRATION_VALUES = 1 << 22
+
+
+# The target a float dct field gets when the pack names no fidelity at all (no --cf, --mask, --quant,
+# --target-psnr, --max-error or --max-rel-error): calibration reaches it on the dataset and records the
+# per-sample floor it found. The old default (cf=4 float32) promised nothing: its PSNR depended on the data.
+# Integer fields without a flag are stored exactly, from every source.
+DEFAULT_TARGET_PSNR = 40.0
+# What such a field gets where the target cannot be calibrated (constant samples, a few pixels): every
+# frequency as float32, near-exact.
+FALLBACK_CF = 8
+
+
+def no_fidelity_flag(cf, mask, quant, targets: Targets, bounds: Bounds) -> bool:
+    """Whether a pack names no fidelity setting at all (then `DEFAULT_TARGET_PSNR` holds for float fields)."""
+    return (
+        cf is None and mask is None and quant is None and targets.default is None and not targets.fields and not bounds
+    )
 
 
 # Fields ------------------------------------------------------------------------------------------
@@ -282,8 +301,16 @@ def plan_fields(
     cal = calibration if calibration is not None else source
     cal_probe = cal.probe() if calibration is not None else probe
     lossy_settings = cf is not None or quant not in (None, "float32")
+    # No fidelity flag at all: float dct fields get DEFAULT_TARGET_PSNR (a promise, with the per-sample floor
+    # calibration records), integer fields stay exact; `default_promise` says which in the pack's summary.
+    unflagged = no_fidelity_flag(cf, mask, quant, targets, bounds)
     for name, (shape, dtype) in probe.items():
-        lossy = lossy_settings or targets.get(name) is not None
+        # a pointwise bound asks for lossy coding as a target does (issue 46: int16 with --max-error was exact)
+        lossy = lossy_settings or targets.get(name) is not None or bool(bounds.get(name))
+        if source.default_kinds.get(name) == "dct" and dtype.kind in "iu" and not lossy and name not in overrides:
+            source_default = None  # integer images follow the rule of every other source: exact without a flag
+        else:
+            source_default = source.default_kinds.get(name)
         mask_of = next((k for k, m in valid.items() if m == name), None)
         distinct = None
         if lossy and dtype.kind in "iu" and len(shape) >= 2 and name not in overrides and mask_of is None:
@@ -291,8 +318,14 @@ def plan_fields(
                 distinct = distinct_values(cal, name, math.prod(shape))
         kind, reason = kind_and_reason(
             name, shape, dtype, lossy=lossy, override=overrides.get(name),
-            source_default=source.default_kinds.get(name), mask_of=mask_of, distinct=distinct,
+            source_default=source_default, mask_of=mask_of, distinct=distinct,
         )  # fmt: skip
+        if kind is FieldKind.DCT and dtype.kind in "iu" and bounds.get(name) and reason.endswith("keeps them exact)"):
+            if not (lossy_settings or targets.get(name) is not None):  # the bound alone made it lossy: say so
+                reason = (
+                    f"{dtype.name} samples of {len(shape)}-D with a pointwise bound, a request for lossy coding "
+                    f"(--field {name}=array keeps them exact)"
+                )
         if dtype.kind not in "biuf":
             raise DctDataError(f"{where}: field {name!r}: expected a numeric dtype. Got {dtype}")
         if kind is FieldKind.LABEL and shape != ():
@@ -322,9 +355,11 @@ def plan_fields(
                 )
             derived.append(mask_field)
         target = targets.get(name)
+        if unflagged:  # float fields, and integers made dct by --field NAME=dct
+            target = DEFAULT_TARGET_PSNR
         spec, stage = _codec(
             name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet,
-            bounds.get(name),
+            bounds.get(name), fallback=unflagged,
         )  # fmt: skip
         specs.append(
             FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs, reason=reason)
@@ -342,10 +377,14 @@ def plan_fields(
 
 
 def _codec(
-    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet, bound=None
-) -> tuple[CodecSpec, dict]:
+    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet, bound=None,
+    fallback: bool = False,
+) -> tuple[CodecSpec, dict]:  # fmt: skip
     """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration
-    subset (always with a pointwise bound, `bound`: the CodecSpec's max_error/max_rel_error keywords)."""
+    subset (always with a pointwise bound, `bound`: the CodecSpec's max_error/max_rel_error keywords).
+    `fallback` (the default target, no flag named): where calibration cannot reach the target (constant
+    samples, too few pixels), every frequency is kept as float32 (`FALLBACK_CF`): near-exact, never an error
+    the user did not ask for."""
     c, *size = shape
     if bound and quant is not None and quant not in ("int8", "int16"):
         raise DctDataError(
@@ -372,7 +411,21 @@ def _codec(
     if target is None and not bound:
         cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
     x = torch.from_numpy(np.ascontiguousarray(x))
-    spec, stage = _calibrate(x, name, cf, mask, quant, target, valid, codec, quiet, lambda j: cal.where(idx[j]), bound)
+    try:
+        spec, stage = _calibrate(
+            x, name, cf, mask, quant, target, valid, codec, quiet, lambda j: cal.where(idx[j]), bound
+        )  # fmt: skip
+    except DctDataError as exc:
+        if not fallback:
+            raise
+        log.warning(
+            "field %r: the default target %g dB could not be calibrated (%s); keeping every frequency as float32 "
+            "(cf=%d), near-exact",
+            name, target, exc, FALLBACK_CF,
+        )  # fmt: skip
+        sizes = dict(zip(("depth", "height", "width")[3 - len(size) :], size))
+        spec = CodecSpec(cf=FALLBACK_CF, channels=c, mask="square", **sizes)
+        return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
     if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
         raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
     return spec, stage
@@ -485,6 +538,9 @@ def build_manifest(
         "nan_filled": filled,
         "source_info": dict(info or {}),
     }
+    s = settings
+    if no_fidelity_flag(s.cf, s.mask, s.dtype, s.targets, s.bounds) and any(f.is_dct for f in specs):
+        pack_entry["default_target_psnr"] = DEFAULT_TARGET_PSNR  # what the summary and info state as the promise
     return Manifest(
         storage=settings.format,
         samples=n,
@@ -498,6 +554,7 @@ def build_manifest(
 
 
 __all__ = [
+    "DEFAULT_TARGET_PSNR",
     "CALIBRATION_SAMPLES",
     "CALIBRATION_VALUES",
     "DEFAULT_CF",
@@ -513,6 +570,7 @@ __all__ = [
     "distinct_values",
     "kind_and_reason",
     "looks_channels_last",
+    "no_fidelity_flag",
     "parse_field_overrides",
     "parse_nan",
     "parse_targets",

@@ -73,6 +73,46 @@ def test_stream_table_counts_http_bytes(tmp_path):
     assert "| 1.00x |" in format_rows(rows, 100e6)
 
 
+def test_loopback_counts_a_body_before_the_client_has_it(tmp_path):
+    """Once a client has read a response, `bytes_sent` holds it: a reset() after the read never leaves the bytes
+    to be counted into the next epoch (test_stream_table_counts_http_bytes failed under load that way). The
+    count's lock is held back after the first (request) use until the client has had a second to finish."""
+    import threading
+    import urllib.request
+
+    from benchmarks.loopback import LoopbackServer
+
+    (tmp_path / "f.bin").write_bytes(bytes(1000))
+
+    class GateLock:
+        def __init__(self):
+            self.inner, self.uses, self.gate = threading.Lock(), 0, threading.Event()
+
+        def __enter__(self):
+            self.uses += 1
+            if self.uses > 1:  # the body's count: held back
+                self.gate.wait(10)
+            self.inner.acquire()
+
+        def __exit__(self, *exc):
+            self.inner.release()
+
+    got = {}
+    with LoopbackServer(tmp_path) as srv:
+        srv._server.lock = lock = GateLock()
+
+        def client():
+            got["body"] = urllib.request.urlopen(f"{srv.url}/f.bin", timeout=20).read()
+            got["counted"] = srv.bytes_sent
+
+        t = threading.Thread(target=client)
+        t.start()
+        t.join(1.0)
+        lock.gate.set()
+        t.join(20)
+    assert len(got["body"]) == 1000 and got["counted"] == 1000
+
+
 def test_stream_local_epochs_alternate_after_one_untimed_epoch():
     from benchmarks.stream import _time_alternating
 

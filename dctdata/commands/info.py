@@ -19,13 +19,18 @@ def _main(args) -> int:
     from dctdata.format.checksum import sha256_file
     from dctdata.format.location import is_url, manifest_location
     from dctdata.format.manifest import MAX_MANIFEST_BYTES, read_manifest
-    from dctdata.report import field_rows, num, stage_name
+    from dctdata.report import field_rows, num, pack_summary, stage_name
 
     m = read_manifest(args.dataset)
-    print(f"{args.dataset}: {m.format} v{m.version} ({m.storage}), written by dctdata {m.dctdata_version}")
-    print(f"samples: {m.samples}   stored: {m.stored_bytes / 1e6:.3f} MB in {len(m.checksums)} files")
     loc = manifest_location(args.dataset)[1]
-    digest, _ = sha256_file(loc, root=None if is_url(loc) else os.path.dirname(loc), limit=MAX_MANIFEST_BYTES)
+    digest, size = sha256_file(loc, root=None if is_url(loc) else os.path.dirname(loc), limit=MAX_MANIFEST_BYTES)
+    t = pack_summary(m, manifest_bytes=size)  # the numbers the pack's summary printed
+    print(f"{args.dataset}: {m.format} v{m.version} ({m.storage}), written by dctdata {m.dctdata_version}")
+    print(
+        f"samples: {m.samples}   stored: {t['stored_bytes'] / 1e6:.3f} MB in {len(m.checksums)} files and the "
+        f"manifest, ratio {num(t['ratio_f32'])}x vs float32 and {num(t['ratio_src'])}x vs the source "
+        f"({t['source_bytes'] / 1e6:.3f} MB)"
+    )
     print(f"manifest sha256: {digest} (pin this pack: open_dataset(..., sha256=...))")
     settings = {k: v for k, v in m.pack.items() if v not in (None, {}, False)}
     print("pack settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))

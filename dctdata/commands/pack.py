@@ -33,7 +33,7 @@ def _main(args) -> int:
     from dctdata.bounds import bound_text
     from dctdata.format import storages
     from dctdata.format.fields import user_fields
-    from dctdata.report import num, pack_summary, volume_hint
+    from dctdata.report import fidelity_line, num, pack_summary, volume_hint
     from dctdata.settings import PackSettings
 
     manifest = pack(args.source, args.out, settings=PackSettings.from_args(args))
@@ -42,9 +42,13 @@ def _main(args) -> int:
         t = pack_summary(manifest)
         print(
             f"packed {manifest.samples} samples into {args.out} ({manifest.storage}, {files}): stored "
-            f"{t['stored_bytes'] / 1e6:.3f} MB, ratio {num(t['ratio_f32'])}x vs float32 and {num(t['ratio_src'])}x vs "
-            f"the source, transfer ratio {num(t['transfer'])}x (float32 bytes / bytes sent to the device)"
+            f"{t['stored_bytes'] / 1e6:.3f} MB (every file, the manifest included), ratio {num(t['ratio_f32'])}x vs "
+            f"float32 and {num(t['ratio_src'])}x vs the source, transfer ratio {num(t['transfer'])}x (float32 bytes / "
+            "bytes sent to the device)"
         )
+        promise = fidelity_line(manifest)
+        if promise is not None:
+            print(f"  {promise}")
         for f in user_fields(manifest.fields):
             s = manifest.stats[f.name]
             extra = ""

@@ -81,6 +81,15 @@ class Source:
                         parts.append({k: v[i - a : i - a + 1] for k, v in batch.items()})
                 if len(parts) == len(indices):
                     break
+        for i, p in zip(indices, parts):  # ragged samples: the errors read_batch gives, before concatenate's
+            for k, ref in parts[0].items():
+                if k not in p:
+                    raise DctDataError(f"{self.where(i)}: expected field {k!r}. Got fields {sorted(p)}")
+                if p[k].shape[1:] != ref.shape[1:]:
+                    raise DctDataError(
+                        f"{self.where(i)}: field {k!r}: expected shape {ref.shape[1:]} like sample {indices[0]}. Got "
+                        f"{p[k].shape[1:]} (ragged samples)"
+                    )
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def close(self) -> None:

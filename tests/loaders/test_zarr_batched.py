@@ -111,7 +111,7 @@ def test_http_bytes_per_sample_stay_near_the_stored_bytes(tmp_path):
 
 
 def test_remote_integrity_checks(tmp_path):
-    root = pack(tmp_path, n=24, writer_options={"chunk_samples": 2, "shard_samples": 8})
+    root = pack(tmp_path, n=24, cf=4, writer_options={"chunk_samples": 2, "shard_samples": 8})
     shard = root / "image" / "c.1.0.0.0.0"
     data = shard.read_bytes()
     with LoopbackServer(tmp_path) as srv:
@@ -134,7 +134,7 @@ def test_remote_integrity_checks(tmp_path):
 def test_chunk_codecs_must_match_the_manifest(tmp_path):
     import json
 
-    root = pack(tmp_path, n=8)
+    root = pack(tmp_path, n=8, cf=4)  # the zstd-9 stage of a pack with a setting but no target
     m = json.loads((root / "manifest.json").read_text())
     m["fields"][0]["lossless"] = {"id": "zstd", "level": 3}
     (root / "manifest.json").write_text(json.dumps(reseal(m)))

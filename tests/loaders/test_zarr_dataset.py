@@ -133,6 +133,25 @@ def test_corrupted_chunk_fails_verify_and_read(tmp_path, capsys):
     assert [int(g[1]) for g in got] == [21, 36] and skip.skipped == 2  # 8 and 9 share the bad chunk
 
 
+def _as_list(batch):
+    return batch
+
+
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_skipped_count_reaches_the_main_process_from_workers(tmp_path, context):
+    """on_error="skip" in DataLoader workers: `ds.skipped` in the main process counts what the workers dropped
+    (it stayed 0: each worker counted in its own copy)."""
+    out, x, labels = make(tmp_path)
+    _flip(out / "image" / "c.2.0.0.0.0")  # samples 8..9 (one chunk) fail their checksum
+    ds = dctdata.open_dataset(out, on_error="skip")
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=_as_list
+    )
+    seen = sorted(int(s[1]) for batch in loader for s in batch)
+    assert seen == [v for i, v in enumerate(labels.tolist()) if i not in (8, 9)] and ds.skipped == 2
+    assert sum(len(b) for b in loader) == len(ds) - 2 and ds.skipped == 4  # a second epoch adds its own
+
+
 def test_missing_shard_is_not_fill_value(tmp_path, capsys):
     out, x, labels = make(tmp_path)
     (out / "image" / "c.5.0.0.0.0").unlink()

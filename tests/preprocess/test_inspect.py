@@ -167,3 +167,30 @@ def test_two_dct_fields_name_the_field_flag(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--field: expected one of the dct fields ['noisy', 'clean'] (this pack has 2). Got none" in err
     assert main(["inspect", str(tmp_path / "out"), "--field", "clean", "--png", str(tmp_path / "a.png")]) == 0
+
+
+def test_inspect_shows_the_middle_slice_of_a_volume(tmp_path, capsys, monkeypatch):
+    """`dctdata inspect` on a --dims 3 pack (it failed: "expected items of shape (S, H, W)"): the middle slice
+    along D of the worst volumes, originals found from the (D, H, W) source samples."""
+    import dctdata.preprocess.inspect as inspect_mod
+
+    vol = smooth_fields(4, 12, 16, 24, seed=3, noise="normal")  # 4 volumes of (D=12, H=16, W=24)
+    np.save(tmp_path / "v.npy", vol)
+    out = tmp_path / "v.dct"
+    assert main(["pack", str(tmp_path / "v.npy"), str(out), "--dims", "3", "--cf", "4", "--quiet"]) == 0
+    seen = {}
+    real = inspect_mod.inspect_figure
+
+    def spy(org, rec, png, titles, valid=None):
+        seen.update(org=org, rec=rec, titles=titles)
+        return real(org, rec, png, titles, valid=valid)
+
+    monkeypatch.setattr(inspect_mod, "inspect_figure", spy)
+    assert main(["inspect", str(out), "--png", str(tmp_path / "v.png"), "--samples", "2"]) == 0
+    assert "wrote" in capsys.readouterr().out and (tmp_path / "v.png").exists()
+    assert seen["rec"].shape == (2, 16, 24) and seen["titles"][0].endswith("slice 6 of 12")
+    i = int(seen["titles"][0].split("sample ")[1].split()[0])
+    np.testing.assert_array_equal(seen["org"][0], vol[i, 6])  # the original's middle slice, beside its decode
+    ds = dctdata.open_dataset(out)
+    whole = ds.decompressor("image")(ds[i][0][None]).numpy()  # (1, C=1, D, H, W)
+    np.testing.assert_array_equal(seen["rec"][0], whole[0, 0, 6])  # its decode's middle slice

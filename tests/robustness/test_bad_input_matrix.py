@@ -892,11 +892,11 @@ def _(t):
     return pack_args(npy(t, fields(2)), t / "f" / "a" / "out")
 
 
-@case(
-    "pack OUT",
-    "parent directory missing",
-    r"expected an existing parent directory\. Got a missing directory at .*/nodir",
-)
+def _check_parents_made(t, _):
+    assert len(dctdata.open_dataset(t / "nodir" / "out")) == 2
+
+
+@case("pack OUT", "parent directory missing (made, as mkdir -p)", check=_check_parents_made)
 def _(t):
     return pack_args(npy(t, fields(2)), t / "nodir" / "out")
 
@@ -914,7 +914,12 @@ def _(t):
     return pack_args(t / "d" / "0.npy", t / "d", "--overwrite")
 
 
-@case("pack OUT", "unwritable location (/proc)", r"(No such file or directory|Permission denied|Read-only).*/proc/")
+@case(
+    "pack OUT",
+    "unwritable location (/proc)",
+    r"/proc/dctdata_matrix_out: expected an OUT whose folder /proc can be written\. Got (No such file or directory|"
+    r"Permission denied|Read-only)",
+)
 def _(t):
     return pack_args(npy(t, fields(2)), "/proc/dctdata_matrix_out")
 
@@ -929,7 +934,18 @@ def _check_overwrite(t, _):
     assert len(dctdata.open_dataset(t / "out")) == 3
 
 
-@case("pack OUT", "OUT exists with --overwrite", check=_check_overwrite)
+@case("pack OUT", "OUT is a pack, with --overwrite", check=_check_overwrite)
+def _(t):
+    dctdata.pack(fields(2), t / "out", cf=4, quiet=True)
+    return pack_args(npy(t, fields(3)), t / "out", "--overwrite")
+
+
+@case(
+    "pack OUT",
+    "OUT is a folder of other files, with --overwrite",
+    r"out: --overwrite: expected a dctdata pack .* Got a folder of 1 entry without a manifest\.json \(nothing was "
+    r"deleted",
+)
 def _(t):
     (t / "out").mkdir()
     (t / "out" / "old.txt").write_text("old")
