@@ -282,18 +282,18 @@ class PackSettings:
 
     Args:
         format: zarr (random access, default) or webdataset (streaming shards).
-        cf: chop factor 1..8 (default 4 without --target-psnr).
+        cf: chop factor 1..8 (default 4 with other settings but no --target-psnr).
         mask: kept-frequency mask (default square; volumes: cube = square, tetra = triangle: u + v + w < CF).
-        dims: spatial dims of a dct sample: 2 ((H, W) or (C, H, W), default) or 3 (volumes: (D, H, W) or (C, D, H,
-            W) as 8x8x8 blocks).
+        dims: spatial dims of a dct sample: 2 ((H, W) or (C, H, W), default) or 3 (volumes: (D, H, W) or (C, D, H, W) as
+            8x8x8 blocks).
         quant: coefficient dtype (default none = fp32).
-        target_psnr: calibrate steps (and free knobs) to reach this PSNR (per channel, over valid pixels); per
-            field: noisy=40,clean=45 (a bare DB sets the fields not named).
-        max_error: pointwise bound: every decoded value within E of the source, in the field's units, checked on
-            every sample at pack time (SZ3/ZFP's absolute mode); per field: u=0.01,p=2 (a bare E sets the fields not
-            named).
-        max_rel_error: pointwise bound relative to each sample channel's value range (1e-3: within 0.1% of the
-            range); with --max-error the smaller bound holds.
+        target_psnr: calibrate steps (and free knobs) to reach this PSNR (per channel, over valid pixels); per field:
+            noisy=40,clean=45 (a bare DB sets the fields not named). With no fidelity flag at all (--cf, --mask,
+            --quant, --target-psnr, --max-error, --max-rel-error) float fields get 40 and integer fields stay exact.
+        max_error: pointwise bound: every decoded value within E of the source, in the field's units, checked on every
+            sample at pack time (SZ3/ZFP's absolute mode); per field: u=0.01,p=2 (a bare E sets the fields not named).
+        max_rel_error: pointwise bound relative to each sample channel's value range (1e-3: within 0.1% of the range);
+            with --max-error the smaller bound holds.
         fields: override a field's kind (dct|array|label).
         key: HDF5 dataset(s) to pack (repeat or comma-separate).
         channels_last: per-sample arrays are (H, W, C): move C first (--no-channels-last: keep a layout that looks
@@ -304,23 +304,24 @@ class PackSettings:
         sample_dim: NetCDF/zarr: the dimension that becomes samples (e.g. time).
         variables: NetCDF/zarr: data variables to pack (default: all).
         stack: NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each).
-        allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual
-            datasets, external links); only for a file you trust.
+        allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets,
+            external links); only for a file you trust.
         codec: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
-            (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader
-            workers), zstd:LEVEL (1..22), lz4 (numcodecs' LZ4: the fastest decode, the most bytes).
+            (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader workers),
+            zstd:LEVEL (1..22), lz4 (numcodecs' LZ4: the fastest decode, the most bytes).
         strict: fail on any quantization overflow.
         overwrite: replace an existing OUT (only once the new one is complete).
         quiet: no progress bar or summary.
-        workers: pack on a local Dask cluster of N processes (needs dctdata[dask]).
+        workers: pack on N worker processes of this machine (default: its cores; 1: in this process).
         scheduler: pack on an existing Dask cluster (tcp://host:8786); workers must see SOURCE and OUT.
+        device: where the transform, quantization and error figures run: cpu (default) or a CUDA device (cuda, cuda:1);
+            with cuda the entropy coder runs on --workers CPU threads, overlapped with the device.
         resume: finish an interrupted pack of the same settings (redo only unfinished parts).
-        max_shard_size: webdataset: cap on each .tar shard, in bytes or with a unit: 64MiB, '1.5 GB' (default 256
-            MiB).
-        samples_per_shard: webdataset: samples per shard (default: as many as fit the cap, and at least 16 shards
-            for a set of 16 samples or more, so ranks x DataLoader workers each get whole shards).
-        samples_per_member: webdataset: samples per tar member, 1..256 (default: about 256 KiB of source per member,
-            1 for larger samples, at most 1/16 of the set; each member costs a 512-byte tar header and padding).
+        max_shard_size: webdataset: cap on each .tar shard, in bytes or with a unit: 64MiB, '1.5 GB' (default 256 MiB).
+        samples_per_shard: webdataset: samples per shard (default: as many as fit the cap, and at least 16 shards for a
+            set of 16 samples or more, so ranks x DataLoader workers each get whole shards).
+        samples_per_member: webdataset: samples per tar member, 1..256 (default: about 256 KiB of source per member, 1
+            for larger samples, at most 1/16 of the set; each member costs a 512-byte tar header and padding).
         calibration: an explicit calibration set (anything `pack` takes) instead of the source's samples.
         length: the sample count of an iterable source.
         writer_options: the storage writer's options: zarr chunk_samples, shard_samples; webdataset max_shard_size,
