@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dctdata.calibrate import dataset_psnr
 from dctdata.datasets import OPTICAL_SHAPE, optical_damage
+from dctdata.encoder.calibrate import dataset_psnr
 from dctdata.preprocess.plan import calibration_indices
 
 SEARCH = r"""
 import json, sys, time
 import numpy as np, torch
-from dctdata.calibrate import calibrate_report
+from dctdata.encoder.calibrate import calibrate_report
 x = torch.from_numpy(np.load(sys.argv[1], allow_pickle=False))
 t0 = time.perf_counter()
 r = calibrate_report(x, quant=None, target_psnr=float(sys.argv[2]))

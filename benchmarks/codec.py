@@ -6,7 +6,7 @@ of at least 64 MB that do not (there the copy runs at memory bandwidth), so each
 same on every machine. Out of cache it times decode twice: into a fresh output (it pays for fresh
 pages, as a loader that allocates each batch does) and into a reused buffer (`Decompress(..., out=)`).
 Also against the paper's dense block-diagonal formulation LHS . A . RHS (O(N^3) per image). The kernel
-column says which CPU kernel `Decompress` took: the fused C one (`dctdata.fused`, a batch split over the
+column says which CPU kernel `Decompress` took: the fused C one (`dctdata.decoder.fused`, a batch split over the
 threads) where the CPU has AVX2, the torch kernels elsewhere.
 """
 
@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from dctdata import fused
-from dctdata.layer import Decompress
-from dctdata.spec import CodecSpec
-from dctdata.transform import BLOCK, dct_matrix
+from dctdata.codec.spec import CodecSpec
+from dctdata.codec.transform import BLOCK, dct_matrix
+from dctdata.decoder import fused
+from dctdata.decoder.layer import Decompress
 
 
 def paper_dense_operators(height: int, width: int, cf: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ rows isolate issue 12 from the entropy stage (row 7 adds that). Each row switche
   every variant) + 8 B per channel per sample of side information (range, mid as float32) when the
   codec has it + the manifest of a one-shard webdataset pack built with the real `Manifest`,
   `FieldSpec` and `CodecSpec.to_dict` (compact JSON, `Manifest.to_json`).
-- PSNR is the project's dataset PSNR (`dctdata.calibrate.dataset_psnr`, every item against its own
+- PSNR is the project's dataset PSNR (`dctdata.encoder.calibrate.dataset_psnr`, every item against its own
   range); bytes at exactly each level come from `benchmarks.curves.bytes_at` (log-linear between
   the Pareto points that bracket it, never extrapolated). Each row's cell is the geometric mean over
   packs of bytes after / bytes before, minus 1 (negative: the fix stores less), with the count of packs
@@ -70,14 +70,21 @@ import torch
 
 from benchmarks.curves import Point, bytes_at, geomean
 from benchmarks.items import MAX_TILES, MODES, load_items, packs_of
-from dctdata.calibrate import INT_LIMITS, calibrate_report, choose_stage, dataset_psnr, fit_recon, worst_case_amax
+from dctdata.codec.metrics import channel_nmse, item_nmse
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder.layer import Decompress
+from dctdata.encoder.calibrate import (
+    INT_LIMITS,
+    calibrate_report,
+    choose_stage,
+    dataset_psnr,
+    fit_recon,
+    worst_case_amax,
+)
+from dctdata.encoder.quantize import coded_coefficients, encode, item_side
 from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field
-from dctdata.layer import Decompress
-from dctdata.metrics import channel_nmse, item_nmse
-from dctdata.quantize import coded_coefficients, encode, item_side
-from dctdata.spec import CodecSpec
 from dctdata.stages import AUTO, DEFAULT_CODEC, ZSTD_MAX, get_stage
 
 TARGET = 40.0
@@ -99,7 +106,7 @@ OLD_CALIBRATION = r"""
 import json, sys, time
 import numpy as np, torch
 import dctdata
-from dctdata.calibrate import calibrate_report
+from dctdata.encoder.calibrate import calibrate_report
 torch.set_num_threads(int(sys.argv[4]))
 x = torch.from_numpy(np.load(sys.argv[1], allow_pickle=False))
 t0 = time.perf_counter()

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from dctdata.calibrate import dataset_psnr
+from dctdata.encoder.calibrate import dataset_psnr
 
 
 @dataclasses.dataclass
@@ -32,7 +32,7 @@ class Point:
 
 def pack_psnr(x: np.ndarray, reconstruction: np.ndarray) -> float:
     """The project's PSNR of a pack (N, C, H, W): per item (channel of a sample) against its own range,
-    then 10 log10(1 / mean(MSE / range^2)) over items (`dctdata.calibrate.dataset_psnr`). A pack of volumes
+    then 10 log10(1 / mean(MSE / range^2)) over items (`dctdata.encoder.calibrate.dataset_psnr`). A pack of volumes
     (N, C, D, H, W) has one item per (sample, channel) volume."""
     x, reconstruction = np.asarray(x), np.asarray(reconstruction)
     if x.ndim == 5:  # dataset_psnr's items are its last two axes: a volume's (D * H, W) view is the whole volume

@@ -4,7 +4,7 @@ Times, interleaved round-robin (best of `--repeat`, so a busy machine hurts ever
 outputs of at least 64 MB: copying the output bytes into a preallocated buffer (the yardstick of
 `python -m benchmarks codec`), the portable kernel (`synthesize_portable`: the exported graph, and the eager
 CPU path before the chunked kernel), the chunked torch kernel with a fresh output and into a reused
-`out=` buffer, and the fused C kernel (`dctdata.fused`, what `Decompress` takes) both ways. Fresh
+`out=` buffer, and the fused C kernel (`dctdata.decoder.fused`, what `Decompress` takes) both ways. Fresh
 outputs pay for page faults: run once more with `THP_MEM_ALLOC_ENABLE=1` (torch then backs large
 tensors with huge pages) to see how much. With more than one thread the torch columns are the portable
 graph (the chunked kernel runs on one thread only, see `transform.synthesize`) and the fused kernel
@@ -23,8 +23,9 @@ import time
 
 import torch
 
-from dctdata import CodecSpec, Decompress, fused
-from dctdata.transform import synthesize_portable
+from dctdata import CodecSpec, Decompress
+from dctdata.codec.transform import synthesize_portable
+from dctdata.decoder import fused
 
 OUT_OF_CACHE_BYTES = 64 << 20
 

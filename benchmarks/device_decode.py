@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 import dctdata
+from dctdata.decoder.wire import StoredBatch
 from dctdata.loaders.device import DevicePrefetcher
 from dctdata.loaders.distributed import make_loader
 from dctdata.stages import AUTO, ZSTD_MAX
-from dctdata.wire import StoredBatch
 
 
 def fields(n: int, size: int, seed: int = 0) -> np.ndarray:

@@ -18,7 +18,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dctdata  # noqa: E402
-from dctdata import fused, transform  # noqa: E402
+from dctdata.codec import transform  # noqa: E402
+from dctdata.decoder import fused
 
 
 def main(argv=None) -> int:

@@ -43,10 +43,10 @@ import time
 import numpy as np
 import torch
 
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder.layer import Decompress
+from dctdata.decoder.wire import StoredBatch
 from dctdata.errors import DctDataError
-from dctdata.layer import Decompress
-from dctdata.spec import CodecSpec
-from dctdata.wire import StoredBatch
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

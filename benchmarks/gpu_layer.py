@@ -7,7 +7,7 @@ Two tables, printed as Markdown and written to `--out` as JSON:
   batches of about 64 MB of output, best of --repeat runs of 50 queued calls timed with CUDA events after 50 ms of
   warm-up calls. Also: the kernel's first call (its compile), and the largest difference fused vs eager relative to
   the output's range.
-- nvcomp: `dctdata.nvcomp_zstd.decode_batch` on zstd-19 frames (int8 Laplacian values, like coefficients) per
+- nvcomp: `dctdata.stages.nvcomp_zstd.decode_batch` on zstd-19 frames (int8 Laplacian values, like coefficients) per
   call: 64 KiB samples as one frame each, 32 / 64 / 256 / 1,024 per call; the same with nvCOMP's allocations
   taken from torch's caching allocator; unaligned streams (copied to aligned ones first); and 1 MiB samples as
   one frame or as 16 frames of 64 KiB. Per row: ms per call with --calls calls queued and one synchronization
@@ -34,9 +34,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
 from benchmarks.gpu import QUEUED_CALLS, _seconds, v1_spec, v2_spec, wire  # noqa: E402  (the gpu table's codecs, timing)
-from dctdata import fused_cuda  # noqa: E402
-from dctdata.layer import Decompress  # noqa: E402
-from dctdata.spec import CodecSpec  # noqa: E402
+from dctdata.codec.spec import CodecSpec  # noqa: E402
+from dctdata.decoder import fused_cuda  # noqa: E402
+from dctdata.decoder.layer import Decompress  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BATCH_BYTES = 64 << 20
@@ -218,8 +218,8 @@ def nvcomp_rows(frame_counts, calls: int, dev: torch.device, small: int = 64 << 
     """Rows of the nvCOMP table and the library's facts; `small` and `big` are the sample sizes (tests shrink)."""
     import zstandard
 
-    from dctdata import nvcomp_zstd as nz
-    from dctdata import zstd_frames as zf
+    from dctdata.stages import nvcomp_zstd as nz
+    from dctdata.stages import zstd_frames as zf
 
     nv = nz.nvcomp()  # MissingExtraError names the extra
     meta = {"nvcomp": getattr(nv, "__version__", "?")}
@@ -322,7 +322,9 @@ def main(argv=None) -> int:
             print(f"\nDecompress, int8 coefficients in, batches of about {BATCH_BYTES >> 20} MB of output")
             result["decode"] = decode_rows(args.sizes, args.cf, args.dtypes, args.repeat, dev)
         if not args.skip_nvcomp:
-            print(f"\nnvCOMP zstd (dctdata.nvcomp_zstd.decode_batch), zstd-19 frames, {args.calls} calls per row")
+            print(
+                f"\nnvCOMP zstd (dctdata.stages.nvcomp_zstd.decode_batch), zstd-19 frames, {args.calls} calls per row"
+            )
             try:
                 result["nvcomp"], meta = nvcomp_rows(args.frames, args.calls, dev)
                 result.update(meta)

@@ -8,8 +8,8 @@ and nothing else. The codecs, sizes and batches are the decode table's (`benchma
 about 64 MB of output a batch).
 
 `--kernel LABEL=PATH` (repeatable) times other copies of the kernel module side by side in one run, in turns, e.g.
-an older revision's (`git show REV:dctdata/_triton_synth.py > old.py`); append `:plain` to a kernel that reads
-its dead-zone tables as (a, d, r) (the form before the half-sign tables; see `dctdata._triton_synth`), whose
+an older revision's (`git show REV:dctdata/decoder/_triton_synth.py > old.py`); append `:plain` to a kernel that reads
+its dead-zone tables as (a, d, r) (the form before the half-sign tables; see `dctdata.decoder._triton_synth`), whose
 tables are then converted back (exact up to one rounding of d, which does not change the timing). Each kernel's
 output is compared with the first kernel's (largest difference over the output's largest magnitude).
 
@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from benchmarks.gpu import BATCH_BYTES, DTYPES, skip_reason, v1_spec, v2_spec, wire, write_json  # noqa: E402
 from benchmarks.kernel_sass import kernel_module as load_kernel  # noqa: E402
 from benchmarks.kernel_sass import parse_kernel as parse_label_path  # noqa: E402
-from dctdata import fused, fused_cuda  # noqa: E402
-from dctdata.wire import split_wire  # noqa: E402
+from dctdata.decoder import fused, fused_cuda  # noqa: E402
+from dctdata.decoder.wire import split_wire  # noqa: E402
 
 
 def parse_kernel(text: str) -> tuple[str, str, bool]:

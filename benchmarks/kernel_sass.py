@@ -14,7 +14,7 @@ program issues, and the memory operations (global loads and stores, shared-memor
 counts move between Triton releases for the same source, so a comparison names the Triton it used.
 
 `--kernel LABEL=PATH` (repeatable) reads other kernel files side by side, e.g. an older revision's (`git show
-REV:dctdata/_triton_synth.py > old.py`): their pointer arguments are found by name (`*_ptr`), so revisions with
+REV:dctdata/decoder/_triton_synth.py > old.py`): their pointer arguments are found by name (`*_ptr`), so revisions with
 other tables compile too. This module needs only Triton (no torch), so it also runs under another Triton
 installed beside the development one: `python benchmarks/kernel_sass.py ...`.
 """

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from dctdata.metrics import psnr
+from dctdata.codec.metrics import psnr
 
 
 def synthetic(n: int, size: int, seed: int = 0) -> np.ndarray:

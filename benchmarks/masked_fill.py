@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import dctdata
-import dctdata.metrics
+import dctdata.codec.metrics
 from dctdata.datasets.slstr import cloud_field
 from dctdata.preprocess.masking import fill_invalid
 from dctdata.stages import DEFAULT_CODEC, get_stage
@@ -36,8 +36,8 @@ def scenes(n: int, size: int, seed: int = 1) -> np.ndarray:
 
 def channel_psnr(x: np.ndarray, x_hat: torch.Tensor) -> list[float]:
     valid = torch.from_numpy(np.isfinite(x))
-    p = dctdata.metrics.psnr(torch.from_numpy(np.nan_to_num(x)).double(), x_hat.double(), valid=valid)
-    return [round(dctdata.metrics.pooled_psnr(p[:, c]), 2) for c in range(x.shape[1])]
+    p = dctdata.codec.metrics.psnr(torch.from_numpy(np.nan_to_num(x)).double(), x_hat.double(), valid=valid)
+    return [round(dctdata.codec.metrics.pooled_psnr(p[:, c]), 2) for c in range(x.shape[1])]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,32 +22,30 @@ This module and `dctdata.api` are the only core modules that name the two sides,
 """
 
 import importlib
-import sys
-import types
 
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
 
 # name -> the module that defines it (imported on first use)
 _LAZY = {
-    "CodecSpec": "dctdata.spec",
-    "Decompress": "dctdata.layer",
+    "CodecSpec": "dctdata.codec.spec",
+    "Decompress": "dctdata.decoder.layer",
     "DevicePrefetcher": "dctdata.loaders.device",
     "PackSettings": "dctdata.settings",
     "Writer": "dctdata.api",
     "balance_threads": "dctdata.loaders.threads",
-    "basis": "dctdata.transform",
-    "compress": "dctdata.transform",
-    "dct_matrix": "dctdata.transform",
-    "decompress": "dctdata.functional",
-    "dequantize": "dctdata.quantize",
-    "encode": "dctdata.quantize",
-    "kept_frequencies": "dctdata.transform",
+    "basis": "dctdata.codec.transform",
+    "compress": "dctdata.codec.transform",
+    "dct_matrix": "dctdata.codec.transform",
+    "decompress": "dctdata.decoder.functional",
+    "dequantize": "dctdata.encoder.quantize",
+    "encode": "dctdata.encoder.quantize",
+    "kept_frequencies": "dctdata.codec.transform",
     "make_loader": "dctdata.loaders.distributed",
-    "num_kept": "dctdata.transform",
+    "num_kept": "dctdata.codec.transform",
     "open_dataset": "dctdata.api",
     "pack": "dctdata.api",
-    "quantize": "dctdata.quantize",
+    "quantize": "dctdata.encoder.quantize",
     "set_epoch": "dctdata.loaders.distributed",
 }
 
@@ -91,16 +89,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """`dctdata.quantize` is the function, also after something imports the module `dctdata.quantize`
-    (the import system then sets the package's attribute of that name to the module)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == value.__name__:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

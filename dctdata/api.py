@@ -141,7 +141,7 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     `.../shard-{000000..000015}.tar`, with the manifest beside them. Keywords go to that class (e.g.
     as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). decode: "cpu" (the
     default: the workers decode the lossless stage, coefficients cross) or "device" (the workers check
-    the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.wire`).
+    the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.decoder.wire`).
     A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
     allow_pipe=True.
     sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a

@@ -1,5 +1,5 @@
 """One small thread pool per process for C kernels that release the GIL: the fused CPU decode
-(`dctdata.fused`) and the zarr reader's chunk decode (`dctdata.format.zarr.reader`).
+(`dctdata.decoder.fused`) and the zarr reader's chunk decode (`dctdata.format.zarr.reader`).
 
 Why one shared pool: both split work that is already sized to torch's intra-op thread count, never
 nest, and a second pool would only add idle threads. Why by hand: `ThreadPoolExecutor` does not survive

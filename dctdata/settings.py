@@ -32,14 +32,14 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
+from dctdata.codec.spec import QUANT_TO_DTYPE
+from dctdata.codec.transform import parse_cf, parse_mask
+from dctdata.codec.transform3d import MASKS3
 from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.kinds import FIELD_KINDS, FieldKind
 from dctdata.parse import parse_int, parse_number, parse_optional_int, parse_size
-from dctdata.spec import QUANT_TO_DTYPE
 from dctdata.stages import AUTO, option_help, option_spellings, parse_config, parse_option
-from dctdata.transform import parse_cf, parse_mask
-from dctdata.transform3d import MASKS3
 
 NAN_MODES = ("error", "mask", "fill")
 # The webdataset writer's options that are settings of their own (--max-shard-size, --samples-per-shard,

@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from dctdata.decode_check import nonfinite_samples
+from dctdata.decoder.decode_check import nonfinite_samples
+from dctdata.decoder.layer import Decompress
 from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.format.fields import user_fields
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import read_manifest
 from dctdata.format.webdataset.reader import Files, check_location
-from dctdata.layer import Decompress
 
 DECODE_BATCH = 64
 

@@ -22,10 +22,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
 import dctdata
-from dctdata.calibrate import calibrate
+from dctdata.codec.metrics import psnr
 from dctdata.datasets import cifar_like
+from dctdata.encoder.calibrate import calibrate
 from dctdata.loaders.device import DevicePrefetcher, resolve_device, with_decompress
-from dctdata.metrics import psnr
 
 
 def tiny_cnn(channels: int = 3, classes: int = 10) -> nn.Module:

@@ -11,14 +11,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from dctdata.decoder.layer import Decompress
+from dctdata.decoder.wire import PackCodec
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format.coords import decode_coord
 from dctdata.format.fields import FieldSpec, assemble, user_fields, with_side
 from dctdata.format.manifest import Manifest
 from dctdata.format.reader import pack_identity
 from dctdata.kinds import FieldKind
-from dctdata.layer import Decompress
-from dctdata.wire import PackCodec
 
 
 class ClampToRange(nn.Module):
@@ -57,7 +57,7 @@ class PackedDataset:
         codec normalizes."""
         layer = Decompress.from_manifest(self.manifest, field, **kwargs)
         f = self.manifest.field(field, kind=FieldKind.DCT) if field is None else self.manifest.field(field)
-        # its pack, for messages naming the packs of stored bytes it is given (`dctdata.wire.PackCodec`)
+        # its pack, for messages naming the packs of stored bytes it is given (`dctdata.decoder.wire.PackCodec`)
         layer.pack_codec = PackCodec(pack_identity(self.manifest), str(self.root), f.codec, f.lossless)
         if clamp is False or clamp is None:
             return layer

@@ -17,7 +17,7 @@ then `Decompress`, on a side stream; each batch comes back with its stored field
 arrays. A `Decompress` layer (or a dict of them by field, or a list of them by position) given as the decoder
 is wrapped in one. Stored bytes carry their pack's codec: a batch holding several packs' samples, or two packs
 paired (`StackDataset(noisy, clean)`: both fields named "image"), decodes each pack with its own codec.
-`dctdata.nvcomp_zstd.ZstdBatches` is a lower-level one (zstd streams -> sample tensors on the GPU).
+`dctdata.stages.nvcomp_zstd.ZstdBatches` is a lower-level one (zstd streams -> sample tensors on the GPU).
 
 Typical use, with batches of stored streams already on the device (`DevicePrefetcher`)::
 
@@ -38,10 +38,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from dctdata.decoder.wire import STORED_TYPES, MixedStoredBatch, StoredBatch, merge_stored
 from dctdata.errors import DctDataError
 from dctdata.loaders.device import map_leaves
 from dctdata.parse import is_int
-from dctdata.wire import STORED_TYPES, MixedStoredBatch, StoredBatch, merge_stored
 
 __all__ = ["DecodeAhead", "DecompressBatches"]
 

@@ -35,9 +35,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dctdata.decoder.wire import STORED_TYPES
 from dctdata.errors import DctDataError
 from dctdata.parse import is_int
-from dctdata.wire import STORED_TYPES
 
 __all__ = ["AugmentOnDevice", "DevicePrefetcher", "pin", "resolve_device", "to_device", "with_decompress"]
 

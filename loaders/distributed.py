@@ -42,11 +42,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from dctdata.decoder.wire import collate
 from dctdata.errors import DctDataError
 from dctdata.loaders.stateful import PackLoader
 from dctdata.loaders.threads import worker_init
 from dctdata.parse import SEED_MAX, parse_int
-from dctdata.wire import collate
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Samples are tuples of tensors in manifest field order (`as_dict=True`: a dict), 
 `DCTZarrDataset`: a `dct` field is its stored coefficient tensor (C, Hb, K, Wb) in the wire dtype
 (bfloat16 viewed back from its uint16 bits), `array` fields as stored, labels as 0-d tensors. Decode
 on the device with `ds.decompressor()`. With `decode="device"` a `dct` field is its member's checked
-stored stream (`dctdata.wire.StoredSample`; collated: one `StoredBatch`), decoded by `ds.decompressor()`
+stored stream (`dctdata.decoder.wire.StoredSample`; collated: one `StoredBatch`), decoded by `ds.decompressor()`
 where it runs.
 
 Order and splitting (every sample exactly once per epoch; `dctdata.loaders.wds_plan` has the rules):
@@ -61,6 +61,7 @@ import numpy as np
 import torch
 from webdataset.utils import pytorch_worker_info
 
+from dctdata.decoder.wire import parse_decode
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import storages
 from dctdata.format.cache import DEFAULT_CACHE_LIMIT, ShardCache
@@ -71,7 +72,6 @@ from dctdata.format.webdataset.reader import Files, check_location
 from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import SEED_MAX, is_int, parse_int
-from dctdata.wire import parse_decode
 
 log = logging.getLogger(__name__)
 

@@ -127,7 +127,7 @@ class WdsDecoder:
             return list(q) if side is None else list(zip(q, side))
         layer = self._layers.get(f.name)
         if layer is None:
-            from dctdata.layer import Decompress  # the layer is the model side; only this stage needs it
+            from dctdata.decoder.layer import Decompress  # the layer is the model side; only this stage needs it
 
             layer = self._layers[f.name] = Decompress.from_manifest(self.manifest, f.name)
         with torch.no_grad():

@@ -6,7 +6,7 @@ out as their stored coefficients (C, Hb, K, Wb) in the wire dtype, to be decoded
 batched read: the byte ranges of every chunk the batch needs, fetched together. `ds[a:b]` (any slice) is
 a batch: each field's samples stacked on a new first axis, as a DataLoader collates them, ready for
 `ds.decompressor()`. With `decode="device"` a `dct` field comes out as its checked stored bytes instead
-(`dctdata.wire.StoredSample`; a slice or a DataLoader batch: one `StoredBatch`), which
+(`dctdata.decoder.wire.StoredSample`; a slice or a DataLoader batch: one `StoredBatch`), which
 `ds.decompressor()` decodes where it runs.
 
 Reading, per-process opening (fork and spawn safe) and every integrity check are the job of the pack's
@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from dctdata.decoder.wire import StoredBatch, StoredSample, collate_stored, parse_decode
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import storages
 from dctdata.format.fields import with_partners
@@ -32,7 +33,6 @@ from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
 from dctdata.loaders.base import PackedDataset
 from dctdata.parse import is_int
-from dctdata.wire import StoredBatch, StoredSample, collate_stored, parse_decode
 
 log = logging.getLogger(__name__)
 # Slots of the shared skipped-sample count: this process and up to 255 DataLoader workers (more workers share

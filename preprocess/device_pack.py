@@ -7,7 +7,7 @@ Three stages run at once, joined by bounded queues:
    `READ_AHEAD` batches wait), takes their crc32 for the `--resume` journal and, for CUDA, copies the dct
    fields into pinned memory so the upload does not wait on the pageable copy;
 2. this thread runs `DeviceEncoder` on each batch: the per-item side values, the block DCT as batched matrix
-   multiplications, quantization, the PSNR floor and pointwise bounds (`dctdata.quantize.encode`, the CPU
+   multiplications, quantization, the PSNR floor and pointwise bounds (`dctdata.encoder.quantize.encode`, the CPU
    pack's own torch code, on device tensors) and the float64 decode for the error figures; only the stored
    coefficients come back;
 3. `threads` writer threads each finish a part: the writer runs the lossless stage (the entropy coder's
@@ -41,12 +41,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from dctdata.bounds import BoundError
+from dctdata.decoder.wire import split_wire
+from dctdata.encoder.bounds import BoundError
+from dctdata.encoder.quantize import F32_SAFE_MAX, encode
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format.fields import SIDE_SUFFIX
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder, PartJob, _digest, batch_size
-from dctdata.quantize import F32_SAFE_MAX, encode
-from dctdata.wire import split_wire
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ import os
 import numpy as np
 import torch
 
+from dctdata.codec.metrics import psnr
+from dctdata.decoder.layer import Decompress
 from dctdata.errors import DctDataError
 from dctdata.format.manifest import read_manifest
 from dctdata.format.peek import peek
 from dctdata.kinds import FieldKind
-from dctdata.layer import Decompress
-from dctdata.metrics import psnr
 from dctdata.preprocess.inspect_figure import inspect_figure
 from dctdata.preprocess.parts import mask_batch
 from dctdata.preprocess.sources import is_path, open_source

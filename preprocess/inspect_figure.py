@@ -15,9 +15,9 @@ import os
 import numpy as np
 import torch
 
+from dctdata.codec.metrics import psnr
 from dctdata.errors import DctDataError
 from dctdata.format.atomic import atomic_write
-from dctdata.metrics import psnr
 
 TILE = 224
 PAD = 24

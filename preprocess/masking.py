@@ -12,7 +12,7 @@ An explicit mask (`--valid FIELD=MASKFIELD`, `valid={"field": "mask"}`) names a 
 (bool/integers, nonzero = valid, broadcastable to (C, H, W)) instead; it is stored as it is.
 
 Every error figure of a masked field counts valid pixels only, against the valid range
-(`dctdata.metrics`, `valid=`), per channel.
+(`dctdata.codec.metrics`, `valid=`), per channel.
 
 The fill (`fill_invalid`) is a pull-push pyramid (Gortler et al., "The Lumigraph", 1996): valid values
 are averaged down a 2x pyramid (weighted by how many valid pixels each coarse pixel covers), then

@@ -24,17 +24,17 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from dctdata.bounds import BoundError
-from dctdata.corrections import stage_sizer
+from dctdata.codec.metrics import item_figures, psnr_from_mse
+from dctdata.decoder.corrections import stage_sizer
+from dctdata.decoder.layer import Decompress
+from dctdata.decoder.wire import split_wire
+from dctdata.encoder.bounds import BoundError
+from dctdata.encoder.quantize import F32_SAFE_MAX, encode
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.format.fields import SIDE_SUFFIX, user_fields
-from dctdata.layer import Decompress
-from dctdata.metrics import item_figures, psnr_from_mse
 from dctdata.preprocess.masking import NanPolicy, check_items_have_valid, fill_invalid
 from dctdata.preprocess.sources import Source, open_source
-from dctdata.quantize import F32_SAFE_MAX, encode
-from dctdata.wire import split_wire
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 BELOW_KEEP = 20  # items below the per-sample floor named per field and part (all are counted)

@@ -8,7 +8,7 @@ subset holds more than `FEW_VALUES` distinct values: fewer is a mask or label ma
 scalars -> `label`, everything else -> `array`; a source may default decoded images to `dct` (under a lossy
 setting only: integer images without one are exact, as the same integers from any other source);
 `fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack summary
-prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.calibrate` on a
+prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
 calibration subset when quant is int8/int16 or the field has a target PSNR.
 
 Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
@@ -26,7 +26,7 @@ Layout guard: a 3-D per-sample array whose last axis is small next to a large fi
 the caller said `channels_last=False` (`--no-channels-last`) on purpose.
 
 Volumes (`dims=3`, `--dims 3`): a dct field's samples are (D, H, W) or (C, D, H, W), coded as 8x8x8 blocks
-(`dctdata.transform3d`). Without it a (D, H, W) sample is D channels of 2-D blocks (the default, and what
+(`dctdata.codec.transform3d`). Without it a (D, H, W) sample is D channels of 2-D blocks (the default, and what
 older packs did); the pack summary offers `--dims 3` when a field looks like a volume
 (`dctdata.report.volume_hint`).
 """
@@ -42,17 +42,17 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from dctdata.codec.metrics import pooled_psnr
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError
 from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field, user_fields
 from dctdata.format.manifest import figure
 from dctdata.kinds import FieldKind
-from dctdata.metrics import pooled_psnr
 from dctdata.preprocess.masking import NanPolicy, valid_name
 from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
 from dctdata.settings import Bounds, PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
-from dctdata.spec import CodecSpec
 from dctdata.stages import AUTO, DEFAULT_CODEC
 
 log = logging.getLogger(__name__)
@@ -231,8 +231,8 @@ def _calibrate(
     with a progress bar on a terminal while the search runs."""
     from tqdm.auto import tqdm
 
-    from dctdata.bounds import BoundError
-    from dctdata.calibrate import calibrate_report
+    from dctdata.encoder.bounds import BoundError
+    from dctdata.encoder.calibrate import calibrate_report
 
     v = None if valid is None else torch.from_numpy(np.ascontiguousarray(valid))
     bar = tqdm(desc=f"calibrate {name}", unit="eval", disable=quiet or not sys.stderr.isatty(), leave=False)

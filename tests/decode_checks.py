@@ -1,7 +1,7 @@
 """The one invariant checker every decode test reuses (torchvision-v2 style).
 
 `check_decompress(spec, wire)` asserts that the `Decompress` layer (folded weights or the v2 affine
-pass) equals the plain decoder `dctdata.quantize.decode_reference` (dequantize -> inverse DCT ->
+pass) equals the plain decoder `dctdata.encoder.quantize.decode_reference` (dequantize -> inverse DCT ->
 inverse rotation -> per-sample range/mid -> normalize), in shape, dtype, device and value.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 import dctdata
-from dctdata.quantize import decode_reference
-from dctdata.wire import split_wire
+from dctdata.decoder.wire import split_wire
+from dctdata.encoder.quantize import decode_reference
 
 
 def check_decompress(

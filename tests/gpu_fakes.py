@@ -1,6 +1,6 @@
 """Stand-ins for the GPU pieces, so their callers' logic is tested on a CPU (helpers of the tests beside this file).
 
-- `FakeNvcomp`: the parts of nvidia.nvcomp's Python API that dctdata.nvcomp_zstd calls, with the arguments and
+- `FakeNvcomp`: the parts of nvidia.nvcomp's Python API that dctdata.stages.nvcomp_zstd calls, with the arguments and
   behaviour nvidia-nvcomp-cu13 6.0's docstrings describe (`Codec(algorithm=..., bitstream_kind=...)`,
   `as_arrays(buffer, offsets, sizes, cuda_stream=...)`, `codec.decompression_config(srcs)`,
   `codec.decode(srcs, out=..., decompression_config=...)`, `BatchArray.buffer_sizes`,
@@ -70,7 +70,7 @@ class FakeCodec:
 
 
 class FakeNvcomp(types.ModuleType):
-    """The parts of nvidia.nvcomp that dctdata.nvcomp_zstd uses."""
+    """The parts of nvidia.nvcomp that dctdata.stages.nvcomp_zstd uses."""
 
     def __init__(self):
         super().__init__("nvidia.nvcomp")
@@ -95,8 +95,8 @@ class FakeNvcomp(types.ModuleType):
 
 
 def install_fake_nvcomp(monkeypatch) -> FakeNvcomp:
-    """A FakeNvcomp as `nvidia.nvcomp`, with dctdata.nvcomp_zstd decoding CPU tensors and no cached codecs."""
-    import dctdata.nvcomp_zstd as nz
+    """A FakeNvcomp as `nvidia.nvcomp`, with dctdata.stages.nvcomp_zstd decoding CPU tensors and no cached codecs."""
+    import dctdata.stages.nvcomp_zstd as nz
 
     fake = FakeNvcomp()
     monkeypatch.setitem(sys.modules, "nvidia.nvcomp", fake)
@@ -106,12 +106,12 @@ def install_fake_nvcomp(monkeypatch) -> FakeNvcomp:
 
 
 def interpreted_kernel(monkeypatch):
-    """dctdata._triton_synth imported afresh under TRITON_INTERPRET=1 (its kernel runs on CPU tensors); call
+    """dctdata.decoder._triton_synth imported afresh under TRITON_INTERPRET=1 (its kernel runs on CPU tensors); call
     `forget_kernel()` afterwards so later imports compile for the GPU again."""
-    import dctdata.fused_cuda as fused_cuda
+    import dctdata.decoder.fused_cuda as fused_cuda
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    sys.modules.pop("dctdata._triton_synth", None)
+    sys.modules.pop("dctdata.decoder._triton_synth", None)
     monkeypatch.setattr(fused_cuda, "_kernel_module", None)
     monkeypatch.setattr(fused_cuda, "_broken", None)
     module = fused_cuda._module()
@@ -120,4 +120,4 @@ def interpreted_kernel(monkeypatch):
 
 
 def forget_kernel() -> None:
-    sys.modules.pop("dctdata._triton_synth", None)
+    sys.modules.pop("dctdata.decoder._triton_synth", None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.__main__ import SCRIPTS, main
-from dctdata import fused
+from dctdata.decoder import fused
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ["codec", "rd", "loader", "stream", "gpu"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import decompress_host
-from dctdata import fused_cuda
+from dctdata.decoder import fused_cuda
 
 
 def test_decompress_host_times_both_codecs_through_the_fused_path(tmp_path, capsys, monkeypatch):

@@ -8,7 +8,7 @@ import torch
 import dctdata
 from benchmarks import kernel_alone
 from benchmarks.gpu import v2_spec
-from dctdata import fused, fused_cuda
+from dctdata.decoder import fused, fused_cuda
 
 
 def test_kernel_argument_names_label_path_and_table_form(tmp_path):

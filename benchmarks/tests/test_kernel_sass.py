@@ -54,7 +54,7 @@ def test_pointers_are_found_by_name_and_aligned_as_launched():
 
 
 def test_padded_rows_are_fused_cudas():
-    from dctdata import fused_cuda
+    from dctdata.decoder import fused_cuda
 
     assert [kernel_sass.padded_rows(cf) for cf in range(1, 9)] == [fused_cuda.padded_rows(cf) for cf in range(1, 9)]
 

@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def _main(args) -> int:
-    from dctdata.bounds import bound_text
+    from dctdata.encoder.bounds import bound_text
     from dctdata.format.checksum import sha256_file
     from dctdata.format.location import is_url, manifest_location
     from dctdata.format.manifest import MAX_MANIFEST_BYTES, read_manifest
@@ -45,9 +45,9 @@ def _main(args) -> int:
         codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "exact"
         if f.is_dct and f.codec.bounded:
             codec += ", " + bound_text(f.codec)
-            if f.codec.corrections is not None:  # the sparse correction list (`dctdata.corrections`)
+            if f.codec.corrections is not None:  # the sparse correction list (`dctdata.decoder.corrections`)
                 codec += f", up to {f.codec.corrections} corrections/sample"
-            if f.codec.lattice:  # values snapped onto their grid (`dctdata.lattice`)
+            if f.codec.lattice:  # values snapped onto their grid (`dctdata.codec.lattice`)
                 codec += ", value lattices"
         stored = None if r["stored"] is None else r["stored"] / 1e6
         valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"

@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 def _main(args) -> int:
     from dctdata.api import pack
-    from dctdata.bounds import bound_text
+    from dctdata.encoder.bounds import bound_text
     from dctdata.format import storages
     from dctdata.format.fields import user_fields
     from dctdata.report import fidelity_line, num, pack_summary, volume_hint

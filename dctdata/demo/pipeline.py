@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from dctdata.decoder.layer import Decompress
 from dctdata.errors import DctDataError
-from dctdata.layer import Decompress
 from dctdata.parse import parse_int
 from dctdata.report import pack_summary
 

@@ -75,9 +75,9 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 import dctdata.entropy._ctxrans as _ctxrans
-from dctdata import transform3d
+from dctdata.codec import transform3d
+from dctdata.codec.transform import kept_frequencies as _kept_frequencies
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.transform import kept_frequencies as _kept_frequencies
 
 __all__ = [
     "CtxCodec",

@@ -26,10 +26,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from dctdata.codec.spec import INTEGER_DTYPES, MAX_SAMPLE_VALUES, CodecSpec
 from dctdata.errors import DctDataError, FormatError
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_int, parse_object
-from dctdata.spec import INTEGER_DTYPES, MAX_SAMPLE_VALUES, CodecSpec
 from dctdata.stages import DEFAULT_CODEC, get_stage, parse_config
 
 # Field names become zarr paths and webdataset extensions: keep them plain.
@@ -255,12 +255,12 @@ class FieldSpec:
             raise FormatError(str(exc)) from exc
 
 
-# The manifest version whose dct codecs may record a pointwise error bound (`dctdata.bounds`).
+# The manifest version whose dct codecs may record a pointwise error bound (`dctdata.encoder.bounds`).
 BOUNDS_VERSION = 5
 # The manifest version whose dct codecs may store a table as {"f32z": base64 of zlib of its little-endian
 # float32 values, row-major (C, K)}: a volume's 512-entry step and reconstruction tables took 6.1 and 3.4 KB as
 # JSON numbers, more than the coefficients of a small volume; their values repeat, so zlib packs them to tens
-# or hundreds of bytes. The values are float32 already (`dctdata.spec`), so the round trip is exact.
+# or hundreds of bytes. The values are float32 already (`dctdata.codec.spec`), so the round trip is exact.
 TABLES_VERSION = 6
 PACKED_TABLES = ("steps", "offsets", "recon")
 PACK_MIN_VALUES = 16  # smaller tables stay JSON numbers (readable, and no larger)
@@ -318,7 +318,7 @@ def unpack_tables(codec: object, version: int) -> object:
 
 def side_field(f: FieldSpec) -> FieldSpec:
     """The stored partner of a dct field with side information: (C, 2) float32 per sample (with corrections
-    (C + 1 + cap, 2), `dctdata.corrections`), zstd."""
+    (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd."""
     return FieldSpec(f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.side_rows, 2), "float32", lossless=DEFAULT_CODEC)
 
 
@@ -361,7 +361,7 @@ def assemble(fields: tuple[FieldSpec, ...], values: Sequence[Any]) -> list[Any]:
 
 def with_side(value: Any, side: Any) -> Any:
     """A dct field's value with its side values: the pair (coefficients, side); a stored sample
-    (`dctdata.wire.StoredSample`, decode="device") carries them itself."""
+    (`dctdata.decoder.wire.StoredSample`, decode="device") carries them itself."""
     attach = getattr(value, "with_side", None)
     return attach(side) if attach is not None else (value, side)
 

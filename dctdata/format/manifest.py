@@ -11,8 +11,8 @@ each version adds and which readers read it is the "Version history" of docs/for
 there. Where the code keeps them: version 2's compact form (`figure`, `PACK_DEFAULTS`: a reader fills the
 left-out entries back); version 3 (`compact_json`, `full_json`: a `Manifest` in memory always has the
 full form, so every reader of it is unchanged); version 4's inline side values
-(`zarr.layout.INLINE_BYTES`); version 5's seal (`manifest_seal`), error bounds (`dctdata.bounds`), volumes
-(`VOLUMES_VERSION`), channel weights (codec v3, `dctdata.spec.CodecSpec`) and grouped webdataset members
+(`zarr.layout.INLINE_BYTES`); version 5's seal (`manifest_seal`), error bounds (`dctdata.encoder.bounds`), volumes
+(`VOLUMES_VERSION`), channel weights (codec v3, `dctdata.codec.spec.CodecSpec`) and grouped webdataset members
 (`dctdata.format.webdataset.layout`); version 6's packed tables (`dctdata.format.fields.TABLES_VERSION`).
 """
 
@@ -104,7 +104,7 @@ def figure(v: float | None, rounding: str = "nearest") -> float | None:
     """An error figure as the manifest keeps it: FIGURE_DIGITS significant digits (35.1468 dB, not
     35.146764592772236: the rest is noise of the measurement and costs bytes in every pack). rounding
     "down" for PSNRs and "up" for errors, so a figure never claims more than the pack achieved. Not
-    `dctdata.spec.f32`: figures of float64 fields may be past float32's range."""
+    `dctdata.codec.spec.f32`: figures of float64 fields may be past float32's range."""
     if v is None or not math.isfinite(v):
         return v
     mode = {"nearest": decimal.ROUND_HALF_EVEN, "down": decimal.ROUND_FLOOR, "up": decimal.ROUND_CEILING}[rounding]

@@ -12,7 +12,7 @@ A reader is opened from a pack's location and manifest (and the fields to read) 
     file_samples(rel) -> " (samples a..b)"   # which samples a stored file holds, for messages
 
 Every value a reader hands back is integrity-checked. `stored` names dct fields whose samples come
-back as their checked stored bytes (`dctdata.wire.StoredSample`) instead of decoded coefficients, for
+back as their checked stored bytes (`dctdata.decoder.wire.StoredSample`) instead of decoded coefficients, for
 `open_dataset(..., decode="device")`. `batch_values` is the one place stored arrays become what a user
 sees (tensors in the wire dtype; a dct field with side information as its (coefficients, side) pair).
 """
@@ -25,12 +25,12 @@ from typing import Any, ClassVar, Collection, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from dctdata.decoder.wire import PackCodec, StreamForm
 from dctdata.errors import DctDataError
 from dctdata.format.checksum import sha256_file
 from dctdata.format.fields import FieldSpec, assemble, user_fields, with_partners
 from dctdata.format.location import join
 from dctdata.format.manifest import Manifest, manifest_seal
-from dctdata.wire import PackCodec, StreamForm
 
 
 def pack_identity(manifest: Manifest) -> str:
@@ -87,7 +87,7 @@ class StorageReader:
         return self.manifest.samples
 
     def stamp(self, form: StreamForm, f: FieldSpec) -> StreamForm:
-        """`form` with this pack's identity and field f's codec (`dctdata.wire.PackCodec`): what its stored
+        """`form` with this pack's identity and field f's codec (`dctdata.decoder.wire.PackCodec`): what its stored
         bytes carry with decode="device", so that no batch decodes them as another pack's."""
         ident = self.__dict__.get("_pack_identity")
         if ident is None:

@@ -9,9 +9,9 @@ and zstandard decodes exactly the frame's declared size (one-shot into a buffer 
 past it).
 
 On CUDA (`decode="device"`) a batch's frames are decoded by nvCOMP in one call (`NvcompZstdDecoder`, over
-`dctdata.nvcomp_zstd`; the `gpu` extra, `pip install 'dctdata[gpu]'`, and a clear error naming it where it is
+`dctdata.stages.nvcomp_zstd`; the `gpu` extra, `pip install 'dctdata[gpu]'`, and a clear error naming it where it is
 missing). nvCOMP is undefined on invalid input, so a stream leaves a reader's worker only after
-`check_stream` walked its frame and block headers (`dctdata.zstd_frames.walk`). On the CPU the stage's own
+`check_stream` walked its frame and block headers (`dctdata.stages.zstd_frames.walk`). On the CPU the stage's own
 decoder runs.
 """
 
@@ -123,7 +123,7 @@ class ZstdStage(BytesStage):
         """The stream is one zstd frame declaring exactly `decoded` bytes, with well-formed frame and block headers
         whose blocks lie inside it (what a device decoder may be given: nvCOMP is undefined on anything else)."""
         super().check_stream(stream, decoded, where)
-        from dctdata.zstd_frames import walk
+        from dctdata.stages.zstd_frames import walk
 
         frames = walk(stream, described(where))
         if len(frames) != 1:
@@ -134,7 +134,7 @@ class ZstdStage(BytesStage):
         """`NvcompZstdDecoder` on CUDA (MissingExtraError naming the `gpu` extra without nvCOMP); None elsewhere."""
         import torch
 
-        from dctdata import nvcomp_zstd
+        import dctdata.stages.nvcomp_zstd as nvcomp_zstd
 
         if torch.device(device).type not in nvcomp_zstd.DEVICE_TYPES:
             return None
@@ -143,7 +143,8 @@ class ZstdStage(BytesStage):
 
 
 class NvcompZstdDecoder(DeviceDecoder):
-    """A batch of zstd streams, one frame a sample, decoded by nvCOMP in one call (`dctdata.nvcomp_zstd.decode_batch`:
+    """A batch of zstd streams, one frame a sample, decoded by nvCOMP in one call
+    (`dctdata.stages.nvcomp_zstd.decode_batch`:
     aligned buffers, cached decompression configs, torch's allocator). A sample whose frame nvCOMP reports at
     another size than it declared gets status 1. The status is read when the stage checks it (a synchronization:
     the loaders' grouped decode, `nvcomp_zstd.ZstdBatches`, amortizes nvCOMP's per-call cost instead)."""
@@ -151,7 +152,7 @@ class NvcompZstdDecoder(DeviceDecoder):
     def decode_batch(self, buffer, offsets, sample_shape, dtype):
         import torch
 
-        from dctdata import nvcomp_zstd
+        import dctdata.stages.nvcomp_zstd as nvcomp_zstd
 
         values, report = nvcomp_zstd.decode_batch(buffer, offsets.cpu(), sample_shape, dtype)
         status = torch.zeros(len(values), dtype=torch.int32)

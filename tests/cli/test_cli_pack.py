@@ -12,7 +12,7 @@ from sample_fields import files
 from sample_fields import poisson_fields as fields
 
 import dctdata
-import dctdata.metrics
+import dctdata.codec.metrics
 from dctdata.cli import main
 
 
@@ -68,7 +68,7 @@ def test_npz_multichannel_with_lossless_mask_and_labels(tmp_path, capsys):
         assert int(s["label"]) == labels[i]
     img = ds.decompressor()(ds[0:11]["image"])
     assert img.shape == (11, 3, 20, 9)
-    scores = dctdata.metrics.psnr(torch.from_numpy(x), img, dims=2)  # an item: one channel of one sample
+    scores = dctdata.codec.metrics.psnr(torch.from_numpy(x), img, dims=2)  # an item: one channel of one sample
     assert float(scores.min()) == pytest.approx(ds.manifest.stats["image"].psnr_min, abs=1e-3)
 
 
@@ -490,7 +490,7 @@ def test_calibrated_int8(tmp_path, capsys):
     q, side = ds[0][0]
     assert f.codec.dtype == "int8" and q.dtype == torch.int8 and side.shape == (2, 2)
     got = ds.decompressor()(ds[0:12][0])
-    scores = dctdata.metrics.psnr(torch.from_numpy(x), got, dims=2)
+    scores = dctdata.codec.metrics.psnr(torch.from_numpy(x), got, dims=2)
     assert float(scores.min()) == pytest.approx(ds.manifest.stats["image"].psnr_min, abs=1e-3)
 
 
@@ -548,7 +548,7 @@ def test_lossless_option_picks_the_stage_and_reads_back(tmp_path, capsys, option
     else:
         assert stage == expected
     rec = decoded(ds, "image")
-    psnr = dctdata.metrics.psnr(torch.from_numpy(x), torch.from_numpy(rec))
+    psnr = dctdata.codec.metrics.psnr(torch.from_numpy(x), torch.from_numpy(rec))
     assert float(psnr.min()) > 34.0
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from gpu_fakes import forget_kernel, install_fake_nvcomp, interpreted_kernel
 
-import dctdata.fused as fused
-import dctdata.fused_cuda as fused_cuda
+import dctdata.decoder.fused as fused
+import dctdata.decoder.fused_cuda as fused_cuda
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_layer.py"
 
@@ -42,7 +42,7 @@ def test_decode_table_on_cpu(bench, monkeypatch):
             assert r[f"{codec}_max_rel_diff"] < (1e-5 if r["dtype"] == "float32" else 2e-2)
     table = bench.format_decode_rows(rows)
     assert table.count("\n") == 3 and "| 16² | 2 | bfloat16 | 4 |" in table
-    assert fused_cuda.synthesize.__module__ == "dctdata.fused_cuda" and fused_cuda.ENABLED  # restored
+    assert fused_cuda.synthesize.__module__ == "dctdata.decoder.fused_cuda" and fused_cuda.ENABLED  # restored
 
 
 def test_decode_table_reports_a_kernel_that_did_not_run(bench, monkeypatch):

@@ -1,4 +1,4 @@
-"""Rounding within a pointwise bound (issue 32, `dctdata.bound_rounding`): each coefficient keeps a level
+"""Rounding within a pointwise bound (issue 32, `dctdata.encoder.bound_rounding`): each coefficient keeps a level
 within one step of its value and the integer dtype, the blocks' excess over the bound never grows and
 mostly vanishes, pixels that do not count are ignored, and bounded packs store less with it."""
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from dctdata.bound_rounding import can_round, round_coded, round_within
-from dctdata.bounds import item_bounds
-from dctdata.calibrate import calibrate_report
-from dctdata.corrections import stage_sizer, stored_bytes
-from dctdata.layer import Decompress
-from dctdata.quantize import coded_coefficients, encode, quantize_per_sample, rescaled
-from dctdata.transform import basis
+from dctdata.codec.transform import basis
+from dctdata.decoder.corrections import stage_sizer, stored_bytes
+from dctdata.decoder.layer import Decompress
+from dctdata.encoder.bound_rounding import can_round, round_coded, round_within
+from dctdata.encoder.bounds import item_bounds
+from dctdata.encoder.calibrate import calibrate_report
+from dctdata.encoder.quantize import coded_coefficients, encode, quantize_per_sample, rescaled
 from tests.core.test_bounds import check_bound, spiky, turbulent
 
 B = basis(8, "square", torch.float64)  # (64, 64)
@@ -106,7 +106,7 @@ def test_bounded_samples_store_less_and_hold(kind, monkeypatch):
 
     wire, _ = encode(x, spec, size_of=size)
     check_bound(x, Decompress(spec, normalize=False)(wire), spec)
-    monkeypatch.setattr("dctdata.bound_rounding.can_round", lambda spec: False)
+    monkeypatch.setattr("dctdata.encoder.bound_rounding.can_round", lambda spec: False)
     plain, _ = encode(x, spec, size_of=size)
     assert stored(wire) < 0.97 * stored(plain)
 

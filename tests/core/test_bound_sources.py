@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import dctdata
-from dctdata.bounds import BoundError
-from dctdata.corrections import EXACT, build
+from dctdata.codec.lattice import snap
+from dctdata.decoder.corrections import EXACT, build
+from dctdata.decoder.wire import collate
+from dctdata.encoder.bounds import BoundError
 from dctdata.format import read_manifest
-from dctdata.lattice import snap
 from dctdata.verify import verify_dataset
-from dctdata.wire import collate
 
 
 def items(path, fmt: str) -> list:

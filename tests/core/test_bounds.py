@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import dctdata
-from dctdata.bounds import MARGIN_REL, BoundError
-from dctdata.calibrate import calibrate_report
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder.layer import Decompress
+from dctdata.encoder.bounds import MARGIN_REL, BoundError
+from dctdata.encoder.calibrate import calibrate_report
+from dctdata.encoder.quantize import encode
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format import FieldSpec, read_manifest
-from dctdata.layer import Decompress
-from dctdata.quantize import encode
 from dctdata.settings import PackSettings
-from dctdata.spec import CodecSpec
 
 
 # Synthetic SciML-like fields ---------------------------------------------------------------------
@@ -87,7 +87,7 @@ def test_bound_holds_on_every_value(kind, bound):
     spec = calibrate_report(x[:4], quant=None, **bound).spec
     assert spec.bounded and spec.dtype in ("int8", "int16")
     ratio = check_bound(x, decoded(spec, x), spec)  # samples 4, 5 were not seen by calibration
-    if spec.lattice:  # integer counts under a bound below half a count: snapped back exactly (dctdata.lattice)
+    if spec.lattice:  # integer counts under a bound below half a count: snapped back exactly (dctdata.codec.lattice)
         assert kind == "integer" and ratio == 0
     else:
         assert ratio > 0.3  # the bound is used, not met by a needlessly fine step
@@ -173,7 +173,7 @@ def test_unseen_sample_that_cannot_hold_is_named(tmp_path):
 def test_margin_covers_float32_decode():
     """The margin (2^-19 of an item's largest magnitude) against the float64 reference decode: the CPU
     float32 decoders stay far inside it (the measurement the margin's size rests on)."""
-    from dctdata.quantize import decode_reference
+    from dctdata.encoder.quantize import decode_reference
 
     rng = np.random.default_rng(7)
     x = torch.from_numpy((300 + 50 * turbulent(rng, 6, 2, 32, 32)).astype(np.float32))

@@ -11,8 +11,8 @@ import torch
 import dctdata
 from benchmarks.fields import synthetic_fields
 from benchmarks.images import sample_images, to_chw_float
-from dctdata.calibrate import calibrate, calibrate_report, dataset_psnr
-from dctdata.metrics import psnr
+from dctdata.codec.metrics import psnr
+from dctdata.encoder.calibrate import calibrate, calibrate_report, dataset_psnr
 from dctdata.stages import DEFAULT_CODEC, get_stage
 
 

@@ -1,4 +1,4 @@
-"""Sparse corrections of bounded fields (issue 32, `dctdata.corrections`): coarser steps per sample plus a
+"""Sparse corrections of bounded fields (issue 32, `dctdata.decoder.corrections`): coarser steps per sample plus a
 correction list keep the bound on every value, store less than re-coding alone, decode the same through
 torch, torch.export, ONNX Runtime and CUDA, and hostile correction rows fail clearly, never writing
 outside the sample."""
@@ -10,17 +10,17 @@ import pytest
 import torch
 
 import dctdata
-from dctdata import corrections
-from dctdata.bounds import MARGIN_REL, BoundError
-from dctdata.calibrate import calibrate_report
-from dctdata.corrections import EXACT, apply, check, stage_sizer, stored_bytes
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder import corrections
+from dctdata.decoder.corrections import EXACT, apply, check, stage_sizer, stored_bytes
+from dctdata.decoder.layer import Decompress
+from dctdata.encoder.bounds import MARGIN_REL, BoundError
+from dctdata.encoder.calibrate import calibrate_report
+from dctdata.encoder.quantize import coded_coefficients, decode_reference, encode
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import FieldSpec, read_manifest
 from dctdata.format.fields import side_field
 from dctdata.format.webdataset.layout import packed_side, unpacked_side
-from dctdata.layer import Decompress
-from dctdata.quantize import coded_coefficients, decode_reference, encode
-from dctdata.spec import CodecSpec
 from tests.core.test_bounds import (
     KINDS,
     check_bound,
@@ -39,9 +39,9 @@ def _spec(x, valid=None, **bounds) -> CodecSpec:
 
 @pytest.fixture
 def plain_rounding(monkeypatch):
-    """Nearest-level rounding only (`dctdata.bound_rounding` off): rounding within the bound holds most values
+    """Nearest-level rounding only (`dctdata.encoder.bound_rounding` off): rounding within the bound holds most values
     the corrections would, so tests of how corrections are stored and decoded turn it off to get some."""
-    monkeypatch.setattr("dctdata.bound_rounding.can_round", lambda spec: False)
+    monkeypatch.setattr("dctdata.encoder.bound_rounding.can_round", lambda spec: False)
 
 
 def _counts(spec: CodecSpec, side: torch.Tensor) -> torch.Tensor:
@@ -270,7 +270,7 @@ def test_pack_with_corrections_reads_back_within_bound(tmp_path, fmt, lossless):
     dev = dctdata.open_dataset(
         out, as_dict=True, decode="device", **({"shuffle": False} if fmt == "webdataset" else {})
     )
-    from dctdata.wire import collate
+    from dctdata.decoder.wire import collate
 
     stored = collate([dev[i]["image"] for i in range(len(dev))] if fmt == "zarr" else [it["image"] for it in dev])
     layer = dev.decompressor("image", normalize=False)

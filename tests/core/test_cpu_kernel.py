@@ -8,10 +8,10 @@ from decode_checks import check_decompress
 from test_layer import make_spec, v2_wire
 
 import dctdata
-import dctdata.fused as fused
-import dctdata.transform as transform
+import dctdata.codec.transform as transform
+import dctdata.decoder.fused as fused
 from dctdata import Decompress
-from dctdata.quantize import decode_reference
+from dctdata.encoder.quantize import decode_reference
 
 
 def spec_for(cf, mask="square", channels=2, height=29, width=43, wire="int16", normalized=True, offsets=True):

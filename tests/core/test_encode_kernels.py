@@ -1,4 +1,4 @@
-"""The encode's C loops (dctdata/_encode.c) give the torch path's values bit for bit."""
+"""The encode's C loops (dctdata/encoder/_encode.c) give the torch path's values bit for bit."""
 
 import importlib
 
@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from dctdata import encode_kernels
+from dctdata.codec.spec import CodecSpec
+from dctdata.encoder import encode_kernels
 from dctdata.errors import DctDataError
-from dctdata.spec import CodecSpec
 
-Q = importlib.import_module("dctdata.quantize")
+Q = importlib.import_module("dctdata.encoder.quantize")
 
-pytestmark = pytest.mark.skipif(not encode_kernels.available(), reason="dctdata._encode not built")
+pytestmark = pytest.mark.skipif(not encode_kernels.available(), reason="dctdata.encoder._encode not built")
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_quantize_refuses_non_finite():
 
 
 def test_kernel_refuses_bad_buffers():
-    from dctdata import _encode
+    from dctdata.encoder import _encode
 
     x = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match="whole items"):
@@ -107,7 +107,7 @@ def test_kernel_refuses_bad_buffers():
 
 
 def test_item_range_of_float32_matches_float64():
-    from dctdata.metrics import item_range
+    from dctdata.codec.metrics import item_range
 
     x = torch.randn(3, 2, 9, 7) * 1e4 + 1e5
     assert torch.equal(item_range(x), item_range(x.double()))

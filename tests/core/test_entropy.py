@@ -31,9 +31,9 @@ from ctx_streams import MUTATIONS, leb128, mutate, read_leb128
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dctdata.codec.transform import kept_frequencies
 from dctdata.entropy import _ctxrans
 from dctdata.entropy.ctxrans import SEGMENT, SEGMENT_BYTES, SEGMENT_V3, CtxCodec, CtxCodecError, decoder_settings
-from dctdata.transform import kept_frequencies
 
 FUZZ_EXAMPLES = int(os.environ.get("CTXCODER_FUZZ_EXAMPLES", "3000"))
 RNG = np.random.default_rng(1234)

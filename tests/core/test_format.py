@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import dctdata
-import dctdata.metrics
+import dctdata.codec.metrics
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError, FormatError
 from dctdata.format import FORMAT_VERSION, FieldSpec, FieldStats, Manifest, read_manifest, write_manifest
 from dctdata.format.manifest import manifest_seal
 from dctdata.format.webdataset import entry_name, sample_key
 from dctdata.format.zarr import shard_key as zarr_shard_key
-from dctdata.spec import CodecSpec
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "golden_v1")
 
@@ -186,7 +186,7 @@ def test_golden_v1_reads_bit_exactly():
     assert np.array_equal(torch.stack([s["mask"] for s in got]).numpy(), src["mask"])
     assert [int(s["label"]) for s in got] == src["label"].tolist()
     x_hat = ds.decompressor()(expected_q)
-    scores = dctdata.metrics.psnr(torch.from_numpy(src["image"]), x_hat, dims=3)
+    scores = dctdata.codec.metrics.psnr(torch.from_numpy(src["image"]), x_hat, dims=3)
     assert float(scores.min()) == pytest.approx(m.stats["image"].psnr_min, abs=1e-6)
     from dctdata.verify import verify_dataset
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import dctdata
-import dctdata.fused as fused
-import dctdata.fused_cuda as fused_cuda
+import dctdata.decoder.fused as fused
+import dctdata.decoder.fused_cuda as fused_cuda
 
-needs_fused = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
+needs_fused = pytest.mark.skipif(not fused.available(), reason="dctdata.decoder._synth is not built")
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The fused CUDA decode kernel (dctdata.fused_cuda, dctdata/_triton_synth.py).
+"""The fused CUDA decode kernel (dctdata.decoder.fused_cuda, dctdata/decoder/_triton_synth.py).
 
 Without a GPU: its values under Triton's interpreter (TRITON_INTERPRET=1, on CPU tensors; tiny sizes, the
 interpreter runs about a second per program) against the reference decoder and the eager layer, its masks
@@ -24,12 +24,12 @@ from decode_checks import check_decompress
 from gpu_fakes import forget_kernel, interpreted_kernel
 
 import dctdata
-import dctdata.fused as fused
-import dctdata.fused_cuda as fused_cuda
+import dctdata.decoder.fused as fused
+import dctdata.decoder.fused_cuda as fused_cuda
 from benchmarks.kernel_sass import compile_args
 from dctdata import CodecSpec, Decompress
-from dctdata.quantize import decode_reference
-from dctdata.wire import split_wire
+from dctdata.decoder.wire import split_wire
+from dctdata.encoder.quantize import decode_reference
 
 triton = pytest.importorskip("triton")
 
@@ -179,7 +179,7 @@ def test_a_failing_kernel_is_switched_off_and_the_torch_paths_run(monkeypatch, c
     monkeypatch.setattr(fused_cuda, "synthesize", fail)
     spec = v1_spec(2, channels=1, height=8, width=8)
     q = wire_of(spec)
-    with caplog.at_level("WARNING", logger="dctdata.fused_cuda"):
+    with caplog.at_level("WARNING", logger="dctdata.decoder.fused_cuda"):
         out = Decompress(spec)(q)
     assert "RuntimeError: ptxas fatal" in fused_cuda.broken()
     assert "portable graph from now on" in caplog.text
@@ -235,9 +235,9 @@ def test_side_with_v1_tables_and_misplaced_tables_are_errors():
     tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu", spec.cf, spec.mask)
     with pytest.raises(dctdata.DctDataError, match="side: these tables \\(a v1 spec\\) take no side information"):
         fused_cuda.synthesize(q, tables, 2, "square", (8, 8), side=torch.ones(2, 1, 2))
-    with pytest.raises(TypeError, match="tables: expected dctdata.fused_cuda.DeviceTables"):
+    with pytest.raises(TypeError, match="tables: expected dctdata.decoder.fused_cuda.DeviceTables"):
         fused_cuda.synthesize(q, fused.tables_for(spec), 2, "square", (8, 8))
-    with pytest.raises(TypeError, match="tables: expected dctdata.fused.Tables"):
+    with pytest.raises(TypeError, match="tables: expected dctdata.decoder.fused.Tables"):
         fused_cuda.device_tables("tables", "cpu", 2, "square")
     wrong = fused_cuda.device_tables(fused.tables_for(spec), "meta", spec.cf, spec.mask)
     with pytest.raises(dctdata.DctDataError, match=r"tables.columns: expected a contiguous float32 tensor on cpu"):
@@ -249,7 +249,7 @@ def test_column_tables_hold_each_kept_coefficient_once_at_its_row_and_column(cf,
     """DeviceTables.columns[c, v, j, u] is table j's entry of frequency (u, v), and 0 where the mask drops it:
     a, d - r and 2 r for a v2 codec (the kernel's form of the sign term), a and d for v1."""
     spec = v2_spec(cf, mask)
-    kept = dctdata.transform.kept_frequencies(cf, mask)
+    kept = dctdata.codec.transform.kept_frequencies(cf, mask)
     dropped = torch.ones(cf, fused_cuda.padded_rows(cf), dtype=torch.bool)
     for u, v in kept:
         dropped[v, u] = False
@@ -323,15 +323,15 @@ def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
     as `synthesize` launches it (16-byte aligned pointers and a width that is a multiple of 16, which Triton
     specializes on): each thread stores its block's rows as 16-byte vectors."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    sys.modules.pop("dctdata._triton_synth", None)
+    sys.modules.pop("dctdata.decoder._triton_synth", None)
     try:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
     except ImportError as exc:
         pytest.skip(f"this Triton has no ahead-of-time compile API: {exc}")
-    from dctdata._triton_synth import synthesize_kernel
+    from dctdata.decoder._triton_synth import synthesize_kernel
 
-    sys.modules.pop("dctdata._triton_synth", None)
+    sys.modules.pop("dctdata.decoder._triton_synth", None)
     args = compile_args(synthesize_kernel.arg_names, flags, out, warps)  # as fused_cuda.synthesize launches it
     try:
         source = ASTSource(fn=synthesize_kernel, **args)

@@ -1,4 +1,5 @@
-"""The fused C decode kernel (dctdata.fused, dctdata/_synth.c): the reference's values for every wire dtype,
+"""The fused C decode kernel (dctdata.decoder.fused, dctdata/decoder/_synth.c): the reference's values for every wire
+dtype,
 codec version, mask, CF and cropped size, its AVX2 and portable inner loops alike, `out=`, the cases it
 leaves to the torch kernels, and the errors its checks raise."""
 
@@ -16,13 +17,13 @@ from test_cpu_kernel import one_thread, spec_for, spy_on, wire_of  # noqa: F401 
 from test_layer import v2_wire
 
 import dctdata
-import dctdata.fused as fused
-import dctdata.transform as transform
+import dctdata.codec.transform as transform
+import dctdata.decoder.fused as fused
 from dctdata import Decompress
-from dctdata.quantize import decode_reference
-from dctdata.wire import split_wire
+from dctdata.decoder.wire import split_wire
+from dctdata.encoder.quantize import decode_reference
 
-pytestmark = pytest.mark.skipif(not fused.available(), reason="dctdata._synth is not built")
+pytestmark = pytest.mark.skipif(not fused.available(), reason="dctdata.decoder._synth is not built")
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +193,7 @@ def test_without_avx2_decompress_keeps_the_torch_kernel(calls, monkeypatch):
 
 
 def test_the_environment_turns_it_off():
-    code = "import dctdata.fused as f; print(f.available())"
+    code = "import dctdata.decoder.fused as f; print(f.available())"
     env = {**os.environ, "DCTDATA_FUSED_KERNEL": "0"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"
@@ -219,7 +220,7 @@ def test_bad_arguments_are_clear_errors():
         fused.synthesize(q, t, 4, "square", size, out=torch.empty(3, 2, 29, 42))
     with pytest.raises(dctdata.DctDataError, match="side: these tables .* take no side information"):
         fused.synthesize(q, t, 4, "square", size, side=torch.ones(3, 2, 2))
-    with pytest.raises(TypeError, match="tables: expected dctdata.fused.Tables .* Got dict"):
+    with pytest.raises(TypeError, match="tables: expected dctdata.decoder.fused.Tables .* Got dict"):
         fused.synthesize(q, {}, 4, "square", size)
     bad = fused.Tables(t.a.double(), t.d, None, None, None, None)
     with pytest.raises(
@@ -238,7 +239,7 @@ def test_bad_arguments_are_clear_errors():
 
 def test_the_c_code_checks_its_buffers_itself():
     """A call past the Python checks still cannot make the kernel index outside its buffers."""
-    from dctdata import _synth
+    from dctdata.decoder import _synth
 
     q = np.zeros((1, 1, 2, 4, 2), np.int16)
     out = np.zeros((1, 1, 16, 16), np.float32)
@@ -312,7 +313,7 @@ def test_without_the_extension_the_torch_kernel_runs(monkeypatch):
     chunked = spy_on(monkeypatch, transform, "synthesize_chunked")
     torch.testing.assert_close(Decompress(spec)(q), ref, atol=1e-5, rtol=1e-5)
     assert chunked
-    with pytest.raises(dctdata.DctDataError, match=r"fused kernel: dctdata._synth is not built \(reinstall"):
+    with pytest.raises(dctdata.DctDataError, match=r"fused kernel: dctdata.decoder._synth is not built \(reinstall"):
         fused.synthesize(q, fused.tables_for(spec), 4, "square", (spec.height, spec.width))
 
 

@@ -203,5 +203,68 @@ def test_the_checker_catches_a_lazy_upward_import(tmp_path, source, bad):
     path = tmp_path / "x.py"
     path.write_text(source)
     known = set(modules())
-    found = imports("dctdata.transform", path, known)
-    assert bad in found and is_core("dctdata.transform")
+    found = imports("dctdata.codec.transform", path, known)
+    assert bad in found and is_core("dctdata.codec.transform")
+
+
+# floor -> the core packages and top-level modules on it (a package's subpackages stand with it)
+FLOORS = [
+    ("ground", ["dctdata._version", "dctdata.errors", "dctdata.parse", "dctdata.kinds", "dctdata.pool"]),
+    ("codec", ["dctdata.codec"]),
+    ("entropy", ["dctdata.entropy"]),
+    ("stages", ["dctdata.stages"]),
+    ("decoder", ["dctdata.decoder"]),
+    ("encoder and format", ["dctdata.encoder", "dctdata.format"]),
+    ("application", ["dctdata.settings", "dctdata.report", "dctdata.verify"]),
+]
+TOP_LEVEL_LIMIT = 12
+
+
+def floor_of(module: str) -> int | None:
+    for i, (_, members) in enumerate(FLOORS):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return i
+    return None
+
+
+def test_every_core_module_has_a_floor():
+    g = graph()
+    core = [m for m in g if m.startswith("dctdata.") and not m.startswith(UNFLOORED)]
+    lost = sorted(m for m in core if floor_of(m) is None)
+    assert not lost, f"core modules on no floor (add them to FLOORS or a layer folder): {lost}"
+
+
+UNFLOORED = (
+    "dctdata.preprocess",
+    "dctdata.loaders",
+    "dctdata.api",
+    "dctdata.cli",
+    "dctdata.__main__",
+    "dctdata.commands",
+    "dctdata.demo",
+    "dctdata.datasets",
+)
+
+
+def test_imports_point_to_the_same_floor_or_below():
+    up = sorted(
+        (a, b)
+        for a, deps in graph().items()
+        for b in deps
+        if floor_of(a) is not None and floor_of(b) is not None and floor_of(b) > floor_of(a)
+    )
+    assert not up, f"imports reaching a higher floor: {up}"
+
+
+def test_the_top_level_is_small():
+    top = sorted(p.name for p in (ROOT / "dctdata").glob("*.py"))
+    assert len(top) <= TOP_LEVEL_LIMIT, top
+
+
+def test_the_layer_folders_exist_as_documented():
+    arch = (ROOT / "docs" / "architecture.md").read_text()
+    for _, members in FLOORS:
+        for m in members:
+            path = ROOT / pathlib.Path(*m.split("."))
+            assert path.is_dir() or path.with_suffix(".py").is_file(), m
+            assert m.split(".", 1)[1] in arch, f"docs/architecture.md does not name {m}"

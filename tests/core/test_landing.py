@@ -10,10 +10,10 @@ from sample_fields import dem_tiles, smooth_fields, volume_stack
 
 import dctdata
 from benchmarks.images import sample_images, to_chw_float
-from dctdata.calibrate import calibrate_report
+from dctdata.codec.metrics import ItemErrors, psnr
+from dctdata.encoder.calibrate import calibrate_report
+from dctdata.encoder.quantize import encode
 from dctdata.errors import DctDataError, FormatError
-from dctdata.metrics import ItemErrors, psnr
-from dctdata.quantize import encode
 
 
 def landed(x: torch.Tensor, spec) -> tuple[np.ndarray, float]:
@@ -143,7 +143,7 @@ def test_item_errors_of_tiny_and_huge_values_are_their_float64_figures(scale):
     """The landing's error pass on values whose squared errors leave float32's range (subnormal ranges, huge
     ones): the same nmse as float64 arithmetic gives, never 0 or inf (0 made calibration take the coarsest
     steps it tried: 11.9 dB packed for a 40 dB target on values x 1e-40)."""
-    from dctdata.metrics import item_nmse
+    from dctdata.codec.metrics import item_nmse
 
     x = torch.from_numpy(smooth_fields(3, 2, 16, 16, offset=0.0, amp=10.0, noise="normal") * scale).float()
     if scale < 1e-38:  # the values are subnormal float32
@@ -165,7 +165,7 @@ def test_subnormal_values_land_at_the_target():
     rep = calibrate_report(x, quant="int8", target_psnr=40)
     wire, _ = encode(x, rep.spec)
     y = dctdata.Decompress(rep.spec, normalize=False)(wire)
-    from dctdata.metrics import item_nmse
+    from dctdata.codec.metrics import item_nmse
 
     nm, _ = item_nmse(x.double(), y.double())
     lowest = float(-10 * torch.log10(nm.max()))

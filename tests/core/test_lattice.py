@@ -1,4 +1,4 @@
-"""Value lattices of bounded fields (issue 32, `dctdata.lattice`): items whose values lie on an evenly spaced
+"""Value lattices of bounded fields (issue 32, `dctdata.codec.lattice`): items whose values lie on an evenly spaced
 grid are coded to half its spacing and snapped back onto it, the bound still holds on every value (through
 the encoder, the reference decoder, both storages, torch.export and ONNX Runtime), such packs store less than
 coding to the bound, and hostile lattice rows fail clearly."""
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import dctdata
-from dctdata import lattice
-from dctdata.bounds import item_bounds
-from dctdata.calibrate import calibrate_report
+from dctdata.codec import lattice
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder.layer import Decompress
+from dctdata.encoder.bounds import item_bounds
+from dctdata.encoder.calibrate import calibrate_report
+from dctdata.encoder.quantize import decode_reference, encode
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import read_manifest
-from dctdata.layer import Decompress
-from dctdata.quantize import decode_reference, encode
-from dctdata.spec import CodecSpec
 from tests.core.test_bounds import check_bound, cuda_decode_meets_the_bound, onnx_decode_meets_the_bound, smooth
 
 
@@ -135,7 +135,7 @@ def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt, capsys):
     layer = ds.decompressor("image", normalize=False)
     check_bound(torch.from_numpy(x), layer((q, side)), spec)
     dev = dctdata.open_dataset(out, as_dict=True, decode="device", **kw)
-    from dctdata.wire import collate
+    from dctdata.decoder.wire import collate
 
     stored = collate([dev[i]["image"] for i in range(len(dev))] if fmt == "zarr" else [it["image"] for it in dev])
     device_layer = dev.decompressor("image", normalize=False)

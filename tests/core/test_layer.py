@@ -7,8 +7,8 @@ from decode_checks import check_decompress
 
 import dctdata
 from dctdata import CodecSpec, Decompress
+from dctdata.decoder.wire import split_wire
 from dctdata.errors import DctDataError
-from dctdata.wire import split_wire
 
 # aten ops the version-2 affine pass may add to the matmul path: elementwise only, no gather or loops
 V2_OPS = {
@@ -228,7 +228,7 @@ def v2_wire(channels=3, b=4, seed=1, weighted=False):
     calibration lands a rotated setting with channel weights (codec v3); without `weighted` they are
     dropped (the same steps, a version-2 spec), with it the landed v3 spec is kept."""
     from benchmarks.fields import synthetic_fields
-    from dctdata.calibrate import calibrate_report
+    from dctdata.encoder.calibrate import calibrate_report
 
     fields = synthetic_fields(n=8, size=48, seed=seed)
     x = torch.from_numpy(np.stack([fields[k][:, 0] for k in ("atoms", "beam", "clouds")][:channels], axis=1))

@@ -1,4 +1,5 @@
-"""The nvCOMP zstd device decoder (dctdata.nvcomp_zstd) and the group-ahead driver (dctdata.loaders.decode_ahead).
+"""The nvCOMP zstd device decoder (dctdata.stages.nvcomp_zstd) and the group-ahead driver
+(dctdata.loaders.decode_ahead).
 
 Without a GPU: the missing-extra error, and every piece of logic around nvCOMP against a stand-in of its Python
 API (`FakeNvcomp`: the calls and arguments dctdata makes, as nvidia-nvcomp-cu13 6.0's docstrings describe them,
@@ -15,10 +16,10 @@ import pytest
 import torch
 from gpu_fakes import install_fake_nvcomp
 
-import dctdata.nvcomp_zstd as nz
+import dctdata.stages.nvcomp_zstd as nz
 from dctdata.errors import DctDataError, IntegrityError, MissingExtraError
 from dctdata.loaders.decode_ahead import DecodeAhead
-from dctdata.zstd_frames import FrameTable, encode_frames, frame_table
+from dctdata.stages.zstd_frames import FrameTable, encode_frames, frame_table
 
 zstandard = pytest.importorskip("zstandard")
 
@@ -127,7 +128,7 @@ def test_without_decode_into_out_the_decoder_copies_from_nvcomps_outputs(nv, cap
     raws = [coefficients(40, s) for s in range(3)]
     data, offsets, _ = collated([zstandard.ZstdCompressor(level=3).compress(r) for r in raws])
     nv.refuse_out = True
-    with caplog.at_level("WARNING", logger="dctdata.nvcomp_zstd"):
+    with caplog.at_level("WARNING", logger="dctdata.stages.nvcomp_zstd"):
         values, status = nz.decode_batch(data, offsets, (40,), torch.int8)
     assert values.numpy().tobytes() == b"".join(raws) and "copying from nvCOMP's own outputs" in caplog.text
     status.check()
@@ -197,7 +198,7 @@ def test_zstd_batches_name_the_batch_and_sample_of_a_failed_frame(nv):
     decoder = nz.ZstdBatches((48,), torch.int8)
     with pytest.raises(IntegrityError, match=r"zstd device decode: .* in batch 11 sample 1 \(47 of 48 bytes\)"):
         decoder.finish(decoder.start(batches, first=10))
-    with pytest.raises(TypeError, match="batches: expected dctdata.nvcomp_zstd.Streams"):
+    with pytest.raises(TypeError, match="batches: expected dctdata.stages.nvcomp_zstd.Streams"):
         decoder.start([(batches[0].data, batches[0].offsets)])
     with pytest.raises(DctDataError, match="batches: expected at least one batch"):
         decoder.start([])
@@ -354,8 +355,8 @@ def test_device_decoder_on_the_readers_stored_batches(nv, tmp_path, fmt, monkeyp
     """The streams `open_dataset(decode="device")` yields (zarr chunks, webdataset members with their .npy
     headers) decode through the hook to the bytes the CPU decoder gives."""
     import dctdata
+    from dctdata.decoder.stored import decode_stored
     from dctdata.loaders.distributed import make_loader
-    from dctdata.stored import decode_stored
 
     path = zstd_pack(tmp_path, fmt)
     ds = dctdata.open_dataset(str(path), decode="device", as_dict=True, **({"shuffle": False} if fmt != "zarr" else {}))

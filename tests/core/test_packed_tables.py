@@ -10,11 +10,11 @@ import zlib
 import numpy as np
 import pytest
 
+from dctdata.codec.spec import CodecSpec
+from dctdata.codec.transform3d import num_kept
 from dctdata.errors import FormatError
 from dctdata.format import FieldSpec
 from dctdata.format.fields import PACK_MIN_VALUES, TABLES_VERSION, pack_tables, unpack_tables
-from dctdata.spec import CodecSpec
-from dctdata.transform3d import num_kept
 
 
 def _volume_field(channels: int = 2) -> FieldSpec:

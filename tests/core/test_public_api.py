@@ -72,10 +72,10 @@ def test_a_lazy_name_imports_only_its_side():
 
 def test_a_function_named_like_its_module_stays_the_function():
     """Importing the module dctdata.quantize sets the package's attribute `quantize`; the facade keeps the
-    function there (the module stays in sys.modules for `from dctdata.quantize import ...`)."""
+    function there (the module stays in sys.modules for `from dctdata.encoder.quantize import ...`)."""
     code = (
-        "import sys; import dctdata.quantize; import dctdata; "
-        "print(dctdata.quantize is sys.modules['dctdata.quantize'].quantize)"
+        "import sys; import dctdata.encoder.quantize; import dctdata; "
+        "print(dctdata.quantize is sys.modules['dctdata.encoder.quantize'].quantize)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"

@@ -6,9 +6,9 @@ import torch
 from decode_checks import check_decompress
 
 import dctdata
-from dctdata.calibrate import calibrate
-from dctdata.metrics import psnr
-from dctdata.quantize import coded_coefficients, dequantize, encode, item_side, quantize, rescaled
+from dctdata.codec.metrics import psnr
+from dctdata.encoder.calibrate import calibrate
+from dctdata.encoder.quantize import coded_coefficients, dequantize, encode, item_side, quantize, rescaled
 
 
 def field(n=2, c=1, h=40, w=56, offset=0.0, seed=0):

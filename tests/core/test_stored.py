@@ -1,4 +1,4 @@
-"""`dctdata.stored`: the worker's checks of a stored stream and the decode of a `StoredBatch` on its device
+"""`dctdata.decoder.stored`: the worker's checks of a stored stream and the decode of a `StoredBatch` on its device
 (byte order, rows shared by samples, in-stream side values and .npy headers), on hand-made streams."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 import torch
 import zstandard
 
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder.stored import check_stream, decode_batch, decode_stored
+from dctdata.decoder.wire import StoredSample as S
+from dctdata.decoder.wire import StreamForm, collate_stored, stage_key
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format.npy import encode_npy, npy_header, npy_size
-from dctdata.spec import CodecSpec
 from dctdata.stages import RAW, get_stage
-from dctdata.stored import check_stream, decode_batch, decode_stored
-from dctdata.wire import StoredSample as S
-from dctdata.wire import StreamForm, collate_stored, stage_key
 
 SPEC = CodecSpec(cf=2, mask="square", channels=1, height=8, width=16, dtype="int16", steps=[[1.0] * 4])
 SHAPE = SPEC.coeff_shape  # (1, 1, 4, 2)

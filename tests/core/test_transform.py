@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dctdata
-from dctdata.metrics import psnr
-from dctdata.transform import dct_matrix, grid_shape, kept_frequencies, num_kept
+from dctdata.codec.metrics import psnr
+from dctdata.codec.transform import dct_matrix, grid_shape, kept_frequencies, num_kept
 
 ODD_SHAPES = [(1, 1), (7, 13), (61, 77), (492, 656), (3, 2, 9, 17), (2, 1, 8, 8)]
 

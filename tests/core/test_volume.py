@@ -1,5 +1,5 @@
-"""Volumes: the 8x8x8 block DCT (dctdata.transform3d), volume CodecSpecs, and their first layer
-(dctdata.volume.VolumeDecompress): the fused C kernel and the portable matmul graph against the float64
+"""Volumes: the 8x8x8 block DCT (dctdata.codec.transform3d), volume CodecSpecs, and their first layer
+(dctdata.decoder.volume.VolumeDecompress): the fused C kernel and the portable matmul graph against the float64
 reference for every wire dtype, mask, CF and cropped size; autograd, torch.export, ONNX, CUDA."""
 
 import itertools
@@ -10,11 +10,11 @@ import torch
 from decode_checks import check_decompress
 
 import dctdata
-import dctdata.fused as fused
+import dctdata.decoder.fused as fused
 from dctdata import CodecSpec, Decompress
-from dctdata import transform3d as t3
-from dctdata.quantize import decode_reference, encode
-from dctdata.volume import VolumeDecompress
+from dctdata.codec import transform3d as t3
+from dctdata.decoder.volume import VolumeDecompress
+from dctdata.encoder.quantize import decode_reference, encode
 
 V2_OPS = {
     "_to_copy", "add", "mul", "sub", "sign", "select", "view", "reshape", "matmul", "mm", "bmm", "expand",
@@ -201,7 +201,7 @@ def test_plain_specs_with_offsets_and_normalization_equal_the_reference(monkeypa
 
 def test_fused_kernel_avx2_and_portable_loops_agree():
     if not fused.available():
-        pytest.skip("dctdata._synth is not built")
+        pytest.skip("dctdata.decoder._synth is not built")
     spec, (q, side), _ = v3_wire("int8", 8, "cube", size=(12, 17, 70))
     tables = fused.tables_for(spec)
     a = fused.synthesize_volume(q, tables, spec.cf, spec.mask, spec.size, side=side)
@@ -214,7 +214,7 @@ def test_fused_kernel_avx2_and_portable_loops_agree():
 
 def test_fused_kernel_checks_what_it_indexes():
     if not fused.available():
-        pytest.skip("dctdata._synth is not built")
+        pytest.skip("dctdata.decoder._synth is not built")
     spec, (q, side), _ = v3_wire("int8", 4, "tetra")
     tables = fused.tables_for(spec)
     with pytest.raises(dctdata.DctDataError, match=r"tables: expected K = 35 for cf=5 mask='tetra'. Got 20"):

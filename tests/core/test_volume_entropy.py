@@ -16,7 +16,7 @@ import pytest
 import torch
 from ctx_streams import batch
 
-from dctdata import transform3d
+from dctdata.codec import transform3d
 from dctdata.datasets.volumes import power_law_field, velocity_component
 from dctdata.entropy import device
 from dctdata.entropy.ctxrans import MODE_SEGMENTS, CtxCodec, CtxCodecError, coded_plane, supports

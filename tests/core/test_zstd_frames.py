@@ -1,4 +1,4 @@
-"""zstd streams as frames (dctdata.zstd_frames): several frames per sample, the checked walk over frame and block
+"""zstd streams as frames (dctdata.stages.zstd_frames): several frames per sample, the checked walk over frame and block
 headers that guards nvCOMP's decoder, the batch frame table, the multi-frame CPU decode, and fuzzed streams."""
 
 import io
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.zstd_frames import (
+from dctdata.stages.zstd_frames import (
     BLOCK_MAX,
     MAGIC,
     Frame,

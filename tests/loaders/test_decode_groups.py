@@ -13,10 +13,10 @@ import torch
 from test_device_decode import _flip, _open, _tamper, packs  # noqa: F401 - the packs fixture
 
 import dctdata
+from dctdata.decoder.wire import MixedStoredBatch, StoredBatch, collate, merge_stored
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.loaders.decode_ahead import DecodeAhead, DecompressBatches
 from dctdata.loaders.distributed import make_loader
-from dctdata.wire import MixedStoredBatch, StoredBatch, collate, merge_stored
 
 
 def _loader(path, batch=8):
@@ -85,7 +85,7 @@ def test_merge_and_group_errors(packs):  # noqa: F811
         merge_stored([a["image"], dataclasses.replace(a["image"], form=form)])
     with pytest.raises(DctDataError, match="stored batches: expected at least one to merge. Got none"):
         merge_stored([])
-    with pytest.raises(TypeError, match="stored batches: expected dctdata.wire.StoredBatch. Got Tensor"):
+    with pytest.raises(TypeError, match="stored batches: expected dctdata.decoder.wire.StoredBatch. Got Tensor"):
         merge_stored([torch.zeros(1)])
     with pytest.raises(TypeError, match=r"layers: expected a Decompress layer \(ds.decompressor\(\)\). Got int"):
         DecompressBatches(3)
@@ -130,7 +130,7 @@ def test_cuda_a_refused_sample_is_named_when_its_group_is_finished(packs, tmp_pa
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_hostile_correction_rows_are_named_when_their_group_is_finished(tmp_path, device):
-    """A bounded field's correction rows (`dctdata.corrections`) are checked with the group's other checks at
+    """A bounded field's correction rows (`dctdata.decoder.corrections`) are checked with the group's other checks at
     finish, not read back when the group is queued; the message names the sample in the pack."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")

@@ -21,11 +21,11 @@ from sample_fields import smooth_fields
 from torchrun_checks import run_ranks
 
 import dctdata
+from dctdata.decoder.wire import StoredBatch, collate
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.loaders.device import DevicePrefetcher
 from dctdata.loaders.distributed import make_loader, set_epoch
 from dctdata.stages import get_stage
-from dctdata.wire import StoredBatch, collate
 
 N = 40
 ZSTD = {"id": "zstd", "level": 19}

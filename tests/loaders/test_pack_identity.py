@@ -1,4 +1,4 @@
-"""decode="device": stored bytes carry their pack's identity and codec (`dctdata.wire.PackCodec`), so a batch
+"""decode="device": stored bytes carry their pack's identity and codec (`dctdata.decoder.wire.PackCodec`), so a batch
 holding samples of several packs (a ConcatDataset of zarr packs, a ChainDataset of webdataset packs, two packs
 paired through DecodeAhead) decodes each sample from its own pack's bytes with its own pack's codec: the
 values decode="cpu" gives through each pack's own layer. Before, stream keys ((field, chunk), the sample
@@ -15,10 +15,10 @@ import torch
 from torch.utils.data import ChainDataset, ConcatDataset, DataLoader, StackDataset
 
 import dctdata
+from dctdata.decoder.wire import MixedStoredBatch, StoredBatch, collate, merge_stored
 from dctdata.errors import DctDataError
 from dctdata.format.reader import pack_identity
 from dctdata.loaders.decode_ahead import DecodeAhead
-from dctdata.wire import MixedStoredBatch, StoredBatch, collate, merge_stored
 
 N = 6
 ZSTD = {"id": "zstd", "level": 3}

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 import dctdata
-from dctdata.calibrate import dataset_psnr
 from dctdata.cli import main
 from dctdata.datasets.volumes import advected_scalar, power_law_field, velocity_component
+from dctdata.decoder.wire import StoredBatch
+from dctdata.encoder.calibrate import dataset_psnr
 from dctdata.errors import DctDataError
 from dctdata.format.manifest import VOLUMES_VERSION
-from dctdata.wire import StoredBatch
 
 SIZE = (20, 24, 28)  # not multiples of 8: padded like the 2-D case
 

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-import dctdata.calibrate as calibrate_mod
+import dctdata.encoder.calibrate as calibrate_mod
 import dctdata.preprocess.plan as plan
 from dctdata.preprocess.sources import open_source
 from dctdata.settings import PackSettings
@@ -26,7 +26,7 @@ def _calibration_calls(tmp_path, monkeypatch, n: int) -> dict:
     monkeypatch.setattr(plan, "CALIBRATION_SAMPLES", 8)
     monkeypatch.setattr(plan, "CALIBRATION_VALUES", 8)  # a subset of 8 samples, whatever n
     calls = {"subset": [], "evaluations": [], "quantized": 0, "rows": 0}
-    quantize_mod = sys.modules["dctdata.quantize"]
+    quantize_mod = sys.modules["dctdata.encoder.quantize"]
     real_report, real_q = calibrate_mod.calibrate_report, quantize_mod.quantize_per_sample
 
     def report(x, **kw):

@@ -106,9 +106,9 @@ def test_an_object_store_pack_removes_the_partner_objects(tmp_path):
 
 def test_parts_without_inline_values_keep_the_array(tmp_path):
     """A part journaled by a dctdata before version 4 returns no values: its partner stays an array."""
+    from dctdata.codec.spec import CodecSpec
     from dctdata.format import FieldSpec
     from dctdata.format.fields import side_field
-    from dctdata.spec import CodecSpec
 
     image = FieldSpec("image", "dct", (1, 8, 8), "float32", CodecSpec(cf=2, height=8, width=8, side="range_mid"))
     fields = (image, side_field(image))

@@ -128,7 +128,7 @@ def _rows_titles(monkeypatch):
 
 
 def test_shows_the_worst_samples_every_channel_and_a_colour_bar(tmp_path, monkeypatch):
-    from dctdata.metrics import psnr
+    from dctdata.codec.metrics import psnr
 
     rng = np.random.default_rng(0)
     x = smooth_fields(12, 2, 32, 32, noise="gaussian")  # (12, 2, 32, 32), 20 +- 10

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError
 from dctdata.format import FieldSpec
 from dctdata.format.checksum import sha256_file
 from dctdata.preprocess.journal import JOURNAL_NAME, Journal
-from dctdata.spec import CodecSpec
 
 SPECS = (
     FieldSpec(

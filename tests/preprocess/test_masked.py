@@ -12,7 +12,7 @@ from PIL import Image
 from sample_fields import smooth_fields
 
 import dctdata
-import dctdata.metrics
+import dctdata.codec.metrics
 from dctdata.cli import main
 from dctdata.datasets.slstr import cloud_field
 from dctdata.errors import DctDataError
@@ -35,7 +35,7 @@ def six_channels(n: int, size: int = 64, seed: int = 1) -> np.ndarray:
 
 def independent_psnr(x: np.ndarray, x_hat: np.ndarray) -> np.ndarray:
     """Dataset-level PSNR per channel over finite pixels of x, against each item's valid range, in plain
-    numpy (not dctdata.metrics): 10 log10(1 / mean_items(MSE / range^2))."""
+    numpy (not dctdata.codec.metrics): 10 log10(1 / mean_items(MSE / range^2))."""
     n, c = x.shape[:2]
     nmse = np.zeros((n, c))
     for i in range(n):
@@ -79,7 +79,7 @@ def test_six_channel_masked_set_reports_valid_pixel_psnr_and_meets_the_target(ma
 
     assert verify_dataset(tmp / "mask") == ([], {"samples": 12, "fields": 2, "decoded": 12, "files": len(m.checksums)})
     # the per-item figures too: min over channels of samples, over valid pixels
-    items = dctdata.metrics.psnr(
+    items = dctdata.codec.metrics.psnr(
         torch.from_numpy(np.nan_to_num(x)), torch.from_numpy(x_hat), valid=torch.from_numpy(np.isfinite(x))
     )
     assert float(items.min()) == pytest.approx(m.stats["image"].psnr_min, abs=1e-3)
@@ -170,14 +170,14 @@ def test_metrics_with_a_valid_mask():
     ref = torch.tensor([[[0.0, 10.0], [5.0, 1000.0]]])
     est = ref + torch.tensor([[[1.0, -1.0], [0.0, 500.0]]])
     valid = torch.tensor([[[True, True], [True, False]]])
-    mse, rng, err = dctdata.metrics.item_errors(ref, est, valid=valid)
+    mse, rng, err = dctdata.codec.metrics.item_errors(ref, est, valid=valid)
     assert float(mse) == pytest.approx(2 / 3) and float(rng) == 10.0 and err == 1.0
-    assert float(dctdata.metrics.psnr(ref, est, valid=valid)) == pytest.approx(10 * math.log10(100 / (2 / 3)))
-    assert math.isnan(float(dctdata.metrics.psnr(ref, est, valid=torch.zeros_like(valid))))
-    assert dctdata.metrics.pooled_psnr([40.0, 40.0]) == pytest.approx(40.0)
-    assert dctdata.metrics.pooled_psnr([30.0, 50.0]) == pytest.approx(-10 * math.log10((1e-3 + 1e-5) / 2))
-    assert dctdata.metrics.pooled_psnr([]) is None and dctdata.metrics.pooled_psnr([math.inf]) == math.inf
-    assert dctdata.metrics.max_abs_error(ref, est, valid=valid) == 1.0
+    assert float(dctdata.codec.metrics.psnr(ref, est, valid=valid)) == pytest.approx(10 * math.log10(100 / (2 / 3)))
+    assert math.isnan(float(dctdata.codec.metrics.psnr(ref, est, valid=torch.zeros_like(valid))))
+    assert dctdata.codec.metrics.pooled_psnr([40.0, 40.0]) == pytest.approx(40.0)
+    assert dctdata.codec.metrics.pooled_psnr([30.0, 50.0]) == pytest.approx(-10 * math.log10((1e-3 + 1e-5) / 2))
+    assert dctdata.codec.metrics.pooled_psnr([]) is None and dctdata.codec.metrics.pooled_psnr([math.inf]) == math.inf
+    assert dctdata.codec.metrics.max_abs_error(ref, est, valid=valid) == 1.0
 
 
 def test_inspect_a_masked_pack(masked_pack, tmp_path):

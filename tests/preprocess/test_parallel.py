@@ -178,7 +178,7 @@ def test_every_error_a_worker_raises_comes_back_whole():
 
 def test_a_bound_error_in_a_worker_reaches_the_caller(tmp_path, monkeypatch):
     """A float64 sample a bound cannot hold on, packed on 2 forked workers: the BoundError naming it."""
-    from dctdata.bounds import BoundError
+    from dctdata.encoder.bounds import BoundError
 
     x = np.round(np.random.default_rng(0).uniform(0, 200, size=(64, 1, 16, 16)))  # float32 holds these
     x[-1] += 0.001  # past the calibration subset: found by the part that encodes it, on a worker

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from sample_fields import poisson_fields
 
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError, OverflowCountError
 from dctdata.format import FieldSpec
 from dctdata.preprocess.masking import NanPolicy
 from dctdata.preprocess.parts import PartJob, check_finite, run_part
-from dctdata.spec import CodecSpec
 
 
 class Recorder:

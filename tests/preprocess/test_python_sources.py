@@ -96,7 +96,7 @@ def test_pack_of_each_object_kind_equals_the_cli_pack(tmp_path, cli_packs, fmt, 
     ds = dctdata.open_dataset(out, as_dict=True, **({"shuffle": False} if fmt == "webdataset" else {}))
     got = list(ds) if fmt == "webdataset" else [ds[i] for i in range(N)]
     x_hat = ds.decompressor()(torch.utils.data.default_collate([s["image"] for s in got]))
-    assert float(dctdata.metrics.psnr(torch.from_numpy(X), x_hat).min()) > 30
+    assert float(dctdata.codec.metrics.psnr(torch.from_numpy(X), x_hat).min()) > 30
     if labels:
         assert [int(s["label"]) for s in got] == LABELS.tolist()
 

@@ -17,7 +17,7 @@ from sample_fields import files, smooth_fields
 from servers import serve
 
 import dctdata
-import dctdata.metrics
+import dctdata.codec.metrics
 from dctdata.cli import main
 from dctdata.preprocess.inspect import inspect_dataset
 
@@ -71,8 +71,8 @@ def test_netcdf_variables_as_fields_with_coords_and_units(stores, tmp_path):
     assert ds.attrs("u10") == {"units": "m s**-1", "variable": "u10", "dims": ["lat", "lon"]}
     for name in ("t2m", "u10"):
         x_hat = ds.decompressor(name)(ds[0:T][name])
-        scores = dctdata.metrics.psnr(torch.from_numpy(ref[name].values[:, None]), x_hat)
-        assert dctdata.metrics.pooled_psnr(scores) >= 40
+        scores = dctdata.codec.metrics.psnr(torch.from_numpy(ref[name].values[:, None]), x_hat)
+        assert dctdata.codec.metrics.pooled_psnr(scores) >= 40
     rc = main(["info", str(out)])
     assert rc == 0
 

@@ -39,11 +39,11 @@ from pack_checks import reseal
 from sample_fields import smooth_fields
 
 import dctdata
+from dctdata.codec.spec import INTEGER_DTYPES
+from dctdata.codec.transform import compress, kept_frequencies
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import Manifest, parse_manifest
 from dctdata.format.zarr import zarr_layout
-from dctdata.spec import INTEGER_DTYPES
-from dctdata.transform import compress, kept_frequencies
 
 EXAMPLES = int(os.environ.get("DCTDATA_FUZZ_EXAMPLES", "0")) or None
 

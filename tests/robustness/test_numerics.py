@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import dctdata
-from dctdata.calibrate import dataset_psnr
 from dctdata.cli import main
-from dctdata.metrics import psnr
+from dctdata.codec.metrics import psnr
+from dctdata.encoder.calibrate import dataset_psnr
 
 N, H, W = 80, 32, 40  # more samples than the 64 calibration ones: some are unseen by calibration
 

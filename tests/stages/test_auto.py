@@ -9,7 +9,7 @@ import pytest
 
 import dctdata
 import dctdata.stages.auto as auto
-from dctdata.calibrate import SUB_VALUES
+from dctdata.encoder.calibrate import SUB_VALUES
 from dctdata.format.zarr import layout
 from dctdata.stages import AUTO, DEFAULT_CODEC, ZSTD_MAX, Auto, CtxransStage, ZstdStage, for_setting, get_stage
 

@@ -232,7 +232,7 @@ def test_the_stages_device_decoders_give_the_host_decoders_arrays_and_statuses(c
     elif cls.codec_id == ZstdStage.codec_id:
         from gpu_fakes import install_fake_nvcomp
 
-        import dctdata.nvcomp_zstd as nz
+        import dctdata.stages.nvcomp_zstd as nz
 
         fake = install_fake_nvcomp(monkeypatch)
         monkeypatch.setattr(nz, "DEVICE_TYPES", ("cuda", "cpu"))

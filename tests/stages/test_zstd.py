@@ -9,7 +9,7 @@ import zarr
 import zarr.codecs as zc
 
 import dctdata
-from dctdata.calibrate import calibrate
+from dctdata.encoder.calibrate import calibrate
 from dctdata.errors import IntegrityError
 from dctdata.format.zarr.metadata import check_chunk_codecs, parse_array_json
 from dctdata.stages import DEFAULT_CODEC, ZSTD_MAX, ZstdStage, get_stage, parse_option

@@ -180,7 +180,7 @@ def samples_of_file(m, rel: str) -> str:
     return ""
 
 
-# A dct field with corrections (`dctdata.corrections`) under the entropy coder: its side values lead the
+# A dct field with corrections (`dctdata.decoder.corrections`) under the entropy coder: its side values lead the
 # member as a zstd frame behind its u32 little-endian length (the correction rows are mostly zero padding,
 # which raw float32 would store in full); without corrections they lead as raw float32.
 def packed_side(side: bytes) -> bytes:

@@ -26,6 +26,8 @@ from typing import Any, Callable, Collection, Iterator, Mapping
 import numpy as np
 import torch
 
+from dctdata.decoder.stored import check_stream
+from dctdata.decoder.wire import StoredSample, StreamForm, stage_key
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.cache import ShardCache
 from dctdata.format.checksum import read_expected
@@ -48,8 +50,6 @@ from dctdata.format.webdataset.layout import (
     unpacked_side,
 )
 from dctdata.stages import get_stage
-from dctdata.stored import check_stream
-from dctdata.wire import StoredSample, StreamForm, stage_key
 
 
 def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:

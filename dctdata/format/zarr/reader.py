@@ -50,6 +50,8 @@ import google_crc32c
 import numpy as np
 import torch
 
+from dctdata.decoder.stored import check_stream
+from dctdata.decoder.wire import StoredSample, StreamForm, stage_key
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format.fields import FieldSpec, user_fields
 from dctdata.format.location import join
@@ -68,8 +70,6 @@ from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_gr
 from dctdata.kinds import FieldKind
 from dctdata.pool import run_split
 from dctdata.stages import RAW, get_stage
-from dctdata.stored import check_stream
-from dctdata.wire import StoredSample, StreamForm, stage_key
 
 # Fields whose whole stored array is at most this big are read once per process and kept in memory
 # (labels, small targets), so random access does not decompress a chunk per sample for them.

@@ -14,10 +14,10 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 import torch
 
-from dctdata import transform3d
+import dctdata.codec.transform3d as transform3d
+from dctdata.codec.transform import BLOCK, PADS, grid_shape, num_kept, parse_cf, parse_mask
 from dctdata.errors import DctDataError
 from dctdata.parse import parse_choice, parse_int, parse_number
-from dctdata.transform import BLOCK, PADS, grid_shape, num_kept, parse_cf, parse_mask
 
 # Wire dtypes of coefficients, with their torch dtype and bits per value.
 COEFF_DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -100,7 +100,7 @@ SIDES = ("range_mid",)
 # Bounds a manifest cannot exceed (a hostile one must not make a reader allocate without limit).
 MAX_CHANNELS = 4096
 MAX_SAMPLE_VALUES = 1 << 32
-MAX_CORRECTIONS = 1 << 22  # correction rows per sample (`dctdata.corrections`)
+MAX_CORRECTIONS = 1 << 22  # correction rows per sample (`dctdata.decoder.corrections`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,21 +129,21 @@ class CodecSpec:
     by 1/w_c^2 at the same steps, and calibration lands every channel at its target with them.
 
     Volumes (codec v3 too): depth D makes the sample (C, D, H, W), coded as 8x8x8 blocks with a volume mask
-    ("cube" or "tetra", `dctdata.transform3d`); every table keeps its (C, K) form with K the kept
+    ("cube" or "tetra", `dctdata.codec.transform3d`); every table keeps its (C, K) form with K the kept
     frequencies of a block. None (the default): 2-D samples.
 
     Pointwise error bounds (manifest version 5 records them; without corrections every decoder is
     unchanged, so the spec version does not move): max_error, an absolute bound in the field's units, and/or
     max_rel_error, a bound relative to each item's (sample channel's) value range. The encoder checks every
     item's float32 decode (the readers' arithmetic) against the bound less a float32 margin
-    (`dctdata.bounds`) and codes an item that exceeds it again with a finer effective step (a smaller
+    (`dctdata.encoder.bounds`) and codes an item that exceeds it again with a finer effective step (a smaller
     stored range). bound_ref: the normalized bound the steps were chosen for; the encoder stores each item's
     range scaled by its own normalized bound over bound_ref, so items of any range get the step their
     bound needs. corrections: the capacity (rows per sample) of the sparse correction list
-    (`dctdata.corrections`, manifest version 5, optional): steps coarser than the bound alone needs, and
+    (`dctdata.decoder.corrections`, manifest version 5, optional): steps coarser than the bound alone needs, and
     the values that still miss it corrected one by one; the side partner grows to (C + 1 + corrections, 2).
     lattice: True when items whose values lie on an evenly spaced grid are snapped back onto it after
-    decoding (`dctdata.lattice`, manifest version 5, optional): C rows (step, origin) follow the other side
+    decoding (`dctdata.codec.lattice`, manifest version 5, optional): C rows (step, origin) follow the other side
     rows.
 
     Args:
@@ -295,7 +295,8 @@ class CodecSpec:
     @functools.cached_property
     def side_rows(self) -> int:
         """Rows of a sample's side values: C (range, mid), then with corrections a header row and the
-        correction rows (`dctdata.corrections`), then with a lattice C (step, origin) rows (`dctdata.lattice`).
+        correction rows (`dctdata.decoder.corrections`), then with a lattice C (step, origin) rows
+        (`dctdata.codec.lattice`).
         Cached like `coeff_shape`: every decode call checks it."""
         lattice = 0 if self.lattice is None else self.channels
         return self.channels + (0 if self.corrections is None else 1 + self.corrections) + lattice
@@ -326,7 +327,7 @@ class CodecSpec:
     @functools.cached_property
     def coeff_shape(self) -> tuple[int, ...]:
         """Per-sample coefficient tensor shape (C, Hb, K, Wb), (C, Db, Hb, K, Wb) for a volume (see
-        dctdata.transform and dctdata.transform3d for the layouts). Cached (the spec is frozen): every
+        dctdata.codec.transform and dctdata.codec.transform3d for the layouts). Cached (the spec is frozen): every
         decode call checks its input against it."""
         *rows, wb = self.grid
         return (self.channels, *rows, self.kept, wb)

@@ -3,7 +3,7 @@ side of its value instead of the nearest one, where that brings the block's deco
 
 Plain rounding makes a pixel's error the sum of 64 independent rounding errors: its tail (the largest of
 thousands of pixels is about 4 of their standard deviations) sets the step, or costs a correction per
-pixel that misses (`dctdata.corrections`). A level one step away changes a coefficient's bits little at the
+pixel that misses (`dctdata.decoder.corrections`). A level one step away changes a coefficient's bits little at the
 rates a tight bound needs, and moves the block's pixels by that step times one basis image, so a few such
 choices per block pull its outlying pixels inside the bound. The decoder is unchanged: the choice is the
 encoder's alone, and the encoder checks the float32 decode against the bound afterwards as it always does.
@@ -38,7 +38,7 @@ def round_within(
     float64) and in [qmin, qmax], starting from q (their nearest levels, clamped), such that the block's
     error (steps * (q' - u)) @ basis on the pixels where `counts` (N, 64 bool) is true exceeds `limit`
     (N, float64: the pixel bound in coefficient units) less than q's did, pixel by pixel summed. `steps`
-    (N, K) or (K,); basis (K, 64) float64 (`dctdata.transform.basis`)."""
+    (N, K) or (K,); basis (K, 64) float64 (`dctdata.codec.transform.basis`)."""
     q = q.clone()
     steps = torch.broadcast_to(steps.to(torch.float64), u.shape)
     for lo in range(0, len(u), CHUNK_BLOCKS):
@@ -85,7 +85,7 @@ def _round_chunk(u, q, steps, basis, limit, counts, qmin, qmax, rounds):
 def can_round(spec) -> bool:
     """Whether `round_coded` applies to a spec: 2-D integer coefficients, each channel coded alone with
     plain steps (no rotation, channel weights, offsets, reconstruction shifts or dead zone)."""
-    from dctdata.spec import INTEGER_DTYPES
+    from dctdata.codec.spec import INTEGER_DTYPES
 
     return (
         spec.dtype in INTEGER_DTYPES
@@ -104,7 +104,7 @@ def round_coded(coeffs, q, ranges, room, spec, valid=None, aim: float = 0.97) ->
     shape, the spec's integer dtype), the stored range of every item (B, C), its room (bound less margin,
     field units, (B, C)) and the valid pixels (broadcast to (B, C, H, W), or None). Each block aims at
     `aim` x the room (float32 decoding rounds a little differently from this float64 arithmetic)."""
-    from dctdata.transform import basis as synthesis_basis
+    from dctdata.codec.transform import basis as synthesis_basis
 
     b, c, hb, k, wb = q.shape
     h, w = spec.size

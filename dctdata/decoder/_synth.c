@@ -1,4 +1,4 @@
-/* _synth: the eager CPU decode kernel, fused (see dctdata/fused.py for why it is C and what it computes).
+/* _synth: the eager CPU decode kernel, fused (see dctdata/decoder/fused.py for why it is C and what it computes).
  *
  * One pass per group of 8 neighbouring blocks of a block row ("blocks in lanes"): the (Hb, K, Wb) layout
  * keeps frequency k of consecutive blocks contiguous, so a group's coefficients are 8-wide loads.

@@ -1,4 +1,4 @@
-"""The fused CUDA decode: `Decompress` on CUDA tensors in one Triton kernel (`dctdata._triton_synth`).
+"""The fused CUDA decode: `Decompress` on CUDA tensors in one Triton kernel (`dctdata.decoder._triton_synth`).
 
 Why hand-written: on CUDA the portable graph (`transform.synthesize_portable`) runs each step as its own
 kernel, and a v2 codec (dead zone with reconstruction offsets, channel rotation, per-sample (range, mid),
@@ -8,7 +8,7 @@ but it compiles per shape and only inside a compiled model; a Triton kernel is c
 class and does dequantization, rotation, side map, normalization, inverse DCT and crop in one pass that
 reads the stored coefficients once and writes each output pixel once.
 
-What it computes is the fused CPU kernel's (`dctdata.fused`, from the same `fused.tables_for` tables):
+What it computes is the fused CPU kernel's (`dctdata.decoder.fused`, from the same `fused.tables_for` tables):
     y = A[c, k] q + D[c, k] + R[c, k] sign(q);  y <- M @ y over channels;  y <- alpha[b, c] y + 8 beta[b, c] [k = 0]
 then the inverse DCT of y, cropped to (H, W), in float32 arithmetic, written in the layer's dtype.
 
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dctdata.codec.transform import BLOCK, dct_matrix, eager_on, grid_shape, kept_frequencies, num_kept
+from dctdata.decoder.fused import Tables, check_shape
 from dctdata.errors import DctDataError
-from dctdata.fused import Tables, check_shape
-from dctdata.transform import BLOCK, dct_matrix, eager_on, grid_shape, kept_frequencies, num_kept
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ WIRES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32)
 OUTPUTS = (torch.float32, torch.float16, torch.bfloat16)
 MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's x dimension; larger batches are launched in runs of samples
 
-_kernel_module = None  # dctdata._triton_synth once imported; None before, False where Triton is missing
+_kernel_module = None  # dctdata.decoder._triton_synth once imported; None before, False where Triton is missing
 _broken: str | None = None  # why the kernel was switched off for this process, or None
 
 
@@ -50,7 +50,7 @@ def _module():
     global _kernel_module
     if _kernel_module is None:
         try:
-            _kernel_module = importlib.import_module("dctdata._triton_synth")
+            _kernel_module = importlib.import_module("dctdata.decoder._triton_synth")
         except ImportError as exc:  # no Triton (CPU-only torch builds, some platforms)
             log.debug("fused CUDA kernel unavailable: %s", exc)
             _kernel_module = False
@@ -89,7 +89,7 @@ class DeviceTables:
     tables over the rows u, padded with zeros to UP (`padded_rows`) where the mask keeps fewer. The tables are
     a and d for a v1 codec; for a v2 codec (NT = 3) a, d' = d - r and r' = 2 r, the kernel's form of the dead
     zone's sign term (a q + d' + r' clamp(q / 2 + 1/2, 0, 1) = a q + d + r sign(q) for integer q; see
-    `dctdata._triton_synth`). By column because the kernel works through one column v at a time: the values
+    `dctdata.decoder._triton_synth`). By column because the kernel works through one column v at a time: the values
     it reads for v are neighbours (one or two cache lines a column), not CF entries apart as in (C, K)."""
 
     columns: torch.Tensor
@@ -153,12 +153,12 @@ def device_tables(tables: Tables, device: torch.device | str, cf: int, mask: str
     """The kernel's copy of `tables` (from `fused.tables_for`, for coefficients kept by `cf` and `mask`) on
     `device`."""
     if not isinstance(tables, Tables):
-        raise TypeError(f"tables: expected dctdata.fused.Tables (see tables_for). Got {type(tables).__name__}")
+        raise TypeError(f"tables: expected dctdata.decoder.fused.Tables (see tables_for). Got {type(tables).__name__}")
     if tables.kept != num_kept(cf, mask):
         raise DctDataError(f"tables: expected K = {num_kept(cf, mask)} for cf={cf} mask={mask!r}. Got {tables.kept}")
     index = column_index(cf, mask)
     a, d, r = tables.a, tables.d, tables.r
-    if r is not None:  # the kernel's form of the dead zone's sign term (see dctdata._triton_synth)
+    if r is not None:  # the kernel's form of the dead zone's sign term (see dctdata.decoder._triton_synth)
         d, r = d - r, r + r
     stacked = torch.stack([x.to(torch.float32) for x in (a, d, r) if x is not None], 1)
     padded = torch.cat([stacked, torch.zeros(*stacked.shape[:2], 1)], 2)  # (C, NT, K + 1): index -1 reads the 0
@@ -172,7 +172,7 @@ def device_tables(tables: Tables, device: torch.device | str, cf: int, mask: str
 
 def launch_config(wb: int) -> tuple[int, int]:
     """(blocks per strip, warps per program): 32 blocks per warp, one block a thread (see
-    `dctdata._triton_synth`); 1 warp for samples up to 256 pixels wide, else 2 (wider samples take several
+    `dctdata.decoder._triton_synth`); 1 warp for samples up to 256 pixels wide, else 2 (wider samples take several
     strips per block row, which keeps one compiled kernel per codec for every larger size)."""
     warps = 1 if wb <= 32 else 2
     return 32 * warps, warps
@@ -204,7 +204,7 @@ def synthesize(
     if dtype not in OUTPUTS:
         raise TypeError(f"dtype: expected one of {OUTPUTS} (fused CUDA kernel). Got {dtype}")
     if not isinstance(tables, DeviceTables):
-        raise TypeError(f"tables: expected dctdata.fused_cuda.DeviceTables. Got {type(tables).__name__}")
+        raise TypeError(f"tables: expected dctdata.decoder.fused_cuda.DeviceTables. Got {type(tables).__name__}")
     if (tables.cf, tables.mask) != (cf, mask):
         raise DctDataError(f"tables: built for cf={tables.cf} mask={tables.mask!r}; expected cf={cf} mask={mask!r}")
     c, k = tables.channels, num_kept(cf, mask)

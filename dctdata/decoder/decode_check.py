@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from dctdata.layer import Decompress
+from dctdata.decoder.layer import Decompress
 
 
 def nonfinite_samples(layer: Decompress, coeffs: torch.Tensor) -> list[int]:

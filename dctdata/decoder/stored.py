@@ -22,10 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder.wire import StoredBatch, StreamForm, stage_key
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.spec import CodecSpec
 from dctdata.stages import get_stage
-from dctdata.wire import StoredBatch, StreamForm, stage_key
 
 
 def check_stream(codec, stream, decoded: int, where: str | Callable[[], str]) -> None:

@@ -1,5 +1,5 @@
 """Standard zstd streams as frames: write a sample as several frames, walk and check a stream's frames, and the
-frame table a batched GPU decoder takes (`dctdata.nvcomp_zstd`).
+frame table a batched GPU decoder takes (`dctdata.stages.nvcomp_zstd`).
 
 Why: nvCOMP decodes a batch of independent zstd frames in parallel, one frame per unit of work, so one large
 sample stored as one frame decodes serially, and several frames per sample (each declaring its size) can

@@ -48,7 +48,7 @@ def check(rows: torch.Tensor, indices=None, where: str = "field") -> None:
 
 
 def check_deferred(rows: torch.Tensor, indices=None, where: str = "field"):
-    """`check` in two halves (as `dctdata.corrections.check_deferred`): the test is queued on the rows' device
+    """`check` in two halves (as `dctdata.decoder.corrections.check_deferred`): the test is queued on the rows' device
     now, the returned function reads its verdict and raises."""
     bad = (~torch.isfinite(rows).flatten(1).all(1)) | (rows[..., 0] < 0).any(1)
 
@@ -70,7 +70,7 @@ def snap(img: torch.Tensor, rows: torch.Tensor, scale=None, shift=None) -> torch
 
     Computed in float32 for every output dtype, then cast: the grid points are float32 numbers (the values of
     a float32 source, and what the encoder checked). A float64 snap would land up to half a float32 ulp
-    beside them, past a bound the exact float32 values hold (`dctdata.bounds.missing`)."""
+    beside them, past a bound the exact float32 values hold (`dctdata.encoder.bounds.missing`)."""
     at = (...,) + (None,) * (img.dim() - 2)
     work = img if img.dtype == torch.float32 else img.to(torch.float32)
     step = rows[..., 0].to(torch.float32)
@@ -128,7 +128,7 @@ def _grid(v: torch.Tensor, bound: float, margin: float):
     float32 does not hold is that far from its point, counted in the deviation like any other.
 
     The grid points must hold the bound less the margin, like any decode, unless they are the values
-    themselves: an exact decode holds any bound (`dctdata.bounds.missing`), even one below the float32
+    themselves: an exact decode holds any bound (`dctdata.encoder.bounds.missing`), even one below the float32
     margin (integers of a small range on a large offset, at a tight relative bound). The snap's last two
     operations are checked both as float32 multiply then add (torch, ONNX Runtime) and as one fused
     multiply-add (a compiler may contract them): the two can land one float32 step apart, and either

@@ -23,7 +23,7 @@ refined by regula falsi until the decoded PSNR is in the window.
 Without a target, cf and quant are taken as given; integer dtypes get the finest steps that cannot
 overflow (a normalized item is bounded, so the bound is exact) and per-sample side information.
 
-PSNR here is always against each item's own value range (`dctdata.metrics`). "Dataset-level PSNR" is
+PSNR here is always against each item's own value range (`dctdata.codec.metrics`). "Dataset-level PSNR" is
 10 log10(1 / mean_i(MSE_i / range_i^2)) over items, and the target holds for every channel separately
 (the worst channel decides).
 """
@@ -41,12 +41,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from dctdata import transform3d
-from dctdata.errors import DctDataError
-from dctdata.layer import Decompress
-from dctdata.metrics import ItemErrors, item_nmse
-from dctdata.parse import is_number, parse_number
-from dctdata.quantize import (
+from dctdata.codec import transform3d
+from dctdata.codec.metrics import ItemErrors, item_nmse
+from dctdata.codec.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
+from dctdata.codec.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
+from dctdata.decoder.layer import Decompress
+from dctdata.encoder.quantize import (
     F32_SAFE_MAX,
     as_rows,
     encode,
@@ -56,10 +56,10 @@ from dctdata.quantize import (
     quantize_per_sample,
     rescaled_by,
 )
-from dctdata.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
+from dctdata.errors import DctDataError
+from dctdata.parse import is_number, parse_number
 from dctdata.stages import AUTO, for_setting, get_stage
 from dctdata.stages.auto import stored_bytes
-from dctdata.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
 
 log = logging.getLogger(__name__)
 
@@ -540,7 +540,7 @@ def calibrate_report(
     the smaller pack decides). progress(evaluation, dB) is called after each exact evaluation (dB: the
     worst channel). where(i) names sample i of the subset in errors (a pack passes the source's names).
     max_error / max_rel_error: a pointwise bound on every decoded value (absolute, or relative to each
-    item's range; `dctdata.bounds`), with or without a target (both hold); without one, the step and
+    item's range; `dctdata.encoder.bounds`), with or without a target (both hold); without one, the step and
     the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
     """
     t0 = time.perf_counter()
@@ -603,7 +603,7 @@ def calibrate_report(
 def _naming(where: Callable[[int], str] | None):
     """A `BoundError` of the bounded search raised again with its sample named (`where`, or its index in the
     calibration subset): the encoder knows only its position in the batch."""
-    from dctdata.bounds import BoundError
+    from dctdata.encoder.bounds import BoundError
 
     try:
         yield
@@ -640,16 +640,16 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     step per channel relative to the finest normalized bound of the subset (`bound_ref`; every item's stored
     range scales to its own bound), the integer dtype and step that store least after re-coding the items
     that miss (int8's steps are floored where it would overflow, so it only wins at loose bounds)."""
-    from dctdata.bounds import BoundError, item_bounds
-    from dctdata.corrections import capacity
-    from dctdata.lattice import detect as detect_lattice
+    from dctdata.codec.lattice import detect as detect_lattice
+    from dctdata.decoder.corrections import capacity
+    from dctdata.encoder.bounds import BoundError, item_bounds
 
     n, c, *size = x.shape
     dims = len(size)
     probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
                       **bounds)  # fmt: skip
     bound, margin, rng = item_bounds(x, probe, valid)
-    rows, eff = detect_lattice(x, valid, bound, margin)  # items on an evenly spaced grid (`dctdata.lattice`)
+    rows, eff = detect_lattice(x, valid, bound, margin)  # items on an evenly spaced grid (`dctdata.codec.lattice`)
     if bool((rows[..., 0] > 0).any()):  # coded to half its spacing, then snapped
         probe, bound = probe.replace(lattice=True), eff
     rel = bound / rng.clamp(min=1e-300)
@@ -657,7 +657,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     ref = float(rel[ok].min()) if bool(ok.any()) else 1.0
     size_of = _sizer(codec)
     # the search compares re-coded encodings; the spec it keeps also stores corrections, which the encoder
-    # weighs per sample against the re-coded one at coarser steps (`dctdata.quantize.choose_corrections`)
+    # weighs per sample against the re-coded one at coarser steps (`dctdata.encoder.quantize.choose_corrections`)
     cap = capacity(c * math.prod(size))
     # the largest |coefficient| of each (channel, frequency) on the subset, twice over for unseen samples,
     # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)
@@ -720,7 +720,7 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
     """A target and a bound (both hold): the bound's own spec when it already reaches the target on the
     subset (a tight bound usually does), with the target's per-sample floor; else the landed spec with the
     items that miss the bound re-coded (int16 landed again when int8 cannot hold the bound)."""
-    from dctdata.bounds import BoundError
+    from dctdata.encoder.bounds import BoundError
 
     spec, _ = _bounded(x, valid, landed.cf, landed.mask, dtype, bounds, codec)
     (q, sd), _ = encode(x, spec, valid=valid)

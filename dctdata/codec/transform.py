@@ -13,8 +13,8 @@ All work is per block (two small separable matmuls), so the cost per pixel does 
 image size. `synthesize` has two kernels with the same math: a portable graph of matmul/reshape/
 transpose/cat ops (CUDA, autograd, torch.compile, torch.export, ONNX) and, for plain CPU tensors in
 eager mode, a chunked kernel that keeps every intermediate in cache and writes the output once.
-`Decompress` and `dctdata.decompress` (`dctdata.functional`) take a fused kernel before both where one
-applies: the C kernel of `dctdata.fused` on CPU, the Triton kernel of `dctdata.fused_cuda` on CUDA
+`Decompress` and `dctdata.decompress` (`dctdata.decoder.functional`) take a fused kernel before both where one
+applies: the C kernel of `dctdata.decoder.fused` on CPU, the Triton kernel of `dctdata.decoder.fused_cuda` on CUDA
 (dequantization and inverse DCT in one pass); this module's kernels are their fallback.
 """
 
@@ -489,7 +489,7 @@ def synthesize_chunked(
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str = "square") -> torch.Tensor:
     """(..., Hb, K, Wb) coefficients -> (..., H, W) float32 image (inverse DCT, crop padding), with this module's
     torch kernels only: the reference path (`quantize.decode_reference`). The public `dctdata.decompress`
-    (`dctdata.functional`) takes the fused kernels first."""
+    (`dctdata.decoder.functional`) takes the fused kernels first."""
     if not isinstance(coeffs, torch.Tensor):
         raise TypeError(f"coeffs: expected a torch.Tensor of shape (..., Hb, K, Wb). Got {type(coeffs).__name__}")
     size = parse_size(size)

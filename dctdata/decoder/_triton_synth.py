@@ -1,4 +1,4 @@
-"""The Triton kernel of `dctdata.fused_cuda` (imported only there, and only where Triton is installed).
+"""The Triton kernel of `dctdata.decoder.fused_cuda` (imported only there, and only where Triton is installed).
 
 One program decodes a strip of `BLOCKS` neighbouring 8x8 blocks of one block row of one channel of one
 sample, and each thread owns one whole block: its 64 accumulators, its coefficients, its pixels. For each

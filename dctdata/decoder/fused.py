@@ -1,4 +1,4 @@
-"""The fused CPU decode: `Decompress` on plain CPU tensors in one C pass (`dctdata/_synth.c`).
+"""The fused CPU decode: `Decompress` on plain CPU tensors in one C pass (`dctdata/decoder/_synth.c`).
 
 Why hand-written: the torch kernels (`transform.synthesize_chunked`) spend most of their time in op
 overhead and in separate elementwise passes (to float, x step, + offset, sign x recon, rotation, the
@@ -35,14 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
-from dctdata import transform3d
+from dctdata.codec import transform3d
+from dctdata.codec.spec import CodecSpec, dequant_tables
+from dctdata.codec.transform import BLOCK, eager_cpu, grid_shape, num_kept
 from dctdata.errors import DctDataError
 from dctdata.pool import run_split
-from dctdata.spec import CodecSpec, dequant_tables
-from dctdata.transform import BLOCK, eager_cpu, grid_shape, num_kept
 
 try:
-    import dctdata._synth as _synth
+    import dctdata.decoder._synth as _synth
 except ImportError:  # a source tree without the built extension: the torch kernels run
     _synth = None
 
@@ -174,7 +174,7 @@ def synthesize_volume(
 
 def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch.Tensor:
     if _synth is None:
-        raise DctDataError("fused kernel: dctdata._synth is not built (reinstall dctdata to compile it)")
+        raise DctDataError("fused kernel: dctdata.decoder._synth is not built (reinstall dctdata to compile it)")
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"coeffs: expected a torch.Tensor. Got {type(q).__name__}")
     if q.dtype in CONVERTED:
@@ -182,7 +182,7 @@ def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch
     if q.dtype not in WIRE_KINDS:
         raise TypeError(f"coeffs: expected int8, int16, float16, bfloat16 or float32 (fused kernel). Got {q.dtype}")
     if not isinstance(tables, Tables):
-        raise TypeError(f"tables: expected dctdata.fused.Tables (see tables_for). Got {type(tables).__name__}")
+        raise TypeError(f"tables: expected dctdata.decoder.fused.Tables (see tables_for). Got {type(tables).__name__}")
     c, k = tables.channels, tables.kept
     for name, t, shape in (
         ("a", tables.a, (c, k)),

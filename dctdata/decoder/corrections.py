@@ -5,7 +5,7 @@ A bound is set by the worst pixel of an item: one outlier (a spike, an edge) for
 fine step. With corrections the encoder codes the item at a coarser step and stores, for each value that
 misses, an integer multiple of a small correction step; the decoder adds them after the inverse DCT. The
 encoder picks, per sample, the step multiplier whose coefficients plus corrections store least
-(`dctdata.quantize.encode`), and checks the corrected float32 decode against the bound like any other.
+(`dctdata.encoder.quantize.encode`), and checks the corrected float32 decode against the bound like any other.
 
 Stored form: the rows after a sample's C (range, mid) rows of its side values, float32 (so both storages,
 the stored-bytes path and every reader keep the side partner as it is; only its row count grows):
@@ -32,13 +32,13 @@ from typing import Callable
 
 import torch
 
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import IntegrityError
-from dctdata.spec import CodecSpec
 
 EXACT = float(1 << 24)  # float32 holds every integer up to here exactly: the largest gap and |k|
 # step multipliers tried per sample, coarser than the bound alone needs (1: the bound's own step with
 # corrections for its outliers instead of re-coding the item); rounding within the bound
-# (`dctdata.bound_rounding`) keeps most values of 2 to 2.8 x within it
+# (`dctdata.encoder.bound_rounding`) keeps most values of 2 to 2.8 x within it
 MULTIPLIERS = (1.0, 1.25, 1.6, 2.0, 2.25, 2.5, 2.8)
 
 
@@ -51,7 +51,7 @@ def capacity(values: int) -> int:
 
 def split(side: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(range/mid rows (..., C, 2), correction rows (..., 1 + cap, 2) or None) of a side tensor (lattice rows,
-    `dctdata.lattice`, left out)."""
+    `dctdata.codec.lattice`, left out)."""
     c = spec.channels
     if spec.corrections is None:
         return side[..., :c, :], None
@@ -148,7 +148,7 @@ def build(
     b = x.shape[0]
     d = x.detach().to(torch.float64) - x_hat.detach().to(torch.float64)
     at = (...,) + (None,) * (x.dim() - 2)
-    miss = (d.abs() > room[at]) & (d != 0)  # an exact value always holds (`dctdata.bounds.missing`)
+    miss = (d.abs() > room[at]) & (d != 0)  # an exact value always holds (`dctdata.encoder.bounds.missing`)
     if valid is not None:
         miss &= torch.broadcast_to(valid, x.shape)
     miss = miss.reshape(b, -1)

@@ -11,10 +11,10 @@ decode it as before) until it holds; one that cannot (integer overflow, or a bou
 precision) is an error naming it, and nothing is written.
 
 Hand-written: the bound has to hold for this codec's own decoder, which no error-bounded library knows.
-Re-coding makes a whole item finer for a few outlying pixels; with corrections (`dctdata.corrections`,
+Re-coding makes a whole item finer for a few outlying pixels; with corrections (`dctdata.decoder.corrections`,
 what calibration turns on for bounded fields) each sample also tries coarser steps with those pixels
 corrected one by one, and keeps whichever stores least. Items whose values lie on an evenly spaced grid
-(`dctdata.lattice`) are coded to half its spacing instead, where that is wider, and snapped back onto it.
+(`dctdata.codec.lattice`) are coded to half its spacing instead, where that is wider, and snapped back onto it.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import math
 
 import torch
 
+from dctdata.codec.metrics import item_range
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError
-from dctdata.metrics import item_range
-from dctdata.spec import CodecSpec
 
 # float32 rounding margin, relative to an item's largest magnitude: 2^-19 (16 float32 ulps at the top of
 # the item's values). A float32 decode differs from the exact one by a few ulps of the values it adds
@@ -121,7 +121,7 @@ def missing(
 ) -> torch.Tensor:
     """Items whose decode misses the bound less the margin. An exact decode holds any bound only where
     `exact` (B, C) says every decode path gives the same values: an item snapped onto its lattice (the snap
-    computes in float32 for every output dtype, `dctdata.lattice`). Elsewhere a float32 decode that happens
+    computes in float32 for every output dtype, `dctdata.codec.lattice`). Elsewhere a float32 decode that happens
     to round onto the source's values says nothing of a float64 decode, so the margin is kept."""
     miss = err + margin > bound
     return miss if exact is None else miss & ~(exact & (err == 0))
@@ -129,7 +129,7 @@ def missing(
 
 def constant(rng: torch.Tensor) -> torch.Tensor:
     """(B, C) the items constant over their valid pixels. A relative bound is 0 there (relative to a range of
-    0): as SZ3 does with a bound of 0, such an item is stored exactly, on a one-point lattice (`dctdata.lattice`
+    0): as SZ3 does with a bound of 0, such an item is stored exactly, on a one-point lattice (`dctdata.codec.lattice`
     gives it one; the snap returns its value on every path), or the pack names it."""
     return rng == 0
 

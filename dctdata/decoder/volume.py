@@ -14,13 +14,13 @@ Two paths with the same math:
   spec (2-D folds a plain spec's steps into its weights instead): it reads a tensor of K/512 of the output,
   and one code path is what CUDA and ONNX see.
 - fused CPU (plain CPU tensors in eager mode, float32 output): the C kernel
-  (`dctdata.fused.synthesize_volume`, `_synth.c`), which dequantizes, mixes channels, applies the per-sample
+  (`dctdata.decoder.fused.synthesize_volume`, `_synth.c`), which dequantizes, mixes channels, applies the per-sample
   values and runs the 8x8x8 inverse DCT per group of 8 neighbouring blocks in registers and L1, writing each
   output voxel once.
 """
 
 from __future__ import annotations
 
-from dctdata.layer import DC_GAIN, VolumeDecompress
+from dctdata.decoder.layer import DC_GAIN, VolumeDecompress
 
 __all__ = ["DC_GAIN", "VolumeDecompress"]

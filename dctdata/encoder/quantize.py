@@ -11,7 +11,7 @@ Encoding, in order (each step only where the spec asks for it):
 
 Overflow is never silent: values outside the wire dtype's range are clamped *and counted*; callers
 report the count and `--strict` turns any into an error. Choosing the steps from data (calibration)
-lives in dctdata.calibrate; this module only applies them. `Decompress` (dctdata.layer) is the fast
+lives in dctdata.encoder.calibrate; this module only applies them. `Decompress` (dctdata.decoder.layer) is the fast
 decoder; `decode_reference` is the plain one it is tested against.
 """
 
@@ -22,11 +22,12 @@ from typing import Callable
 
 import torch
 
-from dctdata import encode_kernels, transform3d
+import dctdata.encoder.encode_kernels as encode_kernels
+from dctdata.codec import transform3d
+from dctdata.codec.spec import INTEGER_DTYPES, CodecSpec
+from dctdata.codec.transform import compress, decompress
+from dctdata.decoder.wire import split_wire
 from dctdata.errors import DctDataError
-from dctdata.spec import INTEGER_DTYPES, CodecSpec
-from dctdata.transform import compress, decompress
-from dctdata.wire import split_wire
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
 # Items the per-sample floor lifts are aimed at this share of its nmse cap: just inside it.
@@ -203,15 +204,15 @@ def encode(
 ):
     """(..., C, H, W) float samples -> (wire value, overflow count).
 
-    The wire value is what a packed dataset stores and yields for the field (`dctdata.wire`): the
+    The wire value is what a packed dataset stores and yields for the field (`dctdata.decoder.wire`): the
     quantized coefficients (..., C, Hb, K, Wb), or the pair (coefficients, side) when the spec carries
     per-sample side information (computed from x over its `valid` pixels unless given). With
     spec.min_psnr, any item (channel of a sample) that would decode below it is coded again with a
     finer effective step (its stored range shrinks by g < 1, the decoder is unchanged), so every sample,
     seen at calibration or not, keeps the floor. With spec.max_error/max_rel_error, every item whose
-    float32 decode misses the bound is coded again the same way (`dctdata.bounds`), or `BoundError` is
+    float32 decode misses the bound is coded again the same way (`dctdata.encoder.bounds`), or `BoundError` is
     raised. With spec.corrections, each sample is also tried at coarser steps with the values that miss
-    corrected one by one (`dctdata.corrections`), and keeps the encoding that stores least by `size_of`
+    corrected one by one (`dctdata.decoder.corrections`), and keeps the encoding that stores least by `size_of`
     (a sample's coefficients (C, ...) -> bytes after the field's lossless stage; default zstd).
 
     Args:
@@ -228,7 +229,8 @@ def encode(
 
     Raises:
         DctDataError: `x` does not match the spec's shape or `side`/`valid` do not fit it.
-        BoundError: An item cannot meet spec.max_error/max_rel_error (`dctdata.bounds.BoundError`, a DctDataError).
+        BoundError: An item cannot meet spec.max_error/max_rel_error (`dctdata.encoder.bounds.BoundError`, a
+            DctDataError).
     """
     n = len(spec.sample_shape)
     if isinstance(x, torch.Tensor) and tuple(x.shape[-n:]) != spec.sample_shape:
@@ -243,7 +245,7 @@ def encode(
         )
         return (wire[0][0], wire[1][0]), over
     if spec.bounded and x.dtype == torch.float64:  # a source float32 cannot carry: its own rounding first
-        from dctdata.bounds import check_float32_rounding
+        from dctdata.encoder.bounds import check_float32_rounding
 
         check_float32_rounding(x, spec, valid)
     if spec.lattice is not None and spec.bounded:
@@ -253,11 +255,11 @@ def encode(
 
 def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None):
     """`encode`'s work on a batch; `bounds`: (bound, margin, range) per item if the caller has them (the
-    bound a lattice leaves before its snap), else the spec's (`dctdata.bounds.item_bounds`)."""
+    bound a lattice leaves before its snap), else the spec's (`dctdata.encoder.bounds.item_bounds`)."""
     n = len(spec.sample_shape)
     coeffs, side = coded_coefficients(x, spec, side, valid)
     if spec.bounded:
-        from dctdata.bounds import constant, initial_scale, item_bounds
+        from dctdata.encoder.bounds import constant, initial_scale, item_bounds
 
         bound, margin, rng = item_bounds(x, spec, valid) if bounds is None else bounds
         flat = constant(rng)  # no finer step changes their decode: a miss there is named, not re-coded
@@ -269,7 +271,7 @@ def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None
     q, over = quantize_per_sample(coeffs, spec)
     coded_side = side
     if spec.min_psnr is not None and spec.side is not None and x.dim() == n + 1:
-        from dctdata.metrics import ItemErrors
+        from dctdata.codec.metrics import ItemErrors
 
         q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid, dims=spec.dims))
     if spec.bounded:
@@ -286,12 +288,12 @@ def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None
 
 
 def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
-    """`encode` with a lattice (`dctdata.lattice`): the items on a grid are coded to within half its spacing
+    """`encode` with a lattice (`dctdata.codec.lattice`): the items on a grid are coded to within half its spacing
     (less the margins) instead of their bound, their grid rows appended to the side values, and the
     snapped float32 decode checked against the bound itself (`BoundError` if an item misses it)."""
-    from dctdata.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
-    from dctdata.lattice import detect
-    from dctdata.layer import Decompress
+    from dctdata.codec.lattice import detect
+    from dctdata.decoder.layer import Decompress
+    from dctdata.encoder.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
 
     bound, margin, rng = item_bounds(x, spec, valid)
     rows, eff = detect(x, valid, bound, margin)
@@ -308,7 +310,7 @@ def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
     after = spec.min_psnr is not None and bool((rows[..., 0] > 0).all())
     q, sd, over, y = coded(inner.replace(min_psnr=None) if after else inner)
     if after:
-        from dctdata.metrics import ItemErrors
+        from dctdata.codec.metrics import ItemErrors
 
         errors = ItemErrors(x, valid, dims=spec.dims)
         if bool((errors.ok & (errors.nmse(y) > 10.0 ** (-spec.min_psnr / 10.0))).any()):  # rare: keep it the usual way
@@ -349,13 +351,13 @@ def rescaled_by(coeffs: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | 
 def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, rounds: int = 8):
     """Re-code the items below spec.min_psnr with a smaller stored range (a finer effective step; the
     decoder is unchanged): (q, side, over, x_hat, nmse per item). Only the samples re-coded are decoded
-    again. `errors` is a `dctdata.metrics.ItemErrors` of the samples; `x_hat` their decode, if known.
+    again. `errors` is a `dctdata.codec.metrics.ItemErrors` of the samples; `x_hat` their decode, if known.
 
     With a channel rotation every channel of a sample is scaled alike: scaling one channel's range mixes
     that channel into the others' coded channels (R diag(1/g) R^T), which spreads its detail over coded
     channels that quantize it coarsely, and the item barely moved (docs/benchmarks/design.md); scaling them
     alike is y / g, each channel's error scales with g^2."""
-    from dctdata.layer import Decompress  # the fast decoder; layer does not import this module
+    from dctdata.decoder.layer import Decompress  # the fast decoder; layer does not import this module
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)
     layer = Decompress(spec.replace(corrections=None), normalize=False)  # the side values as coded so far
@@ -431,10 +433,10 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
     hold (re-coding it would overflow the integer dtype, or the bound is below float32's precision), or,
     given `on_miss`, calls it with that error and returns the encoding as it is (a caller with corrections
     tries them on the samples that still miss, and raises the error if they cannot hold either): one error
-    per sample that misses. `flat` (B, C): the constant items (`dctdata.bounds.constant`): a finer step does
+    per sample that misses. `flat` (B, C): the constant items (`dctdata.encoder.bounds.constant`): a finer step does
     not change their decode, so one that misses is named at once with what helps."""
-    from dctdata.bounds import BoundError, bound_text, constant_advice, item_bounds, item_max_error, missing
-    from dctdata.layer import Decompress  # the readers' decoder; layer does not import this module
+    from dctdata.decoder.layer import Decompress  # the readers' decoder; layer does not import this module
+    from dctdata.encoder.bounds import BoundError, bound_text, constant_advice, item_bounds, item_max_error, missing
 
     if bound is None or margin is None:
         bound, margin, _ = item_bounds(x, spec, valid)
@@ -503,10 +505,10 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
     corrected float32 decode holds the bound less the margin on every valid value, clamps no more
     coefficients and (spec.min_psnr) keeps the floor. `failed`: the `BoundError`s of the samples re-coding
     could not hold (`keep_bound`); each needs a candidate with corrections, or its error is raised."""
-    from dctdata.bound_rounding import can_round, round_coded
-    from dctdata.bounds import item_max_error, missing
-    from dctdata.corrections import MULTIPLIERS, build, stored_bytes, zstd_size
-    from dctdata.layer import Decompress
+    from dctdata.decoder.corrections import MULTIPLIERS, build, stored_bytes, zstd_size
+    from dctdata.decoder.layer import Decompress
+    from dctdata.encoder.bound_rounding import can_round, round_coded
+    from dctdata.encoder.bounds import item_max_error, missing
 
     size_of = size_of or zstd_size
     coeffs0, side0, g0 = plain
@@ -522,7 +524,7 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
         best[j] = math.inf
     floor = None
     if spec.min_psnr is not None:
-        from dctdata.metrics import ItemErrors
+        from dctdata.codec.metrics import ItemErrors
 
         floor = (ItemErrors(x, valid, dims=spec.dims), 10.0 ** (-spec.min_psnr / 10.0))
     going = torch.ones(b, dtype=torch.bool)  # samples whose bytes still fell at the last multiplier
@@ -534,7 +536,7 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
         qm, om = quantize_per_sample(cm, spec, checked=True)
         sm = side0.clone()
         sm[..., 0] = (side0[..., 0].double() * g).to(side0.dtype)
-        if can_round(spec):  # each coefficient's level chosen so fewer values miss (`dctdata.bound_rounding`)
+        if can_round(spec):  # each coefficient's level chosen so fewer values miss (`dctdata.encoder.bound_rounding`)
             live = going.nonzero().flatten()
             v = None if valid is None else _valid_rows(valid, live, x)
             qm[live] = round_coded(cm[live], qm[live], sm[live, :, 0], room[live], spec, v)
@@ -576,10 +578,10 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     q, side = split_wire(wire, spec)
     fix = grid = None
     if side is not None and (spec.corrections is not None or spec.lattice is not None):
-        from dctdata.corrections import split
+        from dctdata.decoder.corrections import split
 
         if spec.lattice is not None:
-            from dctdata.lattice import split as split_lattice
+            from dctdata.codec.lattice import split as split_lattice
 
             grid = split_lattice(side, spec.channels)[1]
         side, fix = split(side, spec)
@@ -597,11 +599,11 @@ def decode_reference(wire, spec: CodecSpec) -> torch.Tensor:
     if side is not None:
         x = x * side[..., 0][at].double() + side[..., 1][at].double()
     if fix is not None:
-        from dctdata.corrections import apply
+        from dctdata.decoder.corrections import apply
 
         x = apply(x.reshape(-1, *spec.sample_shape).contiguous(), fix.reshape(-1, *fix.shape[-2:])).reshape(x.shape)
     if grid is not None:
-        from dctdata.lattice import snap
+        from dctdata.codec.lattice import snap
 
         x = snap(x.reshape(-1, *spec.sample_shape), grid.reshape(-1, spec.channels, 2)).reshape(x.shape)
     if spec.mean is not None:

@@ -3,14 +3,14 @@ module is the one place that defines the wire forms.
 
 - `decode="cpu"` (the default): a coefficient tensor (..., C, Hb, K, Wb), or the pair (coefficients,
   side) when the field's spec carries per-sample side information (side (..., C, 2) float32 = [range,
-  mid] per channel; with corrections, `dctdata.corrections`, their rows follow: (..., C + 1 + cap, 2);
-  with a lattice, `dctdata.lattice`, C (step, origin) rows come last).
+  mid] per channel; with corrections, `dctdata.decoder.corrections`, their rows follow: (..., C + 1 + cap, 2);
+  with a lattice, `dctdata.codec.lattice`, C (step, origin) rows come last).
   A DataLoader collates the pair into a pair of batched tensors.
 - `decode="device"`: the field's checked stored bytes. A sample is a `StoredSample`; a DataLoader
   collates a batch of them (`collate`, registered in torch's default collate map) into one `StoredBatch`:
   one contiguous uint8 buffer of the batch's streams, an int64 offsets table, each sample's row and its
   side values, and the `StreamForm` that says how the streams decode. The decompressor decodes the
-  lossless stage on the batch's device (`dctdata.stored`), then dequantizes and inverts the DCT.
+  lossless stage on the batch's device (`dctdata.decoder.stored`), then dequantizes and inverts the DCT.
   Stored bytes carry their pack's identity and codec (`StreamForm.pack`, `StreamForm.codec`: a
   `PackCodec`), so a batch holding samples of several packs (a `ConcatDataset` or `ChainDataset` of packs,
   two packs paired) never decodes one pack's samples from another's bytes or with another's codec: it
@@ -31,8 +31,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError
-from dctdata.spec import CodecSpec
 
 
 def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -441,7 +441,7 @@ def merge_stored(batches: Sequence[StoredBatch | MixedStoredBatch]) -> tuple[Sto
         raise DctDataError("stored batches: expected at least one to merge. Got none")
     for b in batches:
         if not isinstance(b, STORED_TYPES):
-            raise TypeError(f"stored batches: expected dctdata.wire.StoredBatch. Got {type(b).__name__}")
+            raise TypeError(f"stored batches: expected dctdata.decoder.wire.StoredBatch. Got {type(b).__name__}")
     counts = [len(b) for b in batches]
     if len(batches) == 1:
         return batches[0], counts
@@ -474,8 +474,8 @@ def _collate_map() -> dict:
 
 def collate(batch: Sequence[Any]) -> Any:
     """torch's `default_collate` that also collates `StoredSample`s into a `StoredBatch`: the collate_fn
-    `make_loader` uses (a plain DataLoader gets the same from importing dctdata.wire, which registers it
-    in torch's default collate map; pass `collate_fn=dctdata.wire.collate` to be explicit)."""
+    `make_loader` uses (a plain DataLoader gets the same from importing dctdata.decoder.wire, which registers it
+    in torch's default collate map; pass `collate_fn=dctdata.decoder.wire.collate` to be explicit)."""
     from torch.utils.data._utils.collate import collate as _collate
 
     return _collate(batch, collate_fn_map={**_collate_map(), StoredSample: _collate_stored_fn})

@@ -1,4 +1,4 @@
-"""The encode's elementwise passes in C (`dctdata/_encode.c`): per-item normalization and quantization.
+"""The encode's elementwise passes in C (`dctdata/encoder/_encode.c`): per-item normalization and quantization.
 
 Why: in torch each is several passes over the batch with full-size temporaries (normalize: to float64,
 subtract, divide, back to float32; quantize: a finiteness check, subtract, divide, round or dead-zone,
@@ -19,7 +19,7 @@ import os
 import torch
 
 try:
-    import dctdata._encode as _encode
+    import dctdata.encoder._encode as _encode
 except ImportError:  # a source tree without the built extension: the torch paths run
     _encode = None
 

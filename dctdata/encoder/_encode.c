@@ -1,4 +1,4 @@
-/* The encode's elementwise passes in one C loop each (dctdata/encode_kernels.py says why and when):
+/* The encode's elementwise passes in one C loop each (dctdata/encoder/encode_kernels.py says why and when):
  *
  *   normalize(x, rng, mid, out, n): out[i, j] = (float)(((double)x[i, j] - mid[i]) / rng[i]) per item i of n values,
  *       the float64 arithmetic of `quantize.normalize` (IEEE-754 subtraction and division, then one rounding to

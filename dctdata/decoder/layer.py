@@ -4,10 +4,10 @@ rotation, normalization), as matmuls.
 It takes a field's value exactly as a DataLoader collates it: the coefficient batch (B, C, Hb, K, Wb)
 in the wire dtype (integer or float), or the pair (coefficients, side) when the spec carries
 per-sample side information (side (B, C, 2) = [range, mid]), or, from `open_dataset(...,
-decode="device")`, the field's stored bytes as one `dctdata.wire.StoredBatch`, whose lossless stage it
+decode="device")`, the field's stored bytes as one `dctdata.decoder.wire.StoredBatch`, whose lossless stage it
 decodes first on the batch's device (`decode_stored`; the layer then needs the field's stage: `lossless=`,
 which `from_manifest` and `ds.decompressor()` pass). It returns (B, C, H, W) in `dtype` on the input's
-device. Stored bytes carry their pack's codec (`dctdata.wire.PackCodec`): bytes of another pack (a
+device. Stored bytes carry their pack's codec (`dctdata.decoder.wire.PackCodec`): bytes of another pack (a
 `ConcatDataset` of packs, a noisy and a clean pack paired) are decoded with that pack's codec (its layer,
 built once with this layer's settings), never with this layer's steps; a `MixedStoredBatch` (samples of
 several packs) part by part, its samples put back in batch order.
@@ -23,10 +23,10 @@ export to ONNX):
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
 
-On CUDA tensors in eager mode both run through the fused Triton kernel (`dctdata.fused_cuda`: the same
+On CUDA tensors in eager mode both run through the fused Triton kernel (`dctdata.decoder.fused_cuda`: the same
 steps in one pass, any float output dtype) where Triton is installed. On plain CPU tensors in eager mode
 both run through the fused C kernel
-(`dctdata.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
+(`dctdata.decoder.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
 output), or where it does not apply (float64, other output dtypes, the extension off) through
 `transform.synthesize_chunked` with one thread (a few block rows at a time, the affine pass included,
 intermediates in cache) and the portable graph with more; `layer(q, out=buf)` writes into a reused
@@ -42,14 +42,17 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from dctdata import corrections, fused, fused_cuda, lattice, transform3d
+import dctdata.decoder.corrections as corrections
+import dctdata.decoder.fused as fused
+import dctdata.decoder.fused_cuda as fused_cuda
+from dctdata.codec import lattice, transform3d
+from dctdata.codec.spec import CodecSpec, dequant_tables
+from dctdata.codec.transform import BLOCK, _dct_matrix_f64, augment_bias, fold_basis, fold_shift, synthesize
+from dctdata.decoder.stored import decode_batch_deferred
+from dctdata.decoder.wire import MixedStoredBatch, StoredBatch, describe_pack, split_wire, stage_key
 from dctdata.errors import DctDataError
 from dctdata.kinds import FieldKind
-from dctdata.spec import CodecSpec, dequant_tables
 from dctdata.stages import parse_config
-from dctdata.stored import decode_batch_deferred
-from dctdata.transform import BLOCK, _dct_matrix_f64, augment_bias, fold_basis, fold_shift, synthesize
-from dctdata.wire import MixedStoredBatch, StoredBatch, describe_pack, split_wire, stage_key
 
 _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Coefficient dtypes the layer takes: the wire dtypes a spec names, and float64 (exact values, float64
@@ -66,7 +69,7 @@ def _result(img: torch.Tensor, out: torch.Tensor | None, unbatched: bool) -> tor
 
 class Decompress(nn.Module):
     """Coefficients -> images. `normalize=False` ignores the spec's mean/std. A volume spec (`spec.depth`) gets
-    the subclass `dctdata.volume.VolumeDecompress`.
+    the subclass `dctdata.decoder.volume.VolumeDecompress`.
 
     Args:
         spec: The `CodecSpec` of the field (`ds.decompressor()` builds the layer from the pack's).
@@ -83,7 +86,7 @@ class Decompress(nn.Module):
 
     def __new__(cls, spec=None, *args, **kwargs):
         if cls is Decompress and isinstance(spec, CodecSpec) and spec.depth is not None:
-            cls = VolumeDecompress  # defined below (dctdata.volume re-exports it)
+            cls = VolumeDecompress  # defined below (dctdata.decoder.volume re-exports it)
         return super().__new__(cls)
 
     def __init__(
@@ -297,7 +300,7 @@ class Decompress(nn.Module):
 
     def _split_side(self, side: torch.Tensor | None):
         """(the (range, mid) rows, the correction rows or None, the lattice rows or None) of a batch's side
-        values (`dctdata.corrections`, `dctdata.lattice`)."""
+        values (`dctdata.decoder.corrections`, `dctdata.codec.lattice`)."""
         spec = self.spec
         if side is None or (spec.corrections is None and spec.lattice is None):
             return side, None, None
@@ -306,7 +309,7 @@ class Decompress(nn.Module):
         return side.contiguous(), fix, grid
 
     def _snap(self, img: torch.Tensor, grid: torch.Tensor, out=None, indices=None, deferred=None) -> torch.Tensor:
-        """img with each item's values snapped onto its grid (`dctdata.lattice`); the rows are checked first
+        """img with each item's values snapped onto its grid (`dctdata.codec.lattice`); the rows are checked first
         in eager mode (a non-finite or negative step is refused, naming the sample), or that check is queued
         on `deferred` as the corrections' is (`_correct`). Written into `out` when the caller gave one (in
         every mode: a traced or compiled forward too), else returned as a new tensor (no copy back)."""
@@ -322,7 +325,7 @@ class Decompress(nn.Module):
         return snapped if out is None else out.copy_(snapped)
 
     def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
-        """img with the samples' sparse corrections added (`dctdata.corrections`); their rows are checked
+        """img with the samples' sparse corrections added (`dctdata.decoder.corrections`); their rows are checked
         first in eager mode (an exported graph clamps indices into the sample instead), or that check is
         queued on `deferred` = (checks, indices) (`forward_deferred`). `indices`: the samples' indices in
         their pack (a stored batch), else messages count within the batch."""
@@ -360,7 +363,7 @@ class Decompress(nn.Module):
 
     def decode_stored(self, batch: StoredBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The coefficients (and side values) of a stored batch, decoded on its device: what the layer
-        takes from `decode="cpu"`, bit for bit (see `dctdata.stored`)."""
+        takes from `decode="cpu"`, bit for bit (see `dctdata.decoder.stored`)."""
         wire, checks = self.decode_stored_deferred(batch)
         for check in checks:
             check()
@@ -463,7 +466,7 @@ def _tracing() -> bool:
     return bool(torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())
 
 
-# Volumes (samples (C, D, H, W), 8x8x8 blocks): see dctdata.volume's docstring. Here, not there, so that
+# Volumes (samples (C, D, H, W), 8x8x8 blocks): see dctdata.decoder.volume's docstring. Here, not there, so that
 # Decompress(spec) can return it without an import cycle.
 DC_GAIN = math.sqrt(transform3d.BLOCK3)  # an 8x8x8 DC basis function is 1/sqrt(512) everywhere
 

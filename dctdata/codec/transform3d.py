@@ -16,8 +16,8 @@ the 3-D triangle: the lowest total frequencies, where a smooth field's energy is
 Decoding (`synthesize`) is separable per block: stage 1 contracts w with the DCT matrix (the
 coefficients enter as a transposed operand), stage 2 contracts v, stage 3 contracts u and writes whole
 raster planes. The cost per voxel does not depend on the volume's size. Only matmul, reshape, transpose
-and cat ops, so the graph runs on CUDA, under torch.compile and exports to ONNX; `dctdata.volume`'s
-layer runs the fused C kernel (`dctdata.fused.synthesize_volume`) on plain CPU tensors instead.
+and cat ops, so the graph runs on CUDA, under torch.compile and exports to ONNX; `dctdata.decoder.volume`'s
+layer runs the fused C kernel (`dctdata.decoder.fused.synthesize_volume`) on plain CPU tensors instead.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import math
 
 import torch
 
+from dctdata.codec.transform import BLOCK, PADS, _check_image, _dct_matrix_f64, _mirror, parse_cf
 from dctdata.errors import DctDataError
-from dctdata.transform import BLOCK, PADS, _check_image, _dct_matrix_f64, _mirror, parse_cf
 
 MASKS3 = ("cube", "tetra")
 MASK_ALIASES = {"square": "cube", "triangle": "tetra"}  # the 2-D names of the same rules

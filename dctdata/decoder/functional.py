@@ -1,7 +1,8 @@
 """The functional decode, `dctdata.decompress`: coefficients -> images through the kernels `Decompress` takes.
 
 (..., Hb, K, Wb) coefficients of plain (unquantized) frequencies go through the fused C kernel on plain CPU
-tensors in eager mode (`dctdata.fused`) and the fused Triton kernel on CUDA (`dctdata.fused_cuda`), each with
+tensors in eager mode (`dctdata.decoder.fused`) and the fused Triton kernel on CUDA
+(`dctdata.decoder.fused_cuda`), each with
 unit dequantization tables (one channel, step 1, offset 0); everywhere else (autograd, torch.compile,
 torch.export, ONNX, other devices, or where the kernels are off) through `transform.decompress`, the torch
 kernels, which stays the reference path of `quantize.decode_reference`.
@@ -13,9 +14,10 @@ import functools
 
 import torch
 
-from dctdata import fused, fused_cuda
-from dctdata.transform import check_coeff_grid, num_kept, parse_size
-from dctdata.transform import decompress as torch_decompress
+import dctdata.decoder.fused as fused
+import dctdata.decoder.fused_cuda as fused_cuda
+from dctdata.codec.transform import check_coeff_grid, num_kept, parse_size
+from dctdata.codec.transform import decompress as torch_decompress
 
 __all__ = ["decompress"]
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError, MissingExtraError
-from dctdata.zstd_frames import FrameTable, _offsets, aligned_offsets
+from dctdata.stages.zstd_frames import FrameTable, _offsets, aligned_offsets
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def decode_batch(
 
 
 def device_decoder(device) -> Callable | None:
-    """What the zstd stage's `device_decoder(device)` hook returns (`dctdata.stored.decode_stored` calls it for
+    """What the zstd stage's `device_decoder(device)` hook returns (`dctdata.decoder.stored.decode_stored` calls it for
     `decode="device"`): on CUDA, `decode(buffer, offsets, sample_shape, dtype, where=None)` -> the
     (S, *sample_shape) tensor of the S streams, decoded by nvCOMP and checked (an IntegrityError names
     `where(k)`, default "stream k", of a stream that decoded short or long); None on other devices, where the
@@ -367,7 +367,7 @@ def merge(batches: Sequence[Streams], sample_bytes: int) -> tuple[torch.Tensor, 
     byte_base = sample_base = 0
     for s in batches:
         if not isinstance(s, Streams):
-            raise TypeError(f"batches: expected dctdata.nvcomp_zstd.Streams. Got {type(s).__name__}")
+            raise TypeError(f"batches: expected dctdata.stages.nvcomp_zstd.Streams. Got {type(s).__name__}")
         off = _offsets(s.offsets)
         n = len(off) - 1
         if off[-1] > s.data.numel():
