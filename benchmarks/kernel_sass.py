@@ -193,7 +193,8 @@ def format_rows(result: list[dict]) -> str:
 
 
 def default_kernel() -> str:
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dctdata", "_triton_synth.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(root, "dctdata", "decoder", "_triton_synth.py")
 
 
 def main(argv=None) -> int:

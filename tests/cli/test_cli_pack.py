@@ -256,7 +256,9 @@ def test_debug_does_not_flood_with_pil_tiff_tags(tmp_path, capsys, caplog):
         )
     with caplog.at_level("DEBUG"):
         rc, _, err = run(
-            ["--debug", "pack", tmp_path / "tif", tmp_path / "out", "--cf", "8", "--format", "webdataset", "--quiet"],
+            # one process: caplog sees this process's records (forked workers log to the same stderr, not to it)
+            ["--debug", "pack", tmp_path / "tif", tmp_path / "out", "--cf", "8", "--format", "webdataset", "--quiet"]
+            + ["--workers", "1"],
             capsys,
         )
     assert rc == 0, err
