@@ -41,11 +41,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from dctdata.decoder.wire import split_wire
-from dctdata.encoder.bounds import BoundError
-from dctdata.encoder.quantize import F32_SAFE_MAX, encode
-from dctdata.errors import DctDataError, OverflowCountError
-from dctdata.format.fields import SIDE_SUFFIX
+from dctdata.encoder.quantize import F32_SAFE_MAX
+from dctdata.errors import DctDataError
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder, PartJob, _digest, batch_size
 
 log = logging.getLogger(__name__)
@@ -119,23 +116,7 @@ class DeviceEncoder(Encoder):
                     )
                 stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
                 continue
-            xt = moved[name]
-            try:
-                wire, over = encode(xt, f.codec, size_of=self.sizers.get(name))
-            except BoundError as exc:
-                raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
-            if over:
-                self.stats["overflow"][name] += over
-                if self.strict:
-                    raise OverflowCountError(
-                        f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
-                        f"Got {over} clamped coefficients"
-                    )
-            self._figures(f, xt, wire, None, first)
-            q, side = split_wire(wire, f.codec)
-            stored[name] = f.to_stored(q)
-            if side is not None:
-                stored[name + SIDE_SUFFIX] = side.cpu().numpy()
+            self.encode_field(f, moved[name], None, first, b, at, stored)
         return stored
 
     def _upload(self, batch: dict[str, Any]) -> dict[str, torch.Tensor] | None:

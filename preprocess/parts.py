@@ -282,24 +282,7 @@ class Encoder:
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes
             xt = _as_given(x, xf, valid, f)
-            try:
-                wire, over = encode(
-                    xt, f.codec, valid=None if valid is None else torch.from_numpy(valid), size_of=self.sizers.get(name)
-                )
-            except BoundError as exc:  # nothing of the batch is written: the pack stops here, named
-                raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
-            if over:
-                self.stats["overflow"][name] += over
-                if self.strict:
-                    raise OverflowCountError(
-                        f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
-                        f"Got {over} clamped coefficients"
-                    )
-            self._figures(f, xt, wire, valid, first)
-            q, side = split_wire(wire, f.codec)
-            stored[name] = f.to_stored(q)
-            if side is not None:
-                stored[name + SIDE_SUFFIX] = side.numpy()
+            self.encode_field(f, xt, valid, first, b, at, stored)
             if f.valid is not None:
                 counts = self.stats["valid"][name]
                 counts[0] += int(valid.sum()) if valid is not None else xf.size
@@ -307,6 +290,29 @@ class Encoder:
                 if f.valid in self.derived:
                     stored[f.valid] = valid if valid is not None else np.ones(xf.shape, bool)
         return stored
+
+    def encode_field(self, f: FieldSpec, xt: torch.Tensor, valid, first: int, b: int, at, stored: dict) -> None:
+        """One dct field's batch `xt` (on the CPU, or on the device of `dctdata.preprocess.device_pack`) into
+        `stored`: its coefficients and side values as stored, its overflow count and its error figures."""
+        name = f.name
+        try:
+            wire, over = encode(
+                xt, f.codec, valid=None if valid is None else torch.from_numpy(valid), size_of=self.sizers.get(name)
+            )
+        except BoundError as exc:  # nothing of the batch is written: the pack stops here, named
+            raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
+        if over:
+            self.stats["overflow"][name] += over
+            if self.strict:
+                raise OverflowCountError(
+                    f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
+                    f"Got {over} clamped coefficients"
+                )
+        self._figures(f, xt, wire, valid, first)
+        q, side = split_wire(wire, f.codec)
+        stored[name] = f.to_stored(q)
+        if side is not None:
+            stored[name + SIDE_SUFFIX] = side.cpu().numpy()
 
     def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
