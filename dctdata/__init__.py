@@ -22,6 +22,11 @@ This module and `dctdata.api` are the only core modules that name the two sides,
 """
 
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+import warnings
 
 from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError, IntegrityError, OverflowCountError
@@ -89,3 +94,51 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+# Issue 48 moved the core's flat modules into floors; the old paths still import (the same module object,
+# with a DeprecationWarning), so code written against `dctdata.wire` or `dctdata.quantize` keeps working.
+_MOVED = {
+    **dict.fromkeys(("transform", "transform3d", "spec", "metrics", "lattice"), "codec"),
+    **dict.fromkeys(
+        ("wire", "stored", "corrections", "layer", "volume", "functional", "fused", "fused_cuda", "decode_check"),
+        "decoder",
+    ),
+    **dict.fromkeys(("quantize", "bounds", "bound_rounding", "calibrate"), "encoder"),
+    **dict.fromkeys(("nvcomp_zstd", "zstd_frames"), "stages"),
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds `dctdata.<old>` for a moved module and hands back `dctdata.<floor>.<old>` itself."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, old = fullname.rpartition(".")
+        if package == __name__ and old in _MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        old = spec.name.rpartition(".")[2]
+        new = f"{__name__}.{_MOVED[old]}.{old}"
+        warnings.warn(f"{spec.name} moved to {new}: import it from there", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module) -> None:
+        pass  # the moved module ran when it was imported under its own name
+
+
+sys.meta_path.append(_MovedModules())
+
+
+class _Package(types.ModuleType):
+    """`dctdata.quantize` is the function, also after something imports the old module path
+    `dctdata.quantize` (the import system then sets the package's attribute of that name to the module)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

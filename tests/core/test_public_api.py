@@ -79,3 +79,27 @@ def test_a_function_named_like_its_module_stays_the_function():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+@pytest.mark.parametrize("old", ["wire", "quantize", "transform", "nvcomp_zstd", "layer", "calibrate"])
+def test_a_moved_modules_old_path_imports_the_same_module_with_a_warning(old):
+    """Issue 48 moved the flat core modules into floors; code importing the old path keeps working."""
+    import importlib
+    import sys
+
+    floor = dctdata._MOVED[old]
+    new = importlib.import_module(f"dctdata.{floor}.{old}")
+    sys.modules.pop(f"dctdata.{old}", None)
+    with pytest.warns(DeprecationWarning, match=rf"dctdata\.{old} moved to dctdata\.{floor}\.{old}"):
+        module = importlib.import_module(f"dctdata.{old}")
+    assert module is new
+    assert callable(dctdata.quantize) and dctdata.quantize.__module__ == "dctdata.encoder.quantize"
+
+
+def test_every_moved_module_is_where_the_table_says():
+    import importlib
+
+    for old, floor in dctdata._MOVED.items():
+        assert importlib.util.find_spec(f"dctdata.{floor}.{old}") is not None, old
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("dctdata.no_such_module")
