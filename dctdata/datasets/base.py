@@ -72,8 +72,8 @@ def fractal_noise(rng: np.random.Generator, shape: tuple[int, int], beta: float 
     f[0, 0] = 1.0
     amp = f ** np.float32(-beta / 2.0)
     amp[0, 0] = 0.0
-    spec = rng.standard_normal((count, h, w // 2 + 1, 2), dtype=np.float32)
-    spec = (spec[..., 0] + 1j * spec[..., 1]).astype(np.complex64) * amp
+    planes = rng.standard_normal((count, h, w // 2 + 1, 2), dtype=np.float32)
+    spec = (planes[..., 0] + 1j * planes[..., 1]).astype(np.complex64) * amp
     out = np.fft.irfft2(spec, s=(h, w)).astype(np.float32, copy=False)
     out -= out.mean(axis=(1, 2), keepdims=True)
     out /= out.std(axis=(1, 2), keepdims=True) + np.float32(1e-12)
