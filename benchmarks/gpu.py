@@ -282,7 +282,7 @@ class Setup:
         self._error: BaseException | None = None
         self.jpeg: tuple | None = None
 
-    def start(self) -> "Setup":
+    def start(self) -> Setup:
         import threading
 
         def run():
@@ -295,7 +295,7 @@ class Setup:
         self._thread.start()
         return self
 
-    def wait(self) -> "Setup":
+    def wait(self) -> Setup:
         if self._thread is None:
             self._make()
         else:

@@ -10,7 +10,7 @@ them, evenly spaced: many small samples, where per-pack metadata and per-sample 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

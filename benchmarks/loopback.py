@@ -110,7 +110,7 @@ class LoopbackServer:
         self.directory = os.fspath(directory)
         self.rate = rate
 
-    def __enter__(self) -> "LoopbackServer":
+    def __enter__(self) -> LoopbackServer:
         self._server = _Server(("127.0.0.1", 0), functools.partial(_Handler, directory=self.directory))
         self._server.requests, self._server.bytes_sent = [], 0
         self._server.lock, self._server.throttle = threading.Lock(), _Throttle(self.rate)

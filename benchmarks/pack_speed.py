@@ -226,7 +226,7 @@ def measure_set(set_name: str, x: np.ndarray, rows: list[str], tmp: Path, args, 
     raw = x.size * 4
     target = dict(target_psnr=args.target_psnr)
     cpu_pack = tmp / f"{set_name}-default.dct"
-    if "default" in rows or "gpu" in rows and torch.cuda.is_available():  # the gpu row compares with this pack
+    if "default" in rows or ("gpu" in rows and torch.cuda.is_available()):  # the gpu row compares with this pack
         s, m = time_pack(src, cpu_pack, **target)
         if "default" in rows:
             add(

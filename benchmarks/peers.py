@@ -26,7 +26,7 @@ import dataclasses
 import importlib
 import io
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tqdm import tqdm
@@ -31,7 +31,7 @@ from dctdata.parse import parse_choice, parse_int, parse_number
 LEVELS = (35.0, 40.0, 45.0)
 OURS = "dctdata"
 BEST = "best"  # the best of BEST_PEERS, per pack and level
-GROUPS: dict[str, Callable[["PackResult"], bool]] = {
+GROUPS: dict[str, Callable[[PackResult], bool]] = {
     "all packs": lambda r: True,
     "tiles": lambda r: r.mode == "tiles",
     "whole items": lambda r: r.mode == "whole",

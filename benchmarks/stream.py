@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -56,8 +56,8 @@ _LAZY = {
 
 __all__ = [
     "CodecSpec",
-    "Decompress",
     "DctDataError",
+    "Decompress",
     "DevicePrefetcher",
     "FormatError",
     "IntegrityError",

@@ -9,7 +9,8 @@ and a type checker see each one) and are `dctdata.settings.PackSettings`' fields
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, read_manifest, storages

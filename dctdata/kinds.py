@@ -23,7 +23,7 @@ class FieldKind(str, enum.Enum):
         return repr(self.value)
 
     @classmethod
-    def parse(cls, value: object, where: str = "kind") -> "FieldKind":
+    def parse(cls, value: object, where: str = "kind") -> FieldKind:
         """A kind from its name (or itself); anything else names the choices."""
         try:
             return cls(value)

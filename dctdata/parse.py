@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -109,7 +110,7 @@ def parse_size(value: object, name: str, *, minimum: int | None = None, **messag
         raise range_error(f"{name}: expected {what}. Got {value!r}")
     else:
         raise type_error(f"{name}: expected {what}. Got {value!r}")
-    if minimum is not None and v < minimum or v < 0:
+    if (minimum is not None and v < minimum) or v < 0:
         raise range_error(f"{name}: expected {what}. Got {value!r}")
     return v
 

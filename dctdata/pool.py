@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 _POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
 _LOCK = threading.Lock()  # pool replacement and submission together: no submit to a pool shut down

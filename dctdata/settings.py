@@ -30,7 +30,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dctdata.codec.spec import QUANT_TO_DTYPE
 from dctdata.codec.transform import parse_cf, parse_mask
@@ -262,7 +263,7 @@ def parse_device(device: object) -> str:
     if not isinstance(device, str):
         raise TypeError(f"device: expected 'cpu', 'cuda' or 'cuda:N'. Got {device!r} of type {type(device).__name__}")
     head, _, index = device.partition(":")
-    if device == "cpu" or head == "cuda" and (not _ or index.isdigit()):
+    if device == "cpu" or (head == "cuda" and (not _ or index.isdigit())):
         return device
     raise DctDataError(f"--device: expected cpu, cuda or cuda:N (a CUDA device index). Got {device!r}")
 
@@ -569,7 +570,7 @@ class PackSettings:
         return self._targets
 
     @property
-    def bounds(self) -> "Bounds":
+    def bounds(self) -> Bounds:
         """`max_error` and `max_rel_error` parsed."""
         return Bounds(self._max_errors, self._max_rel_errors)
 
@@ -651,7 +652,7 @@ class PackSettings:
                 parser.add_argument(flag, dest=f.name, default=f.default, help=help, **f.metadata["cli"])
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "PackSettings":
+    def from_args(cls, args: argparse.Namespace) -> PackSettings:
         """The settings of a parsed `dctdata pack` command line."""
         values = {}
         for f in dataclasses.fields(cls):
@@ -673,14 +674,14 @@ class PackSettings:
             if not f.metadata["writer"] and not _is_default(getattr(self, f.name), f.default)
         ]
 
-    def for_stream(self) -> "PackSettings":
+    def for_stream(self) -> PackSettings:
         """These settings with the fields `dctdata.Writer` does not take back at their defaults."""
         return dataclasses.replace(
             self, **{f.name: f.default for f in dataclasses.fields(self) if not f.metadata["writer"]}
         )
 
     @classmethod
-    def resolve(cls, settings: "PackSettings | None", given: Mapping[str, Any], where: str) -> "PackSettings":
+    def resolve(cls, settings: PackSettings | None, given: Mapping[str, Any], where: str) -> PackSettings:
         """The settings of a call that takes either the fields as keywords (`given`) or `settings=`."""
         if settings is None:
             return cls(**given)

@@ -11,7 +11,8 @@ sample at pack time) checked against the bound.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.decoder.decode_check import nonfinite_samples
 from dctdata.decoder.layer import Decompress

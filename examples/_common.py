@@ -28,7 +28,8 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -134,7 +135,7 @@ class Task:
     kinds: dict[str, str]
     make_net: Callable[[], nn.Module]
     loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
-    metric: "Metric"
+    metric: Metric
     crop: int | None = None  # random training crop (pixels) of every image field, same place for all
     targets: tuple[str, ...] = ()  # dct fields that are targets: kept raw in the (coded) evaluation
     description: str = ""
@@ -161,13 +162,13 @@ def as_is(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def raw_decoders(task: "Task") -> dict[str, Callable]:
+def raw_decoders(task: Task) -> dict[str, Callable]:
     """Raw run: image fields (kind dct in the packs) become float32 as Decompress outputs; masks and
     labels stay as stored (the packs store them exactly too)."""
     return {k: to_float if task.kinds[k] == "dct" else as_is for k in task.train}
 
 
-def tensors(task: "Task", arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+def tensors(task: Task, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     dec = raw_decoders(task)
     return {k: dec[k](torch.from_numpy(np.asarray(v))) for k, v in arrays.items()}
 

@@ -5,7 +5,8 @@ attributes, validity masks), the pack's fingerprint and the repr."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

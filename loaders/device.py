@@ -29,8 +29,8 @@ Typical loop::
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn

@@ -12,7 +12,8 @@ their types, one snapshot per worker, counts that fit the epoch) and refuses any
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.errors import DctDataError
 

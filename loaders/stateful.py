@@ -20,7 +20,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from torch.utils.data import IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader

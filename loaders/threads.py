@@ -13,7 +13,7 @@ never a side effect of building a loader.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

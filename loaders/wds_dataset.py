@@ -55,7 +55,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -240,7 +241,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         )
 
     # Iteration -----------------------------------------------------------------------------------
-    def __iter__(self) -> "_Stream":
+    def __iter__(self) -> _Stream:
         rank, world = self._node()
         _, _, worker, num_workers = pytorch_worker_info()
         info = torch.utils.data.get_worker_info()
@@ -299,7 +300,7 @@ class _Stream:
         self._units = ds.reader.units()
         self._counts = ds._counts.numpy()  # a view of the shared counters: a count is a plain store, not a torch op
 
-    def __iter__(self) -> "_Stream":
+    def __iter__(self) -> _Stream:
         return self
 
     def __next__(self):

@@ -26,7 +26,8 @@ bytes is bounded by the size the manifest gives).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import webdataset as wds

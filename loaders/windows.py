@@ -37,7 +37,8 @@ mid-epoch, as for samples: the dataset is map-style, with the pack's fingerprint
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -159,7 +160,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         read opens them again. `with dctdata.open_dataset(path) as ds:` closes at the end of the block."""
         self.reader.close()
 
-    def __enter__(self) -> "DCTZarrDataset":
+    def __enter__(self) -> DCTZarrDataset:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -21,7 +21,8 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from dctdata.errors import DctDataError
 from dctdata.format import MANIFEST_NAME, Manifest, is_url, write_manifest, write_manifest_url
@@ -144,7 +145,7 @@ class OutLock:
     def __init__(self, out: str) -> None:
         self.out, self.path, self._fd = out, lock_path(out), None
 
-    def acquire(self) -> "OutLock":
+    def acquire(self) -> OutLock:
         try:
             import fcntl
         except ImportError:  # pragma: no cover - no flock (Windows): packs are not serialized there
@@ -188,7 +189,7 @@ class OutLock:
         except Exception:  # noqa: BLE001 - at interpreter exit module globals may be gone; the kernel unlocks
             pass
 
-    def __enter__(self) -> "OutLock":
+    def __enter__(self) -> OutLock:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -88,7 +88,7 @@ class Journal:
         specs: tuple[FieldSpec, ...],
         derived: tuple[str, ...] = (),
         source: dict[str, Any] | None = None,
-    ) -> "Journal":
+    ) -> Journal:
         """A new journal; `source`: the source's `source_identity`, which a resume must match."""
         j = cls(root, specs, {}, derived)
         j._append(
@@ -103,7 +103,7 @@ class Journal:
         return j
 
     @classmethod
-    def resume(cls, root: str, settings: dict, source: dict[str, Any] | None = None) -> "Journal":
+    def resume(cls, root: str, settings: dict, source: dict[str, Any] | None = None) -> Journal:
         path = os.path.join(root, JOURNAL_NAME)
         lines = []
         try:

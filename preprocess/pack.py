@@ -68,7 +68,7 @@ from dctdata.settings import PackSettings
 log = logging.getLogger(__name__)
 
 
-def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifest:
+def pack(source: Any, out: str | os.PathLike, settings: PackSettings) -> Manifest:  # noqa: C901 (over the limit: to split)
     """Pack SOURCE into a dctdata dataset at OUT under `settings`; returns the manifest written (see the
     module docstring; `dctdata.pack` is the public front, with every setting as a keyword)."""
     s = settings
@@ -225,7 +225,7 @@ def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
 
 
 def _run(
-    job: "PartJob",
+    job: PartJob,
     todo,
     results: dict,
     journal,

@@ -19,7 +19,8 @@ import dataclasses
 import math
 import os
 import zlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,7 +115,7 @@ def check_float32(x: np.ndarray, name: str, where) -> None:
     """Refuse values of a dct batch (B, C, H, W) that float32 cannot carry: finite values past the DCT's
     float32 bound (`check_magnitude`'s message, not "NaN/Inf"), and items whose float32 rounding is more than
     FLOAT32_ROUNDING of their (finite) range. Nothing to check for float32, float16 and small integers."""
-    if x.dtype.kind == "f" and x.dtype.itemsize <= 4 or x.dtype.kind in "iub" and x.dtype.itemsize <= 2:
+    if (x.dtype.kind == "f" and x.dtype.itemsize <= 4) or (x.dtype.kind in "iub" and x.dtype.itemsize <= 2):
         return
     x64 = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x64)

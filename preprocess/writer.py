@@ -39,7 +39,8 @@ import math
 import os
 import shutil
 import sys
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -362,7 +363,7 @@ class Writer:
         if self._done:
             raise DctDataError(f"{self.out}: expected an open writer. Got one that is closed or aborted")
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:

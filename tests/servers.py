@@ -5,7 +5,7 @@ bytes it sends. One implementation, shared with the benchmarks: `benchmarks.loop
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from benchmarks.loopback import LoopbackServer
 

@@ -107,7 +107,7 @@ def psnr(
     return psnr_from_mse(mse, rng)
 
 
-def pooled_psnr(scores: "list[float] | torch.Tensor") -> float | None:
+def pooled_psnr(scores: list[float] | torch.Tensor) -> float | None:
     """Dataset-level PSNR of items given their PSNRs: 10 log10(1 / mean_i(MSE_i / range_i^2)), the
     PSNR of the mean range-normalised MSE (what `--target-psnr` promises, per channel). Never above the
     mean of the item PSNRs. None for no items; +inf when every item is exact."""

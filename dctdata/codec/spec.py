@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -400,7 +401,7 @@ class CodecSpec:
         return d
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "CodecSpec":
+    def from_dict(cls, config: Mapping[str, Any]) -> CodecSpec:
         """Inverse of `to_dict` (also reads v1 configs: every key written, no `pad`, which means edge
         padding); unknown or missing keys are errors, not silently dropped."""
         if not isinstance(config, Mapping):
@@ -430,7 +431,7 @@ class CodecSpec:
             kw["offsets"] = [[v] + [0.0] * (k - 1) for v in dc]
         return cls(**kw)
 
-    def replace(self, **changes: Any) -> "CodecSpec":
+    def replace(self, **changes: Any) -> CodecSpec:
         return dataclasses.replace(self, **changes)
 
 

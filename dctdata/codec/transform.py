@@ -48,7 +48,7 @@ def parse_mask(mask: object) -> str:
     return mask
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kept_frequencies(cf: int, mask: str = "square") -> tuple[tuple[int, int], ...]:
     """The (u, v) frequencies kept by a mask, in row-major order: plane k of the layout is entry k.
 
@@ -89,7 +89,7 @@ def grid_shape(height: int, width: int) -> tuple[int, int]:
     return math.ceil(height / BLOCK), math.ceil(width / BLOCK)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dct_matrix_f64() -> torch.Tensor:
     n = BLOCK
     i = torch.arange(n, dtype=torch.float64).unsqueeze(1)
@@ -112,7 +112,7 @@ def dct_matrix(dtype: torch.dtype = torch.float32, device: torch.device | str | 
     return _dct_matrix_f64().to(dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _basis_f64(cf: int, mask: str) -> torch.Tensor:
     t = _dct_matrix_f64()
     outer = torch.einsum("ui,vj->uvij", t, t).reshape(BLOCK, BLOCK, BLOCK * BLOCK)

@@ -45,7 +45,7 @@ def parse_mask3(mask: object) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kept_frequencies(cf: int, mask: str = "cube") -> tuple[tuple[int, int, int], ...]:
     """The (u, v, w) frequencies kept by a volume mask, in row-major order: plane k of the layout is entry k."""
     cf, mask = parse_cf(cf), parse_mask3(mask)
@@ -69,7 +69,7 @@ def grid_shape(depth: int, height: int, width: int) -> tuple[int, int, int]:
     return math.ceil(depth / BLOCK), math.ceil(height / BLOCK), math.ceil(width / BLOCK)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _basis_f64(cf: int, mask: str) -> torch.Tensor:
     t = _dct_matrix_f64()
     outer = torch.einsum("ui,vj,wk->uvwijk", t, t, t).reshape(BLOCK, BLOCK, BLOCK, BLOCK3)

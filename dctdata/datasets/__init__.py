@@ -17,7 +17,7 @@ Factories also accept strings of ints (`size="492x656"`), so a command line can 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from dctdata.datasets.base import SyntheticDataset, fractal_noise
 from dctdata.datasets.cifar import CifarLike, cifar_image, cifar_like

@@ -28,7 +28,7 @@ library stores one for a DCT decode.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -57,14 +57,14 @@ def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str =
     return img.reshape(*lead, *size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tables(cf: int, mask: str) -> fused.Tables:
     """The fused kernels' tables of plain coefficients: one channel, step 1, offset 0."""
     k = num_kept(cf, mask)
     return fused.Tables(torch.ones(1, k), torch.zeros(1, k), None, None, None, None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_tables(cf: int, mask: str, device: torch.device) -> fused_cuda.DeviceTables:
     """`_tables` on `device`, copied there once."""
     return fused_cuda.device_tables(_tables(cf, mask), device, cf, mask)

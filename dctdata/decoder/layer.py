@@ -37,7 +37,8 @@ tens of MB).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -152,7 +153,7 @@ class Decompress(nn.Module):
         self.register_buffer("dc_gain", dc.to(compute), persistent=False)
 
     @classmethod
-    def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> "Decompress":
+    def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> Decompress:
         """The layer for a packed dataset's dct field (the only one when `field` is None)."""
         f = manifest.field(field, kind=FieldKind.DCT) if field is None else manifest.field(field)
         if f.kind is not FieldKind.DCT:
@@ -173,7 +174,7 @@ class Decompress(nn.Module):
             return True
         return isinstance(coeffs, StoredBatch) and self._layer_for(coeffs) is not self
 
-    def _layer_for(self, part: StoredBatch) -> "Decompress":
+    def _layer_for(self, part: StoredBatch) -> Decompress:
         """The layer that decodes a stored batch of one pack: this one when the bytes carry its codec (or none:
         a batch made by hand), else their pack's layer with this layer's settings, built once per codec (kept
         outside the module's children: not in its state_dict, moved to the batch's device when used)."""
@@ -217,7 +218,7 @@ class Decompress(nn.Module):
         return result
 
     @staticmethod
-    def _decode_part(layer: "Decompress", part: StoredBatch, out, deferred) -> torch.Tensor:
+    def _decode_part(layer: Decompress, part: StoredBatch, out, deferred) -> torch.Tensor:
         """One pack's stored batch through its layer: at once, or with its checks queued on `deferred` (the
         lossless stage's too, so that nothing is read back from the device before they run)."""
         if deferred is None:

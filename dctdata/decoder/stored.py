@@ -17,7 +17,8 @@ passes in the worker before it may leave, and the decode that finishes it where 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -26,7 +26,8 @@ import dataclasses
 import hashlib
 import json
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -129,7 +130,7 @@ class PackCodec:
         return f"pack {self.source!r} ({self.pack[:19]})"
 
 
-def describe_pack(form: "StreamForm") -> str:
+def describe_pack(form: StreamForm) -> str:
     """A stream form's pack as messages name it."""
     if form.codec is not None:
         return form.codec.describe()
@@ -179,12 +180,12 @@ class StoredSample:
     stream holding it (`key` names that stream: samples of one zarr chunk share it), its row in the
     decoded stream, the stream's form, the sample's index and its side values (or None)."""
 
-    __slots__ = ("stream", "key", "row", "form", "index", "side")
+    __slots__ = ("form", "index", "key", "row", "side", "stream")
 
     def __init__(self, stream, key: Any, row: int, form: StreamForm, index: int, side=None) -> None:
         self.stream, self.key, self.row, self.form, self.index, self.side = stream, key, row, form, index, side
 
-    def with_side(self, side) -> "StoredSample":
+    def with_side(self, side) -> StoredSample:
         """This sample with its side values (None: they are in its stream, or it has none)."""
         if side is None:
             return self
@@ -217,11 +218,11 @@ class StoredBatch:
     indices: tuple[int, ...]
 
     @classmethod
-    def empty(cls, form: StreamForm) -> "StoredBatch":
+    def empty(cls, form: StreamForm) -> StoredBatch:
         """A batch of no samples."""
         return cls(torch.zeros(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), None, None, form, ())
 
-    def with_side(self, side: torch.Tensor | None) -> "StoredBatch":
+    def with_side(self, side: torch.Tensor | None) -> StoredBatch:
         """This batch with its side values (`dctdata.format.fields.with_side`)."""
         return self if side is None else dataclasses.replace(self, side=side)
 
@@ -241,7 +242,7 @@ class StoredBatch:
         """Bytes of its tensors: the stored streams plus the offsets, rows and side values."""
         return sum(t.nbytes for t in (self.data, self.offsets, self.rows, self.side) if t is not None)
 
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "StoredBatch":
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> StoredBatch:
         """The same batch with `fn` applied to each of its tensors, except that the offsets table stays on the
         host (pinned by `pin_memory`, never moved to an accelerator): the decoders check it and plan their
         launches there, and copy it to their device themselves, so decoding a batch needs no read back from
@@ -251,13 +252,13 @@ class StoredBatch:
         offsets = fn(self.offsets) if data.device.type == "cpu" else self.offsets  # never copied off the host
         return StoredBatch(data, offsets, opt(self.rows), opt(self.side), self.form, self.indices)
 
-    def pin_memory(self, device=None) -> "StoredBatch":
+    def pin_memory(self, device=None) -> StoredBatch:
         return self.apply(lambda t: t if t.is_pinned() else t.pin_memory())
 
     def is_pinned(self) -> bool:
         return self.data.is_pinned()
 
-    def to(self, device, non_blocking: bool = False) -> "StoredBatch":
+    def to(self, device, non_blocking: bool = False) -> StoredBatch:
         return self.apply(lambda t: t.to(device, non_blocking=non_blocking))
 
     def __repr__(self) -> str:
@@ -309,17 +310,17 @@ class MixedStoredBatch:
         """The packs of its parts, as messages name them."""
         return ", ".join(describe_pack(p.form) for p in self.parts)
 
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "MixedStoredBatch":
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> MixedStoredBatch:
         """`StoredBatch.apply` on each part (the positions stay on the host)."""
         return MixedStoredBatch(tuple(p.apply(fn) for p in self.parts), self.positions)
 
-    def pin_memory(self, device=None) -> "MixedStoredBatch":
+    def pin_memory(self, device=None) -> MixedStoredBatch:
         return MixedStoredBatch(tuple(p.pin_memory() for p in self.parts), self.positions)
 
     def is_pinned(self) -> bool:
         return all(p.is_pinned() for p in self.parts)
 
-    def to(self, device, non_blocking: bool = False) -> "MixedStoredBatch":
+    def to(self, device, non_blocking: bool = False) -> MixedStoredBatch:
         return MixedStoredBatch(tuple(p.to(device, non_blocking) for p in self.parts), self.positions)
 
     def __repr__(self) -> str:

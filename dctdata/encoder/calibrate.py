@@ -36,7 +36,8 @@ import logging
 import math
 import statistics
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -247,7 +248,7 @@ class _Coded:
         r = self.rotation.double()
         return r if self.weights is None else r * self.weights.double()[None, :]
 
-    def reweighted(self, weights: torch.Tensor) -> "_Coded":
+    def reweighted(self, weights: torch.Tensor) -> _Coded:
         return _Coded(None, None, self.rotation, weights, self.base)
 
     def to_output(self, e: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ decoder; `decode_reference` is the plain one it is tested against.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -48,9 +48,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -61,11 +61,11 @@ from dctdata.errors import DctDataError, IntegrityError
 
 __all__ = [
     "STATUS",
+    "compile_kernel",
     "decode_batch",
     "describe",
     "kernel_shape",
     "kernel_source",
-    "compile_kernel",
     "launch_info",
     "make_plan",
     "plan_launch",

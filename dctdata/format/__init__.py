@@ -10,7 +10,8 @@ by job; MosaicML Streaming's `format/<kind>/` packages for the storages).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.format import storages
 from dctdata.format.base import PartWriter, Writer

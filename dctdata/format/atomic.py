@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _ATTEMPTS = 100

@@ -24,7 +24,8 @@ files are the same as a pack of the same samples with the count known.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch

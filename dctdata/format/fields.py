@@ -21,7 +21,8 @@ import dataclasses
 import math
 import re
 import zlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -181,7 +182,7 @@ class FieldSpec:
             return t.numpy().view(np.uint16)
         return t.numpy()
 
-    def check_valid_field(self, mask: "FieldSpec") -> None:
+    def check_valid_field(self, mask: FieldSpec) -> None:
         """`mask` can be this dct field's validity mask: exact, bool/integer, broadcastable to (C, H, W)."""
         where = f"field {self.name!r}: valid field {mask.name!r}"
         if mask.kind is not FieldKind.ARRAY or mask.dtype.startswith("float"):
@@ -216,7 +217,7 @@ class FieldSpec:
         return out
 
     @classmethod
-    def from_dict(cls, d: object, where: str = "field", version: int = 2) -> "FieldSpec":
+    def from_dict(cls, d: object, where: str = "field", version: int = 2) -> FieldSpec:
         """From a manifest's JSON; `version` is the manifest's (keys `valid`/`attrs` exist from version 2, codec
         `weights` from version 5)."""
         optional = {"valid", "attrs"} if version >= 2 else set()

@@ -24,7 +24,7 @@ import os
 import re
 import selectors
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class RemoteError(OSError):
@@ -153,7 +153,7 @@ class HTTPStream:
     async def _close(self) -> None:
         self._response.close()  # on the loop's thread; an unread rest of the body is not downloaded
 
-    def __enter__(self) -> "HTTPStream":
+    def __enter__(self) -> HTTPStream:
         return self
 
     def __exit__(self, *exc) -> None:

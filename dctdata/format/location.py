@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.format.http import RemoteError
 

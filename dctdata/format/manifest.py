@@ -25,7 +25,8 @@ import json
 import math
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -154,7 +155,7 @@ class ChannelStats:
         return {k: _float_out(getattr(self, k)) for k in self._KEYS}
 
     @classmethod
-    def from_dict(cls, d: object, where: str) -> "ChannelStats":
+    def from_dict(cls, d: object, where: str) -> ChannelStats:
         d = parse_object(d, where, cls._KEYS, error=FormatError)
         return cls(*(_float_in(f"{where}: {k}", d[k]) for k in cls._KEYS))
 
@@ -206,7 +207,7 @@ class FieldStats:
     @classmethod
     def from_dict(
         cls, d: object, where: str, version: int = FORMAT_VERSION, n_channels: int | None = None
-    ) -> "FieldStats":
+    ) -> FieldStats:
         """`n_channels`: the field's channel count when it is a dct field (version 2 fills a one-channel
         field's `channels` when the JSON leaves it out)."""
         optional = {"psnr_dataset", "channels", "valid_fraction"} if version >= 2 else ()
@@ -371,7 +372,7 @@ class Manifest:
         return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False) + "\n"
 
     @classmethod
-    def from_dict(cls, d: object, where: str = "manifest") -> "Manifest":
+    def from_dict(cls, d: object, where: str = "manifest") -> Manifest:
         if not isinstance(d, Mapping):
             raise FormatError(f"{where}: expected a JSON object. Got {type(d).__name__!r}")
         # Format and version first, so a newer file is refused with the right message.

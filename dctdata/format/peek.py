@@ -4,7 +4,8 @@ evenly spaced ones where the storage reads at random (zarr), else the first ones
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import weakref
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dctdata.errors import IntegrityError
 from dctdata.format.location import fsspec_options, is_url, open_regular, remote_error

@@ -20,7 +20,8 @@ sees (tensors in the wire dtype; a dct field with side information as its (coeff
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class Stage:
         return dict(self._config)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "Stage":
+    def from_config(cls, config: Mapping[str, Any]) -> Stage:
         """The stage of a config naming this class's id; DctDataError if it cannot be built."""
         raise NotImplementedError
 
@@ -106,7 +107,7 @@ class Stage:
         return None
 
     @classmethod
-    def fit(cls, q: np.ndarray, cf: int, mask: str) -> "Stage":
+    def fit(cls, q: np.ndarray, cf: int, mask: str) -> Stage:
         """This stage configured for coefficients `q` (B, C, Hb, K, Wb): a stage with a model fits it; a bytes
         codec returns its default."""
         raise NotImplementedError
@@ -234,7 +235,7 @@ class Stage:
 
     def decode_batch_deferred(
         self, buffer, offsets, sample_shape: Sequence[int], dtype, where: str | Callable[[int], str] = "batch"
-    ) -> tuple[torch.Tensor, "Verdict"]:
+    ) -> tuple[torch.Tensor, Verdict]:
         """`decode_batch` without waiting for a device decoder's verdict: (the output, its `Verdict`). The
         output is only valid once `verdict.check()` has returned. Why: reading the per-sample status back from
         an accelerator waits for the decode, so a caller that queues several batches (`DecodeAhead`) checks
@@ -297,7 +298,7 @@ class Verdict:
     accelerator that waits for the decode). `status`: int32 per sample, 0 when accepted, or None (nothing to
     check: a host decoder raised at once); `refusal(status_on_host, bad_samples)` builds the error."""
 
-    __slots__ = ("status", "refusal")
+    __slots__ = ("refusal", "status")
 
     def __init__(self, status=None, refusal: Callable | None = None) -> None:
         self.status, self.refusal = status, refusal
@@ -322,7 +323,7 @@ class BytesStage(Stage):
         self.codec = codec  # the numcodecs codec that encodes (and, by default, decodes)
 
     @classmethod
-    def fit(cls, q: np.ndarray, cf: int, mask: str) -> "Stage":
+    def fit(cls, q: np.ndarray, cf: int, mask: str) -> Stage:
         return cls.from_config(cls.default_config())
 
     @classmethod
@@ -388,7 +389,7 @@ class RawStage(BytesStage):
     decode_bytes_per_us = 16_000  # crc32c and a copy
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "RawStage":
+    def from_config(cls, config: Mapping[str, Any]) -> RawStage:
         return cls({})
 
     @classmethod

@@ -4,7 +4,8 @@ Not selectable by `--lossless`; a pack names it through the Python API (`codec={
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.errors import DctDataError
 from dctdata.stages.base import BytesStage
@@ -25,7 +26,7 @@ class BloscStage(BytesStage):
     decode_bytes_per_us = 1_000
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "BloscStage":
+    def from_config(cls, config: Mapping[str, Any]) -> BloscStage:
         from numcodecs.blosc import list_compressors
 
         c = {"cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0, "typesize": 1, **config}

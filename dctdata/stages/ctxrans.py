@@ -12,7 +12,8 @@ host and copied.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +35,13 @@ class CtxransStage(Stage):
         self.codec = codec  # dctdata.entropy.CtxCodec
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "CtxransStage":
+    def from_config(cls, config: Mapping[str, Any]) -> CtxransStage:
         from dctdata.entropy import CtxCodec
 
         return cls(config, CtxCodec.from_config(config))
 
     @classmethod
-    def fit(cls, q: np.ndarray, cf: int, mask: str) -> "CtxransStage":
+    def fit(cls, q: np.ndarray, cf: int, mask: str) -> CtxransStage:
         """The coder with its model fitted on `q` (B, C, Hb, K, Wb) int8/int16."""
         from dctdata.entropy import CtxCodec
 
@@ -72,7 +73,7 @@ class CtxransStage(Stage):
         """One kernel call for the run (it releases the GIL once)."""
         return self.codec.decode_many(list(bufs), out[:, None] if out.ndim == 5 else out)
 
-    def device_decoder(self, device) -> "CtxransDeviceDecoder | None":
+    def device_decoder(self, device) -> CtxransDeviceDecoder | None:
         """`CtxransDeviceDecoder` on CUDA and on the CPU; None elsewhere."""
         return CtxransDeviceDecoder(self.codec) if _device_type(device) in DEVICE_TYPES else None
 

@@ -9,7 +9,8 @@ refuses a stream that decodes to any other size.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.errors import DctDataError
 from dctdata.stages.base import BytesStage
@@ -27,7 +28,7 @@ class LZ4Stage(BytesStage):
     option_help = "lz4 (numcodecs' LZ4: the fastest decode, the most bytes)"
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "LZ4Stage":
+    def from_config(cls, config: Mapping[str, Any]) -> LZ4Stage:
         acceleration = config.get("acceleration", 1)
         if isinstance(acceleration, bool) or not isinstance(acceleration, int) or acceleration < 1:
             raise DctDataError(f"expected an lz4 acceleration of 1 or more. Got {dict(config)!r}")

@@ -34,7 +34,8 @@ import importlib
 import logging
 import math
 from collections import OrderedDict
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -425,7 +426,7 @@ class _TorchBlock:
     """A device allocation for nvCOMP from torch's caching allocator, on the stream nvCOMP asked for (freed
     blocks are reused in that stream's order)."""
 
-    __slots__ = ("tensor", "ptr")
+    __slots__ = ("ptr", "tensor")
 
     def __init__(self, nbytes: int, stream) -> None:
         device = torch.device("cuda", stream.device)

@@ -6,7 +6,8 @@ registered stages are ever built. A stage is built once per process per config.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.errors import DctDataError
 from dctdata.stages.auto import AUTO, AUTO_HELP

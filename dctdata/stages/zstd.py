@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class ZstdStage(BytesStage):
     )
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "ZstdStage":
+    def from_config(cls, config: Mapping[str, Any]) -> ZstdStage:
         level, checksum = config.get("level", 0), config.get("checksum", False)
         if set(config) - {"id", "level", "checksum"} or not _is_int(level) or not isinstance(checksum, bool):
             raise DctDataError(f"expected a zstd config {{'id', 'level': int, 'checksum': bool}}. Got {dict(config)!r}")
@@ -130,7 +131,7 @@ class ZstdStage(BytesStage):
             said = described(where)
             raise IntegrityError(f"{said}: expected one zstd frame (the writer makes one). Got {len(frames)}")
 
-    def device_decoder(self, device) -> "NvcompZstdDecoder | None":
+    def device_decoder(self, device) -> NvcompZstdDecoder | None:
         """`NvcompZstdDecoder` on CUDA (MissingExtraError naming the `gpu` extra without nvCOMP); None elsewhere."""
         import torch
 

@@ -19,7 +19,8 @@ size; blocks: 3-byte little-endian header = last flag, type, size; optional 4-by
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class FrameTable(NamedTuple):
     samples: np.ndarray
 
     @classmethod
-    def one_per_sample(cls, offsets, sample_bytes: int) -> "FrameTable":
+    def one_per_sample(cls, offsets, sample_bytes: int) -> FrameTable:
         """The table of streams that are one frame each (what the zstd stage writes today), from the buffer's
         (N+1) offsets; it trusts the offsets (check streams with `frame_table` before they reach a decoder)."""
         off = _offsets(offsets)

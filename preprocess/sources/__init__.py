@@ -40,7 +40,7 @@ images (image folders, PIL items) are `dct` even though they are 8/16-bit intege
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from dctdata.errors import DctDataError
 from dctdata.format.location import is_url
@@ -72,7 +72,7 @@ def describe(source: object) -> str:
     return f"<{type(source).__name__}{shape}>"
 
 
-def open_source(
+def open_source(  # noqa: C901 (over the limit: to split)
     source: object,
     *,
     key: str | list[str] | None = None,
@@ -165,12 +165,12 @@ __all__ = [
     "XarraySource",
     "describe",
     "field_name",
+    "hdf5_source",
     "is_path",
     "is_sample_iterable",
-    "sample_dict",
-    "hdf5_source",
     "load_npy",
     "npy_source",
     "open_source",
     "read_image",
+    "sample_dict",
 ]

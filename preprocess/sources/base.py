@@ -5,7 +5,8 @@ Sources never load a whole dataset; `batches()` stacks consecutive samples, `tak
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -11,7 +11,8 @@ import importlib
 import os
 import re
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class DatasetSource(Source):
         self.info = {"classes": [str(c) for c in classes]} if isinstance(classes, (list, tuple)) else {}
 
     @classmethod
-    def from_target(cls, target: str) -> "DatasetSource":
+    def from_target(cls, target: str) -> DatasetSource:
         """Call `module:callable` (no arguments) and wrap the dataset it returns."""
         module_name, _, attr = target.partition(":")
         try:

@@ -9,7 +9,8 @@ caller's); a stream that ends early or runs long is then an error naming the sam
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

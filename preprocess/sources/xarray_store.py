@@ -34,7 +34,8 @@ import logging
 import math
 import os
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

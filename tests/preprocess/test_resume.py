@@ -103,8 +103,8 @@ def test_kill9_then_resume_cli_webdataset(tmp_path):
 def test_kill9_then_resume_zarr(tmp_path):
     def cmd(out, resume):
         code = (
-            "import dctdata; dctdata.pack('slow_src:make', %r, quiet=True, resume=%r, writer_options={'shard_samples': "
-            "8})" % (str(out), resume)
+            f"import dctdata; dctdata.pack('slow_src:make', {str(out)!r}, quiet=True, resume={resume!r}, "
+            "writer_options={'shard_samples': 8})"
         )
         return [sys.executable, "-c", code]
 

@@ -23,8 +23,9 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ from dctdata.errors import DctDataError
 from dctdata.format import FORMAT_VERSION
 from dctdata.stages import ids
 
-CASES: list["Case"] = []
+CASES: list[Case] = []
 
 
 @dataclasses.dataclass

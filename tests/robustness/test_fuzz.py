@@ -277,7 +277,7 @@ def _reseal_zarr_shard(b: bytearray, chunks_per_shard: int) -> None:
     n = 16 * chunks_per_shard
     entries = np.frombuffer(bytes(b[-n - 4 : -4]), "<u8").reshape(-1, 2)
     for off, nbytes in entries.tolist():
-        if 4 <= nbytes and off + nbytes <= len(b) - n - 4:
+        if nbytes >= 4 and off + nbytes <= len(b) - n - 4:
             b[off + nbytes - 4 : off + nbytes] = google_crc32c.value(bytes(b[off : off + nbytes - 4])).to_bytes(
                 4, "little"
             )

@@ -125,7 +125,7 @@ class Server:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         return self

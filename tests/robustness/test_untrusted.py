@@ -53,7 +53,7 @@ def scan(path: pathlib.Path) -> list[str]:
             out.append(f"{path}:{node.lineno}: from {node.module} import")
     for node, name, owner, bare in _calls(tree):
         kw = {k.arg: k.value for k in node.keywords}
-        if name in ("load", "read_array") and owner in ("np", "numpy", "format") or name == "read_array":
+        if (name in ("load", "read_array") and owner in ("np", "numpy", "format")) or name == "read_array":
             v = kw.get("allow_pickle")
             if not (isinstance(v, ast.Constant) and v.value is False):
                 out.append(f"{path}:{node.lineno}: {owner}.{name} without allow_pickle=False")

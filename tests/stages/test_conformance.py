@@ -439,7 +439,7 @@ def read_samples(out, **kw) -> list[dict[str, torch.Tensor]]:
 
 
 def test_every_storage_is_in_the_suite():
-    assert STORAGES == list(storages.names()) and {"zarr", "webdataset"} <= set(STORAGES)
+    assert list(storages.names()) == STORAGES and {"zarr", "webdataset"} <= set(STORAGES)
 
 
 @pytest.mark.parametrize("storage", STORAGES)

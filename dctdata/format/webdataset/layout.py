@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dctdata.errors import FormatError
 from dctdata.format.fields import side_partner_names, user_fields

@@ -21,7 +21,8 @@ import math
 import os
 import re
 import tarfile
-from typing import Any, Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,7 +154,7 @@ class WebDatasetReader(StorageReader):
             Unit(self.files.location(e["name"]), e["start"], e["start"] + e["samples"], names, e) for e in self.shards
         ]
 
-    def open_unit(self, unit: Unit) -> "ShardReader":
+    def open_unit(self, unit: Unit) -> ShardReader:
         """The shard, read whole and verified; its samples hold every field of the pack (a shard's members
         are checked against all of them)."""
         if self.group is not None:

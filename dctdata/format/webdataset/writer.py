@@ -27,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 

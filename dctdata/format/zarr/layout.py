@@ -20,7 +20,8 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

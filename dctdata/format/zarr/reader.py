@@ -43,8 +43,9 @@ import math
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
 
 import google_crc32c
 import numpy as np

@@ -18,7 +18,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
