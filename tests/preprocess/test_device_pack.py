@@ -97,24 +97,30 @@ def test_a_webdataset_device_pack_is_the_cpu_packs(tmp_path, on_cpu):
     same_pack(tmp_path / "cpu.dct", tmp_path / "dev.dct")
 
 
-def test_an_interrupted_device_pack_resumes_to_the_cpu_packs_bytes(tmp_path, on_cpu, monkeypatch):
+def fail_writing_part(monkeypatch, part: int):
+    """The zarr writer fails ("disk full") when it writes part `part`; returns what puts the writer back."""
     from dctdata.format.zarr.writer import ZarrWriter
 
-    np.save(tmp_path / "x.npy", poisson_fields(40, 1, 16, 16))
-    kw = dict(cf=4, quant="int8", quiet=True, writer_options=SMALL)
-    dctdata.pack(tmp_path / "x.npy", tmp_path / "cpu.dct", **kw)
     real = ZarrWriter.write_part
 
     def failing(self, root, fields, n, index, *args):
-        if index == 3:
+        if index == part:
             raise OSError("disk full (test)")
         return real(self, root, fields, n, index, *args)
 
     monkeypatch.setattr(ZarrWriter, "write_part", failing)
+    return lambda: monkeypatch.setattr(ZarrWriter, "write_part", real)
+
+
+def test_an_interrupted_device_pack_resumes_to_the_cpu_packs_bytes(tmp_path, on_cpu, monkeypatch):
+    np.save(tmp_path / "x.npy", poisson_fields(40, 1, 16, 16))
+    kw = dict(cf=4, quant="int8", quiet=True, writer_options=SMALL)
+    dctdata.pack(tmp_path / "x.npy", tmp_path / "cpu.dct", **kw)
+    writes_again = fail_writing_part(monkeypatch, 3)
     with pytest.raises(OSError, match=r"disk full \(test\)"):
         dctdata.pack(tmp_path / "x.npy", tmp_path / "dev.dct", device="cuda", workers=2, **kw)
     assert (tmp_path / ".dev.dct.partial").is_dir()
-    monkeypatch.setattr(ZarrWriter, "write_part", real)
+    writes_again()
     dctdata.pack(tmp_path / "x.npy", tmp_path / "dev.dct", device="cuda", resume=True, **kw)
     same_pack(tmp_path / "cpu.dct", tmp_path / "dev.dct")
 
@@ -159,16 +165,7 @@ def test_a_data_error_stops_the_pipeline_with_the_cpu_packs_message(tmp_path, on
 
 
 def test_a_writer_error_stops_the_pipeline(tmp_path, on_cpu, monkeypatch):
-    from dctdata.format.zarr.writer import ZarrWriter
-
-    real = ZarrWriter.write_part
-
-    def failing(self, root, fields, n, index, *args):
-        if index == 2:
-            raise OSError("disk full (test)")
-        return real(self, root, fields, n, index, *args)
-
-    monkeypatch.setattr(ZarrWriter, "write_part", failing)
+    fail_writing_part(monkeypatch, 2)
     with pytest.raises(OSError, match=r"disk full \(test\)"):
         dctdata.pack(
             poisson_fields(64, 1, 16, 16), tmp_path / "d.dct", quiet=True, cf=4, writer_options=SMALL, device="cuda"
