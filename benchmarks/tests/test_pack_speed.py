@@ -48,6 +48,19 @@ def test_gpu_checks_read_the_gpu_row():
     assert pack_speed.checks(rows[1:], 1024) == {}
 
 
+def test_the_scaling_check_reads_one_core_against_every_core():
+    rows = [
+        {"set": "fields", "row": "default", "seconds": 5.0, "MB/s": 200.0},
+        {"set": "fields", "row": "one", "seconds": 9.5, "MB/s": 105.0},
+        {"set": "real", "row": "one", "seconds": 99.0, "MB/s": 1.0},
+    ]
+    c = pack_speed.checks(rows, 1024)
+    assert c["cores_vs_one"]["value"] == 1.9 and c["cores_vs_one"]["met"] and "gpu_GBps" not in c
+    rows[1]["seconds"] = 8.0
+    assert not pack_speed.checks(rows, 1024)["cores_vs_one"]["met"]
+    assert pack_speed.checks(rows[:1] + rows[2:], 1024) == {}  # no `one` row of the fields set
+
+
 def test_a_bad_size_is_one_error():
     with pytest.raises(DctDataError, match=r"--size-mb: expected a positive number of MB\. Got 0"):
         pack_speed.main(["--size-mb", "0"])
