@@ -149,7 +149,8 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     manifest with any other bytes is refused (its checksums then pin every stored file).
     A pack of trajectories (The Well's layout) opened with n_steps_input, n_steps_output, dt_stride
     (min_dt_stride, max_dt_stride), full_trajectory_mode, ...: its time windows as The Well's
-    WellDataset serves them (`dctdata.loaders.windows.WindowDataset`).
+    WellDataset serves them (`dctdata.loaders.windows.WindowDataset` over zarr, the iterable
+    `dctdata.loaders.wds_windows.WebWindowDataset` over webdataset; decode="device" too).
 
     Args:
         path_or_url: The pack's directory or URL, its manifest.json, or (webdataset) a list or brace expression of
@@ -186,8 +187,9 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
         dt_stride (int): a pack of trajectories: the step between frames (or min_dt_stride / max_dt_stride).
 
     Returns:
-        (DCTZarrDataset | DCTWebDataset | WindowDataset): A `DCTZarrDataset` (map-style) for a zarr pack, a
-            `DCTWebDataset` (iterable) for a webdataset pack, a `WindowDataset` with window options.
+        (DCTZarrDataset | DCTWebDataset | WindowDataset | WebWindowDataset): A `DCTZarrDataset` (map-style) for a
+            zarr pack, a `DCTWebDataset` (iterable) for a webdataset pack; with window options a `WindowDataset`
+            (zarr) or a `WebWindowDataset` (webdataset).
 
     Raises:
         DctDataError: The manifest is missing or invalid, its sha256 differs from `sha256`, or a keyword does not
@@ -207,7 +209,10 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
     if WINDOW_OPTIONS & kwargs.keys():  # time windows over a pack of trajectories
-        from dctdata.loaders.windows import open_windows
+        if storages.get(manifest.storage).reader.random_access:
+            from dctdata.loaders.windows import open_windows
+        else:
+            from dctdata.loaders.wds_windows import open_web_windows as open_windows
 
         return open_windows(path_or_url, manifest, shards, **kwargs)
     if storages.get(manifest.storage).reader.random_access:  # map-style over random access
