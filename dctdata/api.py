@@ -39,6 +39,7 @@ def pack(
     nan: str | float = "error",
     valid: Mapping[str, str] | Sequence[str] | None = None,
     sample_dim: str | None = None,
+    time_dim: str | None = None,
     variables: str | Sequence[str] | None = None,
     stack: str | None = None,
     allow_external: bool = False,
@@ -93,6 +94,8 @@ def pack(
             fill=VALUE: a constant, no mask.
         valid: the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields).
         sample_dim: NetCDF/zarr: the dimension that becomes samples (e.g. time).
+        time_dim: NetCDF/zarr: pack the variables as trajectories along DIM (every frame once; the dims before it name
+            the trajectories), so open_dataset's window options serve time windows over them.
         variables: NetCDF/zarr: data variables to pack (default: all).
         stack: NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each).
         allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets,
