@@ -308,3 +308,19 @@ def test_a_netcdf_style_series_packed_along_time_serves_windows(tmp_path):
     assert full[3]["input_time_grid"].tolist() == [3 * 6 * 3600.0]
     with pytest.raises(FormatError, match="normalization: expected statistics of field 't2m'"):
         dctdata.open_dataset(tmp_path / "era.zarr", n_steps_input=1, normalization="zscore")
+
+
+def test_device_decode_of_a_target_pack_is_the_cpu_decode(packed):
+    """decode="device" on the 40 dB pack (its calibrated codec): a batch's distinct frames cross once and
+    `ds.decompressor()` gives the decode="cpu" batch bit for bit, z-scored as the dataset says."""
+    _, pack, _ = packed
+    opts = dict(n_steps_input=3, n_steps_output=1, normalization="zscore")
+    cpu = dctdata.open_dataset(pack, **opts)
+    dev = dctdata.open_dataset(pack, decode="device", **opts)
+    want = next(iter(make_loader(cpu, batch_size=8, shuffle=False)))
+    batch = next(iter(make_loader(dev, batch_size=8, shuffle=False)))
+    assert batch["frames"]["ids"].tolist() == list(range(11))  # windows 0..7 of trajectory 0: frames 0..10
+    got = dev.decompressor()(batch)
+    assert list(got) == list(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
