@@ -69,7 +69,10 @@ def collate_frames(windows: Sequence[WindowFrames]) -> dict[str, Any]:
         raise DctDataError(
             f"window frames: expected windows of one length. Got lengths {sorted({len(r) for r in rows})}"
         )
-    stored = {name: collate_stored([d[name] for d in distinct]) for name in distinct[0]}
+    stored = {}
+    for name in distinct[0]:
+        values = [d[name] for d in distinct]  # a dct field's stored samples; a field stored as it is: tensors
+        stored[name] = collate_stored(values) if isinstance(values[0], StoredSample) else torch.stack(values)
     return {
         "stored": stored,
         "rows": torch.tensor(rows, dtype=torch.int64),
@@ -93,19 +96,21 @@ class WindowDecompress(nn.Module):
     """A batch of `decode="device"` windows decoded where the module is: each distinct frame of the batch
     decoded once by its fields' `Decompress` layers, normalized (the dataset's `normalization`), moved
     channels last and gathered into `input_fields` (B, n_in, *spatial, F) and `output_fields` (B, n_out,
-    *spatial, F); the batch's other keys pass through. `forward` also takes the collated `frames` dict alone
+    *spatial, F); the batch's other keys pass through. `layers` maps every time-varying field to its
+    `Decompress` layer, or to None for a field stored as it is (not dct: its values cross as they are).
+    `forward` also takes the collated `frames` dict alone
     and then returns the pair (input_fields, output_fields)."""
 
     def __init__(
         self,
-        layers: Mapping[str, nn.Module],
+        layers: Mapping[str, nn.Module | None],
         n_steps_input: int,
         n_spatial: int,
         norm: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.names = list(layers)
-        self.layers = nn.ModuleList(layers[n] for n in self.names)
+        self.layers = nn.ModuleDict({n: m for n, m in layers.items() if m is not None})
         self.n_steps_input, self.n_spatial = int(n_steps_input), int(n_spatial)
         self.register_buffer("shift", None if norm is None else norm[0].clone(), persistent=False)
         self.register_buffer("scale", None if norm is None else norm[1].clone(), persistent=False)
@@ -117,8 +122,8 @@ class WindowDecompress(nn.Module):
         if missing:
             raise DctDataError(f"window frames: expected the stored fields {self.names}. Got {sorted(stored)}")
         parts = []
-        for name, layer in zip(self.names, self.layers):
-            x = layer(stored[name]).float()
+        for name in self.names:
+            x = self.layers[name](stored[name]).float() if name in self.layers else stored[name].float()
             parts.append(x.unsqueeze(1) if x.ndim == 1 + self.n_spatial else x)
         x = torch.cat(parts, dim=1)  # (n, F, *spatial)
         if self.shift is not None:

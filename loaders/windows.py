@@ -1,6 +1,6 @@
 """`WindowDataset`: time windows over a pack of trajectories (`dctdata pack` of The Well's or PDEBench's
-HDF5 layouts; a NetCDF/zarr store packed with `--sample-dim time` is one trajectory: `series_info`),
-served as `the_well.data.WellDataset` serves them, from frames stored once.
+HDF5 layouts, or of a NetCDF/zarr store with `--time-dim`; a store packed with `--sample-dim time` is one
+trajectory: `series_info`), served as `the_well.data.WellDataset` serves them, from frames stored once.
 
     ds = dctdata.open_dataset("sw.zarr", n_steps_input=4, n_steps_output=1)
     item = ds[i]   # {"input_fields": (4, x, y, F), "output_fields": (1, x, y, F), "constant_fields": ...}
@@ -321,7 +321,10 @@ class _Windows:
         from dctdata.loaders.window_decode import WindowDecompress
 
         n_spatial = len(self.info["spatial_dims"])
-        layers = {f["stored"]: self.field_decompressor(f["stored"]) for f in self._fields}
+        layers = {
+            f["stored"]: self.field_decompressor(f["stored"]) if self.manifest.field(f["stored"]).is_dct else None
+            for f in self._fields
+        }
         return WindowDecompress(layers, self.n_steps_input, n_spatial, self._norm)
 
     def _constant(self, k: int) -> dict[str, torch.Tensor]:

@@ -176,7 +176,7 @@ def test_device_frames_decoded_once_per_batch(packs):
     assert batch["ids"].tolist() == list(range(8)) and batch["rows"][1].tolist() == [1, 2, 3, 4, 5]
     calls = []
     decode = ds.decompressor()
-    for layer in decode.layers:
+    for layer in decode.layers.values():
         layer.register_forward_hook(lambda m, args, out: calls.append(len(out)))
     inputs, outputs = decode(batch)
     assert calls == [8] * len(decode.layers)  # each distinct frame decoded once, in one call per field

@@ -10,6 +10,7 @@ import torch
 
 import dctdata
 from dctdata.cli import main
+from dctdata.decoder.wire import collate
 from dctdata.errors import DctDataError
 from dctdata.loaders.windows import windows_per_trajectory
 
@@ -111,3 +112,23 @@ def test_time_dim_errors(nc, tmp_path):
         dctdata.pack(lines, tmp_path / "d", time_dim="time", quiet=True)
     with pytest.raises(DctDataError, match="--time-dim: expected a name"):
         dctdata.pack(nc, tmp_path / "e", time_dim="", quiet=True)
+
+
+def test_time_dim_integer_variable_windows_on_the_device(tmp_path):
+    """A variable stored as it is (`--field level=array`, not dct): its frames cross as they are with decode="device",
+    beside the dct variable's stored bytes, and the decoded batch is the decode="cpu" batch."""
+    src = ensemble().drop_vars("mean_t")
+    src["level"] = (("member", "time", "lat", "lon"), (src["t2m"].values * 10).astype(np.int16))
+    dctdata.pack(
+        src, tmp_path / "z", time_dim="time", variables="t2m,level", cf=4, fields={"level": "array"}, quiet=True
+    )
+    cpu = dctdata.open_dataset(tmp_path / "z", n_steps_input=2, n_steps_output=1)
+    dev = dctdata.open_dataset(tmp_path / "z", n_steps_input=2, n_steps_output=1, decode="device")
+    assert cpu.field_names == ["t2m", "level"]
+    want = cpu.__getitems__([0, 1, 2])
+    batch = collate(dev.__getitems__([0, 1, 2]))
+    assert isinstance(batch["frames"]["stored"]["level"], torch.Tensor)  # stored as it is
+    got = dev.decompressor()(batch)
+    for key in ("input_fields", "output_fields"):
+        assert torch.equal(got[key], torch.stack([w[key] for w in want])), key
+    np.testing.assert_array_equal(got["input_fields"][1, 0, ..., 1].numpy(), src["level"].values[0, 1])
