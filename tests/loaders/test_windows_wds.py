@@ -12,6 +12,7 @@ import torch
 import dctdata
 from dctdata.datasets.well import write_well_file
 from dctdata.errors import DctDataError
+from dctdata.format import read_manifest
 from dctdata.loaders.distributed import make_loader, set_epoch
 from dctdata.loaders.wds_windows import WebWindowDataset
 from dctdata.loaders.window_decode import WindowDecompress, collate_frames
@@ -185,3 +186,24 @@ def test_device_frames_decoded_once_per_batch(packs):
     assert torch.equal(inputs[2], plain[2]["input_fields"])
     with pytest.raises(DctDataError, match="expected a batch of decode='device' windows"):
         decode({"input_fields": inputs})
+
+
+@pytest.mark.slow
+def test_target_pack_windows_with_side_values(packs, tmp_path):
+    """A 40 dB pack (its dct fields carry per-frame side values, a partner field each): the webdataset windows,
+    decoded in the workers or on the device, are the zarr pack's windows bit for bit."""
+    raw = str(packs / "train")
+    dctdata.pack(raw, tmp_path / "z", target_psnr=40, quiet=True)
+    dctdata.pack(raw, tmp_path / "w", target_psnr=40, format="webdataset", quiet=True,
+                 writer_options={"samples_per_shard": 16})  # fmt: skip
+    assert any(f.name == "height__side" for f in read_manifest(tmp_path / "w").fields)
+    opts = dict(n_steps_input=3, n_steps_output=2)
+    zarr = list(make_loader(dctdata.open_dataset(tmp_path / "z", **opts), batch_size=8, shuffle=False))
+    cpu = dctdata.open_dataset(tmp_path / "w", shuffle=False, **opts)
+    dev = dctdata.open_dataset(tmp_path / "w", shuffle=False, decode="device", **opts)
+    decode = dev.decompressor()
+    for got in (list(make_loader(cpu, batch_size=8)), [decode(b) for b in make_loader(dev, batch_size=8)]):
+        assert len(got) == len(zarr)
+        for a, b in zip(zarr, got):
+            for key in a:
+                assert torch.equal(a[key], b[key]), key
