@@ -143,8 +143,7 @@ class _WindowStream(_Stream):
     def __init__(self, ds: WebWindowDataset, split: wds_plan.Split, order: np.ndarray, entry: np.ndarray) -> None:
         super().__init__(ds, split, order, entry)
         self.wds = ds
-        self.frames = _window_frames(ds, entry)  # (entries, T) frame numbers, entry order
-        self.loc = [ds.locate(int(j)) for j in entry]
+        self.loc, self.frames = _window_places(ds, entry)  # (entries, 3) locate() rows, (entries, T) frames
         self._cache: dict[int, Any] = {}  # frame -> decoded (*spatial, F) array, or {field: StoredSample}
         self._scalar: dict[int, np.ndarray] = {}
         self._refs: dict[int, int] = {}
@@ -229,9 +228,9 @@ class _WindowStream(_Stream):
         scalars = np.stack([self._scalar[f] for f in frames]) if ds._scalars else None
         rows = np.arange(len(frames))
         if ds.decode == "device":
-            item = ds._item([self._cache[f] for f in frames], scalars, self.loc[k], rows, frames)
+            item = ds._item([self._cache[f] for f in frames], scalars, tuple(self.loc[k].tolist()), rows, frames)
         else:
-            item = ds._item(np.stack([self._cache[f] for f in frames]), scalars, self.loc[k], rows)
+            item = ds._item(np.stack([self._cache[f] for f in frames]), scalars, tuple(self.loc[k].tolist()), rows)
         for f in frames:
             n = self._refs[f] - 1
             if n:
@@ -254,12 +253,18 @@ class _WindowStream(_Stream):
         self._need_last = None
 
 
-def _window_frames(ds: WebWindowDataset, windows: np.ndarray) -> np.ndarray:
-    """(len(windows), T) frame numbers of windows `windows` (vectorized unless strides are drawn)."""
+def _window_places(ds: WebWindowDataset, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`locate()` of windows `windows` as (n, 3) rows (trajectory, start, stride) and their (n, T) frame numbers,
+    vectorized unless strides are drawn (a draw per window)."""
     t = ds.n_steps_input + ds.output_steps
-    if not len(windows):
-        return np.zeros((0, t), np.int64)
     if ds.max_dt_stride > ds.min_dt_stride:
-        return np.stack([ds.frame_indices(int(j)) for j in windows]).astype(np.int64)
-    first = ds.first_frames()[windows]
-    return first[:, None] + ds.min_dt_stride * np.arange(t, dtype=np.int64)[None, :]
+        loc = np.array([ds.locate(int(j)) for j in windows], dtype=np.int64).reshape(-1, 3)
+    else:
+        j = np.asarray(windows, dtype=np.int64)
+        k = np.searchsorted(ds.first, j, side="right") - 1
+        start = j - ds.first[k]
+        if ds.full_trajectory_mode and ds.start_output_steps_at_t >= 0:
+            start = np.full_like(start, ds.start_output_steps_at_t - ds.n_steps_input * ds.min_dt_stride)
+        loc = np.stack([k, start, np.full_like(k, ds.min_dt_stride)], axis=1)
+    frames = ds.offsets[loc[:, 0]][:, None] + loc[:, 1:2] + loc[:, 2:3] * np.arange(t, dtype=np.int64)[None, :]
+    return loc, frames
