@@ -57,7 +57,7 @@ def collate_frames(windows: Sequence[WindowFrames]) -> dict[str, Any]:
     for w in windows:
         row = []
         for f, sample in zip(w.ids, w.samples):
-            pack = next(iter(sample.values())).form.pack if sample else None
+            pack = next((v.form.pack for v in sample.values() if isinstance(v, StoredSample)), None)
             p = position.get((pack, f))
             if p is None:
                 p = position[(pack, f)] = len(distinct)

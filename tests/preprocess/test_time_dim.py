@@ -120,15 +120,15 @@ def test_time_dim_integer_variable_windows_on_the_device(tmp_path):
     src = ensemble().drop_vars("mean_t")
     src["level"] = (("member", "time", "lat", "lon"), (src["t2m"].values * 10).astype(np.int16))
     dctdata.pack(
-        src, tmp_path / "z", time_dim="time", variables="t2m,level", cf=4, fields={"level": "array"}, quiet=True
+        src, tmp_path / "z", time_dim="time", variables="level,t2m", cf=4, fields={"level": "array"}, quiet=True
     )
     cpu = dctdata.open_dataset(tmp_path / "z", n_steps_input=2, n_steps_output=1)
     dev = dctdata.open_dataset(tmp_path / "z", n_steps_input=2, n_steps_output=1, decode="device")
-    assert cpu.field_names == ["t2m", "level"]
+    assert cpu.field_names == ["level", "t2m"]  # the field stored as it is first: the frames keyed by pack still
     want = cpu.__getitems__([0, 1, 2])
     batch = collate(dev.__getitems__([0, 1, 2]))
     assert isinstance(batch["frames"]["stored"]["level"], torch.Tensor)  # stored as it is
     got = dev.decompressor()(batch)
     for key in ("input_fields", "output_fields"):
         assert torch.equal(got[key], torch.stack([w[key] for w in want])), key
-    np.testing.assert_array_equal(got["input_fields"][1, 0, ..., 1].numpy(), src["level"].values[0, 1])
+    np.testing.assert_array_equal(got["input_fields"][1, 0, ..., 0].numpy(), src["level"].values[0, 1])
