@@ -1,6 +1,7 @@
 """Trajectories: bytes on disk of a Well-format set against its HDF5 files (as written, with gzip, with
 zstd where hdf5plugin is installed), and time windows/s of `dctdata.open_dataset(..., n_steps_input=...)`
-against The Well's own `WellDataset` on the raw HDF5: the same windows, DataLoader workers 0 and 2.
+against The Well's own `WellDataset` on the raw HDF5: the same windows, DataLoader workers 0 and 2, from a
+zarr pack and from a webdataset pack (one trajectory a shard, so no window crosses shards).
 
     python -m benchmarks trajectories [--files 2] [--traj 4] [--steps 40] [--size 64] [--target-psnr 40]
         [--n-in 4] [--n-out 1] [--batch 16] [--workers 0 2] [--epochs 2] [--json OUT]
@@ -136,12 +137,21 @@ def main(argv: list[str] | None = None) -> dict:
         m = dctdata.pack(raw, pack, target_psnr=a.target_psnr, quiet=True)
         result["pack_seconds"] = time.perf_counter() - t0
         sizes[f"dctdata zarr at {a.target_psnr:g} dB"] = _size(pack)
+        wds = os.path.join(d, "pack.wds")  # the same target; one trajectory a shard
+        dctdata.pack(
+            raw, wds, format="webdataset", target_psnr=a.target_psnr, quiet=True,
+            writer_options={"samples_per_shard": a.steps},
+        )  # fmt: skip
+        sizes[f"dctdata webdataset at {a.target_psnr:g} dB"] = _size(wds)
         result["bytes"] = sizes
         result["psnr_min"] = {k: v.psnr_min for k, v in m.stats.items()}
         result["relative_l2"] = relative_l2(raw, pack)
         window = dict(n_steps_input=a.n_in, n_steps_output=a.n_out)
         for workers in a.workers:
-            datasets = {"dctdata": dctdata.open_dataset(pack, **window)}
+            datasets = {
+                "dctdata": dctdata.open_dataset(pack, **window),
+                "dctdata webdataset": dctdata.open_dataset(wds, shuffle=False, **window),
+            }
             if WellDataset is not None:
                 datasets["WellDataset (HDF5)"] = WellDataset(path=raw, **window)
             loaders = {

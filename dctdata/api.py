@@ -39,6 +39,7 @@ def pack(
     nan: str | float = "error",
     valid: Mapping[str, str] | Sequence[str] | None = None,
     sample_dim: str | None = None,
+    time_dim: str | None = None,
     variables: str | Sequence[str] | None = None,
     stack: str | None = None,
     allow_external: bool = False,
@@ -93,6 +94,8 @@ def pack(
             fill=VALUE: a constant, no mask.
         valid: the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields).
         sample_dim: NetCDF/zarr: the dimension that becomes samples (e.g. time).
+        time_dim: NetCDF/zarr: pack the variables as trajectories along DIM (every frame once; the dims before it name
+            the trajectories), so open_dataset's window options serve time windows over them.
         variables: NetCDF/zarr: data variables to pack (default: all).
         stack: NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each).
         allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets,
@@ -149,7 +152,8 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     manifest with any other bytes is refused (its checksums then pin every stored file).
     A pack of trajectories (The Well's layout) opened with n_steps_input, n_steps_output, dt_stride
     (min_dt_stride, max_dt_stride), full_trajectory_mode, ...: its time windows as The Well's
-    WellDataset serves them (`dctdata.loaders.windows.WindowDataset`).
+    WellDataset serves them (`dctdata.loaders.windows.WindowDataset` over zarr, the iterable
+    `dctdata.loaders.wds_windows.WebWindowDataset` over webdataset; decode="device" too).
 
     Args:
         path_or_url: The pack's directory or URL, its manifest.json, or (webdataset) a list or brace expression of
@@ -186,8 +190,9 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
         dt_stride (int): a pack of trajectories: the step between frames (or min_dt_stride / max_dt_stride).
 
     Returns:
-        (DCTZarrDataset | DCTWebDataset | WindowDataset): A `DCTZarrDataset` (map-style) for a zarr pack, a
-            `DCTWebDataset` (iterable) for a webdataset pack, a `WindowDataset` with window options.
+        (DCTZarrDataset | DCTWebDataset | WindowDataset | WebWindowDataset): A `DCTZarrDataset` (map-style) for a
+            zarr pack, a `DCTWebDataset` (iterable) for a webdataset pack; with window options a `WindowDataset`
+            (zarr) or a `WebWindowDataset` (webdataset).
 
     Raises:
         DctDataError: The manifest is missing or invalid, its sha256 differs from `sha256`, or a keyword does not
@@ -207,7 +212,10 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
     if WINDOW_OPTIONS & kwargs.keys():  # time windows over a pack of trajectories
-        from dctdata.loaders.windows import open_windows
+        if storages.get(manifest.storage).reader.random_access:
+            from dctdata.loaders.windows import open_windows
+        else:
+            from dctdata.loaders.wds_windows import open_web_windows as open_windows
 
         return open_windows(path_or_url, manifest, shards, **kwargs)
     if storages.get(manifest.storage).reader.random_access:  # map-style over random access

@@ -303,6 +303,8 @@ class PackSettings:
             fill=VALUE: a constant, no mask.
         valid: the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields).
         sample_dim: NetCDF/zarr: the dimension that becomes samples (e.g. time).
+        time_dim: NetCDF/zarr: pack the variables as trajectories along DIM (every frame once; the dims before it name
+            the trajectories), so open_dataset's window options serve time windows over them.
         variables: NetCDF/zarr: data variables to pack (default: all).
         stack: NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each).
         allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets,
@@ -399,6 +401,13 @@ class PackSettings:
     )
     sample_dim: str | None = setting(
         None, writer=False, metavar="DIM", help="NetCDF/zarr: the dimension that becomes samples (e.g. time)"
+    )
+    time_dim: str | None = setting(
+        None,
+        writer=False,
+        metavar="DIM",
+        help="NetCDF/zarr: pack the variables as trajectories along DIM (every frame once; the dims before it "
+        "name the trajectories), so open_dataset's window options serve time windows over them",
     )
     variables: str | Sequence[str] | None = setting(
         None, writer=False, metavar="A,B,...", help="NetCDF/zarr: data variables to pack (default: all)"
@@ -509,7 +518,7 @@ class PackSettings:
             raise TypeError(f"channels_last: expected True, False or None. Got {self.channels_last!r}")
         if not isinstance(self.allow_external, bool):
             raise TypeError(f"allow_external: expected True or False. Got {self.allow_external!r}")
-        for name, v in (("sample_dim", self.sample_dim), ("stack", self.stack)):
+        for name, v in (("sample_dim", self.sample_dim), ("time_dim", self.time_dim), ("stack", self.stack)):
             if v is not None and (not isinstance(v, str) or not v):
                 raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
         parsed = {
@@ -614,6 +623,7 @@ class PackSettings:
             "key": self.key,
             "channels_last": bool(self.channels_last),
             "sample_dim": self.sample_dim,
+            "time_dim": self.time_dim,
             "variables": self.variables,
             "stack": self.stack,
             "dims": self.dims or 2,
@@ -635,6 +645,7 @@ class PackSettings:
             "nan": str(self.nan_policy),
             "valid": dict(self.valid_masks),
             "sample_dim": self.sample_dim,
+            "time_dim": self.time_dim,
             "variables": self.variables,
             "stack": self.stack,
             "codec": self.lossless if self.lossless == AUTO else dict(self.lossless),

@@ -7,8 +7,9 @@ one module does not import the others:
 
 - `DCTZarrDataset` (map-style, zarr) and `DCTWebDataset` (iterable, webdataset shards), both
   `PackedDataset`s; `dctdata.open_dataset` picks the right one from the manifest.
-- `WindowDataset`: time windows over a zarr pack of trajectories (The Well's `WellDataset` items);
-  `dctdata.open_dataset(path, n_steps_input=..., n_steps_output=...)` opens one.
+- `WindowDataset` / `WebWindowDataset`: time windows over a zarr / webdataset pack of trajectories (The
+  Well's `WellDataset` items); `dctdata.open_dataset(path, n_steps_input=..., n_steps_output=...)` opens one.
+  `WindowDecompress`: their `decode="device"` batches decoded on the device.
 - `make_loader`, `set_epoch`, `PackLoader`: the DataLoader for either kind, every sample once per epoch
   across ranks and workers, `state_dict()`/`load_state_dict()` to resume mid-epoch.
 - `DevicePrefetcher`, `with_decompress`, `AugmentOnDevice`, `to_device`, `pin`, `resolve_device`: batches to
@@ -28,7 +29,9 @@ _LAZY = {
     "DevicePrefetcher": "dctdata.loaders.device",
     "PackLoader": "dctdata.loaders.stateful",
     "PackedDataset": "dctdata.loaders.base",
+    "WebWindowDataset": "dctdata.loaders.wds_windows",
     "WindowDataset": "dctdata.loaders.windows",
+    "WindowDecompress": "dctdata.loaders.window_decode",
     "available_cores": "dctdata.loaders.threads",
     "balance_threads": "dctdata.loaders.threads",
     "main_threads": "dctdata.loaders.threads",

@@ -1,6 +1,6 @@
 """`WindowDataset`: time windows over a pack of trajectories (`dctdata pack` of The Well's or PDEBench's
-HDF5 layouts; a NetCDF/zarr store packed with `--sample-dim time` is one trajectory: `series_info`),
-served as `the_well.data.WellDataset` serves them, from frames stored once.
+HDF5 layouts, or of a NetCDF/zarr store with `--time-dim`; a store packed with `--sample-dim time` is one
+trajectory: `series_info`), served as `the_well.data.WellDataset` serves them, from frames stored once.
 
     ds = dctdata.open_dataset("sw.zarr", n_steps_input=4, n_steps_output=1)
     item = ds[i]   # {"input_fields": (4, x, y, F), "output_fields": (1, x, y, F), "constant_fields": ...}
@@ -27,11 +27,18 @@ value would be empty are left out, as WellDataset does. `normalization="zscore"`
 time-varying fields by the statistics the pack recorded (WellDataset's ZScoreNormalization and
 RMSNormalization; `min_std` as there).
 
-**Reads.** By frame: a batch (`__getitems__`, what a DataLoader calls with `make_loader`) reads the
-distinct frames its windows need once, decodes them once (the pack's `Decompress` on the CPU; the
-reading and integrity checks are `DCTZarrDataset`'s), and gathers the windows from them. `make_loader`
-(`dctdata.loaders.distributed`) gives every window once per epoch across ranks and workers and resumes
-mid-epoch, as for samples: the dataset is map-style, with the pack's fingerprint.
+**Reads.** By frame, in both storages. zarr (`WindowDataset`, map-style): a batch (`__getitems__`, what a
+DataLoader calls with `make_loader`) reads the distinct frames its windows need once, decodes them once (the
+pack's `Decompress` on the CPU; the reading and integrity checks are `DCTZarrDataset`'s), and gathers the
+windows from them. webdataset (`dctdata.loaders.wds_windows.WebWindowDataset`, iterable): the same windows
+and items, dealt to ranks and workers by the shard of their first frame, each frame decoded once per pass.
+`make_loader` (`dctdata.loaders.distributed`) gives every window once per epoch across ranks and workers and
+resumes mid-epoch, as for samples.
+
+**decode="device".** The workers hand over each window's frames as their checked stored bytes
+(`dctdata.loaders.window_decode.WindowFrames` in the item's `frames` key, the other keys as above); a
+batch's collate keeps each distinct frame once, and `ds.decompressor()` (`WindowDecompress`) decodes them
+once where it runs, normalization folded in, into `input_fields`/`output_fields`.
 """
 
 from __future__ import annotations
@@ -61,6 +68,14 @@ WINDOW_OPTIONS = frozenset(
     }
 )
 NORMALIZATIONS = ("zscore", "rms")
+# every keyword of `_Windows._setup`: the window options and how items are made
+SETUP_OPTIONS = WINDOW_OPTIONS | {
+    "return_grid",
+    "normalize_time_grid",
+    "boundary_return_type",
+    "normalization",
+    "min_std",
+}
 
 
 def windows_per_trajectory(steps: int, n_in: int, n_out: int, dt: int) -> int:
@@ -81,12 +96,22 @@ def _decode_array(entry: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(raw, dtype="<f4").reshape(entry["shape"]).astype(np.float32)
 
 
-class WindowDataset(torch.utils.data.Dataset):
-    """Windows over a trajectory pack (see the module docstring)."""
+def window_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of `kwargs` that `_Windows._setup` takes (popped), leaving the storage's own."""
+    return {k: kwargs.pop(k) for k in list(kwargs) if k in SETUP_OPTIONS}
 
-    def __init__(
+
+class _Windows:
+    """What both window datasets share: the window options, the window -> (trajectory, start, stride) map,
+    the frames' decode and the items (see the module docstring). The storage class reads the frames."""
+
+    manifest: Manifest
+    root: str
+    decode: str
+    epoch: int
+
+    def _setup(
         self,
-        path_or_url: str | os.PathLike,
         *,
         n_steps_input: int = 1,
         n_steps_output: int = 1,
@@ -101,37 +126,15 @@ class WindowDataset(torch.utils.data.Dataset):
         boundary_return_type: str | None = "padding",
         normalization: str | None = None,
         min_std: float = 1e-4,
-        seed: int = 0,
-        storage_options: dict[str, Any] | None = None,
-        manifest: Manifest | None = None,
-        **kwargs: Any,
     ) -> None:
-        from dctdata.loaders.zarr_dataset import DCTZarrDataset
-
-        if kwargs.get("decode", "cpu") != "cpu":
-            raise DctDataError(
-                f"decode={kwargs['decode']!r}: expected 'cpu' for windows (decoded in the loader's workers). Got "
-                "another decode: windows decoded on the device are not offered yet"
-            )
-        if kwargs.get("on_error", "raise") != "raise":
-            raise DctDataError(
-                f"on_error={kwargs['on_error']!r}: expected 'raise' for windows (a window needs all its frames)"
-            )
-        self.manifest = (
-            manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
-        )
-        self.frames = DCTZarrDataset(
-            path_or_url, as_dict=True, storage_options=storage_options, manifest=self.manifest, **kwargs
-        )
-        self.root = self.frames.root
         info = (self.manifest.pack.get("source_info") or {}).get(TRAJECTORY_INFO)
         if info is None:
             info = series_info(self.manifest)
         if not isinstance(info, dict) or info.get("layout") != "the_well":
             raise DctDataError(
                 f"{self.root}: n_steps_input/n_steps_output/dt_stride: expected a pack of trajectories (packed from "
-                "The Well's or PDEBench's HDF5 layout, or a NetCDF/zarr store with --sample-dim TIME). Got a pack of "
-                "independent samples"
+                "The Well's or PDEBench's HDF5 layout, or a NetCDF/zarr store with --time-dim or --sample-dim TIME). "
+                "Got a pack of independent samples"
             )
         self.info = info
         n_in = parse_int(n_steps_input, "n_steps_input", minimum=1)
@@ -161,8 +164,6 @@ class WindowDataset(torch.utils.data.Dataset):
         self.return_grid, self.normalize_time_grid = bool(return_grid), bool(normalize_time_grid)
         self.boundary_return_type = boundary_return_type
         self.normalization, self.min_std = normalization, float(min_std)
-        self.seed = parse_int(seed, "seed", minimum=0, maximum=SEED_MAX)
-        self.epoch = 0
         self.trajectories = [tuple(int(v) for v in t) for t in info["trajectories"]]  # (file, traj, steps)
         self.offsets = np.asarray(info["offsets"], dtype=np.int64)
         steps = np.array([s for _, _, s in self.trajectories], dtype=np.int64)
@@ -195,15 +196,11 @@ class WindowDataset(torch.utils.data.Dataset):
 
     # windows --------------------------------------------------------------------------------------
     def __len__(self) -> int:
+        return self._total()
+
+    def _total(self) -> int:
+        """Windows of the pack (a webdataset rank's `len()` is its share)."""
         return int(self.first[-1])
-
-    @property
-    def fingerprint(self) -> str:
-        return self.frames.fingerprint
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch a stride range's draws depend on (`make_loader`'s `set_epoch` calls it)."""
-        self.epoch = parse_int(epoch, "set_epoch: epoch", minimum=0, maximum=SEED_MAX)
 
     def _where(self, k: int) -> str:
         i, j, _ = self.trajectories[k]
@@ -215,7 +212,7 @@ class WindowDataset(torch.utils.data.Dataset):
             index = index.item()
         if not is_int(index):
             raise TypeError(f"index: expected an int. Got {type(index).__name__}")
-        n = len(self)
+        n = self._total()
         j = int(index) + n if index < 0 else int(index)
         if not 0 <= j < n:
             raise IndexError(f"window {index} out of range for a dataset of {n} windows")
@@ -238,31 +235,40 @@ class WindowDataset(torch.utils.data.Dataset):
         steps = start + dt * np.arange(self.n_steps_input + self.output_steps)
         return self.offsets[k] + steps
 
-    # items ----------------------------------------------------------------------------------------
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.__getitems__([index])[0]
+    def first_frames(self) -> np.ndarray:
+        """The first frame of every window, in window order (nondecreasing: windows are numbered trajectory
+        after trajectory, start step after start step); it does not depend on the drawn strides."""
+        j = np.arange(self._total(), dtype=np.int64)
+        k = np.searchsorted(self.first, j, side="right") - 1
+        start = j - self.first[k]
+        if self.full_trajectory_mode and self.start_output_steps_at_t >= 0:
+            start = np.full_like(start, self.start_output_steps_at_t - self.n_steps_input * self.min_dt_stride)
+        return self.offsets[k] + start
 
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-        where = [(self.locate(i), self.frame_indices(i)) for i in indices]
-        wanted = sorted({int(f) for _, frames in where for f in frames})
-        fields, scalars = self._decode(wanted)
-        row = {f: r for r, f in enumerate(wanted)}
-        return [self._item(fields, scalars, loc, np.array([row[int(f)] for f in frames])) for loc, frames in where]
-
+    # frames and items -------------------------------------------------------------------------------
     def _layer(self, name: str) -> torch.nn.Module:
         if name not in self._layers:
-            self._layers[name] = self.frames.decompressor(name)
+            self._layers[name] = self.field_decompressor(name)
         return self._layers[name]
 
-    def _decode(self, frames: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
-        """The frames' fields, decoded and normalized once, channels last (n, *spatial, F), and their
-        time-varying scalars (n, S) or None. numpy from here on: the gathers are many small copies, which
-        torch's intra-op threads only slow down on a busy CPU."""
+    def field_decompressor(self, name: str) -> torch.nn.Module:
+        """The `Decompress` layer of one stored field of the frames."""
+        raise NotImplementedError
+
+    def _decode(self, samples: list[dict[str, Any]]) -> tuple[Any, np.ndarray | None]:
+        """Read frames (one dict of stored values each) decoded and normalized once, channels last (n,
+        *spatial, F), and their time-varying scalars (n, S) or None. numpy from here on: the gathers are many
+        small copies, which torch's intra-op threads only slow down on a busy CPU. With decode="device" the
+        frames stay stored: a list of {field: StoredSample} per frame, which `WindowFrames` carries."""
         from dctdata.loaders.zarr_dataset import _stack
 
-        samples = self.frames.__getitems__(frames)
-        if len(samples) != len(frames):
-            raise DctDataError(f"{self.root}: expected {len(frames)} frames. Got {len(samples)} (frames skipped)")
+        scalars = None
+        if self._scalars:
+            scalars = np.stack(
+                [np.asarray([np.asarray(s[e["stored"]]) for s in samples], np.float32) for e in self._scalars], -1
+            )
+        if self.decode == "device":
+            return [{f["stored"]: s[f["stored"]] for f in self._fields} for s in samples], scalars
         parts = []
         with torch.no_grad():
             for f in self._fields:
@@ -275,20 +281,22 @@ class WindowDataset(torch.utils.data.Dataset):
             if self._norm is not None:
                 shift, scale = self._norm
                 x = (x - shift) / scale
-        fields = np.ascontiguousarray(np.moveaxis(x.numpy(), 1, -1))
-        scalars = None
-        if self._scalars:
-            scalars = np.stack(
-                [np.asarray([np.asarray(s[e["stored"]]) for s in samples], np.float32) for e in self._scalars], -1
-            )
-        return fields, scalars
+        return np.ascontiguousarray(np.moveaxis(x.numpy(), 1, -1)), scalars
 
-    def _item(self, fields: np.ndarray, scalars: np.ndarray | None, loc: tuple[int, int, int], rows: np.ndarray):
+    def _item(self, fields: Any, scalars: np.ndarray | None, loc: tuple[int, int, int], rows: np.ndarray, frames=None):
+        """Window `loc`'s item from decoded frames `fields` (rows `rows` of them) or, with decode="device",
+        from the stored frames `fields` (a list, rows `rows`; `frames`: their frame numbers)."""
+        from dctdata.loaders.window_decode import WindowFrames
+
         k, start, dt = loc
         n_in, n = self.n_steps_input, self.n_steps_input + self.output_steps
-        x = torch.from_numpy(fields[rows])  # (T, *spatial, F): channels last, as WellDataset
         const = self._constant(k)  # normalized there
-        item = {"input_fields": x[:n_in], "output_fields": x[n_in:], "constant_fields": const["fields"]}
+        if self.decode == "device":
+            item: dict[str, Any] = {"frames": WindowFrames(tuple(int(f) for f in frames), [fields[r] for r in rows])}
+        else:
+            x = torch.from_numpy(fields[rows])  # (T, *spatial, F): channels last, as WellDataset
+            item = {"input_fields": x[:n_in], "output_fields": x[n_in:]}
+        item["constant_fields"] = const["fields"]
         if scalars is not None:
             s = torch.from_numpy(scalars[rows])
             item["input_scalars"], item["output_scalars"] = s[:n_in], s[n_in:]
@@ -301,7 +309,23 @@ class WindowDataset(torch.utils.data.Dataset):
             if self.normalize_time_grid:
                 t = t - t.min()
             item["input_time_grid"], item["output_time_grid"] = t[:n_in], t[n_in:]
-        return {key: v for key, v in item.items() if v.numel() > 0}
+        return {key: v for key, v in item.items() if not isinstance(v, torch.Tensor) or v.numel() > 0}
+
+    def decompressor(self, field: str | None = None, **kwargs: Any) -> torch.nn.Module:
+        """With decode="device": the module that turns a loader batch's stored frames into WellDataset's
+        `input_fields`/`output_fields` on the device the module is on (`WindowDecompress`: each distinct
+        frame of the batch decoded once, normalization folded in). With a field name: that stored field's
+        `Decompress` layer."""
+        if field is not None:
+            return self.field_decompressor(field)
+        from dctdata.loaders.window_decode import WindowDecompress
+
+        n_spatial = len(self.info["spatial_dims"])
+        layers = {
+            f["stored"]: self.field_decompressor(f["stored"]) if self.manifest.field(f["stored"]).is_dct else None
+            for f in self._fields
+        }
+        return WindowDecompress(layers, self.n_steps_input, n_spatial, self._norm)
 
     def _constant(self, k: int) -> dict[str, torch.Tensor]:
         """What a trajectory's windows share (cached): its constant fields (x, y, Fc), constant scalars,
@@ -384,6 +408,69 @@ class WindowDataset(torch.utils.data.Dataset):
             for key, values in (self.info.get("stats") or {}).get(name, {}).items():
                 out.setdefault(key, {})[f["name"]] = values[0] if f["order"] == 0 else list(values)
         return out
+
+    def close(self) -> None:
+        """Nothing to close by default (the storage class closes its readers)."""
+
+
+class WindowDataset(_Windows, torch.utils.data.Dataset):
+    """Windows over a zarr pack of trajectories (see the module docstring): map-style, frames read at
+    random by `DCTZarrDataset`."""
+
+    def __init__(
+        self,
+        path_or_url: str | os.PathLike,
+        *,
+        seed: int = 0,
+        storage_options: dict[str, Any] | None = None,
+        manifest: Manifest | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from dctdata.decoder.wire import parse_decode
+        from dctdata.loaders.zarr_dataset import DCTZarrDataset
+
+        options = window_options(kwargs)
+        if kwargs.get("on_error", "raise") != "raise":
+            raise DctDataError(
+                f"on_error={kwargs['on_error']!r}: expected 'raise' for windows (a window needs all its frames)"
+            )
+        self.decode = parse_decode(kwargs.get("decode", "cpu"))
+        self.manifest = (
+            manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
+        )
+        self.frames = DCTZarrDataset(
+            path_or_url, as_dict=True, storage_options=storage_options, manifest=self.manifest, **kwargs
+        )
+        self.root = self.frames.root
+        self.seed = parse_int(seed, "seed", minimum=0, maximum=SEED_MAX)
+        self.epoch = 0
+        self._setup(**options)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.frames.fingerprint
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a stride range's draws depend on (`make_loader`'s `set_epoch` calls it)."""
+        self.epoch = parse_int(epoch, "set_epoch: epoch", minimum=0, maximum=SEED_MAX)
+
+    def field_decompressor(self, name: str) -> torch.nn.Module:
+        return self.frames.decompressor(name)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        where = [(self.locate(i), self.frame_indices(i)) for i in indices]
+        wanted = sorted({int(f) for _, frames in where for f in frames})
+        samples = self.frames.__getitems__(wanted)
+        if len(samples) != len(wanted):
+            raise DctDataError(f"{self.root}: expected {len(wanted)} frames. Got {len(samples)} (frames skipped)")
+        fields, scalars = self._decode(samples)
+        row = {f: r for r, f in enumerate(wanted)}
+        return [
+            self._item(fields, scalars, loc, np.array([row[int(f)] for f in frames]), frames) for loc, frames in where
+        ]
 
     def close(self) -> None:
         self.frames.close()
@@ -471,15 +558,22 @@ def _channels(f: Any, n_spatial: int) -> list[str]:
 
 
 def open_windows(path_or_url, manifest: Manifest, shards: Any, **kwargs: Any) -> WindowDataset:
-    """`dctdata.open_dataset` with window options: the windows of a zarr pack of trajectories."""
-    from dctdata.format import storages
-
-    if shards is not None or not storages.get(manifest.storage).reader.random_access:
+    """`dctdata.open_dataset` with window options on a zarr pack (a webdataset pack's windows:
+    `dctdata.loaders.wds_windows.open_web_windows`)."""
+    if shards is not None:
         raise DctDataError(
-            f"{path_or_url}: n_steps_input/n_steps_output/dt_stride: expected a zarr pack (windows read frames at "
-            f"random). Got a {manifest.storage} pack (pack the trajectories with --format zarr)"
+            f"{path_or_url}: a list of shard files: expected a webdataset pack (tar shards). Got a "
+            f"{manifest.storage} pack, which is opened by its directory or URL"
         )
     return WindowDataset(path_or_url, manifest=manifest, **kwargs)
 
 
-__all__ = ["WINDOW_OPTIONS", "WindowDataset", "max_stride_at", "open_windows", "windows_per_trajectory"]
+__all__ = [
+    "SETUP_OPTIONS",
+    "WINDOW_OPTIONS",
+    "WindowDataset",
+    "max_stride_at",
+    "open_windows",
+    "window_options",
+    "windows_per_trajectory",
+]

@@ -35,7 +35,7 @@ from dctdata.preprocess.sources import is_path, open_source
 log = logging.getLogger(__name__)
 
 
-SOURCE_OPTIONS = ("key", "channels_last", "sample_dim", "variables", "stack")
+SOURCE_OPTIONS = ("key", "channels_last", "sample_dim", "time_dim", "variables", "stack")
 SCAN_SAMPLES = 256  # samples searched for the worst ones ...
 SCAN_VALUES = 1 << 24  # ... at most this many values (decoded and read back) in all
 

@@ -49,7 +49,7 @@ _SOURCES: dict[tuple, Source] = {}  # per-process cache: a worker opens each sou
 @dataclasses.dataclass(frozen=True)
 class PartJob:
     source: Any  # a path/URL/module:callable (reopened in each process) or an in-memory object (serial packs)
-    source_options: dict  # keywords of open_source: key, channels_last, sample_dim, variables, stack
+    source_options: dict  # keywords of open_source: key, channels_last, sample_dim, time_dim, variables, stack
     specs: tuple[FieldSpec, ...]
     nan: NanPolicy
     strict: bool

@@ -382,7 +382,7 @@ def pack_iterable(source: Iterable[Any], out: str | os.PathLike, settings: PackS
     """`dctdata.pack` of an iterable/generator of samples, through the Writer (read once, in order)."""
     from tqdm.auto import tqdm
 
-    if settings.key is not None or settings.sample_dim or settings.variables or settings.stack:
+    if settings.key is not None or settings.sample_dim or settings.time_dim or settings.variables or settings.stack:
         raise DctDataError(
             f"--key/--sample-dim/--variables/--stack: expected an HDF5/NetCDF/zarr source. Got an iterable "
             f"{describe(source)}"

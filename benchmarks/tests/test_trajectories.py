@@ -15,9 +15,10 @@ def test_trajectories_bench(capsys, tmp_path):
     assert json.loads(out.read_text())["bytes"] == result["bytes"]
     sizes = result["bytes"]
     assert sizes["HDF5 as written"] > sizes["dctdata zarr at 40 dB"] > 0
+    assert sizes["HDF5 as written"] > sizes["dctdata webdataset at 40 dB"] > 0
     windows = 2 * (8 - 2)  # 2 trajectories, 6 windows of 3 frames each
     readers = {r["reader"] for r in result["windows"]}
-    assert "dctdata" in readers
+    assert {"dctdata", "dctdata webdataset"} <= readers
     for r in result["windows"]:
         assert r["windows"] == windows and r["seconds"] > 0 and r["workers"] == 0
     assert set(result["relative_l2"]) == {"height", "velocity_x", "velocity_y"}

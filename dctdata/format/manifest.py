@@ -92,6 +92,7 @@ PACK_DEFAULTS: Mapping[str, Any] = {
     "nan": "error",
     "valid": {},
     "sample_dim": None,
+    "time_dim": None,
     "variables": None,
     "stack": None,
     "nan_filled": 0,

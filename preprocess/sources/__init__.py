@@ -22,7 +22,8 @@ Kinds (`open_source`):
   boundary conditions kept in the manifest. PDEBench's 2-D/3-D HDF5 layouts likewise
   (`sources.pdebench`).
 - NetCDF files (`.nc`, ...) and zarr stores (a `.zarr` path or URL, or a directory with zarr
-  metadata), through xarray: `sample_dim`, `variables`, `stack` (`sources.xarray_store`).
+  metadata), through xarray: `sample_dim`, `variables`, `stack`; `time_dim` packs trajectories along time
+  (`sources.xarray_store`).
 - Python objects (`dctdata.pack(obj, ...)`): a NumPy array or torch tensor (samples first, field
   `image`), a dict of them (a field each), an `xarray.Dataset`, or a map-style dataset (a list of
   samples included). Iterables without random access (generators) go through the incremental
@@ -78,6 +79,7 @@ def open_source(  # noqa: C901 (over the limit: to split)
     key: str | list[str] | None = None,
     channels_last: bool = False,
     sample_dim: str | None = None,
+    time_dim: str | None = None,
     variables: str | list[str] | None = None,
     stack: str | None = None,
     dims: int = 2,
@@ -85,7 +87,7 @@ def open_source(  # noqa: C901 (over the limit: to split)
 ) -> Source:
     """Open any supported source (see the module docstring); errors name the path. `allow_external`: an HDF5
     (or NetCDF-4) file may make the pack read other local files (`sources.hdf5`)."""
-    xarray_opts = {"sample_dim": sample_dim, "variables": variables, "stack": stack}
+    xarray_opts = {"sample_dim": sample_dim, "variables": variables, "stack": stack, "time_dim": time_dim}
     wants_xarray = any(v is not None for v in xarray_opts.values())
     if dims != 2:
         xarray_opts["dims"] = dims

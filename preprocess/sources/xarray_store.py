@@ -24,6 +24,14 @@ WeatherBench, CMIP).
 - Metadata goes into the manifest: the 1-D coordinates of the sample dim (e.g. the time of every
   sample) and of the per-sample dims (lat, lon, level) as `coords`; each field's variable attributes
   (units, long_name, ...) and source dim names as its `attrs`.
+- `time_dim` (`--time-dim time`): the variables are trajectories along that dimension, packed as The
+  Well's files are (`sources.well`): every frame of every trajectory once, so `dctdata.open_dataset(pack,
+  n_steps_input=..., n_steps_output=...)` serves time windows over them. The dims before it in a variable
+  are the trajectory dims (an ensemble `member`, a simulation `sample`: their combinations are the
+  trajectories, in C order), the dims after it the frame's; a variable with no dims before it is one
+  trajectory. The manifest keeps the trajectory record (`pack.source_info["trajectories"]`): the time
+  values (seconds from the first for datetimes), the grid from the frame dims' coordinates, open
+  boundaries; no statistics (`normalization=` is refused for such packs).
 - Missing values: xarray decodes `_FillValue`/`missing_value` to NaN, so `--nan mask` stores the
   validity mask (ocean-only SST, swath edges).
 """
@@ -154,6 +162,7 @@ class XarraySource(Source):
         variables: str | list[str] | None = None,
         stack: str | None = None,
         dims: int = 2,
+        time_dim: str | None = None,
     ) -> None:
         ds, self.description = open_xarray(source)
         self.dims = dims
@@ -172,6 +181,8 @@ class XarraySource(Source):
                 f"{self.description}: --sample-dim {sample_dim!r}: expected one of the dimensions {dims}. Got no such "
                 "dimension"
             )
+        if time_dim is not None:
+            sample_dim = self._time_dim(ds, time_dim, sample_dim)
         if sample_dim is None:
             chosen = names or data_vars
             firsts = {ds[v].dims[0] for v in chosen if ds[v].dims}
@@ -191,16 +202,22 @@ class XarraySource(Source):
                     f"{self.description}: expected data variables along --sample-dim {sample_dim!r}. Got none "
                     f"(variables: {data_vars})"
                 )
+        flag = "--time-dim" if time_dim is not None else "--sample-dim"
         for v in names:
             if sample_dim not in ds[v].dims:
                 raise DctDataError(
-                    f"{self.description}: variable {v!r}: expected dimension {sample_dim!r} (--sample-dim). Got dims "
+                    f"{self.description}: variable {v!r}: expected dimension {sample_dim!r} ({flag}). Got dims "
                     f"{list(ds[v].dims)}"
                 )
         self.ds = ds[names]
         self.sample_dim, self.variables, self.stack = sample_dim, names, stack
-        self.n = int(ds.sizes[sample_dim])
-        per = {v: tuple(d for d in ds[v].dims if d != sample_dim) for v in names}
+        self.time_dim = time_dim
+        self.traj_dims: tuple[str, ...] = () if time_dim is None else self._trajectory_dims(ds, names, time_dim)
+        self.n_steps = int(ds.sizes[sample_dim])
+        self.traj_shape = tuple(int(ds.sizes[d]) for d in self.traj_dims)
+        self.n = self.n_steps * math.prod(self.traj_shape)
+        skip = {sample_dim, *self.traj_dims}
+        per = {v: tuple(d for d in ds[v].dims if d not in skip) for v in names}
         if stack is not None:
             if not isinstance(stack, str) or not stack:
                 raise DctDataError(f"--stack: expected a field name. Got {stack!r}")
@@ -244,11 +261,43 @@ class XarraySource(Source):
                 }
         self.coords = self._coords(ds, names, per)
         self._labels = np.asarray(ds[sample_dim].values) if sample_dim in ds.coords else None
-        self.info = {"sample_dim": sample_dim, "variables": names, **({"stack": stack} if stack else {})}
+        self.info = self._info(ds, per)
+
+    def _info(self, ds, per: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+        """What the manifest keeps of the source (`pack.source_info`): with `--time-dim` the trajectory record."""
+        stack = {"stack": self.stack} if self.stack else {}
+        if self.time_dim is None:
+            return {"sample_dim": self.sample_dim, "variables": self.variables, **stack}
+        return {"time_dim": self.time_dim, "variables": self.variables, **stack, **trajectory_record(self, ds, per)}
+
+    def _time_dim(self, ds, time_dim: str, sample_dim: str | None) -> str:
+        """`--time-dim`, checked: a dimension of the store, and not given with `--sample-dim`."""
+        if sample_dim is not None:
+            raise DctDataError(
+                f"{self.description}: --time-dim {time_dim!r} and --sample-dim {sample_dim!r}: expected one of them "
+                "(--time-dim packs trajectories along time, --sample-dim independent samples). Got both"
+            )
+        if not isinstance(time_dim, str) or time_dim not in ds.dims:
+            raise DctDataError(
+                f"{self.description}: --time-dim {time_dim!r}: expected one of the dimensions {list(ds.dims)}. Got no "
+                "such dimension"
+            )
+        return time_dim
+
+    def _trajectory_dims(self, ds, names: list[str], time_dim: str) -> tuple[str, ...]:
+        """The dims before `time_dim`, the same in every variable."""
+        leads = {v: tuple(ds[v].dims[: ds[v].dims.index(time_dim)]) for v in names}
+        if len(set(leads.values())) > 1:
+            desc = ", ".join(f"{v} {list(d)}" for v, d in leads.items())
+            raise DctDataError(
+                f"{self.description}: --time-dim {time_dim!r}: expected the same trajectory dims (those before "
+                f"{time_dim!r}) in every variable. Got {desc} (pick variables with --variables)"
+            )
+        return leads[names[0]]
 
     def _coords(self, ds, names: list[str], per: dict[str, tuple[str, ...]]) -> dict[str, Any]:
         """1-D coordinates along the sample dim and the per-sample dims of the packed variables."""
-        wanted = [self.sample_dim] + sorted({d for v in names for d in per[v]})
+        wanted = ([] if self.time_dim is not None else [self.sample_dim]) + sorted({d for v in names for d in per[v]})
         out = {}
         for name, c in ds.coords.items():
             if c.ndim == 1 and c.dims[0] in wanted:
@@ -261,11 +310,34 @@ class XarraySource(Source):
         return self.n
 
     def where(self, index: int) -> str:
+        if self.time_dim is not None and 0 <= index < self.n:
+            at, t = self._at(index)
+            label = self._labels[t] if self._labels is not None else t
+            traj = ", ".join(f"{d}={i}" for d, i in at.items())
+            return f"{self.description} frame {index} ({traj + ', ' if traj else ''}{self.time_dim}={label})"
         label = self._labels[index] if self._labels is not None and 0 <= index < self.n else index
         return f"{self.description} sample {index} ({self.sample_dim}={label})"
 
+    def _at(self, frame: int) -> tuple[dict[str, int], int]:
+        """({trajectory dim: index}, time step) of a frame (time_dim)."""
+        k, t = divmod(frame, self.n_steps)
+        at = np.unravel_index(k, self.traj_shape) if self.traj_shape else ()
+        return {d: int(i) for d, i in zip(self.traj_dims, at)}, t
+
     def read_batch(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        part = self.ds.isel({self.sample_dim: slice(start, stop)})
+        if self.time_dim is None:
+            return self._read(start, stop, {})
+        runs, at = [], start
+        while at < stop:  # one read per trajectory the frames [start, stop) touch
+            where, t = self._at(at)
+            end = min(stop - at, self.n_steps - t) + t
+            runs.append(self._read(t, end, where))
+            at += end - t
+        return {k: np.concatenate([r[k] for r in runs]) for k in runs[0]}
+
+    def _read(self, start: int, stop: int, where: dict[str, int]) -> dict[str, np.ndarray]:
+        """Steps [start, stop) along the sample (time) dim, at trajectory `where` ({dim: index})."""
+        part = self.ds.isel({**where, self.sample_dim: slice(start, stop)})
         try:
             part = part.transpose(self.sample_dim, ...).compute()  # reads this slice of every variable
         except Exception as exc:  # noqa: BLE001 - backends raise many types for unreadable chunks
@@ -292,7 +364,7 @@ class XarraySource(Source):
         out = {}
         for name, vs in self.fields.items():
             v = self.ds[vs[0]]
-            shape = tuple(v.sizes[d] for d in v.dims if d != self.sample_dim)
+            shape = tuple(v.sizes[d] for d in v.dims if d != self.sample_dim and d not in self.traj_dims)
             if self.stack is not None:
                 volume = self.dims == 3
                 shape = (len(vs), *shape) if len(shape) == 2 or volume else (len(vs) * shape[0], *shape[1:])
@@ -305,3 +377,83 @@ class XarraySource(Source):
             self.ds.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+
+
+def trajectory_record(src: XarraySource, ds: Any, per: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The manifest's trajectory record (`pack.source_info["trajectories"]`, the form `sources.well` writes and
+    the window loader reads) of a store packed along `--time-dim`: one trajectory per combination of the
+    trajectory dims, the fields' channels, the grid of the frame dims, the time values, open boundaries."""
+    from dctdata.preprocess.sources.well import TRAJECTORY_INFO
+
+    n_spatial = 3 if src.dims == 3 else 2
+    fields, scalars, spatial = [], [], set()
+    for name, vs in src.fields.items():
+        dims = per[vs[0]]
+        if not dims:
+            scalars.append({"name": name, "stored": name})
+            continue
+        if len(dims) < n_spatial:
+            raise DctDataError(
+                f"{src.description}: --time-dim {src.time_dim!r}: variable {vs[0]!r}: expected frames of at least "
+                f"{n_spatial} dims after {src.time_dim!r} (or none: a scalar per frame). Got dims {list(dims)}"
+            )
+        spatial.add(tuple((d, int(ds.sizes[d])) for d in dims[-n_spatial:]))
+        attrs = src.field_attrs.get(name, {})
+        named = attrs.get("channels")
+        if isinstance(named, list):
+            channels = list(named)
+        else:
+            c = math.prod(int(ds.sizes[d]) for d in dims[:-n_spatial]) if len(dims) > n_spatial else 1
+            channels = [name] if c == 1 else [f"{name}_{k}" for k in range(c)]
+        fields.append({"name": name, "stored": name, "order": 0, "channels": channels})
+    if not fields:
+        raise DctDataError(
+            f"{src.description}: --time-dim {src.time_dim!r}: expected at least one variable of {n_spatial}-D frames. "
+            f"Got none (variables: {src.variables})"
+        )
+    if len(spatial) > 1:
+        raise DctDataError(
+            f"{src.description}: --time-dim {src.time_dim!r}: expected every variable's frames on one grid (windows "
+            f"stack them as channels). Got grids {sorted(spatial)} (pick variables with --variables)"
+        )
+    grid_dims = spatial.pop()
+    grid = {}
+    for d, n in grid_dims:
+        values = np.asarray(ds[d].values) if d in ds.coords and ds[d].ndim == 1 else None
+        ok = values is not None and values.shape == (n,) and values.dtype.kind in "fiu"
+        grid[d] = values.astype(np.float64).tolist() if ok else list(range(n))
+    time: list[float] = list(range(src.n_steps))
+    dim = src.time_dim
+    if dim in ds.coords and ds[dim].ndim == 1:
+        values = np.asarray(ds[dim].values)
+        if values.dtype.kind == "M":
+            time = ((values - values[0]) / np.timedelta64(1, "s")).astype(np.float64).tolist()
+        elif values.dtype.kind in "fiu":
+            time = values.astype(np.float64).tolist()
+    n_traj = src.n // src.n_steps
+    names = [d for d, _ in grid_dims]
+    record = {
+        "layout": "the_well",
+        "source_layout": f"xarray along {dim}",
+        "trajectory_dims": {d: int(ds.sizes[d]) for d in src.traj_dims},
+        "spatial_dims": names,
+        "spatial_resolution": [n for _, n in grid_dims],
+        "grid": grid,
+        "fields": fields,
+        "scalars": scalars,
+        "constant_fields": [],
+        "constant_scalars": [],
+        "files": [
+            {
+                "name": os.path.basename(src.description.rstrip("/")) or src.description,
+                "time": time,
+                "constant_fields": {},
+                "constant_scalars": {},
+                "boundary_conditions": {"groups": {}, "padding": [[1.0, 1.0]] * len(names)},
+            }
+        ],
+        "trajectories": [[0, j, src.n_steps] for j in range(n_traj)],
+        "offsets": [j * src.n_steps for j in range(n_traj + 1)],
+        "stats": {},
+    }
+    return {TRAJECTORY_INFO: record}

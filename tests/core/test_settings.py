@@ -46,6 +46,7 @@ def test_the_writer_takes_the_fields_that_apply_to_a_stream():
     stream_only = {
         "key",
         "sample_dim",
+        "time_dim",
         "variables",
         "stack",
         "allow_external",
@@ -133,6 +134,7 @@ def test_the_record_is_the_manifests_pack_entry():
         "nan": "mask",
         "valid": {},
         "sample_dim": None,
+        "time_dim": None,
         "variables": None,
         "stack": None,
         "codec": "auto",
