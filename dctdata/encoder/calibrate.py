@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import statistics
@@ -523,6 +524,27 @@ def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str 
 
 
 # Entry points ------------------------------------------------------------------------------------
+def _one_thread(search: Callable[..., Calibration]) -> Callable[..., Calibration]:
+    """`search` with torch's intra-op threads at one while it runs (restored after). The search is hundreds
+    of passes over the subset or its subsample, each too short for a second thread to pay for waking it:
+    on a busy machine every pass waited for a thread the scheduler had not run yet. One thread also makes
+    the chosen spec independent of how many cores the machine has (no reduction split differently)."""
+
+    @functools.wraps(search)
+    def run(*args: Any, **kwargs: Any) -> Calibration:
+        threads = torch.get_num_threads()
+        if threads == 1:
+            return search(*args, **kwargs)
+        torch.set_num_threads(1)
+        try:
+            return search(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+@_one_thread
 def calibrate_report(
     samples: torch.Tensor,
     *,

@@ -1,7 +1,7 @@
 """The per-sample floor's rounds (`keep_floor`) and the calibration subsample (`_Coded`, `_Setting`) spend
 only the work that changes something: a trial that left an item as it was is not run again, and the
 subsample is taken without copying the subset, with the same encodings and figures as repeating the
-trials and copying gave."""
+trials and copying gave. Calibration runs on one torch thread and gives the caller's back."""
 
 import itertools
 
@@ -12,8 +12,9 @@ import dctdata.encoder.quantize as quantize_mod
 from dctdata.codec.metrics import ItemErrors
 from dctdata.codec.spec import CodecSpec
 from dctdata.decoder.layer import Decompress
-from dctdata.encoder.calibrate import THETA, _Coded, _Setting, fit_recon
+from dctdata.encoder.calibrate import THETA, _Coded, _Setting, calibrate_report, fit_recon
 from dctdata.encoder.quantize import coded_coefficients, item_side, keep_floor, quantize_per_sample
+from dctdata.errors import DctDataError
 
 ROTATION = [[0.6, 0.8], [-0.8, 0.6]]
 
@@ -111,3 +112,20 @@ def test_the_subsample_is_the_picked_block_rows_and_its_trials_the_same(cf, mask
         out, _, q, delta = setting._subsample(steps)
         want, q0, delta0 = reference_subsample(coded, setting.idx, steps)
         assert torch.equal(out, want) and torch.equal(q, q0) and torch.equal(delta, delta0)
+
+
+def test_calibration_runs_on_one_thread_and_restores_the_callers():
+    x = mixed(n=4, h=32, w=40)
+    before = torch.get_num_threads()
+    seen = []
+    try:
+        torch.set_num_threads(2)
+        count = lambda *_: seen.append(torch.get_num_threads())  # noqa: E731
+        report = calibrate_report(x, quant=None, target_psnr=35.0, progress=count)
+        assert seen and set(seen) == {1}  # every exact evaluation ran on one thread
+        assert torch.get_num_threads() == 2 and report.dataset_psnr >= 35.0
+        with pytest.raises(DctDataError, match="expected cf or target_psnr"):
+            calibrate_report(x)
+        assert torch.get_num_threads() == 2  # given back after an error too
+    finally:
+        torch.set_num_threads(before)
