@@ -24,6 +24,10 @@ SCRIPTS = {
         "benchmarks.calibration_landing",
         "where --target-psnr lands each channel, the per-sample floor, and the stored bytes (DEM, RGB, volume, MRI)",
     ),
+    "calibration-cost": (
+        "benchmarks.calibration_cost",
+        "a --target-psnr pack's time against the fixed-setting pack of the setting it chose (optical_damage frames)",
+    ),
     "calibration-time": (
         "benchmarks.calibration_time",
         "pack and settings-search time on optical_damage TIFF frames, against an older install",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import statistics
@@ -233,11 +234,15 @@ class _Coded:
         n, c = self.coef.shape[:2]
         f, wb = self.coef.shape[-2:]
         by_rows = self.coef.reshape(n, c, -1, f, wb)
-        rows = n * by_rows.shape[2]
+        per = by_rows.shape[2]
+        rows = n * per
         take = min(rows, max(1, SUB_VALUES // (c * f * wb)))
         pick = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[:take].sort().values
-        self.sub = by_rows.permute(0, 2, 1, 3, 4).reshape(rows, c, f, wb)[pick]  # (R, C, F, Wb)
-        self.amax = by_rows.abs().amax(dim=(0, 2, 4)).double()  # (C, F)
+        # block row r of all n * per (sample-major) is by_rows[r // per, :, r % per]: picked without a permuted
+        # copy of the whole subset (the advanced indices come first: (R, C, F, Wb))
+        self.sub = by_rows[pick // per, :, pick % per]
+        amax = by_rows.amax(dim=(0, 2, 4))  # (C, F) largest |coefficient|, without an |x| copy of the subset
+        self.amax = torch.maximum(amax, -by_rows.amin(dim=(0, 2, 4))).double()
         self.pixels = f * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
 
     @property
@@ -323,6 +328,7 @@ class _Setting:
         self.raised = torch.zeros_like(self.floors) if raised is None else raised  # what raise_floors added
         self.floors = torch.maximum(self.floors, self.raised)
         self._trial: tuple | None = None  # (coded, steps, result) of the last subsample trial (`subsample`)
+        self._kept: tuple | None = None  # (coded, its subsample's kept planes): the same for every trial
 
     def set_weights(self, weights: torch.Tensor) -> None:
         """The same setting with other channel weights (its raised floors kept)."""
@@ -353,19 +359,24 @@ class _Setting:
     def _subsample(self, steps: torch.Tensor) -> tuple:
         sub = self.coded.sub
         st = steps.to(torch.float32).reshape(1, -1, len(self.idx), 1)
-        kept = sub[:, :, self.idx, :]
+        if self._kept is None or self._kept[0] is not self.coded:
+            self._kept = (self.coded, sub if len(self.idx) == sub.shape[2] else sub[:, :, self.idx, :])
+        kept = self._kept[1]  # every plane in order (_frequency_index is sorted) where all are kept
         if self.dtype in INTEGER_DTYPES:
             v = kept / st
-            q = torch.sign(v) * torch.floor(v.abs() + THETA)
+            q = v.abs().add_(THETA).floor_().mul_(torch.sign(v))  # sign(v) floor(|v| + theta), one temporary
             lim = INT_LIMITS[self.dtype]
-            q = q.clamp(-lim, lim)
+            q = q.clamp_(-lim, lim)
             delta = fit_recon(v, q, dims=(0, 3))
             rec = (q - delta.reshape(1, -1, len(self.idx), 1) * torch.sign(q)) * st
         else:
             q = kept.to(COEFF_DTYPES[self.dtype][0])
             rec, delta = q.to(torch.float32), None
-        err = -sub.double()
-        err[:, :, self.idx, :] = (rec - kept).double()
+        if kept is sub:  # no plane dropped: the error is the kept planes' alone
+            err = (rec - kept).double()
+        else:
+            err = -sub.double()
+            err[:, :, self.idx, :] = (rec - kept).double()
         coded = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels  # (C,) normalized MSE per coded channel
         if self.coded.rotation is not None:
             err = torch.einsum("oc,rokw->rckw", self.coded.rotation.double(), err)
@@ -513,6 +524,27 @@ def choose_stage(q: np.ndarray, spec: CodecSpec, codec: Mapping[str, Any] | str 
 
 
 # Entry points ------------------------------------------------------------------------------------
+def _one_thread(search: Callable[..., Calibration]) -> Callable[..., Calibration]:
+    """`search` with torch's intra-op threads at one while it runs (restored after). The search is hundreds
+    of passes over the subset or its subsample, each too short for a second thread to pay for waking it:
+    on a busy machine every pass waited for a thread the scheduler had not run yet. One thread also makes
+    the chosen spec independent of how many cores the machine has (no reduction split differently)."""
+
+    @functools.wraps(search)
+    def run(*args: Any, **kwargs: Any) -> Calibration:
+        threads = torch.get_num_threads()
+        if threads == 1:
+            return search(*args, **kwargs)
+        torch.set_num_threads(1)
+        try:
+            return search(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+@_one_thread
 def calibrate_report(
     samples: torch.Tensor,
     *,

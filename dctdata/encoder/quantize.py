@@ -348,7 +348,7 @@ def rescaled_by(coeffs: torch.Tensor, g: torch.Tensor, rotation: torch.Tensor | 
     return torch.einsum("bod,bd...->bo...", m, coeffs)
 
 
-def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, rounds: int = 8):
+def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, rounds: int = 8, settle: bool = True):
     """Re-code the items below spec.min_psnr with a smaller stored range (a finer effective step; the
     decoder is unchanged): (q, side, over, x_hat, nmse per item). Only the samples re-coded are decoded
     again. `errors` is a `dctdata.codec.metrics.ItemErrors` of the samples; `x_hat` their decode, if known.
@@ -356,7 +356,12 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     With a channel rotation every channel of a sample is scaled alike: scaling one channel's range mixes
     that channel into the others' coded channels (R diag(1/g) R^T), which spreads its detail over coded
     channels that quantize it coarsely, and the item barely moved (docs/benchmarks/design.md); scaling them
-    alike is y / g, each channel's error scales with g^2."""
+    alike is y / g, each channel's error scales with g^2.
+
+    A trial that left an item as it was (its sample refused for overflow, or a give-back undone) is not
+    tried again: the next one would be the same (its error, scale and exponent did not move, and channels
+    are coded independently), so only the rounds that change something are spent (the encoding is the one
+    the repeats gave; settle=False tries them again, and the tests compare the two)."""
     from dctdata.decoder.layer import Decompress  # the fast decoder; layer does not import this module
 
     cap = 10.0 ** (-spec.min_psnr / 10.0)
@@ -374,6 +379,7 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
     power = torch.full_like(g, 2.0)
     aim = FLOOR_AIM * cap
     rotated = spec.rotation is not None
+    settled = torch.zeros_like(errors.ok)  # items whose last trial left them as they were (see the docstring)
     for _ in range(rounds):
         low = errors.ok & (nm > cap)
         factor = (aim / nm.clamp(min=1e-300)).pow(1.0 / power)
@@ -384,12 +390,15 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
         else:
             loose = errors.ok & (g < 1) & (nm < FLOOR_LOOSE * cap)
         move = torch.where(low.any(1, keepdim=True) if rotated else low, factor < 1, loose)
+        if settle:
+            move &= ~settled
         rows = move.any(1).nonzero().flatten()
         if not len(rows):
             break
         trial_g = torch.where(move[rows], g[rows] * factor[rows], g[rows]).clamp(max=1.0)
         qb, ob = quantize_per_sample(rescaled(coeffs[rows], trial_g, spec), spec, checked=True)
         keep = ob <= over[rows]  # never trade the floor for integer overflow: such samples stay as they were
+        settled[rows[~keep]] |= move[rows[~keep]]
         if not bool(keep.any()):
             break
         rows, trial_g, qb, ob = rows[keep], trial_g[keep], qb[keep], ob[keep]
@@ -406,13 +415,26 @@ def keep_floor(coeffs, spec: CodecSpec, q, side, over, errors, x_hat=None, round
             trial_g = torch.where(undo, g[rows], trial_g)
             if rotated:
                 redo = ~undo[:, 0]
+                settled[rows[~redo]] = True
                 rows, trial_g, qb, ob, sb, xb, nb = (t[redo] for t in (rows, trial_g, qb, ob, sb, xb, nb))
             else:  # channels are coded independently: put the undone items' own values back
-                qb = torch.where(undo.reshape(*undo.shape, *(1,) * (qb.dim() - 2)), q[rows], qb)
-                sb[:, :, 0] = torch.where(undo, side[rows, :, 0], sb[:, :, 0])
-                xb = torch.where(undo.reshape(*undo.shape, *(1,) * (xb.dim() - 2)), x_hat[rows].to(xb.dtype), xb)
-                nb = torch.where(undo, nm[rows], nb)
-                ob = quantize_per_sample(rescaled(coeffs[rows], trial_g, spec), spec, checked=True)[1]
+                # an undone give-back is tried again the same way next round; where its sample's overflow is
+                # nil, that trial cannot change whether the sample's other moves are kept either: settled
+                one = undo.shape[1] == 1
+                changed = (trial_g != g[rows]).any(1)
+                same = ~changed  # every move of the sample undone: it is as it was (its coefficients, overflow)
+                settled[rows[same]] |= undo[same] & ((over[rows[same]] == 0) | one)[:, None]
+                rows, trial_g, qb, ob, sb, xb, nb, undo = (
+                    t[changed] for t in (rows, trial_g, qb, ob, sb, xb, nb, undo)
+                )  # fmt: skip
+                if bool(undo.any()):
+                    qb = torch.where(undo.reshape(*undo.shape, *(1,) * (qb.dim() - 2)), q[rows], qb)
+                    sb[:, :, 0] = torch.where(undo, side[rows, :, 0], sb[:, :, 0])
+                    xb = torch.where(undo.reshape(*undo.shape, *(1,) * (xb.dim() - 2)), x_hat[rows].to(xb.dtype), xb)
+                    nb = torch.where(undo, nm[rows], nb)
+                    at = undo.any(1).nonzero().flatten()  # their overflow as they are now, counted again
+                    ob[at] = quantize_per_sample(rescaled(coeffs[rows[at]], trial_g[at], spec), spec, checked=True)[1]
+                    settled[rows] |= undo & ((ob == 0) | one)[:, None]
         moved = ((trial_g - g[rows]).abs() > 1e-3 * g[rows]) & (nm[rows] > 0) & (nb > 0)
         measured = torch.log(nb.clamp(min=1e-300) / nm[rows].clamp(min=1e-300)) / torch.log(
             torch.where(moved, trial_g / g[rows], torch.full_like(trial_g, 0.5))
