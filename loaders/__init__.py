@@ -7,6 +7,7 @@ one module does not import the others:
 
 - `DCTZarrDataset` (map-style, zarr) and `DCTWebDataset` (iterable, webdataset shards), both
   `PackedDataset`s; `dctdata.open_dataset` picks the right one from the manifest.
+- `ReadOptions`: how a pack is read (decode, on_error, the shard cache, read threads), checked once.
 - `WindowDataset`: time windows over a zarr pack of trajectories (The Well's `WellDataset` items);
   `dctdata.open_dataset(path, n_steps_input=..., n_steps_output=...)` opens one.
 - `make_loader`, `set_epoch`, `PackLoader`: the DataLoader for either kind, every sample once per epoch
@@ -28,6 +29,7 @@ _LAZY = {
     "DevicePrefetcher": "dctdata.loaders.device",
     "PackLoader": "dctdata.loaders.stateful",
     "PackedDataset": "dctdata.loaders.base",
+    "ReadOptions": "dctdata.loaders.options",
     "WindowDataset": "dctdata.loaders.windows",
     "available_cores": "dctdata.loaders.threads",
     "balance_threads": "dctdata.loaders.threads",
