@@ -204,8 +204,11 @@ def decode(
         side: The per-sample (range, mid) values (B, C, 2) of a codec that carries them, or None.
 
     Returns:
-        The decoded samples: `out` when given and written by a fused kernel, else a new tensor (the torch
-        graph's own result, which callers copy into `out`).
+        The decoded samples. When `out` is given it holds them too: the fused kernels write it and return it,
+        the torch graphs write it and may return a tensor of their own.
+
+    Raises:
+        DctDataError: `size` has neither 2 nor 3 dimensions, or no registered kernel decoded the batch.
     """
     for kernel in _listed(len(size)):
         if kernel.usable(q, dtype, out):

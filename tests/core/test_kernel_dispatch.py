@@ -155,3 +155,11 @@ def test_register_and_choose_errors_name_what_was_expected():
         kernels.register(2, kernels.Kernel("k", lambda q, dtype, out: False, lambda *args: None), before="x")
     with pytest.raises(DctDataError, match=r"dims: expected one of \[2, 3\] \(2-D samples or volumes\). Got 4"):
         kernels.choose(4, torch.zeros(1), torch.float32)
+
+
+def test_decode_names_the_batch_when_no_kernel_decodes_it(monkeypatch):
+    failing = kernels.Kernel("failing", lambda q, dtype, out: True, lambda *args: None)
+    monkeypatch.setitem(kernels._REGISTRY, 2, [failing])  # no torch kernel to fall back on
+    q = torch.zeros(2, 1, 3, 16, 4, dtype=torch.int8)
+    with pytest.raises(DctDataError, match=r"decode: no kernel decoded coefficients torch.int8 \(2, 1, 3, 16, 4\)"):
+        kernels.decode(None, q, torch.float32, 4, "square", (20, 28))
