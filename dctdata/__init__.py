@@ -11,7 +11,8 @@ Ctrl-C) before torch is imported:
     layer = ds.decompressor()                                       # the model's first layer
 
 - Packing: `pack`, `Writer` (incremental), `PackSettings` (every pack setting, typed and documented).
-- Loading: `open_dataset`, `make_loader`, `set_epoch`, `DevicePrefetcher`, `balance_threads`.
+- Loading: `open_dataset`, `ReadOptions` (how a pack is read), `make_loader`, `set_epoch`, `DevicePrefetcher`,
+  `balance_threads`.
 - The codec: `CodecSpec`, `Decompress` (the first layer), `compress`/`decompress` (no quantization),
   `encode`/`quantize`/`dequantize`, `dct_matrix`, `basis`, `kept_frequencies`, `num_kept`.
 - Errors: `DctDataError` (a ValueError) and its `FormatError`, `IntegrityError`, `OverflowCountError`.
@@ -37,6 +38,7 @@ _LAZY = {
     "Decompress": "dctdata.decoder.layer",
     "DevicePrefetcher": "dctdata.loaders.device",
     "PackSettings": "dctdata.settings",
+    "ReadOptions": "dctdata.loaders.options",
     "Writer": "dctdata.api",
     "balance_threads": "dctdata.loaders.threads",
     "basis": "dctdata.codec.transform",
@@ -63,6 +65,7 @@ __all__ = [
     "IntegrityError",
     "OverflowCountError",
     "PackSettings",
+    "ReadOptions",
     "Writer",
     "__version__",
     "balance_threads",

@@ -143,7 +143,8 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     (`dctdata.format.storages`). `path_or_url` is the pack's directory or URL, its
     manifest.json, or (webdataset) a list or brace expression of its shard files, e.g.
     `.../shard-{000000..000015}.tar`, with the manifest beside them. Keywords go to that class (e.g.
-    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset). decode: "cpu" (the
+    as_dict, on_error, storage_options; cache_dir and cache_limit for webdataset); the read options
+    (decode, on_error, cache_dir, cache_limit, read_threads) can come as one `ReadOptions`. decode: "cpu" (the
     default: the workers decode the lossless stage, coefficients cross) or "device" (the workers check
     the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.decoder.wire`).
     A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
@@ -163,11 +164,15 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     Keyword Args:
         sha256 (str): The manifest's expected sha256 (`dctdata info` prints it); any other manifest bytes are
             refused. Not for `pipe:` streams.
+        options (ReadOptions): How the pack is read, in one object checked once (`dctdata.ReadOptions`: decode,
+            on_error, cache_dir, cache_limit, read_threads), instead of those keywords.
         decode (str): "cpu" (default: the workers decode the lossless stage) or "device" (the stored bytes cross;
             `ds.decompressor()` decodes them).
         as_dict (bool): Yield each sample as a dict by field name instead of a tuple in manifest order.
         on_error (str): "raise" (default: a bad chunk or shard raises `IntegrityError`) or "skip" (bad samples or
             shards are logged, counted and dropped).
+        read_threads (int): zarr only: the most threads that decode one batch's chunks (1: none; default:
+            `DCTDATA_READ_THREADS`, else torch's threads).
         storage_options (dict): fsspec options for a URL pack (credentials, endpoint).
         manifest (Manifest): An already read `Manifest` of the pack (skips reading it again).
         fields (list[str]): zarr only: the fields to read (default: all; a field's partners come with it).
@@ -195,20 +200,25 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
             (zarr) or a `WebWindowDataset` (webdataset).
 
     Raises:
-        DctDataError: The manifest is missing or invalid, its sha256 differs from `sha256`, or a keyword does not
-            fit the pack's storage (shard files or cache_dir for a zarr pack).
+        DctDataError: The manifest is missing or invalid, its sha256 differs from `sha256`, a keyword does not
+            fit the pack's storage (shard files or cache_dir for a zarr pack, read_threads for a webdataset
+            pack), a read option has a bad value, or read options come both as keywords and as `options=`.
         IntegrityError: Stored bytes fail their checksum (with `on_error="raise"`).
-        TypeError: A keyword the dataset class does not take.
+        TypeError: A keyword the dataset class does not take, a read option of the wrong type, or `options`
+            not a `ReadOptions`.
     """
+    from dctdata.loaders.options import READ_OPTIONS, ReadOptions
     from dctdata.loaders.windows import WINDOW_OPTIONS
 
     sha256 = kwargs.pop("sha256", None)
+    given = {k: kwargs.pop(k) for k in READ_OPTIONS if k in kwargs}
+    options = ReadOptions.resolve(kwargs.pop("options", None), given, "open_dataset")  # checked once, here
     if isinstance(path_or_url, (str, os.PathLike)) and os.fspath(path_or_url).startswith("pipe:"):
         from dctdata.loaders.wds_dataset import DCTWebDataset
 
         if sha256 is not None:
             raise DctDataError(f"sha256: expected a local path or URL pack. Got a pipe: stream {path_or_url}")
-        return DCTWebDataset(path_or_url, **kwargs)
+        return DCTWebDataset(path_or_url, options=options, **kwargs)
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
     if WINDOW_OPTIONS & kwargs.keys():  # time windows over a pack of trajectories
@@ -217,17 +227,17 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
         else:
             from dctdata.loaders.wds_windows import open_web_windows as open_windows
 
-        return open_windows(path_or_url, manifest, shards, **kwargs)
+        return open_windows(path_or_url, manifest, shards, **options.changed(), **kwargs)
     if storages.get(manifest.storage).reader.random_access:  # map-style over random access
         from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
-        if shards is not None or "cache_dir" in kwargs:
+        if shards is not None or options.cache_dir is not None:
             what = "a list of shard files" if shards is not None else "cache_dir"
             raise DctDataError(
                 f"{root}: {what}: expected a webdataset pack (tar shards). Got a {manifest.storage} pack, which is "
                 "opened by its directory or URL and read by byte range"
             )
-        return DCTZarrDataset(path_or_url, manifest=manifest, **kwargs)
+        return DCTZarrDataset(path_or_url, manifest=manifest, options=options, **kwargs)
     try:  # iterable over a storage read shard by shard
         from dctdata.loaders.wds_dataset import DCTWebDataset
     except ModuleNotFoundError as exc:
@@ -235,7 +245,7 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
             f"{path_or_url}: expected a loader for storage {manifest.storage!r}. Got none in this build "
             "(dctdata.loaders.wds_dataset is missing)"
         ) from exc
-    return DCTWebDataset(path_or_url, manifest=manifest, **kwargs)
+    return DCTWebDataset(path_or_url, manifest=manifest, options=options, **kwargs)
 
 
 def __getattr__(name: str):

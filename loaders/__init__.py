@@ -7,6 +7,7 @@ one module does not import the others:
 
 - `DCTZarrDataset` (map-style, zarr) and `DCTWebDataset` (iterable, webdataset shards), both
   `PackedDataset`s; `dctdata.open_dataset` picks the right one from the manifest.
+- `ReadOptions`: how a pack is read (decode, on_error, the shard cache, read threads), checked once.
 - `WindowDataset` / `WebWindowDataset`: time windows over a zarr / webdataset pack of trajectories (The
   Well's `WellDataset` items); `dctdata.open_dataset(path, n_steps_input=..., n_steps_output=...)` opens one.
   `WindowDecompress`: their `decode="device"` batches decoded on the device.
@@ -29,6 +30,7 @@ _LAZY = {
     "DevicePrefetcher": "dctdata.loaders.device",
     "PackLoader": "dctdata.loaders.stateful",
     "PackedDataset": "dctdata.loaders.base",
+    "ReadOptions": "dctdata.loaders.options",
     "WebWindowDataset": "dctdata.loaders.wds_windows",
     "WindowDataset": "dctdata.loaders.windows",
     "WindowDecompress": "dctdata.loaders.window_decode",

@@ -62,7 +62,6 @@ import numpy as np
 import torch
 from webdataset.utils import pytorch_worker_info
 
-from dctdata.decoder.wire import parse_decode
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import storages
 from dctdata.format.cache import DEFAULT_CACHE_LIMIT, ShardCache
@@ -72,6 +71,7 @@ from dctdata.format.reader import UnitReader
 from dctdata.format.webdataset.reader import Files, check_location
 from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
+from dctdata.loaders.options import ReadOptions
 from dctdata.parse import SEED_MAX, is_int, parse_int
 
 log = logging.getLogger(__name__)
@@ -102,10 +102,17 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | str = DEFAULT_CACHE_LIMIT,
         decode: str = "cpu",
+        options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
-        if on_error not in ("raise", "skip"):
-            raise DctDataError(f"on_error: expected 'raise' or 'skip'. Got {on_error!r}")
+        given = {"decode": decode, "on_error": on_error, "cache_dir": cache_dir, "cache_limit": cache_limit}
+        self.options = options = ReadOptions.resolve(options, given, "DCTWebDataset")
+        if options.read_threads is not None:
+            raise DctDataError(
+                f"read_threads: expected a zarr pack (its batches' chunks are decoded on threads). Got "
+                f"read_threads={options.read_threads} for a webdataset pack, read shard by shard"
+            )
+        on_error, cache_dir, cache_limit = options.on_error, options.cache_dir, options.cache_limit
         seed = parse_int(seed, "seed", minimum=0, maximum=SEED_MAX)
         buffer_size = parse_int(buffer_size, "buffer_size", minimum=1)
         if (rank is None) != (world_size is None):
@@ -137,7 +144,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
             largest = max((e["bytes"] for e in self.shards), default=0)
             self.reader.files.cache = ShardCache(cache_dir, cache_limit, largest=largest)
         self.fields = self.manifest.fields
-        self.decode = parse_decode(decode)
+        self.decode = options.decode
         # decode="device": the dct fields cross as their checked stored bytes
         self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
         self.shuffle, self.seed, self.buffer_size = bool(shuffle), seed, buffer_size

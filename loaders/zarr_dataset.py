@@ -26,13 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dctdata.decoder.wire import StoredBatch, StoredSample, collate_stored, parse_decode
+from dctdata.decoder.wire import StoredBatch, StoredSample, collate_stored
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import storages
 from dctdata.format.fields import with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest, read_manifest
 from dctdata.loaders.base import PackedDataset
+from dctdata.loaders.options import ReadOptions
 from dctdata.parse import is_int
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,18 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         storage_options: dict[str, Any] | None = None,
         manifest: Manifest | None = None,
         decode: str = "cpu",
+        read_threads: int | None = None,
+        options: ReadOptions | None = None,
     ) -> None:
-        if on_error not in ("raise", "skip"):
-            raise DctDataError(f"on_error: expected 'raise' or 'skip'. Got {on_error!r}")
+        given = {"decode": decode, "on_error": on_error, "read_threads": read_threads}
+        self.options = options = ReadOptions.resolve(options, given, "DCTZarrDataset")
+        on_error = options.on_error
         self.root, _ = manifest_location(path_or_url)
+        if options.cache_dir is not None:
+            raise DctDataError(
+                f"{self.root}: cache_dir: expected a webdataset pack (tar shards). Got a zarr pack, which is read by "
+                "byte range"
+            )
         self.manifest = (
             manifest if manifest is not None else read_manifest(path_or_url, storage_options=storage_options)
         )
@@ -71,7 +80,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.fields = with_partners(self.manifest.fields, names)
         self.as_dict = bool(as_dict)
         self.on_error = on_error
-        self.decode = parse_decode(decode)
+        self.decode = options.decode
         # decode="device": the dct fields cross as their checked stored bytes
         self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
         # Skipped samples, one slot per DataLoader worker (slot 0: this process), in shared memory: the
@@ -81,6 +90,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         counts = torch.zeros(SKIP_SLOTS if on_error == "skip" else 1, dtype=torch.int64)
         self._skipped = counts.share_memory_() if on_error == "skip" else counts
         self.reader = reader(self.root, self.manifest, self.fields, storage_options)
+        self.reader.read_threads = options.read_threads
 
     def _index(self, i: object) -> int:
         if isinstance(i, torch.Tensor):

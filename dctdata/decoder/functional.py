@@ -1,21 +1,22 @@
 """The functional decode, `dctdata.decompress`: coefficients -> images through the kernels `Decompress` takes.
 
-(..., Hb, K, Wb) coefficients of plain (unquantized) frequencies go through the fused C kernel on plain CPU
-tensors in eager mode (`dctdata.decoder.fused`) and the fused Triton kernel on CUDA
-(`dctdata.decoder.fused_cuda`), each with
-unit dequantization tables (one channel, step 1, offset 0); everywhere else (autograd, torch.compile,
-torch.export, ONNX, other devices, or where the kernels are off) through `transform.decompress`, the torch
-kernels, which stays the reference path of `quantize.decode_reference`.
+(..., Hb, K, Wb) coefficients of plain (unquantized) frequencies go through the layers' kernel dispatch
+(`dctdata.decoder.kernels`): the fused Triton kernel on CUDA and the fused C kernel on plain CPU tensors in
+eager mode, each with unit dequantization tables (one channel, step 1, offset 0); everywhere else
+(autograd, torch.compile, torch.export, ONNX, other devices, or where the kernels are off) through
+`transform.decompress`, the torch kernels, which stays the reference path of `quantize.decode_reference`.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
 import dctdata.decoder.fused as fused
 import dctdata.decoder.fused_cuda as fused_cuda
+import dctdata.decoder.kernels as kernels
 from dctdata.codec.transform import check_coeff_grid, num_kept, parse_size
 from dctdata.codec.transform import decompress as torch_decompress
 
@@ -47,14 +48,29 @@ def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str =
     y = coeffs.reshape(-1, 1, hb, k, wb)
     if y.dtype not in fused_cuda.WIRES:
         y = y.to(torch.float32)
-    img = None
-    if fused_cuda.usable(y, torch.float32, None):  # None if the kernel failed to build: the other paths run
-        img = fused_cuda.guarded(fused_cuda.synthesize, y, _device_tables(cf, mask, y.device), cf, mask, size)
-    if img is None and fused.usable(y, torch.float32, None):
-        img = fused.synthesize(y, _tables(cf, mask), cf, mask, size)
-    if img is None:
-        return torch_decompress(coeffs, cf, size, mask)
+    img = kernels.decode(_Plain(cf, mask, size), y, torch.float32, cf, mask, size)
     return img.reshape(*lead, *size)
+
+
+@dataclass(frozen=True)
+class _Plain:
+    """The decode of plain coefficients as `kernels.decode` takes it (`kernels.Source`): unit tables for the
+    fused kernels, `transform.decompress` as the torch graph."""
+
+    cf: int
+    mask: str
+    size: tuple[int, int]
+
+    def _tables(self) -> fused.Tables:
+        return _tables(self.cf, self.mask)
+
+    def _tables_on(self, device: torch.device) -> fused_cuda.DeviceTables:
+        return _device_tables(self.cf, self.mask, device)
+
+    def _portable(
+        self, q: torch.Tensor, side: torch.Tensor | None, out: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor:
+        return torch_decompress(q, self.cf, self.size, self.mask)
 
 
 @functools.cache

@@ -23,9 +23,10 @@ export to ONNX):
   normalization as one multiply-add on the coefficients (a constant moves the DC term: an orthonormal
   8x8 DC basis function is 1/8 everywhere), then the same two synthesis matmuls with unit weights.
 
-On CUDA tensors in eager mode both run through the fused Triton kernel (`dctdata.decoder.fused_cuda`: the same
-steps in one pass, any float output dtype) where Triton is installed. On plain CPU tensors in eager mode
-both run through the fused C kernel
+Which kernel decodes a batch is chosen in one place, `dctdata.decoder.kernels` (the functional decode
+and the volume layer use it too). On CUDA tensors in eager mode both run through the fused Triton kernel
+(`dctdata.decoder.fused_cuda`: the same steps in one pass, any float output dtype) where Triton is
+installed. On plain CPU tensors in eager mode both run through the fused C kernel
 (`dctdata.decoder.fused`: dequantization, rotation, side, normalization and the inverse DCT in one pass, float32
 output), or where it does not apply (float64, other output dtypes, the extension off) through
 `transform.synthesize_chunked` with one thread (a few block rows at a time, the affine pass included,
@@ -46,6 +47,7 @@ from torch import nn
 import dctdata.decoder.corrections as corrections
 import dctdata.decoder.fused as fused
 import dctdata.decoder.fused_cuda as fused_cuda
+import dctdata.decoder.kernels as kernels
 from dctdata.codec import lattice, transform3d
 from dctdata.codec.spec import CodecSpec, dequant_tables
 from dctdata.codec.transform import BLOCK, _dct_matrix_f64, augment_bias, fold_basis, fold_shift, synthesize
@@ -235,28 +237,12 @@ class Decompress(nn.Module):
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix, grid = self._split_side(side)
         size = (spec.height, spec.width)
-        img = None
         dtype, final = self.dtype, None
         if (fix is not None or grid is not None) and dtype in (torch.float16, torch.bfloat16):
             # corrections and the snap work on the float32 decode, then it is rounded: a half-precision value can
             # sit nearer another grid point than its own (the bound holds to the output dtype's rounding)
             dtype, final, target = torch.float32, target, None
-        if fused_cuda.usable(y, dtype, target):  # None if the kernel failed to build: the torch paths run
-            img = fused_cuda.guarded(
-                fused_cuda.synthesize, y, self._tables_on(y.device), spec.cf, spec.mask, size, target, side, dtype
-            )
-        if img is None and fused.usable(y, dtype, target):
-            img = fused.synthesize(y, self._tables(), spec.cf, spec.mask, size, out=target, side=side)
-        if img is None:
-            compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
-            weight = self.weight.to(device=y.device, dtype=compute)
-            trows = self.trows.to(device=y.device, dtype=compute)
-        if img is None and self.folded:
-            shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
-            img = synthesize(y, weight, trows, spec.mask, size, self.bias_row, dtype=dtype, out=target, shift=shift)
-        elif img is None:
-            prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
-            img = synthesize(y, weight, trows, spec.mask, size, dtype=dtype, out=target, prepare=prepare)
+        img = kernels.decode(self, y, dtype, spec.cf, spec.mask, size, target, side)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
@@ -419,6 +405,20 @@ class Decompress(nn.Module):
             tables = self._device_tables[device] = fused_cuda.device_tables(self._tables(), device, spec.cf, spec.mask)
         return tables
 
+    def _portable(self, y: torch.Tensor, side, target, dtype: torch.dtype) -> torch.Tensor:
+        """The torch graph of the decode (`kernels.decode`'s last kernel): the folded weights of a v1 spec, the
+        v2 affine pass a few block rows at a time otherwise."""
+        spec = self.spec
+        size = (spec.height, spec.width)
+        compute = torch.float64 if y.dtype == torch.float64 else self.weight.dtype
+        weight = self.weight.to(device=y.device, dtype=compute)
+        trows = self.trows.to(device=y.device, dtype=compute)
+        if self.folded:
+            shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
+            return synthesize(y, weight, trows, spec.mask, size, self.bias_row, dtype=dtype, out=target, shift=shift)
+        prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
+        return synthesize(y, weight, trows, spec.mask, size, dtype=dtype, out=target, prepare=prepare)
+
     def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out: expected a torch.Tensor. Got {type(out).__name__}")
@@ -491,6 +491,7 @@ class VolumeDecompress(Decompress):
         self._affine_buffers(compute, DC_GAIN)
         self.register_buffer("trows", _dct_matrix_f64()[: spec.cf].to(compute), persistent=False)
         self._fused_tables = None
+        self._device_tables: dict = {}
 
     def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
         """`forward`'s work for volumes (see `Decompress._decode`)."""
@@ -498,24 +499,26 @@ class VolumeDecompress(Decompress):
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix, grid = self._split_side(side)
-        if fused.usable(y, self.dtype, target):
-            if self._fused_tables is None:
-                self._fused_tables = fused.tables_for(spec, self.normalize)
-            img = fused.synthesize_volume(y, self._fused_tables, spec.cf, spec.mask, spec.size, out=target, side=side)
-        else:
-            compute = torch.float64 if y.dtype == torch.float64 else self.trows.dtype
-            b = y.shape[0]
-            rows = y.reshape(b, *spec.rows_shape)  # (B, C, Db*Hb, K, Wb): the affine pass's view
-            coef = self._coefficients(rows, side, compute).reshape(y.shape)
-            trows = self.trows.to(device=y.device, dtype=compute)
-            img = transform3d.synthesize(coef, trows, spec.mask, spec.size).to(self.dtype)
-            if target is not None:
-                target.copy_(img)
+        img = kernels.decode(self, y, self.dtype, spec.cf, spec.mask, spec.size, target, side)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
             img = self._snap(img if target is None else target, grid, target, indices, deferred)
         return _result(img, out, unbatched)
+
+    def _portable(self, y: torch.Tensor, side, target, dtype: torch.dtype) -> torch.Tensor:
+        """The torch graph of the volume decode (`kernels.decode`'s last kernel): the affine pass, then the three
+        synthesis matmuls of `transform3d.synthesize`; written into `target` too when given."""
+        spec = self.spec
+        compute = torch.float64 if y.dtype == torch.float64 else self.trows.dtype
+        b = y.shape[0]
+        rows = y.reshape(b, *spec.rows_shape)  # (B, C, Db*Hb, K, Wb): the affine pass's view
+        coef = self._coefficients(rows, side, compute).reshape(y.shape)
+        trows = self.trows.to(device=y.device, dtype=compute)
+        img = transform3d.synthesize(coef, trows, spec.mask, spec.size).to(dtype)
+        if target is not None:
+            target.copy_(img)
+        return img
 
     def _check_spec(self, spec: CodecSpec) -> None:
         if spec.depth is None:

@@ -5,7 +5,7 @@
 coefficient batch (B, C, Db, Hb, K, Wb) in the wire dtype, or the pair (coefficients, side), or a
 `StoredBatch` (decode="device"), and returns (B, C, D, H, W) in `dtype` on the input's device.
 
-Two paths with the same math:
+Two paths with the same math, chosen by the decode's kernel dispatch (`dctdata.decoder.kernels`):
 - portable (CUDA, autograd, torch.compile, torch.export, ONNX): one affine pass over the coefficient tensor
   (dequantization with the dead zone's reconstruction offsets, the C x C inverse rotation as a small
   matmul, the per-sample (range, mid) and normalization as a multiply-add; a constant is

@@ -175,6 +175,20 @@ def test_one_torch_thread_or_the_env_switch_never_uses_the_pool(packs, threads, 
     assert zarr_reader.decode_threads(10, 1e6) == 1
 
 
+def test_the_read_threads_option_caps_the_threads_before_the_environment(packs, threads, monkeypatch):
+    idx = list(range(N))
+    monkeypatch.setenv("DCTDATA_READ_THREADS", "3")
+    seen = threads(4)
+    ds = dctdata.open_dataset(packs / "ctx", read_threads=1)
+    got = ds.reader.read_samples(ds.fields, idx)
+    assert set(seen["runs"]) == {1} and len(seen["decoders"]) == 1
+    seen = threads(4)
+    ds = dctdata.open_dataset(packs / "ctx", read_threads=2)
+    assert ds.reader.read_samples(ds.fields, idx)["image"].tobytes() == got["image"].tobytes()
+    assert set(seen["runs"]) == {2}
+    assert zarr_reader.decode_threads(10, 1e6, 2) == 2 and zarr_reader.decode_threads(10, 1e6) == 3
+
+
 def test_small_batches_stay_on_one_thread(threads, monkeypatch):
     threads(8)
     monkeypatch.setattr(zarr_reader, "THREAD_MIN_US", 100)  # the module's values (the fixture lowered them)

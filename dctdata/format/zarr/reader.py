@@ -22,9 +22,10 @@ Threads: the chunks of one batch are decoded on `torch.get_num_threads()` thread
 the GIL; `dctdata.pool`'s per-process pool, which a fork child rebuilds) when the batch has at least two
 chunks and enough estimated decode work for each thread to pay for the handoff (`decode_threads`). A
 `make_loader` worker runs one torch thread, so workers never take each other's cores; the main process
-(`num_workers=0`, `dctdata verify`) follows its torch setting. Environment `DCTDATA_READ_THREADS=N` caps
-the threads (1: none). The output and the errors are the same either way: each thread takes a run of
-chunks in batch order and stops at its first bad chunk, and the first failing run's error is raised.
+(`num_workers=0`, `dctdata verify`) follows its torch setting. The dataset's `read_threads` option, or
+else the environment's `DCTDATA_READ_THREADS=N`, caps the threads (1: none). The output and the errors
+are the same either way: each thread takes a run of chunks in batch order and stops at its first bad
+chunk, and the first failing run's error is raised.
 Where chunk k fills row k (one-sample chunks of the entropy coder, an increasing batch), a thread's run
 is one kernel call (`CtxCodec.decode_many`), which holds the GIL once instead of once per chunk
 (faster batches, most on many threads: docs/benchmarks/design.md); a stage
@@ -95,14 +96,16 @@ _PROCESS_STATE = ("_cache", "_no_cache", "_indexes", "_index_entries", "_plans",
 _OPEN_LOCK = threading.Lock()
 
 
-def decode_threads(chunks: int, decode_us: float) -> int:
+def decode_threads(chunks: int, decode_us: float, limit: int | None = None) -> int:
     """Threads to decode `chunks` chunks estimated at `decode_us` microseconds with: torch's intra-op
-    thread count (one in a `make_loader` worker, so workers never oversubscribe), capped by
-    `DCTDATA_READ_THREADS`, by the chunks, by one thread per THREAD_MIN_US and by sqrt(decode_us /
-    HANDOFF_US), the count past which handing out more runs costs more than it saves."""
+    thread count (one in a `make_loader` worker, so workers never oversubscribe), capped by `limit` (the
+    dataset's `read_threads`) or else `DCTDATA_READ_THREADS`, by the chunks, by one thread per THREAD_MIN_US
+    and by sqrt(decode_us / HANDOFF_US), the count past which handing out more runs costs more than it saves."""
     threads = torch.get_num_threads()
     cap = os.environ.get("DCTDATA_READ_THREADS", "").strip()
-    if cap:
+    if limit is not None:
+        threads = min(threads, limit)
+    elif cap:
         if not cap.isdigit() or int(cap) < 1:
             raise DctDataError(f"DCTDATA_READ_THREADS: expected an int >= 1 (1: no threads). Got {cap!r}")
         threads = min(threads, int(cap))
@@ -124,6 +127,7 @@ class ZarrReader(StorageReader):
 
     storage = "zarr"
     random_access = True
+    read_threads: int | None = None  # the dataset's cap on threads decoding a batch (`decode_threads`)
 
     def __init__(
         self,
@@ -324,7 +328,7 @@ class ZarrReader(StorageReader):
         decode_us = sum(
             self._plans[f.name].check_us if f.name in stored else self._plans[f.name].decode_us for f, _, _ in todo
         )
-        run_split(decode, len(todo), decode_threads(len(todo), decode_us))
+        run_split(decode, len(todo), decode_threads(len(todo), decode_us, self.read_threads))
         return out
 
     def stream_form(self, f: FieldSpec) -> StreamForm:
