@@ -47,6 +47,7 @@ def test_target_lands_just_above_on_the_calibration_set_and_holds_on_unseen_samp
     assert nbytes < x[1::2].numel() * 4 and overflow == 0
 
 
+@pytest.mark.slow
 def test_photo_tiles_with_channel_rotation():
     """The rotation stores the astronaut's tiles smaller, but at 40 dB nearly every tile has a channel below
     the per-sample floor, and the floor lifts a rotated sample's channels alike, for its neediest one: the

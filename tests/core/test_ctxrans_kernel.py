@@ -189,6 +189,7 @@ def test_every_truncation_fails_as_the_cpu_does():
         assert _one(codec, q, buf + b"\x00") != 0
 
 
+@pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(which=st.integers(0, len(CORPUS) - 1), **MUTATIONS)
 def test_fuzz_mutated_streams(which, edits, cut, insert):

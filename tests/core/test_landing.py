@@ -33,6 +33,7 @@ def test_dem_int16_tiles_land_at_the_target_and_hold_the_floor():
     assert rep.spec.min_psnr == pytest.approx(39.6) and lowest >= rep.spec.min_psnr - 1e-6  # the promise recorded
 
 
+@pytest.mark.slow
 def test_photo_tiles_land_every_channel_and_hold_the_floor():
     img = sample_images(("coffee",), include_sklearn=False)["coffee"][:192, :256]
     t = torch.from_numpy(to_chw_float(img))
@@ -52,6 +53,7 @@ def test_a_rotated_volume_lands_every_channel():
     assert lowest >= rep.spec.min_psnr - 1e-6
 
 
+@pytest.mark.slow
 def test_bytes_fall_as_the_target_falls():
     x = torch.from_numpy(dem_tiles(stride=48).astype(np.float32)[:, None])
     sizes = [calibrate_report(x, quant=None, target_psnr=t).stored_bytes_per_sample for t in (41, 40, 39, 38)]
