@@ -36,7 +36,7 @@ TILE = 64
 
 
 def dem_tiles(stride: int = 16) -> np.ndarray:
-    from benchmarks.images import elevation_model
+    from shipped_images import elevation_model
 
     z = elevation_model()
     h, w = z.shape
@@ -46,7 +46,7 @@ def dem_tiles(stride: int = 16) -> np.ndarray:
 
 
 def rgb_tiles(stride: int = TILE) -> np.ndarray:
-    from benchmarks.images import sample_images
+    from shipped_images import sample_images
 
     out = []
     for img in sample_images(("astronaut", "coffee", "chelsea"), include_sklearn=False).values():
@@ -81,7 +81,7 @@ def volume_tiles(n: int = 24, depth: int = 8, beta: float = 3.6, seed: int = 0) 
 
 
 def mri_stack(depth: int = 8, stride: int = 32) -> np.ndarray:
-    from benchmarks.images import mri_slice
+    from shipped_images import mri_slice
 
     z = mri_slice().astype(np.float32)
     h, w = z.shape

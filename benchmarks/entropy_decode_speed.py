@@ -6,7 +6,7 @@ zstd-19 on the same coefficients, with the bytes each stores.
 
 Sets: `em` is the pipeline bench's field (`benchmarks.loader.synthetic`: the noisy micrographs of
 `python -m benchmarks gpu`'s loader table); `atoms`, `beam`, `clouds` are the synthetic SciML fields of
-`benchmarks.fields`; `camera` (grey) and `astronaut` (RGB) are scikit-image's shipped photos, cut
+`tests/sci_fields.py`; `camera` (grey) and `astronaut` (RGB) are scikit-image's shipped photos, cut
 into size x size tiles. Each set is packed by the product (`dctdata.pack(..., target_psnr=T)`:
 calibration, quantization and the fitted entropy model, zarr with one sample per chunk) and its stored
 integer coefficients are read back (int8 where calibration reaches the target with int8 steps, as on
@@ -80,11 +80,11 @@ def load_set(name: str, samples: int, size: int) -> np.ndarray:
 
         return synthetic(samples, size)
     if name in ("atoms", "beam", "clouds"):
-        from benchmarks.fields import synthetic_fields
+        from sci_fields import synthetic_fields
 
         return synthetic_fields(n=samples, size=size, kinds=(name,))[name]
     if name in ("camera", "astronaut"):
-        from benchmarks.images import sample_images
+        from shipped_images import sample_images
 
         img = np.asarray(sample_images((name,), include_sklearn=False)[name], dtype=np.float32)
         img = img[None] if img.ndim == 2 else img.transpose(2, 0, 1)

@@ -54,7 +54,7 @@ def _u8(loader: Callable[[], np.ndarray]) -> Callable[[], tuple[np.ndarray, bool
 
 def _shipped(name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        from benchmarks.images import shipped_image
+        from shipped_images import shipped_image
 
         return shipped_image(name)
 
@@ -68,7 +68,7 @@ def _grey_hubble() -> np.ndarray:
 
 def _sklearn(name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        from benchmarks.images import sklearn_images
+        from shipped_images import sklearn_images
 
         return sklearn_images()[name]
 
@@ -77,7 +77,7 @@ def _sklearn(name: str) -> Callable[[], np.ndarray]:
 
 def _sci(loader_name: str) -> Callable[[], tuple[np.ndarray, bool]]:
     def load() -> tuple[np.ndarray, bool]:
-        from benchmarks import images
+        import shipped_images as images
 
         return getattr(images, loader_name)(), False
 

@@ -85,8 +85,8 @@ def codec_flags(cf: int, codec: str) -> dict:
 
 def compile_args(arg_names, codec: dict, dtype: str, warps: int) -> dict:
     """signature, constexprs and attrs of one variant (`codec`: CF and the HAS_* / TRIANGLE flags), compiled as
-    `fused_cuda.synthesize` launches it, for `triton.compiler.ASTSource`. The compile test of
-    `tests/core/test_fused_cuda.py` builds its variants with it too."""
+    `fused_cuda.synthesize` launches it, for `triton.compiler.ASTSource`. The compile test of every variant
+    (benchmarks/tests/test_kernel_sass.py) builds its variants with it too."""
     flags = dict(codec, UP=padded_rows(codec["CF"]), BLOCKS=32 * warps)
     pointers = [name for name in arg_names if name.endswith("_ptr")]
     signature = {name: "*fp32" for name in pointers} | {"q_ptr": "*i8", "out_ptr": f"*{DTYPES[dtype]}"}

@@ -24,19 +24,10 @@ import time
 
 import numpy as np
 import torch
+from sci_fields import micrographs as synthetic  # the set of every loader bench: tests/sci_fields.py
 from torch.utils.data import default_collate
 
 from dctdata.codec.metrics import psnr
-
-
-def synthetic(n: int, size: int, seed: int = 0) -> np.ndarray:
-    """float32 (n, 1, size, size) in 0..255 (whole numbers): noisy micrographs from the em stand-in."""
-    from dctdata.datasets import em_denoise
-
-    ds = em_denoise(n=n, size=size, seed=seed)
-    x = np.stack([ds[i]["noisy"] for i in range(n)]).astype(np.float64)
-    lo, hi = x.min(axis=(1, 2, 3), keepdims=True), x.max(axis=(1, 2, 3), keepdims=True)
-    return np.rint(255.0 * (x - lo) / np.maximum(hi - lo, 1e-12)).astype(np.float32)
 
 
 class _Files(torch.utils.data.Dataset):

@@ -14,7 +14,7 @@ ratio a large pack tends to), and `--split` lists the pack's bytes: coefficient 
 and mid per item plus the corrections) and the fixed files. `--n 32 --size 256` is the larger set.
 
 Two sets (`--set`):
-- "fields" (default): the test fields of `benchmarks.fields` (atoms, beam, clouds) and "spiky", smooth fields
+- "fields" (default): the test fields of `tests/sci_fields.py` (atoms, beam, clouds) and "spiky", smooth fields
   with a few outliers (the case a mean-square target hides), `--n` samples of `--size`^2 each.
 - "items": the rate-distortion bench's items (`benchmarks.items`: arrays that ship inside installed packages,
   scientific and photographic, 8-bit and float, single- and multi-channel, plus the synthetic SciML stand-ins),
@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sci_fields import synthetic_fields
 
 import dctdata
 from benchmarks.curves import geomean
-from benchmarks.fields import synthetic_fields
 
 
 def spiky(n: int, size: int, seed: int) -> np.ndarray:

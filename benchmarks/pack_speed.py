@@ -37,10 +37,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
+from pack_checks import difference, tree_bytes  # a test helper: tests/pack_checks.py (benchmarks/__init__.py)
 
 import dctdata
 from dctdata.errors import DctDataError
@@ -83,42 +83,6 @@ def real_set() -> tuple[np.ndarray, list[str]]:
             f"--sets real: expected one of the items {list(REAL_ITEMS)}. Got none ({'; '.join(skipped)})"
         )
     return np.concatenate(tiles).astype(np.float32), skipped
-
-
-def tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
-
-
-def difference(a: str | os.PathLike, b: str | os.PathLike, batch: int = 64) -> dict[str, Any]:
-    """How far pack `b` (a device pack) is from pack `a` (the CPU pack of the same source and settings): the
-    stored coefficients of every dct field compared value by value, and each pack's bytes on disk. Returns
-    {"coefficients": compared, "differing": how many differ, "largest": the largest |difference| in quantized
-    steps, "side_differing": side values that differ, "bytes": (bytes of a, bytes of b)}."""
-    da, db = dctdata.open_dataset(a, as_dict=True), dctdata.open_dataset(b, as_dict=True)
-    if len(da) != len(db):
-        raise DctDataError(f"{b}: expected {len(da)} samples like {a}. Got {len(db)}")
-    dct = [f.name for f in da.manifest.fields if f.is_dct]
-    compared = differing = side_differing = 0
-    largest = 0.0
-    for start in range(0, len(da), batch):
-        idx = list(range(start, min(len(da), start + batch)))
-        for sa, sb in zip(da.__getitems__(idx), db.__getitems__(idx)):
-            for name in dct:
-                va, vb = sa[name], sb[name]
-                qa, qb = (va[0], vb[0]) if isinstance(va, tuple) else (va, vb)
-                d = (torch.as_tensor(qa).double() - torch.as_tensor(qb).double()).abs()
-                compared += d.numel()
-                differing += int((d > 0).sum())
-                largest = max(largest, float(d.max()) if d.numel() else 0.0)
-                if isinstance(va, tuple):
-                    side_differing += int((torch.as_tensor(va[1]) != torch.as_tensor(vb[1])).sum())
-    return {
-        "coefficients": compared,
-        "differing": differing,
-        "largest": largest,
-        "side_differing": side_differing,
-        "bytes": (tree_bytes(a), tree_bytes(b)),
-    }
 
 
 def _psnr_min(manifest) -> float | None:

@@ -43,8 +43,9 @@ def tiles(images: dict[str, np.ndarray], size: int) -> np.ndarray:
 def sets(n: int, size: int) -> dict[str, np.ndarray]:
     """name -> float32 (N, C, size, size): the em stand-in the GPU benchmarks use, the three synthetic SciML fields,
     and 256x256 tiles of the shipped grey and RGB photos."""
-    from benchmarks.fields import synthetic_fields
-    from benchmarks.images import sample_images
+    from sci_fields import synthetic_fields
+    from shipped_images import sample_images
+
     from benchmarks.loader import synthetic
 
     out = {"em": synthetic(n, size)}

@@ -5,7 +5,7 @@ chooses decides the size: `python -m benchmarks stage-choice`.
     python -m benchmarks stage-choice --quick              # a smoke run: 8 slices, two targets
     python -m benchmarks stage-choice --json OUT.json
 
-Sets (`benchmarks.images`, from matplotlib's shipped MRI slice; nothing downloaded):
+Sets (`tests/shipped_images.py`, from matplotlib's shipped MRI slice; nothing downloaded):
 - "fMRI slices": `fmri_series`, 2 volumes x 24 slices of 96 x 128 int16 (the same slices in each volume), packed
   as 48 2-D samples;
 - "MRI volume": `mri_volume`, one 25 x 41 x 33 int16 volume (odd sizes), packed with `dims=3`.
@@ -25,10 +25,10 @@ import shutil
 import tempfile
 
 import numpy as np
+from shipped_images import fmri_series, mri_volume
 
 import dctdata
 from benchmarks.curves import pack_psnr
-from benchmarks.images import fmri_series, mri_volume
 from benchmarks.ours import read_back, stored_size
 from dctdata.format import MANIFEST_NAME
 

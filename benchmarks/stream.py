@@ -29,10 +29,10 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from loopback import LoopbackServer
 
 from benchmarks.loader import synthetic  # one generator for both loader benches
 from benchmarks.loader_peers import peers
-from benchmarks.loopback import LoopbackServer
 
 
 def _first_tensor(batch) -> torch.Tensor:

@@ -26,7 +26,7 @@ TILE, STRIDE = 64, 16
 
 
 def dem_tiles() -> np.ndarray:
-    from benchmarks.images import elevation_model
+    from shipped_images import elevation_model
 
     z = elevation_model()
     h, w = z.shape

@@ -2,28 +2,19 @@
 dctdata is the one imported), which also makes the helper modules beside it importable:
 `sample_fields` (test data, pack comparison), `decode_checks` (the decode invariant), `servers`
 (a loopback HTTP server), `ctx_streams` (entropy-coded streams, LEB128 fields, fuzz mutations),
-`torchrun_checks` (a script body run on two ranks).
-
-The repository root is appended to sys.path (after site-packages, so the installed dctdata still wins
-over the source folder) for `benchmarks`: the loopback server and the package-shipped test images live
-there, outside the wheel, shared by the tests and the benchmarks."""
+`torchrun_checks` (a script body run on two ranks), `shipped_images` (arrays and photos shipped inside
+installed packages), `sci_fields` (the SciML stand-ins as stacks), `loopback` (the HTTP server itself).
+The benchmarks import some of these too; the tests import nothing from benchmarks/ (test_import_graph)."""
 
 from __future__ import annotations
 
-import pathlib
 import random
-import sys
 import zlib
 
 import numpy as np
 import pytest
 import torch
-
-ROOT = str(pathlib.Path(__file__).resolve().parents[1])
-if ROOT not in sys.path:
-    sys.path.append(ROOT)
-
-from sample_fields import labelled_npz  # noqa: E402
+from sample_fields import labelled_npz
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def quantized(x: np.ndarray, cf: int, step: float, dtype) -> np.ndarray:
 
 def tiles(name: str, size: int, n: int) -> np.ndarray:
     """n tiles of size x size of a scikit-image photo (camera: grey, astronaut: RGB), float32 (N, C, size, size)."""
-    from benchmarks.images import sample_images
+    from shipped_images import sample_images
 
     img = np.asarray(sample_images((name,), include_sklearn=False)[name], dtype=np.float32)
     img = img[None] if img.ndim == 2 else img.transpose(2, 0, 1)
@@ -41,12 +41,11 @@ def real_sets() -> list[tuple[str, CtxCodec, np.ndarray]]:
     mode 3 from version 3; CF 4: 16384 coefficients), int16 photos (grey 256x256, RGB 128x128: 49152
     coefficients, with sign flips across channels), each with the starting layout of `fit` (the "top" context and,
     for RGB, "ch" and "sign"), and the RGB one again with the left-block ("lt") and "wide" contexts."""
-    from benchmarks.fields import synthetic_fields
-    from benchmarks.loader import synthetic
+    from sci_fields import micrographs, synthetic_fields
 
     atoms = synthetic_fields(n=3, size=256, kinds=("atoms",))["atoms"]
     sets = [  # (name, q, fit options)
-        ("em int8 256", quantized(synthetic(3, 256), 8, 2.0, np.int8), {}),
+        ("em int8 256", quantized(micrographs(3, 256), 8, 2.0, np.int8), {}),
         ("atoms int8 256 cf4", quantized(atoms, 4, 0.02, np.int8), {}),
         ("camera int16 256", quantized(tiles("camera", 256, 3), 8, 0.5, np.int16), {}),
         ("astronaut int16 128", quantized(tiles("astronaut", 128, 3), 8, 0.5, np.int16), {}),

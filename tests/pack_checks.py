@@ -1,15 +1,20 @@
 """Reading a whole pack and running `dctdata verify` on it, as the robustness tests do after damaging
-or tampering with one (shared by test_corruption and test_hostile_packs)."""
+or tampering with one (shared by test_corruption and test_hostile_packs); `difference`, how far a device
+pack is from the CPU pack (the device-pack tests and `python -m benchmarks pack-speed`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import dctdata
 from dctdata.cli import main
+from dctdata.errors import DctDataError
 from dctdata.format.fields import TABLES_VERSION, unpack_tables
 
 
@@ -57,3 +62,40 @@ def as_version(m: dict, version: int) -> dict:
             f["codec"] = unpack_tables(f["codec"], m["version"])
     m["version"] = version
     return m
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes on disk of every file under `root`."""
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+
+
+def difference(a: str | os.PathLike, b: str | os.PathLike, batch: int = 64) -> dict[str, Any]:
+    """How far pack `b` (a device pack) is from pack `a` (the CPU pack of the same source and settings): the
+    stored coefficients of every dct field compared value by value, and each pack's bytes on disk. Returns
+    {"coefficients": compared, "differing": how many differ, "largest": the largest |difference| in quantized
+    steps, "side_differing": side values that differ, "bytes": (bytes of a, bytes of b)}."""
+    da, db = dctdata.open_dataset(a, as_dict=True), dctdata.open_dataset(b, as_dict=True)
+    if len(da) != len(db):
+        raise DctDataError(f"{b}: expected {len(da)} samples like {a}. Got {len(db)}")
+    dct = [f.name for f in da.manifest.fields if f.is_dct]
+    compared = differing = side_differing = 0
+    largest = 0.0
+    for start in range(0, len(da), batch):
+        idx = list(range(start, min(len(da), start + batch)))
+        for sa, sb in zip(da.__getitems__(idx), db.__getitems__(idx)):
+            for name in dct:
+                va, vb = sa[name], sb[name]
+                qa, qb = (va[0], vb[0]) if isinstance(va, tuple) else (va, vb)
+                d = (torch.as_tensor(qa).double() - torch.as_tensor(qb).double()).abs()
+                compared += d.numel()
+                differing += int((d > 0).sum())
+                largest = max(largest, float(d.max()) if d.numel() else 0.0)
+                if isinstance(va, tuple):
+                    side_differing += int((torch.as_tensor(va[1]) != torch.as_tensor(vb[1])).sum())
+    return {
+        "coefficients": compared,
+        "differing": differing,
+        "largest": largest,
+        "side_differing": side_differing,
+        "bytes": (tree_bytes(a), tree_bytes(b)),
+    }

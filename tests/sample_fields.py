@@ -81,7 +81,7 @@ def volume_stack(n: int = 8, depth: int = 4, size: int = 32, beta: float = 3.6, 
 
 def dem_tiles(tile: int = 64, stride: int = 32) -> np.ndarray:
     """matplotlib's Jacksboro fault elevation model (int16 metres) cut into tiles (N, tile, tile) int16."""
-    from benchmarks.images import elevation_model
+    from shipped_images import elevation_model
 
     z = elevation_model()
     h, w = z.shape

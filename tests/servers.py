@@ -1,13 +1,13 @@
 """A loopback HTTP server for the tests: serves a directory with byte ranges (zarr reads shard indexes
 and chunks with range requests, as real servers allow) and counts the requests it answers and the
-bytes it sends. One implementation, shared with the benchmarks: `benchmarks.loopback`."""
+bytes it sends. One implementation, which the benchmarks share: `loopback.py` beside this module."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
-from benchmarks.loopback import LoopbackServer
+from loopback import LoopbackServer
 
 __all__ = ["LoopbackServer", "ServedURL", "serve"]
 

@@ -33,6 +33,7 @@ def run(tmp_path_factory):
     return argv, json.loads(out.read_text()), printed.getvalue(), out
 
 
+@pytest.mark.slow
 def test_gpu_json_records_the_device_date_command_and_every_row(run):
     argv, got, printed, _ = run
     assert got["device"] == "CPU" and got["timer"] == "wall clock" and got["complete"] is True
@@ -62,6 +63,7 @@ def test_gpu_json_records_the_device_date_command_and_every_row(run):
     assert all(s >= 0 for s in got["seconds"].values()) and set(got["seconds"]) >= {"setup", "pipeline", "total"}
 
 
+@pytest.mark.slow
 def test_gpu_rows_count_the_bytes_that_cross(run):
     rows = run[1]["pipeline_rows"]
     for w in (0, 2):
@@ -82,6 +84,7 @@ def test_gpu_rows_count_the_bytes_that_cross(run):
             assert raw["psnr"] is None and cpu["psnr"] == dev["psnr"]
 
 
+@pytest.mark.slow
 def test_gpu_must_show_ratios_come_from_the_rows(run):
     got = run[1]
     rows, checks = got["pipeline_rows"], got["must_show"]
@@ -156,6 +159,7 @@ def test_synthetic_parts_make_the_whole_set():
     assert np.array_equal(parts, whole) and parts.dtype == np.float32
 
 
+@pytest.mark.slow
 def test_gpu_doc_table_renders_one_run(run, tmp_path, capsys):
     _, got, _, path = run
     out = tmp_path / "section.md"

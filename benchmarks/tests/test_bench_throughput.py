@@ -80,7 +80,7 @@ def test_loopback_counts_a_body_before_the_client_has_it(tmp_path):
     import threading
     import urllib.request
 
-    from benchmarks.loopback import LoopbackServer
+    from loopback import LoopbackServer
 
     (tmp_path / "f.bin").write_bytes(bytes(1000))
 

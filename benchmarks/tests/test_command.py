@@ -89,6 +89,7 @@ def test_unknown_name_exits_with_usage(capsys):
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_benchmarks_from_the_repository_root():
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks", "codec", "--cf", "0"], cwd=ROOT, capture_output=True, text=True

@@ -13,7 +13,7 @@ from dctdata import DctDataError
 
 # Arrays shipped inside packages ------------------------------------------------------------------
 def test_package_shipped_scientific_arrays():
-    from benchmarks import images
+    import shipped_images as images
 
     mri = images.mri_slice()
     assert mri.shape == (256, 256) and mri.dtype == np.uint16 and 0 < mri.max() < 4096
@@ -32,7 +32,7 @@ def test_package_shipped_scientific_arrays():
 
 
 def test_package_files_are_never_fetched(monkeypatch):
-    from benchmarks import images
+    import shipped_images as images
 
     with pytest.raises(DctDataError, match=r"nope\.png: expected a data file shipped with skimage. Got no such file"):
         images.shipped_image("nope.png")
@@ -42,7 +42,7 @@ def test_package_files_are_never_fetched(monkeypatch):
 
 
 def test_synthetic_fields_are_deterministic_and_scaled():
-    from benchmarks.fields import KINDS, synthetic_fields
+    from sci_fields import KINDS, synthetic_fields
 
     a = synthetic_fields(n=2, size=48, seed=5)
     b = synthetic_fields(n=2, size=48, seed=5)

@@ -32,6 +32,7 @@ def test_pack_split_adds_up(tmp_path):
     assert over == 0 and nbytes == sum(split2.values())
 
 
+@pytest.mark.slow
 def test_table_reports_per_sample_and_the_split(capsys):
     max_error.main(["--n", "2", "--size", "32", "--bounds", "1e-3", "--split"])
     out = capsys.readouterr().out
@@ -59,6 +60,7 @@ def test_peers_hold_the_bound(name):
     assert nbytes > 0 and over == 0
 
 
+@pytest.mark.slow
 def test_items_set_packs_tiles_and_whole_with_group_means(capsys, tmp_path):
     pytest.importorskip("skimage")  # the MRI slice ships with scikit-image's data
     data, groups, skipped = max_error.item_packs(["mri"])

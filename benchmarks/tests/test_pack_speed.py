@@ -19,6 +19,7 @@ def test_power_law_fields_are_smooth_and_repeatable():
     assert step < 0.25 * a.std()  # neighbours close: most of the power at low frequencies
 
 
+@pytest.mark.slow
 def test_the_bench_writes_a_row_per_measure_and_its_json(tmp_path, capsys):
     out = tmp_path / "ps.json"
     args = ["--size-mb", "1", "--sets", "fields", "--rows", "fixed", "cli", "peers", "--json", str(out)]

@@ -3,8 +3,9 @@ in the JSON and the table, and stored bytes that rise with the target."""
 
 import json
 
+from shipped_images import fmri_series, mri_volume
+
 from benchmarks import stage_choice
-from benchmarks.images import fmri_series, mri_volume
 
 
 def test_the_sets_are_int16_with_a_dark_background():

@@ -22,6 +22,7 @@ def test_pack_psnr_takes_each_volume_as_one_item():
     assert pack_psnr(x, y) == pytest.approx(-10 * np.log10(nmse.mean()), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_volumes_rd_quick_run(tmp_path, capsys):
     out = tmp_path / "v.json"
     volumes_rd.main(["--quick", "--repeat", "1", "--json", str(out)])

@@ -16,7 +16,8 @@ starts; here a coefficient's table depends on coefficients decoded before it (lo
 the block above, the previous channel, the left DC). So the kernel is ours: ctxrans_lanes.h, CUDA C++ compiled
 at run time by NVRTC (cuda-python's `cuda.bindings`; no nvcc at install), launched on torch's current stream.
 The same file built as C is the lane emulator (`_ctxlanes`), which CI runs bit-exactly against the CPU decoder
-on real and fuzzed streams, and which this module runs for CPU tensors.
+on real and fuzzed streams, and which this module runs for CPU tensors; it is imported there, on first use, so
+a CUDA user never loads it.
 
 Design (the numbers that decided it are in docs/guides/gpu-entropy-decoder.md):
 - A unit is half a warp: 16 lanes, lane l holding rANS state l, decoding one part of a stream: a mode 0/1/2
@@ -55,7 +56,6 @@ from importlib import resources
 import numpy as np
 import torch
 
-from dctdata.entropy import _ctxlanes
 from dctdata.entropy.ctxrans import CODEC_ID, MODE_SEGMENTS, CtxCodec, CtxCodecError
 from dctdata.errors import DctDataError, IntegrityError
 
@@ -246,6 +246,8 @@ def _decode_rows(codec, buffer, offsets, sample_shape, dtype, cpu_decoder, decla
         out = torch.zeros((n, *shape), dtype=dt)
         if cpu_decoder:
             return out, _decode_cpu(codec, buffer, offsets, declared, out)
+        from dctdata.entropy import _ctxlanes  # here, not with the module: CUDA users never load it
+
         status_np = np.zeros(n, np.int32)
         _ctxlanes.decode_batch(
             codec._blob,

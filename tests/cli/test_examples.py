@@ -86,6 +86,7 @@ def test_quick_start_packs_trains_and_learns(monkeypatch, capsys):
     assert out.startswith("packed 64 samples: ") and out.count("epoch ") == 3
 
 
+@pytest.mark.slow
 def test_from_python_packs_every_kind_of_source(monkeypatch, capsys, tmp_path):
     module = _load("from_python", monkeypatch)
     result = module.main(["--n", "20", "--size", "32", "--out", str(tmp_path)])

@@ -35,9 +35,8 @@ def test_every_package_folder_is_in_the_explicit_list():
     assert config["tool"]["setuptools"]["package-dir"] == {v: k for k, v in MAPPING.items()}
 
 
-def wheel_modules() -> dict[str, pathlib.Path]:
-    """module name -> source file of every Python module the wheel holds, as setuptools' build_py (what
-    `pip wheel` runs) finds them from pyproject.toml."""
+def _build_py():
+    """setuptools' build_py command (what `pip wheel` runs) configured from pyproject.toml."""
     from setuptools.config.pyprojecttoml import apply_configuration
     from setuptools.dist import Distribution
 
@@ -50,10 +49,32 @@ def wheel_modules() -> dict[str, pathlib.Path]:
             apply_configuration(dist, "pyproject.toml")
             build_py = dist.get_command_obj("build_py")
             build_py.ensure_finalized()
-            found = build_py.find_all_modules()
+            build_py.data_files  # noqa: B018 - computed on first access, from the project folder
+    finally:
+        os.chdir(cwd)
+    return build_py
+
+
+def wheel_modules() -> dict[str, pathlib.Path]:
+    """module name -> source file of every Python module the wheel holds, as build_py finds them."""
+    cwd = os.getcwd()
+    build_py = _build_py()
+    os.chdir(ROOT)
+    try:
+        found = build_py.find_all_modules()
     finally:
         os.chdir(cwd)
     return {f"{package}.{module}".removesuffix(".__init__"): ROOT / path for package, module, path in found}
+
+
+def test_the_wheel_holds_no_c_source():
+    """The extensions' C sources go to the sdist, not the wheel: include-package-data is off (it would copy every
+    sdist file inside a package), and the only data files are py.typed and the GPU entropy decoder's kernel
+    source, which entropy/device.py compiles at run time with NVRTC. .ci/run checks the built wheel too."""
+    build_py = _build_py()
+    assert build_py.distribution.include_package_data is False
+    data = sorted(f"{package}/{name}" for package, _, _, names in build_py.data_files for name in names)
+    assert data == ["dctdata/entropy/ctxrans_lanes.h", "dctdata/py.typed"]
 
 
 def test_the_wheel_holds_the_product_and_no_benchmark():

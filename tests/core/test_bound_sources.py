@@ -140,7 +140,7 @@ def test_the_snap_lands_on_float32_grid_points_in_every_dtype(dtype):
 
 
 # 07: constant items under a relative bound -------------------------------------------------------
-@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+@pytest.mark.parametrize("fmt", ["zarr", pytest.param("webdataset", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("value", [1.0, 3.25, -7e5, 0.0])
 def test_a_constant_item_under_a_relative_bound_is_stored_exactly(tmp_path, fmt, value):
     x = np.random.default_rng(0).normal(size=(4, 2, 16, 16)).cumsum(-1).astype(np.float32)

@@ -110,6 +110,7 @@ def test_bound_and_target_both_hold():
     assert report.dataset_psnr >= 45 and report.spec.min_psnr is not None
 
 
+@pytest.mark.slow
 def test_pack_both_storages_reads_back_within_bound(tmp_path):
     rng = np.random.default_rng(3)
     x = turbulent(rng, 12, 2, 24, 40).astype(np.float32)
@@ -277,6 +278,7 @@ def onnx_decode_meets_the_bound(x, spec, q, side, path) -> set[str]:
     return {n.op_type for n in onnx.load(str(path)).graph.node}
 
 
+@pytest.mark.slow
 def test_onnx_runtime_decode_meets_the_bound(tmp_path):
     """The exported first layer (ONNX Runtime, CPU) decodes a bounded pack within its bound: the bound
     needs no decoder op of its own, and the float32 margin covers ORT's arithmetic."""

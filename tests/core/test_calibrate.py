@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from sci_fields import synthetic_fields
+from shipped_images import sample_images, to_chw_float
 
 import dctdata
-from benchmarks.fields import synthetic_fields
-from benchmarks.images import sample_images, to_chw_float
 from dctdata.codec.metrics import psnr
 from dctdata.encoder.calibrate import calibrate, calibrate_report, dataset_psnr
 from dctdata.stages import DEFAULT_CODEC, get_stage
@@ -47,6 +47,7 @@ def test_target_lands_just_above_on_the_calibration_set_and_holds_on_unseen_samp
     assert nbytes < x[1::2].numel() * 4 and overflow == 0
 
 
+@pytest.mark.slow
 def test_photo_tiles_with_channel_rotation():
     """The rotation stores the astronaut's tiles smaller, but at 40 dB nearly every tile has a channel below
     the per-sample floor, and the floor lifts a rotated sample's channels alike, for its neediest one: the
@@ -187,15 +188,18 @@ def test_errors():
         calibrate(x, cf=4, valid=torch.ones(3, 1, 1, 1, dtype=torch.bool))
 
 
+MRI_TILES = [(0, 0), (1, 1), (2, 1), (3, 2)]  # the rd bench's "mri/tiles" pack cut to 4 tiles (its tile_grid)
+
+
 def test_items_int8_cannot_lift_to_the_floor_get_coarser_floors_or_int16():
     """MRI tiles with a few bright pixels on dark background: at 44 dB the per-sample floor would overflow
     int8 at the search's floors on two of four tiles; the frequencies that overflow get coarser floors (issue
     31, `_Setting.raise_floors`) or an unset quant lands int16, and every tile holds the floor without
     overflow. Where int8 cannot reach the target at all (56 dB), quant int8 says so."""
-    from benchmarks.items import load_items, packs_of
+    from shipped_images import mri_slice
 
-    (pack,) = packs_of(load_items(["mri"])[0], ("tiles",), 4)
-    x = torch.from_numpy(np.asarray(pack.x, dtype=np.float32))
+    mri = mri_slice().astype(np.float32)  # (256, 256): a 4 x 3 grid of 60 x 76 tiles, four of them evenly spaced
+    x = torch.from_numpy(np.stack([mri[None, i * 60 : (i + 1) * 60, j * 76 : (j + 1) * 76] for i, j in MRI_TILES]))
     rep = calibrate_report(x, quant=None, target_psnr=44)
     assert rep.spec.dtype in ("int8", "int16") and rep.overflow == 0
     y, _, overflow = roundtrip(x, rep.spec)

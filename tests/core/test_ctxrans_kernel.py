@@ -189,6 +189,7 @@ def test_every_truncation_fails_as_the_cpu_does():
         assert _one(codec, q, buf + b"\x00") != 0
 
 
+@pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(which=st.integers(0, len(CORPUS) - 1), **MUTATIONS)
 def test_fuzz_mutated_streams(which, edits, cut, insert):
@@ -374,31 +375,3 @@ def test_kernel_on_a_non_default_stream(sets):
     s.synchronize()
     assert status.cpu().tolist() == [0] * len(q)
     np.testing.assert_array_equal(out.cpu().numpy(), q)
-
-
-# -------------------------------------------------------------------------------------------- the benchmark
-def test_the_gpu_benchmark_runs_its_checks_on_the_cpu(tmp_path):
-    """benchmarks/gpu_ctxrans.py --quick --device cpu: the pack, the bit-exactness check, the hostile streams and
-    the JSON the GPU run writes, through the lane emulator."""
-    import importlib.util
-    import json
-
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "gpu_ctxrans.py")
-    spec = importlib.util.spec_from_file_location("gpu_ctxrans", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "r.json"
-    result = bench.main(["--quick", "--device", "cpu", "--segment", "4096", "16384", "--out", str(out)])
-    assert result["bit_exact"] and result["hostile_ok"]
-    saved = json.loads(out.read_text())
-    assert saved["sample_shape"] == [1, 32, 64, 32] and saved["dtype"] == "int8" and saved["pack_segment"] == SEGMENT
-    rows = [(r["layout"], r["mode"], r["segment"], r["units_per_sample"]) for r in saved["rows"]]
-    assert rows == [
-        ("mode 3, segment 4096", 3, 4096, 16),
-        ("mode 3, segment 16384", 3, 16384, 4),
-        ("mode 2 (one unit a sample)", 2, None, 1),
-    ]
-    b = {r["segment"]: r["bytes_per_sample"] for r in saved["rows"]}
-    assert b[None] < b[16384] < b[4096]
-    assert saved["hostile"]["streams"] == 40 and saved["hostile"]["oversized_refused"] == 2
-    assert 0 < saved["hostile"]["failed"] <= 40

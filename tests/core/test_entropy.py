@@ -681,6 +681,7 @@ def test_lying_section_length():
         check_decode(codec, buf[:head] + b"\xff" * 12, q.shape, q.dtype)  # unterminated LEB128
 
 
+@pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
 @given(which=st.integers(0, len(CORPUS) - 1), **MUTATIONS)
 def test_fuzz_mutated_streams(which, edits, cut, insert):

@@ -3,9 +3,10 @@
 Without a GPU: its values under Triton's interpreter (TRITON_INTERPRET=1, on CPU tensors; tiny sizes, the
 interpreter runs about a second per program) against the reference decoder and the eager layer, its masks
 (nothing written outside `out`, crops, several strips per block row, batches split over launches), the
-layer's wiring, the fallback when the kernel fails, the argument checks, and a compile of each kernel
-variant to sm_90 machine code (Triton compiles without a driver). With a GPU (`-m cuda`): the layer on CUDA
-takes the kernel and equals the reference for every wire and output dtype, codec version and mask.
+layer's wiring, the fallback when the kernel fails and the argument checks (the compile of each kernel
+variant to sm_90 machine code, without a driver, is in benchmarks/tests/test_kernel_sass.py). With a GPU
+(`-m cuda`): the layer on CUDA takes the kernel and equals the reference for every wire and output dtype, codec
+version and mask.
 
 Measured agreement on this file's interpreter cases: at most 2.5e-7 x the output's largest magnitude against
 the eager layer and against the float64 reference decoder (a few float32 ulps; the sums run in another
@@ -16,7 +17,6 @@ fused multiply-adds round differently again: 1e-5 x, as the existing CUDA parity
 
 import dataclasses
 import math
-import sys
 
 import pytest
 import torch
@@ -26,7 +26,6 @@ from gpu_fakes import forget_kernel, interpreted_kernel
 import dctdata
 import dctdata.decoder.fused as fused
 import dctdata.decoder.fused_cuda as fused_cuda
-from benchmarks.kernel_sass import compile_args
 from dctdata import CodecSpec, Decompress
 from dctdata.decoder.wire import split_wire
 from dctdata.encoder.quantize import decode_reference
@@ -306,45 +305,6 @@ def test_device_table_errors_name_the_table_and_what_was_expected():
         dataclasses.replace(good, m=good.m.double())
     with pytest.raises(dctdata.DctDataError, match="tables: expected scale and shift both or neither"):
         dataclasses.replace(good, shift=None)
-
-
-@pytest.mark.parametrize(
-    "flags, warps",
-    [
-        (dict(CF=2, TRIANGLE=False, HAS_R=False, HAS_M=False, HAS_OUT=False, HAS_SIDE=False), 1),
-        (dict(CF=8, TRIANGLE=False, HAS_R=True, HAS_M=False, HAS_OUT=True, HAS_SIDE=True), 2),
-        (dict(CF=5, TRIANGLE=True, HAS_R=True, HAS_M=True, HAS_OUT=True, HAS_SIDE=True), 2),
-    ],
-    ids=["v1-cf2", "v2-cf8-side", "v2-cf5-triangle-rotation"],
-)
-@pytest.mark.parametrize("out", ["float32", "bfloat16"])
-def test_kernel_compiles_to_sm90_machine_code(flags, warps, out, monkeypatch):
-    """Triton's NVIDIA backend compiles without a driver: each variant of the kernel must reach a cubin, compiled
-    as `synthesize` launches it (16-byte aligned pointers and a width that is a multiple of 16, which Triton
-    specializes on): each thread stores its block's rows as 16-byte vectors."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    sys.modules.pop("dctdata.decoder._triton_synth", None)
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as exc:
-        pytest.skip(f"this Triton has no ahead-of-time compile API: {exc}")
-    from dctdata.decoder._triton_synth import synthesize_kernel
-
-    sys.modules.pop("dctdata.decoder._triton_synth", None)
-    args = compile_args(synthesize_kernel.arg_names, flags, out, warps)  # as fused_cuda.synthesize launches it
-    try:
-        source = ASTSource(fn=synthesize_kernel, **args)
-    except TypeError as exc:  # another Triton release's ahead-of-time API; launches on a GPU check the kernel there
-        pytest.skip(f"this Triton's ASTSource takes other arguments: {exc}")
-    try:
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-    except (RuntimeError, FileNotFoundError) as exc:
-        if "ptxas" in str(exc) or "libdevice" in str(exc):
-            pytest.skip(f"Triton's NVIDIA toolchain is not usable here: {exc}")
-        raise
-    assert compiled.asm["cubin"] and "st.global.v4" in compiled.asm["ptx"]
-    assert "ld.local" not in compiled.asm["ptx"], "register spills"
 
 
 # --- on a CUDA device (run with `pytest -m cuda`) -------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -166,6 +167,60 @@ def test_the_product_never_imports_the_benchmarks_or_tests():
                 continue
             bad.update((name, t) for t in targets if t.split(".")[0] in ("benchmarks", "tests", "examples"))
     assert not bad, sorted(bad)
+
+
+def benchmark_uses(source: str, filename: str = "<test>") -> list[str]:
+    """What in a test module's source reaches into benchmarks/: imports of `benchmarks` (statements and
+    importlib.import_module), and paths to a file there (`... / "benchmarks"`, "benchmarks/x.py")."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "benchmarks"]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "benchmarks":
+            found.append(node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+            "import_module",
+            "join",
+        ):
+            found += [f"line {node.lineno}: {a.value!r}" for a in node.args if _names_benchmarks(a)]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _names_benchmarks(node.right):
+            found.append(f"line {node.lineno}: / {node.right.value!r}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"(?:\S*/)?benchmarks/\S+\.py", node.value):
+                found.append(f"line {node.lineno}: {node.value!r}")
+    return found
+
+
+def _names_benchmarks(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.split(".")[0] == "benchmarks"
+
+
+def test_the_tests_never_import_the_benchmarks():
+    """tests/ checks the product and owns the helpers the benchmarks share (shipped_images, sci_fields, loopback,
+    pack_checks): a benchmark may change or go without breaking a test. The benchmarks' own tests live in
+    benchmarks/tests/."""
+    bad = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        uses = benchmark_uses(path.read_text(), str(path))
+        if uses:
+            bad[str(path.relative_to(ROOT))] = uses
+    assert not bad, bad
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("import benchmarks.rd\n", ["benchmarks.rd"]),
+        ("def f():\n    from benchmarks.images import x\n", ["benchmarks.images"]),
+        ("import importlib\nimportlib.import_module('benchmarks.gpu')\n", ["line 2: 'benchmarks.gpu'"]),
+        ("p = ROOT / 'benchmarks' / 'gpu.py'\n", ["line 1: / 'benchmarks'"]),
+        ("p = os.path.join(d, '..', 'benchmarks', 'gpu.py')\n", ["line 1: 'benchmarks'"]),
+        ("run(['python', 'benchmarks/gpu_layer.py'])\n", ["line 1: 'benchmarks/gpu_layer.py'"]),
+        ("from sci_fields import micrographs\ndoc = 'see docs/benchmarks/index.md'\n", []),
+    ],
+)
+def test_the_benchmark_finder(source, found):
+    assert benchmark_uses(source) == found
 
 
 def lazy_table(path: pathlib.Path) -> dict[str, str]:

@@ -7,9 +7,9 @@ import pytest
 import torch
 from decode_checks import check_decompress
 from sample_fields import dem_tiles, smooth_fields, volume_stack
+from shipped_images import sample_images, to_chw_float
 
 import dctdata
-from benchmarks.images import sample_images, to_chw_float
 from dctdata.codec.metrics import ItemErrors, psnr
 from dctdata.encoder.calibrate import calibrate_report
 from dctdata.encoder.quantize import encode
@@ -33,6 +33,7 @@ def test_dem_int16_tiles_land_at_the_target_and_hold_the_floor():
     assert rep.spec.min_psnr == pytest.approx(39.6) and lowest >= rep.spec.min_psnr - 1e-6  # the promise recorded
 
 
+@pytest.mark.slow
 def test_photo_tiles_land_every_channel_and_hold_the_floor():
     img = sample_images(("coffee",), include_sklearn=False)["coffee"][:192, :256]
     t = torch.from_numpy(to_chw_float(img))
@@ -52,6 +53,7 @@ def test_a_rotated_volume_lands_every_channel():
     assert lowest >= rep.spec.min_psnr - 1e-6
 
 
+@pytest.mark.slow
 def test_bytes_fall_as_the_target_falls():
     x = torch.from_numpy(dem_tiles(stride=48).astype(np.float32)[:, None])
     sizes = [calibrate_report(x, quant=None, target_psnr=t).stored_bytes_per_sample for t in (41, 40, 39, 38)]
@@ -176,7 +178,7 @@ def test_a_forced_rotation_lands_where_the_subsample_leaves_its_channels_spread(
     """The search's subsample landing moves a rotated setting's steps together and leaves its channels spread
     around the goal (here about 38.9..41.3 dB) until `_land`'s channel weights even them out: the setting is
     reachable (its mean error was read as 'best reachable 39.7 dB' and rotation=True failed)."""
-    from benchmarks.fields import synthetic_fields
+    from sci_fields import synthetic_fields
 
     fields = synthetic_fields(n=8, size=48, seed=1)
     x = torch.from_numpy(np.stack([fields[k][:, 0] for k in ("atoms", "beam", "clouds")], axis=1))

@@ -74,9 +74,17 @@ def test_detect_leaves_continuous_items_and_loose_bounds_alone():
     assert bool((rows == 0).all()) and torch.equal(eff, loose)
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("bound", [{"max_rel_error": 1e-3}, {"max_rel_error": 1e-4}, {"max_error": 3e-3}])
+@pytest.mark.parametrize(
+    "bound",
+    [
+        {"max_rel_error": 1e-3},
+        pytest.param({"max_rel_error": 1e-4}, marks=pytest.mark.slow),
+        pytest.param({"max_error": 3e-3}, marks=pytest.mark.slow),
+    ],
+    ids=["bound0", "bound1", "bound2"],
+)
 def test_bound_holds_on_every_value_of_lattice_fields(kind, seed, bound):
     """Property: random lattice fields (counts over random doses, offset ADC readings, lattice and continuous
     channels side by side), some NaN-masked: every valid value decodes within the bound, in the layer and the
@@ -103,6 +111,7 @@ def test_bound_holds_on_every_value_of_lattice_fields(kind, seed, bound):
     assert float((err.amax((-1, -2)) / scale)[on].max()) < 1e-6  # the grid point itself, to float32 rounding
 
 
+@pytest.mark.slow
 def test_a_lattice_pack_stores_less_than_coding_to_the_bound(tmp_path, monkeypatch):
     x = counts(np.random.default_rng(3), 8, 1, 64, 64)
 
@@ -117,7 +126,7 @@ def test_a_lattice_pack_stores_less_than_coding_to_the_bound(tmp_path, monkeypat
     assert with_grid < 0.7 * without, (with_grid, without)
 
 
-@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+@pytest.mark.parametrize("fmt", [pytest.param("zarr", marks=pytest.mark.slow), "webdataset"])
 def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt, capsys):
     x = counts(np.random.default_rng(4), 6, 2, 24, 32)
     out = tmp_path / "p"
@@ -189,6 +198,7 @@ def test_torch_export_snaps_like_eager():
     assert torch.equal(y, layer((q, side)))
 
 
+@pytest.mark.slow
 def test_onnx_runtime_snaps_onto_the_lattice(tmp_path):
     x, spec, (q, side) = _wire()
     ops = onnx_decode_meets_the_bound(x, spec, q, side, tmp_path / "lattice.onnx")
@@ -261,6 +271,7 @@ def test_volumes_on_a_lattice_snap_too():
         assert bool((err <= bound).all()) and float((err / x.double().abs().amax((2, 3, 4))).max()) < 1e-6
 
 
+@pytest.mark.slow
 def test_a_psnr_target_with_a_bound_costs_nothing_more_on_a_lattice(tmp_path):
     """A target beside the bound: the snapped decode is the grid points, far above any floor, so the pack is
     no larger than the bound's alone (the floor is checked on the snapped decode, not kept by re-coding the

@@ -227,7 +227,8 @@ def v2_wire(channels=3, b=4, seed=1, weighted=False):
     """A real version-2 codec (dead zone, recon offset, per-sample side, KLT rotation) and its wire. The
     calibration lands a rotated setting with channel weights (codec v3); without `weighted` they are
     dropped (the same steps, a version-2 spec), with it the landed v3 spec is kept."""
-    from benchmarks.fields import synthetic_fields
+    from sci_fields import synthetic_fields
+
     from dctdata.encoder.calibrate import calibrate_report
 
     fields = synthetic_fields(n=8, size=48, seed=seed)

@@ -11,6 +11,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
@@ -163,6 +165,31 @@ def test_the_entropy_kernels_program_decodes_like_the_cpu_decoder(packs, name, m
     ds, dev = _batches(packs / name, "device")
     _same(cpu, dev, ds.decompressor("image"))
     assert sum(calls) == 2 * N  # each batch decoded twice by _same
+
+
+LAZY_EMULATOR = """
+import sys
+
+import dctdata
+from dctdata.loaders.distributed import make_loader
+
+ds = dctdata.open_dataset(sys.argv[1], as_dict=True, decode="device")
+layer = ds.decompressor("image")
+for b in make_loader(ds, batch_size=8, shuffle=False):
+    layer(b["image"])
+print("dctdata.entropy.device" in sys.modules, "dctdata.entropy._ctxlanes" in sys.modules)
+"""
+
+
+def test_the_device_decode_path_never_imports_the_lane_emulator(packs):
+    """The lane emulator (`_ctxlanes`, the kernel's source built as C) runs only when asked for (`emulate=True`,
+    the CPU stand-in of the kernel); a decode="device" user decodes through `dctdata.entropy.device` without
+    loading it."""
+    run = subprocess.run(
+        [sys.executable, "-c", LAZY_EMULATOR, str(packs / "zarr-ctx-1")], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "False"]  # the device decoder ran; its emulator was not imported
 
 
 @pytest.mark.parametrize("name", ["wds-ctx", "wds-zstd", "zarr-ctx-1", "zarr-zstd"])

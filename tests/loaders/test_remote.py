@@ -37,7 +37,7 @@ def s3():
     server.stop()
 
 
-@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
+@pytest.mark.parametrize("fmt", [pytest.param("zarr", marks=pytest.mark.slow), "webdataset"])
 def test_pack_to_s3_and_read_back(labelled_source, tmp_path, s3, fmt):
     import s3fs
 

@@ -65,7 +65,7 @@ def test_slices_are_collated_batches(tmp_path):
     assert set(d) == {"image", "label"} and d["label"].tolist() == [3, 6]
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_dataloader_workers(tmp_path, method):
     if method not in mp.get_all_start_methods():
         pytest.skip(f"no {method} start method here")

@@ -4,14 +4,13 @@ the `cuda` tests run it on a GPU, where rounding at quantization boundaries may 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import pathlib
 
 import numpy as np
 import pytest
 import torch
+from pack_checks import difference
 from sample_fields import poisson_fields
 
 import dctdata
@@ -20,16 +19,7 @@ from dctdata.errors import DctDataError
 from dctdata.preprocess import device_pack
 from dctdata.settings import PackSettings
 
-SMALL = {"shard_samples": 8, "chunk_samples": 4}
-_BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "pack_speed.py"
-
-
-def difference(a, b) -> dict:
-    """`benchmarks.pack_speed.difference` (the bench's measure of a device pack against the CPU pack)."""
-    spec = importlib.util.spec_from_file_location("pack_speed_bench", _BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.difference(a, b)  # several parts, so several writer threads have work
+SMALL = {"shard_samples": 8, "chunk_samples": 4}  # several parts, so several writer threads have work
 
 
 @pytest.fixture

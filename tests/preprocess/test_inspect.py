@@ -5,9 +5,9 @@ import pytest
 import torch
 from PIL import Image
 from sample_fields import smooth_fields
+from sci_fields import synthetic_fields
 
 import dctdata
-from benchmarks.fields import synthetic_fields
 from dctdata.cli import main
 from dctdata.preprocess.inspect import inspect_dataset
 from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spectrum

@@ -85,6 +85,7 @@ def test_six_channel_masked_set_reports_valid_pixel_psnr_and_meets_the_target(ma
     assert float(items.min()) == pytest.approx(m.stats["image"].psnr_min, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_a_constant_fill_is_measured_on_valid_pixels_and_costs_bits(masked_pack, tmp_path):
     """The issue's command (`--nan fill=0`): figures and the target are over valid pixels now, not against
     the 0..300 K range the fill made, so the temperatures get their 40 dB, and the 300 K step at every

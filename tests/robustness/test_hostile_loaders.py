@@ -81,6 +81,7 @@ print("ok", i + 1)
 """
 
 
+@pytest.mark.slow
 def test_9_three_hundred_reopens_fit_in_64_descriptors(packs):
     r = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(REOPEN_UNDER_A_LOW_LIMIT), str(packs / "zarr")],

@@ -321,7 +321,7 @@ def _limited():
     resource.setrlimit(resource.RLIMIT_FSIZE, (12 << 10, 12 << 10))  # any file past 12 KiB: EFBIG, as a full disk
 
 
-@pytest.mark.parametrize("fmt", ["webdataset", "zarr"])
+@pytest.mark.parametrize("fmt", [pytest.param("webdataset", marks=pytest.mark.slow), "zarr"])
 def test_16_a_full_disk_names_the_file_and_the_pack_resumes(tmp_path, fmt):
     x = np.cumsum(np.cumsum(np.random.default_rng(5).standard_normal((200, 2, 64, 64)), 2), 3).astype(np.float32)
     np.save(tmp_path / "src.npy", x)

@@ -1,7 +1,7 @@
-"""A loopback HTTP server for benchmarks and tests: serves a directory on 127.0.0.1 with single byte
-ranges (as object stores and real web servers do), optionally throttled to a bandwidth shared by all
-connections, and counts the requests it answers and the body bytes it sends. A body piece is counted
-before it is written: counted after, a loaded machine let the client read a response and `reset()` the
+"""A loopback HTTP server for the tests and the benchmarks (which import it from here): serves a directory on
+127.0.0.1 with single byte ranges (as object stores and real web servers do), optionally throttled to a
+bandwidth shared by all connections, and counts the requests it answers and the body bytes it sends. A body
+piece is counted before it is written: counted after, a loaded machine let the client read a response and `reset()` the
 counts before the server thread added it, so one epoch's count could hold bytes of a request made before it
 (a loader's opening reads).
 

@@ -13,7 +13,7 @@ from gpu_fakes import forget_kernel, install_fake_nvcomp, interpreted_kernel
 import dctdata.decoder.fused as fused
 import dctdata.decoder.fused_cuda as fused_cuda
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_layer.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "gpu_layer.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,14 @@
-"""Synthetic SciML-like fields for tests, as (N, 1, S, S) float32 stacks.
+"""Synthetic SciML-like fields for the tests and the benchmarks, as (N, 1, S, S) float32 stacks.
 
-A thin adapter over the SciML stand-ins of `dctdata.datasets` (one generator per stand-in), picking
-the three kinds whose statistics stress a transform coder differently:
+A thin adapter over the SciML stand-ins of `dctdata.datasets` (one generator per stand-in). `synthetic_fields`
+picks the three kinds whose statistics stress a transform coder differently:
 - "atoms": graphene lattice imaged with Poisson (shot) noise and dead pixels (an electron micrograph);
 - "beam": a speckled laser beam, 16-bit camera counts (optics);
 - "clouds": the 3.7 um brightness-temperature channel of an SLSTR-like scene, ~220-310 K (huge
   offset, small detail: PSNR against each item's range is demanding).
+
+`micrographs` gives the em stand-in's noisy micrographs as 8-bit-like counts, the loader benchmarks' data.
+A test helper that the benchmarks import too (`benchmarks/__init__.py` puts tests/ on their path).
 """
 
 from __future__ import annotations
@@ -46,3 +49,13 @@ def synthetic_fields(
         rng = np.random.default_rng([seed, idx])
         out[kind] = np.stack([np.asarray(makers[kind](rng, size), dtype=np.float32)[None] for _ in range(n)])
     return out
+
+
+def micrographs(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """float32 (n, 1, size, size) in 0..255 (whole numbers): noisy micrographs from the em stand-in."""
+    from dctdata.datasets import em_denoise
+
+    ds = em_denoise(n=n, size=size, seed=seed)
+    x = np.stack([ds[i]["noisy"] for i in range(n)]).astype(np.float64)
+    lo, hi = x.min(axis=(1, 2, 3), keepdims=True), x.max(axis=(1, 2, 3), keepdims=True)
+    return np.rint(255.0 * (x - lo) / np.maximum(hi - lo, 1e-12)).astype(np.float32)

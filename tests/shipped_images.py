@@ -6,8 +6,9 @@
   never through a fetcher that could download. They are the scientific counterparts of the photos:
   a 16-bit MRI slice, a digital elevation model in metres and a stereo disparity map.
 
-Used by the benchmarks and tests. scikit-image, scikit-learn and matplotlib come with the `bench` and
-`dev` extras, not with the product; a missing one raises ModuleNotFoundError.
+A test helper that the benchmarks import too (`benchmarks/__init__.py` puts tests/ on their path).
+scikit-image, scikit-learn and matplotlib come with the `bench` and `dev` extras, not with the product; a
+missing one raises ModuleNotFoundError.
 """
 
 from __future__ import annotations
