@@ -8,9 +8,9 @@ T (`min_psnr`, enforced by the encoder on every sample, seen or not). What it ch
   (x - mid) / range, so one step serves items of any scale (mixed-scale fields, snapshots whose
   amplitude grows) and each item's error is measured against its own range, as the project's PSNR is;
 - for C > 1, an orthonormal channel rotation (the KLT of the calibration set) when it stores less;
-- half-sample symmetric padding, a dead-zone quantizer (theta 0.4) with per-frequency reconstruction
-  offsets (the centroid shift, fitted on the subset), one step per channel, coarser per-frequency
-  steps only where int8 would overflow ("floors"; int16 when that stores less);
+- partial blocks filled from their own pixels (pad "extend"), a dead-zone quantizer (theta 0.4) with
+  per-frequency reconstruction offsets (the centroid shift, fitted on the subset), one step per channel,
+  coarser per-frequency steps only where int8 would overflow ("floors"; int16 when that stores less);
 - cf and mask when left free: the smallest ones whose dropped energy is a small share of the budget,
   against cf 8 (the stored size decides).
 
@@ -45,7 +45,7 @@ import torch
 from dctdata.codec import transform3d
 from dctdata.codec.metrics import ItemErrors, item_nmse
 from dctdata.codec.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
-from dctdata.codec.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
+from dctdata.codec.transform import BLOCK, DEFAULT_PAD, basis, compress, kept_frequencies, parse_cf, parse_mask
 from dctdata.decoder.layer import Decompress
 from dctdata.encoder.quantize import (
     F32_SAFE_MAX,
@@ -225,9 +225,9 @@ class _Coded:
             dims = x.dim() - 2
             xn = normalize(x, side, dims)
             if dims == 3:  # (N, C, Db, Hb, 512, Wb), unrotated
-                base = transform3d.compress(xn, 8, "cube", "symmetric")
+                base = transform3d.compress(xn, 8, "cube", DEFAULT_PAD)
             else:  # (N, C, Hb, 64, Wb), unrotated
-                base = compress(xn, 8, "square", "symmetric")
+                base = compress(xn, 8, "square", DEFAULT_PAD)
         self.base = base if rotation is not None else None
         self.coef = base if rotation is None else torch.einsum("oc,nc...->no...", self.mixer.float(), base)
         n, c = self.coef.shape[:2]
@@ -664,9 +664,9 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)
     xn = normalize(x, item_side(x, valid, dims), dims)
     if dims == 3:  # (N, C, Db, Hb, K, Wb)
-        seen = transform3d.compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 3, 5)).double()
+        seen = transform3d.compress(xn, cf, mask, DEFAULT_PAD).abs().amax(dim=(0, 2, 3, 5)).double()
     else:
-        seen = compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 4)).double()
+        seen = compress(xn, cf, mask, DEFAULT_PAD).abs().amax(dim=(0, 2, 4)).double()
     reach = torch.minimum(2 * seen, worst_case_amax(cf, mask, None, c))
     candidates, best = [], None
     for dt in [dtype] if dtype is not None else ["int8", "int16"]:
@@ -761,7 +761,7 @@ def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]
 def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     """No target: the given cf and dtype; integer dtypes get the finest steps no item can overflow."""
     c = x.shape[1]
-    common = dict(cf=cf, mask=mask, **_shape_kw(x.shape), dtype=dtype, pad="symmetric")
+    common = dict(cf=cf, mask=mask, **_shape_kw(x.shape), dtype=dtype, pad=DEFAULT_PAD)
     if dtype not in INTEGER_DTYPES:
         return CodecSpec(**common)
     steps = worst_case_amax(cf, mask, None, c) / (INT_LIMITS[dtype] - 0.5)
@@ -899,7 +899,7 @@ def _spec_for(setting: _Setting, s, x_shape, recon: torch.Tensor | None, min_psn
     rot = setting.coded.rotation
     integer = setting.dtype in INTEGER_DTYPES
     return CodecSpec(
-        cf=setting.cf, mask=setting.mask, **_shape_kw(x_shape), dtype=setting.dtype, pad="symmetric",
+        cf=setting.cf, mask=setting.mask, **_shape_kw(x_shape), dtype=setting.dtype, pad=DEFAULT_PAD,
         steps=setting.steps(s).tolist() if integer else None, theta=THETA if integer else None,
         recon=None if recon is None else recon.tolist(), rotation=None if rot is None else rot.tolist(),
         side="range_mid", min_psnr=min_psnr if integer else None,
