@@ -57,8 +57,9 @@ from dctdata.encoder.quantize import (
     quantize_per_sample,
     rescaled_by,
 )
+from dctdata.encoder.tables import choose_recon, table_bytes
 from dctdata.errors import DctDataError
-from dctdata.parse import is_number, parse_number
+from dctdata.parse import is_number, parse_int, parse_number
 from dctdata.stages import AUTO, for_setting, get_stage
 from dctdata.stages.auto import stored_bytes
 
@@ -219,8 +220,9 @@ class _Coded:
         rotation: torch.Tensor | None,
         weights: torch.Tensor | None = None,
         base: torch.Tensor | None = None,
+        dataset_scale: float = 1.0,
     ) -> None:
-        self.rotation, self.weights = rotation, weights
+        self.rotation, self.weights, self.dataset_scale = rotation, weights, dataset_scale
         if base is None:
             dims = x.dim() - 2
             xn = normalize(x, side, dims)
@@ -239,6 +241,7 @@ class _Coded:
         self.sub = by_rows.permute(0, 2, 1, 3, 4).reshape(rows, c, f, wb)[pick]  # (R, C, F, Wb)
         self.amax = by_rows.abs().amax(dim=(0, 2, 4)).double()  # (C, F)
         self.pixels = f * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
+        self.scale = dataset_scale * rows / take  # the dataset's block rows per block row of `sub`
 
     @property
     def mixer(self) -> torch.Tensor | None:
@@ -249,7 +252,7 @@ class _Coded:
         return r if self.weights is None else r * self.weights.double()[None, :]
 
     def reweighted(self, weights: torch.Tensor) -> _Coded:
-        return _Coded(None, None, self.rotation, weights, self.base)
+        return _Coded(None, None, self.rotation, weights, self.base, self.dataset_scale)
 
     def to_output(self, e: torch.Tensor) -> torch.Tensor:
         """(C, ...) mean squared errors per coded channel -> per output channel: (R^2)^T e / w^2."""
@@ -366,6 +369,13 @@ class _Setting:
             rec, delta = q.to(torch.float32), None
         err = -sub.double()
         err[:, :, self.idx, :] = (rec - kept).double()
+        if delta is not None:  # a table row that costs the pack more than it saves becomes one value
+            per_channel = q.shape[0] * q.shape[2] * q.shape[3] * self.coded.scale
+            chosen = choose_recon(v, q, delta, steps, err.pow(2).sum(dim=(0, 2, 3)), per_channel)
+            if not torch.equal(chosen, delta):
+                delta = chosen
+                rec = (q - delta.reshape(1, -1, len(self.idx), 1).float() * torch.sign(q)) * st
+                err[:, :, self.idx, :] = (rec - kept).double()
         coded = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels  # (C,) normalized MSE per coded channel
         if self.coded.rotation is not None:
             err = torch.einsum("oc,rokw->rckw", self.coded.rotation.double(), err)
@@ -529,6 +539,7 @@ def calibrate_report(
     where: Callable[[int], str] | None = None,
     max_error: float | None = None,
     max_rel_error: float | None = None,
+    dataset_samples: int | None = None,
 ) -> Calibration:
     """Choose a CodecSpec for one `dct` field from a calibration subset (N, C, H, W) and say what it
     achieves there (see the module docstring). `calibrate` returns only the spec.
@@ -542,11 +553,16 @@ def calibrate_report(
     worst channel). where(i) names sample i of the subset in errors (a pack passes the source's names).
     max_error / max_rel_error: a pointwise bound on every decoded value (absolute, or relative to each
     item's range; `dctdata.encoder.bounds`), with or without a target (both hold); without one, the step and
-    the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
+    the integer dtype left free are chosen by the stored size at the bound (`_bounded`). dataset_samples: how
+    many samples the dataset holds (None: the subset is the dataset); a table stored once per pack is weighed
+    against what it saves over that many samples (`dctdata.encoder.tables`).
     """
     t0 = time.perf_counter()
     bounded_only = target_psnr is None and (max_error is not None or max_rel_error is not None)
     x, valid, errors = _check_samples(samples, valid, bounded_only)
+    if dataset_samples is not None:
+        dataset_samples = parse_int(dataset_samples, "dataset_samples", minimum=1)
+    dataset_scale = 1.0 if dataset_samples is None else max(1.0, dataset_samples / x.shape[0])
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
@@ -588,12 +604,13 @@ def calibrate_report(
             progress,
             errors,
             where or (lambda i: f"calibration sample {i}"),
+            dataset_scale,
         )
         if bounds:
             with _naming(where):
                 spec, result = _both(
                     x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
-                    where or (lambda i: f"calibration sample {i}"),
+                    where or (lambda i: f"calibration sample {i}"), dataset_scale,
                 )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
@@ -717,7 +734,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     return best[0].replace(corrections=cap), tuple(candidates)
 
 
-def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors, where):
+def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors, where, dataset_scale=1.0):
     """A target and a bound (both hold): the bound's own spec when it already reaches the target on the
     subset (a tight bound usually does), with the target's per-sample floor; else the landed spec with the
     items that miss the bound re-coded (int16 landed again when int8 cannot hold the bound)."""
@@ -735,7 +752,7 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
     except BoundError:
         if dtype is not None or spec.dtype != "int8":
             raise
-        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where)[0]
+        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where, dataset_scale)[0]
         spec = spec.replace(**bounds)
         encode(x, spec, valid=valid)  # a BoundError here names the item int16 cannot hold either
     return spec, None
@@ -768,7 +785,7 @@ def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     return CodecSpec(**common, steps=steps.tolist(), side="range_mid")
 
 
-def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where):
+def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where, dataset_scale=1.0):
     n, c = x.shape[:2]
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
@@ -780,7 +797,7 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
     candidates, best = [], None
     base = None  # the subset's unrotated transform: made once, every rotation choice starts from it
     for rot in rotations:
-        coded = _Coded(x, side, rot, base=base)
+        coded = _Coded(x, side, rot, base=base, dataset_scale=dataset_scale)
         base = coded.coef if rot is None else coded.base
         for cc, mm in _cf_candidates(coded, cf, mask, budget):
             for dt in dtypes:
@@ -809,8 +826,9 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
                 if d < goal - 0.3:
                     continue  # this setting cannot reach the target (its floors or precision cap the PSNR)
                 floors_bind = bool((setting.floors > s[:, None]).any())
-                if best is None or size < best["size"]:
-                    best = dict(setting=setting, s=s, size=size, dtype=dt, floors_bind=floors_bind)
+                total = _pack_bytes(setting, s, size)
+                if best is None or total < best["size"]:
+                    best = dict(setting=setting, s=s, size=total, dtype=dt, floors_bind=floors_bind)
     if best is None:
         reach = max((cand.subsample_psnr for cand in candidates), default=None)
         settings = f"cf={cf}, mask={mask}, quant={dtype}"
@@ -845,7 +863,8 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
         # A rotated sample's per-sample floor scales all its channels alike, lifting the channels that did not
         # need it too; where many items sit below the floor the landing then cannot put every channel in the
         # window. The same setting without the rotation lands per channel: it keeps the promise.
-        plain = _Setting(_Coded(x, side, None, base=base), best["setting"].cf, best["setting"].mask, best["dtype"])
+        unrotated = _Coded(x, side, None, base=base, dataset_scale=dataset_scale)
+        plain = _Setting(unrotated, best["setting"].cf, best["setting"].mask, best["dtype"])
         try:
             alt = settle(plain, plain.land(goal, best["s"].mean())[0])
         except DctDataError:
@@ -893,6 +912,15 @@ def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: floa
             if dropped <= DROP_SHARE * budget:
                 return [(cc, mm), *out]
     return out
+
+
+def _pack_bytes(setting: _Setting, s, size: int) -> float:
+    """What a setting stores over the whole dataset: its subsample's coefficient bytes scaled up, and the step
+    and reconstruction tables the manifest keeps once (`dctdata.encoder.tables`)."""
+    if setting.dtype not in INTEGER_DTYPES:
+        return size * setting.coded.scale
+    recon = setting.subsample(s)[3]  # the last trial's: no new quantization
+    return size * setting.coded.scale + table_bytes(setting.steps(s).tolist()) + table_bytes(recon.tolist())
 
 
 def _spec_for(setting: _Setting, s, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
