@@ -46,10 +46,12 @@ def test_a_table_pays_on_a_large_set_and_becomes_one_value_on_a_tiny_one():
     assert packed_bytes([float(tiny[0, 0])] * 64) < packed_bytes(delta[0].tolist()) / 4
 
 
-def _volume(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, 1, 25, 41, 33, generator=g).cumsum(-1).cumsum(-2).cumsum(-3)
-    return x + 0.5 * torch.randn(x.shape, generator=g)
+def _volume():
+    """A head-like int16 volume of an odd size: a textured ellipsoid on a zero background (25 x 41 x 33)."""
+    d, h, w = torch.meshgrid(torch.arange(25.0), torch.arange(41.0), torch.arange(33.0), indexing="ij")
+    r2 = ((d - 12) / 11) ** 2 + ((h - 20) / 18) ** 2 + ((w - 16) / 14) ** 2
+    inside = 1000 * (1.2 - r2) + 40 * torch.sin(h / 3) * torch.cos(w / 4) + 30 * torch.sin(d / 2)
+    return torch.where(r2 < 1, inside, torch.zeros(())).round().reshape(1, 1, 25, 41, 33)
 
 
 @pytest.mark.slow
