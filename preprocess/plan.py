@@ -227,6 +227,7 @@ def _calibrate(
     quiet: bool,
     where=None,
     bound=None,
+    dataset_samples: int | None = None,
 ) -> tuple[CodecSpec, dict]:
     """(spec, lossless stage) of one dct field from its calibration subset (invalid pixels do not count),
     with a progress bar on a terminal while the search runs."""
@@ -245,7 +246,7 @@ def _calibrate(
     try:
         report = calibrate_report(
             x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress,
-            where=where, **(bound or {}),
+            where=where, dataset_samples=dataset_samples, **(bound or {}),
         )  # fmt: skip
     except BoundError as exc:  # the item the bound cannot hold, named with its field as the encoder's are
         item = getattr(exc, "item", f"calibration sample {exc.sample}")
@@ -414,7 +415,7 @@ def _codec(
     x = torch.from_numpy(np.ascontiguousarray(x))
     try:
         spec, stage = _calibrate(
-            x, name, cf, mask, quant, target, valid, codec, quiet, lambda j: cal.where(idx[j]), bound
+            x, name, cf, mask, quant, target, valid, codec, quiet, lambda j: cal.where(idx[j]), bound, len(cal)
         )  # fmt: skip
     except DctDataError as exc:
         if not fallback:

@@ -15,7 +15,7 @@ import torch
 import dctdata
 from dctdata.cli import main
 from dctdata.errors import DctDataError
-from dctdata.format.fields import TABLES_VERSION, unpack_tables
+from dctdata.format.fields import EXTEND_VERSION, TABLES_VERSION, unpack_tables
 
 
 def read_all(ds) -> list:
@@ -56,7 +56,11 @@ def reseal(m: dict) -> dict:
 
 def as_version(m: dict, version: int) -> dict:
     """A manifest's JSON edited to claim an older `version`, as that version wrote it: codec tables that the
-    writer packed (version >= TABLES_VERSION) back to JSON numbers."""
+    writer packed (version >= TABLES_VERSION) back to JSON numbers, pad "extend" (EXTEND_VERSION) as "symmetric"
+    (the decoders crop the padding whatever filled it, so the samples read the same)."""
+    for f in m["fields"] if version < EXTEND_VERSION else ():
+        if isinstance(f["codec"], dict) and f["codec"].get("pad") == "extend":
+            f["codec"]["pad"] = "symmetric"
     if version < TABLES_VERSION:
         for f in m["fields"]:
             f["codec"] = unpack_tables(f["codec"], m["version"])

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import dctdata.codec.transform3d as transform3d
-from dctdata.codec.transform import BLOCK, PADS, grid_shape, num_kept, parse_cf, parse_mask
+from dctdata.codec.transform import BLOCK, DEFAULT_PAD, PADS, grid_shape, num_kept, parse_cf, parse_mask
 from dctdata.errors import DctDataError
 from dctdata.parse import parse_choice, parse_int, parse_number
 
@@ -116,7 +116,8 @@ class CodecSpec:
 
     Codec v2 (each default reproduces a v1 pack; v1 manifests have no `pad` key and read as "edge"):
     pad: how the encoder fills a sample to whole blocks ("symmetric", half-sample mirror, codes cheaper
-    than "edge" replication; the decoder crops either way). theta: dead-zone rounding of the encoder,
+    than "edge" replication; "extend", format version 7, fills each partial block from its own pixels, cheaper
+    still; the decoder crops either way, so no decoder depends on it). theta: dead-zone rounding of the encoder,
     q = sign(v) floor(|v| + theta) (None: round half to even, as v1). recon (C x K): reconstruction
     offsets in steps (the centroid shift of the dead zone). rotation (C x C): an orthonormal channel
     rotation applied before the DCT (the decoder applies its transpose). side: "range_mid" when every
@@ -159,7 +160,7 @@ class CodecSpec:
         mean: Per-channel mean (C) of the normalization applied after decoding.
         std: Per-channel std (C) of the normalization applied after decoding.
         block: The block size; only 8.
-        pad: How the encoder fills a sample to whole blocks: "symmetric" or "edge".
+        pad: How the encoder fills a sample to whole blocks: "extend", "symmetric" or "edge".
         theta: The encoder's dead-zone rounding (None: round half to even).
         recon: Reconstruction offsets in steps (C x K).
         rotation: An orthonormal C x C channel rotation applied before the DCT.
@@ -189,7 +190,7 @@ class CodecSpec:
     mean: tuple | None = None
     std: tuple | None = None
     block: int = BLOCK
-    pad: str = "symmetric"
+    pad: str = DEFAULT_PAD
     theta: float | None = None
     recon: tuple | None = None
     rotation: tuple | None = None

@@ -155,7 +155,12 @@ def _check_image(x: object, name: str = "x", axes: str = "H, W") -> torch.Tensor
     return x
 
 
-PADS = ("edge", "symmetric")
+PADS = ("edge", "symmetric", "extend")
+# What the encoder writes (format version 7): a partial block is filled from its own pixels only (`extend_axis`).
+DEFAULT_PAD = "extend"
+# "extend": an axis's last block with at least this many known pixels is mirrored inside itself; with fewer,
+# the mirror would reach into the previous block, and the smooth fill below costs less.
+EXTEND_MIRROR_FROM = BLOCK // 2
 
 
 def _mirror(n: int, m: int, device=None) -> torch.Tensor:
@@ -164,14 +169,49 @@ def _mirror(n: int, m: int, device=None) -> torch.Tensor:
     return torch.where(i >= n, 2 * n - 1 - i, i)
 
 
-def pad_to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
-    """(N, H, W) -> (N, Hb*8, Wb*8). "symmetric" mirrors the sample (half-sample symmetric, as the DCT-II
-    itself extends a block): the padded blocks stay smooth and code cheaper than "edge" replication,
-    whose constant run makes a step at the border. The decoder crops either way."""
+@functools.cache
+def _smooth_fill(r: int) -> tuple[tuple[float, ...], ...]:
+    """(8 - r) rows of r weights: the padded values of a block with r known values along an axis that minimise
+    sum_u u c_u^2 over the block's DCT coefficients c (a least-squares fill: the known values fixed, the
+    higher frequencies the smaller; a constant stays a constant). As float32 numbers."""
+    t = _dct_matrix_f64()
+    a = t.T @ torch.diag(torch.arange(BLOCK, dtype=torch.float64)) @ t
+    m = -torch.linalg.solve(a[r:, r:], a[r:, :r])
+    return tuple(tuple(float(torch.tensor(v, dtype=torch.float32)) for v in row) for row in m.tolist())
+
+
+def extend_axis(x: torch.Tensor, axis: int, n: int) -> torch.Tensor:
+    """x with its axis `axis` (length n) filled to whole blocks from the last block's own r = n mod 8 known
+    values: mirrored inside the block (x[n+j] = x[n-1-j]) when r >= EXTEND_MIRROR_FROM (r = 4 makes the
+    block symmetric: its odd frequencies vanish), else the smooth fill of `_smooth_fill`. Elementwise
+    float32 arithmetic (no matmul), so a value does not depend on the batch it is coded in."""
+    r = n % BLOCK
+    if r == 0:
+        return x
+    if r >= EXTEND_MIRROR_FROM:
+        idx = torch.arange(n - 1, n - 1 - (BLOCK - r), -1, device=x.device)
+        return torch.cat([x, x.index_select(axis, idx)], axis)
+    known = [x.narrow(axis, n - r + i, 1) for i in range(r)]
+    rows = []
+    for weights in _smooth_fill(r):
+        acc = known[0] * weights[0]
+        for k, w in zip(known[1:], weights[1:], strict=True):
+            acc = acc + k * w
+        rows.append(acc)
+    return torch.cat([x, *rows], axis)
+
+
+def pad_to_blocks(x: torch.Tensor, pad: str = DEFAULT_PAD) -> torch.Tensor:
+    """(N, H, W) -> (N, Hb*8, Wb*8). "extend" fills each partial block from its own pixels (`extend_axis`, W then
+    H), so its padded part costs (nearly) nothing; "symmetric" mirrors the sample (half-sample symmetric), which
+    for a block with fewer than 4 pixels along an axis copies the previous block's pixels in; "edge" repeats
+    the last row and column, a step at the border. The decoder crops either way."""
     n, h, w = x.shape
     hb, wb = grid_shape(h, w)
     if hb * BLOCK == h and wb * BLOCK == w:
         return x
+    if pad == "extend":
+        return extend_axis(extend_axis(x, -1, w), -2, h)
     if pad == "edge":
         return F.pad(x.unsqueeze(1), (0, wb * BLOCK - w, 0, hb * BLOCK - h), mode="replicate").squeeze(1)
     if pad != "symmetric":
@@ -179,7 +219,7 @@ def pad_to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
     return x.index_select(-2, _mirror(h, hb * BLOCK, x.device)).index_select(-1, _mirror(w, wb * BLOCK, x.device))
 
 
-def to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
+def to_blocks(x: torch.Tensor, pad: str = DEFAULT_PAD) -> torch.Tensor:
     """(N, H, W) -> (N, Hb*Wb, 64): pad to a multiple of 8, then one row per block."""
     n, h, w = x.shape
     hb, wb = grid_shape(h, w)
@@ -187,15 +227,16 @@ def to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
     return x.reshape(n, hb, BLOCK, wb, BLOCK).permute(0, 1, 3, 2, 4).reshape(n, hb * wb, BLOCK * BLOCK)
 
 
-def compress(x: torch.Tensor, cf: int = 8, mask: str = "square", pad: str = "symmetric") -> torch.Tensor:
+def compress(x: torch.Tensor, cf: int = 8, mask: str = "square", pad: str = DEFAULT_PAD) -> torch.Tensor:
     """(..., H, W) float -> (..., Hb, K, Wb) float32 DCT coefficients of the kept frequencies.
 
     Args:
         x: Float samples (..., H, W), any H, W >= 1 (float16, bfloat16, float32 or float64).
         cf: The chop factor 1..8: frequencies u, v < cf are candidates.
         mask: "square" (u, v < cf: cf^2 kept) or "triangle" (u + v < cf: cf(cf+1)/2 kept).
-        pad: How a sample is filled to whole 8x8 blocks: "symmetric" (half-sample mirror) or "edge" (replicate the
-            edge, as version-1 packs).
+        pad: How a sample is filled to whole 8x8 blocks: "extend" (each partial block from its own pixels,
+            `extend_axis`), "symmetric" (half-sample mirror, format versions 2-6) or "edge" (replicate the edge, as
+            version-1 packs).
 
     Returns:
         The float32 coefficients (..., Hb, K, Wb), Hb = ceil(H / 8), Wb = ceil(W / 8).

@@ -27,7 +27,16 @@ import math
 
 import torch
 
-from dctdata.codec.transform import BLOCK, PADS, _check_image, _dct_matrix_f64, _mirror, parse_cf
+from dctdata.codec.transform import (
+    BLOCK,
+    DEFAULT_PAD,
+    PADS,
+    _check_image,
+    _dct_matrix_f64,
+    _mirror,
+    extend_axis,
+    parse_cf,
+)
 from dctdata.errors import DctDataError
 
 MASKS3 = ("cube", "tetra")
@@ -83,13 +92,15 @@ def basis(cf: int, mask: str = "cube", dtype: torch.dtype = torch.float64, devic
     return _basis_f64(parse_cf(cf), parse_mask3(mask)).to(dtype=dtype, device=device)
 
 
-def pad_to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
-    """(N, D, H, W) -> (N, Db*8, Hb*8, Wb*8): half-sample symmetric padding (the 2-D default, which codes
-    cheaper than edge replication), or "edge"."""
+def pad_to_blocks(x: torch.Tensor, pad: str = DEFAULT_PAD) -> torch.Tensor:
+    """(N, D, H, W) -> (N, Db*8, Hb*8, Wb*8): as the 2-D `dctdata.codec.transform.pad_to_blocks`: "extend" (each
+    partial block from its own voxels, W, then H, then D), "symmetric" (half-sample mirror) or "edge"."""
     d, h, w = x.shape[-3:]
     db, hb, wb = grid_shape(d, h, w)
     if (db * BLOCK, hb * BLOCK, wb * BLOCK) == (d, h, w):
         return x
+    if pad == "extend":
+        return extend_axis(extend_axis(extend_axis(x, -1, w), -2, h), -3, d)
     if pad == "edge":
         idx = [torch.arange(n * BLOCK, device=x.device).clamp(max=m - 1) for n, m in ((db, d), (hb, h), (wb, w))]
     elif pad == "symmetric":
@@ -99,7 +110,7 @@ def pad_to_blocks(x: torch.Tensor, pad: str = "symmetric") -> torch.Tensor:
     return x.index_select(-3, idx[0]).index_select(-2, idx[1]).index_select(-1, idx[2])
 
 
-def compress(x: torch.Tensor, cf: int = 8, mask: str = "cube", pad: str = "symmetric") -> torch.Tensor:
+def compress(x: torch.Tensor, cf: int = 8, mask: str = "cube", pad: str = DEFAULT_PAD) -> torch.Tensor:
     """(..., D, H, W) float -> (..., Db, Hb, K, Wb) float32 DCT coefficients of the kept frequencies.
 
     Separable: three small matmuls per block (one per axis), then the mask's frequencies are picked."""

@@ -8,9 +8,9 @@ T (`min_psnr`, enforced by the encoder on every sample, seen or not). What it ch
   (x - mid) / range, so one step serves items of any scale (mixed-scale fields, snapshots whose
   amplitude grows) and each item's error is measured against its own range, as the project's PSNR is;
 - for C > 1, an orthonormal channel rotation (the KLT of the calibration set) when it stores less;
-- half-sample symmetric padding, a dead-zone quantizer (theta 0.4) with per-frequency reconstruction
-  offsets (the centroid shift, fitted on the subset), one step per channel, coarser per-frequency
-  steps only where int8 would overflow ("floors"; int16 when that stores less);
+- partial blocks filled from their own pixels (pad "extend"), a dead-zone quantizer (theta 0.4) with
+  per-frequency reconstruction offsets (the centroid shift, fitted on the subset), one step per channel,
+  coarser per-frequency steps only where int8 would overflow ("floors"; int16 when that stores less);
 - cf and mask when left free: the smallest ones whose dropped energy is a small share of the budget,
   against cf 8 (the stored size decides).
 
@@ -46,7 +46,7 @@ import torch
 from dctdata.codec import transform3d
 from dctdata.codec.metrics import ItemErrors, item_nmse
 from dctdata.codec.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
-from dctdata.codec.transform import BLOCK, basis, compress, kept_frequencies, parse_cf, parse_mask
+from dctdata.codec.transform import BLOCK, DEFAULT_PAD, basis, compress, kept_frequencies, parse_cf, parse_mask
 from dctdata.decoder.layer import Decompress
 from dctdata.encoder.quantize import (
     F32_SAFE_MAX,
@@ -58,8 +58,9 @@ from dctdata.encoder.quantize import (
     quantize_per_sample,
     rescaled_by,
 )
+from dctdata.encoder.tables import choose_recon, table_bytes
 from dctdata.errors import DctDataError
-from dctdata.parse import is_number, parse_number
+from dctdata.parse import is_number, parse_int, parse_number
 from dctdata.stages import AUTO, for_setting, get_stage
 from dctdata.stages.auto import stored_bytes
 
@@ -220,15 +221,16 @@ class _Coded:
         rotation: torch.Tensor | None,
         weights: torch.Tensor | None = None,
         base: torch.Tensor | None = None,
+        dataset_scale: float = 1.0,
     ) -> None:
-        self.rotation, self.weights = rotation, weights
+        self.rotation, self.weights, self.dataset_scale = rotation, weights, dataset_scale
         if base is None:
             dims = x.dim() - 2
             xn = normalize(x, side, dims)
             if dims == 3:  # (N, C, Db, Hb, 512, Wb), unrotated
-                base = transform3d.compress(xn, 8, "cube", "symmetric")
+                base = transform3d.compress(xn, 8, "cube", DEFAULT_PAD)
             else:  # (N, C, Hb, 64, Wb), unrotated
-                base = compress(xn, 8, "square", "symmetric")
+                base = compress(xn, 8, "square", DEFAULT_PAD)
         self.base = base if rotation is not None else None
         self.coef = base if rotation is None else torch.einsum("oc,nc...->no...", self.mixer.float(), base)
         n, c = self.coef.shape[:2]
@@ -244,6 +246,7 @@ class _Coded:
         amax = by_rows.amax(dim=(0, 2, 4))  # (C, F) largest |coefficient|, without an |x| copy of the subset
         self.amax = torch.maximum(amax, -by_rows.amin(dim=(0, 2, 4))).double()
         self.pixels = f * wb  # coefficients per block row and channel: SSE / pixels = MSE of the row
+        self.scale = dataset_scale * rows / take  # the dataset's block rows per block row of `sub`
 
     @property
     def mixer(self) -> torch.Tensor | None:
@@ -254,7 +257,7 @@ class _Coded:
         return r if self.weights is None else r * self.weights.double()[None, :]
 
     def reweighted(self, weights: torch.Tensor) -> _Coded:
-        return _Coded(None, None, self.rotation, weights, self.base)
+        return _Coded(None, None, self.rotation, weights, self.base, self.dataset_scale)
 
     def to_output(self, e: torch.Tensor) -> torch.Tensor:
         """(C, ...) mean squared errors per coded channel -> per output channel: (R^2)^T e / w^2."""
@@ -377,6 +380,16 @@ class _Setting:
         else:
             err = -sub.double()
             err[:, :, self.idx, :] = (rec - kept).double()
+        if delta is not None:  # a table row that costs the pack more than it saves becomes one value
+            per_channel = q.shape[0] * q.shape[2] * q.shape[3] * self.coded.scale
+            chosen = choose_recon(v, q, delta, steps, err.pow(2).sum(dim=(0, 2, 3)), per_channel)
+            if not torch.equal(chosen, delta):
+                delta = chosen
+                rec = (q - delta.reshape(1, -1, len(self.idx), 1).float() * torch.sign(q)) * st
+                if kept is sub:
+                    err = (rec - kept).double()
+                else:
+                    err[:, :, self.idx, :] = (rec - kept).double()
         coded = err.pow(2).sum(dim=(2, 3)).mean(0) / self.coded.pixels  # (C,) normalized MSE per coded channel
         if self.coded.rotation is not None:
             err = torch.einsum("oc,rokw->rckw", self.coded.rotation.double(), err)
@@ -561,6 +574,7 @@ def calibrate_report(
     where: Callable[[int], str] | None = None,
     max_error: float | None = None,
     max_rel_error: float | None = None,
+    dataset_samples: int | None = None,
 ) -> Calibration:
     """Choose a CodecSpec for one `dct` field from a calibration subset (N, C, H, W) and say what it
     achieves there (see the module docstring). `calibrate` returns only the spec.
@@ -574,11 +588,16 @@ def calibrate_report(
     worst channel). where(i) names sample i of the subset in errors (a pack passes the source's names).
     max_error / max_rel_error: a pointwise bound on every decoded value (absolute, or relative to each
     item's range; `dctdata.encoder.bounds`), with or without a target (both hold); without one, the step and
-    the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
+    the integer dtype left free are chosen by the stored size at the bound (`_bounded`). dataset_samples: how
+    many samples the dataset holds (None: the subset is the dataset); a table stored once per pack is weighed
+    against what it saves over that many samples (`dctdata.encoder.tables`).
     """
     t0 = time.perf_counter()
     bounded_only = target_psnr is None and (max_error is not None or max_rel_error is not None)
     x, valid, errors = _check_samples(samples, valid, bounded_only)
+    if dataset_samples is not None:
+        dataset_samples = parse_int(dataset_samples, "dataset_samples", minimum=1)
+    dataset_scale = 1.0 if dataset_samples is None else max(1.0, dataset_samples / x.shape[0])
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
@@ -620,12 +639,13 @@ def calibrate_report(
             progress,
             errors,
             where or (lambda i: f"calibration sample {i}"),
+            dataset_scale,
         )
         if bounds:
             with _naming(where):
                 spec, result = _both(
                     x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
-                    where or (lambda i: f"calibration sample {i}"),
+                    where or (lambda i: f"calibration sample {i}"), dataset_scale,
                 )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
@@ -696,9 +716,9 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     # at most what any item can reach: floors no coarser than overflow needs (coarse floors miss the bound)
     xn = normalize(x, item_side(x, valid, dims), dims)
     if dims == 3:  # (N, C, Db, Hb, K, Wb)
-        seen = transform3d.compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 3, 5)).double()
+        seen = transform3d.compress(xn, cf, mask, DEFAULT_PAD).abs().amax(dim=(0, 2, 3, 5)).double()
     else:
-        seen = compress(xn, cf, mask, "symmetric").abs().amax(dim=(0, 2, 4)).double()
+        seen = compress(xn, cf, mask, DEFAULT_PAD).abs().amax(dim=(0, 2, 4)).double()
     reach = torch.minimum(2 * seen, worst_case_amax(cf, mask, None, c))
     candidates, best = [], None
     for dt in [dtype] if dtype is not None else ["int8", "int16"]:
@@ -749,7 +769,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     return best[0].replace(corrections=cap), tuple(candidates)
 
 
-def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors, where):
+def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, codec, errors, where, dataset_scale=1.0):
     """A target and a bound (both hold): the bound's own spec when it already reaches the target on the
     subset (a tight bound usually does), with the target's per-sample floor; else the landed spec with the
     items that miss the bound re-coded (int16 landed again when int8 cannot hold the bound)."""
@@ -767,7 +787,7 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
     except BoundError:
         if dtype is not None or spec.dtype != "int8":
             raise
-        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where)[0]
+        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where, dataset_scale)[0]
         spec = spec.replace(**bounds)
         encode(x, spec, valid=valid)  # a BoundError here names the item int16 cannot hold either
     return spec, None
@@ -793,14 +813,14 @@ def _stats(x: torch.Tensor, valid: torch.Tensor | None) -> dict[str, list[float]
 def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
     """No target: the given cf and dtype; integer dtypes get the finest steps no item can overflow."""
     c = x.shape[1]
-    common = dict(cf=cf, mask=mask, **_shape_kw(x.shape), dtype=dtype, pad="symmetric")
+    common = dict(cf=cf, mask=mask, **_shape_kw(x.shape), dtype=dtype, pad=DEFAULT_PAD)
     if dtype not in INTEGER_DTYPES:
         return CodecSpec(**common)
     steps = worst_case_amax(cf, mask, None, c) / (INT_LIMITS[dtype] - 0.5)
     return CodecSpec(**common, steps=steps.tolist(), side="range_mid")
 
 
-def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where):
+def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where, dataset_scale=1.0):
     n, c = x.shape[:2]
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
@@ -812,7 +832,7 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
     candidates, best = [], None
     base = None  # the subset's unrotated transform: made once, every rotation choice starts from it
     for rot in rotations:
-        coded = _Coded(x, side, rot, base=base)
+        coded = _Coded(x, side, rot, base=base, dataset_scale=dataset_scale)
         base = coded.coef if rot is None else coded.base
         for cc, mm in _cf_candidates(coded, cf, mask, budget):
             for dt in dtypes:
@@ -841,8 +861,9 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
                 if d < goal - 0.3:
                     continue  # this setting cannot reach the target (its floors or precision cap the PSNR)
                 floors_bind = bool((setting.floors > s[:, None]).any())
-                if best is None or size < best["size"]:
-                    best = dict(setting=setting, s=s, size=size, dtype=dt, floors_bind=floors_bind)
+                total = _pack_bytes(setting, s, size)
+                if best is None or total < best["size"]:
+                    best = dict(setting=setting, s=s, size=total, dtype=dt, floors_bind=floors_bind)
     if best is None:
         reach = max((cand.subsample_psnr for cand in candidates), default=None)
         settings = f"cf={cf}, mask={mask}, quant={dtype}"
@@ -877,7 +898,8 @@ def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progres
         # A rotated sample's per-sample floor scales all its channels alike, lifting the channels that did not
         # need it too; where many items sit below the floor the landing then cannot put every channel in the
         # window. The same setting without the rotation lands per channel: it keeps the promise.
-        plain = _Setting(_Coded(x, side, None, base=base), best["setting"].cf, best["setting"].mask, best["dtype"])
+        unrotated = _Coded(x, side, None, base=base, dataset_scale=dataset_scale)
+        plain = _Setting(unrotated, best["setting"].cf, best["setting"].mask, best["dtype"])
         try:
             alt = settle(plain, plain.land(goal, best["s"].mean())[0])
         except DctDataError:
@@ -927,11 +949,20 @@ def _cf_candidates(coded: _Coded, cf: int | None, mask: str | None, budget: floa
     return out
 
 
+def _pack_bytes(setting: _Setting, s, size: int) -> float:
+    """What a setting stores over the whole dataset: its subsample's coefficient bytes scaled up, and the step
+    and reconstruction tables the manifest keeps once (`dctdata.encoder.tables`)."""
+    if setting.dtype not in INTEGER_DTYPES:
+        return size * setting.coded.scale
+    recon = setting.subsample(s)[3]  # the last trial's: no new quantization
+    return size * setting.coded.scale + table_bytes(setting.steps(s).tolist()) + table_bytes(recon.tolist())
+
+
 def _spec_for(setting: _Setting, s, x_shape, recon: torch.Tensor | None, min_psnr) -> CodecSpec:
     rot = setting.coded.rotation
     integer = setting.dtype in INTEGER_DTYPES
     return CodecSpec(
-        cf=setting.cf, mask=setting.mask, **_shape_kw(x_shape), dtype=setting.dtype, pad="symmetric",
+        cf=setting.cf, mask=setting.mask, **_shape_kw(x_shape), dtype=setting.dtype, pad=DEFAULT_PAD,
         steps=setting.steps(s).tolist() if integer else None, theta=THETA if integer else None,
         recon=None if recon is None else recon.tolist(), rotation=None if rot is None else rot.tolist(),
         side="range_mid", min_psnr=min_psnr if integer else None,

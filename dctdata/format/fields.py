@@ -264,6 +264,11 @@ BOUNDS_VERSION = 5
 # or hundreds of bytes. The values are float32 already (`dctdata.codec.spec`), so the round trip is exact.
 TABLES_VERSION = 6
 PACKED_TABLES = ("steps", "offsets", "recon")
+# The manifest version whose dct codecs may say pad "extend" (`dctdata.codec.transform.extend_axis`): the encoder
+# fills a partial block from its own pixels. Decoders crop the padding whatever fills it, so nothing else moves:
+# the version keeps an older dctdata from reading the new value (it refuses the newer version by name), and a
+# reader accepts the value in any version (no decoder depends on it).
+EXTEND_VERSION = 7
 PACK_MIN_VALUES = 16  # smaller tables stay JSON numbers (readable, and no larger)
 _F32Z = "f32z"
 _MAX_KEPT = 512  # a volume block's frequencies: no table row is longer

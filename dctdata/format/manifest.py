@@ -13,7 +13,8 @@ left-out entries back); version 3 (`compact_json`, `full_json`: a `Manifest` in 
 full form, so every reader of it is unchanged); version 4's inline side values
 (`zarr.layout.INLINE_BYTES`); version 5's seal (`manifest_seal`), error bounds (`dctdata.encoder.bounds`), volumes
 (`VOLUMES_VERSION`), channel weights (codec v3, `dctdata.codec.spec.CodecSpec`) and grouped webdataset members
-(`dctdata.format.webdataset.layout`); version 6's packed tables (`dctdata.format.fields.TABLES_VERSION`).
+(`dctdata.format.webdataset.layout`); version 6's packed tables (`dctdata.format.fields.TABLES_VERSION`); version 7's
+pad "extend" (`dctdata.format.fields.EXTEND_VERSION`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
 SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
 VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dctdata
+from dctdata.codec import transform
 from dctdata.codec.metrics import psnr
 from dctdata.codec.transform import dct_matrix, grid_shape, kept_frequencies, num_kept
 
@@ -108,16 +109,52 @@ def test_edge_padding_replicates_the_last_row_and_column():
     torch.testing.assert_close(dctdata.compress(x, cf=3, pad="edge"), dctdata.compress(by_hand, cf=3))
 
 
-def test_symmetric_padding_mirrors_half_sample_and_is_the_default():
+def test_symmetric_padding_mirrors_half_sample():
     x = smooth_field((11, 13), seed=5)
     by_hand = torch.cat([x, x[:, [12, 11, 10]]], dim=1)  # x[n + j] = x[n - 1 - j]
     by_hand = torch.cat([by_hand, by_hand[[10, 9, 8, 7, 6]]], dim=0)
-    torch.testing.assert_close(dctdata.compress(x, cf=3), dctdata.compress(by_hand, cf=3))
+    torch.testing.assert_close(dctdata.compress(x, cf=3, pad="symmetric"), dctdata.compress(by_hand, cf=3))
     tiny = torch.tensor([[1.0, 2.0]])  # shorter than a block: the mirror repeats with period 2n
     want = torch.tensor([1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 1.0]).expand(8, 8)
-    torch.testing.assert_close(dctdata.compress(tiny), dctdata.compress(want))
-    with pytest.raises(dctdata.DctDataError, match=r"pad: expected one of \('edge', 'symmetric'\)\. Got 'zero'"):
+    torch.testing.assert_close(dctdata.compress(tiny, pad="symmetric"), dctdata.compress(want))
+    with pytest.raises(
+        dctdata.DctDataError, match=r"pad: expected one of \('edge', 'symmetric', 'extend'\)\. Got 'zero'"
+    ):
         dctdata.compress(x, pad="zero")
+
+
+def _weighted_ac(block_rows: torch.Tensor) -> torch.Tensor:
+    """sum_u u c_u^2 of each row's 8-point DCT (the energy the "extend" fill minimises)."""
+    c = block_rows.double() @ transform.dct_matrix(torch.float64).T
+    return (c.pow(2) * torch.arange(8.0, dtype=torch.float64)).sum(-1)
+
+
+def test_extend_padding_is_the_default_and_fills_a_block_from_its_own_pixels():
+    x = smooth_field((13, 20), seed=5)  # H: r = 5 known rows in the last block, W: r = 4
+    by_hand = torch.cat([x, x[:, [19, 18, 17, 16]]], dim=1)  # r >= 4: mirrored inside the block
+    by_hand = torch.cat([by_hand, by_hand[[12, 11, 10]]], dim=0)
+    torch.testing.assert_close(transform.pad_to_blocks(x[None])[0], by_hand, rtol=0, atol=0)
+    torch.testing.assert_close(dctdata.compress(x, cf=3), dctdata.compress(by_hand, cf=3, pad="extend"))
+    g = torch.Generator().manual_seed(0)
+    for r in (1, 2, 3):  # fewer: the smooth fill, from the block's own r values only
+        row = torch.randn(3, 8 + r, generator=g, dtype=torch.float64).cumsum(-1).float()
+        padded = transform.extend_axis(row, -1, 8 + r)
+        assert padded.shape == (3, 16) and torch.equal(padded[:, : 8 + r], row)
+        tail = padded[:, 8:]
+        # the least-squares optimum: no small move of the padded values lowers the weighted AC energy ...
+        for j in range(r, 8):
+            for eps in (1e-2, -1e-2):
+                moved = tail.clone()
+                moved[:, j] += eps
+                assert bool((_weighted_ac(moved) > _weighted_ac(tail)).all())
+        # ... which is below the half-sample mirror's, that reaches into the previous block
+        mirrored = transform.pad_to_blocks(row.reshape(3, 1, 8 + r), "symmetric")[:, 0, 8:]
+        assert bool((_weighted_ac(tail) <= _weighted_ac(mirrored) + 1e-9).all())
+        # a constant stays a constant
+        const = transform.extend_axis(torch.full((1, 8 + r), 7.5), -1, 8 + r)
+        torch.testing.assert_close(const, torch.full((1, 16), 7.5))
+    tiny = torch.tensor([[1.0, 2.0]])  # shorter than a block: H r = 1 repeats the row, W r = 2 the fill
+    assert transform.pad_to_blocks(tiny[None]).shape == (1, 8, 8)
 
 
 # ---- properties --------------------------------------------------------------------------------

@@ -144,7 +144,7 @@ def test_3_descriptive_entries_stay_outside_the_seal(pack):
 
 
 def test_3_older_unsealed_versions_still_read_and_a_seal_present_must_match(pack):
-    assert json.loads((pack / "manifest.json").read_text())["version"] == FORMAT_VERSION == 6
+    assert json.loads((pack / "manifest.json").read_text())["version"] == FORMAT_VERSION == 7
     before = read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))
     _json_edit(pack, lambda m: (m.pop("seal"), as_version(m, 4)))  # as an older release wrote it
     after = read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))
