@@ -14,6 +14,7 @@ from dctdata.codec.spec import CodecSpec
 from dctdata.decoder.layer import Decompress
 from dctdata.encoder.calibrate import THETA, _Coded, _Setting, calibrate_report, fit_recon
 from dctdata.encoder.quantize import coded_coefficients, item_side, keep_floor, quantize_per_sample
+from dctdata.encoder.tables import choose_recon
 from dctdata.errors import DctDataError
 
 ROTATION = [[0.6, 0.8], [-0.8, 0.6]]
@@ -83,7 +84,8 @@ def test_the_floor_never_repeats_a_trial_and_codes_as_repeating_did(channels, ro
 
 
 def reference_subsample(coded, idx, steps, theta=THETA, lim=127.0):
-    """The subsample's quantization and error as a copy of its kept planes and a scatter into every plane."""
+    """The subsample's quantization and error as a copy of its kept planes and a scatter into every plane (with
+    the table-bytes choice of the reconstruction offsets, `choose_recon`, as calibration makes it)."""
     sub = coded.sub
     st = steps.to(torch.float32).reshape(1, -1, len(idx), 1)
     kept = sub[:, :, idx, :]
@@ -93,6 +95,12 @@ def reference_subsample(coded, idx, steps, theta=THETA, lim=127.0):
     rec = (q - delta.reshape(1, -1, len(idx), 1) * torch.sign(q)) * st
     err = -sub.double()
     err[:, :, idx, :] = (rec - kept).double()
+    per_channel = q.shape[0] * q.shape[2] * q.shape[3] * coded.scale
+    chosen = choose_recon(v, q, delta, steps, err.pow(2).sum(dim=(0, 2, 3)), per_channel)
+    if not torch.equal(chosen, delta):
+        delta = chosen
+        rec = (q - delta.reshape(1, -1, len(idx), 1).float() * torch.sign(q)) * st
+        err[:, :, idx, :] = (rec - kept).double()
     return err.pow(2).sum(dim=(2, 3)).mean(0) / coded.pixels, q, delta
 
 
