@@ -352,7 +352,7 @@ def eager_on(device_type: str, *tensors: torch.Tensor) -> bool:
         return False
     if getattr(torch._C, "_are_functorch_transforms_active", lambda: False)():
         return False
-    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():  # type: ignore[no-untyped-call]  # torch's own stub
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False
     grad = torch.is_grad_enabled()
     return all(
