@@ -406,7 +406,7 @@ class CodecSpec:
         return d
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> CodecSpec:
+    def from_dict(cls, config: object) -> CodecSpec:
         """Inverse of `to_dict` (also reads v1 configs: every key written, no `pad`, which means edge
         padding); unknown or missing keys are errors, not silently dropped."""
         if not isinstance(config, Mapping):

@@ -729,7 +729,7 @@ class CtxCodec:
         self,
         buf: BytesLike,
         shape: Sequence[int] | None = None,
-        dtype: npt.DTypeLike = None,
+        dtype: npt.DTypeLike | None = None,
         out: npt.NDArray[Any] | None = None,
     ) -> npt.NDArray[Any]:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.
@@ -776,7 +776,9 @@ class CtxCodec:
         except (TypeError, BufferError) as exc:
             raise CtxCodecError(f"bufs: expected bytes-like objects ({exc})") from None
 
-    def _declared(self, shape: Sequence[int] | None, dtype: npt.DTypeLike) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    def _declared(
+        self, shape: Sequence[int] | None, dtype: npt.DTypeLike | None
+    ) -> tuple[tuple[int, ...], np.dtype[Any]]:
         """The declared shape and dtype checked against this model; CtxCodecError otherwise."""
         try:
             dt = np.dtype(dtype)
