@@ -15,7 +15,7 @@ from dctdata.format import storages
 from dctdata.format.fields import FieldSpec, with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest
-from dctdata.format.reader import batch_values
+from dctdata.format.reader import StorageReader, batch_values
 
 
 def peek(
@@ -25,7 +25,7 @@ def peek(
     root, _ = manifest_location(path_or_url)
     n = min(count, manifest.samples)
     fields = with_partners(manifest.fields, [field.name])
-    reader = storages.open_reader(root, manifest, fields, storage_options)
+    reader: StorageReader = storages.open_reader(root, manifest, fields, storage_options)
     if reader.random_access:
         indices = sorted({int(i) for i in np.linspace(0, manifest.samples - 1, n)})
         (value,) = batch_values(fields, reader.read_samples(fields, indices))

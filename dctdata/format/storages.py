@@ -11,15 +11,27 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dctdata.errors import DctDataError
 
 if TYPE_CHECKING:
     from dctdata.format.base import PartWriter
     from dctdata.format.fields import FieldSpec
-    from dctdata.format.manifest import Manifest
-    from dctdata.format.reader import StorageReader
+
+
+class PackManifest(Protocol):
+    """What the registry reads of a `dctdata.format.manifest.Manifest` (which imports the registry: named here by
+    its shape, not imported)."""
+
+    @property
+    def storage(self) -> str: ...
+
+    @property
+    def layout(self) -> Mapping[str, Any]: ...
+
+    @property
+    def checksums(self) -> Mapping[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +49,14 @@ class Storage:
         """Stored files a pack of `parts` parts and `fields` fields writes."""
         return parts * (1 if self.sharded else fields)
 
-    def describe_files(self, manifest: Manifest) -> str:
+    def describe_files(self, manifest: PackManifest) -> str:
         """The pack's stored files for a summary line: its shards where sharded, else its files."""
         shards = manifest.layout.get("shards") if self.sharded else None
         return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
 
     @property
-    def reader(self) -> Callable[..., StorageReader]:
-        cls: Callable[..., StorageReader] = _load(self.reader_path)
+    def reader(self) -> Callable[..., Any]:  # a `dctdata.format.reader.StorageReader` class
+        cls: Callable[..., Any] = _load(self.reader_path)
         return cls
 
     @property
@@ -86,11 +98,11 @@ def make_writer(name: str, options: Mapping[str, Any] | None = None) -> PartWrit
 
 def open_reader(
     root: str,
-    manifest: Manifest,
+    manifest: PackManifest,
     fields: Sequence[FieldSpec] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     **options: Any,
-) -> StorageReader:
+) -> Any:  # a `dctdata.format.reader.StorageReader` (that module imports this one through the manifest)
     """The reader of `manifest`'s storage over the pack at `root` (options go to its class: shards and
     cache for webdataset)."""
     return get(manifest.storage).reader(root, manifest, fields, storage_options, **options)

@@ -219,11 +219,6 @@ class Stage:
     ) -> npt.NDArray[Any]:
         raise NotImplementedError
 
-    def decode_bounded(self, buf: Stream, limit: int, where: str) -> memoryview:
-        """A bytes stage's stream declaring at most `limit` decoded bytes, decoded (`BytesStage.decode_bounded`);
-        an array stage has no bounded bytes decode."""
-        raise NotImplementedError
-
     def check_stream(self, stream: Stream, decoded: int, where: str | Callable[[], str]) -> None:
         """The checks a stream passes before it leaves a reader undecoded (decode="device"): none here, a stream
         without a size header (its decoder is bounded to the output and names a bad stream)."""

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from dctdata.errors import FormatError
 from dctdata.format.fields import side_partner_names, user_fields
 from dctdata.parse import is_int
-from dctdata.stages import get_stage
+from dctdata.stages import BytesStage, Stage, get_stage
 
 if TYPE_CHECKING:
     from dctdata.format.fields import FieldSpec
@@ -196,6 +196,14 @@ def packed_side(side: bytes) -> bytes:
     return len(frame).to_bytes(4, "little") + frame
 
 
+def bounded(stage: Stage, raw: memoryview, limit: int, where: str) -> memoryview:
+    """`BytesStage.decode_bounded` of a member's bytes: the stages of `.npy` members and of the side values are bytes
+    stages (an array stage codes its own stream, never a .npy)."""
+    if not isinstance(stage, BytesStage):
+        raise TypeError(f"{where}: expected a bytes stage for a .npy member. Got {stage!r}")
+    return stage.decode_bounded(raw, limit, where)
+
+
 def unpacked_side(raw: bytes | bytearray | memoryview, size: int, where: str) -> tuple[bytes, memoryview]:
     """(the `size` side bytes, the rest of the member) of a member that starts with `packed_side`'s bytes;
     a length or frame that does not hold exactly `size` bytes is an IntegrityError naming `where`."""
@@ -208,7 +216,7 @@ def unpacked_side(raw: bytes | bytearray | memoryview, size: int, where: str) ->
     n = int.from_bytes(raw[:4], "little")
     if n > len(raw) - 4:
         raise IntegrityError(f"{where}: expected {n} bytes of packed side values. Got {len(raw) - 4}")
-    side = bytes(get_stage(DEFAULT_CODEC).decode_bounded(raw[4 : 4 + n], size, where))
+    side = bytes(bounded(get_stage(DEFAULT_CODEC), raw[4 : 4 + n], size, where))
     if len(side) != size:
         raise IntegrityError(f"{where}: expected {size} bytes of side values. Got {len(side)}")
     return side, raw[4 + n :]

@@ -41,6 +41,7 @@ from dctdata.format.reader import StorageReader, Unit, UnitReader
 from dctdata.format.webdataset.layout import (
     MEMBER_RE,
     TAR_META,
+    bounded,
     entry_name,
     group_members,
     group_name,
@@ -386,7 +387,7 @@ def group_member(f: FieldSpec, codec: Stage | None, raw: memoryview, k: int, whe
     if codec is not None and codec.needs_shape:
         return codec.decode(raw, (k, *f.stored_shape), f.stored_dtype, where)
     if codec is not None:
-        raw = codec.decode_bounded(raw, npy_size((k, *f.stored_shape), f.stored_dtype), where)
+        raw = bounded(codec, raw, npy_size((k, *f.stored_shape), f.stored_dtype), where)
     arr = decode_npy(raw, where)
     if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != (k, *f.stored_shape):
         raise IntegrityError(
@@ -564,7 +565,7 @@ def member_arrays(
             at += n
         return out
     # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
-    raw = codec.decode_bounded(raw, sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts), where)
+    raw = bounded(codec, raw, sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts), where)
     out = []
     for k, g in enumerate(parts):
         if k == len(parts) - 1:
