@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -23,7 +23,7 @@ def is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float | np.integer[Any] | np.floating[Any]]:
     """An int or float that is not a bool (numpy scalars count)."""
     return is_int(value) or isinstance(value, (float, np.floating))
 

@@ -24,6 +24,8 @@ Hand-written: the grid is found and applied around this codec's own decoder; no 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import torch
 
@@ -42,12 +44,14 @@ def split(side: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor
     return side[..., :-channels, :], side[..., -channels:, :]
 
 
-def check(rows: torch.Tensor, indices=None, where: str = "field") -> None:
+def check(rows: torch.Tensor, indices: Sequence[int] | None = None, where: str = "field") -> None:
     """Raise `IntegrityError` naming the sample unless every lattice row (N, C, 2) is finite with a step >= 0."""
     check_deferred(rows, indices, where)()
 
 
-def check_deferred(rows: torch.Tensor, indices=None, where: str = "field"):
+def check_deferred(
+    rows: torch.Tensor, indices: Sequence[int] | None = None, where: str = "field"
+) -> Callable[[], None]:
     """`check` in two halves (as `dctdata.decoder.corrections.check_deferred`): the test is queued on the rows' device
     now, the returned function reads its verdict and raises."""
     bad = (~torch.isfinite(rows).flatten(1).all(1)) | (rows[..., 0] < 0).any(1)
@@ -63,7 +67,9 @@ def check_deferred(rows: torch.Tensor, indices=None, where: str = "field"):
     return verdict
 
 
-def snap(img: torch.Tensor, rows: torch.Tensor, scale=None, shift=None) -> torch.Tensor:
+def snap(
+    img: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor | None = None, shift: torch.Tensor | None = None
+) -> torch.Tensor:
     """img (B, C, *size) with each item's values rounded to its grid origin + k * step (rows (B, C, 2), in
     the field's units; step 0: left as is). scale, shift (C,): the layer's normalization x * scale + shift
     (img is normalized; the grid is mapped the same way), or None.
@@ -75,7 +81,7 @@ def snap(img: torch.Tensor, rows: torch.Tensor, scale=None, shift=None) -> torch
     work = img if img.dtype == torch.float32 else img.to(torch.float32)
     step = rows[..., 0].to(torch.float32)
     origin = rows[..., 1].to(torch.float32)
-    if scale is not None:
+    if scale is not None and shift is not None:
         scale, shift = scale.to(torch.float32).reshape(-1), shift.to(torch.float32).reshape(-1)
         step, origin = step * scale, origin * scale + shift
     on = step > 0
@@ -85,7 +91,9 @@ def snap(img: torch.Tensor, rows: torch.Tensor, scale=None, shift=None) -> torch
     return torch.where(on[at], snapped.to(img.dtype), img)
 
 
-def detect(x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, margin: torch.Tensor):
+def detect(
+    x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, margin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows (B, C, 2) float32, the bound each item's decode must meet before the snap (B, C) float64) of
     samples x (B, C, *size) with their bounds and float32 margins (B, C). An item gets a grid (step > 0)
     when all its valid values lie on one (each snaps, in float32 as `snap` computes it, to within its bound
@@ -107,7 +115,7 @@ def detect(x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, mar
     return rows, eff
 
 
-def _point(value: float, bound: float, margin: float):
+def _point(value: float, bound: float, margin: float) -> tuple[float, float, float] | None:
     """(step, origin, bound before the snap) of a constant item whose bound no decode holds but an exact one (a
     relative bound: 0 on a constant item), else None: a one-point grid at its value, with a step of the value's
     own magnitude (at least 1), so a decode within a few float32 ulps of it snaps to it on every path. None
@@ -122,7 +130,7 @@ def _point(value: float, bound: float, margin: float):
     return float(step), float(origin), room
 
 
-def _grid(v: torch.Tensor, bound: float, margin: float):
+def _grid(v: torch.Tensor, bound: float, margin: float) -> tuple[float, float, float] | None:
     """(step, origin, bound before the snap) of the values v (float64: the source's values as given) when
     they lie on a grid worth snapping to, else None. The grid points are float32 numbers: a float64 value
     float32 does not hold is that far from its point, counted in the deviation like any other.

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import torch
@@ -29,6 +29,10 @@ COEFF_DTYPES: dict[str, tuple[torch.dtype, int]] = {
     "int8": (torch.int8, 8),
 }
 INTEGER_DTYPES = ("int8", "int16")
+# A spec's tables once validated: (C,) rows and (C, K) / (C, C) tables of float32-exact floats, nested tuples so the
+# frozen spec stays hashable.
+Row: TypeAlias = tuple[float, ...]
+Table: TypeAlias = tuple[tuple[float, ...], ...]
 # --quant names (CLI) -> coefficient dtype.
 QUANT_TO_DTYPE = {"none": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8", "int16": "int16"}
 
@@ -58,9 +62,10 @@ def f32(v: float) -> float:
     return float(str(np.float32(v)))
 
 
-def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: bool) -> tuple | None:
+def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: bool) -> Any:
     """Nested sequences of finite floats with an exact shape -> nested tuples of float32-exact floats
-    (hashable, JSON-ready). A (C,) table is accepted for a (C, K) shape: one value per channel."""
+    (hashable, JSON-ready): a Row or a Table, by `shape`. A (C,) table is accepted for a (C, K) shape: one value
+    per channel."""
     if value is None:
         return None
     try:
@@ -82,13 +87,13 @@ def _parse_table(name: str, value: object, shape: tuple[int, ...], positive: boo
             f"{name}: expected values representable in float32 ({fi.tiny:.3g} .. {fi.max:.3g}). Got {value!r}"
         )
 
-    def nest(x: torch.Tensor):
+    def nest(x: torch.Tensor) -> Any:  # a Row or a Table, by the shape asked for
         return tuple(nest(r) for r in x) if x.dim() else f32(float(x))
 
     return nest(t)
 
 
-def _compact(table: tuple | None) -> list | None:
+def _compact(table: Table | None) -> list[float] | list[list[float]] | None:
     """A (C, K) table as JSON: one value per channel when a channel's row is constant."""
     if table is None:
         return None
@@ -185,18 +190,18 @@ class CodecSpec:
     channels: int = 1
     mask: str = "square"
     dtype: str = "float32"
-    steps: tuple | None = None
-    offsets: tuple | None = None
-    mean: tuple | None = None
-    std: tuple | None = None
+    steps: Table | None = None
+    offsets: Table | None = None
+    mean: Row | None = None
+    std: Row | None = None
     block: int = BLOCK
     pad: str = DEFAULT_PAD
     theta: float | None = None
-    recon: tuple | None = None
-    rotation: tuple | None = None
+    recon: Table | None = None
+    rotation: Table | None = None
     side: str | None = None
     min_psnr: float | None = None
-    weights: tuple | None = None
+    weights: Row | None = None
     depth: int | None = None
     max_error: float | None = None
     max_rel_error: float | None = None
@@ -402,7 +407,7 @@ class CodecSpec:
         return d
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> CodecSpec:
+    def from_dict(cls, config: object) -> CodecSpec:
         """Inverse of `to_dict` (also reads v1 configs: every key written, no `pad`, which means edge
         padding); unknown or missing keys are errors, not silently dropped."""
         if not isinstance(config, Mapping):
@@ -461,14 +466,18 @@ def _rotation_t(spec: CodecSpec) -> torch.Tensor:
 def dequant_tables(spec: CodecSpec, normalize: bool = True) -> DequantTables:
     """The tables every decoder of `spec` starts from (`Decompress` and the fused CPU kernel), in one place."""
     c, k = spec.channels, spec.kept
-    f64 = dict(dtype=torch.float64)
-    table = lambda v, default: default if v is None else torch.as_tensor(v, **f64).reshape(c, k)  # noqa: E731
+    f64 = torch.float64
+
+    def table(v: Table | None) -> torch.Tensor | None:
+        return None if v is None else torch.as_tensor(v, dtype=f64).reshape(c, k)
+
     std, mean = (spec.std, spec.mean) if normalize else (None, None)
+    steps, offsets = table(spec.steps), table(spec.offsets)
     return DequantTables(
-        table(spec.steps, torch.ones(c, k, **f64)),
-        table(spec.offsets, torch.zeros(c, k, **f64)),
-        table(spec.recon, None),
+        torch.ones(c, k, dtype=f64) if steps is None else steps,
+        torch.zeros(c, k, dtype=f64) if offsets is None else offsets,
+        table(spec.recon),
         None if spec.rotation is None else _rotation_t(spec),
-        torch.ones(c, **f64) if std is None else 1.0 / torch.as_tensor(std, **f64).reshape(c),
-        torch.zeros(c, **f64) if mean is None else torch.as_tensor(mean, **f64).reshape(c),
+        torch.ones(c, dtype=f64) if std is None else 1.0 / torch.as_tensor(std, dtype=f64).reshape(c),
+        torch.zeros(c, dtype=f64) if mean is None else torch.as_tensor(mean, dtype=f64).reshape(c),
     )

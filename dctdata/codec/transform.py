@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,10 @@ from dctdata.parse import is_int, parse_int
 BLOCK = 8
 MASKS = ("square", "triangle")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# A dequantization or normalization table as callers hold it: a tensor, or the nested tuples of a CodecSpec.
+TableLike: TypeAlias = torch.Tensor | Sequence[float] | Sequence[Sequence[float]]
+# The chunked kernel's `prepare`: (coefficient rows of images b0:b1, b0, b1) -> the rows ready for the matmuls.
+Prepare: TypeAlias = Callable[[torch.Tensor, int, int], torch.Tensor]
 
 
 def parse_cf(cf: object) -> int:
@@ -120,7 +126,9 @@ def _basis_f64(cf: int, mask: str) -> torch.Tensor:
     return torch.stack([outer[u, v] for u, v in idx])
 
 
-def basis(cf: int, mask: str = "square", dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def basis(
+    cf: int, mask: str = "square", dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
     """(K, 64) synthesis basis: row k is the 8x8 image of frequency (u_k, v_k), flattened row-major.
 
     Its rows are orthonormal, so analysis is `blocks @ basis.T` and synthesis `coeffs @ basis`.
@@ -163,7 +171,7 @@ DEFAULT_PAD = "extend"
 EXTEND_MIRROR_FROM = BLOCK // 2
 
 
-def _mirror(n: int, m: int, device=None) -> torch.Tensor:
+def _mirror(n: int, m: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Indices 0..m-1 into an axis of length n, extended half-sample symmetrically (x[n+j] = x[n-1-j])."""
     i = torch.arange(m, device=device) % (2 * n)
     return torch.where(i >= n, 2 * n - 1 - i, i)
@@ -281,10 +289,10 @@ def fold_basis(
     cf: int,
     mask: str = "square",
     channels: int = 1,
-    steps: torch.Tensor | None = None,
-    offsets: torch.Tensor | None = None,
-    mean: torch.Tensor | None = None,
-    std: torch.Tensor | None = None,
+    steps: TableLike | None = None,
+    offsets: TableLike | None = None,
+    mean: TableLike | None = None,
+    std: TableLike | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Fold dequantization (coef = q * step + offset) and normalization ((x - mean) / std) into the
     separable synthesis weights, so decoding stays one pass: two small matmuls and no elementwise
@@ -298,27 +306,34 @@ def fold_basis(
     t = _dct_matrix_f64()
     idx = kept_frequencies(cf, mask)
     k = len(idx)
-    f64 = dict(dtype=torch.float64)
-    s = torch.ones(channels, k, **f64) if steps is None else torch.as_tensor(steps, **f64).reshape(channels, k)
-    inv_std = torch.ones(channels, **f64) if std is None else 1.0 / torch.as_tensor(std, **f64).reshape(channels)
-    wcol = torch.zeros(channels, cf, cf, BLOCK, **f64)
+    f64 = torch.float64
+    s = torch.ones(channels, k, dtype=f64) if steps is None else torch.as_tensor(steps, dtype=f64).reshape(channels, k)
+    inv_std = (
+        torch.ones(channels, dtype=f64) if std is None else 1.0 / torch.as_tensor(std, dtype=f64).reshape(channels)
+    )
+    wcol = torch.zeros(channels, cf, cf, BLOCK, dtype=f64)
     for kk, (u, v) in enumerate(idx):
         wcol[:, u, v, :] = (s[:, kk] * inv_std).unsqueeze(1) * t[v]
     zbias = None
     if offsets is not None or mean is not None:
-        zbias = torch.zeros(channels, cf, BLOCK, **f64)
+        zbias = torch.zeros(channels, cf, BLOCK, dtype=f64)
         if offsets is not None:
-            o = torch.as_tensor(offsets, **f64).reshape(channels, k)
+            o = torch.as_tensor(offsets, dtype=f64).reshape(channels, k)
             for kk, (u, v) in enumerate(idx):
                 zbias[:, u, :] += (o[:, kk] * inv_std).unsqueeze(1) * t[v]
         if mean is not None:
             # T[0, i] = 1/sqrt(8) for every i, so a constant c on row u=0 scaled by sqrt(8) adds c everywhere.
-            m = torch.as_tensor(mean, **f64).reshape(channels)
+            m = torch.as_tensor(mean, dtype=f64).reshape(channels)
             zbias[:, 0, :] -= (m * inv_std * math.sqrt(BLOCK)).unsqueeze(1)
     return wcol, zbias, t[:cf].clone()
 
 
-def fold_shift(shape: tuple[int, int], steps=None, offsets=None, mean=None) -> torch.Tensor | None:
+def fold_shift(
+    shape: tuple[int, int],
+    steps: TableLike | None = None,
+    offsets: TableLike | None = None,
+    mean: TableLike | None = None,
+) -> torch.Tensor | None:
     """`fold_basis`'s first-stage bias as a (C, K) = `shape` float64 term added to the stored coefficients
     before the folded weights: (offset - 8 mean [k is DC]) / step (the DC basis function is 1/8
     everywhere), or None when there is no bias. Tables as for `fold_basis`."""
@@ -396,7 +411,7 @@ def synthesize(
     dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
-    prepare=None,
+    prepare: Prepare | None = None,
 ) -> torch.Tensor:
     """Inverse transform of (B, C, Hb, K, Wb) coefficients (any real dtype) -> (B, C, H, W) in `dtype`
     (default: weight's dtype), written into `out` when given. With `bias_row`, `shift` (C, K) is the
@@ -466,7 +481,7 @@ def synthesize_portable(
 TRANSPOSED_ABOVE_CF = 4  # from CF 5 up the chunked kernel's first matmul computes Z transposed (see below)
 
 
-def _converter(dtype: torch.dtype, shift: torch.Tensor | None):
+def _converter(dtype: torch.dtype, shift: torch.Tensor | None) -> Prepare:
     """The chunked kernel's default `prepare`: convert to `dtype`, adding the (C, K) `shift` in the same pass."""
     if shift is None:
         return lambda x, b0, b1: x.to(dtype)
@@ -475,7 +490,7 @@ def _converter(dtype: torch.dtype, shift: torch.Tensor | None):
 
 
 def synthesize_chunked(
-    coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, out: torch.Tensor, prepare
+    coeffs: torch.Tensor, weight: torch.Tensor, trows: torch.Tensor, mask: str, out: torch.Tensor, prepare: Prepare
 ) -> torch.Tensor:
     """`synthesize_portable`'s math into `out` (B, C, H, W), `CHUNK_BYTES` of output at a time.
 
@@ -538,6 +553,6 @@ def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int], mask: str =
     check_coeff_grid(tuple(coeffs.shape), k, size, "coeffs")
     *lead, hb, _, wb = coeffs.shape
     wcol, _, trows = fold_basis(cf, mask)
-    kw = dict(dtype=torch.float32, device=coeffs.device)
+    f32, dev = torch.float32, coeffs.device
     y = coeffs.to(torch.float32).reshape(-1, 1, hb, k, wb)
-    return synthesize(y, wcol.to(**kw), trows.to(**kw), mask, size).reshape(*lead, *size)
+    return synthesize(y, wcol.to(dev, f32), trows.to(dev, f32), mask, size).reshape(*lead, *size)

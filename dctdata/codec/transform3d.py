@@ -85,7 +85,9 @@ def _basis_f64(cf: int, mask: str) -> torch.Tensor:
     return torch.stack([outer[u, v, w] for u, v, w in kept_frequencies(cf, mask)])
 
 
-def basis(cf: int, mask: str = "cube", dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
+def basis(
+    cf: int, mask: str = "cube", dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+) -> torch.Tensor:
     """(K, 512) synthesis basis: row k is the 8x8x8 block of frequency (u_k, v_k, w_k), flattened (d, h, w).
     Its rows are orthonormal (analysis is `blocks @ basis.T`). For tests and bounds: the transforms below
     are separable and never build it."""
@@ -185,7 +187,8 @@ def parse_size(size: object) -> tuple[int, int, int]:
             raise TypeError(f"size: expected integer {name}. Got {v!r}")
         if v < 1:
             raise DctDataError(f"size: expected {name} >= 1. Got {v}")
-    return tuple(int(v) for v in size)
+    d, h, w = (int(v) for v in size)
+    return d, h, w
 
 
 def decompress(coeffs: torch.Tensor, cf: int, size: tuple[int, int, int], mask: str = "cube") -> torch.Tensor:

@@ -107,7 +107,7 @@ class PackCodec:
 
     pack: str
     source: str
-    spec: CodecSpec
+    spec: CodecSpec | None  # None: a field that is not dct (its stored bytes go through the lossless stage only)
     lossless: Mapping[str, Any] | None
 
     @property

@@ -71,14 +71,20 @@ import math
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, TypeAlias, overload
 
 import numpy as np
+import numpy.typing as npt
 
 import dctdata.entropy._ctxrans as _ctxrans
 from dctdata.codec import transform3d
 from dctdata.codec.transform import kept_frequencies as _kept_frequencies
 from dctdata.errors import DctDataError, IntegrityError
+
+# A stored stream: bytes from a store or a member, or a slice of a uint8 array.
+BytesLike: TypeAlias = bytes | bytearray | memoryview | npt.NDArray[Any]
+# `CtxCodec.fit`'s report: (a layout tried, its total bits, its model's bytes), in the order tried.
+FitReport: TypeAlias = list[tuple[dict[str, Any], float, int]]
 
 __all__ = [
     "CtxCodec",
@@ -162,7 +168,7 @@ def max_coefficients(nbytes: int) -> int:
     from the coder's arithmetic (ctxrans_core.c, ctx_max_coefficients, has the derivation) and holds for every
     stream this codec writes; the most compressible array, all zeros, codes about 6,500 per byte. A reader
     checks a declared shape against it before allocating, so a small stream cannot claim a huge array."""
-    return _ctxrans.max_coefficients(int(nbytes))
+    return int(_ctxrans.max_coefficients(int(nbytes)))
 
 
 def check_coefficients(nbytes: int, count: int) -> None:
@@ -172,7 +178,7 @@ def check_coefficients(nbytes: int, count: int) -> None:
         raise CtxCodecError(f"ctxrans: a stream of {nbytes} bytes cannot hold {count} coefficients (at most {most})")
 
 
-def _check_out(out) -> None:
+def _check_out(out: object) -> None:
     if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
         raise CtxCodecError("out: expected a writeable C-contiguous numpy array")
 
@@ -237,7 +243,7 @@ def _flip_freq(i: int) -> int:
 
 
 @lru_cache(maxsize=1)
-def _token_logp_table() -> tuple[np.ndarray, np.ndarray]:
+def _token_logp_table() -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """(-log2 P(token | nonzero) for every ratio byte (256 x NTOK-1), log2 grid of z) for fitting."""
     t = np.array(T_GRID)[:, None]
     r = 1.0 - t
@@ -251,7 +257,7 @@ def _token_logp_table() -> tuple[np.ndarray, np.ndarray]:
     return -np.log2(p[:, 1:]), np.array(Z_GRID)
 
 
-def _fit_params(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _fit_params(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
     """h (nctx, NTOK) token counts -> (iz, ir, bits per context) with the quantised 2-parameter model."""
     nlp, zg = _token_logp_table()
     n0 = h[:, 0:1]
@@ -266,7 +272,7 @@ def _fit_params(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return iz.astype(np.uint8), ir.astype(np.uint8), bits
 
 
-def _fit_flips(n_has: np.ndarray, n_flip: np.ndarray) -> tuple[list[int], float]:
+def _fit_flips(n_has: npt.NDArray[Any], n_flip: npt.NDArray[Any]) -> tuple[list[int], float]:
     """Per channel the flip-probability byte and the bits it spends (exact, integer frequencies)."""
     out, bits = [], 0.0
     for nh, nf in zip(n_has.tolist(), n_flip.tolist()):
@@ -282,7 +288,7 @@ def _fit_flips(n_has: np.ndarray, n_flip: np.ndarray) -> tuple[list[int], float]
     return out, bits
 
 
-def _table_bits(h: np.ndarray, iz: np.ndarray, ir: np.ndarray) -> float:
+def _table_bits(h: npt.NDArray[Any], iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> float:
     """Exact bits of the token counts under the integer tables (what the coder will spend)."""
     cum = _cum_tables(iz, ir).astype(np.float64)
     f = np.diff(cum, axis=1)
@@ -312,17 +318,17 @@ def edge_scale(mean1: float) -> int:
     return max(1, int(2 ** round(math.log2(max(mean1, 1.0) / 4.0)))) if mean1 > 8 else 1
 
 
-def scaled_edges(edges, scale: int) -> tuple[int, ...]:
+def scaled_edges(edges: Sequence[float], scale: int) -> tuple[int, ...]:
     """`edges` times `scale` as distinct bucket edges in 1..NFEAT - 1 (feature sums are clamped there)."""
     return tuple(sorted({min(NFEAT - 1, max(1, int(round(x * scale)))) for x in edges}))
 
 
-def _bucket_table(edges: Sequence[int], stride: int) -> np.ndarray:
+def _bucket_table(edges: Sequence[int], stride: int) -> npt.NDArray[Any]:
     s = np.arange(NFEAT)
     return (np.searchsorted(np.asarray(edges, dtype=np.int64), s, side="right") * stride).astype(np.int32)
 
 
-def _neighbours(freqs) -> np.ndarray:
+def _neighbours(freqs: Sequence[Sequence[int]]) -> npt.NDArray[Any]:
     """(4, K) plane index of (u-1, v), (u, v-1), (u-2, v), (u, v-2) in the same block, -1 if not kept.
 
     Volumes ((u, v, w) frequencies of 8x8x8 blocks): the lower neighbours along w, v and u that are kept, in
@@ -346,19 +352,19 @@ class _Layout:
 
     def __init__(
         self,
-        cf,
-        mask,
-        channels,
-        freq_classes,
-        channel_groups,
-        edges_in,
-        edges_lt,
-        edges_ch,
-        edges_dc,
-        lt_mode="top",
-        wide=False,
-        sign_flip=(),
-    ):
+        cf: int,
+        mask: str,
+        channels: int,
+        freq_classes: str,
+        channel_groups: Sequence[int],
+        edges_in: Sequence[int],
+        edges_lt: Sequence[int],
+        edges_ch: Sequence[int],
+        edges_dc: Sequence[int],
+        lt_mode: str = "top",
+        wide: bool = False,
+        sign_flip: Sequence[int] = (),
+    ) -> None:
         self.cf, self.mask, self.channels = cf, mask, channels
         self.volume = mask in transform3d.MASKS3  # 8x8x8 blocks: arrays (B, C, Db, Hb, K, Wb) (`coded_plane`)
         self.kept = len(kept_frequencies(cf, mask))  # planes per block of the arrays this model codes
@@ -410,7 +416,7 @@ class _Layout:
         self.flipf = np.array([_flip_freq(i) for i in (self.sign_flip or (128,) * channels)], np.int32)
         self.nbr = _neighbours(self.freqs)
 
-    def blob(self, cum: np.ndarray, lutb: int = LUTB) -> np.ndarray:
+    def blob(self, cum: npt.NDArray[Any], lutb: int = LUTB) -> npt.NDArray[Any]:
         """The kernel's model (native byte order: built in memory, never stored): int32 header, tables
         and per context the index of its frequency table, then each distinct table (contexts with the
         same parameter bytes share one, so the decoder's working set stays in L1): cum[NTOK+1] uint16
@@ -450,7 +456,7 @@ class _Layout:
         }
 
 
-def _freqs_many(iz: np.ndarray, ir: np.ndarray) -> np.ndarray:
+def _freqs_many(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """Vectorised `_freqs` for many (iz, ir) pairs: the same IEEE-754 operations in the same order per
     pair (numpy's elementwise + - * are correctly rounded), so the result is bit-identical; pairs whose
     normalisation would need more than one step fall back to `_freqs` (tested in tests/core/test_entropy.py)."""
@@ -470,7 +476,7 @@ def _freqs_many(iz: np.ndarray, ir: np.ndarray) -> np.ndarray:
         p[:, D + j] = nz * (tail_prev - nxt)
         tail_prev = nxt
         r_pow2 = r_pow2 * r_pow2
-    f = np.maximum(1, np.floor(p * MTOT + 0.5)).astype(np.int64)
+    f: npt.NDArray[np.int64] = np.maximum(1, np.floor(p * MTOT + 0.5)).astype(np.int64)
     diff = MTOT - f.sum(1)
     i = f.argmax(1)  # first maximum, as _freqs's tie-break
     rows = np.arange(len(f))
@@ -481,17 +487,18 @@ def _freqs_many(iz: np.ndarray, ir: np.ndarray) -> np.ndarray:
     return f
 
 
-def _cum_tables(iz: np.ndarray, ir: np.ndarray) -> np.ndarray:
+def _cum_tables(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """(nctx, NTOK + 1) uint16 cumulative frequencies (0 .. 2^15) for the parameter bytes."""
     keys = np.asarray(iz, np.int64) * 256 + np.asarray(ir, np.int64)
     uniq, inv = np.unique(keys, return_inverse=True)
     f = _freqs_many(uniq // 256, uniq % 256)
     cum = np.zeros((len(uniq), NTOK + 1), np.int64)
     np.cumsum(f, axis=1, out=cum[:, 1:])
-    return cum.astype(np.uint16)[inv.reshape(-1)]
+    tables: npt.NDArray[np.uint16] = cum.astype(np.uint16)[inv.reshape(-1)]
+    return tables
 
 
-def _check_int_list(name, v, lo, hi, maxlen) -> list[int]:
+def _check_int_list(name: str, v: object, lo: int, hi: int, maxlen: int) -> list[int]:
     if not isinstance(v, (list, tuple)) or len(v) > maxlen:
         raise CtxCodecError(f"config {name}: expected a list of at most {maxlen} ints. Got {v!r:.80}")
     out = []
@@ -502,14 +509,14 @@ def _check_int_list(name, v, lo, hi, maxlen) -> list[int]:
     return out
 
 
-def _check_segment(segment, name: str = "segment") -> int:
+def _check_segment(segment: object, name: str = "segment") -> int:
     lo, hi = SEGMENT_RANGE
     if isinstance(segment, bool) or not isinstance(segment, (int, np.integer)) or not lo <= segment <= hi:
         raise CtxCodecError(f"{name}: expected coefficients per segment, an int in [{lo}, {hi}]. Got {segment!r}")
     return int(segment)
 
 
-def _check_segment_bytes(value, name: str = "segment_bytes") -> int:
+def _check_segment_bytes(value: object, name: str = "segment_bytes") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= SEGMENT_BYTES_MAX:
         raise CtxCodecError(
             f"{name}: expected stream bytes per added segment, an int in [0, {SEGMENT_BYTES_MAX}] (0: no bound). "
@@ -527,9 +534,9 @@ class CtxCodec:
     def __init__(
         self,
         layout: _Layout,
-        iz: np.ndarray,
-        ir: np.ndarray,
-        kernel=None,
+        iz: npt.NDArray[Any],
+        ir: npt.NDArray[Any],
+        kernel: Any = None,  # the C kernel module (dctdata.entropy._ctxrans or a build of it)
         version: int = FORMAT_VERSION,
         segment: int = SEGMENT,
         segment_bytes: int = SEGMENT_BYTES,
@@ -547,7 +554,7 @@ class CtxCodec:
         self._blob = layout.blob(self.cum, self._k.LUTB)
         self.table_crc = zlib.crc32(self.cum.astype("<u2").tobytes())
 
-    def with_kernel(self, kernel) -> CtxCodec:
+    def with_kernel(self, kernel: Any) -> CtxCodec:
         """Same model on another build of the kernel (benchmarks of compile variants)."""
         return CtxCodec(self.layout, self.iz, self.ir, kernel, self.version, self.segment, self.segment_bytes)
 
@@ -670,10 +677,10 @@ class CtxCodec:
             raise CtxCodecError("config table_crc: the frequency tables built here differ from the writer's")
         return codec
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, CtxCodec) and self.get_config() == other.get_config()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         lay = self.layout
         return (
             f"CtxCodec(cf={lay.cf}, mask={lay.mask!r}, channels={lay.channels}, contexts={lay.nctx}, "
@@ -686,7 +693,7 @@ class CtxCodec:
         (B, C, Db, Hb, K, Wb) or (B, C, Db * Hb, K, Wb) as the view `coded_plane` describes."""
         return _kernel_shape(tuple(shape), self.layout.volume, self.layout.split)
 
-    def _check_array(self, q: np.ndarray) -> np.ndarray:
+    def _check_array(self, q: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if not isinstance(q, np.ndarray):
             raise TypeError(f"q: expected a numpy array (B, C, Hb, K, Wb). Got {type(q).__name__}")
         lay = self.layout
@@ -696,11 +703,11 @@ class CtxCodec:
             raise CtxCodecError(f"q: expected K={lay.kept} and C <= {lay.channels}. Got shape {q.shape}")
         return np.ascontiguousarray(q).reshape(self._rows(q.shape))
 
-    def encode(self, q: np.ndarray) -> bytes:
+    def encode(self, q: npt.NDArray[Any]) -> bytes:
         q = self._check_array(q)
         shape = tuple(int(s) for s in q.shape)
         mode, nseg = self.stream_mode(shape)
-        buf = self._k.encode(self._blob, q, shape, q.itemsize, mode, nseg)
+        buf: bytes = self._k.encode(self._blob, q, shape, q.itemsize, mode, nseg)
         if mode == MODE_SEGMENTS and self.segment_bytes and buf[0] == MODE_SEGMENTS:
             # beyond the first version 3 count, one segment per segment_bytes bytes of this stream
             base = _stream_mode(self.version, SEGMENT_V3, shape)  # (not a codec built per call: its tables cost)
@@ -718,7 +725,13 @@ class CtxCodec:
         `segment_bytes` bounds them (a low-rate array), and a raw copy (mode 1) where coding does not save."""
         return _stream_mode(self.version, self.segment, shape)
 
-    def decode(self, buf, shape: Sequence[int] | None = None, dtype=None, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(
+        self,
+        buf: BytesLike,
+        shape: Sequence[int] | None = None,
+        dtype: npt.DTypeLike | None = None,
+        out: npt.NDArray[Any] | None = None,
+    ) -> npt.NDArray[Any]:
         """Stored bytes -> array of the declared shape/dtype; CtxCodecError if they cannot be it.
 
         Either shape and dtype, or `out`: a C-contiguous int8/int16 array of 5 dims to decode into
@@ -727,24 +740,24 @@ class CtxCodec:
         if out is not None:
             _check_out(out)
             shape, dtype = out.shape, out.dtype
-        shape, dt = self._declared(shape, dtype)
-        declared = shape
-        shape = self._rows(shape)
+        declared, dt = self._declared(shape, dtype)
+        rows = self._rows(declared)
         if out is None:  # a declared shape the stream cannot hold is refused before its array is allocated
             try:
-                check_coefficients(memoryview(buf).nbytes, math.prod(shape))
+                nbytes = buf.nbytes if isinstance(buf, np.ndarray) else memoryview(buf).nbytes
+                check_coefficients(nbytes, math.prod(rows))
             except TypeError:
                 raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
             out = np.empty(declared, dt)
         try:
-            self._k.decode(self._blob, buf, out.reshape(shape), shape, dt.itemsize)
+            self._k.decode(self._blob, buf, out.reshape(rows), rows, dt.itemsize)
         except ValueError as exc:
             raise CtxCodecError(f"{exc}") from None
         except TypeError:  # not a bytes-like object
             raise CtxCodecError(f"buf: expected bytes-like. Got {type(buf).__name__}") from None
         return out
 
-    def decode_many(self, bufs: Sequence, out: np.ndarray) -> int:
+    def decode_many(self, bufs: Sequence[BytesLike], out: npt.NDArray[Any]) -> int:
         """Streams `bufs` into out[0], out[1], ... (out: C-contiguous int8/int16 of shape (len(bufs), B, C, Hb,
         K, Wb), each out[i] the declared array of bufs[i]), in one kernel call that releases the GIL once: a
         reader thread decoding a run of chunks holds the GIL for the call, not for each chunk. Returns how many
@@ -754,16 +767,18 @@ class CtxCodec:
         _check_out(out)
         if out.ndim not in ((6, 7) if self.layout.volume else (6,)) or out.shape[0] != len(bufs):
             raise CtxCodecError(f"out: expected shape (len(bufs)={len(bufs)}, B, C, Hb, K, Wb). Got {out.shape}")
-        shape, dt = self._declared(out.shape[1:], out.dtype)
-        shape = self._rows(shape)
+        declared, dt = self._declared(out.shape[1:], out.dtype)
+        shape = self._rows(declared)
         try:
-            return self._k.decode_many(self._blob, bufs, out.reshape(len(bufs), *shape), shape, dt.itemsize)
+            return int(self._k.decode_many(self._blob, bufs, out.reshape(len(bufs), *shape), shape, dt.itemsize))
         except ValueError as exc:
             raise CtxCodecError(f"{exc}") from None
         except (TypeError, BufferError) as exc:
             raise CtxCodecError(f"bufs: expected bytes-like objects ({exc})") from None
 
-    def _declared(self, shape, dtype) -> tuple[tuple[int, ...], np.dtype]:
+    def _declared(
+        self, shape: Sequence[int] | None, dtype: npt.DTypeLike | None
+    ) -> tuple[tuple[int, ...], np.dtype[Any]]:
         """The declared shape and dtype checked against this model; CtxCodecError otherwise."""
         try:
             dt = np.dtype(dtype)
@@ -772,6 +787,8 @@ class CtxCodec:
         if dt not in (np.int8, np.int16):
             raise CtxCodecError(f"dtype: expected int8 or int16. Got {dt}")
         try:
+            if shape is None:
+                raise TypeError(shape)
             shape = tuple(int(s) for s in shape)
         except (TypeError, ValueError) as exc:
             raise CtxCodecError(f"shape: expected 5 ints. Got {shape!r}") from exc
@@ -790,7 +807,9 @@ class CtxCodec:
 
     # ---- fitting ------------------------------------------------------------------------------
     @staticmethod
-    def _counts(layout: _Layout, qs: Sequence[np.ndarray]):
+    def _counts(
+        layout: _Layout, qs: Sequence[npt.NDArray[Any]]
+    ) -> tuple[npt.NDArray[Any], int, npt.NDArray[Any], npt.NDArray[Any]]:
         """-> token counts (nctx, NTOK), bits of the bit section, and per channel the number of signs
         coded as flips and of actual flips (when the layout codes signs as flips)."""
         dummy = layout.blob(np.ones((layout.nctx, NTOK + 1), np.uint16))
@@ -810,20 +829,52 @@ class CtxCodec:
                 n_flip += np.bincount(ch[has & ((tok & 0x80) > 0)], minlength=C)[:C]
         return h.reshape(layout.nctx, NTOK), raw, n_has, n_flip
 
+    @overload
+    @classmethod
+    def fit(
+        cls,
+        q_samples: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
+        cf: int,
+        mask: str = ...,
+        *,
+        features: Sequence[str] = ...,
+        layouts: Sequence[Mapping[str, Any]] | None = ...,
+        segment: int = ...,
+        segment_bytes: int = ...,
+        return_report: Literal[False] = ...,
+        _first_only: bool = ...,
+    ) -> CtxCodec: ...
+
+    @overload
+    @classmethod
+    def fit(
+        cls,
+        q_samples: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
+        cf: int,
+        mask: str = ...,
+        *,
+        features: Sequence[str] = ...,
+        layouts: Sequence[Mapping[str, Any]] | None = ...,
+        segment: int = ...,
+        segment_bytes: int = ...,
+        return_report: Literal[True],
+        _first_only: bool = ...,
+    ) -> tuple[CtxCodec, FitReport]: ...
+
     @classmethod
     def fit(  # noqa: C901 (over the limit: to split)
         cls,
-        q_samples,
+        q_samples: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
         cf: int,
         mask: str = "square",
         *,
         features: Sequence[str] = FEATURES,
-        layouts=None,
+        layouts: Sequence[Mapping[str, Any]] | None = None,
         segment: int = SEGMENT,
         segment_bytes: int = SEGMENT_BYTES,
         return_report: bool = False,
         _first_only: bool = False,
-    ):
+    ) -> CtxCodec | tuple[CtxCodec, FitReport]:
         """Fit a model on calibration samples: an array (N, C, Hb, K, Wb) or a list of such arrays.
 
         Coordinate descent over the context layout from a strong default, one feature toggled at a
@@ -866,10 +917,10 @@ class CtxCodec:
             else np.zeros(1)
         )
         scale = edge_scale(float(sample.mean()) if sample.size else 0.0)
-        report = []
+        report: FitReport = []
 
-        def evaluate(spec):
-            spec = dict(spec)
+        def evaluate(layout: Mapping[str, Any]) -> tuple[CtxCodec, float]:
+            spec = dict(layout)
             if channels > 1 and "sign_flip" not in spec and "sign" in features:
                 spec["sign_flip"] = (128,) * channels  # gather flip statistics, decide below
             lay = _Layout(cf, mask, channels, **spec)
@@ -898,11 +949,11 @@ class CtxCodec:
             best = min((evaluate(spec) for spec in layouts), key=lambda cb: cb[1])
         else:  # greedy: one feature at a time from a strong default, keep what saves bits
 
-            def sc(e):
+            def sc(e: Sequence[float]) -> tuple[int, ...]:
                 return scaled_edges(e, scale)
 
             use = set(features)
-            cur = dict(
+            cur: dict[str, Any] = dict(
                 freq_classes="uv",
                 lt_mode="lt" if "lt" in use else "top",
                 wide="wide" in use,
@@ -918,7 +969,7 @@ class CtxCodec:
             wide_in = {True: sc(DEFAULT_EDGES_WIDE), False: sc(DEFAULT_EDGES_IN)}
             octave_in = sc(OCTAVE_EDGES_IN)
 
-            def toggles(c):  # one-feature changes of the current layout
+            def toggles(c: Mapping[str, Any]) -> Iterator[dict[str, Any]]:  # one-feature changes of the current layout
                 yield dict(freq_classes="k" if c["freq_classes"] == "uv" else "uv")
                 if "wide" in use:
                     yield dict(wide=not c["wide"], edges_in=wide_in[not c["wide"]])
@@ -950,7 +1001,13 @@ class CtxCodec:
         return (best[0], report) if return_report else best[0]
 
     @classmethod
-    def estimate_bytes(cls, q_samples, cf: int, mask: str = "square", features: Sequence[str] = FEATURES) -> float:
+    def estimate_bytes(
+        cls,
+        q_samples: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
+        cf: int,
+        mask: str = "square",
+        features: Sequence[str] = FEATURES,
+    ) -> float:
         """Stored bytes of q_samples (streams + model) with the starting layout of `fit`, without the
         layout search or any encoding: one context pass, for the settings search (cf, mask, dtype)
         that today measures zstd sizes. Close to what `fit` + `encode` store: the layout search only
@@ -984,9 +1041,12 @@ def _kernel_shape(shape: tuple[int, ...], volume: bool, split: int) -> tuple[int
     return (b, c, r * split, k // split, wb)
 
 
-def fit(q_samples, cf: int, mask: str = "square", **options) -> dict[str, Any]:
+def fit(
+    q_samples: npt.NDArray[Any] | Sequence[npt.NDArray[Any]], cf: int, mask: str = "square", **options: Any
+) -> dict[str, Any]:
     """Fit on calibration samples and return the JSON config (the manifest entry); see CtxCodec.fit."""
-    return CtxCodec.fit(q_samples, cf, mask, **options).get_config()
+    codec: CtxCodec = CtxCodec.fit(q_samples, cf, mask, **options)
+    return codec.get_config()
 
 
 @contextlib.contextmanager

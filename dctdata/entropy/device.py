@@ -52,8 +52,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.entropy.ctxrans import CODEC_ID, MODE_SEGMENTS, CtxCodec, CtxCodecError
@@ -133,7 +135,7 @@ def status_of(message: str) -> int:
     error is in a segment; ValueError for a message that is not one of the decoder's stream errors."""
     m = re.fullmatch(r"ctxrans: (?:segment (\d+) of \d+: )?(.*)", message, re.S)
     codes = [i + 1 for i, p in enumerate(_CPU_PREFIXES) if m and m.group(2).startswith(p)]
-    if len(codes) != 1:
+    if m is None or len(codes) != 1:
         raise ValueError(f"not a ctxrans stream error: {message!r}")
     return ((int(m.group(1)) + 1) << 8 if m.group(1) is not None else 0) | codes[0]
 
@@ -150,7 +152,7 @@ def raise_for_status(status: torch.Tensor, where: Callable[[int], str] | None = 
     raise IntegrityError(f"{name}: expected a {CODEC_ID} stream. Got {describe(int(status[i]))}{more}")
 
 
-def kernel_shape(codec: CtxCodec, sample_shape: Sequence[int]) -> tuple[int, ...]:
+def kernel_shape(codec: CtxCodec, sample_shape: Sequence[int]) -> Sequence[int]:
     """The (C, rows, K, Wb) the kernel decodes for a sample: `sample_shape` itself, or for a volume model's
     (C, Db, Hb, K, Wb) the rows view its CPU coder writes (`dctdata.entropy.ctxrans.coded_plane`: a "cube"
     block row is cf rows of cf^2 planes), a view of the same memory. Volume shapes of the wrong form are
@@ -172,7 +174,9 @@ def units_per_sample(codec: CtxCodec, sample_shape: Sequence[int]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- arguments
-def _check_args(codec, buffer, offsets, sample_shape, dtype) -> tuple[tuple[int, ...], torch.dtype, int]:
+def _check_args(
+    codec: object, buffer: object, offsets: object, sample_shape: Sequence[int], dtype: torch.dtype | npt.DTypeLike
+) -> tuple[tuple[int, ...], torch.dtype, int]:
     if not isinstance(codec, CtxCodec):
         raise TypeError(f"codec: expected a CtxCodec. Got {type(codec).__name__}")
     if not isinstance(buffer, torch.Tensor) or not isinstance(offsets, torch.Tensor):
@@ -203,7 +207,7 @@ def _check_args(codec, buffer, offsets, sample_shape, dtype) -> tuple[tuple[int,
         try:
             name = np.dtype(dtype).name
         except TypeError:
-            name = None
+            name = ""
     dt = {"int8": torch.int8, "int16": torch.int16}.get(name)
     if dt is None:
         raise CtxCodecError(f"dtype: expected int8 or int16. Got {dtype!r}")
@@ -215,7 +219,7 @@ def decode_batch(
     buffer: torch.Tensor,
     offsets: torch.Tensor,
     sample_shape: Sequence[int],
-    dtype,
+    dtype: torch.dtype | npt.DTypeLike,
     *,
     cpu_decoder: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,7 +238,15 @@ def decode_batch(
     return (out.view(out.shape[0], *declared) if volume else out), status
 
 
-def _decode_rows(codec, buffer, offsets, sample_shape, dtype, cpu_decoder, declared):
+def _decode_rows(
+    codec: CtxCodec,
+    buffer: torch.Tensor,
+    offsets: torch.Tensor,
+    sample_shape: Sequence[int],
+    dtype: torch.dtype | npt.DTypeLike,
+    cpu_decoder: bool,
+    declared: Sequence[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
     shape, dt, itemsize = _check_args(codec, buffer, offsets, sample_shape, dtype)
     n = offsets.numel() - 1
     units = units_per_sample(codec, shape)
@@ -267,7 +279,9 @@ def _decode_rows(codec, buffer, offsets, sample_shape, dtype, cpu_decoder, decla
     return out, status
 
 
-def _decode_cpu(codec: CtxCodec, buffer: torch.Tensor, offsets: torch.Tensor, shape, out: torch.Tensor):
+def _decode_cpu(
+    codec: CtxCodec, buffer: torch.Tensor, offsets: torch.Tensor, shape: Sequence[int], out: torch.Tensor
+) -> torch.Tensor:
     """decode_batch through the CPU decoder: each stream into its slot of out (zeros where it fails); `shape` is the
     sample shape the CPU decoder is told (a volume's (C, Db, Hb, K, Wb))."""
     data, offs, dst = buffer.contiguous().numpy(), offsets.contiguous().numpy(), out.numpy()
@@ -294,7 +308,7 @@ def kernel_source() -> str:
 _NVRTC_LOCK = threading.Lock()
 
 
-def _nvrtc():
+def _nvrtc() -> Any:  # cuda.bindings.nvrtc, which has no type hints
     """cuda.bindings.nvrtc with its library loaded: cuda-python finds libnvrtc itself where the toolkit or the
     nvidia wheel is on its search path; otherwise the wheel's copy (nvidia/*/lib, installed with torch) is
     loaded first."""
@@ -328,6 +342,7 @@ def compile_kernel(arch: str = "compute_90", extra: Sequence[str] = ()) -> bytes
     nvrtc = _nvrtc()
     src = kernel_source().encode()
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *[o.encode() for o in extra]]
+    image: bytes
     with _NVRTC_LOCK:
         err, prog = nvrtc.nvrtcCreateProgram(src, b"ctxrans_lanes.cu", 0, [], [])
         _nvrtc_check(nvrtc, err, "nvrtcCreateProgram")
@@ -354,7 +369,7 @@ def compile_kernel(arch: str = "compute_90", extra: Sequence[str] = ()) -> bytes
     return image
 
 
-def _nvrtc_check(nvrtc, err, what: str) -> None:
+def _nvrtc_check(nvrtc: Any, err: object, what: str) -> None:
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise DctDataError(f"NVRTC {what} failed: {err}")
 
@@ -478,10 +493,16 @@ class _Device:
         num_regs = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS
         self.regs = max(_cu(driver.cuFuncGetAttribute(num_regs, f)) for f in self.functions.values())
 
-    def current(self):
+    def current(self) -> _PushContext:
         return _PushContext(self.driver, self.ctx)
 
-    def launch(self, itemsize: int, plan: LaunchPlan, stream: int, args: list) -> None:
+    def launch(
+        self,
+        itemsize: int,
+        plan: LaunchPlan,
+        stream: int,
+        args: Sequence[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_int32],
+    ) -> None:
         driver = self.driver
         fn = self.functions[itemsize]
         with self.current():
@@ -499,17 +520,17 @@ class _Device:
 
 
 class _PushContext:
-    def __init__(self, driver, ctx) -> None:
+    def __init__(self, driver: Any, ctx: Any) -> None:  # cuda.bindings.driver and its context handle
         self.driver, self.ctx = driver, ctx
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         _cu(self.driver.cuCtxPushCurrent(self.ctx))
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         _cu(self.driver.cuCtxPopCurrent())
 
 
-def _cu(result):
+def _cu(result: Any) -> Any:  # cuda.bindings' results and values have no type hints
     """A cuda.bindings driver call's value, or DctDataError naming its error."""
     from cuda.bindings import driver
 
@@ -532,7 +553,9 @@ def _device(index: int) -> _Device:
         return dev
 
 
-def launch_info(codec: CtxCodec, sample_shape: Sequence[int], n: int, device: torch.device | str = "cuda") -> dict:
+def launch_info(
+    codec: CtxCodec, sample_shape: Sequence[int], n: int, device: torch.device | str = "cuda"
+) -> dict[str, Any]:
     """How `decode_batch` launches n samples of sample_shape on a CUDA device (compiles the kernel if it was not):
     the architecture, registers a thread, units per sample, and the launch plan. For benchmarks' records."""
     device = torch.device(device)
@@ -549,7 +572,7 @@ def launch_info(codec: CtxCodec, sample_shape: Sequence[int], n: int, device: to
 
 def _device_blob(codec: CtxCodec, device: torch.device) -> torch.Tensor:
     """The codec's model on the device, padded to 16 bytes; uploaded once per codec and device."""
-    cache = codec.__dict__.setdefault("_device_blobs", {})
+    cache: dict[int | None, torch.Tensor] = codec.__dict__.setdefault("_device_blobs", {})
     blob = cache.get(device.index)
     if blob is None:
         raw = np.asarray(codec._blob, np.uint8)
@@ -559,7 +582,16 @@ def _device_blob(codec: CtxCodec, device: torch.device) -> torch.Tensor:
     return blob
 
 
-def _decode_cuda(codec, buffer, offsets, shape, dt, itemsize, n, units):
+def _decode_cuda(
+    codec: CtxCodec,
+    buffer: torch.Tensor,
+    offsets: torch.Tensor,
+    shape: tuple[int, ...],
+    dt: torch.dtype,
+    itemsize: int,
+    n: int,
+    units: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     device = buffer.device
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -576,7 +608,7 @@ def _decode_cuda(codec, buffer, offsets, shape, dt, itemsize, n, units):
     plan = plan_launch(total, blob.numel(), K, Wb, dev.sms, dev.smem_block, dev.smem_sm, dev.regs)
     rows = None if plan.smem_rows else torch.empty(total * 2 * K * Wb, dtype=torch.int16, device=device)
     stream = torch.cuda.current_stream(device)
-    args = [
+    args: list[ctypes.c_void_p | ctypes.c_int64 | ctypes.c_int32] = [
         ctypes.c_void_p(buffer.data_ptr()),
         ctypes.c_int64(buffer.numel()),
         ctypes.c_void_p(offsets.data_ptr()),

@@ -33,7 +33,7 @@ def _fresh(directory: str, base: str) -> tuple[int, str]:
     raise FileExistsError(f"{directory}: expected a free temporary name for {base!r}. Got {_ATTEMPTS} taken")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object] | bytes) -> str:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object] | bytes) -> str:
     """Write `path` through a fresh temporary sibling (`write(fh)` or the given bytes), fsync, rename."""
     path = os.fspath(path)
     directory = os.path.dirname(path) or "."

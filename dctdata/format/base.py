@@ -25,15 +25,16 @@ files are the same as a pack of the same samples with the count known.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.errors import DctDataError
 from dctdata.format.fields import FieldSpec
 
-Batch = Mapping[str, np.ndarray]
+Batch = Mapping[str, npt.NDArray[Any]]
 Fields = tuple[FieldSpec, ...]
 
 
@@ -47,9 +48,9 @@ class Writer(Protocol):
 
     def write_part(
         self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
-    ) -> dict: ...
+    ) -> dict[str, Any]: ...
 
-    def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]: ...
+    def finish(self, root: str, fields: Fields, n: int, parts: list[dict[str, Any]]) -> dict[str, Any]: ...
 
 
 class PartWriter:
@@ -60,11 +61,21 @@ class PartWriter:
     storage = ""
     options: tuple[str, ...] = ()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.options}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(self, **state)
+
+    if TYPE_CHECKING:  # what every format writer defines (the `Writer` protocol), used below
+
+        def plan(self, fields: Fields, n: int) -> list[tuple[int, int]]: ...
+
+        def write_part(
+            self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
+        ) -> dict[str, Any]: ...
+
+        def finish(self, root: str, fields: Fields, n: int, parts: list[dict[str, Any]]) -> dict[str, Any]: ...
 
     # Format-specific ------------------------------------------------------------------------------
     def create(self, root: str, fields: Fields, n: int) -> None:
@@ -88,8 +99,8 @@ class PartWriter:
     def _begin(self, root: str, fields: Fields, n: int | None) -> None:
         self._root, self._fields, self._n = root, tuple(fields), n
         self._plan = None if n is None else self.plan(self._fields, n)
-        self._part_len = self.part_samples(self._fields) if n is None else None
-        self._parts: list[dict] = []
+        self._part_len = self.part_samples(self._fields) if n is None else 0  # used only while n is unknown
+        self._parts: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
         self.count = 0
 

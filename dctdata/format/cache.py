@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import tempfile
+from typing import IO
 
 from dctdata.errors import DctDataError
 from dctdata.format.atomic import create_exclusive
@@ -47,7 +48,9 @@ SUFFIX = ".tar"
 class ShardCache:
     """Shard bytes by sha256 in a local directory of at most `limit` bytes (see the module docstring)."""
 
-    def __init__(self, directory: str | os.PathLike, limit: int | str = DEFAULT_CACHE_LIMIT, largest: int = 0) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], limit: int | str = DEFAULT_CACHE_LIMIT, largest: int = 0
+    ) -> None:
         if not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"cache_dir: expected a local directory path. Got {type(directory).__name__}")
         self.directory = os.path.abspath(os.fspath(directory))
@@ -116,7 +119,7 @@ class ShardCache:
         return data
 
     @staticmethod
-    def _hashes_to_name(fh, sha256: str, actual: int) -> bool:
+    def _hashes_to_name(fh: IO[bytes], sha256: str, actual: int) -> bool:
         """Whether an open cache file's own bytes (read in blocks, never whole) hash to its name."""
         h, left = hashlib.sha256(), actual
         try:

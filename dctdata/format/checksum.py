@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from dctdata.format.location import open_file
 
@@ -31,11 +31,11 @@ def sha256_file(
 class HashingWriter:
     """Write-only file wrapper that hashes and counts what passes through (one pass, no re-read)."""
 
-    def __init__(self, fh) -> None:
+    def __init__(self, fh: IO[bytes]) -> None:
         self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
         self.abandoned = False
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         if self.abandoned:  # a write that failed (disk full) is being unwound: nothing more goes to the file
             return len(data)
         self.sha.update(data)
@@ -65,7 +65,7 @@ def with_path(exc: OSError, path: str) -> OSError:
     return type(exc)(exc.errno, exc.strerror or str(exc), path) if exc.errno else OSError(f"{path}: {exc}")
 
 
-def read_expected(fh, expected_bytes: int, block: int = 4 << 20) -> tuple[bytes, str]:
+def read_expected(fh: IO[bytes], expected_bytes: int, block: int = 4 << 20) -> tuple[bytes, str]:
     """Read a file whose size is known, hashing as it goes: (bytes, sha256 hex). Reads at most one
     block past the expected size, enough to tell a too-long file from a right one."""
     h, parts, n = hashlib.sha256(), [], 0

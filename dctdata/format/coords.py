@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import DctDataError
 from dctdata.format.fields import check_attrs
@@ -51,9 +52,10 @@ def encode_coord(values: Any, dim: str, sample: bool, attrs: Mapping[str, Any] |
     a = np.asarray(values)
     if a.ndim != 1:
         raise DctDataError(f"coordinate {dim!r}: expected a 1-D array. Got shape {a.shape}")
+    out: list[Any]
     if a.dtype.kind == "M":
         unit = np.datetime_data(a.dtype)[0]
-        dtype, out = f"datetime64[{unit}]", [str(v) for v in np.datetime_as_string(a, unit=unit)]
+        dtype, out = f"datetime64[{unit}]", [str(v) for v in np.datetime_as_string(a)]  # in the array's own unit
     elif a.dtype.kind == "m":
         unit = np.datetime_data(a.dtype)[0]
         dtype, out = f"timedelta64[{unit}]", a.astype(np.int64).tolist()
@@ -67,7 +69,7 @@ def encode_coord(values: Any, dim: str, sample: bool, attrs: Mapping[str, Any] |
     return {"dim": dim, "sample": bool(sample), "dtype": dtype, "values": out, "attrs": check_attrs(attrs or {}, dim)}
 
 
-def decode_coord(entry: Mapping[str, Any]) -> np.ndarray:
+def decode_coord(entry: Mapping[str, Any]) -> npt.NDArray[Any]:
     """The numpy array of a (validated) coordinate entry."""
     dtype, values = entry["dtype"], entry["values"]
     if dtype == "str":

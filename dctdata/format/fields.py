@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.codec.spec import INTEGER_DTYPES, MAX_SAMPLE_VALUES, CodecSpec
@@ -142,19 +143,27 @@ class FieldSpec:
         return self.kind is FieldKind.DCT
 
     @property
+    def dct_codec(self) -> CodecSpec:
+        """The CodecSpec of a dct field (every dct field has one, no other field has one), for code that handles
+        dct fields only; DctDataError naming the field for any other."""
+        if self.codec is None:
+            raise DctDataError(f"field {self.name!r}: expected a dct field with a codec. Got a {self.kind} field")
+        return self.codec
+
+    @property
     def stored_shape(self) -> tuple[int, ...]:
         """Per-sample shape on disk and as the loader yields it."""
-        return tuple(self.codec.coeff_shape) if self.is_dct else self.shape
+        return tuple(self.codec.coeff_shape) if self.codec is not None else self.shape  # dct fields have a codec
 
     @property
     def stored_dtype(self) -> str:
         """numpy dtype name on disk."""
-        return _CODEC_STORAGE_DTYPE[self.codec.dtype] if self.is_dct else self.dtype
+        return _CODEC_STORAGE_DTYPE[self.codec.dtype] if self.codec is not None else self.dtype
 
     @property
     def tensor_dtype(self) -> torch.dtype:
         """torch dtype the loader yields (the codec's wire dtype for dct)."""
-        if self.is_dct:
+        if self.codec is not None:
             return self.codec.torch_dtype
         return torch.from_numpy(np.zeros(0, self.dtype)).dtype
 
@@ -166,15 +175,15 @@ class FieldSpec:
     def source_sample_bytes(self) -> int:
         return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))
 
-    def to_tensor(self, stored: np.ndarray) -> torch.Tensor:
+    def to_tensor(self, stored: npt.NDArray[Any]) -> torch.Tensor:
         """Stored numpy array (any leading dims) -> torch tensor in `tensor_dtype` (no copy if possible)."""
         stored = np.asarray(stored)
         t = torch.from_numpy(stored if stored.flags.c_contiguous else np.ascontiguousarray(stored))  # keeps 0-d
-        if self.is_dct and self.codec.dtype == "bfloat16":
+        if self.codec is not None and self.codec.dtype == "bfloat16":
             t = t.view(torch.bfloat16)
         return t
 
-    def to_stored(self, tensor: torch.Tensor) -> np.ndarray:
+    def to_stored(self, tensor: torch.Tensor) -> npt.NDArray[Any]:
         """Loader-side tensor -> the numpy array written to disk (inverse of `to_tensor`)."""
         t = tensor.detach().cpu().contiguous()
         if t.dtype == torch.bfloat16:
@@ -250,7 +259,7 @@ class FieldSpec:
                 codec,
                 d["lossless"],
                 d.get("valid"),
-                d.get("attrs"),
+                d["attrs"] if d.get("attrs") is not None else {},  # none: no metadata
             )
         except (DctDataError, TypeError) as exc:
             raise FormatError(str(exc)) from exc
@@ -325,11 +334,13 @@ def unpack_tables(codec: object, version: int) -> object:
 def side_field(f: FieldSpec) -> FieldSpec:
     """The stored partner of a dct field with side information: (C, 2) float32 per sample (with corrections
     (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd."""
-    return FieldSpec(f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.side_rows, 2), "float32", lossless=DEFAULT_CODEC)
+    return FieldSpec(
+        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.dct_codec.side_rows, 2), "float32", lossless=DEFAULT_CODEC
+    )
 
 
 def has_side(f: FieldSpec) -> bool:
-    return f.kind is FieldKind.DCT and f.codec.side is not None
+    return f.codec is not None and f.codec.side is not None  # dct fields only have a codec
 
 
 def side_partner_names(fields: Sequence[FieldSpec]) -> set[str]:
@@ -384,7 +395,7 @@ def check_attrs(attrs: object, where: str) -> dict[str, Any]:
     if not isinstance(attrs, Mapping):
         raise DctDataError(f"{where}: expected a JSON object (a mapping). Got {type(attrs).__name__}")
     _check_json(attrs, where, 0)
-    return json_copy(attrs)
+    return {k: json_copy(v) for k, v in attrs.items()}
 
 
 def _check_json(v: object, where: str, depth: int) -> None:

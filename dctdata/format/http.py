@@ -25,6 +25,7 @@ import re
 import selectors
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 class RemoteError(OSError):
@@ -39,30 +40,34 @@ class NoRangeSupport(RemoteError):
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
-def is_http(fs) -> bool:
+def is_http(fs: object) -> bool:
     from fsspec.implementations.http import HTTPFileSystem
 
     return isinstance(fs, HTTPFileSystem)
 
 
-def cat_ranges(fs, urls: Sequence[str], starts: Sequence[int], stops: Sequence[int]) -> list[bytes | BaseException]:
+def cat_ranges(
+    fs: Any, urls: Sequence[str], starts: Sequence[int], stops: Sequence[int]
+) -> list[bytes | Exception]:  # fs: fsspec's HTTPFileSystem
     """The bytes [start, stop) of each URL (fewer at the end of a file), or the exception of each failed
     read in its slot; requests run concurrently on fsspec's loop."""
     from fsspec.asyn import sync
 
-    async def run():
+    async def run() -> list[bytes | BaseException]:
         return await asyncio.gather(
             *(_cat_range(fs, u, a, b) for u, a, b in zip(urls, starts, stops)), return_exceptions=True
         )
 
-    got = sync(fs.loop, run)
+    got: list[bytes | BaseException] = sync(fs.loop, run)
+    out: list[bytes | Exception] = []
     for g in got:
         if isinstance(g, BaseException) and not isinstance(g, Exception):
             raise g  # a cancellation or an interrupt is not one slot's failure
-    return got
+        out.append(g)
+    return out
 
 
-async def _cat_range(fs, url: str, start: int, stop: int) -> bytes:
+async def _cat_range(fs: Any, url: str, start: int, stop: int) -> bytes:
     n = stop - start
     if n <= 0:
         return b""
@@ -102,8 +107,9 @@ async def _cat_range(fs, url: str, start: int, stop: int) -> bytes:
         return data
 
 
-async def _read_at_most(stream, limit: int) -> bytes:
-    parts, got = [], 0
+async def _read_at_most(stream: Any, limit: int) -> bytes:  # an aiohttp StreamReader
+    parts: list[bytes] = []
+    got = 0
     while got < limit:
         chunk = await stream.read(limit - got)
         if not chunk:
@@ -117,9 +123,9 @@ class HTTPStream:
     """A whole remote file read front to back through one GET (a sequential file object: `read(n)` gives
     at most n bytes, b"" at the end). Only what is read is received: closing early drops the connection."""
 
-    def __init__(self, fs, url: str) -> None:
+    def __init__(self, fs: Any, url: str) -> None:  # fs: fsspec's HTTPFileSystem
         self.fs, self.url = fs, url
-        self._response = None
+        self._response: Any = None  # aiohttp's response, once the body is requested
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
@@ -127,7 +133,8 @@ class HTTPStream:
 
         if self.closed:
             raise ValueError(f"{self.url}: read of a closed file")
-        return sync(self.fs.loop, self._read, n)
+        data: bytes = sync(self.fs.loop, self._read, n)
+        return data
 
     async def _read(self, n: int) -> bytes:
         if self._response is None:
@@ -140,7 +147,8 @@ class HTTPStream:
                 r.raise_for_status()
             self._response = r
         if n is None or n < 0:
-            return await self._response.content.read()
+            data: bytes = await self._response.content.read()
+            return data
         return await _read_at_most(self._response.content, n) if n else b""
 
     def close(self) -> None:
@@ -156,7 +164,7 @@ class HTTPStream:
     def __enter__(self) -> HTTPStream:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -169,7 +177,7 @@ class HTTPStream:
 # (60 s, then "no answer in time"). fsspec guards new instances against fork, not this. The child's copy
 # of the loop gets a selector of its own, so nothing it closes can reach the parent's.
 
-_parent_loop: list = [None]
+_parent_loop: list[Any] = [None]  # fsspec's event loop (its private selector is replaced in a child)
 
 
 def _note_parent_loop() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from dctdata.format.http import RemoteError
 
@@ -20,7 +20,7 @@ def is_url(path_or_url: object) -> bool:
     return isinstance(path_or_url, str) and "://" in path_or_url and not path_or_url.startswith("file://")
 
 
-def join(root: str | os.PathLike, *parts: str) -> str:
+def join(root: str | os.PathLike[str], *parts: str) -> str:
     """Join a dataset root (local path or URL prefix) with relative parts, using '/' for URLs."""
     root = os.fspath(root)
     if is_url(root):
@@ -34,7 +34,11 @@ def check_relative_path(where: str, path: object) -> str:
     from dctdata.errors import FormatError
 
     parts = path.split("/") if isinstance(path, str) else []
-    if not parts or any(p in ("", ".", "..") or "\\" in p or ":" in p or "\x00" in p for p in parts):
+    if (
+        not isinstance(path, str)
+        or not parts
+        or any(p in ("", ".", "..") or "\\" in p or ":" in p or "\x00" in p for p in parts)
+    ):
         raise FormatError(
             f"{where}: expected a relative path inside the dataset ('/'-separated names, no '..', no absolute path). "
             f"Got {path!r}"
@@ -42,7 +46,7 @@ def check_relative_path(where: str, path: object) -> str:
     return path
 
 
-def manifest_location(path_or_url: str | os.PathLike) -> tuple[str, str]:
+def manifest_location(path_or_url: str | os.PathLike[str]) -> tuple[str, str]:
     """(dataset root, manifest path/URL): accepts the dataset root or its manifest.json."""
     if not isinstance(path_or_url, (str, os.PathLike)):
         raise TypeError(f"path_or_url: expected a path or URL string. Got {type(path_or_url).__name__}")
@@ -55,7 +59,7 @@ def manifest_location(path_or_url: str | os.PathLike) -> tuple[str, str]:
     return s, join(s, MANIFEST_NAME)
 
 
-def _is_path(value: object) -> bool:
+def _is_path(value: object) -> TypeGuard[str | os.PathLike[str]]:
     return isinstance(value, (str, os.PathLike))
 
 
@@ -101,7 +105,7 @@ def shard_selection(path_or_url: object) -> tuple[str, tuple[str, ...] | None]:
     return roots[0], tuple(names)
 
 
-def _error(message: str):
+def _error(message: str) -> Exception:
     from dctdata.errors import DctDataError
 
     return DctDataError(message)
@@ -121,7 +125,7 @@ def open_regular(path: str, root: str | None = None, dir_fd: int | None = None) 
     is relative to that open directory (the pack a reader pinned) and `root` names it."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, dir_fd=dir_fd)
-    if dir_fd is not None:
+    if dir_fd is not None and root is not None:  # a reader that pins its pack's directory names it
         path = os.path.join(root, path)
     try:
         mode = os.fstat(fd).st_mode
@@ -129,7 +133,11 @@ def open_regular(path: str, root: str | None = None, dir_fd: int | None = None) 
             kind = _KINDS.get(stat.S_IFMT(mode), "directory" if stat.S_ISDIR(mode) else "special file")
             raise SpecialFileError(f"{path}: expected a regular file. Got a {kind}")
         real = os.path.realpath(path) if root is not None else None
-        if real is not None and not real.startswith(os.path.realpath(root).rstrip(os.sep) + os.sep):
+        if (
+            real is not None
+            and root is not None
+            and not real.startswith(os.path.realpath(root).rstrip(os.sep) + os.sep)
+        ):
             raise SpecialFileError(f"{path}: expected a file inside the pack. Got a link to {real}")
     except BaseException:
         os.close(fd)
@@ -171,11 +179,11 @@ def fsspec_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
     return options
 
 
-def remote_error(exc: BaseException, url: str) -> BaseException:
+def remote_error(exc: Exception, url: str) -> Exception:
     """The exception to raise for a failed remote read of `url`: a real "not found" stays
     FileNotFoundError; anything else (fsspec reports HTTP 500s and timeouts as FileNotFoundError, aiohttp
     raises ClientPayloadError for a short body) becomes a RemoteError saying what happened."""
-    cause = exc
+    cause: BaseException | None = exc
     if isinstance(exc, FileNotFoundError):
         cause = exc.__cause__
         hidden = cause is not None and (
@@ -202,22 +210,23 @@ class _RemoteFile:
     """A file object from fsspec whose read errors come out as `remote_error` says (never aiohttp's own
     exceptions, which are not OSError)."""
 
-    def __init__(self, fh, url: str) -> None:
+    def __init__(self, fh: Any, url: str) -> None:  # an fsspec file or an HTTPStream
         self._fh, self._url = fh, url
 
     def read(self, n: int = -1) -> bytes:
         try:
-            return self._fh.read(n)
+            data: bytes = self._fh.read(n)
+            return data
         except Exception as exc:  # noqa: BLE001 - aiohttp/fsspec client errors of every kind
             raise remote_error(exc, self._url) from exc
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._fh, name)
 
-    def __enter__(self):
+    def __enter__(self) -> _RemoteFile:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._fh.close()
 
 
@@ -227,7 +236,7 @@ def open_file(
     storage_options: Mapping[str, Any] | None = None,
     streaming: bool = False,
     root: str | None = None,
-):
+) -> Any:  # a file object: local, fsspec's, or a _RemoteFile
     """Open a local file or an fsspec URL. `streaming=True` reads http(s) bodies sequentially instead of
     issuing a range request per block. A local file opened for reading must be a regular file (inside
     `root`, when given: `open_regular`)."""

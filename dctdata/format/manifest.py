@@ -27,7 +27,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def figure(v: float | None, rounding: str = "nearest") -> float | None:
     return float(decimal.Context(prec=FIGURE_DIGITS, rounding=mode).create_decimal(float(v)))
 
 
-def _float_out(v: float | None):
+def _float_out(v: float | None) -> float | str | None:
     if v is None or math.isfinite(v):
         return v
     return "inf" if v > 0 else "-inf" if v < 0 else "nan"
@@ -188,7 +188,7 @@ class FieldStats:
                 raise DctDataError(f"channels: expected ChannelStats. Got {self.channels!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "psnr_min": _float_out(self.psnr_min),
             "psnr_median": _float_out(self.psnr_median),
             "max_abs_error": _float_out(self.max_abs_error),
@@ -286,7 +286,7 @@ class Manifest:
                     f"{f.name!r}. "
                     "Got none or another shape"
                 )
-        volumes = [f.name for f in fields if f.is_dct and f.codec.depth is not None]
+        volumes = [f.name for f in fields if f.codec is not None and f.codec.depth is not None]  # dct fields
         if volumes and self.version < VOLUMES_VERSION:
             raise FormatError(
                 f"field {volumes[0]!r}: a volume (C, D, H, W): expected manifest version >= {VOLUMES_VERSION}. "
@@ -392,7 +392,7 @@ class Manifest:
             d = full_json(d)
         if not isinstance(d["stats"], Mapping):
             raise FormatError(f"{where}: stats: expected a JSON object. Got {d['stats']!r}")
-        channels = {f.name: f.codec.channels for f in fields if f.is_dct}
+        channels = {f.name: f.codec.channels for f in fields if f.codec is not None}  # dct fields
         stats = {
             k: FieldStats.from_dict(v, f"{where}: stats[{k!r}]", version, channels.get(k))
             for k, v in d["stats"].items()
@@ -539,7 +539,7 @@ def _check_version(version: object, where: str = "manifest") -> int:
 MAX_MANIFEST_BYTES = 64 << 20
 
 
-def read_manifest_bytes(fh, where: str) -> bytes:
+def read_manifest_bytes(fh: IO[bytes], where: str) -> bytes:
     """A manifest file's bytes, read to at most MAX_MANIFEST_BYTES (FormatError past it)."""
     limit = MAX_MANIFEST_BYTES
     raw, _ = read_expected(fh, limit)  # reads to EOF or one byte past the limit, never more
@@ -551,7 +551,7 @@ def read_manifest_bytes(fh, where: str) -> bytes:
 
 
 def read_manifest(
-    path_or_url: str | os.PathLike, storage_options: Mapping[str, Any] | None = None, sha256: str | None = None
+    path_or_url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None, sha256: str | None = None
 ) -> Manifest:
     """Read and strictly validate a manifest (local path or fsspec URL; the root or manifest.json).
     `storage_options` go to fsspec for URLs (e.g. an S3 endpoint). `sha256`: the manifest's pinned hash
@@ -637,7 +637,7 @@ def entry_sizes(d: Mapping[str, Any]) -> list[tuple[int, str]]:
     return sizes
 
 
-def write_manifest(manifest: Manifest, directory: str | os.PathLike) -> str:
+def write_manifest(manifest: Manifest, directory: str | os.PathLike[str]) -> str:
     """Write `directory/manifest.json` atomically (temporary sibling + rename); returns its path."""
     text = _checked_json(manifest)
     path = os.path.join(os.fspath(directory), MANIFEST_NAME)

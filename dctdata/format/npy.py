@@ -13,8 +13,10 @@ import functools
 import io
 import math
 import re
+from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import IntegrityError
 
@@ -42,7 +44,7 @@ def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
     return encode_npy(np.zeros(shape, dt))[: npy_size(shape, dtype) - math.prod(shape) * dt.itemsize]
 
 
-def encode_npy(arr: np.ndarray) -> bytes:
+def encode_npy(arr: npt.NDArray[Any]) -> bytes:
     """Array -> .npy bytes in C order, so the bytes depend on the values only (never pickle)."""
     buf = io.BytesIO()
     # np.ascontiguousarray would make a 0-d array 1-d; copy(order="C") keeps it.
@@ -50,7 +52,7 @@ def encode_npy(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> np.ndarray:
+def decode_npy(raw: bytes | bytearray | memoryview, where: str) -> npt.NDArray[Any]:
     """`.npy` bytes -> a writable numeric array. Strict: the header form numpy writes, numeric dtypes
     only, and exactly the data bytes the header promises."""
     arr, rest = split_npy(raw, where)
@@ -65,7 +67,7 @@ _CACHED_HEADER = 256  # numpy pads headers to 64 or 128 bytes; longer ones are p
 
 
 @functools.lru_cache(maxsize=64)
-def _parse_header(header: str) -> tuple[np.dtype, tuple[int, ...], str] | None:
+def _parse_header(header: str) -> tuple[np.dtype[Any], tuple[int, ...], Literal["C", "F"]] | None:
     """(dtype, shape, order) of a header in the form numpy writes, else None. Cached: the members of a
     field share one header, and parsing it again is a visible share of decoding a small zstd-coded sample."""
     m = _NPY_HEADER_RE.fullmatch(header)
@@ -75,7 +77,7 @@ def _parse_header(header: str) -> tuple[np.dtype, tuple[int, ...], str] | None:
     return np.dtype(m.group(1)), shape, "F" if m.group(2) == "True" else "C"
 
 
-def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[np.ndarray, memoryview]:
+def split_npy(raw: bytes | bytearray | memoryview, where: str) -> tuple[npt.NDArray[Any], memoryview]:
     """The first `.npy` of `raw` (strictly, as `decode_npy`) and the bytes after it: a member may hold
     two arrays back to back (a dct field's coefficients, then its per-sample side information)."""
     b = memoryview(raw).cast("B")

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.format.fields import FieldSpec, with_partners
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import Manifest
-from dctdata.format.reader import batch_values
+from dctdata.format.reader import StorageReader, batch_values
 
 
 def peek(
@@ -24,7 +25,7 @@ def peek(
     root, _ = manifest_location(path_or_url)
     n = min(count, manifest.samples)
     fields = with_partners(manifest.fields, [field.name])
-    reader = storages.open_reader(root, manifest, fields, storage_options)
+    reader: StorageReader = storages.open_reader(root, manifest, fields, storage_options)
     if reader.random_access:
         indices = sorted({int(i) for i in np.linspace(0, manifest.samples - 1, n)})
         (value,) = batch_values(fields, reader.read_samples(fields, indices))
@@ -34,7 +35,10 @@ def peek(
     for unit in reader.units():
         if got >= n:
             break
-        for _, (value,) in reader.read_unit(unit, n - got):  # the unit's first n - got samples
+        for _, values in reader.read_unit(unit, n - got):  # the unit's first n - got samples
+            if isinstance(values, DctDataError):  # a bad batch inside the unit
+                raise values
+            (value,) = values
             parts.append(value)
             got += len(_first(value))
             break
@@ -45,5 +49,5 @@ def peek(
     return list(range(len(_first(value)))), value
 
 
-def _first(value: Any) -> torch.Tensor:
+def _first(value: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
     return value[0] if isinstance(value, tuple) else value

@@ -24,7 +24,7 @@ import os
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from dctdata.errors import IntegrityError
 from dctdata.format.location import fsspec_options, is_url, open_regular, remote_error
@@ -47,7 +47,7 @@ class RangeSource:
         # directory into place) is noticed instead of mixing two packs' files.
         self.dir_id = None if self.remote else _dir_id(root)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {
             "root": self.root,
             "storage_options": self.storage_options,
@@ -90,7 +90,7 @@ class RangeSource:
             self._replaced()
         return fd
 
-    def _replaced(self):
+    def _replaced(self) -> NoReturn:
         raise IntegrityError(
             f"{self.root}: expected the pack this reader opened. Got another directory (or none) at that path: the "
             "pack was replaced while being read (e.g. by pack --overwrite); open it again"
@@ -98,7 +98,7 @@ class RangeSource:
 
     def _path(self, rel: str) -> str:
         if self.remote:
-            return self._fs_root.rstrip("/") + "/" + rel
+            return str(self._fs_root).rstrip("/") + "/" + rel
         return os.path.join(self.root, *rel.split("/"))
 
     def _fd(self, rel: str) -> int:
@@ -170,12 +170,12 @@ class RangeSource:
             if hasattr(os, "posix_fadvise") and len(ranges) > 1:
                 os.posix_fadvise(fd, start, stop - start, os.POSIX_FADV_WILLNEED)
         out: list[bytes | Exception] = []
-        for fd, (_, start, stop) in zip(fds, ranges):
-            if isinstance(fd, Exception):
-                out.append(fd)
+        for opened, (_, start, stop) in zip(fds, ranges):
+            if isinstance(opened, Exception):
+                out.append(opened)
                 continue
             try:
-                out.append(os.pread(fd, stop - start, start))
+                out.append(os.pread(opened, stop - start, start))
             except OSError as exc:
                 out.append(exc)
         return out
@@ -185,6 +185,7 @@ class RangeSource:
 
         paths = [self._path(rel) for rel, _, _ in ranges]
         starts, stops = [s for _, s, _ in ranges], [e for _, _, e in ranges]
+        got: list[bytes | Exception]
         try:
             if http.is_http(self._fs):  # a 206 or an exact length, and never more than asked (`format.http`)
                 got = http.cat_ranges(self._fs, paths, starts, stops)
@@ -204,7 +205,7 @@ class RangeSource:
             self._pid = None
 
 
-def _close_fds(fds: OrderedDict, dir_fd: int | None, pid: int) -> None:
+def _close_fds(fds: OrderedDict[str, int], dir_fd: int | None, pid: int) -> None:
     """Close a reader's descriptors (only in the process that opened them: a fork child holds copies that
     its own exit closes)."""
     if os.getpid() != pid:

@@ -24,6 +24,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.decoder.wire import PackCodec, StreamForm
@@ -124,9 +125,10 @@ class StorageReader:
             arrays = {g.name: torch.stack([r[k] for r in rows]) for g, k in zip(fields, at)}
             yield opened.first + a, batch_values(fields, arrays)
 
-    def read(self, f: FieldSpec, a: int, b: int) -> np.ndarray:
+    def read(self, f: FieldSpec, a: int, b: int) -> npt.NDArray[Any]:
         """Stored samples [a, b) of one field (random-access storages)."""
-        return self.read_samples((f,), range(a, b))[f.name]
+        arr: npt.NDArray[Any] = self.read_samples((f,), range(a, b))[f.name]
+        return arr
 
     def check_files(self) -> list[str]:
         """One line per stored file the manifest lists whose size or sha256 is not what it says (files a

@@ -10,10 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dctdata.errors import DctDataError
+
+if TYPE_CHECKING:
+    from dctdata.format.base import PartWriter
+    from dctdata.format.fields import FieldSpec
+
+
+class PackManifest(Protocol):
+    """What the registry reads of a `dctdata.format.manifest.Manifest` (which imports the registry: named here by
+    its shape, not imported)."""
+
+    @property
+    def storage(self) -> str: ...
+
+    @property
+    def layout(self) -> Mapping[str, Any]: ...
+
+    @property
+    def checksums(self) -> Mapping[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,18 +49,20 @@ class Storage:
         """Stored files a pack of `parts` parts and `fields` fields writes."""
         return parts * (1 if self.sharded else fields)
 
-    def describe_files(self, manifest) -> str:
+    def describe_files(self, manifest: PackManifest) -> str:
         """The pack's stored files for a summary line: its shards where sharded, else its files."""
         shards = manifest.layout.get("shards") if self.sharded else None
         return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
 
     @property
-    def reader(self) -> type:
-        return _load(self.reader_path)
+    def reader(self) -> Callable[..., Any]:  # a `dctdata.format.reader.StorageReader` class
+        cls: Callable[..., Any] = _load(self.reader_path)
+        return cls
 
     @property
-    def writer(self) -> type:
-        return _load(self.writer_path)
+    def writer(self) -> Callable[..., PartWriter]:
+        cls: Callable[..., PartWriter] = _load(self.writer_path)
+        return cls
 
 
 _REGISTRY: dict[str, Storage] = {}
@@ -71,18 +91,24 @@ def get(name: object, what: str = "storage") -> Storage:
     return _REGISTRY[name]
 
 
-def make_writer(name: str, options: Mapping[str, Any] | None = None):
+def make_writer(name: str, options: Mapping[str, Any] | None = None) -> PartWriter:
     """The writer of storage `name` with its options (max_shard_size, chunk_samples, ...)."""
     return get(name, "--format").writer(**dict(options or {}))
 
 
-def open_reader(root: str, manifest, fields=None, storage_options: Mapping[str, Any] | None = None, **options):
+def open_reader(
+    root: str,
+    manifest: PackManifest,
+    fields: Sequence[FieldSpec] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:  # a `dctdata.format.reader.StorageReader` (that module imports this one through the manifest)
     """The reader of `manifest`'s storage over the pack at `root` (options go to its class: shards and
     cache for webdataset)."""
     return get(manifest.storage).reader(root, manifest, fields, storage_options, **options)
 
 
-def _load(path: str) -> type:
+def _load(path: str) -> Any:  # the class named by "module:Class"
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
 

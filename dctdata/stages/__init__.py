@@ -39,7 +39,7 @@ register(CtxransStage)
 register(LZ4Stage)
 
 
-def for_setting(codec) -> Stage | Auto:
+def for_setting(codec: object) -> Stage | Auto:
     """What a pack's `codec` setting names for calibration: the "auto" policy, or a stage (its config; None
     or {}: the raw stage)."""
     return Auto() if codec == AUTO else get_stage(codec)

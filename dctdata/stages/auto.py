@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.stages.ctxrans import CtxransStage, estimate
 from dctdata.stages.zstd import DEFAULT_CONFIG, max_stage
@@ -40,7 +41,9 @@ def writer_chunk(sample_bytes: int) -> int:
     return 1 << (max(1, CHUNK_BYTES // max(1, int(sample_bytes))).bit_length() - 1)
 
 
-def chunked_bytes(stage: Any, q: np.ndarray, chunks: int | None = SAMPLE_CHUNKS, values: int | None = None) -> float:
+def chunked_bytes(
+    stage: Any, q: npt.NDArray[Any], chunks: int | None = SAMPLE_CHUNKS, values: int | None = None
+) -> float:
     """Bytes `stage` stores q (B, C, Hb, K, Wb) in, one stream per writer chunk (`writer_chunk`): every chunk
     coded (`chunks=None`), or `chunks` evenly spaced ones scaled to all of q. `values` bounds the coefficients
     coded (at least one chunk; a chunk larger than that is coded on its first block rows, or a volume's first
@@ -65,7 +68,7 @@ def chunked_bytes(stage: Any, q: np.ndarray, chunks: int | None = SAMPLE_CHUNKS,
     return nbytes * b / coded
 
 
-def stored_bytes(stage: Any, q: np.ndarray, values: int) -> float:
+def stored_bytes(stage: Any, q: npt.NDArray[Any], values: int) -> float:
     """The bytes a pack stores q (B, C, Hb, K, Wb) in with `stage` (calibration's report): every writer chunk
     coded, or with zstd at level 10 and above (it encodes slowly; never over the whole subset) `SAMPLE_CHUNKS`
     of them scaled (at most `values` coefficients)."""
@@ -76,11 +79,11 @@ def stored_bytes(stage: Any, q: np.ndarray, values: int) -> float:
 class Auto:
     """ "auto" where calibration asks a stage: the same two calls (`Stage.estimate_size`, `Stage.choose`)."""
 
-    def estimate_size(self, q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
+    def estimate_size(self, q: npt.NDArray[Any], cf: int, mask: str, integer: bool) -> int:
         """The entropy coder's one-pass estimate for integer planes, zstd-19's bytes for others."""
         return estimate(q, cf, mask, integer)
 
-    def choose(self, q: np.ndarray, cf: int, mask: str, integer: bool, compare_values: int) -> dict[str, Any]:
+    def choose(self, q: npt.NDArray[Any], cf: int, mask: str, integer: bool, compare_values: int) -> dict[str, Any]:
         """The stage config of a dct field from its quantized calibration coefficients q (B, C, Hb, K, Wb): for
         integers the coder fitted on a few million of them (evenly spaced samples), unless zstd-19 stores the
         same few writer chunks (`chunked_bytes`: at most `SAMPLE_CHUNKS` of them and `compare_values`
@@ -94,9 +97,6 @@ class Auto:
             return max_stage().get_config()
         per = max(1, q[0].size)
         pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
-        best, cost = None, 0.0
-        for stage in (max_stage(), CtxransStage.fit(q[pick], cf, mask)):  # ties: the first
-            c = chunked_bytes(stage, q, SAMPLE_CHUNKS, compare_values) + stage.model_nbytes()
-            if best is None or c < cost:
-                best, cost = stage, c
-        return best.get_config()
+        stages = (max_stage(), CtxransStage.fit(q[pick], cf, mask))
+        costs = [chunked_bytes(stage, q, SAMPLE_CHUNKS, compare_values) + stage.model_nbytes() for stage in stages]
+        return stages[costs.index(min(costs))].get_config()  # ties: the first

@@ -18,9 +18,10 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import DctDataError, IntegrityError
 
@@ -29,6 +30,13 @@ if TYPE_CHECKING:  # torch is imported where a batch is decoded: the stages load
 
 log = logging.getLogger(__name__)
 _HOST_NOTED: set[tuple[str, str]] = set()  # (stage, device type) whose batches were decoded on the host, logged once
+# A stored stream as readers hold it: bytes from a store or a member, or a slice of a uint8 array.
+Stream: TypeAlias = bytes | bytearray | memoryview | npt.NDArray[Any]
+
+
+def byte_view(buf: Stream) -> memoryview:
+    """`buf` as flat unsigned bytes, without a copy (an array's `.data` is its memoryview)."""
+    return (buf.data if isinstance(buf, np.ndarray) else memoryview(buf)).cast("B")
 
 
 class DeviceDecoder:
@@ -43,7 +51,9 @@ class DeviceDecoder:
         """Whether this decoder takes streams of `sample_shape` (others are decoded on the host and copied)."""
         return True
 
-    def decode_batch(self, buffer, offsets, sample_shape: tuple[int, ...], dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_batch(
+        self, buffer: torch.Tensor, offsets: torch.Tensor, sample_shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def describe(self, status: int) -> str:
@@ -107,7 +117,7 @@ class Stage:
         return None
 
     @classmethod
-    def fit(cls, q: np.ndarray, cf: int, mask: str) -> Stage:
+    def fit(cls, q: npt.NDArray[Any], cf: int, mask: str) -> Stage:
         """This stage configured for coefficients `q` (B, C, Hb, K, Wb): a stage with a model fits it; a bytes
         codec returns its default."""
         raise NotImplementedError
@@ -131,7 +141,7 @@ class Stage:
         return f"{type(self).__name__}({self._config!r})"
 
     # ---- sizes ---------------------------------------------------------------------------------
-    def declared_size(self, buf) -> int | None:
+    def declared_size(self, buf: Stream) -> int | None:
         """The decoded size the stream declares (None: none, or a damaged header)."""
         return None
 
@@ -140,12 +150,12 @@ class Stage:
         a generous generic bound."""
         return nbytes + nbytes // 16 + 1024
 
-    def estimate_size(self, q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
+    def estimate_size(self, q: npt.NDArray[Any], cf: int, mask: str, integer: bool) -> int:
         """Stored bytes of quantized planes `q` (R, C, 1, K, Wb; bfloat16 viewed as int16) for calibration's
         search, which compares settings by it: the encoded size unless a stage has a cheaper estimate."""
         return len(self.encode(q))
 
-    def choose(self, q: np.ndarray, cf: int, mask: str, integer: bool, compare_values: int) -> dict[str, Any]:
+    def choose(self, q: npt.NDArray[Any], cf: int, mask: str, integer: bool, compare_values: int) -> dict[str, Any]:
         """The config a field calibrated to `q` gets with this stage as the pack's setting: this one."""
         return self.get_config()
 
@@ -165,50 +175,55 @@ class Stage:
         return [first] + ([own] if own else [])
 
     # ---- coding --------------------------------------------------------------------------------
-    def encode(self, data) -> bytes:
+    def encode(self, data: npt.NDArray[Any] | bytes) -> bytes:
         """The stored bytes of an array (C order) or of bytes."""
         raise NotImplementedError
 
     def decode(
         self,
-        buf,
+        buf: Stream,
         shape: Sequence[int],
-        dtype,
+        dtype: npt.DTypeLike,
         where: str | Callable[[], str] = "stream",
-        out: np.ndarray | None = None,
+        out: npt.NDArray[Any] | None = None,
         writeable: bool = True,
-    ) -> np.ndarray:
+    ) -> npt.NDArray[Any]:
         """The array of `shape` and `dtype` stored in `buf`, or written into `out` (C-contiguous, writeable, of
         that shape and dtype) and returned. Anything else (a stream that decodes to another size, truncated
         or mutated bytes) is an IntegrityError naming `where` (or `where()`). Never allocates more than the
         expected array. `writeable=False` lets a stage hand back read-only memory without a copy (for a
         caller that copies what it keeps)."""
-        dtype = np.dtype(dtype)
+        dt = np.dtype(dtype)
         shape = tuple(int(s) for s in shape)
         if out is not None:
-            _check_out(out, shape, dtype)
+            _check_out(out, shape, dt)
         try:
-            return self._decode(buf, shape, dtype, out, writeable)
+            return self._decode(buf, shape, dt, out, writeable)
         except Refused as exc:
             raise IntegrityError(f"{described(where)}: {exc}") from None
         except IntegrityError as exc:
-            raise IntegrityError(
-                f"{described(where)}: expected {self.label} bytes of {dtype} {shape}. Got {exc}"
-            ) from exc
+            raise IntegrityError(f"{described(where)}: expected {self.label} bytes of {dt} {shape}. Got {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - any decoder failure is a data error naming the sample or chunk
             raise IntegrityError(
-                f"{described(where)}: expected {self.label} bytes of {dtype} {shape}. Got undecodable bytes "
+                f"{described(where)}: expected {self.label} bytes of {dt} {shape}. Got undecodable bytes "
                 f"({type(exc).__name__}: {exc})"
             ) from exc
 
-    def _decode(self, buf, shape: tuple[int, ...], dtype: np.dtype, out, writeable: bool) -> np.ndarray:
+    def _decode(
+        self,
+        buf: Stream,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        out: npt.NDArray[Any] | None,
+        writeable: bool,
+    ) -> npt.NDArray[Any]:
         raise NotImplementedError
 
-    def check_stream(self, stream, decoded: int, where: str | Callable[[], str]) -> None:
+    def check_stream(self, stream: Stream, decoded: int, where: str | Callable[[], str]) -> None:
         """The checks a stream passes before it leaves a reader undecoded (decode="device"): none here, a stream
         without a size header (its decoder is bounded to the output and names a bad stream)."""
 
-    def decode_many(self, bufs: Sequence, out: np.ndarray) -> int:
+    def decode_many(self, bufs: Sequence[Stream], out: npt.NDArray[Any]) -> int:
         """Streams `bufs` into out[0], out[1], ... (each out[i] the declared array of bufs[i]). Returns how many
         decoded before the first that did not (len(bufs) when all did); `decode` of that one gives its error."""
         for i, buf in enumerate(bufs):
@@ -220,8 +235,13 @@ class Stage:
 
     # ---- batches -------------------------------------------------------------------------------
     def decode_batch(
-        self, buffer, offsets, sample_shape: Sequence[int], dtype, where: str | Callable[[int], str] = "batch"
-    ):
+        self,
+        buffer: torch.Tensor,
+        offsets: torch.Tensor,
+        sample_shape: Sequence[int],
+        dtype: torch.dtype | npt.DTypeLike,
+        where: str | Callable[[int], str] = "batch",
+    ) -> torch.Tensor:
         """Samples stored back to back in one 1-D uint8 tensor, sample i in buffer[offsets[i]:offsets[i+1]]
         (offsets: int64, N+1 entries), decoded into a (N, *sample_shape) tensor of `dtype` on the buffer's
         device. Where the stage has a `DeviceDecoder` for that device (`device_decoder`) it does the work;
@@ -234,14 +254,19 @@ class Stage:
         return out
 
     def decode_batch_deferred(
-        self, buffer, offsets, sample_shape: Sequence[int], dtype, where: str | Callable[[int], str] = "batch"
+        self,
+        buffer: torch.Tensor,
+        offsets: torch.Tensor,
+        sample_shape: Sequence[int],
+        dtype: torch.dtype | npt.DTypeLike,
+        where: str | Callable[[int], str] = "batch",
     ) -> tuple[torch.Tensor, Verdict]:
         """`decode_batch` without waiting for a device decoder's verdict: (the output, its `Verdict`). The
         output is only valid once `verdict.check()` has returned. Why: reading the per-sample status back from
         an accelerator waits for the decode, so a caller that queues several batches (`DecodeAhead`) checks
         them later, together. Host decoders still raise at once."""
         shape, dt, np_dt = _check_batch(buffer, offsets, sample_shape, dtype)
-        name = where if callable(where) else (lambda i: f"{where} sample {i}")
+        name: Callable[[int], str] = where if callable(where) else (lambda i: f"{where} sample {i}")
         device = buffer.device
         decoder = self.device_decoder(device)
         if decoder is not None and decoder.supports(shape):
@@ -256,7 +281,16 @@ class Stage:
         host = self._decode_batch_host(buffer.cpu(), offsets.cpu(), shape, dt, np_dt, name, pin=device.type == "cuda")
         return host.to(device, non_blocking=True), Verdict()
 
-    def _refusal(self, decoder, name, np_dt, shape, device_type: str, status, bad: list[int]) -> IntegrityError:
+    def _refusal(
+        self,
+        decoder: DeviceDecoder,
+        name: Callable[[int], str],
+        np_dt: np.dtype[Any],
+        shape: tuple[int, ...],
+        device_type: str,
+        status: torch.Tensor,
+        bad: list[int],
+    ) -> IntegrityError:
         """The error of a batch whose samples `bad` the device decoder refused."""
         i = bad[0]
         more = f" ({len(bad) - 1} more samples of the batch were refused)" if len(bad) > 1 else ""
@@ -265,7 +299,16 @@ class Stage:
             f"decoder refused ({decoder.describe(int(status[i]))}){more}"
         )
 
-    def _decode_batch_host(self, buffer, offsets, shape, dt, np_dt, name: Callable[[int], str], pin: bool):
+    def _decode_batch_host(
+        self,
+        buffer: torch.Tensor,
+        offsets: torch.Tensor,
+        shape: tuple[int, ...],
+        dt: torch.dtype,
+        np_dt: np.dtype[Any],
+        name: Callable[[int], str],
+        pin: bool,
+    ) -> torch.Tensor:
         """`decode_batch` of CPU tensors with the stage's own decoders (runs through `decode_many`), into pinned
         memory when `pin` (the result is copied to a CUDA device next)."""
         import torch
@@ -286,7 +329,7 @@ class Stage:
                 done += 1
         return out
 
-    def device_decoder(self, device) -> DeviceDecoder | None:
+    def device_decoder(self, device: torch.device) -> DeviceDecoder | None:
         """The decoder of this stage's batches on `device` (a torch.device), or None where the stage has none
         (its batches are then decoded on the host by `decode_batch`). A stage whose decoder needs an optional
         package raises MissingExtraError naming the extra where it is missing."""
@@ -300,12 +343,16 @@ class Verdict:
 
     __slots__ = ("refusal", "status")
 
-    def __init__(self, status=None, refusal: Callable | None = None) -> None:
+    def __init__(
+        self,
+        status: torch.Tensor | None = None,
+        refusal: Callable[[torch.Tensor, list[int]], IntegrityError] | None = None,
+    ) -> None:
         self.status, self.refusal = status, refusal
 
     def check(self) -> None:
         """Raise the refusal's IntegrityError if a sample was refused."""
-        if self.status is None:
+        if self.status is None or self.refusal is None:  # a status always comes with its refusal
             return
         host = self.status.detach().cpu()
         bad = host.nonzero().flatten().tolist()
@@ -323,7 +370,7 @@ class BytesStage(Stage):
         self.codec = codec  # the numcodecs codec that encodes (and, by default, decodes)
 
     @classmethod
-    def fit(cls, q: np.ndarray, cf: int, mask: str) -> Stage:
+    def fit(cls, q: npt.NDArray[Any], cf: int, mask: str) -> Stage:
         return cls.from_config(cls.default_config())
 
     @classmethod
@@ -331,7 +378,7 @@ class BytesStage(Stage):
         raise NotImplementedError
 
     @classmethod
-    def _numcodecs(cls, config: Mapping[str, Any]):
+    def _numcodecs(cls, config: Mapping[str, Any]) -> Any:  # numcodecs has no type hints
         """The numcodecs codec of a config; DctDataError naming the config if numcodecs cannot build it."""
         import numcodecs  # heavy to import: only where a stage is built
 
@@ -340,12 +387,19 @@ class BytesStage(Stage):
         except (ValueError, TypeError, KeyError) as exc:
             raise DctDataError(f"numcodecs cannot build {dict(config)!r}: {exc}") from exc
 
-    def encode(self, data) -> bytes:
+    def encode(self, data: npt.NDArray[Any] | bytes) -> bytes:
         if isinstance(data, np.ndarray):
             data = np.ascontiguousarray(data)
         return bytes(self.codec.encode(data))
 
-    def _decode(self, buf, shape, dtype, out, writeable):
+    def _decode(
+        self,
+        buf: Stream,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        out: npt.NDArray[Any] | None,
+        writeable: bool,
+    ) -> npt.NDArray[Any]:
         size = math.prod(shape) * dtype.itemsize
         declared = self.declared_size(buf)
         if declared != size:
@@ -355,14 +409,16 @@ class BytesStage(Stage):
         flat = self._decode_exact(buf, size, target, writeable)
         return out if out is not None else flat.view(dtype).reshape(shape)
 
-    def _decode_exact(self, buf, size: int, target: np.ndarray | None, writeable: bool) -> np.ndarray:
+    def _decode_exact(
+        self, buf: Stream, size: int, target: npt.NDArray[np.uint8] | None, writeable: bool
+    ) -> npt.NDArray[np.uint8]:
         """The `size` bytes of a stream that declares them (checked by the caller), into `target` (uint8 of
         `size`) when given; more than `size` bytes is an error."""
         out = np.empty(size, np.uint8) if target is None else target
         self.codec.decode(buf, out=out)
         return out
 
-    def check_stream(self, stream, decoded: int, where: str | Callable[[], str]) -> None:
+    def check_stream(self, stream: Stream, decoded: int, where: str | Callable[[], str]) -> None:
         """Refuse a stream whose header does not declare exactly `decoded` bytes (a raw stream: is not that
         long)."""
         n = self.declared_size(stream)
@@ -370,7 +426,7 @@ class BytesStage(Stage):
             said = "a damaged or truncated header" if n is None else f"one of {n}"
             raise IntegrityError(f"{described(where)}: expected a stream of {decoded} decoded bytes. Got {said}")
 
-    def decode_bounded(self, buf, limit: int, where: str) -> memoryview:
+    def decode_bounded(self, buf: Stream, limit: int, where: str) -> memoryview:
         """The bytes of a stream declaring at most `limit` decoded bytes (a member whose contents say their own
         shape, like .npy, is checked by its parser afterwards); more is an IntegrityError, never decoded.
         They may be read-only: the parser copies what it keeps."""
@@ -378,7 +434,7 @@ class BytesStage(Stage):
         if declared is None or declared > limit:
             said = "a damaged or truncated header" if declared is None else f"one declaring {declared}"
             raise IntegrityError(f"{where}: expected a stream of at most {limit} decoded bytes. Got {said}")
-        return memoryview(self.decode(buf, (declared,), np.uint8, where, writeable=False))
+        return self.decode(buf, (declared,), np.uint8, where, writeable=False).data
 
 
 class RawStage(BytesStage):
@@ -407,14 +463,21 @@ class RawStage(BytesStage):
     def max_encoded_size(self, nbytes: int) -> int:
         return nbytes
 
-    def declared_size(self, buf) -> int:
-        return len(memoryview(buf).cast("B"))
+    def declared_size(self, buf: Stream) -> int:
+        return len(byte_view(buf))
 
-    def encode(self, data) -> bytes:
+    def encode(self, data: npt.NDArray[Any] | bytes) -> bytes:
         return np.ascontiguousarray(data).tobytes() if isinstance(data, np.ndarray) else bytes(data)
 
-    def _decode(self, buf, shape, dtype, out, writeable):
-        raw = memoryview(buf).cast("B")
+    def _decode(
+        self,
+        buf: Stream,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        out: npt.NDArray[Any] | None,
+        writeable: bool,
+    ) -> npt.NDArray[Any]:
+        raw = byte_view(buf)
         size = math.prod(shape) * dtype.itemsize
         if len(raw) != size:
             raise Refused(f"expected {size} bytes of {dtype} {shape}. Got {len(raw)}")
@@ -424,11 +487,11 @@ class RawStage(BytesStage):
         out[...] = got
         return out
 
-    def decode_bounded(self, buf, limit: int, where: str) -> memoryview:
-        return memoryview(buf).cast("B")
+    def decode_bounded(self, buf: Stream, limit: int, where: str) -> memoryview:
+        return byte_view(buf)
 
 
-def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype) -> None:
+def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a numpy array. Got {type(out).__name__}")
     if not out.flags.c_contiguous or not out.flags.writeable or out.shape != shape or out.dtype != dtype:
@@ -437,7 +500,9 @@ def _check_out(out: object, shape: tuple[int, ...], dtype: np.dtype) -> None:
         )
 
 
-def _check_batch(buffer, offsets, sample_shape, dtype):
+def _check_batch(
+    buffer: object, offsets: object, sample_shape: Sequence[int], dtype: torch.dtype | npt.DTypeLike
+) -> tuple[tuple[int, ...], torch.dtype, np.dtype[Any]]:
     """(sample shape, torch dtype, numpy dtype) of a batch to decode, after checking its arguments."""
     import torch
 

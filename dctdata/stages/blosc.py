@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dctdata.errors import DctDataError
-from dctdata.stages.base import BytesStage
+from dctdata.stages.base import BytesStage, Stream, byte_view
 from dctdata.stages.zstd import ZstdStage
 
 CODEC_ID = "blosc"
@@ -64,12 +64,12 @@ class BloscStage(BytesStage):
         }
         return {"name": "blosc", "configuration": conf}
 
-    def declared_size(self, buf) -> int | None:
+    def declared_size(self, buf: Stream) -> int | None:
         """The header's nbytes (numcodecs' own parser), when its compressed size is the buffer's: blosc reads
         `cbytes` whatever the buffer holds."""
         from numcodecs.blosc import _cbuffer_sizes
 
-        data = memoryview(buf).cast("B")
+        data = byte_view(buf)
         if len(data) < _HEADER:
             return None
         nbytes, cbytes, _ = _cbuffer_sizes(data)

@@ -12,13 +12,17 @@ host and copied.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import torch
 
 from dctdata.entropy.ctxrans import CODEC_ID  # in the manifest and as a zarr codec name
-from dctdata.stages.base import DeviceDecoder, Stage
+from dctdata.stages.base import DeviceDecoder, Stage, Stream
 from dctdata.stages.zstd import max_stage
 
 
@@ -41,7 +45,7 @@ class CtxransStage(Stage):
         return cls(config, CtxCodec.from_config(config))
 
     @classmethod
-    def fit(cls, q: np.ndarray, cf: int, mask: str) -> CtxransStage:
+    def fit(cls, q: npt.NDArray[Any], cf: int, mask: str) -> CtxransStage:
         """The coder with its model fitted on `q` (B, C, Hb, K, Wb) int8/int16."""
         from dctdata.entropy import CtxCodec
 
@@ -51,29 +55,36 @@ class CtxransStage(Stage):
     def model_nbytes(self) -> int:
         return len(json.dumps(self._config))
 
-    def estimate_size(self, q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
+    def estimate_size(self, q: npt.NDArray[Any], cf: int, mask: str, integer: bool) -> int:
         return estimate(q, cf, mask, integer)
 
     def zarr_codec(self, itemsize: int) -> dict[str, Any]:
         return {"name": CODEC_ID, "configuration": {"model": "manifest.json"}}
 
-    def encode(self, data) -> bytes:
+    def encode(self, data: npt.NDArray[Any] | bytes) -> bytes:
         q = np.asarray(data)
-        return self.codec.encode(q[None] if q.ndim == 4 else q)
+        return bytes(self.codec.encode(q[None] if q.ndim == 4 else q))
 
-    def _decode(self, buf, shape, dtype, out, writeable):
+    def _decode(
+        self,
+        buf: Stream,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        out: npt.NDArray[Any] | None,
+        writeable: bool,
+    ) -> npt.NDArray[Any]:
         one = len(shape) == 4  # one sample: coded as a batch of one
         if out is not None:
             self.codec.decode(buf, out=out[None] if one else out)
             return out
-        got = self.codec.decode(buf, (1, *shape) if one else shape, dtype)
+        got: npt.NDArray[Any] = self.codec.decode(buf, (1, *shape) if one else shape, dtype)
         return got.reshape(shape)
 
-    def decode_many(self, bufs, out: np.ndarray) -> int:
+    def decode_many(self, bufs: Sequence[Stream], out: npt.NDArray[Any]) -> int:
         """One kernel call for the run (it releases the GIL once)."""
-        return self.codec.decode_many(list(bufs), out[:, None] if out.ndim == 5 else out)
+        return int(self.codec.decode_many(list(bufs), out[:, None] if out.ndim == 5 else out))
 
-    def device_decoder(self, device) -> CtxransDeviceDecoder | None:
+    def device_decoder(self, device: torch.device) -> CtxransDeviceDecoder | None:
         """`CtxransDeviceDecoder` on CUDA and on the CPU; None elsewhere."""
         return CtxransDeviceDecoder(self.codec) if _device_type(device) in DEVICE_TYPES else None
 
@@ -81,7 +92,7 @@ class CtxransStage(Stage):
 DEVICE_TYPES = ("cuda", "cpu")
 
 
-def _device_type(device) -> str:
+def _device_type(device: torch.device | str) -> str:
     import torch
 
     return torch.device(device).type
@@ -101,7 +112,9 @@ class CtxransDeviceDecoder(DeviceDecoder):
         """One sample a stream: (C, Hb, K, Wb), or (1, C, Hb, K, Wb) (a zarr chunk of one sample)."""
         return len(sample_shape) == 4 or (len(sample_shape) == 5 and sample_shape[0] == 1)
 
-    def decode_batch(self, buffer, offsets, sample_shape, dtype):
+    def decode_batch(
+        self, buffer: torch.Tensor, offsets: torch.Tensor, sample_shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         from dctdata.entropy import device
 
         cpu_decoder = buffer.device.type == "cpu" and not self.emulate
@@ -116,7 +129,7 @@ class CtxransDeviceDecoder(DeviceDecoder):
         return device.describe(status)
 
 
-def estimate(q: np.ndarray, cf: int, mask: str, integer: bool) -> int:
+def estimate(q: npt.NDArray[Any], cf: int, mask: str, integer: bool) -> int:
     """Calibration's size of planes q (R, C, 1, K, Wb) with this coder: its one-pass estimate for integer
     planes (a fresh fit's starting layout, no encoding: each block row a sample of one row, the cheapest
     consistent proxy); zstd-19's bytes for other planes and for volume blocks with more kept frequencies

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dctdata.errors import DctDataError
-from dctdata.stages.base import BytesStage
+from dctdata.stages.base import BytesStage, Stream, byte_view
 
 CODEC_ID = "lz4"
 _HEADER = 4
@@ -49,6 +49,6 @@ class LZ4Stage(BytesStage):
         """LZ4_COMPRESSBOUND plus the size header."""
         return nbytes + nbytes // 255 + 16 + _HEADER
 
-    def declared_size(self, buf) -> int | None:
-        data = memoryview(buf).cast("B")
+    def declared_size(self, buf: Stream) -> int | None:
+        data = byte_view(buf)
         return int.from_bytes(data[:_HEADER], "little") if len(data) >= _HEADER else None

@@ -35,13 +35,15 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError, MissingExtraError
-from dctdata.stages.zstd_frames import FrameTable, _offsets, aligned_offsets
+from dctdata.stages.zstd_frames import FrameTable, Offsets, _offsets, aligned_offsets
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ DEVICE_TYPES = ("cuda",)  # devices nvCOMP decodes on
 CONFIGS_PER_DECODER = 16  # decompression configs kept per codec (one per distinct list of frame sizes)
 
 
-def nvcomp():
+def nvcomp() -> ModuleType:
     """The `nvidia.nvcomp` module; a MissingExtraError naming the `gpu` extra where it is not installed."""
     try:
         return importlib.import_module("nvidia.nvcomp")
@@ -75,14 +77,16 @@ class DecodeStatus:
     """What nvCOMP reported for a call: the decoded size of every frame, compared with its declared size.
     Reading it waits for the decode (a stream synchronization), so it is read when first asked."""
 
-    def __init__(self, actual: Callable[[], Sequence[int]], expected: np.ndarray, samples: np.ndarray) -> None:
+    def __init__(
+        self, actual: Callable[[], Sequence[int]], expected: npt.NDArray[Any], samples: npt.NDArray[Any]
+    ) -> None:
         self._actual = actual
         self.expected = np.asarray(expected, dtype=np.int64)
         self.samples = np.asarray(samples, dtype=np.int64)
-        self._sizes: np.ndarray | None = None
+        self._sizes: npt.NDArray[Any] | None = None
 
     @property
-    def sizes(self) -> np.ndarray:
+    def sizes(self) -> npt.NDArray[Any]:
         """Decoded bytes per frame, as nvCOMP reported them (waits for the decode)."""
         if self._sizes is None:
             self._sizes = np.asarray(list(self._actual()), dtype=np.int64).reshape(-1)
@@ -117,7 +121,7 @@ class _Decoder:
     """One nvCOMP zstd codec bound to one device and stream, with its reusable decompression configs (building
     one reads the frame headers back from the device: a synchronization, paid once per list of frame sizes)."""
 
-    def __init__(self, module, device: torch.device, stream: int) -> None:
+    def __init__(self, module: ModuleType, device: torch.device, stream: int) -> None:
         self.nv = module
         self.stream = stream
         self.codec = module.Codec(
@@ -126,7 +130,7 @@ class _Decoder:
         self.configs: OrderedDict[bytes, object] = OrderedDict()
         self.into_out = True  # decode straight into our buffer (decode(out=...)); off if this nvCOMP refuses it
 
-    def config(self, srcs, sizes: np.ndarray):
+    def config(self, srcs: Any, sizes: npt.NDArray[Any]) -> object:  # nvCOMP's arrays and config
         key = sizes.tobytes()
         cfg = self.configs.get(key)
         if cfg is None:
@@ -138,7 +142,15 @@ class _Decoder:
             self.configs.move_to_end(key)
         return cfg
 
-    def decode(self, data, starts, in_sizes, buf, out_starts, sizes) -> Callable[[], Sequence[int]]:
+    def decode(
+        self,
+        data: torch.Tensor,
+        starts: npt.NDArray[Any],
+        in_sizes: npt.NDArray[Any],
+        buf: torch.Tensor,
+        out_starts: npt.NDArray[Any],
+        sizes: npt.NDArray[Any],
+    ) -> Callable[[], Sequence[int]]:
         """Queue the decode of frames data[starts[f] : +in_sizes[f]] into buf[out_starts[f] : +sizes[f]]; returns
         the function that reads the decoded sizes (waiting for the decode)."""
         nv = self.nv
@@ -181,7 +193,9 @@ def _decoder(device: torch.device) -> _Decoder:
     return decoder
 
 
-def decode_frames(data: torch.Tensor, table: FrameTable, out: torch.Tensor | None = None):
+def decode_frames(
+    data: torch.Tensor, table: FrameTable, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, DecodeStatus]:
     """Decode the frames of `table` (byte ranges of `data`, a contiguous uint8 CUDA buffer) in one nvCOMP call into
     one uint8 tensor of their contents back to back (`out` when given). Returns (bytes, DecodeStatus).
 
@@ -238,8 +252,12 @@ def decode_frames(data: torch.Tensor, table: FrameTable, out: torch.Tensor | Non
 
 
 def decode_batch(
-    buffer: torch.Tensor, offsets, sample_shape: Sequence[int], dtype: torch.dtype, frames: FrameTable | None = None
-):
+    buffer: torch.Tensor,
+    offsets: Offsets,
+    sample_shape: Sequence[int],
+    dtype: torch.dtype,
+    frames: FrameTable | None = None,
+) -> tuple[torch.Tensor, DecodeStatus]:
     """Decode a collated batch: sample i is the zstd stream buffer[offsets[i] : offsets[i+1]] and decodes to one
     `sample_shape` array of `dtype` (C order, the zstd stage's raw bytes). Returns ((N, *sample_shape) tensor on
     the buffer's device, DecodeStatus); call `status.check()` (it waits for the decode) before trusting the
@@ -268,7 +286,7 @@ def decode_batch(
     return flat.view(dtype).view(n, *shape), status
 
 
-def device_decoder(device) -> Callable | None:
+def device_decoder(device: torch.device | str) -> Callable[..., torch.Tensor] | None:
     """What the zstd stage's `device_decoder(device)` hook returns (`dctdata.decoder.stored.decode_stored` calls it for
     `decode="device"`): on CUDA, `decode(buffer, offsets, sample_shape, dtype, where=None)` -> the
     (S, *sample_shape) tensor of the S streams, decoded by nvCOMP and checked (an IntegrityError names
@@ -280,7 +298,13 @@ def device_decoder(device) -> Callable | None:
     return _decode_streams
 
 
-def _decode_streams(buffer, offsets, sample_shape, dtype, where: Callable[[int], str] | None = None):
+def _decode_streams(
+    buffer: torch.Tensor,
+    offsets: Offsets,
+    sample_shape: Sequence[int],
+    dtype: torch.dtype | npt.DTypeLike,
+    where: Callable[[int], str] | None = None,
+) -> torch.Tensor:
     if not isinstance(dtype, torch.dtype):
         dtype = torch.from_numpy(np.zeros(0, np.dtype(dtype))).dtype  # numpy's (little-endian) dtype
     values, status = decode_batch(buffer, offsets, sample_shape, dtype)
@@ -293,7 +317,7 @@ class Streams(NamedTuple):
     optionally the `frames` of its samples (`zstd_frames.frame_table`); what `ZstdBatches` merges."""
 
     data: torch.Tensor
-    offsets: object
+    offsets: Offsets
     frames: FrameTable | None = None
 
 
@@ -302,7 +326,7 @@ class _Pending(NamedTuple):
     status: DecodeStatus
     counts: list[int]
     first: int
-    done: object  # the CUDA event recorded after the decode on the side stream, or None off CUDA
+    done: torch.cuda.Event | None  # the CUDA event recorded after the decode on the side stream, or None off CUDA
 
 
 class ZstdBatches:
@@ -314,13 +338,19 @@ class ZstdBatches:
     wait for it. `decode` is `decode_batch` (tests pass a CPU stand-in); `device` is where merged host buffers
     go."""
 
-    def __init__(self, sample_shape, dtype: torch.dtype, device=None, decode=decode_batch) -> None:
+    def __init__(
+        self,
+        sample_shape: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+        decode: Callable[..., tuple[torch.Tensor, DecodeStatus]] = decode_batch,
+    ) -> None:
         self.sample_shape = tuple(int(s) for s in sample_shape)
         self.dtype = dtype
         self.device = None if device is None else torch.device(device)
         self.decode = decode
         self.sample_bytes = math.prod(self.sample_shape) * torch.empty((), dtype=dtype).element_size()
-        self._streams: dict = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def start(self, batches: Sequence[Streams], first: int = 0) -> _Pending:
         """Queue one decode of `batches` (numbered from `first` in errors)."""
@@ -358,7 +388,9 @@ class ZstdBatches:
         return list(torch.split(pending.values, pending.counts))
 
 
-def merge(batches: Sequence[Streams], sample_bytes: int) -> tuple[torch.Tensor, np.ndarray, FrameTable, list[int]]:
+def merge(
+    batches: Sequence[Streams], sample_bytes: int
+) -> tuple[torch.Tensor, npt.NDArray[Any], FrameTable, list[int]]:
     """One buffer, offsets and frame table for several batches' streams, and the sample count of each batch. Each
     batch's bytes start at a multiple of ALIGNMENT (zero padding between batches), so the frame table, not the
     offsets (sample i starts at offsets[i]; the last entry is the buffer's end), says where streams end."""
@@ -391,7 +423,9 @@ def merge(batches: Sequence[Streams], sample_bytes: int) -> tuple[torch.Tensor, 
     return data, np.concatenate(offsets), merged, counts
 
 
-def _realigned(data: torch.Tensor, starts: np.ndarray, sizes: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+def _realigned(
+    data: torch.Tensor, starts: npt.NDArray[Any], sizes: npt.NDArray[Any]
+) -> tuple[torch.Tensor, npt.NDArray[Any]]:
     """The frames copied on the device to a fresh buffer where each starts at a multiple of ALIGNMENT."""
     new_starts = aligned_offsets(sizes, ALIGNMENT)
     total = int(sizes.sum())
@@ -406,7 +440,7 @@ def _realigned(data: torch.Tensor, starts: np.ndarray, sizes: np.ndarray) -> tup
     return out, new_starts[:-1]
 
 
-def _compacted(buf: torch.Tensor, out_starts: np.ndarray, sizes: np.ndarray, total: int) -> torch.Tensor:
+def _compacted(buf: torch.Tensor, out_starts: npt.NDArray[Any], sizes: npt.NDArray[Any], total: int) -> torch.Tensor:
     """Frames decoded at aligned offsets of `buf`, packed back to back (one gather on the device)."""
     dev = buf.device
     dense = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -428,7 +462,7 @@ class _TorchBlock:
 
     __slots__ = ("ptr", "tensor")
 
-    def __init__(self, nbytes: int, stream) -> None:
+    def __init__(self, nbytes: int, stream: Any) -> None:  # nvCOMP's stream
         device = torch.device("cuda", stream.device)
         ts = torch.cuda.default_stream(device) if stream.is_special else torch.cuda.ExternalStream(stream.ptr, device)
         with torch.cuda.stream(ts):
@@ -436,7 +470,7 @@ class _TorchBlock:
         self.ptr = self.tensor.data_ptr()
 
 
-def _describe(t) -> str:
+def _describe(t: object) -> str:
     if isinstance(t, torch.Tensor):
         return f"{t.dtype} tensor of shape {tuple(t.shape)} on {t.device}"
     return type(t).__name__

@@ -66,7 +66,7 @@ def parse_config(config: object, where: str = "codec") -> dict[str, Any]:
     return dict(config)
 
 
-def get_stage(config: Mapping[str, Any] | None) -> Stage:
+def get_stage(config: object) -> Stage:
     """The stage of a config (checked as `parse_config` does); the raw stage for None or {}."""
     config = parse_config(config)
     return _build(config) if config else RAW

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.stages.base import BytesStage, DeviceDecoder, described
+from dctdata.stages.base import BytesStage, DeviceDecoder, Stream, byte_view, described
 
 CODEC_ID = "zstd"
 LEVELS = (1, 22)
@@ -87,10 +91,10 @@ class ZstdStage(BytesStage):
         small = (128 * 1024 - nbytes) >> 11 if nbytes < 128 * 1024 else 0
         return nbytes + (nbytes >> 8) + small + 64
 
-    def declared_size(self, buf) -> int | None:
+    def declared_size(self, buf: Stream) -> int | None:
         """The first frame's Frame_Content_Size (RFC 8878, section 3.1.1), parsed by hand: numcodecs has no
         call for it. The writer makes one frame; anything after it is refused when decoding."""
-        data = memoryview(buf).cast("B")
+        data = byte_view(buf)
         if len(data) < 5 or int.from_bytes(data[:4], "little") != _MAGIC:
             return None
         fhd = data[4]
@@ -102,7 +106,9 @@ class ZstdStage(BytesStage):
         value = int.from_bytes(data[at : at + width], "little")
         return value + 256 if width == 2 else value
 
-    def _decode_exact(self, buf, size: int, target: np.ndarray | None, writeable: bool) -> np.ndarray:
+    def _decode_exact(
+        self, buf: Stream, size: int, target: npt.NDArray[np.uint8] | None, writeable: bool
+    ) -> npt.NDArray[np.uint8]:
         """One frame that declares `size` bytes (checked by the caller), as a writeable array (a copy of the
         bytes python-zstandard returns, or `target`) or, `writeable=False`, a read-only view of them. Anything
         after the frame (a second frame, trailing bytes) is refused: the writer makes exactly one."""
@@ -111,7 +117,7 @@ class ZstdStage(BytesStage):
             import zstandard
 
             dctx = _LOCAL.dctx = zstandard.ZstdDecompressor()
-        data = dctx.decompress(buf, max_output_size=size, allow_extra_data=False)
+        data = dctx.decompress(byte_view(buf), max_output_size=size, allow_extra_data=False)
         if len(data) != size:
             raise IntegrityError(f"expected one zstd frame of {size} decoded bytes. Got {len(data)}")
         arr = np.frombuffer(data, np.uint8)
@@ -120,7 +126,7 @@ class ZstdStage(BytesStage):
             return target
         return arr.copy() if writeable else arr
 
-    def check_stream(self, stream, decoded: int, where) -> None:
+    def check_stream(self, stream: Stream, decoded: int, where: str | Callable[[], str]) -> None:
         """The stream is one zstd frame declaring exactly `decoded` bytes, with well-formed frame and block headers
         whose blocks lie inside it (what a device decoder may be given: nvCOMP is undefined on anything else)."""
         super().check_stream(stream, decoded, where)
@@ -131,7 +137,7 @@ class ZstdStage(BytesStage):
             said = described(where)
             raise IntegrityError(f"{said}: expected one zstd frame (the writer makes one). Got {len(frames)}")
 
-    def device_decoder(self, device) -> NvcompZstdDecoder | None:
+    def device_decoder(self, device: torch.device) -> NvcompZstdDecoder | None:
         """`NvcompZstdDecoder` on CUDA (MissingExtraError naming the `gpu` extra without nvCOMP); None elsewhere."""
         import torch
 
@@ -150,7 +156,9 @@ class NvcompZstdDecoder(DeviceDecoder):
     another size than it declared gets status 1. The status is read when the stage checks it (a synchronization:
     the loaders' grouped decode, `nvcomp_zstd.ZstdBatches`, amortizes nvCOMP's per-call cost instead)."""
 
-    def decode_batch(self, buffer, offsets, sample_shape, dtype):
+    def decode_batch(
+        self, buffer: torch.Tensor, offsets: torch.Tensor, sample_shape: tuple[int, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         import dctdata.stages.nvcomp_zstd as nvcomp_zstd

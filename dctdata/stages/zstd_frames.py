@@ -20,11 +20,19 @@ size; blocks: 3-byte little-endian header = last flag, type, size; optional 4-by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.stages.base import Stream, byte_view
+
+if TYPE_CHECKING:
+    import torch
+
+# A batch's (N+1) stream offsets: a list, a numpy array or a CPU tensor.
+Offsets: TypeAlias = "Sequence[int] | npt.NDArray[Any] | torch.Tensor"
 
 MAGIC = 0xFD2FB528
 BLOCK_MAX = 128 << 10  # RFC 8878 Block_Maximum_Size: no block regenerates or stores more
@@ -40,11 +48,11 @@ class Frame(NamedTuple):
     size: int
 
 
-def walk(stream, where: str = "stream") -> list[Frame]:
+def walk(stream: Stream, where: str = "stream") -> list[Frame]:
     """The frames of a zstd stream, checked: each starts with the zstd magic, declares its content size, uses no
     dictionary and no reserved bits, has well-formed block headers whose blocks lie inside it, and the frames
     cover the stream exactly. Anything else is an IntegrityError naming `where` and the byte offset."""
-    data = memoryview(stream).cast("B")
+    data = byte_view(stream)
     if len(data) == 0:
         raise IntegrityError(f"{where}: expected zstd frames. Got 0 bytes")
     frames = [_frame(data, 0, where)]
@@ -107,13 +115,13 @@ class FrameTable(NamedTuple):
     buffer, decodes to sizes[f] bytes and belongs to sample samples[f] (frames of a sample are consecutive, in
     order). int64 numpy arrays."""
 
-    starts: np.ndarray
-    ends: np.ndarray
-    sizes: np.ndarray
-    samples: np.ndarray
+    starts: npt.NDArray[Any]
+    ends: npt.NDArray[Any]
+    sizes: npt.NDArray[Any]
+    samples: npt.NDArray[Any]
 
     @classmethod
-    def one_per_sample(cls, offsets, sample_bytes: int) -> FrameTable:
+    def one_per_sample(cls, offsets: Offsets, sample_bytes: int) -> FrameTable:
         """The table of streams that are one frame each (what the zstd stage writes today), from the buffer's
         (N+1) offsets; it trusts the offsets (check streams with `frame_table` before they reach a decoder)."""
         off = _offsets(offsets)
@@ -124,11 +132,11 @@ class FrameTable(NamedTuple):
         return len(self.starts)
 
 
-def frame_table(buffer, offsets, sample_bytes: int, where: str = "batch") -> FrameTable:
+def frame_table(buffer: Stream, offsets: Offsets, sample_bytes: int, where: str = "batch") -> FrameTable:
     """Walk and check every sample's stream in `buffer` (bytes [offsets[i], offsets[i+1]) for sample i): its frames
     must declare `sample_bytes` in total. Runs on the host, before the bytes reach a device decoder (a DataLoader
     worker, beside the readers' checksums). An IntegrityError names the sample."""
-    data = memoryview(buffer).cast("B")
+    data = byte_view(buffer)
     off = _offsets(offsets)
     if off[0] < 0 or off[-1] > len(data):
         raise DctDataError(f"{where}: expected offsets within the buffer's {len(data)} bytes. Got {off[0]}..{off[-1]}")
@@ -146,11 +154,10 @@ def frame_table(buffer, offsets, sample_bytes: int, where: str = "batch") -> Fra
             ends.append(off[i] + f.end)
             sizes.append(f.size)
             samples.append(i)
-    as64 = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
-    return FrameTable(as64(starts), as64(ends), as64(sizes), as64(samples))
+    return FrameTable(*(np.asarray(x, dtype=np.int64) for x in (starts, ends, sizes, samples)))
 
 
-def _offsets(offsets) -> np.ndarray:
+def _offsets(offsets: Offsets) -> npt.NDArray[Any]:
     """(N+1) non-decreasing int64 offsets from a list, numpy array or CPU tensor."""
     if hasattr(offsets, "detach"):
         offsets = offsets.detach().cpu().numpy()
@@ -163,21 +170,21 @@ def _offsets(offsets) -> np.ndarray:
     return off
 
 
-def encode_frames(raw, level: int, frame_bytes: int = FRAME_BYTES) -> bytes:
+def encode_frames(raw: Stream, level: int, frame_bytes: int = FRAME_BYTES) -> bytes:
     """`raw` as consecutive zstd frames of `frame_bytes` of content each (the last one shorter), each declaring
     its size: one standard zstd stream whose frames a batched GPU decoder takes as independent units."""
     import zstandard
 
     if not isinstance(frame_bytes, int) or isinstance(frame_bytes, bool) or frame_bytes < 1:
         raise DctDataError(f"frame_bytes: expected a positive int. Got {frame_bytes!r}")
-    data = memoryview(raw).cast("B")
+    data = byte_view(raw)
     compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
     if len(data) == 0:
         return compressor.compress(b"")
     return b"".join(compressor.compress(data[i : i + frame_bytes]) for i in range(0, len(data), frame_bytes))
 
 
-def decode_frames(stream, size: int, where: str = "stream") -> np.ndarray:
+def decode_frames(stream: Stream, size: int, where: str = "stream") -> npt.NDArray[Any]:
     """The `size` bytes of a checked stream of one or more frames (`walk`), decoded on the CPU into one array:
     each frame into its slice, never more than it declares."""
     import zstandard
@@ -186,7 +193,7 @@ def decode_frames(stream, size: int, where: str = "stream") -> np.ndarray:
     total = sum(f.size for f in frames)
     if total != size:
         raise IntegrityError(f"{where}: expected zstd frames declaring {size} bytes. Got {total}")
-    data = memoryview(stream).cast("B")
+    data = byte_view(stream)
     out = np.empty(size, np.uint8)
     dctx = zstandard.ZstdDecompressor()
     at = 0
@@ -202,8 +209,9 @@ def decode_frames(stream, size: int, where: str = "stream") -> np.ndarray:
     return out
 
 
-def aligned_offsets(sizes: Sequence[int], alignment: int) -> np.ndarray:
+def aligned_offsets(sizes: Sequence[int] | npt.NDArray[Any], alignment: int) -> npt.NDArray[Any]:
     """(N+1) offsets that place consecutive pieces of `sizes` bytes at multiples of `alignment` (a collated
     buffer that needs no realignment before nvCOMP: see `nvcomp_zstd.ALIGNMENT`)."""
     padded = -(-np.asarray(sizes, dtype=np.int64) // alignment) * alignment
-    return np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
+    offsets: npt.NDArray[Any] = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
+    return offsets

@@ -34,13 +34,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dctdata.errors import FormatError
 from dctdata.format.fields import side_partner_names, user_fields
 from dctdata.parse import is_int
-from dctdata.stages import get_stage
+from dctdata.stages import BytesStage, Stage, get_stage
+
+if TYPE_CHECKING:
+    from dctdata.format.fields import FieldSpec
+    from dctdata.format.manifest import Manifest
 
 SAMPLE_KEY_DIGITS = 9
 SHARD_PATTERN = "shard-{:06d}.tar"
@@ -55,7 +59,7 @@ MEMBER_RE = re.compile(r"^(\d+)\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9]+)+)$")
 # Pinned tar metadata (TarWriter keeps uid/gid at TarInfo's default 0). mtime must be an int: a float
 # makes tarfile's default PAX format add an extended header per member. (TarWriter 1.0.2 ignores its
 # `format` argument; with plain-ASCII names and ints PAX writes exactly the USTAR bytes.)
-TAR_META = dict(user="dctdata", group="dctdata", mode=0o444, mtime=0)
+TAR_META: dict[str, Any] = dict(user="dctdata", group="dctdata", mode=0o444, mtime=0)
 
 
 def sample_key(index: int) -> str:
@@ -69,13 +73,13 @@ def entry_name(field: str, lossless: Mapping[str, Any] | None = None) -> str:
     return f"{field}.{get_stage(lossless).member_suffix}"
 
 
-def group_name(f, side: bool = False) -> str:
+def group_name(f: FieldSpec, side: bool = False) -> str:
     """Member suffix of a stored field in the grouped layout: a side partner is plain `.npy`; any other the
     suffix of its lossless stage (`entry_name`)."""
     return f"{f.name}.npy" if side else entry_name(f.name, f.lossless)
 
 
-def group_members(fields) -> list[tuple[Any, bool]]:
+def group_members(fields: Sequence[FieldSpec]) -> list[tuple[FieldSpec, bool]]:
     """(stored field, is a side partner) for every member of a group, in field order: what the grouped
     layout's writer, reader and webdataset decoder each walk."""
     partners = side_partner_names(fields)
@@ -105,7 +109,7 @@ def archive_bytes(members: int, padded: bool = True) -> int:
     return RECORD * math.ceil(end / RECORD) if padded else end
 
 
-def shard_list(m, where: str) -> list[dict[str, Any]]:
+def shard_list(m: Manifest, where: str) -> list[dict[str, Any]]:
     """The manifest's validated shard entries with their first sample index added (`start`)."""
     shards = m.layout.get("shards") if isinstance(m.layout, Mapping) else None
     if not isinstance(shards, list):
@@ -168,7 +172,7 @@ def select_shards(shards: list[dict[str, Any]], names: tuple[str, ...] | None, w
     return [s for s in shards if s["name"] in chosen]
 
 
-def samples_of_file(m, rel: str) -> str:
+def samples_of_file(m: Manifest, rel: str) -> str:
     """' (samples a..b)' for a shard file name, '' when `rel` is not one (for messages)."""
     start = 0
     shards = m.layout.get("shards", []) if isinstance(m.layout, Mapping) else []
@@ -192,7 +196,15 @@ def packed_side(side: bytes) -> bytes:
     return len(frame).to_bytes(4, "little") + frame
 
 
-def unpacked_side(raw, size: int, where: str) -> tuple[bytes, memoryview]:
+def bounded(stage: Stage, raw: memoryview, limit: int, where: str) -> memoryview:
+    """`BytesStage.decode_bounded` of a member's bytes: the stages of `.npy` members and of the side values are bytes
+    stages (an array stage codes its own stream, never a .npy)."""
+    if not isinstance(stage, BytesStage):
+        raise TypeError(f"{where}: expected a bytes stage for a .npy member. Got {stage!r}")
+    return stage.decode_bounded(raw, limit, where)
+
+
+def unpacked_side(raw: bytes | bytearray | memoryview, size: int, where: str) -> tuple[bytes, memoryview]:
     """(the `size` side bytes, the rest of the member) of a member that starts with `packed_side`'s bytes;
     a length or frame that does not hold exactly `size` bytes is an IntegrityError naming `where`."""
     from dctdata.errors import IntegrityError
@@ -204,7 +216,7 @@ def unpacked_side(raw, size: int, where: str) -> tuple[bytes, memoryview]:
     n = int.from_bytes(raw[:4], "little")
     if n > len(raw) - 4:
         raise IntegrityError(f"{where}: expected {n} bytes of packed side values. Got {len(raw) - 4}")
-    side = bytes(get_stage(DEFAULT_CODEC).decode_bounded(raw[4 : 4 + n], size, where))
+    side = bytes(bounded(get_stage(DEFAULT_CODEC), raw[4 : 4 + n], size, where))
     if len(side) != size:
         raise IntegrityError(f"{where}: expected {size} bytes of side values. Got {len(side)}")
     return side, raw[4 + n :]

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.decoder.stored import check_stream
@@ -40,6 +41,7 @@ from dctdata.format.reader import StorageReader, Unit, UnitReader
 from dctdata.format.webdataset.layout import (
     MEMBER_RE,
     TAR_META,
+    bounded,
     entry_name,
     group_members,
     group_name,
@@ -50,10 +52,10 @@ from dctdata.format.webdataset.layout import (
     shard_list,
     unpacked_side,
 )
-from dctdata.stages import get_stage
+from dctdata.stages import Stage, get_stage
 
 
-def check_location(path_or_url: str | os.PathLike, allow_pipe: bool) -> str:
+def check_location(path_or_url: str | os.PathLike[str], allow_pipe: bool) -> str:
     """A dataset location; a shell `pipe:` URL only when the caller opts in."""
     if not isinstance(path_or_url, (str, os.PathLike)):
         raise TypeError(f"path_or_url: expected a path or URL string. Got {type(path_or_url).__name__}")
@@ -83,7 +85,7 @@ class Files:
             return self.root.replace("{}", rel)
         return join(self.root, rel)
 
-    def open(self, rel: str):
+    def open(self, rel: str) -> Any:  # a binary file object
         loc = self.location(rel)
         if self.root.startswith("pipe:"):
             import webdataset as wds
@@ -116,7 +118,7 @@ class Files:
         return parse_manifest(raw, loc)
 
 
-def codecs_for(fields: tuple[FieldSpec, ...]) -> dict:
+def codecs_for(fields: tuple[FieldSpec, ...]) -> dict[str, Stage]:
     """The lossless stage of each field (built once per process, see `dctdata.stages.get_stage`)."""
     return {f.name: get_stage(f.lossless) for f in fields}
 
@@ -175,7 +177,7 @@ class ShardReader(UnitReader):
         files: Files,
         entry: Mapping[str, Any],
         fields: tuple[FieldSpec, ...],
-        codecs: dict | None = None,
+        codecs: dict[str, Stage] | None = None,
         stamp: Callable[[StreamForm, FieldSpec], StreamForm] | None = None,
     ) -> None:
         self.entry, self.fields = entry, fields
@@ -192,7 +194,7 @@ class ShardReader(UnitReader):
         self.samples = self._index()
 
     def __len__(self) -> int:
-        return self.entry["samples"]
+        return int(self.entry["samples"])
 
     def _read(self, files: Files) -> memoryview:
         expected = self.entry["bytes"]
@@ -319,13 +321,13 @@ class GroupShardReader(ShardReader):
         files: Files,
         entry: Mapping[str, Any],
         fields: tuple[FieldSpec, ...],
-        codecs: dict,
+        codecs: dict[str, Stage],
         group: int,
         stamp: Callable[[StreamForm, FieldSpec], StreamForm] | None = None,
     ) -> None:
         self.group = group
         self._parts = group_members(fields)  # (stored field, a side partner?)
-        self._decoded: dict[str, np.ndarray] = {}
+        self._decoded: dict[str, npt.NDArray[Any]] = {}
         self._streams: dict[str, bytes] = {}
         self._at = -1  # the group whose members `_decoded` and `_streams` hold
         super().__init__(files, entry, fields, codecs, stamp)
@@ -346,7 +348,7 @@ class GroupShardReader(ShardReader):
         off, size = self.samples[g][group_name(f, side)]
         return self.data[off : off + size]
 
-    def _arrays(self, g: int, f: FieldSpec, side: bool) -> np.ndarray:
+    def _arrays(self, g: int, f: FieldSpec, side: bool) -> npt.NDArray[Any]:
         if f.name not in self._decoded:
             where = f"{self.where}: {self._span(g)} field {f.name!r}"
             codec = None if side else self.codecs[f.name]
@@ -360,7 +362,7 @@ class GroupShardReader(ShardReader):
         g, r = divmod(j, self.group)
         if self._at != g:  # a new group: the last one's members are no longer needed
             self._decoded, self._streams, self._at = {}, {}, g
-        values = []
+        values: list[Any] = []  # StoredSample or tensor, per part
         for f, side in self._parts:
             if f.name in stored:
                 form = self._forms.get(f.name)
@@ -378,14 +380,14 @@ class GroupShardReader(ShardReader):
         return values
 
 
-def group_member(f: FieldSpec, codec, raw: memoryview, k: int, where: str) -> np.ndarray:
+def group_member(f: FieldSpec, codec: Stage | None, raw: memoryview, k: int, where: str) -> npt.NDArray[Any]:
     """A grouped member's (k, *stored_shape) array, checked against its spec: plain `.npy` (`codec` None: a
     side partner), `.npy` through a bytes stage (bounded: the .npy of a known shape has a known length), or an
     array stage's (`needs_shape`, the entropy coder) stream."""
     if codec is not None and codec.needs_shape:
         return codec.decode(raw, (k, *f.stored_shape), f.stored_dtype, where)
     if codec is not None:
-        raw = codec.decode_bounded(raw, npy_size((k, *f.stored_shape), f.stored_dtype), where)
+        raw = bounded(codec, raw, npy_size((k, *f.stored_shape), f.stored_dtype), where)
     arr = decode_npy(raw, where)
     if arr.dtype.name != f.stored_dtype or tuple(arr.shape) != (k, *f.stored_shape):
         raise IntegrityError(
@@ -436,21 +438,21 @@ def stream_form(f: FieldSpec) -> StreamForm:
     return form
 
 
-_FORMS: dict[tuple, StreamForm] = {}
+_FORMS: dict[tuple[Any, ...], StreamForm] = {}
 
 
 def member_stored(
-    parts: tuple[FieldSpec, ...], codec, raw: memoryview, where: str, form: StreamForm, index: int
+    parts: tuple[FieldSpec, ...], codec: Stage, raw: memoryview, where: str, form: StreamForm, index: int
 ) -> list[Any]:
     """A dct field's member as it crosses with decode="device": its `StoredSample` (the stream checked,
     not decoded), then its side partner's value: the side values the entropy coder's member starts with,
     or None when they are inside the stream."""
-    side = None
+    side: torch.Tensor | None = None
     if codec.needs_shape:
         side_bytes = sum(math.prod(g.stored_shape) * 4 for g in parts[1:])
-        if parts[1:] and parts[0].codec.corrections is not None:
-            side, rest = unpacked_side(raw, side_bytes, where)
-            raw = memoryview(side + bytes(rest))
+        if parts[1:] and parts[0].dct_codec.corrections is not None:
+            head, rest = unpacked_side(raw, side_bytes, where)
+            raw = memoryview(head + bytes(rest))
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
         if parts[1:]:
@@ -462,11 +464,14 @@ def member_stored(
     return values + [side] if len(parts) > 1 else values
 
 
-def member_plan(fields: tuple[FieldSpec, ...], codecs: dict) -> tuple[list[tuple], list[int] | None]:
+def member_plan(
+    fields: tuple[FieldSpec, ...], codecs: dict[str, Stage]
+) -> tuple[list[tuple[str, tuple[FieldSpec, ...], Stage]], list[int] | None]:
     """What decoding a sample needs, worked out once per shard instead of once per sample: per member
     (user field), its entry suffix, its stored parts (the field, then its side partner if any) and
     codec; and the positions that put the parts in `fields` order (None when they already are)."""
-    members, names = [], []
+    members: list[tuple[str, tuple[FieldSpec, ...], Stage]] = []
+    names: list[str] = []
     for f in user_fields(fields):
         parts = (f, side_field(f)) if has_side(f) else (f,)
         members.append((entry_name(f.name, f.lossless), parts, codecs[f.name]))
@@ -502,7 +507,10 @@ def writer_tar_members(data: memoryview) -> list[tuple[str, bool, bytes, int, in
     sample's decode (docs/benchmarks/design.md). For headers of
     this exact form tarfile gives the same names, offsets and sizes and stops at the same zero block,
     so only the speed differs; the checksums are checked for all headers at once with numpy."""
-    n, at, heads, sums, out = len(data), 0, [], [], []
+    n, at = len(data), 0
+    heads: list[int] = []
+    sums: list[int] = []
+    out: list[tuple[str, bool, bytes, int, int]] = []
     while at + _BLOCK <= n:
         head = bytes(data[at : at + _BLOCK])
         if head[0] == 0 and head.count(0) == _BLOCK:  # the end: tarfile stops at the first zero block
@@ -537,17 +545,17 @@ def _checksums_match(data: memoryview, heads: list[int], sums: list[int]) -> boo
 
 
 def member_arrays(
-    parts: tuple[FieldSpec, ...] | list[FieldSpec], codec, raw: memoryview, where: str
-) -> list[np.ndarray]:
+    parts: tuple[FieldSpec, ...] | list[FieldSpec], codec: Stage, raw: memoryview, where: str
+) -> list[npt.NDArray[Any]]:
     """The stored arrays of one member (a field, then its side partner if any), checked against their
     specs (see `WebDatasetWriter._encode` for the two layouts)."""
     f = parts[0]
     if codec.needs_shape:
         sizes = [math.prod(g.stored_shape) * 4 for g in parts[1:]]
         side_bytes = sum(sizes)
-        if parts[1:] and f.codec.corrections is not None:
-            side, rest = unpacked_side(raw, side_bytes, where)
-            raw, side_bytes = memoryview(side + bytes(rest)), len(side)
+        if parts[1:] and f.dct_codec.corrections is not None:
+            head, rest = unpacked_side(raw, side_bytes, where)
+            raw, side_bytes = memoryview(head + bytes(rest)), len(head)
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
         out = [codec.decode(raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
@@ -557,11 +565,11 @@ def member_arrays(
             at += n
         return out
     # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
-    raw = codec.decode_bounded(raw, sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts), where)
+    raw = bounded(codec, raw, sum(npy_size(g.stored_shape, g.stored_dtype) for g in parts), where)
     out = []
     for k, g in enumerate(parts):
         if k == len(parts) - 1:
-            arr, raw = decode_npy(raw, where), b""
+            arr, raw = decode_npy(raw, where), memoryview(b"")
         else:
             arr, raw = split_npy(raw, where)
         if arr.dtype.name != g.stored_dtype or tuple(arr.shape) != g.stored_shape:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
@@ -54,7 +55,7 @@ from dctdata.format.webdataset.layout import (
     sample_key,
 )
 from dctdata.parse import parse_int, parse_optional_int
-from dctdata.stages import get_stage
+from dctdata.stages import Stage, get_stage
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def group_size(
     return k
 
 
-def _rows(parts: list[np.ndarray]) -> np.ndarray:
+def _rows(parts: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
     """A group's rows of one field from the slices of its batches: the one slice itself when it is the only
     one (a sample as big as a group, or a group within one batch), else their concatenation."""
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -115,10 +116,11 @@ class Unpadded:
     """The file tarfile writes to, passing on everything up to `limit` bytes (set before the tar is closed:
     its members and two zero end blocks) and dropping the zeros tarfile pads a record with after them."""
 
-    def __init__(self, fh) -> None:
-        self.fh, self.at, self.limit = fh, 0, None
+    def __init__(self, fh: HashingWriter) -> None:
+        self.fh, self.at = fh, 0
+        self.limit: int | None = None
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         n = len(data)
         keep = n if self.limit is None else max(0, min(n, self.limit - self.at))
         if keep < n and any(memoryview(data)[keep:]):
@@ -146,7 +148,7 @@ class WebDatasetWriter(PartWriter):
         self,
         max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
         samples_per_shard: int | None = None,
-        storage_options: dict | None = None,
+        storage_options: dict[str, Any] | None = None,
         samples_per_member: int | None = None,
     ) -> None:
         self.max_shard_size = parse_int(
@@ -176,7 +178,7 @@ class WebDatasetWriter(PartWriter):
     def group(self, fields: Fields, n: int | None = None) -> int:
         """K for a pack of n samples (None: not known yet). A pack streamed without a count keeps the K it
         started with (`_begin`), so every part agrees whatever count it is written under."""
-        fixed = getattr(self, "_stream_group", None)
+        fixed: int | None = getattr(self, "_stream_group", None)
         if fixed is not None:
             return fixed
         return group_size(tuple(fields), self.samples_per_member, self.samples_per_shard, n)
@@ -216,7 +218,7 @@ class WebDatasetWriter(PartWriter):
 
     def write_part(
         self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Write shard `index` (samples [start, stop), start a multiple of the group size) from stored
         batches; returns its entry."""
         from webdataset import TarWriter
@@ -278,15 +280,16 @@ class WebDatasetWriter(PartWriter):
         entry = {"name": name, "samples": stop - start, **hfile.entry()}
         return {"files": {name: hfile.entry()}, "shard": entry, "payload": payload}
 
-    def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
+    def finish(self, root: str, fields: Fields, n: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        shards = [dict(p["shard"]) for p in parts]
         layout = {
-            "shards": [dict(p["shard"]) for p in parts],
+            "shards": shards,
             "max_shard_size": self.max_shard_size,
             "samples_per_shard": self.samples_per_shard,
             "samples_per_member": self.group(fields, n),
         }
-        checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in layout["shards"]}
-        total = sum(s["bytes"] for s in layout["shards"])
+        checksums = {s["name"]: {"sha256": s["sha256"], "bytes": s["bytes"]} for s in shards}
+        total = sum(s["bytes"] for s in shards)
         payload = sum(p.get("payload", 0) for p in parts)
         if total and payload and (total - payload) / total > OVERHEAD_WARN:
             log.warning(
@@ -297,7 +300,9 @@ class WebDatasetWriter(PartWriter):
             )  # fmt: skip
         return {"layout": layout, "checksums": checksums}
 
-    def _encode(self, f: FieldSpec, side: bool, arr: np.ndarray, k: int, first: int, codecs: dict) -> bytes:
+    def _encode(
+        self, f: FieldSpec, side: bool, arr: npt.NDArray[Any], k: int, first: int, codecs: dict[str, Stage]
+    ) -> bytes:
         """One member: the (k, *stored_shape) array of a group's samples (padded with zero rows to k), as
         `.npy` bytes (a side partner's always plain), through the field's bytes stage, or an array stage's
         (`needs_shape`, the entropy coder) stream of it."""
@@ -316,7 +321,7 @@ class WebDatasetWriter(PartWriter):
 
 
 @contextlib.contextmanager
-def _shard_file(path: str, storage_options: dict) -> Iterator[HashingWriter]:
+def _shard_file(path: str, storage_options: dict[str, Any]) -> Iterator[HashingWriter]:
     """A shard being written, hashed as it goes. A failed write (a full disk) names the file, and nothing
     more reaches the file: tarfile's stream, collected later, would flush its buffer into the closed file
     and print a second traceback after the real error."""

@@ -21,13 +21,17 @@ import base64
 import binascii
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.fields import NAME_RE, FieldSpec, side_partner_names
 from dctdata.parse import parse_int, parse_object
+
+if TYPE_CHECKING:
+    from dctdata.format.manifest import Manifest
 
 # Inner chunks of at most this many stored bytes (at least one sample): a random read decodes and, over
 # HTTP, moves about what it asks for. Smaller chunks did not cost bytes: zstd-9 stored no more than with the
@@ -80,7 +84,7 @@ def chunking(
     return shard, chunks
 
 
-def check_chunk(f: FieldSpec, chunk: int, samples: int, where: str, error=FormatError) -> None:
+def check_chunk(f: FieldSpec, chunk: int, samples: int, where: str, error: type[DctDataError] = FormatError) -> None:
     """A chunk of `chunk` samples of `f` in a pack of `samples` must decode to at most MAX_CHUNK_BYTES (or be
     one sample), and to more than SMALL_CHUNK_BYTES only when it holds fewer than twice the samples."""
     nbytes = chunk * f.stored_sample_bytes
@@ -104,19 +108,19 @@ def layout_entry(
     return {"arrays": {f.name: {"path": f.name, "chunk": chunks[f.name], "shard": shard} for f in fields}}
 
 
-def inline_entry(values: np.ndarray) -> dict[str, str]:
+def inline_entry(values: npt.NDArray[Any]) -> dict[str, str]:
     """The layout entry of an array kept in the manifest: base64 of its little-endian bytes."""
     little = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<"))
     return {"inline": base64.b64encode(little.tobytes()).decode("ascii")}
 
 
-def inline_array(raw: bytes, f: FieldSpec, samples: int) -> np.ndarray:
+def inline_array(raw: bytes, f: FieldSpec, samples: int) -> npt.NDArray[Any]:
     """(samples, *stored_shape) in the stored dtype (native order) from an inline entry's decoded bytes."""
     little = np.dtype(f.stored_dtype).newbyteorder("<")
     return np.frombuffer(raw, dtype=little).reshape(samples, *f.stored_shape).astype(f.stored_dtype)
 
 
-def _parse_inline(m, f: FieldSpec, value: object, where: str) -> np.ndarray:
+def _parse_inline(m: Manifest, f: FieldSpec, value: object, where: str) -> npt.NDArray[Any]:
     """An inline entry's values, checked: (samples, *stored_shape) in the stored dtype."""
     if m.version < INLINE_VERSION:
         raise FormatError(
@@ -143,7 +147,9 @@ def _parse_inline(m, f: FieldSpec, value: object, where: str) -> np.ndarray:
     return inline_array(raw, f, m.samples)
 
 
-def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "manifest") -> dict[str, dict[str, Any]]:
+def zarr_layout(
+    m: Manifest, fields: tuple[FieldSpec, ...] | None = None, where: str = "manifest"
+) -> dict[str, dict[str, Any]]:
     """The manifest's `layout.arrays` entries, validated: {field: {path, chunk, shard}} with path the
     field name (a plain identifier, so it cannot point outside the dataset) and shard a multiple of chunk;
     {field: {"inline": values}} for a side partner kept in the manifest."""
@@ -152,7 +158,7 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
         raise FormatError(
             f"{where}: layout.arrays: expected an object {{field: {{path, chunk, shard}}}}. Got {arrays!r}"
         )
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for f in m.fields if fields is None else fields:
         w = f"{where}: layout.arrays[{f.name!r}]"
         if f.name not in arrays:
@@ -180,7 +186,7 @@ def zarr_layout(m, fields: tuple[FieldSpec, ...] | None = None, where: str = "ma
     return out
 
 
-def _check_shard_files(m, f: FieldSpec, path: str, shard: int, where: str) -> None:
+def _check_shard_files(m: Manifest, f: FieldSpec, path: str, shard: int, where: str) -> None:
     """The sample count must match the shard files the checksums list (one per `shard` samples): a
     hand-raised count (1e12 samples over three files) is refused here, before anything sizes itself by it."""
     checksums = m.checksums if isinstance(m.checksums, Mapping) else {}
@@ -197,7 +203,7 @@ def _check_shard_files(m, f: FieldSpec, path: str, shard: int, where: str) -> No
         )
 
 
-def shard_of_file(m, rel: str) -> str:
+def shard_of_file(m: Manifest, rel: str) -> str:
     """' (field 'x', samples a..b)' for a stored shard path, '' when `rel` is not one (for messages)."""
     import re
 
@@ -228,7 +234,7 @@ def check_shard_index(
     samples: int,
     where: str,
     key_where: str,
-) -> np.ndarray:
+) -> npt.NDArray[Any]:
     """Check a shard's index (its last or first `index_bytes` bytes): crc32c, and an in-file entry for
     every chunk that holds samples. zarr would read a missing shard or an empty entry as zeros.
     `first` is the shard's first sample; `samples` the pack's sample count. Returns the entries,

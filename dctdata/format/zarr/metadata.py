@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,13 @@ def chunk_codecs(lossless: Mapping[str, Any] | None, itemsize: int, little: bool
     return get_stage(lossless).zarr_codecs(itemsize, little) + [{"name": "crc32c"}]
 
 
-def array_json(shape: tuple[int, ...], dtype: str, shard: tuple[int, ...], chunk: tuple[int, ...], lossless) -> bytes:
+def array_json(
+    shape: tuple[int, ...],
+    dtype: str,
+    shard: tuple[int, ...],
+    chunk: tuple[int, ...],
+    lossless: Mapping[str, Any] | None,
+) -> bytes:
     """The array's zarr.json: regular shard grid, '.'-separated chunk keys, fill 0, sharded with a crc32c
     index at the end, inner chunks coded by `chunk_codecs`. Only what zarr v3 requires or what differs
     from its defaults (no `attributes`, no `index_location`: "end" is the default): every small pack
@@ -77,7 +83,7 @@ class ArrayMeta:
     """What a reader needs from an array's zarr.json (sharding_indexed over a regular grid)."""
 
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: np.dtype[Any]
     shard: tuple[int, ...]  # samples per shard x the sample shape
     chunk: tuple[int, ...]  # inner chunk shape
     codecs: tuple[dict[str, Any], ...]  # inner chunk codecs, bytes codec included
@@ -149,7 +155,7 @@ def parse_array_json(raw: bytes, where: str) -> ArrayMeta:
     )
 
 
-def _normal(codecs, itemsize: int) -> list[dict[str, Any]]:
+def _normal(codecs: Iterable[Mapping[str, Any]], itemsize: int) -> list[dict[str, Any]]:
     """Codecs with the bytes codec's byte order dropped for one-byte types (zarr-python writes it anyway)."""
     return [
         {"name": "bytes", "configuration": {}} if c["name"] == "bytes" and itemsize == 1 else c

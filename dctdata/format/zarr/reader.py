@@ -44,12 +44,13 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
 import google_crc32c
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from dctdata.decoder.stored import check_stream
@@ -145,7 +146,7 @@ class ZarrReader(StorageReader):
         self.source = RangeSource(root, self.storage_options)
         self._pid: int | None = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in _PROCESS_STATE}
         state["_pid"] = None
         return state
@@ -175,11 +176,11 @@ class ZarrReader(StorageReader):
             plans[f.name].form = self.stamp(plans[f.name].form, f)  # its pack's identity and codec
         self._plans = plans
         # side partners kept in the manifest (version 4) are whole arrays from the start
-        self._cache: dict[str, np.ndarray] = {
+        self._cache: dict[str, npt.NDArray[Any]] = {
             f.name: self.layout[f.name]["inline"] for f in self.fields if f not in self._stored
         }
         self._no_cache: set[str] = set()
-        self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._indexes: OrderedDict[tuple[str, int], npt.NDArray[Any]] = OrderedDict()
         self._index_entries = 0
         self._lock = threading.Lock()  # the caches, when threads share a reader
         self._pid = os.getpid()
@@ -236,7 +237,7 @@ class ZarrReader(StorageReader):
         self.ensure_open()
         fields = tuple(fields)
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, npt.NDArray[Any]] = {}
         direct = []
         for f in fields:
             whole = self._whole(f)
@@ -248,7 +249,7 @@ class ZarrReader(StorageReader):
             out.update(self._read_chunks(direct, idx, frozenset(stored)))
         return {f.name: out[f.name] for f in fields}
 
-    def _whole(self, f: FieldSpec) -> np.ndarray | None:
+    def _whole(self, f: FieldSpec) -> npt.NDArray[Any] | None:
         """The whole stored array of a small non-dct field, read once per process (a side partner kept in
         the manifest is there from the open on); None for others."""
         if f.name in self._cache:
@@ -264,9 +265,10 @@ class ZarrReader(StorageReader):
         return self._cache[f.name]
 
     def _read_chunks(
-        self, fields: Sequence[FieldSpec], idx: np.ndarray, stored: frozenset = frozenset()
+        self, fields: Sequence[FieldSpec], idx: npt.NDArray[Any], stored: frozenset[str] = frozenset()
     ) -> dict[str, Any]:
-        groups = {}  # field name -> (chunk numbers, for each the output rows it fills: an int for one row)
+        # field name -> (chunk numbers, for each the output rows it fills: an int for one row)
+        groups: dict[str, tuple[list[int], range | list[int | npt.NDArray[Any]]]] = {}
         increasing = len(idx) < 2 or bool(np.all(idx[1:] > idx[:-1]))
         for f in fields:
             if self.layout[f.name]["chunk"] == 1 and increasing:  # chunk k fills row k (the usual batch)
@@ -283,8 +285,11 @@ class ZarrReader(StorageReader):
                 for s in sorted({c // self._plans[f.name].chunks_per_shard for c in groups[f.name][0]})
             ]
         )
-        requests, todo = [], []
-        spans = {}  # field name -> its [first, stop) in todo, where chunk k fills row k and runs decode in one call
+        requests: list[tuple[str, int, int]] = []
+        todo: list[tuple[FieldSpec, int, int | npt.NDArray[Any]]] = []
+        spans: dict[
+            str, tuple[int, int]
+        ] = {}  # field name -> its [first, stop) in todo, where chunk k fills row k and runs decode in one call
         for f in fields:
             plan = self._plans[f.name]
             if plan.runs and isinstance(groups[f.name][1], range) and f.name not in stored:
@@ -295,7 +300,7 @@ class ZarrReader(StorageReader):
                 requests.append((plan.key(s), off, off + nbytes))
                 todo.append((f, c, rows))
         got = self.source.fetch(requests)
-        out = {
+        out: dict[str, Any] = {  # a field's (N, ...) array, or its list of StoredSample
             f.name: [None] * len(idx) if f.name in stored else np.empty((len(idx), *f.stored_shape), f.stored_dtype)
             for f in fields
         }
@@ -341,14 +346,14 @@ class ZarrReader(StorageReader):
         """One unit per user field: all its chunks (its side partner's read with them)."""
         return [Unit(self.root, 0, self.manifest.samples, (f.name,), f.name) for f in user_fields(self.fields)]
 
-    def open_unit(self, unit: Unit) -> UnitReader:
+    def open_unit(self, unit: Unit) -> _FieldUnit:
         """A reader of the unit's field alone, its metadata checked (a field with bad metadata does not stop
         the others)."""
         reader = ZarrReader(self.root, self.manifest, self._fields_of(unit), self.storage_options)
         reader.ensure_open()
         return _FieldUnit(reader)
 
-    def read_unit(self, unit: Unit, batch: int):
+    def read_unit(self, unit: Unit, batch: int) -> Iterator[tuple[int, list[Any] | DctDataError]]:
         """The field chunk by chunk (`batch` is the field's chunk): a bad chunk is yielded as its error and
         reading goes on with the next."""
         reader = self.open_unit(unit).reader
@@ -364,7 +369,7 @@ class ZarrReader(StorageReader):
         return shard_of_file(self.manifest, rel)
 
     # Shard indexes -------------------------------------------------------------------------------
-    def _load_indexes(self, shards: list[tuple[FieldSpec, int]]) -> dict[tuple[str, int], np.ndarray]:
+    def _load_indexes(self, shards: list[tuple[FieldSpec, int]]) -> dict[tuple[str, int], npt.NDArray[Any]]:
         """{(field name, shard): index entries} for `shards`; those not held yet are fetched in one batch
         and checked."""
         held, todo = {}, []
@@ -440,7 +445,7 @@ class ZarrReader(StorageReader):
         per shard; a shorter file then fails the length checks as truncated)."""
         entry = self.manifest.checksums.get(rel) if isinstance(self.manifest.checksums, Mapping) else None
         if self.source.remote and isinstance(entry, Mapping) and isinstance(entry.get("bytes"), int):
-            return entry["bytes"]
+            return int(entry["bytes"])
         try:
             return self.source.size(rel)
         except FileNotFoundError as exc:
@@ -458,7 +463,7 @@ class _FieldUnit(UnitReader):
     def __len__(self) -> int:
         return self.reader.manifest.samples
 
-    def sample(self, j: int, stored=()) -> list:
+    def sample(self, j: int, stored: Collection[str] = ()) -> list[Any]:
         arrays = self.reader.read_samples(self.reader.fields, [j])
         return [f.to_tensor(arrays[f.name])[0] for f in self.reader.fields]
 
@@ -491,13 +496,18 @@ class _FieldPlan:
     def key(self, s: int) -> str:
         return shard_key(self.path, s, self.ndim)
 
-    def decode(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> np.ndarray:
+    def decode(self, data: bytes | Exception, expected: int, where: Callable[[], str]) -> npt.NDArray[Any]:
         """One stored chunk: length, crc32c, the lossless stage (bounded to the chunk's size). `where()`
         describes the chunk; it is called only for an error message, so a batch formats no strings."""
         return self.codec.decode(self._checked(data, expected, where), self.shape, self.dtype, where, writeable=False)
 
     def decode_rows(
-        self, data: list, expected: list[int], where: Callable[[int], str], first: int, out: np.ndarray
+        self,
+        data: Sequence[bytes | Exception],
+        expected: list[int],
+        where: Callable[[int], str],
+        first: int,
+        out: npt.NDArray[Any],
     ) -> None:
         """One-sample chunks into out[0], out[1], ...: the checks of `decode`, then the stage's
         `decode_many` on the run (one kernel call that releases the GIL once: threads decoding runs of a batch
@@ -543,7 +553,7 @@ class _FieldPlan:
         return memoryview(data)[:-CRC_BYTES]
 
 
-def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict, where: str) -> _FieldPlan:
+def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict[str, Any], where: str) -> _FieldPlan:
     """The field's storage plan from its array metadata, cross-checked with the manifest: the layout's
     shard and chunk lengths, a crc32c shard index, and inner chunk codecs that are exactly the manifest's
     lossless stage (`metadata.check_chunk_codecs`). Anything else is an IntegrityError."""

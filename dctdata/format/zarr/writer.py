@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dctdata.errors import DctDataError
 from dctdata.format.base import Batch, Fields, PartWriter
@@ -43,7 +44,10 @@ class ZarrWriter(PartWriter):
     options = ("chunk_samples", "shard_samples", "storage_options")
 
     def __init__(
-        self, chunk_samples: int | None = None, shard_samples: int | None = None, storage_options: dict | None = None
+        self,
+        chunk_samples: int | None = None,
+        shard_samples: int | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.chunk_samples = parse_optional_int(
             chunk_samples, "chunk_samples", minimum=1, expected="a positive int", type_error=DctDataError
@@ -98,7 +102,7 @@ class ZarrWriter(PartWriter):
         """Rewrite the metadata for `n` samples (the shards already written stay)."""
         self.create(root, fields, n)
 
-    def finish(self, root: str, fields: Fields, n: int, parts: list[dict]) -> dict[str, Any]:
+    def finish(self, root: str, fields: Fields, n: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """{"layout", "checksums"} from the finished parts plus the metadata files; small side partners
         go into the layout and their files away."""
         checksums = {
@@ -123,7 +127,7 @@ class ZarrWriter(PartWriter):
     # Worker side ---------------------------------------------------------------------------------
     def write_part(
         self, root: str, fields: Fields, n: int, index: int, start: int, stop: int, batches: Iterable[Batch]
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Write shard `index` of every field from the stored batches of samples [start, stop)."""
         shard, chunks = chunking(fields, n, self.chunk_samples, self.shard_samples)
         # One preallocated buffer per field, filled batch by batch (not a list then a concatenated copy:
@@ -167,7 +171,7 @@ class ZarrWriter(PartWriter):
         return {"files": files, "inline": inline}
 
 
-def _inline_values(fields: Fields, n: int, parts: list[dict]) -> dict[str, np.ndarray]:
+def _inline_values(fields: Fields, n: int, parts: list[dict[str, Any]]) -> dict[str, npt.NDArray[Any]]:
     """{side partner: its (n, ...) values} for the partners of at most INLINE_BYTES that every part returned
     (a part journaled by an older dctdata returns none: its partner stays an array)."""
     out, partners = {}, side_partner_names(fields)
@@ -175,9 +179,10 @@ def _inline_values(fields: Fields, n: int, parts: list[dict]) -> dict[str, np.nd
         if f.name not in partners or n * f.stored_sample_bytes > INLINE_BYTES:
             continue
         pieces = [(p.get("inline") or {}).get(f.name) for p in parts]
-        if any(not isinstance(x, str) for x in pieces):
+        texts = [x for x in pieces if isinstance(x, str)]
+        if len(texts) != len(pieces):
             continue
-        raw = b"".join(base64.b64decode(x) for x in pieces)
+        raw = b"".join(base64.b64decode(x) for x in texts)
         if len(raw) == n * f.stored_sample_bytes:
             out[f.name] = inline_array(raw, f, n)
     return out
