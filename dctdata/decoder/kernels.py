@@ -108,7 +108,8 @@ def _run_cpu(
     mask: str,
     size: tuple[int, ...],
 ) -> torch.Tensor:
-    return fused.synthesize(q, source._tables(), cf, mask, size, out=out, side=side)
+    h, w = size  # a 2-D sample's size
+    return fused.synthesize(q, source._tables(), cf, mask, (h, w), out=out, side=side)
 
 
 def _run_cpu_volume(
@@ -121,7 +122,8 @@ def _run_cpu_volume(
     mask: str,
     size: tuple[int, ...],
 ) -> torch.Tensor:
-    return fused.synthesize_volume(q, source._tables(), cf, mask, size, out=out, side=side)
+    d, h, w = size  # a volume's size
+    return fused.synthesize_volume(q, source._tables(), cf, mask, (d, h, w), out=out, side=side)
 
 
 def _run_torch(
