@@ -278,7 +278,8 @@ class Encoder:
                 stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
                 continue
             explicit = batch[f.valid] if f.valid is not None and f.valid not in self.derived else None
-            check_float32(np.asarray(x).reshape(b, *f.shape), name, at)
+            if f.codec.precision is None:  # a float64 decode (`CodecSpec.precision`) carries what float32 does not
+                check_float32(np.asarray(x).reshape(b, *f.shape), name, at)
             xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes

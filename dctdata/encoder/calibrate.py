@@ -166,7 +166,9 @@ def _check_samples(
             f"samples: expected |x| <= {F32_SAFE_MAX:.3g} (float32 max / 8: the 8x8 DCT multiplies by up to 8). "
             f"Got max |x| = {peak:.3g}; rescale the data"
         )
-    x = samples.detach().to(torch.float32).cpu()
+    # a float64 subset under a bound alone stays float64: its field decodes in float64 (`CodecSpec.precision`)
+    keep64 = bounded and samples.dtype == torch.float64
+    x = samples.detach().to(torch.float64 if keep64 else torch.float32).cpu()
     if valid is not None:
         if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
             raise TypeError(f"valid: expected a bool torch.Tensor. Got {type(valid).__name__}")
@@ -647,10 +649,12 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
 
     n, c, *size = x.shape
     dims = len(size)
+    precision = "float64" if x.dtype == torch.float64 else None  # a float64 source's field decodes in float64
     probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
-                      **bounds)  # fmt: skip
+                      precision=precision, **bounds)  # fmt: skip
     bound, margin, rng = item_bounds(x, probe, valid)
-    rows, eff = detect_lattice(x, valid, bound, margin)  # items on an evenly spaced grid (`dctdata.codec.lattice`)
+    # items on an evenly spaced grid (`dctdata.codec.lattice`)
+    rows, eff = detect_lattice(x, valid, bound, margin, probe.decode_dtype)
     if bool((rows[..., 0] > 0).any()):  # coded to half its spacing, then snapped
         probe, bound = probe.replace(lattice=True), eff
     rel = bound / rng.clamp(min=1e-300)

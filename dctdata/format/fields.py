@@ -319,8 +319,11 @@ def unpack_tables(codec: object, version: int) -> object:
 
 def side_field(f: FieldSpec) -> FieldSpec:
     """The stored partner of a dct field with side information: (C, 2) float32 per sample (with corrections
-    (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd."""
-    return FieldSpec(f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.side_rows, 2), "float32", lossless=DEFAULT_CODEC)
+    (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd; float64 for a field that decodes in float64
+    (`CodecSpec.precision`)."""
+    return FieldSpec(
+        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.codec.side_rows, 2), f.codec.side_dtype, lossless=DEFAULT_CODEC
+    )
 
 
 def has_side(f: FieldSpec) -> bool:
