@@ -404,7 +404,7 @@ def _codec(
     batch = cal.take(idx)
     x = np.asarray(batch[name]).reshape(len(idx), *shape)
     # a float64 source with a bound decodes in float64 (`CodecSpec.precision`): its bound holds against its own
-    # values, which a bound alone is calibrated on too (a target's search runs on the float32 values)
+    # values, which its bound is calibrated on too (a target's search runs on the float32 values)
     precise = bool(bound) and x.dtype == np.float64
     if not precise:
         check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
@@ -416,7 +416,7 @@ def _codec(
     x, valid, _ = prepare_dct(x, name, shape, nan, explicit, mask_field, lambda j: cal.where(idx[j]))
     if target is None and not bound:
         cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
-    if precise and target is None:  # the source's own values (invalid pixels as filled)
+    if precise:  # the source's own values (invalid pixels as filled)
         x = given.astype(np.float64) if valid is None else np.where(valid, given, x)
     x = torch.from_numpy(np.ascontiguousarray(x))
     try:

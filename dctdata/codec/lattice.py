@@ -11,7 +11,8 @@ of its bound, and the decoder rounds every value to the nearest grid point: the 
 value, which is within the bound of it (checked when packing).
 
 Stored form: with `lattice`, C rows (step, origin) per sample follow everything else in its side values
-(after the (range, mid) rows and the correction rows), float32, in the field's units; step 0 leaves the
+(after the (range, mid) rows and the correction rows), in the side values' dtype (float32; float64 for a
+float64 source's field, `CodecSpec.precision`, snapped in float64), in the field's units; step 0 leaves the
 item as decoded (an item not on a grid, or one whose bound is already wider than the grid's half spacing).
 
 The decoder (`snap`) is elementwise torch ops (sub, div, round, mul, add, where), so `Decompress` stays

@@ -389,7 +389,8 @@ class CodecSpec:
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
         raw = math.prod(self.sample_shape) * 32
-        side = 0 if self.side is None else self.side_rows * 2 * 32  # (range, mid) per channel (+ corrections), f32
+        bits = 64 if self.precision == "float64" else 32  # the side values' dtype
+        side = 0 if self.side is None else self.side_rows * 2 * bits  # (range, mid) per channel (+ corrections)
         return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------

@@ -128,7 +128,8 @@ def missing(
 ) -> torch.Tensor:
     """Items whose decode misses the bound less the margin. An exact decode holds any bound only where
     `exact` (B, C) says every decode path gives the same values: an item snapped onto its lattice (the snap
-    computes in float32 for every output dtype, `dctdata.codec.lattice`). Elsewhere a float32 decode that happens
+    computes in the side values' dtype for every output dtype, `dctdata.codec.lattice`; a float64 grid of more
+    than one point always keeps the margin, `lattice._grid`). Elsewhere a float32 decode that happens
     to round onto the source's values says nothing of a float64 decode, so the margin is kept."""
     miss = err + margin > bound
     return miss if exact is None else miss & ~(exact & (err == 0))

@@ -147,7 +147,7 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 
 # Inputs ------------------------------------------------------------------------------------------
 def _check_samples(
-    samples: object, valid: object, bounded: bool = False
+    samples: object, valid: object, bounded: bool = False, keep64: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
@@ -166,8 +166,8 @@ def _check_samples(
             f"samples: expected |x| <= {F32_SAFE_MAX:.3g} (float32 max / 8: the 8x8 DCT multiplies by up to 8). "
             f"Got max |x| = {peak:.3g}; rescale the data"
         )
-    # a float64 subset under a bound alone stays float64: its field decodes in float64 (`CodecSpec.precision`)
-    keep64 = bounded and samples.dtype == torch.float64
+    # a float64 subset under a bound stays float64: its field decodes in float64 (`CodecSpec.precision`)
+    keep64 = keep64 and samples.dtype == torch.float64
     x = samples.detach().to(torch.float64 if keep64 else torch.float32).cpu()
     if valid is not None:
         if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
@@ -547,8 +547,11 @@ def calibrate_report(
     the integer dtype left free are chosen by the stored size at the bound (`_bounded`).
     """
     t0 = time.perf_counter()
-    bounded_only = target_psnr is None and (max_error is not None or max_rel_error is not None)
-    x, valid, errors = _check_samples(samples, valid, bounded_only)
+    bounded = max_error is not None or max_rel_error is not None
+    x, valid, errors = _check_samples(samples, valid, bounded and target_psnr is None, keep64=bounded)
+    given = x  # a float64 subset under a bound: its bound is calibrated on its float64 values
+    if x.dtype == torch.float64 and target_psnr is not None:
+        x = x.to(torch.float32)  # the target's search runs on the float32 values
     if target_psnr is not None:
         if not is_number(target_psnr):
             raise TypeError(f"target_psnr: expected a number of dB. Got {target_psnr!r}")
@@ -594,12 +597,12 @@ def calibrate_report(
         if bounds:
             with _naming(where):
                 spec, result = _both(
-                    x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
+                    given, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
                     where or (lambda i: f"calibration sample {i}"),
                 )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
-    return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
+    return _summarize(given, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
 
 
 @contextlib.contextmanager
@@ -733,14 +736,16 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
         x_hat = Decompress(spec, normalize=False)((q, sd))
     if db(float(errors.channel_nmse(errors.nmse(x_hat)).max())) >= target:
         return spec.replace(min_psnr=min_psnr), None
-    spec = landed.replace(**bounds)
+    precision = "float64" if x.dtype == torch.float64 else None  # a float64 subset's field decodes in float64
+    spec = landed.replace(**bounds, precision=precision)
     try:
         encode(x, spec, valid=valid)
     except BoundError:
         if dtype is not None or spec.dtype != "int8":
             raise
-        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where)[0]
-        spec = spec.replace(**bounds)
+        x32 = x.to(torch.float32)
+        spec = _search(x32, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where)[0]
+        spec = spec.replace(**bounds, precision=precision)
         encode(x, spec, valid=valid)  # a BoundError here names the item int16 cannot hold either
     return spec, None
 

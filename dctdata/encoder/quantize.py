@@ -326,13 +326,18 @@ def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
         j = int(bad.any(1).nonzero()[0])
         c = int(bad[j].nonzero()[0])
         raise BoundError(
-            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a {_kind(spec)} margin of "
             f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} after the "
             "lattice snap (pack without it: loosen or tighten the bound)",
             j,
             c,
         )
     return (q, sd), over
+
+
+def _kind(spec: CodecSpec) -> str:
+    """The arithmetic a field's bound is checked in, as messages name it: float32, or float64 (`precision`)."""
+    return "float64" if spec.precision == "float64" else "float32"
 
 
 def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
@@ -482,16 +487,16 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
         why = (
             constant_advice(spec)
             if flat is not None and bool(flat[j, c])
-            else "the bound is below float32's precision for these values: loosen it or subtract an offset"
+            else f"the bound is below {_kind(spec)}'s precision for these values: loosen it or subtract an offset"
             if float(margin[j, c]) >= float(bound[j, c])
             else f"finer steps overflow {spec.dtype}: use --quant int16"
             if bool(stuck[j, c]) and spec.dtype == "int8"
             else "finer steps overflow the integer dtype: loosen the bound"
             if bool(stuck[j, c])
-            else "the bound is near float32's precision for these values: loosen it or subtract an offset"
+            else f"the bound is near {_kind(spec)}'s precision for these values: loosen it or subtract an offset"
         )
         error = BoundError(
-            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a {_kind(spec)} margin of "
             f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} ({why})",
             j,
             c,

@@ -120,6 +120,21 @@ def test_a_float64_field_decoded_in_another_dtype_computes_in_float64_then_round
         assert torch.equal(ds.decompressor(dtype=dtype)(wire), exact.to(dtype)), dtype
 
 
+def test_a_float64_source_with_a_target_and_a_bound_holds_both(tmp_path):
+    """--target-psnr with --max-error on a float64 source: the target is searched on its float32 values, the
+    bound calibrated and kept on its float64 values (a lattice float32 cannot see, noise on an offset)."""
+    rng = np.random.default_rng(9)
+    x = np.round(rng.uniform(0, 200, size=(6, 1, 16, 16))) + 0.001
+    x[3:] = 100 + 1e-3 * rng.normal(size=(3, 1, 16, 16)).cumsum(-1)
+    dctdata.pack(x, tmp_path / "p", target_psnr=40, max_error=1e-6, quiet=True)
+    m = read_manifest(tmp_path / "p")
+    codec = m.field("image").codec
+    assert codec.precision == "float64" and codec.lattice is True
+    y = decodes(tmp_path / "p", "zarr", None)
+    assert excess(y, x, torch.tensor(1e-6, dtype=torch.float64)) <= 0
+    assert m.stats["image"].psnr_dataset >= 40
+
+
 @pytest.mark.parametrize("fmt", ["zarr", pytest.param("webdataset", marks=pytest.mark.slow)])
 def test_a_float64_volume_holds_its_bound(tmp_path, fmt):
     """--dims 3: a float64 volume on a large offset (no lattice) and one on a float64 lattice hold an
@@ -342,3 +357,21 @@ def test_tight_relative_bounds_give_valid_steps_or_a_named_error(tmp_path, make,
     assert (steps > 0).all()
     for dtype in (torch.float32, torch.float64):
         assert excess(decodes(tmp_path / "p", "zarr", dtype), x, bounds_of(x, max_rel_error=r)) <= 0
+
+
+def test_the_volume_layer_snaps_before_rounding_to_half_precision(tmp_path):
+    """A float32 volume on a grid finer than float16's spacing at its values (0.25 near 1000, where float16's
+    ulp is 0.5), under a bound with a lattice: float16 and bfloat16 outputs of the volume layer are its float32
+    decode (corrected and snapped) rounded once, so the bound holds to their own rounding."""
+    rng = np.random.default_rng(8)
+    x = (1000.0 + 0.25 * np.round(rng.uniform(0, 40, size=(2, 1, 8, 8, 8)))).astype(np.float32)
+    dctdata.pack(x, tmp_path / "v", dims=3, max_error=1e-3, quiet=True)
+    assert read_manifest(tmp_path / "v").field("image").codec.lattice is True
+    ds = dctdata.open_dataset(tmp_path / "v")
+    wire = collate([ds[i] for i in range(len(ds))])[0]
+    full = ds.decompressor()(wire)
+    assert float((full.double() - torch.from_numpy(x.astype(np.float64))).abs().max()) <= 1e-3
+    for dtype, ulp in ((torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)):
+        half = ds.decompressor(dtype=dtype)(wire)
+        assert torch.equal(half, full.to(dtype)), dtype
+        assert excess(half.double(), x, torch.tensor(1e-3, dtype=torch.float64), slack=ulp) <= 0, dtype
