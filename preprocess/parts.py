@@ -238,8 +238,8 @@ class Encoder:
         self.specs = tuple(specs)
         self.by_name = {f.name: f for f in user_fields(self.specs)}  # side partners are made here, not read
         self.nan, self.strict, self.derived = nan, bool(strict), tuple(derived)
-        # the figures come from the decode the readers run (float32, `Decompress`'s default), so what the pack
-        # records (and `verify` checks) is what a reader gets
+        # the figures come from the decode the readers run (`Decompress`'s default: float32, or float64 for a
+        # float64 source's bounded field), so what the pack records (and `verify` checks) is what a reader gets
         self.layers = {f.name: Decompress(f.codec, normalize=False) for f in specs if f.is_dct}
         self.stats = new_stats(self.specs)
         # fields with corrections weigh each sample's candidates by their bytes after the field's stage
@@ -278,7 +278,8 @@ class Encoder:
                 stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
                 continue
             explicit = batch[f.valid] if f.valid is not None and f.valid not in self.derived else None
-            check_float32(np.asarray(x).reshape(b, *f.shape), name, at)
+            if f.codec.precision is None:  # a float64 decode (`CodecSpec.precision`) carries what float32 does not
+                check_float32(np.asarray(x).reshape(b, *f.shape), name, at)
             xf = np.array(x, dtype=np.float32).reshape(b, *f.shape)
             xf, valid, holes = prepare_dct(xf, name, f.shape, self.nan, explicit, f.valid, at)
             self.stats["nan_filled"] += holes
@@ -317,7 +318,7 @@ class Encoder:
 
     def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
-        from the readers' float32 decode of the stored coefficients against the source's values as given (a
+        from the readers' default decode of the stored coefficients against the source's values as given (a
         float64 source's own), in float64 (in slices, see FIGURE_BYTES)."""
         step = max(1, self.figure_bytes // (8 * math.prod(f.shape)))
         for a in range(0, len(x), step):

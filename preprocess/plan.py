@@ -404,7 +404,12 @@ def _codec(
     idx = calibration_indices(len(cal), math.prod(shape))
     batch = cal.take(idx)
     x = np.asarray(batch[name]).reshape(len(idx), *shape)
-    check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
+    # a float64 source with a bound decodes in float64 (`CodecSpec.precision`): its bound holds against its own
+    # values, which its bound is calibrated on too (a target's search runs on the float32 values)
+    precise = bool(bound) and x.dtype == np.float64
+    if not precise:
+        check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
+    given = x
     x = x.astype(np.float32)
     explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
     if explicit is not None:
@@ -412,6 +417,8 @@ def _codec(
     x, valid, _ = prepare_dct(x, name, shape, nan, explicit, mask_field, lambda j: cal.where(idx[j]))
     if target is None and not bound:
         cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
+    if precise:  # the source's own values (invalid pixels as filled)
+        x = given.astype(np.float64) if valid is None else np.where(valid, given, x)
     x = torch.from_numpy(np.ascontiguousarray(x))
     try:
         spec, stage = _calibrate(
@@ -430,6 +437,8 @@ def _codec(
         return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
     if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
         raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
+    if precise and spec.bounded and spec.precision is None:
+        spec = spec.replace(precision="float64")
     return spec, stage
 
 

@@ -11,7 +11,8 @@ of its bound, and the decoder rounds every value to the nearest grid point: the 
 value, which is within the bound of it (checked when packing).
 
 Stored form: with `lattice`, C rows (step, origin) per sample follow everything else in its side values
-(after the (range, mid) rows and the correction rows), float32, in the field's units; step 0 leaves the
+(after the (range, mid) rows and the correction rows), in the side values' dtype (float32; float64 for a
+float64 source's field, `CodecSpec.precision`, snapped in float64), in the field's units; step 0 leaves the
 item as decoded (an item not on a grid, or one whose bound is already wider than the grid's half spacing).
 
 The decoder (`snap`) is elementwise torch ops (sub, div, round, mul, add, where), so `Decompress` stays
@@ -25,6 +26,7 @@ Hand-written: the grid is found and applied around this codec's own decoder; no 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,15 +76,17 @@ def snap(
     the field's units; step 0: left as is). scale, shift (C,): the layer's normalization x * scale + shift
     (img is normalized; the grid is mapped the same way), or None.
 
-    Computed in float32 for every output dtype, then cast: the grid points are float32 numbers (the values of
-    a float32 source, and what the encoder checked). A float64 snap would land up to half a float32 ulp
-    beside them, past a bound the exact float32 values hold (`dctdata.encoder.bounds.missing`)."""
+    Computed in the rows' dtype for every output dtype, then cast: float32 rows (a float32 decode) give float32
+    grid points (the values of a float32 source, and what the encoder checked; a float64 snap would land up to
+    half a float32 ulp beside them, past a bound the exact float32 values hold, `dctdata.encoder.bounds.missing`);
+    float64 rows (a float64 source's field, `CodecSpec.precision`) give its float64 grid points."""
     at = (...,) + (None,) * (img.dim() - 2)
-    work = img if img.dtype == torch.float32 else img.to(torch.float32)
-    step = rows[..., 0].to(torch.float32)
-    origin = rows[..., 1].to(torch.float32)
+    calc = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    work = img if img.dtype == calc else img.to(calc)
+    step = rows[..., 0].to(calc)
+    origin = rows[..., 1].to(calc)
     if scale is not None and shift is not None:
-        scale, shift = scale.to(torch.float32).reshape(-1), shift.to(torch.float32).reshape(-1)
+        scale, shift = scale.to(calc).reshape(-1), shift.to(calc).reshape(-1)
         step, origin = step * scale, origin * scale + shift
     on = step > 0
     s = torch.where(on, step, torch.ones_like(step))[at]
@@ -92,45 +96,52 @@ def snap(
 
 
 def detect(
-    x: torch.Tensor, valid: torch.Tensor | None, bound: torch.Tensor, margin: torch.Tensor
+    x: torch.Tensor,
+    valid: torch.Tensor | None,
+    bound: torch.Tensor,
+    margin: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows (B, C, 2) float32, the bound each item's decode must meet before the snap (B, C) float64) of
+    """(rows (B, C, 2) in `dtype`, the bound each item's decode must meet before the snap (B, C) float64) of
     samples x (B, C, *size) with their bounds and float32 margins (B, C). An item gets a grid (step > 0)
     when all its valid values lie on one (each snaps, in float32 as `snap` computes it, to within its bound
     less the margin) and half the spacing, less two margins and the values' own distance from the grid,
     is at least WORTH times its bound; that distance is the bound it keeps before the snap (the encoder
-    subtracts the margin once more). Others keep step 0 and their own bound."""
+    subtracts the margin once more). Others keep step 0 and their own bound. `dtype`: the side values' (float64
+    for a field that decodes in float64: float64 grid points, snapped in float64)."""
     b, c = x.shape[:2]
-    rows = torch.zeros(b, c, 2, dtype=torch.float32)
+    rows = torch.zeros(b, c, 2, dtype=dtype)
     eff = bound.clone()
     flat = x.detach().to(torch.float64).reshape(b, c, -1)  # the source as given (a float64 one's own values)
     mask = None if valid is None else torch.broadcast_to(valid, x.shape).reshape(b, c, -1)
     for i in range(b):
         for ch in range(c):
             v = flat[i, ch] if mask is None else flat[i, ch][mask[i, ch]]
-            found = _grid(v, float(bound[i, ch]), float(margin[i, ch]))
+            found = _grid(v, float(bound[i, ch]), float(margin[i, ch]), dtype == torch.float64)
             if found is not None:
                 step, origin, room = found
                 rows[i, ch, 0], rows[i, ch, 1], eff[i, ch] = step, origin, room
     return rows, eff
 
 
-def _point(value: float, bound: float, margin: float) -> tuple[float, float, float] | None:
+def _point(value: float, bound: float, margin: float, f64: bool = False) -> tuple[float, float, float] | None:
     """(step, origin, bound before the snap) of a constant item whose bound no decode holds but an exact one (a
     relative bound: 0 on a constant item), else None: a one-point grid at its value, with a step of the value's
     own magnitude (at least 1), so a decode within a few float32 ulps of it snaps to it on every path. None
-    where float32 does not hold the value (a float64 source's): no decode is exact there."""
+    where float32 does not hold the value (a float64 source's, unless `f64`: float64 rows hold it): no decode
+    is exact there. The snap gives round(0) * step + origin = origin, exact in either arithmetic."""
     if bound > margin:  # the item's decode holds its bound without a grid
         return None
-    origin = np.float32(value)
+    kind = np.float64 if f64 else np.float32
+    origin = kind(value)
     if float(origin) != value or not np.isfinite(origin):
         return None
-    step = np.float32(max(abs(float(origin)), 1.0))
+    step = kind(max(abs(float(origin)), 1.0))
     room = float(step) / 2 - margin
     return float(step), float(origin), room
 
 
-def _grid(v: torch.Tensor, bound: float, margin: float) -> tuple[float, float, float] | None:
+def _grid(v: torch.Tensor, bound: float, margin: float, f64: bool = False) -> tuple[float, float, float] | None:
     """(step, origin, bound before the snap) of the values v (float64: the source's values as given) when
     they lie on a grid worth snapping to, else None. The grid points are float32 numbers: a float64 value
     float32 does not hold is that far from its point, counted in the deviation like any other.
@@ -140,12 +151,17 @@ def _grid(v: torch.Tensor, bound: float, margin: float) -> tuple[float, float, f
     margin (integers of a small range on a large offset, at a tight relative bound). The snap's last two
     operations are checked both as float32 multiply then add (torch, ONNX Runtime) and as one fused
     multiply-add (a compiler may contract them): the two can land one float32 step apart, and either
-    holds the bound."""
+    holds the bound.
+
+    With `f64` (a field that decodes in float64) the grid points are float64 numbers, snapped in float64; a
+    float64 multiply-add and a fused one differ by an ulp, which the float64 margin covers, so the grid
+    points must hold the bound less the margin even where they are the values themselves (only a one-point
+    grid, `_point`, is exact on every path)."""
     if not v.numel() or not bool(torch.isfinite(v).all()):
         return None
     u = np.unique(v.numpy().astype(np.float64))
     if len(u) == 1:
-        return _point(float(u[0]), bound, margin)
+        return _point(float(u[0]), bound, margin, f64)
     if len(u) > MAX_LEVELS:
         return None
     d = np.diff(u)
@@ -155,6 +171,8 @@ def _grid(v: torch.Tensor, bound: float, margin: float) -> tuple[float, float, f
     k = np.round((u - u[0]) / q0)
     if np.abs((u - u[0]) / q0 - k).max() > 0.25:  # not multiples of the closest spacing
         return None
+    if f64:
+        return _grid64(u, k, bound, margin)
     step = np.float32(np.dot(k, u - u[0]) / np.dot(k, k))  # least squares over the levels: no drift at large k
     origin = np.float32(u[0])
     s, o = torch.tensor(step), torch.tensor(origin)
@@ -170,3 +188,24 @@ def _grid(v: torch.Tensor, bound: float, margin: float) -> tuple[float, float, f
     if room < WORTH * bound:
         return None
     return float(step), float(origin), room
+
+
+def _grid64(
+    u: np.ndarray[Any, Any], k: np.ndarray[Any, Any], bound: float, margin: float
+) -> tuple[float, float, float] | None:
+    """`_grid`'s float64 grid of the distinct values u (their multiples k of the closest spacing): step and
+    origin as float64 numbers, the snap `round((u - o) / s) * s + o` simulated in float64."""
+    step = float(np.dot(k, u - u[0]) / np.dot(k, k))
+    origin = float(u[0])
+    s, o = torch.tensor(step, dtype=torch.float64), torch.tensor(origin, dtype=torch.float64)
+    t = torch.from_numpy(u)
+    levels = torch.round((t - o) / s)
+    if not torch.equal(levels, torch.from_numpy(k)):
+        return None
+    dev = float((levels * s + o - t).abs().max())
+    if dev + margin > bound:  # the grid points themselves would miss the bound
+        return None
+    room = step / 2 - margin - dev
+    if room < WORTH * bound:
+        return None
+    return step, origin, room

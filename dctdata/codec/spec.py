@@ -103,6 +103,7 @@ def _compact(table: Table | None) -> list[float] | list[list[float]] | None:
 
 
 SIDES = ("range_mid",)
+PRECISIONS = ("float64",)  # `CodecSpec.precision`: the arithmetic of the decode the bound is kept for
 # Bounds a manifest cannot exceed (a hostile one must not make a reader allocate without limit).
 MAX_CHANNELS = 4096
 MAX_SAMPLE_VALUES = 1 << 32
@@ -153,6 +154,12 @@ class CodecSpec:
     decoding (`dctdata.codec.lattice`, manifest version 5, optional): C rows (step, origin) follow the other side
     rows.
 
+    precision: "float64" for a float64 source's bounded field (format version 6, optional): its bound holds
+    against the float64 values as given, for a decode in float64 arithmetic (what `Decompress` and every
+    reader then run by default): the side values (range, mid, correction and lattice rows) are stored as
+    float64, and the encoder checks the float64 decode against the bound less a float64 margin. None: the
+    float32 decode of every other field.
+
     Args:
         cf: The chop factor 1..8 (with `mask`: the K kept frequencies).
         height: The decoded sample height H.
@@ -178,6 +185,7 @@ class CodecSpec:
         bound_ref: The normalized bound the steps were chosen for.
         corrections: The capacity (rows per sample) of the sparse correction list.
         lattice: True when items on an evenly spaced grid are snapped back onto it after decoding.
+        precision: "float64" when the field decodes in float64 (a float64 source's bounded field), else None.
 
     Raises:
         DctDataError: A field is out of range, a table has the wrong shape, or fields contradict each other.
@@ -208,6 +216,7 @@ class CodecSpec:
     bound_ref: float | None = None
     corrections: int | None = None
     lattice: bool | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.block != BLOCK:
@@ -285,6 +294,12 @@ class CodecSpec:
             object.__setattr__(self, "corrections", int(self.corrections))
         if self.lattice is not None and self.lattice is not True:
             raise DctDataError(f"lattice: expected True or None. Got {self.lattice!r}")
+        if self.precision is not None:
+            parse_choice(self.precision, "precision", PRECISIONS)
+            if self.side is None:
+                raise DctDataError(
+                    "precision: expected side information (side='range_mid') to carry float64 values. Got none"
+                )
         if self.max_error is None and self.max_rel_error is None:
             if self.bound_ref is not None:
                 raise DctDataError("bound_ref: expected max_error or max_rel_error with it. Got neither")
@@ -312,6 +327,18 @@ class CodecSpec:
     def bounded(self) -> bool:
         """True when the encoder enforces a pointwise error bound."""
         return self.max_error is not None or self.max_rel_error is not None
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        """The dtype a decode of this field computes in by default: float64 for a float64 source's field
+        (`precision`), else float32. Its side values are stored in it (`side_dtype`)."""
+        return torch.float64 if self.precision == "float64" else torch.float32
+
+    @property
+    def side_dtype(self) -> str:
+        """The stored side values' dtype: "float64" with `precision` (a float64 source's range, mid, correction
+        and lattice rows, which float32 would round past its bound), else "float32"."""
+        return "float64" if self.precision == "float64" else "float32"
 
     # Derived sizes -------------------------------------------------------------------------------
     @property
@@ -368,7 +395,8 @@ class CodecSpec:
     def transfer_ratio(self) -> float:
         """float32 sample bytes / coefficient bytes sent to the device (~ 64/K x 32/bits)."""
         raw = math.prod(self.sample_shape) * 32
-        side = 0 if self.side is None else self.side_rows * 2 * 32  # (range, mid) per channel (+ corrections), f32
+        bits = 64 if self.precision == "float64" else 32  # the side values' dtype
+        side = 0 if self.side is None else self.side_rows * 2 * bits  # (range, mid) per channel (+ corrections)
         return raw / (math.prod(self.coeff_shape) * self.bits + side)
 
     # Config round trip --------------------------------------------------------------------------
@@ -398,7 +426,7 @@ class CodecSpec:
             else:
                 d["offsets"] = [list(row) for row in self.offsets]
         for name in ("mean", "std", "theta", "side", "min_psnr", "weights", "max_error", "max_rel_error", "bound_ref",
-                     "corrections", "lattice"):  # fmt: skip
+                     "corrections", "lattice", "precision"):  # fmt: skip
             if getattr(self, name) is not None:
                 d[name] = list(getattr(self, name)) if isinstance(getattr(self, name), tuple) else getattr(self, name)
         for name in ("recon", "rotation"):

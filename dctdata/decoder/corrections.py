@@ -7,7 +7,8 @@ misses, an integer multiple of a small correction step; the decoder adds them af
 encoder picks, per sample, the step multiplier whose coefficients plus corrections store least
 (`dctdata.encoder.quantize.encode`), and checks the corrected float32 decode against the bound like any other.
 
-Stored form: the rows after a sample's C (range, mid) rows of its side values, float32 (so both storages,
+Stored form: the rows after a sample's C (range, mid) rows of its side values, in their dtype (float32; float64
+for a field that decodes in float64, `dctdata.codec.spec.CodecSpec.precision`) (so both storages,
 the stored-bytes path and every reader keep the side partner as it is; only its row count grows):
 
 - header row: (step, count): the correction step of the sample, in the field's units (> 0; 0 when count
@@ -139,8 +140,10 @@ def build(
     room: torch.Tensor,
     cap: int,
     valid: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correction rows (B, 1 + cap, 2) float32, count per sample (B,)) that bring every valid value of
+    """(correction rows (B, 1 + cap, 2) in `dtype`, the side values' (float64 for a field that decodes in
+    float64, `dctdata.codec.spec.CodecSpec.precision`), count per sample (B,)) that bring every valid value of
     x_hat (B, C, *size) within `room` (B, C: the bound less the float32 margin) of x. A sample needing
     more than `cap` corrections, or one of more than 2^24 steps, gets count > cap and no rows (the caller
     does not use it). The step is the smallest room of the sample's items that have values to correct: the
@@ -156,12 +159,13 @@ def build(
     counts = miss.sum(1)
     # the smallest room of the items with a value to correct (one step serves the sample; a channel without
     # misses does not make it finer: channels whose ranges differ by 1e8 would need corrections past 2^24
-    # steps), as float32: what the decoder multiplies by. A constant item decodes exactly: its room of 0 takes none
+    # steps), in the rows' dtype: what the decoder multiplies by. A constant item decodes exactly: its room of 0
+    # takes none
     per_item = miss.reshape(x.shape).flatten(2).any(-1)  # (B, C)
-    step = room.masked_fill(~((room > 0) & per_item), math.inf).amin(1).to(torch.float32).to(torch.float64)
+    step = room.masked_fill(~((room > 0) & per_item), math.inf).amin(1).to(dtype).to(torch.float64)
     stuck = (per_item & ~(room > 0)).any(1)  # a miss where nothing may move
     counts[stuck] = cap + 1
-    fix = torch.zeros(b, 1 + cap, 2, dtype=torch.float32)
+    fix = torch.zeros(b, 1 + cap, 2, dtype=dtype)
     for j in (counts <= cap).nonzero().flatten().tolist():
         where = miss[j].nonzero().flatten()
         if not len(where):
@@ -179,8 +183,8 @@ def build(
             counts[j] = cap + 1
             continue
         fix[j, 0, 0], fix[j, 0, 1] = s, len(where)
-        fix[j, 1 : 1 + len(where), 0] = gaps.to(torch.float32)
-        fix[j, 1 : 1 + len(where), 1] = k.to(torch.float32)
+        fix[j, 1 : 1 + len(where), 0] = gaps.to(dtype)
+        fix[j, 1 : 1 + len(where), 1] = k.to(dtype)
     return fix, counts
 
 

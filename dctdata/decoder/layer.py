@@ -76,7 +76,8 @@ class Decompress(nn.Module):
 
     Args:
         spec: The `CodecSpec` of the field (`ds.decompressor()` builds the layer from the pack's).
-        dtype: The output dtype (float32, float16, bfloat16 or float64).
+        dtype: The output dtype (float32, float16, bfloat16 or float64); None (the default): the field's decode
+            dtype, float64 for a float64 source's bounded field (`CodecSpec.precision`), else float32.
         normalize: Apply the spec's mean/std after decoding (False ignores them).
         lossless: The field's lossless stage (its manifest entry), to finish `StoredBatch` inputs
             (`decode="device"`).
@@ -95,7 +96,7 @@ class Decompress(nn.Module):
     def __init__(
         self,
         spec: CodecSpec,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         normalize: bool = True,
         lossless: Mapping[str, Any] | None = None,
     ) -> None:
@@ -124,12 +125,15 @@ class Decompress(nn.Module):
         if not isinstance(spec, CodecSpec):
             raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
         self._check_spec(spec)
+        if dtype is None:
+            dtype = spec.decode_dtype
         if dtype not in _OUT_DTYPES:
             raise TypeError(f"dtype: expected one of {_OUT_DTYPES}. Got {dtype!r}")
         self.spec, self.dtype, self.normalize = spec, dtype, normalize
         # the field's lossless stage, to finish a `StoredBatch` (open_dataset(..., decode="device")); None: unknown
         self.lossless = None if lossless is None else parse_config(lossless, "lossless")
-        return torch.float64 if dtype == torch.float64 else torch.float32
+        # a float64 decode (`CodecSpec.precision`) computes in float64 whatever the output dtype, then rounds
+        return torch.float64 if torch.float64 in (dtype, spec.decode_dtype) else torch.float32
 
     def _check_spec(self, spec: CodecSpec) -> None:
         """The 2-D layer takes any spec (`__new__` routes volume specs to VolumeDecompress)."""
@@ -237,11 +241,9 @@ class Decompress(nn.Module):
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix, grid = self._split_side(side)
         size = (spec.height, spec.width)
-        dtype, final = self.dtype, None
-        if (fix is not None or grid is not None) and dtype in (torch.float16, torch.bfloat16):
-            # corrections and the snap work on the float32 decode, then it is rounded: a half-precision value can
-            # sit nearer another grid point than its own (the bound holds to the output dtype's rounding)
-            dtype, final, target = torch.float32, target, None
+        dtype, final = self._work_dtype(fix, grid)
+        if final is not None:  # corrections and the snap in the work dtype, then rounded into `out` (if given)
+            final, target = target, None
         img = kernels.decode(self, y, dtype, spec.cf, spec.mask, size, target, side)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
@@ -250,6 +252,19 @@ class Decompress(nn.Module):
         if dtype != self.dtype:
             img = img.to(self.dtype) if final is None else final.copy_(img)
         return _result(img, out, unbatched)
+
+    def _work_dtype(self, fix, grid) -> tuple[torch.dtype, bool | None]:
+        """(the dtype the decode, its corrections and its snap compute in, True when it is not the output dtype,
+        else None). A float64 decode (`CodecSpec.precision`) runs in float64 for any output dtype, then rounds;
+        with corrections or a lattice a half-precision output is computed in float32, then rounded: a
+        half-precision value can sit nearer another grid point than its own (the bound holds to the output
+        dtype's rounding)."""
+        spec, dtype = self.spec, self.dtype
+        if spec.precision is not None and dtype != spec.decode_dtype:
+            return spec.decode_dtype, True
+        if (fix is not None or grid is not None) and dtype in (torch.float16, torch.bfloat16):
+            return torch.float32, True
+        return dtype, None
 
     def _wire_batch(self, coeffs, out: torch.Tensor | None):
         """The input handling both layers share: a `StoredBatch` decoded first, the wire value split into
@@ -481,7 +496,7 @@ class VolumeDecompress(Decompress):
     def __init__(
         self,
         spec: CodecSpec,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         normalize: bool = True,
         lossless: Mapping[str, Any] | None = None,
     ) -> None:
@@ -499,18 +514,23 @@ class VolumeDecompress(Decompress):
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix, grid = self._split_side(side)
-        img = kernels.decode(self, y, self.dtype, spec.cf, spec.mask, spec.size, target, side)
+        dtype, final = self._work_dtype(fix, grid)
+        if final is not None:  # corrections and the snap in the work dtype, then rounded into `out` (if given)
+            final, target = target, None
+        img = kernels.decode(self, y, dtype, spec.cf, spec.mask, spec.size, target, side)
         if fix is not None:
             img = self._correct(img if target is None else target, fix, indices, deferred)
         if grid is not None:
             img = self._snap(img if target is None else target, grid, target, indices, deferred)
+        if dtype != self.dtype:
+            img = img.to(self.dtype) if final is None else final.copy_(img)
         return _result(img, out, unbatched)
 
     def _portable(self, y: torch.Tensor, side, target, dtype: torch.dtype) -> torch.Tensor:
         """The torch graph of the volume decode (`kernels.decode`'s last kernel): the affine pass, then the three
         synthesis matmuls of `transform3d.synthesize`; written into `target` too when given."""
         spec = self.spec
-        compute = torch.float64 if y.dtype == torch.float64 else self.trows.dtype
+        compute = torch.float64 if torch.float64 in (y.dtype, dtype) else self.trows.dtype
         b = y.shape[0]
         rows = y.reshape(b, *spec.rows_shape)  # (B, C, Db*Hb, K, Wb): the affine pass's view
         coef = self._coefficients(rows, side, compute).reshape(y.shape)

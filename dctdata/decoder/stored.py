@@ -87,7 +87,9 @@ def decode_batch_deferred(batch: StoredBatch, lossless: Mapping[str, Any] | None
         q = _cut(raw, form.at, form.rows * form.sample_bytes, _torch_dtype(dtype))
         side = None
         if form.side_at is not None:
-            side = _cut(raw, form.side_at, spec.side_rows * 8, torch.float32).reshape(-1, spec.side_rows, 2)
+            sd = spec.decode_dtype  # the stored side values' dtype (float64 for a float64 decode)
+            nbytes = spec.side_rows * 2 * sd.itemsize
+            side = _cut(raw, form.side_at, nbytes, sd).reshape(-1, spec.side_rows, 2)
     if not form.little and dtype.itemsize > 1:  # a big-endian zarr array: swap each value's bytes
         q = q.contiguous().view(torch.uint8).reshape(*q.shape, dtype.itemsize).flip(-1).contiguous()
         q = q.view(_torch_dtype(dtype)).squeeze(-1)

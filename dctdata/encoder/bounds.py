@@ -2,13 +2,15 @@
 value of every packed sample is within the bound, SZ3's and ZFP's promise.
 
 A bound is per item (one channel of one sample): E in the field's units, R times the item's value range
-over its valid pixels (both given: the smaller). It is checked on the float32 decode of the stored
-coefficients by `Decompress` on the CPU, the arithmetic the readers use, against the bound less a margin
-for float32 rounding elsewhere (another device, another kernel): MARGIN_REL times the item's largest
-magnitude, |mid| + range / 2. An item whose decode misses is coded again with a finer effective step (its
-stored range shrinks; the decoder is unchanged, so every reader, both storages, `decode="device"` and ONNX
-decode it as before) until it holds; one that cannot (integer overflow, or a bound below float32's
-precision) is an error naming it, and nothing is written.
+over its valid pixels (both given: the smaller). A float64 source's field decodes in float64
+(`CodecSpec.precision`: float64 side values, float64 arithmetic on every path, a float64 margin of
+MARGIN_REL64), and its bound is checked on that decode against the float64 values as given. Every other
+field's is checked on the float32 decode of the stored coefficients by `Decompress` on the CPU, the
+arithmetic the readers use, against the bound less a margin for float32 rounding elsewhere (another device,
+another kernel): MARGIN_REL times the item's largest magnitude, |mid| + range / 2. An item whose decode
+misses is coded again with a finer effective step (its stored range shrinks; the decoder is unchanged, so
+every reader, both storages, `decode="device"` and ONNX decode it as before) until it holds; one that cannot
+(integer overflow, or a bound below float32's precision) is an error naming it, and nothing is written.
 
 Hand-written: the bound has to hold for this codec's own decoder, which no error-bounded library knows.
 Re-coding makes a whole item finer for a few outlying pixels; with corrections (`dctdata.decoder.corrections`,
@@ -32,6 +34,9 @@ from dctdata.errors import DctDataError
 # (the inverse DCT's 64 terms of the normalized sample, then range * y + mid); 16 ulps covers another
 # summation order or fused multiply-adds on another device with room to spare.
 MARGIN_REL = 2.0**-19
+# the same 16 ulps for a field that decodes in float64 (`CodecSpec.precision`): its side values are float64 and
+# every step of its decode runs in float64 on every path
+MARGIN_REL64 = 2.0**-48
 
 
 class BoundError(DctDataError):
@@ -60,7 +65,8 @@ def item_bounds(
     x: torch.Tensor, spec: CodecSpec, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(bound, margin, range) per item (..., C) in float64: the absolute bound each item's decode must
-    meet, the float32 margin kept from it, and the item's value range over its valid pixels."""
+    meet, the margin kept from it for rounding on other paths (float32's, or float64's for a field that
+    decodes in float64), and the item's value range over its valid pixels."""
     dims = spec.dims
     rng = item_range(x, dims, valid)
     bound = torch.full_like(rng, math.inf)
@@ -71,7 +77,8 @@ def item_bounds(
     flat = x.detach().to(torch.float64).flatten(-dims).abs()
     if valid is not None:
         flat = flat.masked_fill(~torch.broadcast_to(valid, x.shape).flatten(-dims), 0.0)
-    return bound, MARGIN_REL * flat.amax(-1), rng
+    rel = MARGIN_REL64 if spec.precision == "float64" else MARGIN_REL
+    return bound, rel * flat.amax(-1), rng
 
 
 def check_float32_rounding(x: torch.Tensor, spec: CodecSpec, valid: torch.Tensor | None = None) -> None:
@@ -121,7 +128,8 @@ def missing(
 ) -> torch.Tensor:
     """Items whose decode misses the bound less the margin. An exact decode holds any bound only where
     `exact` (B, C) says every decode path gives the same values: an item snapped onto its lattice (the snap
-    computes in float32 for every output dtype, `dctdata.codec.lattice`). Elsewhere a float32 decode that happens
+    computes in the side values' dtype for every output dtype, `dctdata.codec.lattice`; a float64 grid of more
+    than one point always keeps the margin, `lattice._grid`). Elsewhere a float32 decode that happens
     to round onto the source's values says nothing of a float64 decode, so the margin is kept."""
     miss = err + margin > bound
     return miss if exact is None else miss & ~(exact & (err == 0))

@@ -149,7 +149,7 @@ def dataset_psnr(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
 
 # Inputs ------------------------------------------------------------------------------------------
 def _check_samples(
-    samples: object, valid: object, bounded: bool = False
+    samples: object, valid: object, bounded: bool = False, keep64: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None, ItemErrors]:
     if not isinstance(samples, torch.Tensor):
         raise TypeError(f"samples: expected a torch.Tensor of shape (N, C, H, W). Got {type(samples).__name__}")
@@ -168,7 +168,9 @@ def _check_samples(
             f"samples: expected |x| <= {F32_SAFE_MAX:.3g} (float32 max / 8: the 8x8 DCT multiplies by up to 8). "
             f"Got max |x| = {peak:.3g}; rescale the data"
         )
-    x = samples.detach().to(torch.float32).cpu()
+    # a float64 subset under a bound stays float64: its field decodes in float64 (`CodecSpec.precision`)
+    keep64 = keep64 and samples.dtype == torch.float64
+    x = samples.detach().to(torch.float64 if keep64 else torch.float32).cpu()
     if valid is not None:
         if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
             raise TypeError(f"valid: expected a bool torch.Tensor. Got {type(valid).__name__}")
@@ -593,8 +595,11 @@ def calibrate_report(
     against what it saves over that many samples (`dctdata.encoder.tables`).
     """
     t0 = time.perf_counter()
-    bounded_only = target_psnr is None and (max_error is not None or max_rel_error is not None)
-    x, valid, errors = _check_samples(samples, valid, bounded_only)
+    bounded = max_error is not None or max_rel_error is not None
+    x, valid, errors = _check_samples(samples, valid, bounded and target_psnr is None, keep64=bounded)
+    given = x  # a float64 subset under a bound: its bound is calibrated on its float64 values
+    if x.dtype == torch.float64 and target_psnr is not None:
+        x = x.to(torch.float32)  # the target's search runs on the float32 values
     if dataset_samples is not None:
         dataset_samples = parse_int(dataset_samples, "dataset_samples", minimum=1)
     dataset_scale = 1.0 if dataset_samples is None else max(1.0, dataset_samples / x.shape[0])
@@ -644,12 +649,12 @@ def calibrate_report(
         if bounds:
             with _naming(where):
                 spec, result = _both(
-                    x, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
+                    given, valid, side, spec, bounds, target_psnr, min_psnr, cfs, masks, dtype, codec, errors,
                     where or (lambda i: f"calibration sample {i}"), dataset_scale,
                 )  # fmt: skip
     if normalize:
         spec = spec.replace(mean=stats["mean"], std=[max(s, 1e-12) for s in stats["std"]])
-    return _summarize(x, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
+    return _summarize(given, valid, spec, target_psnr, codec, stats, candidates, t0, evaluations, errors, result)
 
 
 @contextlib.contextmanager
@@ -699,10 +704,12 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
 
     n, c, *size = x.shape
     dims = len(size)
+    precision = "float64" if x.dtype == torch.float64 else None  # a float64 source's field decodes in float64
     probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
-                      **bounds)  # fmt: skip
+                      precision=precision, **bounds)  # fmt: skip
     bound, margin, rng = item_bounds(x, probe, valid)
-    rows, eff = detect_lattice(x, valid, bound, margin)  # items on an evenly spaced grid (`dctdata.codec.lattice`)
+    # items on an evenly spaced grid (`dctdata.codec.lattice`)
+    rows, eff = detect_lattice(x, valid, bound, margin, probe.decode_dtype)
     if bool((rows[..., 0] > 0).any()):  # coded to half its spacing, then snapped
         probe, bound = probe.replace(lattice=True), eff
     rel = bound / rng.clamp(min=1e-300)
@@ -781,14 +788,16 @@ def _both(x, valid, side, landed, bounds, target, min_psnr, cf, mask, dtype, cod
         x_hat = Decompress(spec, normalize=False)((q, sd))
     if db(float(errors.channel_nmse(errors.nmse(x_hat)).max())) >= target:
         return spec.replace(min_psnr=min_psnr), None
-    spec = landed.replace(**bounds)
+    precision = "float64" if x.dtype == torch.float64 else None  # a float64 subset's field decodes in float64
+    spec = landed.replace(**bounds, precision=precision)
     try:
         encode(x, spec, valid=valid)
     except BoundError:
         if dtype is not None or spec.dtype != "int8":
             raise
-        spec = _search(x, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where, dataset_scale)[0]
-        spec = spec.replace(**bounds)
+        x32 = x.to(torch.float32)
+        found = _search(x32, side, target, min_psnr, cf, mask, "int16", codec, None, None, errors, where, dataset_scale)
+        spec = found[0].replace(**bounds, precision=precision)
         encode(x, spec, valid=valid)  # a BoundError here names the item int16 cannot hold either
     return spec, None
 

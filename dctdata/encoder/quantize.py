@@ -63,9 +63,12 @@ def as_rows(t: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
 
 
 # Per-sample side information and channel rotation ------------------------------------------------
-def item_side(x: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2) -> torch.Tensor:
-    """(..., C, H, W) (or (..., C, D, H, W) with dims=3) -> (..., C, 2) float32 [range, mid] of every item
-    over its valid pixels (range 1 for a constant item or one with no valid pixel)."""
+def item_side(
+    x: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """(..., C, H, W) (or (..., C, D, H, W) with dims=3) -> (..., C, 2) [range, mid] of every item over its
+    valid pixels (range 1 for a constant item or one with no valid pixel), in `dtype`: float32, or float64
+    for a field that decodes in float64 (`CodecSpec.side_dtype`)."""
     if valid is None and x.dtype == torch.float32:  # extremes in float32 (exact), one pass, no float64 copy
         flat = x.detach().flatten(-dims)  # (amin and amax: torch's aminmax is many times slower on the CPU)
         lo, hi = flat.amin(-1).to(torch.float64), flat.amax(-1).to(torch.float64)
@@ -81,7 +84,7 @@ def item_side(x: torch.Tensor, valid: torch.Tensor | None = None, dims: int = 2)
         lo, hi = lo.masked_fill(empty, 0.0), hi.masked_fill(empty, 0.0)
     rng = hi - lo
     rng = torch.where(rng > 0, rng, torch.ones_like(rng))
-    return torch.stack([rng, (hi + lo) / 2], -1).to(torch.float32)
+    return torch.stack([rng, (hi + lo) / 2], -1).to(dtype)
 
 
 def normalize(x: torch.Tensor, side: torch.Tensor, dims: int = 2) -> torch.Tensor:
@@ -108,7 +111,7 @@ def coded_coefficients(
     """Samples (..., C, H, W) ((..., C, D, H, W) for a volume) -> (float32 coefficients in the coded domain,
     side info or None)."""
     if spec.side is not None:
-        side = item_side(x, valid, spec.dims) if side is None else side
+        side = item_side(x, valid, spec.dims, spec.decode_dtype) if side is None else side
         x = normalize(x, side, spec.dims)
     if spec.weights is not None:
         w = torch.as_tensor(spec.weights, dtype=torch.float32, device=x.device)
@@ -244,10 +247,12 @@ def encode(
             x[None], spec, None if side is None else side[None], None if valid is None else valid[None], size_of
         )
         return (wire[0][0], wire[1][0]), over
-    if spec.bounded and x.dtype == torch.float64:  # a source float32 cannot carry: its own rounding first
+    if spec.bounded and x.dtype == torch.float64 and spec.precision is None:  # a float32 decode: its rounding first
         from dctdata.encoder.bounds import check_float32_rounding
 
         check_float32_rounding(x, spec, valid)
+    if spec.precision is not None and x.dtype != spec.decode_dtype:  # a float64 decode's bound: against float64
+        x = x.to(spec.decode_dtype)
     if spec.lattice is not None and spec.bounded:
         return _encode_on_lattice(x, spec, side, valid, size_of)
     return _encode(x, spec, side, valid, size_of)
@@ -296,7 +301,7 @@ def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
     from dctdata.encoder.bounds import BoundError, bound_text, item_bounds, item_max_error, missing
 
     bound, margin, rng = item_bounds(x, spec, valid)
-    rows, eff = detect(x, valid, bound, margin)
+    rows, eff = detect(x, valid, bound, margin, spec.decode_dtype)
     inner = spec.replace(lattice=None)
 
     def coded(codec: CodecSpec):  # the items coded to their lattice bounds, grid rows appended, and the snapped decode
@@ -321,13 +326,18 @@ def _encode_on_lattice(x, spec: CodecSpec, side=None, valid=None, size_of=None):
         j = int(bad.any(1).nonzero()[0])
         c = int(bad[j].nonzero()[0])
         raise BoundError(
-            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a {_kind(spec)} margin of "
             f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} after the "
             "lattice snap (pack without it: loosen or tighten the bound)",
             j,
             c,
         )
     return (q, sd), over
+
+
+def _kind(spec: CodecSpec) -> str:
+    """The arithmetic a field's bound is checked in, as messages name it: float32, or float64 (`precision`)."""
+    return "float64" if spec.precision == "float64" else "float32"
 
 
 def rescaled(coeffs: torch.Tensor, g: torch.Tensor, spec: CodecSpec) -> torch.Tensor:
@@ -499,16 +509,16 @@ def keep_bound(coeffs, spec: CodecSpec, q, side, over, x, valid=None, bound=None
         why = (
             constant_advice(spec)
             if flat is not None and bool(flat[j, c])
-            else "the bound is below float32's precision for these values: loosen it or subtract an offset"
+            else f"the bound is below {_kind(spec)}'s precision for these values: loosen it or subtract an offset"
             if float(margin[j, c]) >= float(bound[j, c])
             else f"finer steps overflow {spec.dtype}: use --quant int16"
             if bool(stuck[j, c]) and spec.dtype == "int8"
             else "finer steps overflow the integer dtype: loosen the bound"
             if bool(stuck[j, c])
-            else "the bound is near float32's precision for these values: loosen it or subtract an offset"
+            else f"the bound is near {_kind(spec)}'s precision for these values: loosen it or subtract an offset"
         )
         error = BoundError(
-            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a float32 margin of "
+            f"expected |decoded - x| <= {float(bound[j, c]):.6g} ({bound_text(spec)}, less a {_kind(spec)} margin of "
             f"{float(margin[j, c]):.3g}) on every value. Got {float(err[j, c]):.6g} in channel {c} ({why})",
             j,
             c,
@@ -564,7 +574,7 @@ def choose_corrections(plain, spec: CodecSpec, q, side, over, x, valid, bound, m
             qm[live] = round_coded(cm[live], qm[live], sm[live, :, 0], room[live], spec, v)
         with torch.no_grad():
             x_hat = layer((qm, torch.cat([sm, empty], 1)))
-        fix, counts = build(x, x_hat, room, cap, valid)
+        fix, counts = build(x, x_hat, room, cap, valid, dtype=side.dtype)
         rows = ((counts <= cap) & (om <= over) & going).nonzero().flatten()
         going[:] = False
         if not len(rows):

@@ -333,9 +333,11 @@ def unpack_tables(codec: object, version: int) -> object:
 
 def side_field(f: FieldSpec) -> FieldSpec:
     """The stored partner of a dct field with side information: (C, 2) float32 per sample (with corrections
-    (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd."""
+    (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd; float64 for a field that decodes in float64
+    (`CodecSpec.precision`)."""
+    codec = f.dct_codec
     return FieldSpec(
-        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (f.dct_codec.side_rows, 2), "float32", lossless=DEFAULT_CODEC
+        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (codec.side_rows, 2), codec.side_dtype, lossless=DEFAULT_CODEC
     )
 
 

@@ -56,6 +56,7 @@ FORMAT_VERSION = 7
 SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
 SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
 VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes
+PRECISION_VERSION = 6  # the first version whose dct fields may decode in float64 (`CodecSpec.precision`)
 STORAGES = storage_names()  # the registered storages (`dctdata.format.storages`)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _MANIFEST_KEYS = {
@@ -282,10 +283,15 @@ class Manifest:
                 )
             if has_side(f) and side_field(f) not in fields:
                 raise DctDataError(
-                    f"fields: expected the side partner {f.name + SIDE_SUFFIX!r} ((C, 2) float32) of dct field "
-                    f"{f.name!r}. "
-                    "Got none or another shape"
+                    f"fields: expected the side partner {f.name + SIDE_SUFFIX!r} ((C, 2) {f.dct_codec.side_dtype}) of dct "
+                    f"field {f.name!r}. Got none or another shape"
                 )
+        precise = [f.name for f in fields if f.codec is not None and f.codec.precision is not None]
+        if precise and self.version < PRECISION_VERSION:
+            raise FormatError(
+                f"field {precise[0]!r}: a float64 decode (codec precision): expected manifest version >= "
+                f"{PRECISION_VERSION}. Got version {self.version}"
+            )
         volumes = [f.name for f in fields if f.codec is not None and f.codec.depth is not None]  # dct fields
         if volumes and self.version < VOLUMES_VERSION:
             raise FormatError(

@@ -23,11 +23,11 @@ def items(path, fmt: str) -> list:
     return [ds[i] for i in range(len(ds))] if fmt == "zarr" else list(ds)
 
 
-def decodes(path, fmt: str, dtype: torch.dtype, decode: str = "cpu") -> torch.Tensor:
-    """Every sample of the pack decoded by its layer in `dtype`, through `decode` ("device": the stored bytes,
-    collated and decoded by the layer, on the CPU here)."""
+def decodes(path, fmt: str, dtype: torch.dtype | None, decode: str = "cpu") -> torch.Tensor:
+    """Every sample of the pack decoded by its layer in `dtype` (None: the layer's default), through `decode`
+    ("device": the stored bytes, collated and decoded by the layer, on the CPU here)."""
     ds = dctdata.open_dataset(path, decode=decode, **({"shuffle": False} if fmt == "webdataset" else {}))
-    layer = ds.decompressor(dtype=dtype)
+    layer = ds.decompressor() if dtype is None else ds.decompressor(dtype=dtype)
     got = [ds[i] for i in range(len(ds))] if fmt == "zarr" else list(ds)
     if decode == "device":
         return layer(collate(got)[0]).double()
@@ -53,23 +53,138 @@ def excess(y: torch.Tensor, x: np.ndarray, bound: torch.Tensor, slack: float = 0
 
 
 # 01: float64 sources -------------------------------------------------------------------------------
-@pytest.mark.parametrize("fmt", ["zarr", "webdataset"])
-def test_a_bound_float32_cannot_hold_on_a_float64_source_is_named(tmp_path, fmt):
-    """Integers + 0.001 (float32 rounds them by 7e-6) at 1e-6, and a constant 0.1 item at 1e-12: the pack
-    fails naming sample, field and channel, before anything is written."""
+def float64_sources() -> list[tuple[str, np.ndarray, dict]]:
+    """float64 sets whose bound float32 cannot hold (name, samples (N, 2, 16, 16), bound keywords): integers +
+    0.001 (a lattice float32 rounds by 7e-6), constants 0.1 and 0.3 at 1e-12 (a two-point lattice), small
+    smooth noise on a large offset (no lattice: float32's ulp at 1000 is 6e-5), and a random walk under a
+    relative bound with a constant 0.1 item (stored exactly: a one-point lattice of a float64 value)."""
     rng = np.random.default_rng(0)
     ints = np.round(rng.uniform(0, 200, size=(3, 2, 16, 16))) + 0.001
-    flat = np.full((3, 2, 16, 16), 0.3)
-    flat[1, 1] = 0.1
-    for x, bound, name in ((ints, 1e-6, r"sample \d+: field 'image'"), (flat, 1e-12, r"sample \d+: field 'image'")):
-        out = tmp_path / f"{fmt}-{bound:g}"
-        with pytest.raises(BoundError, match=rf"{name}: .* channel 0 that float32, what the codec stores, rounds by"):
-            dctdata.pack(x, out, format=fmt, max_error=bound, quiet=True)
-        assert not out.exists()
-    rel = np.random.default_rng(1).normal(size=(3, 2, 16, 16)).cumsum(-1)
-    rel[2, 1] = 0.1  # constant: its relative bound is 0, and float32 does not hold 0.1
-    with pytest.raises(BoundError, match=r"sample 2: field 'image': .* channel 1 that float32, what the codec"):
-        dctdata.pack(rel, tmp_path / f"{fmt}-rel", format=fmt, max_rel_error=1e-3, quiet=True)
+    two = np.where(np.arange(16)[:, None] < 8, 0.3, 0.1) * np.ones((3, 2, 16, 16))
+    offset = 1000.0 + 0.01 * np.sin(
+        np.arange(16)[:, None] / 3.0 + np.arange(16) / 5.0 + np.arange(6).reshape(3, 2, 1, 1)
+    )
+    walk = rng.normal(size=(3, 2, 16, 16)).cumsum(-1)
+    walk[2, 1] = 0.1
+    return [
+        ("ints+0.001", ints, {"max_error": 1e-6}),
+        ("0.1/0.3", two, {"max_error": 1e-12}),
+        ("offset", offset, {"max_error": 1e-6}),
+        ("walk", walk, {"max_rel_error": 1e-3}),
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["zarr", pytest.param("webdataset", marks=pytest.mark.slow)])
+def test_a_float64_source_decodes_in_float64_within_its_bound(tmp_path, fmt):
+    """A float64 source under a bound float32 cannot hold packs, records its float64 decode (codec precision,
+    float64 side values), and every reader's default decode (the layer on decode="cpu" coefficients and on
+    decode="device" stored bytes) is float64 and holds the bound against the float64 source; the figures the
+    pack records are that decode's, and `verify` passes."""
+    for name, x, kw in float64_sources():
+        out = tmp_path / name.replace("/", "-")
+        dctdata.pack(x, out, format=fmt, quiet=True, **kw)
+        f = read_manifest(out).field("image")
+        assert f.codec.precision == "float64" and f.codec.side_dtype == "float64", name
+        assert dctdata.open_dataset(out).decompressor().dtype == torch.float64
+        bound = bounds_of(x, **kw)
+        for decode in ("cpu", "device"):
+            y = decodes(out, fmt, None, decode)
+            assert excess(y, x, bound) <= 0, (name, decode)
+        assert items(out, fmt)[0][0][1].dtype == torch.float64  # the side values as the readers yield them
+        if name == "walk":  # the constant item is stored exactly
+            assert torch.equal(y[2, 1], torch.full((16, 16), 0.1, dtype=torch.float64))
+        recorded = [ch.max_abs_error for ch in read_manifest(out).stats["image"].channels]
+        measured = (y - torch.from_numpy(x)).abs().amax(dim=(0, 2, 3))
+        assert recorded == pytest.approx(measured.tolist(), rel=1e-5, abs=1e-300)
+        problems, _ = verify_dataset(out)
+        assert problems == [], name
+
+
+def test_a_float64_field_decoded_in_another_dtype_computes_in_float64_then_rounds(tmp_path):
+    """An output dtype other than float64 is the float64 decode rounded once (its bound then holds to that
+    dtype's rounding), in the 2-D layer and the volume layer."""
+    _, x, kw = float64_sources()[0]
+    dctdata.pack(x, tmp_path / "p", quiet=True, **kw)
+    ds = dctdata.open_dataset(tmp_path / "p")
+    wire = collate([ds[i] for i in range(len(ds))])[0]
+    exact = ds.decompressor()(wire)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert torch.equal(ds.decompressor(dtype=dtype)(wire), exact.to(dtype)), dtype
+    vol = np.round(np.random.default_rng(5).uniform(0, 50, size=(2, 1, 8, 8, 8))) + 0.001
+    dctdata.pack(vol, tmp_path / "v", dims=3, max_error=1e-6, quiet=True)
+    ds = dctdata.open_dataset(tmp_path / "v")
+    wire = collate([ds[i] for i in range(len(ds))])[0]
+    exact = ds.decompressor()(wire)
+    assert float((exact - torch.from_numpy(vol)).abs().max()) <= 1e-6
+    for dtype in (torch.float32, torch.float16):
+        assert torch.equal(ds.decompressor(dtype=dtype)(wire), exact.to(dtype)), dtype
+
+
+def test_a_float64_source_with_a_target_and_a_bound_holds_both(tmp_path):
+    """--target-psnr with --max-error on a float64 source: the target is searched on its float32 values, the
+    bound calibrated and kept on its float64 values (a lattice float32 cannot see, noise on an offset)."""
+    rng = np.random.default_rng(9)
+    x = np.round(rng.uniform(0, 200, size=(6, 1, 16, 16))) + 0.001
+    x[3:] = 100 + 1e-3 * rng.normal(size=(3, 1, 16, 16)).cumsum(-1)
+    dctdata.pack(x, tmp_path / "p", target_psnr=40, max_error=1e-6, quiet=True)
+    m = read_manifest(tmp_path / "p")
+    codec = m.field("image").codec
+    assert codec.precision == "float64" and codec.lattice is True
+    y = decodes(tmp_path / "p", "zarr", None)
+    assert excess(y, x, torch.tensor(1e-6, dtype=torch.float64)) <= 0
+    assert m.stats["image"].psnr_dataset >= 40
+
+
+@pytest.mark.parametrize("fmt", ["zarr", pytest.param("webdataset", marks=pytest.mark.slow)])
+def test_a_float64_volume_holds_its_bound(tmp_path, fmt):
+    """--dims 3: a float64 volume on a large offset (no lattice) and one on a float64 lattice hold an
+    absolute bound float32 cannot, on decode="cpu" and "device"."""
+    rng = np.random.default_rng(6)
+    d = np.arange(8)
+    smooth = 1000.0 + 0.01 * np.sin(d[:, None, None] / 3.0 + d[:, None] / 4.0 + d / 5.0)
+    x = np.stack([smooth + 1e-3 * rng.normal(size=(8, 8, 8)).cumsum(-1) for _ in range(2)])[:, None]
+    x = np.concatenate([x, np.round(rng.uniform(0, 50, size=(2, 1, 8, 8, 8))) + 0.001], 1)
+    out = tmp_path / "v"
+    dctdata.pack(x, out, dims=3, format=fmt, max_error=1e-6, quiet=True)
+    assert read_manifest(out).field("image").codec.precision == "float64"
+    bound = torch.full((2, 2, 1, 1, 1), 1e-6, dtype=torch.float64)
+    for decode in ("cpu", "device"):
+        assert excess(decodes(out, fmt, None, decode), x, bound) <= 0, decode
+
+
+def test_a_float64_bound_no_encoding_holds_is_named(tmp_path):
+    """Noise on a range of 1 at 1e-12: no int16 step reaches it and corrections would cover every value: the
+    pack fails naming sample, field and channel, before anything is written."""
+    x = np.random.default_rng(7).uniform(size=(2, 1, 16, 16))
+    out = tmp_path / "p"
+    with pytest.raises(BoundError, match=r"sample \d+: field 'image': expected \|decoded - x\| <= 1e-12 .* channel 0"):
+        dctdata.pack(x, out, max_error=1e-12, quiet=True)
+    assert not out.exists()
+
+
+def test_float32_sources_and_unbounded_float64_sources_keep_their_float32_decode(tmp_path):
+    """Only a float64 source with a bound decodes in float64: a float32 source with one, and a float64 source
+    without one, keep float32 side values and a float32 default decode."""
+    x = float64_sources()[3][1]
+    for name, data, bound in (("f32", x.astype(np.float32), {"max_error": 1e-2}), ("f64", x, {})):
+        dctdata.pack(data, tmp_path / name, quiet=True, **bound)
+        codec = read_manifest(tmp_path / name).field("image").codec
+        assert codec.precision is None and dctdata.open_dataset(tmp_path / name).decompressor().dtype == torch.float32
+
+
+def test_a_float64_decode_in_an_older_manifest_is_refused(tmp_path):
+    """The codec key `precision` is a version 6 feature: a manifest of an older version naming it is refused."""
+    import dataclasses
+
+    from dctdata.errors import FormatError
+
+    _, x, kw = float64_sources()[0]
+    dctdata.pack(x[:1], tmp_path / "p", quiet=True, **kw)
+    m = read_manifest(tmp_path / "p")
+    with pytest.raises(
+        FormatError, match=r"field 'image': a float64 decode .* expected manifest version >= 6\. Got version 5"
+    ):
+        dataclasses.replace(m, version=5)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +216,7 @@ def test_every_source_dtype_holds_its_bound_on_every_output_dtype(tmp_path, dtyp
             for out_dtype in (torch.float32, torch.float64):
                 assert torch.equal(decodes(out, fmt, out_dtype)[2, 2], torch.full((16, 24), 3.25, dtype=torch.float64))
         recorded = [ch.max_abs_error for ch in read_manifest(out).stats["image"].channels]
-        y = decodes(out, fmt, torch.float32)
+        y = decodes(out, fmt, None)  # the readers' default decode: float64 for a float64 source's field
         measured = (y - torch.from_numpy(x.astype(np.float64))).abs().amax(dim=(0, 2, 3))
         assert recorded == pytest.approx(measured.tolist(), rel=1e-5)  # the manifest keeps 6 digits
         problems, _ = verify_dataset(out)
@@ -242,3 +357,21 @@ def test_tight_relative_bounds_give_valid_steps_or_a_named_error(tmp_path, make,
     assert (steps > 0).all()
     for dtype in (torch.float32, torch.float64):
         assert excess(decodes(tmp_path / "p", "zarr", dtype), x, bounds_of(x, max_rel_error=r)) <= 0
+
+
+def test_the_volume_layer_snaps_before_rounding_to_half_precision(tmp_path):
+    """A float32 volume on a grid finer than float16's spacing at its values (0.25 near 1000, where float16's
+    ulp is 0.5), under a bound with a lattice: float16 and bfloat16 outputs of the volume layer are its float32
+    decode (corrected and snapped) rounded once, so the bound holds to their own rounding."""
+    rng = np.random.default_rng(8)
+    x = (1000.0 + 0.25 * np.round(rng.uniform(0, 40, size=(2, 1, 8, 8, 8)))).astype(np.float32)
+    dctdata.pack(x, tmp_path / "v", dims=3, max_error=1e-3, quiet=True)
+    assert read_manifest(tmp_path / "v").field("image").codec.lattice is True
+    ds = dctdata.open_dataset(tmp_path / "v")
+    wire = collate([ds[i] for i in range(len(ds))])[0]
+    full = ds.decompressor()(wire)
+    assert float((full.double() - torch.from_numpy(x.astype(np.float64))).abs().max()) <= 1e-3
+    for dtype, ulp in ((torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)):
+        half = ds.decompressor(dtype=dtype)(wire)
+        assert torch.equal(half, full.to(dtype)), dtype
+        assert excess(half.double(), x, torch.tensor(1e-3, dtype=torch.float64), slack=ulp) <= 0, dtype

@@ -1032,6 +1032,18 @@ _manifest_case(
     lambda r: edit_manifest(r, lambda d: d["fields"][0]["codec"].update(cf=4.0)),
 )
 _manifest_case(
+    "manifest codec precision is not float64",
+    r"field 'image': codec: precision: expected one of \('float64',\)\. Got 'float16'",
+    lambda r: edit_manifest(r, lambda d: d["fields"][0]["codec"].update(precision="float16")),
+)
+_manifest_case(
+    "manifest codec precision without side values",
+    r"field 'image': codec: precision: expected side information \(side='range_mid'\) to carry float64 values",
+    lambda r: edit_manifest(
+        r, lambda d: (d["fields"][0]["codec"].pop("side", None), d["fields"][0]["codec"].update(precision="float64"))
+    ),
+)
+_manifest_case(
     "manifest checksum path escapes the dataset",
     r"checksums\['\.\./\.\./etc/passwd'\]: expected a relative path inside the dataset",
     lambda r: edit_manifest(r, lambda d: d["checksums"].update({"../../etc/passwd": {"sha256": "0" * 64, "bytes": 1}})),

@@ -10,11 +10,11 @@ shards. Two member layouts:
   array of K consecutive samples of one stored field, `<key>.<name>.<ext>` with `key` the group's first
   sample (`sample_key`): the suffix the field's lossless stage names (`entry_name`; `.npy` without one, `.npy.zst`
   for zstd, `.ctx` for the entropy coder's stream of the (K, ...) coefficients). A dct field's side values are
-  their own member, `<key>.<name>__side.npy` ((K, C, 2) float32, plain .npy). A pack's last group is
-  padded with zero rows to K; the manifest's sample count says how many are real. K is chosen so a group
-  holds about GROUP_SOURCE_BYTES of source (1 for samples of 256 KiB or more: one sample per member, the
-  usual webdataset shape): a tar member costs a 512-byte header and pads its data to 512 bytes, which
-  for 64 x 64 tiles had cost more than the coefficients themselves. A shard ends at its two zero blocks,
+  their own member, `<key>.<name>__side.npy` ((K, C, 2) float32, float64 with codec precision; plain .npy).
+  A pack's last group is padded with zero rows to K; the manifest's sample count says how many are real. K is
+  chosen so a group holds about GROUP_SOURCE_BYTES of source (1 for samples of 256 KiB or more: one sample per
+  member, the usual webdataset shape): a tar member costs a 512-byte header and pads its data to 512 bytes,
+  which for 64 x 64 tiles had cost more than the coefficients themselves. A shard ends at its two zero blocks,
   without tarfile's padding to a 10 KiB record.
 - Per-sample members (versions up to 4, still read): one member per user field and sample,
   `<key>.<field>.npy[.zst]` or `.ctx` (`entry_name`), a dct field's side values inside its member (after

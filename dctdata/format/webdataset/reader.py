@@ -449,14 +449,15 @@ def member_stored(
     or None when they are inside the stream."""
     side: torch.Tensor | None = None
     if codec.needs_shape:
-        side_bytes = sum(math.prod(g.stored_shape) * 4 for g in parts[1:])
+        side_bytes = sum(math.prod(g.stored_shape) * np.dtype(g.stored_dtype).itemsize for g in parts[1:])
         if parts[1:] and parts[0].dct_codec.corrections is not None:
             head, rest = unpacked_side(raw, side_bytes, where)
             raw = memoryview(head + bytes(rest))
         if len(raw) < side_bytes:
             raise IntegrityError(f"{where}: expected at least {side_bytes} bytes of side information. Got {len(raw)}")
         if parts[1:]:
-            side = torch.from_numpy(np.frombuffer(raw[:side_bytes], "<f4").reshape(parts[1].stored_shape).copy())
+            little = np.dtype(parts[1].stored_dtype).newbyteorder("<")
+            side = torch.from_numpy(np.frombuffer(raw[:side_bytes], little).reshape(parts[1].stored_shape).copy())
         raw = raw[side_bytes:]
     check_stream(codec, raw, form.decoded, where)
     # a copy: a sample waiting in a shuffle buffer must not keep its whole shard alive
@@ -551,7 +552,7 @@ def member_arrays(
     specs (see `WebDatasetWriter._encode` for the two layouts)."""
     f = parts[0]
     if codec.needs_shape:
-        sizes = [math.prod(g.stored_shape) * 4 for g in parts[1:]]
+        sizes = [math.prod(g.stored_shape) * np.dtype(g.stored_dtype).itemsize for g in parts[1:]]
         side_bytes = sum(sizes)
         if parts[1:] and f.dct_codec.corrections is not None:
             head, rest = unpacked_side(raw, side_bytes, where)
@@ -561,7 +562,8 @@ def member_arrays(
         out = [codec.decode(raw[side_bytes:], (1, *f.stored_shape), f.stored_dtype, where)[0]]
         at = 0
         for g, n in zip(parts[1:], sizes):
-            out.append(np.frombuffer(raw[at : at + n], "<f4").reshape(g.stored_shape).astype(np.float32))
+            little = np.dtype(g.stored_dtype).newbyteorder("<")
+            out.append(np.frombuffer(raw[at : at + n], little).reshape(g.stored_shape).astype(g.stored_dtype))
             at += n
         return out
     # bounded: the .npy bytes of known shapes have a known length; the headers say the rest
