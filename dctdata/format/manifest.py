@@ -283,8 +283,8 @@ class Manifest:
                 )
             if has_side(f) and side_field(f) not in fields:
                 raise DctDataError(
-                    f"fields: expected the side partner {f.name + SIDE_SUFFIX!r} ((C, 2) {f.dct_codec.side_dtype}) of dct "
-                    f"field {f.name!r}. Got none or another shape"
+                    f"fields: expected the side partner {f.name + SIDE_SUFFIX!r} ((C, 2) {f.dct_codec.side_dtype}) "
+                    f"of dct field {f.name!r}. Got none or another shape"
                 )
         precise = [f.name for f in fields if f.codec is not None and f.codec.precision is not None]
         if precise and self.version < PRECISION_VERSION:
