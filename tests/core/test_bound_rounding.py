@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_bounds import check_bound, spiky, turbulent
 
 from dctdata.codec.transform import basis
 from dctdata.decoder.corrections import stage_sizer, stored_bytes
@@ -15,7 +16,6 @@ from dctdata.encoder.bound_rounding import can_round, round_coded, round_within
 from dctdata.encoder.bounds import item_bounds
 from dctdata.encoder.calibrate import calibrate_report
 from dctdata.encoder.quantize import coded_coefficients, encode, quantize_per_sample, rescaled
-from tests.core.test_bounds import check_bound, spiky, turbulent
 
 B = basis(8, "square", torch.float64)  # (64, 64)
 

@@ -8,6 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_bounds import (
+    KINDS,
+    check_bound,
+    cuda_decode_meets_the_bound,
+    onnx_decode_meets_the_bound,
+    smooth,
+    spiky,
+)
 
 import dctdata
 from dctdata.codec.spec import CodecSpec
@@ -21,14 +29,6 @@ from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import FieldSpec, read_manifest
 from dctdata.format.fields import side_field
 from dctdata.format.webdataset.layout import packed_side, unpacked_side
-from tests.core.test_bounds import (
-    KINDS,
-    check_bound,
-    cuda_decode_meets_the_bound,
-    onnx_decode_meets_the_bound,
-    smooth,
-    spiky,
-)
 
 
 def _spec(x, valid=None, **bounds) -> CodecSpec:

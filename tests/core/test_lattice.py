@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_bounds import check_bound, cuda_decode_meets_the_bound, onnx_decode_meets_the_bound, smooth
 
 import dctdata
 from dctdata.codec import lattice
@@ -18,7 +19,6 @@ from dctdata.encoder.calibrate import calibrate_report
 from dctdata.encoder.quantize import decode_reference, encode
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import read_manifest
-from tests.core.test_bounds import check_bound, cuda_decode_meets_the_bound, onnx_decode_meets_the_bound, smooth
 
 
 def counts(rng, n, c, h, w):
