@@ -33,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dctdata.codec.spec import QUANT_TO_DTYPE
+from dctdata.codec.spec import QUANT_TO_DTYPE, check_bound_dtype
 from dctdata.codec.transform import parse_cf, parse_mask
 from dctdata.codec.transform3d import MASKS3
 from dctdata.errors import DctDataError
@@ -522,6 +522,8 @@ class PackSettings:
             "_lossless": self.codec if self.codec == AUTO else parse_config(self.codec),
             "_writer_config": self._check_run(),
         }
+        if Bounds(parsed["_max_errors"], parsed["_max_rel_errors"]):
+            check_bound_dtype(self.quant)  # a bound's rule, whichever way the settings came (CLI, pack, Writer)
         for name, value in parsed.items():  # frozen: the parsed forms are set once, here
             object.__setattr__(self, name, value)
 

@@ -446,11 +446,6 @@ def _codec(plan: FieldPlan, cal: Source, cal_probe: Mapping[str, Any], quiet: bo
     `cal` (its fields: `cal_probe`; always with a pointwise bound). With `plan.fallback` (the default target,
     no setting named), where calibration cannot reach the target (constant samples, too few pixels), every
     frequency is kept as float32 (`FALLBACK_CF`): near-exact, never an error the user did not ask for."""
-    if plan.bound and plan.dtype is not None and plan.dtype not in INTEGER_DTYPES:
-        raise DctDataError(
-            f"field {plan.name!r}: --max-error/--max-rel-error: expected --quant int8, int16 or unset (the bound is "
-            f"kept with integer steps). Got --quant {plan.dtype}"
-        )
     if not plan.calibrates:
         return plan.fixed_spec(), plan.stage
     name, shape = plan.name, plan.shape
