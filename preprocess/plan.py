@@ -87,6 +87,15 @@ def no_fidelity_flag(settings: PackSettings) -> bool:
     )  # fmt: skip
 
 
+def may_calibrate(settings: PackSettings) -> bool:
+    """Whether a dct field may be calibrated under the settings (`FieldPlan.calibrates` for a field of
+    them): a target, a bound, integer coefficients, or no fidelity setting at all (the default target). The
+    `Writer` holds a calibration window first when it is."""
+    targets = settings.targets
+    asked = targets.default is not None or bool(targets.fields) or bool(settings.bounds)
+    return asked or settings.dtype in INTEGER_DTYPES or no_fidelity_flag(settings)
+
+
 # Fields ------------------------------------------------------------------------------------------
 def default_kind(shape: tuple[int, ...], dtype: np.dtype, lossy: bool = False) -> FieldKind:
     """The kind a field gets when nothing names it (`kind_and_reason` says why)."""
@@ -601,6 +610,7 @@ __all__ = [
     "fixed_stage",
     "kind_and_reason",
     "looks_channels_last",
+    "may_calibrate",
     "no_fidelity_flag",
     "parse_field_overrides",
     "parse_nan",

@@ -52,7 +52,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess.commit import check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
-from dctdata.preprocess.plan import build_manifest, calibration_count, plan
+from dctdata.preprocess.plan import build_manifest, calibration_count, may_calibrate, plan
 from dctdata.preprocess.sources import (
     ChannelsLast,
     IterableSource,
@@ -255,9 +255,7 @@ class Writer:
             for k, (shape, dtype) in self._ref.items()
             if k in explicit or (dtype.kind == "f" and len(shape) >= 2 and s.overrides.get(k) is None)
         ]
-        calibrates = s.quant in ("int8", "int16") or s.targets.default is not None or bool(s.targets.fields)
-        calibrates = calibrates or bool(s.bounds)
-        if not calibrates or not candidates:
+        if not may_calibrate(s) or not candidates:
             return 1
         k = max(calibration_count(v) for v in candidates)
         return min(k, self.samples) if self.samples is not None else k
