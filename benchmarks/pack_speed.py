@@ -8,7 +8,7 @@ Two sets, each saved as one .npy first (a pack reads its source from the page ca
   elevation model of matplotlib, scikit-image's moon, cell, camera and coins), cut into 60 x 76 tiles.
 
 Rows (`--rows` picks them): `default` (`dctdata.pack(path, out, target_psnr=40)`, one process), `zstd`
-(the same with `codec=zstd`), `fixed` (`cf=4, quant="int8"`: no calibration), `workers` (the default pack
+(the same with `lossless=zstd`), `fixed` (`cf=4, quant="int8"`: no calibration), `workers` (the default pack
 on a local Dask cluster of every core), `cli` (the default pack as `python -m dctdata pack` in a fresh
 subprocess: import and start-up included), `gpu` (`device="cuda"`, where CUDA is present: its stored bytes
 and coefficients are compared with the `default` row's pack, `difference`),
@@ -241,7 +241,7 @@ def measure_set(set_name: str, x: np.ndarray, rows: list[str], tmp: Path, args, 
                 )
             )
     if "zstd" in rows:
-        s, m = time_pack(src, tmp / "z.dct", codec={"id": "zstd", "level": 19}, **target)
+        s, m = time_pack(src, tmp / "z.dct", lossless={"id": "zstd", "level": 19}, **target)
         add(row(set_name, "zstd", f"--target-psnr {args.target_psnr:g} --lossless zstd", s, raw,
                 tree_bytes(tmp / "z.dct"), _psnr_min(m)))  # fmt: skip
     if "fixed" in rows:

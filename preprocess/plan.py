@@ -293,7 +293,7 @@ def field_plan(
         name, tuple(shape),
         cf=settings.cf if settings.cf is not None or searches else DEFAULT_CF,
         mask=settings.mask or (None if searches else "square"),
-        dtype=settings.dtype, target=target, bound=bound, lossless=settings.lossless, nan=settings.nan_policy,
+        dtype=settings.dtype, target=target, bound=bound, lossless=settings.lossless_stage, nan=settings.nan_policy,
         mask_field=mask_field, mask_made=mask_made, fallback=fallback,
     )  # fmt: skip
 
@@ -423,7 +423,7 @@ def plan_fields(
     derived: list[str] = []
     cal = calibration if calibration is not None else source
     cal_probe = cal.probe() if calibration is not None else probe
-    default_stage = fixed_stage(settings.lossless)
+    default_stage = fixed_stage(settings.lossless_stage)
     for name, (shape, dtype) in probe.items():
         kind, reason = _kind(source, cal, settings, name, shape, dtype)
         attrs = source.field_attrs.get(name)

@@ -61,7 +61,7 @@ from dctdata.preprocess.sources import (
     open_source,
     sample_dict,
 )
-from dctdata.settings import PackSettings
+from dctdata.settings import RENAMED, UNSET, PackSettings
 from dctdata.stages import AUTO
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class Writer:
         nan: NaN/Inf in dct fields: error (default); mask: fill smoothly and store the validity mask as FIELD_valid;
             fill=VALUE: a constant, no mask.
         valid: the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields).
-        codec: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
+        lossless: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
             (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader workers),
             zstd:LEVEL (1..22), lz4 (numcodecs' LZ4: the fastest decode, the most bytes).
         strict: fail on any quantization overflow.
@@ -113,6 +113,7 @@ class Writer:
         coords: {name: one value per sample} stored with the pack.
         settings: A `PackSettings` with every setting at once, instead of the keywords above.
         description: How error messages name the stream.
+        codec: Deprecated: the old name of `lossless` (taken with a DeprecationWarning).
 
     Raises:
         DctDataError: A setting is invalid or does not apply to a stream, or OUT exists without `overwrite=True`.
@@ -136,7 +137,7 @@ class Writer:
         channels_last: bool | None = None,
         nan: str | float = "error",
         valid: Mapping[str, str] | Sequence[str] | None = None,
-        codec: Mapping[str, Any] | str | None = AUTO,
+        lossless: Mapping[str, Any] | str | None = AUTO,
         strict: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
@@ -149,12 +150,13 @@ class Writer:
         coords: Mapping[str, Any] | None = None,
         settings: PackSettings | None = None,
         description: str = "<Writer>",
+        codec: Any = UNSET,
     ) -> None:
         """OUT: the dataset to write (a directory or fsspec URL). samples: the expected count, when known.
         The settings are `PackSettings`' fields that apply to a stream (`PackSettings.names(writer=True)`),
         as keywords or as `settings=`. attrs: {field: {name: value}} stored with each field; coords: {name:
         one value per sample}. description: how errors name the stream."""
-        given = {k: v for k, v in locals().items() if k in WRITER_SETTINGS}
+        given = {k: v for k, v in locals().items() if k in WRITER_SETTINGS or k in RENAMED}
         settings = PackSettings.resolve(settings, given, "Writer")
         stray = settings.stream_only()
         if stray:

@@ -47,7 +47,7 @@ def test_with_a_target_integer_fields_of_few_values_stay_exact_and_say_why(tmp_p
     more[0, 1, 0] = FEW_VALUES  # one value more: no longer "few"
     np.savez(tmp_path / "s.npz", dem=elevations, mask=(elevations > 0).astype(np.uint8), classes=classes, more=more)
     src = open_source(tmp_path / "s.npz")
-    common = dict(target_psnr=40, codec={"id": "zstd", "level": 9})
+    common = dict(target_psnr=40, lossless={"id": "zstd", "level": 9})
     specs = {f.name: f for f in plan_fields(src, PackSettings(**common))[0]}
     kinds = {n: specs[n].kind for n in ("dem", "mask", "classes", "more")}
     assert kinds == {"dem": "dct", "mask": "array", "classes": "array", "more": "dct"}
@@ -76,7 +76,7 @@ def test_plan_fields_kinds_overrides_and_specs(tmp_path):
         tmp_path / "s.npz", image=poisson_fields(8, 2, 16, 16), mask=np.ones((8, 16, 16), np.uint8), y=np.arange(8)
     )
     src = open_source(tmp_path / "s.npz")
-    common = dict(codec={"id": "zstd", "level": 9})
+    common = dict(lossless={"id": "zstd", "level": 9})
     specs = {f.name: f for f in plan_fields(src, PackSettings(**common))[0]}
     assert (specs["image"].kind, specs["mask"].kind, specs["y"].kind) == ("dct", "array", "label")
     assert specs["image"].shape == (2, 16, 16)
