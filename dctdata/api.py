@@ -3,7 +3,8 @@
 
 All import their implementation lazily (`Writer` through the module `__getattr__`), so the core never
 imports `dctdata.preprocess`/`dctdata.loaders` at import time. `pack`'s keywords are written out (an IDE
-and a type checker see each one) and are `dctdata.settings.PackSettings`' fields, which a test checks.
+and a type checker see each one) and are `dctdata.settings.PackSettings`' fields, which a test checks; they
+are passed on by name (no `locals()`), and a test checks that each keyword reaches its field.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Any
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, read_manifest, storages
 from dctdata.format.location import shard_selection
-from dctdata.settings import RENAMED, UNSET, PackSettings
+from dctdata.settings import UNSET, PackSettings
 from dctdata.stages import AUTO
-
-SETTINGS = frozenset(PackSettings.names())
 
 
 def pack(
@@ -132,7 +131,15 @@ def pack(
     """
     from dctdata.preprocess.pack import pack as _pack
 
-    given = {k: v for k, v in locals().items() if k in SETTINGS or k in RENAMED}
+    given = dict(
+        format=format, cf=cf, mask=mask, dims=dims, quant=quant, target_psnr=target_psnr, max_error=max_error,
+        max_rel_error=max_rel_error, fields=fields, key=key, channels_last=channels_last, nan=nan, valid=valid,
+        sample_dim=sample_dim, variables=variables, stack=stack, allow_external=allow_external, lossless=lossless,
+        strict=strict, overwrite=overwrite, quiet=quiet, workers=workers, scheduler=scheduler, device=device,
+        resume=resume, max_shard_size=max_shard_size, samples_per_shard=samples_per_shard,
+        samples_per_member=samples_per_member, calibration=calibration, length=length, writer_options=writer_options,
+        storage_options=storage_options, codec=codec,
+    )  # fmt: skip
     return _pack(source, out, PackSettings.resolve(settings, given, "pack"))
 
 

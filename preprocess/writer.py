@@ -61,12 +61,10 @@ from dctdata.preprocess.sources import (
     open_source,
     sample_dict,
 )
-from dctdata.settings import RENAMED, UNSET, PackSettings
+from dctdata.settings import UNSET, PackSettings
 from dctdata.stages import AUTO
 
 log = logging.getLogger(__name__)
-
-WRITER_SETTINGS = PackSettings.names(writer=True)
 
 
 class Writer:
@@ -156,7 +154,13 @@ class Writer:
         The settings are `PackSettings`' fields that apply to a stream (`PackSettings.names(writer=True)`),
         as keywords or as `settings=`. attrs: {field: {name: value}} stored with each field; coords: {name:
         one value per sample}. description: how errors name the stream."""
-        given = {k: v for k, v in locals().items() if k in WRITER_SETTINGS or k in RENAMED}
+        given = dict(
+            format=format, cf=cf, mask=mask, dims=dims, quant=quant, target_psnr=target_psnr, max_error=max_error,
+            max_rel_error=max_rel_error, fields=fields, channels_last=channels_last, nan=nan, valid=valid,
+            lossless=lossless, strict=strict, overwrite=overwrite, quiet=quiet, max_shard_size=max_shard_size,
+            samples_per_shard=samples_per_shard, samples_per_member=samples_per_member, calibration=calibration,
+            writer_options=writer_options, storage_options=storage_options, codec=codec,
+        )  # fmt: skip
         settings = PackSettings.resolve(settings, given, "Writer")
         stray = settings.stream_only()
         if stray:

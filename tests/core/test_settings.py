@@ -61,6 +61,38 @@ def test_the_writer_takes_the_fields_that_apply_to_a_stream():
         assert params[name].annotation == FIELDS[name].type, name
 
 
+class Captured(Exception):
+    """Raised by a stand-in `PackSettings.resolve`: the keywords `pack`/`Writer` passed on."""
+
+
+@pytest.mark.parametrize("target, names", [("pack", PackSettings.names()), ("Writer", PackSettings.names(writer=True))])
+def test_each_keyword_reaches_its_field(monkeypatch, target, names):
+    """`pack` and `Writer` pass their keywords on by name (no `locals()`): each value, a distinct object, must
+    arrive under its own name, none left out (a keyword dropped would silently keep its default)."""
+
+    def resolve(settings, given, where):
+        raise Captured(given)
+
+    monkeypatch.setattr(PackSettings, "resolve", staticmethod(resolve))
+    values = {name: object() for name in (*names, *DEPRECATED)}
+    with pytest.raises(Captured) as caught:
+        if target == "pack":
+            dctdata.pack("source", "out", **values)
+        else:
+            dctdata.Writer("out", **values)
+    given = caught.value.args[0]
+    assert given.keys() == values.keys()
+    assert all(given[k] is v for k, v in values.items())
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_it(tmp_path):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'target_pnsr'"):
+        dctdata.pack(np.zeros((2, 8, 8), np.float32), tmp_path / "out", target_pnsr=40)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'workers'"):
+        dctdata.Writer(tmp_path / "w", workers=2)  # a setting of pack only: not a Writer keyword
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
+
+
 def test_every_field_with_a_flag_is_a_cli_option_and_every_option_a_field():
     options = {a.dest: a for a in pack_parser()._actions if a.option_strings and a.dest != "help"}
     flagged = {n: f for n, f in FIELDS.items() if flag_of(f) is not None}
