@@ -9,7 +9,8 @@ scalars -> `label`, everything else -> `array`; a source may default decoded ima
 setting only: integer images without one are exact, as the same integers from any other source);
 `fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack summary
 prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
-calibration subset when quant is int8/int16 or the field has a target PSNR.
+calibration subset when quant is int8/int16 or the field has a target PSNR or a bound: either way from its
+`FieldPlan`, the settings that concern the field resolved once (`field_plan`) and taken whole.
 
 Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
 `noisy=40,clean=45` (per field; a bare number is the default of the fields not named). A dct field
