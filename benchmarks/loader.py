@@ -138,7 +138,7 @@ def run_batch_bench(n=2048, size=256, batch=32, target_psnr=40.0, rounds=3, batc
         dctdata.pack(os.path.join(tmp, "x.npy"), out, quant="int8", target_psnr=target_psnr, quiet=True)
         zstd_stage = dict(ZSTD_MAX)
         dctdata.pack(
-            os.path.join(tmp, "x.npy"), zstd, quant="int8", target_psnr=target_psnr, codec=zstd_stage, quiet=True
+            os.path.join(tmp, "x.npy"), zstd, quant="int8", target_psnr=target_psnr, lossless=zstd_stage, quiet=True
         )
         zpack = f"--lossless zstd pack (zstd-{zstd_stage['level']})"
         zarr.create_array(raw, shape=x.shape, chunks=(1, *x.shape[1:]), dtype="float32", compressors=None)[:] = x

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         np.save(src, synthetic(a.samples, a.size))
         common = dict(target_psnr=40, quiet=True, format="webdataset", writer_options={"samples_per_shard": 64})
         dctdata.pack(src, os.path.join(d, "default"), **common)
-        dctdata.pack(src, os.path.join(d, "zstd"), codec=dict(ZSTD_MAX), **common)
+        dctdata.pack(src, os.path.join(d, "zstd"), lossless=dict(ZSTD_MAX), **common)
         cases = [("default pack, vector decoder", "default", True), ("default pack, scalar decoder", "default", False)]
         cases.append(("--lossless zstd pack", "zstd", True))
         for workers in a.workers:

@@ -9,7 +9,7 @@ Two sets, each saved as one .npy first (a pack reads its source from the page ca
 
 Rows (`--rows` picks them): `default` (`dctdata.pack(path, out, target_psnr=40)`: worker processes on every
 core, the default), `one` (the same with `workers=1`: one process, for the scaling check), `zstd` (the default
-with `codec=zstd`), `fixed` (`cf=4, quant="int8"`: no calibration), `cli` (the default pack as
+with `lossless=zstd`), `fixed` (`cf=4, quant="int8"`: no calibration), `cli` (the default pack as
 `python -m dctdata pack` in a fresh subprocess: import and start-up included), `gpu` (`device="cuda"`, where
 CUDA is present: its stored bytes and coefficients are compared with the `default` row's pack, `difference`),
 and `peers`: SZ3 (pysz, absolute bound), ZFP (zfpy, fixed accuracy) and SPERR (imagecodecs, point-wise
@@ -207,7 +207,7 @@ def measure_set(set_name: str, x: np.ndarray, rows: list[str], tmp: Path, args, 
                 )
             )
     if "zstd" in rows:
-        s, m = time_pack(src, tmp / "z.dct", codec={"id": "zstd", "level": 19}, **target)
+        s, m = time_pack(src, tmp / "z.dct", lossless={"id": "zstd", "level": 19}, **target)
         add(row(set_name, "zstd", f"--target-psnr {args.target_psnr:g} --lossless zstd", s, raw,
                 tree_bytes(tmp / "z.dct"), _psnr_min(m)))  # fmt: skip
     if "fixed" in rows:

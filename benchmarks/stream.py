@@ -130,7 +130,7 @@ def run_stream_bench(
             **common,
         )
         dctdata.pack(src, os.path.join(d, "zarr"), format="zarr", **common)
-        zstd = dict(common, codec=dict(ZSTD_MAX))  # `--lossless zstd`: bytes traded for decode speed
+        zstd = dict(common, lossless=dict(ZSTD_MAX))  # `--lossless zstd`: bytes traded for decode speed
         wds_zstd = {"samples_per_shard": samples_per_shard}
         dctdata.pack(src, os.path.join(d, "wds-zstd"), format="webdataset", writer_options=wds_zstd, **zstd)
         dctdata.pack(src, os.path.join(d, "zarr-zstd"), format="zarr", **zstd)

@@ -3,7 +3,8 @@
 
 All import their implementation lazily (`Writer` through the module `__getattr__`), so the core never
 imports `dctdata.preprocess`/`dctdata.loaders` at import time. `pack`'s keywords are written out (an IDE
-and a type checker see each one) and are `dctdata.settings.PackSettings`' fields, which a test checks.
+and a type checker see each one) and are `dctdata.settings.PackSettings`' fields, which a test checks; they
+are passed on by name (no `locals()`), and a test checks that each keyword reaches its field.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Any
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, read_manifest, storages
 from dctdata.format.location import shard_selection
-from dctdata.settings import PackSettings
+from dctdata.settings import UNSET, PackSettings
 from dctdata.stages import AUTO
-
-SETTINGS = frozenset(PackSettings.names())
 
 
 def pack(
@@ -43,7 +42,7 @@ def pack(
     variables: str | Sequence[str] | None = None,
     stack: str | None = None,
     allow_external: bool = False,
-    codec: Mapping[str, Any] | str | None = AUTO,
+    lossless: Mapping[str, Any] | str | None = AUTO,
     strict: bool = False,
     overwrite: bool = False,
     quiet: bool = False,
@@ -59,6 +58,7 @@ def pack(
     writer_options: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     settings: PackSettings | None = None,
+    codec: Any = UNSET,
 ) -> Manifest:
     """Pack SOURCE into a dataset at OUT; returns the manifest written.
 
@@ -100,7 +100,7 @@ def pack(
         stack: NetCDF/zarr: stack the variables as the channels of one field NAME (default: a field each).
         allow_external: HDF5/NetCDF-4: let the source read data from other files (external storage, virtual datasets,
             external links); only for a file you trust.
-        codec: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
+        lossless: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
             (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader workers),
             zstd:LEVEL (1..22), lz4 (numcodecs' LZ4: the fastest decode, the most bytes).
         strict: fail on any quantization overflow.
@@ -122,6 +122,7 @@ def pack(
             samples_per_shard, samples_per_member.
         storage_options: fsspec options for a URL OUT (s3://..., credentials, endpoint).
         settings: A `PackSettings` with every setting at once, instead of the keywords above.
+        codec: Deprecated: the old name of `lossless` (taken with a DeprecationWarning).
 
     Returns:
         The `Manifest` written at OUT (`dctdata.format.Manifest`).
@@ -133,7 +134,15 @@ def pack(
     """
     from dctdata.preprocess.pack import pack as _pack
 
-    given = {k: v for k, v in locals().items() if k in SETTINGS}
+    given = dict(
+        format=format, cf=cf, mask=mask, dims=dims, quant=quant, target_psnr=target_psnr, max_error=max_error,
+        max_rel_error=max_rel_error, fields=fields, key=key, channels_last=channels_last, nan=nan, valid=valid,
+        sample_dim=sample_dim, time_dim=time_dim, variables=variables, stack=stack, allow_external=allow_external,
+        lossless=lossless, strict=strict, overwrite=overwrite, quiet=quiet, workers=workers, scheduler=scheduler,
+        device=device, resume=resume, max_shard_size=max_shard_size, samples_per_shard=samples_per_shard,
+        samples_per_member=samples_per_member, calibration=calibration, length=length, writer_options=writer_options,
+        storage_options=storage_options, codec=codec,
+    )  # fmt: skip
     return _pack(source, out, PackSettings.resolve(settings, given, "pack"))
 
 

@@ -9,7 +9,8 @@ scalars -> `label`, everything else -> `array`; a source may default decoded ima
 setting only: integer images without one are exact, as the same integers from any other source);
 `fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack summary
 prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
-calibration subset when quant is int8/int16 or the field has a target PSNR.
+calibration subset when quant is int8/int16 or the field has a target PSNR or a bound: either way from its
+`FieldPlan`, the settings that concern the field resolved once (`field_plan`) and taken whole.
 
 Targets: `target_psnr=40` (every dct field), `{"noisy": 40, "clean": 45}` or the CLI's
 `noisy=40,clean=45` (per field; a bare number is the default of the fields not named). A dct field
@@ -33,6 +34,7 @@ older packs did); the pack summary offers `--dims 3` when a field looks like a v
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -44,7 +46,7 @@ import numpy as np
 import torch
 
 from dctdata.codec.metrics import pooled_psnr
-from dctdata.codec.spec import CodecSpec
+from dctdata.codec.spec import INTEGER_DTYPES, CodecSpec
 from dctdata.errors import DctDataError
 from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest
 from dctdata.format.fields import has_side, side_field, user_fields
@@ -53,7 +55,7 @@ from dctdata.kinds import FieldKind
 from dctdata.preprocess.masking import NanPolicy, valid_name
 from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
-from dctdata.settings import Bounds, PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
+from dctdata.settings import PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
 from dctdata.stages import AUTO, DEFAULT_CODEC
 
 log = logging.getLogger(__name__)
@@ -77,11 +79,22 @@ DEFAULT_TARGET_PSNR = 40.0
 FALLBACK_CF = 8
 
 
-def no_fidelity_flag(cf, mask, quant, targets: Targets, bounds: Bounds) -> bool:
+def no_fidelity_flag(settings: PackSettings) -> bool:
     """Whether a pack names no fidelity setting at all (then `DEFAULT_TARGET_PSNR` holds for float fields)."""
+    s, targets = settings, settings.targets
     return (
-        cf is None and mask is None and quant is None and targets.default is None and not targets.fields and not bounds
-    )
+        s.cf is None and s.mask is None and s.quant is None and targets.default is None and not targets.fields
+        and not s.bounds
+    )  # fmt: skip
+
+
+def may_calibrate(settings: PackSettings) -> bool:
+    """Whether a dct field may be calibrated under the settings (`FieldPlan.calibrates` for a field of
+    them): a target, a bound, integer coefficients, or no fidelity setting at all (the default target). The
+    `Writer` holds a calibration window first when it is."""
+    targets = settings.targets
+    asked = targets.default is not None or bool(targets.fields) or bool(settings.bounds)
+    return asked or settings.dtype in INTEGER_DTYPES or no_fidelity_flag(settings)
 
 
 # Fields ------------------------------------------------------------------------------------------
@@ -215,29 +228,94 @@ def calibration_indices(n: int, sample_values: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n - 1, k)})
 
 
+# The per-field plan ----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class FieldPlan:
+    """What the settings ask of one dct field, resolved once (`field_plan`) from the `PackSettings` and the
+    source's field: `_codec` and the calibration take it whole.
+
+    shape: per-sample (C, H, W) or (C, D, H, W). cf, mask: None where calibration chooses them (a target or a
+    bound); otherwise the settings' values or their defaults. dtype: the coefficient dtype of --quant (None:
+    calibration chooses; float32 without calibration). target: the PSNR to reach (None: none). bound: the
+    CodecSpec's max_error/max_rel_error keywords (empty: none). lossless: the lossless stage, "auto" or its
+    config. nan: the NaN policy. mask_field: the field holding its validity mask; mask_made: the pack makes
+    it (--nan mask), so a calibration set does not hold it. fallback: the target is the default one (no
+    fidelity setting was named): where calibration cannot reach it, every frequency is kept (`FALLBACK_CF`).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    cf: int | None
+    mask: str | None
+    dtype: str | None
+    target: float | None
+    bound: Mapping[str, float]
+    lossless: Mapping[str, Any] | str
+    nan: NanPolicy
+    mask_field: str | None = None
+    mask_made: bool = False
+    fallback: bool = False
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether the CodecSpec comes from the calibration subset: a target, a bound, or integer
+        coefficients (whose steps come from the subset's ranges)."""
+        return self.target is not None or bool(self.bound) or self.dtype in INTEGER_DTYPES
+
+    @property
+    def stage(self) -> dict[str, Any]:
+        """The lossless stage of the field when it is not calibrated ("auto" is zstd-9 then)."""
+        return fixed_stage(self.lossless)
+
+    def fixed_spec(self, cf: int | None = None, mask: str | None = None, dtype: str | None = None) -> CodecSpec:
+        """The CodecSpec of the settings as given (cf, mask, dtype: instead of the plan's)."""
+        c, *size = self.shape
+        return CodecSpec(
+            cf=cf or self.cf, channels=c, mask=mask or self.mask, dtype=dtype or self.dtype or "float32",
+            **dict(zip(("depth", "height", "width")[3 - len(size) :], size)),
+        )  # fmt: skip
+
+
+def fixed_stage(lossless: Mapping[str, Any] | str) -> dict[str, Any]:
+    """The lossless stage of a field that is not calibrated: the setting's, zstd-9 for "auto"."""
+    return dict(DEFAULT_CODEC) if lossless == AUTO else dict(lossless)
+
+
+def field_plan(
+    settings: PackSettings, name: str, shape: tuple[int, ...], mask_field: str | None = None, mask_made: bool = False
+) -> FieldPlan:
+    """The plan of dct field `name` of per-sample `shape` ((C, H, W) or (C, D, H, W)) under the settings."""
+    target, bound = settings.targets.get(name), settings.bounds.get(name)
+    fallback = no_fidelity_flag(settings)
+    if fallback:  # float fields, and integers made dct by --field NAME=dct
+        target = DEFAULT_TARGET_PSNR
+    searches = target is not None or bool(bound)  # cf and mask left free are chosen by calibration
+    return FieldPlan(
+        name, tuple(shape),
+        cf=settings.cf if settings.cf is not None or searches else DEFAULT_CF,
+        mask=settings.mask or (None if searches else "square"),
+        dtype=settings.dtype, target=target, bound=bound, lossless=settings.lossless_stage, nan=settings.nan_policy,
+        mask_field=mask_field, mask_made=mask_made, fallback=fallback,
+    )  # fmt: skip
+
+
 def _calibrate(
     x: torch.Tensor,
-    name: str,
-    cf,
-    mask,
-    quant,
-    target_psnr,
     valid: np.ndarray | None,
-    codec,
+    plan: FieldPlan,
+    where,
     quiet: bool,
-    where=None,
-    bound=None,
     dataset_samples: int | None = None,
 ) -> tuple[CodecSpec, dict]:
-    """(spec, lossless stage) of one dct field from its calibration subset (invalid pixels do not count),
-    with a progress bar on a terminal while the search runs."""
+    """(spec, lossless stage) of one dct field from its calibration subset `x` (invalid pixels do not count),
+    with a progress bar on a terminal while the search runs; `where(i)` names subset sample i."""
     from tqdm.auto import tqdm
 
     from dctdata.encoder.bounds import BoundError
     from dctdata.encoder.calibrate import calibrate_report
 
     v = None if valid is None else torch.from_numpy(np.ascontiguousarray(valid))
-    bar = tqdm(desc=f"calibrate {name}", unit="eval", disable=quiet or not sys.stderr.isatty(), leave=False)
+    bar = tqdm(desc=f"calibrate {plan.name}", unit="eval", disable=quiet or not sys.stderr.isatty(), leave=False)
 
     def progress(evaluation: int, psnr_db: float) -> None:
         bar.update(1)
@@ -245,47 +323,23 @@ def _calibrate(
 
     try:
         report = calibrate_report(
-            x, cf=cf, mask=mask, quant=quant, target_psnr=target_psnr, valid=v, codec=codec, progress=progress,
-            where=where, dataset_samples=dataset_samples, **(bound or {}),
+            x, cf=plan.cf, mask=plan.mask, quant=plan.dtype, target_psnr=plan.target, valid=v, codec=plan.lossless,
+            progress=progress, where=where, dataset_samples=dataset_samples, **plan.bound,
         )  # fmt: skip
     except BoundError as exc:  # the item the bound cannot hold, named with its field as the encoder's are
         item = getattr(exc, "item", f"calibration sample {exc.sample}")
-        raise BoundError(f"{item}: field {name!r}: {getattr(exc, 'detail', exc)}", exc.sample, exc.channel) from None
+        detail = getattr(exc, "detail", exc)
+        raise BoundError(f"{item}: field {plan.name!r}: {detail}", exc.sample, exc.channel) from None
     finally:
         bar.close()
     return report.spec, report.codec
 
 
-def plan_fields(  # noqa: C901 (over the limit: to split)
-    source: Source,
-    *,
-    cf: int | None,
-    mask: str | None,
-    quant: str | None,
-    target_psnr: object,
-    overrides: Mapping[str, FieldKind],
-    codec: Mapping[str, Any] | str,
-    nan: NanPolicy | None = None,
-    valid: Mapping[str, str] | None = None,
-    channels_last: bool | None = False,
-    calibration: Source | None = None,
-    quiet: bool = True,
-    dims: int = 2,
-    bounds: Bounds | None = None,
-) -> tuple[tuple[FieldSpec, ...], tuple[str, ...]]:
-    """(field specs in sample order, names of the mask fields the pack makes). `quant` is the codec
-    dtype name; `calibration` replaces the source's own samples for calibration (a stream's window or
-    an explicit set). `codec` is the lossless stage; "auto": for each calibrated dct field the smaller
-    of the entropy coder and zstd-19 on its calibration subset, zstd-9 for everything else. A dct field
-    whose codec has per-sample side information is followed by its stored partner `<name>__side`."""
-    default_stage = dict(DEFAULT_CODEC) if codec == AUTO else codec
-    targets = parse_targets(target_psnr)
-    bounds = bounds or Bounds()
-    nan = nan or NanPolicy()
-    valid = dict(valid or {})
-    probe = source.probe()
-    where = source.description
-    checks = [("--field", overrides), ("--target-psnr", targets.fields), ("--valid", valid)]
+def _check_names(settings: PackSettings, probe: Mapping[str, Any]) -> None:
+    """Every field a setting names is a field of the source."""
+    bounds = settings.bounds
+    checks = [("--field", settings.overrides), ("--target-psnr", settings.targets.fields)]
+    checks += [("--valid", settings.valid_masks)]
     checks += [(flag, [n for n, f in bounds.named.items() if f == flag]) for flag in ("--max-error", "--max-rel-error")]
     for what, names in checks:
         unknown = sorted(set(names) - set(probe))
@@ -293,82 +347,106 @@ def plan_fields(  # noqa: C901 (over the limit: to split)
             raise DctDataError(
                 f"{what} {unknown[0]}: expected one of the source's fields {list(probe)}. Got no such field"
             )
-    for name, m in valid.items():
+    for name, m in settings.valid_masks.items():
         if m not in probe:
             raise DctDataError(
                 f"--valid {name}={m}: expected a mask field among the source's fields {list(probe)}. Got no such field"
             )
+
+
+def _lossy(settings: PackSettings, name: str, *, bound: bool = True) -> bool:
+    """Whether the settings ask for lossy coding of field `name`: --cf, an integer or half --quant, its target
+    or (`bound`) its pointwise bound (a bound asks as a target does: issue 46, int16 with --max-error was exact)."""
+    asked = settings.cf is not None or settings.dtype not in (None, "float32") or settings.targets.get(name) is not None
+    return asked or (bound and bool(settings.bounds.get(name)))
+
+
+def _kind(source: Source, cal: Source, settings: PackSettings, name: str, shape, dtype) -> tuple[FieldKind, str]:
+    """(kind, why) of source field `name` under the settings (`kind_and_reason`), the pack's rules applied."""
+    lossy, overrides = _lossy(settings, name), settings.overrides
+    source_default = source.default_kinds.get(name)
+    if source_default == "dct" and dtype.kind in "iu" and not lossy and name not in overrides:
+        source_default = None  # integer images follow the rule of every other source: exact without a flag
+    mask_of = next((k for k, m in settings.valid_masks.items() if m == name), None)
+    distinct = None
+    if lossy and dtype.kind in "iu" and len(shape) >= 2 and name not in overrides and mask_of is None:
+        if name not in source.default_kinds:
+            distinct = distinct_values(cal, name, math.prod(shape))
+    kind, reason = kind_and_reason(
+        name, shape, dtype, lossy=lossy, override=overrides.get(name),
+        source_default=source_default, mask_of=mask_of, distinct=distinct,
+    )  # fmt: skip
+    only_bound = bool(settings.bounds.get(name)) and not _lossy(settings, name, bound=False)
+    if kind is FieldKind.DCT and dtype.kind in "iu" and only_bound and reason.endswith("keeps them exact)"):
+        reason = (  # the bound alone made it lossy: say so
+            f"{dtype.name} samples of {len(shape)}-D with a pointwise bound, a request for lossy coding "
+            f"(--field {name}=array keeps them exact)"
+        )
+    if dtype.kind not in "biuf":
+        raise DctDataError(f"{source.description}: field {name!r}: expected a numeric dtype. Got {dtype}")
+    if kind is FieldKind.LABEL and shape != ():
+        raise DctDataError(
+            f"{source.description}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}"
+        )
+    if kind is not FieldKind.DCT:
+        named = settings.bounds.named | {n: "--target-psnr" for n in settings.targets.fields}
+        named |= {n: "--valid" for n in settings.valid_masks}  # the flag that names it, --valid first
+        if name in named:
+            raise DctDataError(f"{named[name]} {name}: expected a dct field. Got kind {kind!r}")
+    elif dtype.kind == "b":
+        raise DctDataError(
+            f"{source.description}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)"
+        )
+    return kind, reason
+
+
+def _mask_field(settings: PackSettings, name: str, probe: Mapping[str, Any], where: str) -> tuple[str | None, bool]:
+    """(the field holding dct field `name`'s validity mask or None, whether the pack makes it: --nan mask)."""
+    mask_field = settings.valid_masks.get(name)
+    if mask_field is not None or not settings.nan_policy.stores_mask:
+        return mask_field, False
+    mask_field = valid_name(name)
+    if mask_field in probe:
+        raise DctDataError(
+            f"{where}: field {mask_field!r}: expected no source field of that name with --nan mask (it holds "
+            f"the validity mask of {name!r}). Got one (rename it, or name it as the mask: --valid "
+            f"{name}={mask_field})"
+        )
+    return mask_field, True
+
+
+def plan_fields(
+    source: Source, settings: PackSettings, calibration: Source | None = None, quiet: bool = True
+) -> tuple[tuple[FieldSpec, ...], tuple[str, ...]]:
+    """(field specs in sample order, names of the mask fields the pack makes) of a source under the settings.
+    `calibration` replaces the source's own samples for calibration (a stream's window or an explicit set).
+    The lossless stage "auto" is, for each calibrated dct field, the smaller of the entropy coder and zstd-19 on
+    its calibration subset, zstd-9 for everything else. A dct field whose codec has per-sample side information
+    is followed by its stored partner `<name>__side`."""
+    probe = source.probe()
+    _check_names(settings, probe)
     specs: list[FieldSpec] = []
     derived: list[str] = []
     cal = calibration if calibration is not None else source
     cal_probe = cal.probe() if calibration is not None else probe
-    lossy_settings = cf is not None or quant not in (None, "float32")
-    # No fidelity flag at all: float dct fields get DEFAULT_TARGET_PSNR (a promise, with the per-sample floor
-    # calibration records), integer fields stay exact; `default_promise` says which in the pack's summary.
-    unflagged = no_fidelity_flag(cf, mask, quant, targets, bounds)
+    default_stage = fixed_stage(settings.lossless_stage)
     for name, (shape, dtype) in probe.items():
-        # a pointwise bound asks for lossy coding as a target does (issue 46: int16 with --max-error was exact)
-        lossy = lossy_settings or targets.get(name) is not None or bool(bounds.get(name))
-        if source.default_kinds.get(name) == "dct" and dtype.kind in "iu" and not lossy and name not in overrides:
-            source_default = None  # integer images follow the rule of every other source: exact without a flag
-        else:
-            source_default = source.default_kinds.get(name)
-        mask_of = next((k for k, m in valid.items() if m == name), None)
-        distinct = None
-        if lossy and dtype.kind in "iu" and len(shape) >= 2 and name not in overrides and mask_of is None:
-            if name not in source.default_kinds:
-                distinct = distinct_values(cal, name, math.prod(shape))
-        kind, reason = kind_and_reason(
-            name, shape, dtype, lossy=lossy, override=overrides.get(name),
-            source_default=source_default, mask_of=mask_of, distinct=distinct,
-        )  # fmt: skip
-        if kind is FieldKind.DCT and dtype.kind in "iu" and bounds.get(name) and reason.endswith("keeps them exact)"):
-            if not (lossy_settings or targets.get(name) is not None):  # the bound alone made it lossy: say so
-                reason = (
-                    f"{dtype.name} samples of {len(shape)}-D with a pointwise bound, a request for lossy coding "
-                    f"(--field {name}=array keeps them exact)"
-                )
-        if dtype.kind not in "biuf":
-            raise DctDataError(f"{where}: field {name!r}: expected a numeric dtype. Got {dtype}")
-        if kind is FieldKind.LABEL and shape != ():
-            raise DctDataError(
-                f"{where}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}"
-            )
+        kind, reason = _kind(source, cal, settings, name, shape, dtype)
         attrs = source.field_attrs.get(name)
         if kind is not FieldKind.DCT:
-            if name in valid or name in targets.fields or name in bounds.named:
-                what = "--valid" if name in valid else "--target-psnr" if name in targets.fields else bounds.named[name]
-                raise DctDataError(f"{what} {name}: expected a dct field. Got kind {kind!r}")
             specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs, reason=reason))
             continue
-        if dtype.kind == "b":
-            raise DctDataError(
-                f"{where}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)"
-            )
-        shape = dct_shape(name, shape, where, channels_last, dims)
-        mask_field = valid.get(name)
-        if mask_field is None and nan.stores_mask:
-            mask_field = valid_name(name)
-            if mask_field in probe:
-                raise DctDataError(
-                    f"{where}: field {mask_field!r}: expected no source field of that name with --nan mask (it holds "
-                    f"the validity mask of {name!r}). Got one (rename it, or name it as the mask: --valid "
-                    f"{name}={mask_field})"
-                )
+        shape = dct_shape(name, shape, source.description, settings.channels_last, settings.dims or 2)
+        mask_field, made = _mask_field(settings, name, probe, source.description)
+        if made:
             derived.append(mask_field)
-        target = targets.get(name)
-        if unflagged:  # float fields, and integers made dct by --field NAME=dct
-            target = DEFAULT_TARGET_PSNR
-        spec, stage = _codec(
-            name, shape, cal, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet,
-            bounds.get(name), fallback=unflagged,
-        )  # fmt: skip
+        spec, stage = _codec(field_plan(settings, name, shape, mask_field, made), cal, cal_probe, quiet)
         specs.append(
             FieldSpec(name, kind, shape, dtype.name, spec, stage, valid=mask_field, attrs=attrs, reason=reason)
         )
         if has_side(specs[-1]):
             specs.append(side_field(specs[-1]))
-        if mask_field in derived:
+        if made:
             why = f"validity mask of {name!r} (--nan mask), stored exactly"
             specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, default_stage, reason=why))
     by_name = {f.name: f for f in specs}
@@ -378,27 +456,14 @@ def plan_fields(  # noqa: C901 (over the limit: to split)
     return tuple(specs), tuple(derived)
 
 
-def _codec(
-    name, shape, cal: Source, cal_probe, mask_field, derived, cf, mask, quant, target, nan, codec, quiet, bound=None,
-    fallback: bool = False,
-) -> tuple[CodecSpec, dict]:  # fmt: skip
-    """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration
-    subset (always with a pointwise bound, `bound`: the CodecSpec's max_error/max_rel_error keywords).
-    `fallback` (the default target, no flag named): where calibration cannot reach the target (constant
-    samples, too few pixels), every frequency is kept as float32 (`FALLBACK_CF`): near-exact, never an error
-    the user did not ask for."""
-    c, *size = shape
-    if bound and quant is not None and quant not in ("int8", "int16"):
-        raise DctDataError(
-            f"field {name!r}: --max-error/--max-rel-error: expected --quant int8, int16 or unset (the bound is kept "
-            f"with integer steps). Got --quant {quant}"
-        )
-    if target is None and quant not in ("int8", "int16") and not bound:
-        spec = CodecSpec(
-            cf=DEFAULT_CF if cf is None else cf, channels=c, mask=mask or "square", dtype=quant or "float32",
-            **dict(zip(("depth", "height", "width")[3 - len(size) :], size)),
-        )  # fmt: skip
-        return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
+def _codec(plan: FieldPlan, cal: Source, cal_probe: Mapping[str, Any], quiet: bool = True) -> tuple[CodecSpec, dict]:
+    """(CodecSpec, lossless stage) of one dct field: from the settings, or calibrated on the calibration set
+    `cal` (its fields: `cal_probe`; always with a pointwise bound). With `plan.fallback` (the default target,
+    no setting named), where calibration cannot reach the target (constant samples, too few pixels), every
+    frequency is kept as float32 (`FALLBACK_CF`): near-exact, never an error the user did not ask for."""
+    if not plan.calibrates:
+        return plan.fixed_spec(), plan.stage
+    name, shape = plan.name, plan.shape
     if name not in cal_probe:
         raise DctDataError(f"calibration: expected field {name!r} in the calibration set. Got fields {list(cal_probe)}")
     idx = calibration_indices(len(cal), math.prod(shape))
@@ -406,35 +471,27 @@ def _codec(
     x = np.asarray(batch[name]).reshape(len(idx), *shape)
     # a float64 source with a bound decodes in float64 (`CodecSpec.precision`): its bound holds against its own
     # values, which its bound is calibrated on too (a target's search runs on the float32 values)
-    precise = bool(bound) and x.dtype == np.float64
+    precise = bool(plan.bound) and x.dtype == np.float64
     if not precise:
         check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
     given = x
     x = x.astype(np.float32)
-    explicit = batch[mask_field] if mask_field is not None and mask_field not in derived else None
-    if explicit is not None:
-        explicit = np.asarray(explicit)
-    x, valid, _ = prepare_dct(x, name, shape, nan, explicit, mask_field, lambda j: cal.where(idx[j]))
-    if target is None and not bound:
-        cf, mask, quant = (DEFAULT_CF if cf is None else cf), (mask or "square"), quant
+    explicit = None if plan.mask_field is None or plan.mask_made else np.asarray(batch[plan.mask_field])
+    x, valid, _ = prepare_dct(x, name, shape, plan.nan, explicit, plan.mask_field, lambda j: cal.where(idx[j]))
     if precise:  # the source's own values (invalid pixels as filled)
         x = given.astype(np.float64) if valid is None else np.where(valid, given, x)
     x = torch.from_numpy(np.ascontiguousarray(x))
     try:
-        spec, stage = _calibrate(
-            x, name, cf, mask, quant, target, valid, codec, quiet, lambda j: cal.where(idx[j]), bound, len(cal)
-        )  # fmt: skip
+        spec, stage = _calibrate(x, valid, plan, lambda j: cal.where(idx[j]), quiet, len(cal))
     except DctDataError as exc:
-        if not fallback:
+        if not plan.fallback:
             raise
         log.warning(
             "field %r: the default target %g dB could not be calibrated (%s); keeping every frequency as float32 "
             "(cf=%d), near-exact",
-            name, target, exc, FALLBACK_CF,
+            name, plan.target, exc, FALLBACK_CF,
         )  # fmt: skip
-        sizes = dict(zip(("depth", "height", "width")[3 - len(size) :], size))
-        spec = CodecSpec(cf=FALLBACK_CF, channels=c, mask="square", **sizes)
-        return spec, dict(DEFAULT_CODEC) if codec == AUTO else codec
+        return plan.fixed_spec(cf=FALLBACK_CF, mask="square", dtype="float32"), plan.stage
     if not isinstance(spec, CodecSpec) or spec.sample_shape != shape:
         raise DctDataError(f"field {name!r}: calibration: expected a CodecSpec for shape {shape}. Got {spec!r}")
     if precise and spec.bounded and spec.precision is None:
@@ -508,23 +565,8 @@ def below_floor(specs: tuple[FieldSpec, ...], parts: list[dict], where=None) -> 
 
 
 def plan(src: Source, settings: PackSettings, calibration: Source | None = None, quiet: bool = True):
-    """(field specs, derived mask fields) of a source under the settings."""
-    return plan_fields(
-        src,
-        cf=settings.cf,
-        mask=settings.mask,
-        quant=settings.dtype,
-        target_psnr=settings.targets,
-        overrides=settings.overrides,
-        codec=settings.lossless,
-        nan=settings.nan_policy,
-        valid=settings.valid_masks,
-        channels_last=settings.channels_last,
-        calibration=calibration,
-        quiet=quiet,
-        dims=settings.dims or 2,
-        bounds=settings.bounds,
-    )
+    """(field specs, derived mask fields) of a source under the settings (`plan_fields`)."""
+    return plan_fields(src, settings, calibration, quiet)
 
 
 def build_manifest(
@@ -549,8 +591,7 @@ def build_manifest(
         "nan_filled": filled,
         "source_info": dict(info or {}),
     }
-    s = settings
-    if no_fidelity_flag(s.cf, s.mask, s.dtype, s.targets, s.bounds) and any(f.is_dct for f in specs):
+    if no_fidelity_flag(settings) and any(f.is_dct for f in specs):
         pack_entry["default_target_psnr"] = DEFAULT_TARGET_PSNR  # what the summary and info state as the promise
     return Manifest(
         storage=settings.format,
@@ -570,6 +611,7 @@ __all__ = [
     "DEFAULT_CF",
     "DEFAULT_TARGET_PSNR",
     "FEW_VALUES",
+    "FieldPlan",
     "Targets",
     "below_floor",
     "build_manifest",
@@ -579,8 +621,11 @@ __all__ = [
     "dct_shape",
     "default_kind",
     "distinct_values",
+    "field_plan",
+    "fixed_stage",
     "kind_and_reason",
     "looks_channels_last",
+    "may_calibrate",
     "no_fidelity_flag",
     "parse_field_overrides",
     "parse_nan",

@@ -52,7 +52,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess.commit import check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
-from dctdata.preprocess.plan import build_manifest, calibration_count, plan
+from dctdata.preprocess.plan import build_manifest, calibration_count, may_calibrate, plan
 from dctdata.preprocess.sources import (
     ChannelsLast,
     IterableSource,
@@ -61,12 +61,10 @@ from dctdata.preprocess.sources import (
     open_source,
     sample_dict,
 )
-from dctdata.settings import PackSettings
+from dctdata.settings import UNSET, PackSettings
 from dctdata.stages import AUTO
 
 log = logging.getLogger(__name__)
-
-WRITER_SETTINGS = PackSettings.names(writer=True)
 
 
 class Writer:
@@ -93,7 +91,7 @@ class Writer:
         nan: NaN/Inf in dct fields: error (default); mask: fill smoothly and store the validity mask as FIELD_valid;
             fill=VALUE: a constant, no mask.
         valid: the source field MASKFIELD (nonzero = valid) is FIELD's validity mask (repeat for more fields).
-        codec: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
+        lossless: lossless stage: auto (default: per dct field the smaller of the entropy coder and zstd-19), zstd
             (zstd-19, the read-speed choice: more bytes than the entropy coder, decoded faster in the loader workers),
             zstd:LEVEL (1..22), lz4 (numcodecs' LZ4: the fastest decode, the most bytes).
         strict: fail on any quantization overflow.
@@ -113,6 +111,7 @@ class Writer:
         coords: {name: one value per sample} stored with the pack.
         settings: A `PackSettings` with every setting at once, instead of the keywords above.
         description: How error messages name the stream.
+        codec: Deprecated: the old name of `lossless` (taken with a DeprecationWarning).
 
     Raises:
         DctDataError: A setting is invalid or does not apply to a stream, or OUT exists without `overwrite=True`.
@@ -136,7 +135,7 @@ class Writer:
         channels_last: bool | None = None,
         nan: str | float = "error",
         valid: Mapping[str, str] | Sequence[str] | None = None,
-        codec: Mapping[str, Any] | str | None = AUTO,
+        lossless: Mapping[str, Any] | str | None = AUTO,
         strict: bool = False,
         overwrite: bool = False,
         quiet: bool = False,
@@ -149,12 +148,19 @@ class Writer:
         coords: Mapping[str, Any] | None = None,
         settings: PackSettings | None = None,
         description: str = "<Writer>",
+        codec: Any = UNSET,
     ) -> None:
         """OUT: the dataset to write (a directory or fsspec URL). samples: the expected count, when known.
         The settings are `PackSettings`' fields that apply to a stream (`PackSettings.names(writer=True)`),
         as keywords or as `settings=`. attrs: {field: {name: value}} stored with each field; coords: {name:
         one value per sample}. description: how errors name the stream."""
-        given = {k: v for k, v in locals().items() if k in WRITER_SETTINGS}
+        given = dict(
+            format=format, cf=cf, mask=mask, dims=dims, quant=quant, target_psnr=target_psnr, max_error=max_error,
+            max_rel_error=max_rel_error, fields=fields, channels_last=channels_last, nan=nan, valid=valid,
+            lossless=lossless, strict=strict, overwrite=overwrite, quiet=quiet, max_shard_size=max_shard_size,
+            samples_per_shard=samples_per_shard, samples_per_member=samples_per_member, calibration=calibration,
+            writer_options=writer_options, storage_options=storage_options, codec=codec,
+        )  # fmt: skip
         settings = PackSettings.resolve(settings, given, "Writer")
         stray = settings.stream_only()
         if stray:
@@ -255,9 +261,7 @@ class Writer:
             for k, (shape, dtype) in self._ref.items()
             if k in explicit or (dtype.kind == "f" and len(shape) >= 2 and s.overrides.get(k) is None)
         ]
-        calibrates = s.quant in ("int8", "int16") or s.targets.default is not None or bool(s.targets.fields)
-        calibrates = calibrates or bool(s.bounds)
-        if not calibrates or not candidates:
+        if not may_calibrate(s) or not candidates:
             return 1
         k = max(calibration_count(v) for v in candidates)
         return min(k, self.samples) if self.samples is not None else k

@@ -37,6 +37,18 @@ Table: TypeAlias = tuple[tuple[float, ...], ...]
 QUANT_TO_DTYPE = {"none": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8", "int16": "int16"}
 
 
+def check_bound_dtype(dtype: str | None) -> None:
+    """The rule of a pointwise bound (`max_error`, `max_rel_error`), checked here for every entry (the pack's
+    settings, calibration, a CodecSpec): integer coefficients, or the dtype left for calibration to choose,
+    since the bound is kept by re-coding the items that miss with finer integer steps. `dtype`: a --quant
+    spelling or a coefficient dtype name (None: not set)."""
+    if dtype is not None and dtype not in INTEGER_DTYPES:
+        raise DctDataError(
+            "max_error/max_rel_error: expected quant int8, int16 or unset (the bound is kept by re-coding the items "
+            f"that miss with finer integer steps). Got quant {dtype!r}"
+        )
+
+
 def parse_coeff_dtype(dtype: object) -> str:
     """Accept a wire dtype name or a --quant alias; return the canonical dtype name."""
     if isinstance(dtype, torch.dtype):
@@ -308,10 +320,11 @@ class CodecSpec:
             if self.lattice is not None:
                 raise DctDataError("lattice: expected max_error or max_rel_error with it. Got neither")
             return
-        if self.side is None or self.dtype not in INTEGER_DTYPES:
+        check_bound_dtype(self.dtype)
+        if self.side is None:
             raise DctDataError(
-                "max_error/max_rel_error: expected an integer dtype (int8, int16) with side information "
-                f"(side='range_mid') to enforce the bound with. Got dtype {self.dtype!r}, side {self.side!r}"
+                "max_error/max_rel_error: expected side information (side='range_mid') to enforce the bound with. "
+                f"Got side {self.side!r}"
             )
 
     @functools.cached_property

@@ -45,7 +45,7 @@ import torch
 
 from dctdata.codec import transform3d
 from dctdata.codec.metrics import ItemErrors, item_nmse
-from dctdata.codec.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, parse_coeff_dtype
+from dctdata.codec.spec import COEFF_DTYPES, INTEGER_DTYPES, CodecSpec, check_bound_dtype, parse_coeff_dtype
 from dctdata.codec.transform import BLOCK, DEFAULT_PAD, basis, compress, kept_frequencies, parse_cf, parse_mask
 from dctdata.decoder.layer import Decompress
 from dctdata.encoder.quantize import (
@@ -678,11 +678,8 @@ def _parse_bounds(max_error, max_rel_error, dtype: str | None) -> dict[str, floa
     for name, value in (("max_error", max_error), ("max_rel_error", max_rel_error)):
         if value is not None:
             bounds[name] = parse_number(value, name, above=0, expected="a positive number")
-    if bounds and dtype is not None and dtype not in INTEGER_DTYPES:
-        raise DctDataError(
-            f"max_error/max_rel_error: expected quant int8, int16 or unset (the bound is kept by re-coding items "
-            f"with finer integer steps). Got quant {dtype!r}"
-        )
+    if bounds:
+        check_bound_dtype(dtype)
     return bounds
 
 

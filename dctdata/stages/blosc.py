@@ -1,5 +1,5 @@
 """Blosc (numcodecs' Blosc) over an array's raw bytes: readable by any zarr v3 reader (its "blosc" codec).
-Not selectable by `--lossless`; a pack names it through the Python API (`codec={"id": "blosc", ...}`).
+Not selectable by `--lossless`; a pack names it through the Python API (`lossless={"id": "blosc", ...}`).
 """
 
 from __future__ import annotations

@@ -559,7 +559,9 @@ def test_lossless_option_same_pack_as_python_codec(tmp_path, capsys):
     np.save(tmp_path / "x.npy", x)
     run(["pack", tmp_path / "x.npy", tmp_path / "cli", "--quant", "int8", "--cf", "4", "--lossless", "zstd:9",
          "--quiet"], capsys)  # fmt: skip
-    dctdata.pack(tmp_path / "x.npy", tmp_path / "py", quant="int8", cf=4, codec={"id": "zstd", "level": 9}, quiet=True)
+    dctdata.pack(
+        tmp_path / "x.npy", tmp_path / "py", quant="int8", cf=4, lossless={"id": "zstd", "level": 9}, quiet=True
+    )
     assert dctdata.open_dataset(tmp_path / "cli").manifest.field("image").lossless == {"id": "zstd", "level": 9}
     assert files(tmp_path / "cli") == files(tmp_path / "py")
 

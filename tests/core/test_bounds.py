@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 
 import numpy as np
@@ -209,17 +210,42 @@ def test_bad_bound_fields_and_quant(tmp_path):
         dctdata.pack(src, tmp_path / "a", max_error="nope=1", quiet=True)
     with pytest.raises(DctDataError, match=r"--max-rel-error label: expected a dct field\. Got kind"):
         dctdata.pack(src, tmp_path / "b", max_rel_error="label=0.1", quiet=True)
-    with pytest.raises(DctDataError, match=r"field 'image': --max-error/--max-rel-error: expected --quant int8, int16"):
-        dctdata.pack(src, tmp_path / "c", max_error=0.1, quant="fp16", quiet=True)
-    assert not any((tmp_path / n).exists() for n in "abc")
+    assert not any((tmp_path / n).exists() for n in "ab")
+
+
+BOUND_QUANT = r"max_error/max_rel_error: expected quant int8, int16 or unset \(the bound is kept by re-coding"
+
+
+def test_a_bound_with_float_coefficients_is_one_error_from_every_entry(tmp_path, capsys):
+    """The rule (integer coefficients under a bound) is checked in one place (`check_bound_dtype`): the CLI,
+    `pack`, `Writer`, `PackSettings`, calibration and a CodecSpec all refuse with its one message, naming the
+    setting as the caller spelled it."""
+    from dctdata.cli import main
+
+    x = smooth(np.random.default_rng(8), 4, 1, 16, 16).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["pack", str(tmp_path / "x.npy"), str(tmp_path / "cli"), "--max-error", "0.1", "--quant", "fp16"]) == 1
+    assert re.search(BOUND_QUANT + r".*Got quant 'fp16'", capsys.readouterr().err)
+    with pytest.raises(DctDataError, match=BOUND_QUANT + r".*Got quant 'none'"):
+        dctdata.pack(x, tmp_path / "py", max_rel_error="image=1e-3", quant="none", quiet=True)
+    with pytest.raises(DctDataError, match=BOUND_QUANT + r".*Got quant 'bf16'"):
+        dctdata.Writer(tmp_path / "w", max_error=0.1, quant="bf16")
+    with pytest.raises(DctDataError, match=BOUND_QUANT + r".*Got quant 'fp16'"):
+        PackSettings(max_error={"image": 0.1}, quant="fp16")
+    with pytest.raises(DctDataError, match=BOUND_QUANT + r".*Got quant 'float16'"):
+        calibrate_report(torch.from_numpy(x), quant="fp16", max_error=0.1)
+    with pytest.raises(DctDataError, match=BOUND_QUANT + r".*Got quant 'float32'"):
+        CodecSpec(cf=8, height=16, width=16, max_error=0.5)
+    assert not any((tmp_path / n).exists() for n in ("cli", "py", "w"))
+    assert PackSettings(max_error=0.1, quant="int16").quant == "int16"  # integer coefficients hold a bound
 
 
 def test_codec_spec_bound_validation_and_round_trip():
     base = dict(cf=8, height=16, width=16, dtype="int16", steps=[1e-3], side="range_mid")
     spec = CodecSpec(**base, max_error=0.5, max_rel_error=1e-3, bound_ref=1e-3)
     assert CodecSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec and spec.version == 2
-    with pytest.raises(DctDataError, match=r"expected an integer dtype \(int8, int16\) with side information"):
-        CodecSpec(cf=8, height=16, width=16, max_error=0.5)
+    with pytest.raises(DctDataError, match=r"max_error/max_rel_error: expected side information \(side='range_mid'\)"):
+        CodecSpec(cf=8, height=16, width=16, dtype="int16", steps=[1e-3], max_error=0.5)
     with pytest.raises(DctDataError, match=r"bound_ref: expected max_error or max_rel_error with it"):
         CodecSpec(**base, bound_ref=1e-3)
     with pytest.raises(DctDataError, match=r"max_error: expected a finite number > 0"):

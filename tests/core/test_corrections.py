@@ -256,7 +256,7 @@ def test_packed_side_round_trip_and_hostile_lengths():
 def test_pack_with_corrections_reads_back_within_bound(tmp_path, fmt, lossless):
     x = spiky(np.random.default_rng(14), 8, 2, 24, 32).astype(np.float32)
     out = tmp_path / "p"
-    dctdata.pack(x, out, format=fmt, max_rel_error=1e-3, codec=lossless, quiet=True)
+    dctdata.pack(x, out, format=fmt, max_rel_error=1e-3, lossless=lossless, quiet=True)
     m = read_manifest(out)
     spec = m.fields[0].codec
     assert m.version >= 5 and spec.corrections is not None

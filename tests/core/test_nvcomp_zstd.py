@@ -346,7 +346,7 @@ def zstd_pack(tmp_path, fmt):
     np.savez(src, image=smooth_fields(12, 2, 24, 40, seed=3), label=np.arange(12, dtype=np.int64))
     out = tmp_path / fmt
     kw = {"writer_options": {"samples_per_shard": 4}} if fmt == "webdataset" else {}
-    dctdata.pack(str(src), str(out), format=fmt, target_psnr=35, codec={"id": "zstd", "level": 19}, quiet=True, **kw)
+    dctdata.pack(str(src), str(out), format=fmt, target_psnr=35, lossless={"id": "zstd", "level": 19}, quiet=True, **kw)
     return out
 
 

@@ -18,6 +18,7 @@ from dctdata.settings import NanPolicy, PackSettings, Targets, flag_of
 
 FIELDS = {f.name: f for f in dataclasses.fields(PackSettings)}
 WRITER_ONLY = {"samples", "attrs", "coords", "settings", "description"}  # the Writer's own keywords
+DEPRECATED = {"codec"}  # old spellings still taken (`dctdata.settings.RENAMED`)
 
 
 def keywords(function) -> dict[str, inspect.Parameter]:
@@ -31,7 +32,7 @@ def pack_parser() -> argparse.ArgumentParser:
 
 def test_every_field_is_a_pack_keyword_with_its_type_and_default():
     params = keywords(dctdata.pack)
-    assert set(params) == set(FIELDS) | {"settings"}
+    assert set(params) == set(FIELDS) | {"settings"} | DEPRECATED
     assert list(inspect.signature(dctdata.pack).parameters)[:2] == ["source", "out"]
     for name, f in FIELDS.items():
         assert params[name].default == f.default, name
@@ -41,7 +42,7 @@ def test_every_field_is_a_pack_keyword_with_its_type_and_default():
 def test_the_writer_takes_the_fields_that_apply_to_a_stream():
     params = keywords(dctdata.Writer.__init__)
     writer_fields = {n for n, f in FIELDS.items() if f.metadata["writer"]}
-    assert set(params) == writer_fields | WRITER_ONLY
+    assert set(params) == writer_fields | WRITER_ONLY | DEPRECATED
     assert writer_fields == set(PackSettings.names(writer=True))
     stream_only = {
         "key",
@@ -61,6 +62,38 @@ def test_the_writer_takes_the_fields_that_apply_to_a_stream():
         assert params[name].annotation == FIELDS[name].type, name
 
 
+class Captured(Exception):
+    """Raised by a stand-in `PackSettings.resolve`: the keywords `pack`/`Writer` passed on."""
+
+
+@pytest.mark.parametrize("target, names", [("pack", PackSettings.names()), ("Writer", PackSettings.names(writer=True))])
+def test_each_keyword_reaches_its_field(monkeypatch, target, names):
+    """`pack` and `Writer` pass their keywords on by name (no `locals()`): each value, a distinct object, must
+    arrive under its own name, none left out (a keyword dropped would silently keep its default)."""
+
+    def resolve(settings, given, where):
+        raise Captured(given)
+
+    monkeypatch.setattr(PackSettings, "resolve", staticmethod(resolve))
+    values = {name: object() for name in (*names, *DEPRECATED)}
+    with pytest.raises(Captured) as caught:
+        if target == "pack":
+            dctdata.pack("source", "out", **values)
+        else:
+            dctdata.Writer("out", **values)
+    given = caught.value.args[0]
+    assert given.keys() == values.keys()
+    assert all(given[k] is v for k, v in values.items())
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_it(tmp_path):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'target_pnsr'"):
+        dctdata.pack(np.zeros((2, 8, 8), np.float32), tmp_path / "out", target_pnsr=40)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'workers'"):
+        dctdata.Writer(tmp_path / "w", workers=2)  # a setting of pack only: not a Writer keyword
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
+
+
 def test_every_field_with_a_flag_is_a_cli_option_and_every_option_a_field():
     options = {a.dest: a for a in pack_parser()._actions if a.option_strings and a.dest != "help"}
     flagged = {n: f for n, f in FIELDS.items() if flag_of(f) is not None}
@@ -76,7 +109,7 @@ def test_every_field_with_a_flag_is_a_cli_option_and_every_option_a_field():
         assert flag_of(f) in action.option_strings
         assert action.default == f.default, name
         assert action.help.replace("%%", "%") == f.metadata["help"]
-    assert flag_of(FIELDS["fields"]) == "--field" and flag_of(FIELDS["codec"]) == "--lossless"
+    assert flag_of(FIELDS["fields"]) == "--field" and flag_of(FIELDS["lossless"]) == "--lossless"
     assert flag_of(FIELDS["target_psnr"]) == "--target-psnr"
 
 
@@ -108,14 +141,14 @@ def test_every_flag_lands_in_its_field():
     assert s.fields == ["m=array", "n=label"] and s.key == ["a", "b"] and s.channels_last is False
     assert (s.nan, s.valid, s.sample_dim, s.variables, s.stack) == ("fill=0", ["x=m"], "time", "u,v", "uv")
     assert s.allow_external is True and s.source_options["allow_external"] is True
-    assert s.codec == {"id": "zstd", "level": 5} and s.strict and s.overwrite and s.quiet and s.resume
+    assert s.lossless == {"id": "zstd", "level": 5} and s.strict and s.overwrite and s.quiet and s.resume
     assert (s.workers, s.scheduler, s.max_shard_size, s.samples_per_shard) == (2, None, "64MiB", 8)
     # the parsed forms the pack works with
     assert s.targets == Targets(None, {"noisy": 40.0, "clean": 45.0})
     assert {k: str(v) for k, v in s.overrides.items()} == {"m": "array", "n": "label"}
     assert s.nan_policy == NanPolicy("fill", 0.0) and s.valid_masks == {"x": "m"}
     assert s.writer_config == {"max_shard_size": 64 << 20, "samples_per_shard": 8}
-    assert s.lossless == {"id": "zstd", "level": 5} and s.dtype == "int8"
+    assert s.lossless_stage == {"id": "zstd", "level": 5} and s.dtype == "int8"
 
 
 def test_the_record_is_the_manifests_pack_entry():
@@ -236,3 +269,33 @@ def test_bounds_parse_like_targets_and_are_recorded():
     assert not PackSettings().bounds
     rec = s.record()
     assert rec["max_error"] == {"*": 0.5, "p": 2.0} and rec["max_rel_error"] == {"t": 1e-3}
+
+
+def test_the_old_spelling_codec_is_taken_with_a_warning_naming_lossless(tmp_path):
+    """`lossless` was `codec` (which is also a FieldSpec's CodecSpec): the old keyword still works from
+    PackSettings, pack and Writer, warns at the caller's line, and cannot be given with the new one."""
+    zstd = {"id": "zstd", "level": 3}
+    message = r"codec= is deprecated: the setting is now called lossless="
+    with pytest.warns(DeprecationWarning, match="PackSettings: " + message) as caught:
+        s = PackSettings(codec=zstd, cf=4)
+    assert caught[0].filename == __file__  # the warning names the caller's line
+    assert s == PackSettings(lossless=zstd, cf=4) and s.lossless_stage == zstd and s.record()["codec"] == zstd
+    x = np.random.default_rng(2).random((3, 1, 16, 16), dtype=np.float32)
+    with pytest.warns(DeprecationWarning, match="pack: " + message) as caught:
+        m = dctdata.pack(x, tmp_path / "p", cf=4, codec=zstd, quiet=True)
+    assert caught[0].filename == __file__
+    assert m.field("image").lossless == zstd
+    with pytest.warns(DeprecationWarning, match="Writer: " + message) as caught:
+        w = dctdata.Writer(tmp_path / "w", cf=4, codec=zstd)
+    assert caught[0].filename == __file__
+    with w:
+        for sample in x:
+            w.write(sample)
+    assert w.manifest.fields == m.fields
+    both = r"expected lossless= alone\. Got both lossless= and its old spelling codec="
+    with pytest.warns(DeprecationWarning), pytest.raises(DctDataError, match="pack: " + both):
+        dctdata.pack(x, tmp_path / "b", codec=zstd, lossless={"id": "zstd", "level": 9})
+    with pytest.warns(DeprecationWarning), pytest.raises(DctDataError, match="PackSettings: " + both):
+        PackSettings(codec=zstd, lossless=None)
+    assert not (tmp_path / "b").exists()
+    assert dataclasses.replace(s, cf=5).lossless == zstd  # replace() does not see the old keyword

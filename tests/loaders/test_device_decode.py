@@ -36,10 +36,10 @@ ZSTD = {"id": "zstd", "level": 19}
 PACKS = {
     "zarr-ctx": ("zarr", dict(target_psnr=35)),
     "zarr-ctx-1": ("zarr", dict(target_psnr=35, writer_options={"chunk_samples": 1})),
-    "zarr-zstd": ("zarr", dict(target_psnr=35, codec=ZSTD)),
+    "zarr-zstd": ("zarr", dict(target_psnr=35, lossless=ZSTD)),
     "wds-ctx": ("webdataset", dict(target_psnr=35)),
     "wds-ctx-1": ("webdataset", dict(target_psnr=35, writer_options={"samples_per_member": 1})),
-    "wds-zstd": ("webdataset", dict(target_psnr=35, codec=ZSTD)),
+    "wds-zstd": ("webdataset", dict(target_psnr=35, lossless=ZSTD)),
     "wds-bf16": ("webdataset", dict(cf=4, quant="bf16")),
 }
 

@@ -39,10 +39,10 @@ def packs(tmp_path_factory):
         for name, seed, psnr in (("a", 0, 30), ("b", 1, 50)):
             path = root / f"{fmt}-{name}"
             kw = {"writer_options": {"samples_per_shard": 4}} if fmt == "webdataset" else {}
-            dctdata.pack(_smooth(seed), path, format=fmt, target_psnr=psnr, codec=ZSTD, quiet=True, **kw)
+            dctdata.pack(_smooth(seed), path, format=fmt, target_psnr=psnr, lossless=ZSTD, quiet=True, **kw)
             out[fmt, name] = path
     out["wide"] = root / "wide"  # another sample shape
-    dctdata.pack(_smooth(2, 48), out["wide"], target_psnr=40, codec=ZSTD, quiet=True)
+    dctdata.pack(_smooth(2, 48), out["wide"], target_psnr=40, lossless=ZSTD, quiet=True)
     return out
 
 

@@ -39,7 +39,7 @@ def pack(tmp_path, name="ds", n=37, size=(20, 28), channels=2, **kw):
     ],
 )
 def test_batched_reads_equal_zarr_python_bit_for_bit(tmp_path, settings):
-    root = pack(tmp_path, codec={"id": "zstd", "level": 9}, **settings)  # zarr-python knows zstd, not our coder
+    root = pack(tmp_path, lossless={"id": "zstd", "level": 9}, **settings)  # zarr-python knows zstd, not our coder
     ds = dctdata.open_dataset(root)
     arrays = json.loads((root / "manifest.json").read_text())["layout"]["arrays"]
     reference = {
@@ -147,7 +147,7 @@ def test_chunk_codecs_must_match_the_manifest(tmp_path):
 
 
 def test_array_metadata_must_be_the_packed_bytes(tmp_path):
-    root = pack(tmp_path, n=8, codec={"id": "zstd", "level": 9})
+    root = pack(tmp_path, n=8, lossless={"id": "zstd", "level": 9})
     meta = root / "image" / "zarr.json"
     meta.write_bytes(meta.read_bytes().replace(b'"level":9', b'"level":1'))  # still valid zarr, other bytes
     with pytest.raises(

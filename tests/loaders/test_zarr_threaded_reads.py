@@ -32,7 +32,7 @@ def packs(tmp_path_factory):
         "quiet": True,
         "writer_options": {"chunk_samples": 2, "shard_samples": 8},
     }
-    for name, kw in (("ctx", {}), ("zstd", {"codec": {"id": "zstd", "level": 9}})):
+    for name, kw in (("ctx", {}), ("zstd", {"lossless": {"id": "zstd", "level": 9}})):
         dctdata.pack(tmp / "src.npz", tmp / name, **common, **kw)
     return tmp
 

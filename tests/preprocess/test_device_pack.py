@@ -60,7 +60,7 @@ def same_pack(a, b) -> None:
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(target_psnr=40), dict(cf=4, quant="int8"), dict(cf=3, quant="int16", codec={"id": "zstd", "level": 3})],
+    [dict(target_psnr=40), dict(cf=4, quant="int8"), dict(cf=3, quant="int16", lossless={"id": "zstd", "level": 3})],
     ids=["target", "fixed", "zstd"],
 )
 def test_the_device_path_stores_the_cpu_packs_bytes(tmp_path, on_cpu, kw):

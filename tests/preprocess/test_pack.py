@@ -3,6 +3,7 @@ and the atomic commit's temporary sibling, tested on their own (the whole pack r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -15,14 +16,17 @@ from dctdata.preprocess.commit import partial_dir
 from dctdata.preprocess.masking import NanPolicy
 from dctdata.preprocess.plan import (
     CALIBRATION_SAMPLES,
+    DEFAULT_TARGET_PSNR,
     FEW_VALUES,
     calibration_indices,
     default_kind,
+    field_plan,
     parse_field_overrides,
     parse_nan,
     plan_fields,
 )
 from dctdata.preprocess.sources import open_source
+from dctdata.settings import PackSettings
 
 
 def test_default_kinds():
@@ -43,8 +47,8 @@ def test_with_a_target_integer_fields_of_few_values_stay_exact_and_say_why(tmp_p
     more[0, 1, 0] = FEW_VALUES  # one value more: no longer "few"
     np.savez(tmp_path / "s.npz", dem=elevations, mask=(elevations > 0).astype(np.uint8), classes=classes, more=more)
     src = open_source(tmp_path / "s.npz")
-    common = dict(cf=None, mask=None, quant=None, target_psnr=40, codec={"id": "zstd", "level": 9})
-    specs = {f.name: f for f in plan_fields(src, overrides={}, **common)[0]}
+    common = dict(target_psnr=40, lossless={"id": "zstd", "level": 9})
+    specs = {f.name: f for f in plan_fields(src, PackSettings(**common))[0]}
     kinds = {n: specs[n].kind for n in ("dem", "mask", "classes", "more")}
     assert kinds == {"dem": "dct", "mask": "array", "classes": "array", "more": "dct"}
     assert specs["mask"].reason == (
@@ -53,9 +57,9 @@ def test_with_a_target_integer_fields_of_few_values_stay_exact_and_say_why(tmp_p
     )
     assert f"holding {FEW_VALUES} distinct values" in specs["classes"].reason
     assert specs["dem"].reason.startswith("int16 samples of 2-D with a lossy setting")
-    forced = {f.name: f for f in plan_fields(src, overrides={"mask": FieldKind.DCT}, **common)[0]}
+    forced = {f.name: f for f in plan_fields(src, PackSettings(fields={"mask": "dct"}, **common))[0]}
     assert forced["mask"].kind is FieldKind.DCT and forced["mask"].reason == "--field mask=dct"
-    plain = {f.name: f for f in plan_fields(src, overrides={}, **{**common, "target_psnr": None})[0]}
+    plain = {f.name: f for f in plan_fields(src, PackSettings(**{**common, "target_psnr": None}))[0]}
     assert plain["dem"].kind is FieldKind.ARRAY and plain["more"].kind is FieldKind.ARRAY  # no lossy setting
 
 
@@ -72,19 +76,19 @@ def test_plan_fields_kinds_overrides_and_specs(tmp_path):
         tmp_path / "s.npz", image=poisson_fields(8, 2, 16, 16), mask=np.ones((8, 16, 16), np.uint8), y=np.arange(8)
     )
     src = open_source(tmp_path / "s.npz")
-    common = dict(cf=None, mask=None, quant=None, target_psnr=None, codec={"id": "zstd", "level": 9})
-    specs = {f.name: f for f in plan_fields(src, overrides={}, **common)[0]}
+    common = dict(lossless={"id": "zstd", "level": 9})
+    specs = {f.name: f for f in plan_fields(src, PackSettings(**common))[0]}
     assert (specs["image"].kind, specs["mask"].kind, specs["y"].kind) == ("dct", "array", "label")
     assert specs["image"].shape == (2, 16, 16)
     assert specs["image"].codec.min_psnr is not None  # no fidelity flag: calibrated to the default target's floor
-    explicit = {f.name: f for f in plan_fields(src, overrides={}, **{**common, "cf": 4})[0]}
+    explicit = {f.name: f for f in plan_fields(src, PackSettings(cf=4, **common))[0]}
     assert explicit["image"].codec.cf == 4 and explicit["image"].codec.dtype == "float32"  # --cf alone: as asked
     forced = {
-        f.name: f for f in plan_fields(src, overrides={"mask": FieldKind.ARRAY, "image": FieldKind.ARRAY}, **common)[0]
+        f.name: f for f in plan_fields(src, PackSettings(fields={"mask": "array", "image": "array"}, **common))[0]
     }
     assert forced["image"].kind is FieldKind.ARRAY and forced["image"].codec is None
     with pytest.raises(DctDataError, match=r"--field nope: expected one of the source's fields"):
-        plan_fields(src, overrides={"nope": FieldKind.DCT}, **common)
+        plan_fields(src, PackSettings(fields={"nope": "dct"}, **common))
 
 
 def test_settings_parsers():
@@ -117,3 +121,28 @@ def test_the_pack_bar_counts_source_bytes(tmp_path, monkeypatch, capsys):
     dctdata.pack(str(tmp_path / "x.npy"), str(tmp_path / "o.dct"), cf=4, quant="int16")
     err = capsys.readouterr().err
     assert "pack:" in err and "B/s" in err and f"/{x.nbytes / 1e3:.2f}k " in err  # the total: the bytes read
+
+
+def test_field_plan_resolves_the_settings_once():
+    """A dct field's plan (`field_plan`): the defaults filled in where nothing is searched, the knobs left free
+    where a target or a bound is, the default target where no fidelity setting is named."""
+    fixed = field_plan(PackSettings(quant="fp16"), "u", (1, 16, 16))
+    assert (fixed.cf, fixed.mask, fixed.dtype, fixed.target, fixed.calibrates) == (4, "square", "float16", None, False)
+    assert fixed.fixed_spec().cf == 4 and fixed.stage == {"id": "zstd", "level": 9}  # "auto" without calibration
+    target = field_plan(PackSettings(target_psnr="u=35"), "u", (2, 16, 16))
+    assert (target.cf, target.mask, target.target, target.calibrates, target.fallback) == (
+        None,
+        None,
+        35.0,
+        True,
+        False,
+    )
+    assert field_plan(PackSettings(target_psnr="u=35"), "v", (1, 8, 8)).target is None
+    ints = field_plan(PackSettings(quant="int8"), "u", (1, 8, 8))
+    assert (ints.cf, ints.mask, ints.calibrates) == (4, "square", True)  # integer steps come from calibration
+    bound = field_plan(PackSettings(max_error="u=0.1"), "u", (1, 8, 8))
+    assert (bound.cf, bound.bound, bound.calibrates) == (None, {"max_error": 0.1}, True)
+    default = field_plan(PackSettings(), "u", (1, 8, 8))
+    assert (default.target, default.fallback) == (DEFAULT_TARGET_PSNR, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        default.cf = 3

@@ -146,6 +146,21 @@ def test_writer_calibrates_on_a_first_window_or_an_explicit_set(tmp_path, monkey
     assert m.field("image").codec == ten.field("image").codec
 
 
+def test_without_fidelity_settings_the_writer_calibrates_the_default_target_as_pack_does(tmp_path):
+    """No fidelity setting: float fields get the default target, calibrated on the same window as `pack`'s
+    subset (the Writer used to plan after the first sample and calibrate on it alone)."""
+    x = (
+        smooth_fields(12, 1, 16, 16, seed=5, noise="normal")
+        * np.linspace(1, 4, 12, dtype=np.float32)[:, None, None, None]
+    )
+    ref = dctdata.pack(x, tmp_path / "ref", quiet=True, workers=1)
+    with dctdata.Writer(tmp_path / "w", quiet=True) as w:
+        for s in x:
+            w.write(s)
+            assert w.specs is None  # the whole stream fits the window: nothing planned before close
+    assert w.manifest.fields == ref.fields and w.manifest.stats == ref.stats
+
+
 def test_writer_takes_tuples_arrays_tensors_and_pil_images(tmp_path):
     from PIL import Image
 

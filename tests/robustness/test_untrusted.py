@@ -125,7 +125,7 @@ def wds(tmp_path):
         tmp_path / "src.npz",
         tmp_path / "wds",
         format="webdataset",
-        codec={},
+        lossless={},
         quiet=True,
         writer_options={"samples_per_shard": 4, "samples_per_member": 1},  # a member per sample and field
     )

@@ -394,7 +394,7 @@ def pack(tmp_path, cls, storage: str):
         settings["fields"] = ["image=dct", "mask=array", "label=label"]
     stage = configured(cls, arrays("int8"))  # a model fitted on coefficients of as many channels codes these too
     out = tmp_path / f"{cls.__name__}-{storage}"
-    m = dctdata.pack(x, out, codec=stage.get_config(), **settings)
+    m = dctdata.pack(x, out, lossless=stage.get_config(), **settings)
     assert [f.lossless for f in m.fields if f.name in x] == [stage.get_config()] * len(x)
     return out, m
 

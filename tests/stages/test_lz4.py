@@ -103,5 +103,5 @@ def test_cli_lossless_lz4_packs_and_reads_back(tmp_path, storage):
     assert main(["verify", str(out)]) == 0
     ds = dctdata.open_dataset(out)
     assert ds.manifest.field("image").lossless == CONFIG  # its side partner stays zstd-9, as always
-    py = dctdata.pack(x, tmp_path / "py", format=storage, quant="int8", cf=4, codec=CONFIG, quiet=True)
+    py = dctdata.pack(x, tmp_path / "py", format=storage, quant="int8", cf=4, lossless=CONFIG, quiet=True)
     assert py.checksums == ds.manifest.checksums  # the same pack, from Python
