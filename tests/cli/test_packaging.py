@@ -69,12 +69,17 @@ def wheel_modules() -> dict[str, pathlib.Path]:
 
 def test_the_wheel_holds_no_c_source():
     """The extensions' C sources go to the sdist, not the wheel: include-package-data is off (it would copy every
-    sdist file inside a package), and the only data files are py.typed and the GPU entropy decoder's kernel
-    source, which entropy/device.py compiles at run time with NVRTC. .ci/run checks the built wheel too."""
+    sdist file inside a package), and the only data files are py.typed, the type stubs of the C extensions
+    (a typed package's checkers read them) and the GPU entropy decoder's kernel source, which
+    entropy/device.py compiles at run time with NVRTC. .ci/run checks the built wheel too."""
     build_py = _build_py()
     assert build_py.distribution.include_package_data is False
-    data = sorted(f"{package}/{name}" for package, _, _, names in build_py.data_files for name in names)
-    assert data == ["dctdata/entropy/ctxrans_lanes.h", "dctdata/py.typed"]
+    data = sorted(
+        f"{package.replace('.', '/')}/{name}" for package, _, _, names in build_py.data_files for name in names
+    )
+    stubs = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dctdata").rglob("*.pyi"))
+    assert stubs and all((ROOT / s).with_suffix(".c").exists() for s in stubs)  # a stub for a C extension
+    assert data == sorted(["dctdata/entropy/ctxrans_lanes.h", "dctdata/py.typed", *stubs])
 
 
 def test_the_wheel_holds_the_product_and_no_benchmark():

@@ -18,6 +18,7 @@ import dctdata
 from dctdata.api import open_dataset
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import read_manifest
+from dctdata.format.manifest import FORMAT_VERSION
 from dctdata.format.webdataset import WebDatasetReader
 from dctdata.loaders import WdsDecoder
 
@@ -63,7 +64,7 @@ def test_golden_v4_pack_reads_bit_for_bit(stage):
 
 def test_members_are_standard_arrays_tarfile_and_numpy_open(pack):
     m = read_manifest(pack)
-    assert m.version == 6 and m.layout["samples_per_member"] == 4
+    assert m.version == FORMAT_VERSION and m.layout["samples_per_member"] == 4
     with tarfile.open(pack / "shard-000000.tar") as tf:
         names = tf.getnames()
         side = np.load(io.BytesIO(tf.extractfile("000000000.image__side.npy").read()), allow_pickle=False)
