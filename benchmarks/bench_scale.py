@@ -12,6 +12,7 @@ Outputs go to a temporary directory that is deleted afterwards. Settings: --quan
 from __future__ import annotations
 
 import argparse
+import contextlib
 import filecmp
 import os
 import shutil
@@ -117,10 +118,8 @@ def loader(workers: int) -> None:
         for batch in dl:
             n += len(batch[0])
             for k in me.children():
-                try:
+                with contextlib.suppress(psutil.Error):
                     peak[k.pid] = max(peak.get(k.pid, 0), k.memory_info().rss)
-                except psutil.Error:
-                    pass
         dt = time.perf_counter() - t
         print(
             f"zarr 1gb loader: {n} samples in {dt:.1f} s; main RSS {me.memory_info().rss / 2**20:.0f} MiB; "

@@ -348,7 +348,7 @@ def run_pack(pack, levels: tuple[float, ...], before_python: str | None, threads
         old = old_landing(before_python, pack.x, threads)
         res["old"] = old
         if "psnr" in old:
-            need = need + (old["psnr"],)
+            need = (*need, old["psnr"])
     stages = {"zstd19": ZSTD19, "zstd9": ZSTD9, "auto": AUTO}
     pts = sweep(x, final, need, stages=stages, styles=("v2", "v1"))
     res["curves"]["final"] = pts

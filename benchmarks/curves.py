@@ -10,6 +10,7 @@ are then summarized by geometric means over packs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -59,7 +60,7 @@ def bytes_at(points: list[Point], level: float) -> float:
     """Stored bytes at exactly `level` dB: log-linear in PSNR between the two Pareto points that bracket it,
     NaN outside the swept range (never extrapolated)."""
     front = pareto(points)
-    for (p0, b0), (p1, b1) in zip(front, front[1:]):
+    for (p0, b0), (p1, b1) in itertools.pairwise(front):
         if p0 <= level <= p1:
             w = (level - p0) / (p1 - p0)
             return math.exp((1 - w) * math.log(b0) + w * math.log(b1))

@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
-from benchmarks.gpu import v1_spec, v2_spec, wire  # noqa: E402
-from dctdata.decoder import fused_cuda  # noqa: E402
-from dctdata.decoder.layer import Decompress  # noqa: E402
+from benchmarks.gpu import v1_spec, v2_spec, wire
+from dctdata.decoder import fused_cuda
+from dctdata.decoder.layer import Decompress
 
 
 class _NoLaunch:

@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import dctdata  # noqa: E402
-from dctdata.codec import transform  # noqa: E402
+import dctdata
+from dctdata.codec import transform
 from dctdata.decoder import fused
 
 

@@ -36,6 +36,7 @@ Without CUDA the command prints one line and exits 0 (`--device cpu` runs the sa
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -140,7 +141,7 @@ def decode_rows(device="cuda", sizes=(256, 512, 1024, 2048), cfs=(2, 4, 6, 8), d
                     spec = v1_spec(cf, size) if codec == "v1" else v2_spec(cf, size)
                     layer = Decompress(spec, dtype=dtype).to(device=dev, dtype=dtype)
                     coeffs = wire(spec, batch, dev)
-                    calls[codec] = lambda layer=layer, coeffs=coeffs: layer(coeffs)  # noqa: E731
+                    calls[codec] = lambda layer=layer, coeffs=coeffs: layer(coeffs)
                 best = dict.fromkeys(codecs, float("inf"))
                 latency = dict.fromkeys(codecs, float("inf"))
                 with torch.inference_mode():
@@ -329,7 +330,7 @@ class Setup:
         from concurrent.futures import ProcessPoolExecutor
 
         cuts = np.linspace(0, self.n, min(self.n, self.jobs) + 1).astype(int)
-        spans = [(self.n, self.size, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+        spans = [(self.n, self.size, int(a), int(b)) for a, b in itertools.pairwise(cuts) if b > a]
         with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             parts = [pool.submit(synthetic_part, *span) for span in spans]
             np.save(self.x, np.concatenate([p.result() for p in parts]))

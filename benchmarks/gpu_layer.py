@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
-from benchmarks.gpu import QUEUED_CALLS, _seconds, v1_spec, v2_spec, wire  # noqa: E402  (the gpu table's codecs, timing)
-from dctdata.codec.spec import CodecSpec  # noqa: E402
-from dctdata.decoder import fused_cuda  # noqa: E402
-from dctdata.decoder.layer import Decompress  # noqa: E402
+from benchmarks.gpu import QUEUED_CALLS, _seconds, v1_spec, v2_spec, wire
+from dctdata.codec.spec import CodecSpec
+from dctdata.decoder import fused_cuda
+from dctdata.decoder.layer import Decompress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BATCH_BYTES = 64 << 20
@@ -153,7 +153,7 @@ def collate(streams: list[bytes], align: int):
         starts.append(at + pad)
         at += pad + len(s)
         ends.append(at)
-    return np.frombuffer(b"".join(parts), np.uint8), np.array(starts + [at]), np.array(starts), np.array(ends)
+    return np.frombuffer(b"".join(parts), np.uint8), np.array([*starts, at]), np.array(starts), np.array(ends)
 
 
 def padded_frames(zf, host: np.ndarray, starts, ends):
@@ -226,7 +226,7 @@ def nvcomp_rows(frame_counts, calls: int, dev: torch.device, small: int = 64 << 
     try:
         codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW)
         meta["alignment"] = codec.get_required_decompression_alignment()
-    except Exception as exc:  # noqa: BLE001 - a fact for the report, not a reason to stop
+    except Exception as exc:
         meta["alignment"] = f"unknown ({type(exc).__name__}: {exc})"
     pool = ThreadPoolExecutor(os.cpu_count() or 4)
     raws = list(pool.map(lambda s: laplacian(small, s), range(128)))
@@ -236,7 +236,7 @@ def nvcomp_rows(frame_counts, calls: int, dev: torch.device, small: int = 64 << 
     def run(*args, **kwargs):
         try:
             row = nvcomp_case(nz, zf, dev, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - report the row's failure and go on
+        except Exception as exc:
             row = {"case": args[0], "samples": len(args[1]), "error": f"{type(exc).__name__}: {exc}"}
         rows.append(row)
         print(format_nvcomp_rows([row], header=len(rows) == 1), flush=True)

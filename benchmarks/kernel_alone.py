@@ -28,11 +28,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
-from benchmarks.gpu import BATCH_BYTES, DTYPES, skip_reason, v1_spec, v2_spec, wire, write_json  # noqa: E402
-from benchmarks.kernel_sass import kernel_module as load_kernel  # noqa: E402
-from benchmarks.kernel_sass import parse_kernel as parse_label_path  # noqa: E402
-from dctdata.decoder import fused, fused_cuda  # noqa: E402
-from dctdata.decoder.wire import split_wire  # noqa: E402
+from benchmarks.gpu import BATCH_BYTES, DTYPES, skip_reason, v1_spec, v2_spec, wire, write_json
+from benchmarks.kernel_sass import kernel_module as load_kernel
+from benchmarks.kernel_sass import parse_kernel as parse_label_path
+from dctdata.decoder import fused, fused_cuda
+from dctdata.decoder.wire import split_wire
 
 
 def parse_kernel(text: str) -> tuple[str, str, bool]:

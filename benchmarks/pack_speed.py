@@ -271,19 +271,19 @@ def checks(rows: list[dict], size_mb: int) -> dict:
             "met": gbps >= GPU_GBPS,
             "size_mb": size_mb,
             "what": "the whole device pack of the fields set from page cache, GB/s of float32",
-        },  # fmt: skip
+        },
         "gpu_bytes_vs_cpu": {
             "value": gpu["bytes_vs_cpu"],
             "threshold": f"|x| <= {GPU_BYTES}",
             "met": abs(gpu["bytes_vs_cpu"]) <= GPU_BYTES,
             "what": "(device pack bytes - CPU pack bytes) / CPU pack bytes",
-        },  # fmt: skip
+        },
         "gpu_differing_share": {
             "value": gpu["differing_share"],
             "threshold": None,
             "met": None,
             "what": "share of stored coefficients that differ from the CPU pack's (rounding)",
-        },  # fmt: skip
+        },
     }
 
 

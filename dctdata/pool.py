@@ -9,6 +9,7 @@ fork child starts its own on first use; it only ever grows (the smaller pool's t
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -43,12 +44,12 @@ def run_split(part: Callable[[int, int], object], count: int, runs: int) -> None
             if _POOL is not None and _POOL[0] == os.getpid():
                 _POOL[2].shutdown(wait=False)  # more threads asked for: the smaller pool's threads end
             _POOL = (os.getpid(), runs - 1, ThreadPoolExecutor(runs - 1, thread_name_prefix="dctdata"))
-        futures: list[Future] = [_POOL[2].submit(part, lo, hi) for lo, hi in zip(bounds[1:], bounds[2:])]
+        futures: list[Future] = [_POOL[2].submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
     errors: list[BaseException | None] = []
     try:
         part(bounds[0], bounds[1])
         errors.append(None)
-    except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other runs end
+    except BaseException as exc:
         errors.append(exc)
     for f in futures:
         errors.append(f.exception())

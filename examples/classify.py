@@ -21,7 +21,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common  # noqa: E402
+import _common
 
 
 class Block(nn.Module):

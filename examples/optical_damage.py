@@ -20,7 +20,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common  # noqa: E402
+import _common
 
 
 def autoencoder(width: int = 16) -> nn.Module:

@@ -25,8 +25,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common  # noqa: E402
-from _unet import UNet  # noqa: E402
+import _common
+from _unet import UNet
 
 
 def fill_nan(refs: np.ndarray, bts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

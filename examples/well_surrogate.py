@@ -25,11 +25,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _unet import UNet  # noqa: E402
+from _unet import UNet
 
-import dctdata  # noqa: E402
-from dctdata.datasets.well import write_well_file  # noqa: E402
-from dctdata.preprocess.sources.well import WellSource  # noqa: E402
+import dctdata
+from dctdata.datasets.well import write_well_file
+from dctdata.preprocess.sources.well import WellSource
 
 VALID_BATCH = 64  # validation windows per forward pass
 

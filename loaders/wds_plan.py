@@ -138,7 +138,7 @@ def even_size(total: int, split: Split) -> int:
     ceil(total / world) when the shorter shares would make one batch fewer (see the module docstring)."""
     own = (split.rank + 1) * total // split.world - split.rank * total // split.world
     lo, hi, batch = total // split.world, -(-total // split.world), split.batch or 1
-    count = (lambda n: n // batch) if split.drop_last else (lambda n: -(-n // batch))  # noqa: E731
+    count = (lambda n: n // batch) if split.drop_last else (lambda n: -(-n // batch))
     return hi if count(lo) != count(hi) else own
 
 

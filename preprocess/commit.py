@@ -17,6 +17,7 @@ would leave the old pack at the target and break whatever else follows the link.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -176,18 +177,14 @@ class OutLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = None
 
     def __del__(self) -> None:  # a Writer dropped without close() must not keep OUT locked
-        try:
+        with contextlib.suppress(Exception):
             self.release()
-        except Exception:  # noqa: BLE001 - at interpreter exit module globals may be gone; the kernel unlocks
-            pass
 
     def __enter__(self) -> OutLock:
         return self

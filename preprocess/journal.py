@@ -17,6 +17,7 @@ resume whose source differs in either is refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -194,7 +195,5 @@ class Journal:
         return ok
 
     def remove(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass

@@ -220,7 +220,7 @@ def check_manifest_estimate(specs, coords, parts: list, storage: str) -> None:
     (zarr) or one shard (webdataset)."""
     known = {"fields": [f.to_dict() for f in specs], "coords": dict(coords or {})}
     files = storages.get(storage, "--format").files(len(parts), len(specs))
-    sizes = entry_sizes(known) + [(files * FILE_ENTRY_BYTES, f"the entries of {files} stored files")]
+    sizes = [*entry_sizes(known), (files * FILE_ENTRY_BYTES, f"the entries of {files} stored files")]
     check_manifest_size(sum(n for n, _ in sizes), sizes, estimated=True)
 
 

@@ -202,10 +202,7 @@ def prepare_dct(
         return x, None, 0
     check_items_have_valid(valid, name, where)
     holes = int((~valid).sum())
-    if nan.mode == "fill" and mask is None:
-        x = np.where(valid, x, np.float32(nan.value))
-    else:
-        x = fill_invalid(x, valid)
+    x = np.where(valid, x, np.float32(nan.value)) if nan.mode == "fill" and mask is None else fill_invalid(x, valid)
     check_magnitude(x, name, where)
     return x, np.ascontiguousarray(valid), holes
 

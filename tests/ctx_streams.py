@@ -52,7 +52,7 @@ def real_sets() -> list[tuple[str, CtxCodec, np.ndarray]]:
     ]
     out = []
     for name, q, kw in sets:
-        out.append((name, CtxCodec.fit(q, int(round(q.shape[3] ** 0.5)), "square", _first_only=True, **kw)[0], q))
+        out.append((name, CtxCodec.fit(q, round(q.shape[3] ** 0.5), "square", _first_only=True, **kw)[0], q))
     name, _, q = out[-1]
     lt = CtxCodec.fit(q, 8, "square", features=("lt", "wide", "ch", "sign"), _first_only=True)[0]
     assert lt.layout.lt_mode == "lt" and lt.layout.wide and lt.layout.flags & 8

@@ -27,7 +27,7 @@ dist.destroy_process_group()
 """
 # two ranks on this machine; --standalone: a free port of its own, not the fixed 29500 (the suite runs one
 # process a core, and another test may be launching at the same time)
-TORCHRUN = [sys.executable, *"-m torch.distributed.run --standalone --nproc_per_node 2".split()]
+TORCHRUN = [sys.executable, *["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]]
 # the launcher's own variables: a test run under torchrun must not hand them to the ranks it starts
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -251,7 +251,7 @@ def test_setup_packs_in_this_process_where_processes_cannot_start(tmp_path, monk
     setup = gpu.Setup(str(tmp_path), 6, 32, 35.0, jobs=3).start().wait()
     assert setup.jobs == 1 and "packing in 3 processes failed (no spawn here): packing in this one" in caplog.text
     assert np.load(setup.x).shape == (6, 1, 32, 32) and setup.seconds > 0
-    q, files, _ = setup.jpeg
+    _q, files, _ = setup.jpeg
     assert len(files) == 6 and all((tmp_path / name / "manifest.json").exists() for name in ("default", "zstd"))
 
 

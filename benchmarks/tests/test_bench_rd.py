@@ -1,6 +1,7 @@
 """`python -m benchmarks rd`: the equal-PSNR arithmetic, the items and packs, dctdata's points through the real
 product path, peers skipped when their library is missing, and the CLI end to end."""
 
+import itertools
 import json
 import math
 import os
@@ -179,7 +180,7 @@ def test_peer_curves_count_every_byte():
     import zfpy
 
     zfp = peers.zfp_curves(x, True)["zfp"]
-    assert len(zfp) == 16 and all(a.psnr <= b.psnr for a, b in zip(zfp, zfp[1:]))
+    assert len(zfp) == 16 and all(a.psnr <= b.psnr for a, b in itertools.pairwise(zfp))
     rng = x.reshape(2, -1).max(-1) - x.reshape(2, -1).min(-1)
     blobs = [zfpy.compress_numpy(np.ascontiguousarray(x[i, 0]), tolerance=2.0**-3 * float(rng[i])) for i in range(2)]
     assert zfp[4].bytes == sum(map(len, blobs))  # k = 3, one stream per sample and channel

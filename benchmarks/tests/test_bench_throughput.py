@@ -55,7 +55,7 @@ def test_read_path_table():
 def test_stream_table_counts_http_bytes(tmp_path):
     from benchmarks.stream import format_rows, run_stream_bench
 
-    rows, meta = run_stream_bench(
+    rows, _meta = run_stream_bench(
         n=32, size=32, samples_per_shard=8, workers=0, batch=8, epochs=1, rate=100e6, decode=False, only=["webdataset"]
     )
     by = {r["name"]: r for r in rows}

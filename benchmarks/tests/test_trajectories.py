@@ -11,7 +11,7 @@ from benchmarks import trajectories
 def test_trajectories_bench(capsys, tmp_path):
     out = tmp_path / "r.json"
     argv = ["--files", "1", "--traj", "2", "--steps", "8", "--size", "16", "--n-in", "2", "--epochs", "1"]
-    result = trajectories.main(argv + ["--workers", "0", "--json", str(out)])
+    result = trajectories.main([*argv, "--workers", "0", "--json", str(out)])
     assert json.loads(out.read_text())["bytes"] == result["bytes"]
     sizes = result["bytes"]
     assert sizes["HDF5 as written"] > sizes["dctdata zarr at 40 dB"] > 0

@@ -214,7 +214,7 @@ def pad_to_blocks(x: torch.Tensor, pad: str = DEFAULT_PAD) -> torch.Tensor:
     H), so its padded part costs (nearly) nothing; "symmetric" mirrors the sample (half-sample symmetric), which
     for a block with fewer than 4 pixels along an axis copies the previous block's pixels in; "edge" repeats
     the last row and column, a step at the border. The decoder crops either way."""
-    n, h, w = x.shape
+    _n, h, w = x.shape
     hb, wb = grid_shape(h, w)
     if hb * BLOCK == h and wb * BLOCK == w:
         return x
@@ -348,7 +348,7 @@ def fold_shift(
 
 def square_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:
     """(..., K, Wb) -> (..., cf, cf, Wb): frequency (u, v) at [u, v]; frequencies the mask drops are zero."""
-    *lead, k, wb = coeffs.shape
+    *lead, _k, wb = coeffs.shape
     if mask == "square":
         return coeffs.reshape(*lead, cf, cf, wb)
     rows, start = [], 0
@@ -426,7 +426,7 @@ def synthesize(
     makes it slower than the portable graph's few large matmuls, so it is kept to one thread, the
     setting `balance_threads` gives a main process next to its workers.
     """
-    b, c, hb, _, wb = coeffs.shape
+    b, c, _hb, _, _wb = coeffs.shape
     dtype = weight.dtype if dtype is None else dtype
     eager = eager_cpu(coeffs, weight, trows) and (out is None or eager_cpu(out))  # first: compile never asks threads
     if eager and (shift is not None or not bias_row) and torch.get_num_threads() == 1:

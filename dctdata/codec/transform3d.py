@@ -136,7 +136,7 @@ def compress(x: torch.Tensor, cf: int = 8, mask: str = "cube", pad: str = DEFAUL
 def cube_planes(coeffs: torch.Tensor, cf: int, mask: str) -> torch.Tensor:
     """(..., K, Wb) -> (..., U, V, W, Wb): frequency (u, v, w) at [u, v, w]; frequencies the mask drops are
     zero. Only reshape and cat (the tetra's runs along w are padded to cf and missing (u, v) rows added)."""
-    *lead, k, wb = coeffs.shape
+    *lead, _k, wb = coeffs.shape
     if mask == "cube":
         return coeffs.reshape(*lead, cf, cf, cf, wb)
     rows, start = [], 0

@@ -59,7 +59,7 @@ def lattice_field(
     amp = rng.uniform(0.95, 1.05, size=len(pos))
     amp[rng.random(len(pos)) < vacancy_rate] = 0.0
     # Splat: each atom adds a Gaussian over its (2R+1)^2 pixel neighbourhood, accumulated by bincount.
-    r = int(math.ceil(reach))
+    r = math.ceil(reach)
     off = np.arange(-r, r + 1)
     px = np.floor(pos[:, 0]).astype(np.int64)[:, None, None] + off[None, None, :]
     py = np.floor(pos[:, 1]).astype(np.int64)[:, None, None] + off[None, :, None]

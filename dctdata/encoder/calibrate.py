@@ -699,7 +699,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
     from dctdata.decoder.corrections import capacity
     from dctdata.encoder.bounds import BoundError, item_bounds
 
-    n, c, *size = x.shape
+    _n, c, *size = x.shape
     dims = len(size)
     precision = "float64" if x.dtype == torch.float64 else None  # a float64 source's field decodes in float64
     probe = CodecSpec(cf=cf, mask=mask, dtype="int16", steps=[1.0] * c, side="range_mid", **_shape_kw(x.shape),
@@ -731,7 +731,7 @@ def _bounded(x, valid, cf, mask, dtype, bounds, codec) -> tuple[CodecSpec, tuple
             steps = torch.maximum(torch.full_like(floors, m * ref), floors)
             spec = probe.replace(dtype=dt, steps=steps.tolist(), bound_ref=ref)
             try:
-                (q, sd), _ = encode(x, spec, valid=valid)
+                (q, _sd), _ = encode(x, spec, valid=valid)
             except BoundError:
                 if best is None or best[0].dtype != dt:
                     break  # floors or overflow keep some item from its bound at this dtype, at any coarser step
@@ -827,7 +827,7 @@ def _untargeted(x, side, cf, mask, dtype, min_psnr) -> CodecSpec:
 
 
 def _search(x, side, target, min_psnr, cf, mask, dtype, codec, rotation, progress, errors, where, dataset_scale=1.0):
-    n, c = x.shape[:2]
+    _n, c = x.shape[:2]
     goal = target + MARGIN_DB
     budget = nmse_of(goal)
     size_of = _sizer(codec)

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -320,7 +321,7 @@ def edge_scale(mean1: float) -> int:
 
 def scaled_edges(edges: Sequence[float], scale: int) -> tuple[int, ...]:
     """`edges` times `scale` as distinct bucket edges in 1..NFEAT - 1 (feature sums are clamped there)."""
-    return tuple(sorted({min(NFEAT - 1, max(1, int(round(x * scale)))) for x in edges}))
+    return tuple(sorted({min(NFEAT - 1, max(1, round(x * scale))) for x in edges}))
 
 
 def _bucket_table(edges: Sequence[int], stride: int) -> npt.NDArray[Any]:
@@ -426,8 +427,17 @@ class _Layout:
         uniq, tidx = np.unique(cum, axis=0, return_inverse=True)
         head = np.array([MAGIC, self.channels, self.K, self.nctx, self.flags, len(uniq)], np.int32)
         ints = np.concatenate(
-            [head, self.kc.ravel(), self.nbr.ravel(), self.flipf, self.bin, self.blt, self.bch, self.bdc]
-            + [np.asarray(tidx, np.int32).reshape(-1)]
+            [
+                head,
+                self.kc.ravel(),
+                self.nbr.ravel(),
+                self.flipf,
+                self.bin,
+                self.blt,
+                self.bch,
+                self.bdc,
+                np.asarray(tidx, np.int32).reshape(-1),
+            ]
         ).astype(np.int32)
         probes = np.arange(1 << lutb, dtype=np.int64) << (SCALE - lutb)
         lut = (uniq[:, 1:, None] <= probes[None, None, :]).sum(1).clip(0, NTOK - 1).astype(np.uint8)
@@ -641,7 +651,7 @@ class CtxCodec:
             n: _check_int_list(n, config[n], 1, NFEAT - 1, 32) for n in ("edges_in", "edges_lt", "edges_ch", "edges_dc")
         }
         for n, e in edges.items():
-            if any(b <= a for a, b in zip(e, e[1:])):
+            if any(b <= a for a, b in itertools.pairwise(e)):
                 raise CtxCodecError(f"config {n}: expected increasing edges. Got {e}")
         if not edges["edges_in"] or not edges["edges_dc"]:
             raise CtxCodecError("config edges_in/edges_dc: expected at least one edge")

@@ -321,7 +321,7 @@ def _nvrtc() -> Any:  # cuda.bindings.nvrtc, which has no type hints
     try:
         nvrtc.nvrtcVersion()
         return nvrtc
-    except Exception:  # noqa: BLE001 - cuda-pathfinder did not find the library: load the wheel's
+    except Exception:
         pass
     for pattern in ("libnvrtc-builtins.so.*", "libnvrtc.so.*"):
         for d in sys.path:
@@ -331,7 +331,7 @@ def _nvrtc() -> Any:  # cuda.bindings.nvrtc, which has no type hints
                 break
     try:
         nvrtc.nvrtcVersion()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise DctDataError(f"the GPU entropy decoder needs NVRTC (libnvrtc): {exc}") from exc
     return nvrtc
 
@@ -564,7 +564,7 @@ def launch_info(
     sample_shape = kernel_shape(codec, sample_shape)
     units = units_per_sample(codec, sample_shape)
     blob = -(-len(codec._blob) // 16) * 16
-    _, Hb, K, Wb = (int(s) for s in sample_shape)
+    _, _Hb, K, Wb = (int(s) for s in sample_shape)
     plan = plan_launch(n * units, blob, K, Wb, dev.sms, dev.smem_block, dev.smem_sm, dev.regs)
     return {"arch": dev.arch, "registers": dev.regs, "sms": dev.sms, "units_per_sample": units, "model_bytes": blob,
             **plan.__dict__, "threads": plan.threads}  # fmt: skip

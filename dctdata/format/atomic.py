@@ -13,6 +13,7 @@ were 0644. Opening with mode 0666 lets the process umask decide, as for every ot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Callable
@@ -48,10 +49,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return path
 

@@ -6,6 +6,7 @@ outside its dataset; every reader and writer opens files through `open_file`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping
@@ -83,7 +84,7 @@ def shard_selection(path_or_url: object) -> tuple[str, tuple[str, ...] | None]:
 
         try:
             items = list(braceexpand(s))
-        except Exception as exc:  # noqa: BLE001 - braceexpand raises on malformed ranges
+        except Exception as exc:
             raise _error(f"{s}: expected a brace expression of shard files. Got {type(exc).__name__}: {exc}") from exc
     else:
         raise TypeError(f"path_or_url: expected a path or URL string, or a list of shard files. Got "
@@ -217,7 +218,7 @@ class _RemoteFile:
         try:
             data: bytes = self._fh.read(n)
             return data
-        except Exception as exc:  # noqa: BLE001 - aiohttp/fsspec client errors of every kind
+        except Exception as exc:
             raise remote_error(exc, self._url) from exc
 
     def __getattr__(self, name: str) -> Any:
@@ -255,7 +256,7 @@ def open_file(
                 fs, path = fsspec.core.url_to_fs(path_or_url, **options)
                 return _RemoteFile(HTTPStream(fs, path), path_or_url)
             return _RemoteFile(fsspec.open(path_or_url, mode, **options).open(), path_or_url)
-        except Exception as exc:  # noqa: BLE001 - as _RemoteFile.read
+        except Exception as exc:
             raise remote_error(exc, path_or_url) from exc
     if mode in ("r", "rb"):
         return os.fdopen(open_regular(path_or_url, root), mode)
@@ -268,12 +269,8 @@ def remove_file(path_or_url: str, storage_options: Mapping[str, Any] | None = No
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(path_or_url, **fsspec_options(path_or_url, storage_options))
-        try:
+        with contextlib.suppress(FileNotFoundError):
             fs.rm_file(path)
-        except FileNotFoundError:
-            pass
         return
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path_or_url)
-    except FileNotFoundError:
-        pass

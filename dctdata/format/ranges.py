@@ -20,6 +20,7 @@ dropped when pickled or forked).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections import OrderedDict
@@ -126,7 +127,7 @@ class RangeSource:
         if self.remote:
             try:
                 return int(self._fs.size(self._path(rel)))
-            except Exception as exc:  # noqa: BLE001 - aiohttp/fsspec client errors: see remote_error
+            except Exception as exc:
                 raise remote_error(exc, self._path(rel)) from exc
         return os.fstat(self._fd(rel)).st_size
 
@@ -191,7 +192,7 @@ class RangeSource:
                 got = http.cat_ranges(self._fs, paths, starts, stops)
             else:
                 got = self._fs.cat_ranges(paths, starts, stops, on_error="return")
-        except Exception as exc:  # noqa: BLE001 - a filesystem that fails the whole call: every slot fails
+        except Exception as exc:
             got = [exc] * len(ranges)
         return [remote_error(g, p) if isinstance(g, Exception) else bytes(g) for g, p in zip(got, paths)]
 
@@ -211,15 +212,11 @@ def _close_fds(fds: OrderedDict[str, int], dir_fd: int | None, pid: int) -> None
     if os.getpid() != pid:
         return
     while fds:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fds.popitem()[1])
-        except OSError:
-            pass
     if dir_fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(dir_fd)
-        except OSError:
-            pass
 
 
 def _dir_id(path: str) -> tuple[int, int] | None:

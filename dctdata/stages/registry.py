@@ -94,7 +94,7 @@ def _build(config: dict[str, Any]) -> Stage:
 
 def option_spellings() -> tuple[str, ...]:
     """The `--lossless` spellings: "auto", then each selectable stage's."""
-    return (AUTO,) + tuple(s for c in _STAGES.values() if c.option is not None for s in c.option_spellings)
+    return (AUTO, *tuple(s for c in _STAGES.values() if c.option is not None for s in c.option_spellings))
 
 
 def option_help() -> str:

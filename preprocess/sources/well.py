@@ -358,7 +358,7 @@ class WellSource(Source):
         groups = {}
         code = np.ones((len(self.spatial_dims), 2))
         index = {d: i for i, d in enumerate(self.spatial_dims)}
-        bcs = fh["boundary_conditions"] if "boundary_conditions" in fh else {}
+        bcs = fh.get("boundary_conditions", {})
         for name in bcs:
             g = bcs[name]
             kind = _jsonable(g.attrs.get("bc_type", "OPEN")).upper()

@@ -38,6 +38,7 @@ WeatherBench, CMIP).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -107,7 +108,7 @@ def open_xarray(source: Any) -> tuple[Any, str]:
         return xr.open_dataset(s, chunks=None), s
     except DctDataError:
         raise
-    except Exception as exc:  # noqa: BLE001 - netCDF4/h5netcdf/zarr raise many types for unreadable stores
+    except Exception as exc:
         what = "zarr store" if zarr_like else "NetCDF file"
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DctDataError(f"{s}: expected a readable {what}. Got {type(exc).__name__}: {first}") from exc
@@ -340,7 +341,7 @@ class XarraySource(Source):
         part = self.ds.isel({**where, self.sample_dim: slice(start, stop)})
         try:
             part = part.transpose(self.sample_dim, ...).compute()  # reads this slice of every variable
-        except Exception as exc:  # noqa: BLE001 - backends raise many types for unreadable chunks
+        except Exception as exc:
             first = (str(exc).strip().splitlines() or [""])[0]
             raise DctDataError(
                 f"{self.where(start)}..{stop - 1}: expected readable values. Got {type(exc).__name__}: {first}"
@@ -373,10 +374,8 @@ class XarraySource(Source):
         return out
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.ds.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
 
 
 def trajectory_record(src: XarraySource, ds: Any, per: dict[str, tuple[str, ...]]) -> dict[str, Any]:

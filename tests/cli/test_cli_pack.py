@@ -41,7 +41,7 @@ def check_close(x, y, tol=1e-3):
 def test_npy_non_square_non_multiple_of_8(tmp_path, capsys):
     x = fields(7, 1, 13, 21)[:, 0]  # (N, H, W): 2-D samples
     np.save(tmp_path / "x.npy", x)
-    rc, out, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--cf", "8", "--quiet"], capsys)
+    rc, _out, err = run(["pack", tmp_path / "x.npy", tmp_path / "out", "--cf", "8", "--quiet"], capsys)
     assert rc == 0, err
     ds = dctdata.open_dataset(tmp_path / "out")
     assert len(ds) == 7 and ds.manifest.field("image").shape == (1, 13, 21)
@@ -96,7 +96,12 @@ def test_hdf5_channels_last_and_key(tmp_path, capsys):
         fh["grp/other"] = np.arange(6, dtype=np.int32)
         fh["ignored"] = np.zeros((3,))  # different length, not picked
     rc, _, err = run(
-        ["pack", tmp_path / "d.h5", tmp_path / "out", *"--key images,grp/other --channels-last --cf 8 --quiet".split()],
+        [
+            "pack",
+            tmp_path / "d.h5",
+            tmp_path / "out",
+            *["--key", "images,grp/other", "--channels-last", "--cf", "8", "--quiet"],
+        ],
         capsys,
     )
     assert rc == 0, err
@@ -257,8 +262,19 @@ def test_debug_does_not_flood_with_pil_tiff_tags(tmp_path, capsys, caplog):
     with caplog.at_level("DEBUG"):
         rc, _, err = run(
             # one process: caplog sees this process's records (forked workers log to the same stderr, not to it)
-            ["--debug", "pack", tmp_path / "tif", tmp_path / "out", "--cf", "8", "--format", "webdataset", "--quiet"]
-            + ["--workers", "1"],
+            [
+                "--debug",
+                "pack",
+                tmp_path / "tif",
+                tmp_path / "out",
+                "--cf",
+                "8",
+                "--format",
+                "webdataset",
+                "--quiet",
+                "--workers",
+                "1",
+            ],
             capsys,
         )
     assert rc == 0, err
@@ -288,7 +304,7 @@ def test_overwrite_replaces_only_when_complete(tmp_path, capsys):
 # Bad input -----------------------------------------------------------------------------------------
 def _bad(tmp_path, capsys, args, match):
     out = tmp_path / "out"
-    rc, stdout, err = run(
+    rc, _stdout, err = run(
         ["pack", *args, out] if "OUT_GIVEN" not in args else ["pack", *[a for a in args if a != "OUT_GIVEN"]], capsys
     )
     assert rc == 1

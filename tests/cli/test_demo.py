@@ -8,7 +8,23 @@ import pytest
 from dctdata.cli import main
 from dctdata.demo import RESULT_COLUMNS, DemoSettings, run_demo
 
-TINY = "--n 8 --test 2 --size 32 --crop 16 --epochs 3 --batch-size 4 --width 4 --quiet".split()
+TINY = [
+    "--n",
+    "8",
+    "--test",
+    "2",
+    "--size",
+    "32",
+    "--crop",
+    "16",
+    "--epochs",
+    "3",
+    "--batch-size",
+    "4",
+    "--width",
+    "4",
+    "--quiet",
+]
 
 
 def _table(out: str) -> list[list[str]]:

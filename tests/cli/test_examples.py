@@ -20,7 +20,22 @@ _load = load_example
 
 CASES = {
     "classify": ["--n", "64", "--test", "40", "--epochs", "3", "--batch-size", "16", "--width", "4"],
-    "em_denoise": "--n 8 --test 2 --size 64 --crop 32 --epochs 3 --batch-size 4 --width 4".split(),
+    "em_denoise": [
+        "--n",
+        "8",
+        "--test",
+        "2",
+        "--size",
+        "64",
+        "--crop",
+        "32",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+    ],
     "optical_damage": ["--n", "6", "--test", "2", "--crop", "64", "--epochs", "3", "--batch-size", "3", "--width", "4"],
     "slstr_cloud": ["--n", "8", "--test", "2", "--size", "32", "--epochs", "3", "--batch-size", "4", "--width", "4"],
 }

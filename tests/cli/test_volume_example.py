@@ -12,7 +12,25 @@ import dctdata
 
 def test_volume_denoise_trains_from_packs_and_raw(tmp_path, monkeypatch, capsys):
     module = load_example("volume_denoise", monkeypatch)
-    argv = "--n 8 --test 2 --size 16 --epochs 3 --batch-size 4 --width 4 --target-psnr 35 45 --threads 1".split()
+    argv = [
+        "--n",
+        "8",
+        "--test",
+        "2",
+        "--size",
+        "16",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "4",
+        "--width",
+        "4",
+        "--target-psnr",
+        "35",
+        "45",
+        "--threads",
+        "1",
+    ]
     rows = module.main([*argv, "--out", str(tmp_path)])
     assert [r["setting"] for r in rows] == ["raw", "psnr=35", "psnr=45"]
     for r in rows:

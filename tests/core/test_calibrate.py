@@ -162,7 +162,7 @@ def test_errors():
     x = torch.from_numpy(synthetic_fields(n=2, size=32)["clouds"])
     with pytest.raises(dctdata.DctDataError, match="expected cf or target_psnr"):
         calibrate(x, quant="int8")
-    with pytest.raises(TypeError, match="samples: expected a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"samples: expected a torch.Tensor"):
         calibrate(x.numpy(), cf=4)
     with pytest.raises(dctdata.DctDataError, match=r"expected shape \(N, C, H, W\)"):
         calibrate(x[0], cf=4)
@@ -180,9 +180,9 @@ def test_errors():
         calibrate(x, target_psnr="40")
     with pytest.raises(dctdata.DctDataError, match="cf: expected"):
         calibrate(x, cf=9)
-    with pytest.raises(dctdata.DctDataError, match="min_psnr: expected a PSNR in dB between 0 and 200. Got 500"):
+    with pytest.raises(dctdata.DctDataError, match=r"min_psnr: expected a PSNR in dB between 0 and 200. Got 500"):
         calibrate(x, target_psnr=40, min_psnr=500)
-    with pytest.raises(TypeError, match="valid: expected a bool torch.Tensor"):
+    with pytest.raises(TypeError, match=r"valid: expected a bool torch.Tensor"):
         calibrate(x, cf=4, valid=np.ones(x.shape, bool))
     with pytest.raises(dctdata.DctDataError, match=r"valid: expected a mask broadcastable to \(2, 1, 32, 32\)"):
         calibrate(x, cf=4, valid=torch.ones(3, 1, 1, 1, dtype=torch.bool))

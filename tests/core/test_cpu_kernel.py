@@ -179,7 +179,7 @@ def test_bad_out_is_a_clear_error():
     spec = spec_for(4)
     q = wire_of(spec)
     layer = Decompress(spec)
-    with pytest.raises(TypeError, match="out: expected a torch.Tensor. Got ndarray"):
+    with pytest.raises(TypeError, match=r"out: expected a torch.Tensor. Got ndarray"):
         layer(q, out=torch.empty(3, *spec.sample_shape).numpy())
     with pytest.raises(TypeError, match=r"out: expected dtype torch.float32 on cpu .* Got torch.float64 on cpu"):
         layer(q, out=torch.empty(3, *spec.sample_shape, dtype=torch.float64))

@@ -134,7 +134,7 @@ def test_raw_streams_and_raw_segments():
 def test_every_segment_count_and_units_per_sample(sets, nseg):
     """Segments that do not divide the rows evenly, fewer or more segments than units: a unit takes segments
     u, u + units, ... (the codec's own count sets the units; these streams use other counts)."""
-    name, codec, q = sets[3]  # RGB, sign flips
+    _name, codec, q = sets[3]  # RGB, sign flips
     assert q.shape[1] == 3 and codec.layout.flags & 8
     bufs = [_ctxrans.encode(codec._blob, q[i : i + 1], (1, *q.shape[1:]), 2, 3, nseg) for i in range(len(q))]
     assert check_same(codec, bufs, q.shape[1:], q.dtype) == [0] * len(q)
@@ -164,7 +164,7 @@ def _fuzz_corpus():
             q[:, 1:] = q[:, :1] // 2
         q = q.astype(dtype)
         kw = {"features": features} if features else {}
-        codec = CtxCodec.fit(q, int(round(k**0.5)), "square", _first_only=True, **kw)[0]
+        codec = CtxCodec.fit(q, round(k**0.5), "square", _first_only=True, **kw)[0]
         for mode, nseg in ((0, 0), (2, 0), (3, min(3, hb))):
             items.append((codec, q, _ctxrans.encode(codec._blob, q, q.shape, q.itemsize, mode, nseg)))
         shortest = codec.with_streams(segment=SEGMENT_RANGE[0])  # the shortest segments a config may name
@@ -196,7 +196,7 @@ def test_fuzz_mutated_streams(which, edits, cut, insert):
     codec, q, buf = CORPUS[which]
     b = mutate(buf, edits, cut, insert)
     status = _one(codec, q, b)
-    out, cpu_status = device.decode_batch(codec, *batch([b]), q.shape[1:], q.dtype, cpu_decoder=True)
+    _out, cpu_status = device.decode_batch(codec, *batch([b]), q.shape[1:], q.dtype, cpu_decoder=True)
     assert cpu_status.tolist() == [status]  # the CPU stand-in agrees
 
 
@@ -237,7 +237,7 @@ def test_hostile_declared_shapes_and_statuses():
     raise_for_status names the first bad sample and counts the others."""
     codec, q, buf = CORPUS[2]  # mode 3
     big = (q.shape[1], 4096, q.shape[3], 4096)
-    out, status = device.decode_batch(codec, *batch([buf]), big, q.dtype)
+    _out, status = device.decode_batch(codec, *batch([buf]), big, q.dtype)
     assert status.tolist() == [2] and device.describe(2).startswith("ctxrans: the stream cannot hold")
     wider = (q.shape[1], q.shape[2] * 40, q.shape[3], q.shape[4])
     st_ = check_same(codec, [buf, buf], wider, q.dtype)

@@ -90,7 +90,7 @@ def test_quantize_refuses_non_finite():
     spec = CodecSpec(cf=2, height=8, width=8, channels=1, dtype="int8", steps=[[1.0] * 4])
     coeffs = torch.zeros(2, *spec.coeff_shape)
     coeffs[1, 0, 0, 0, 0] = float("nan")
-    with pytest.raises(DctDataError, match="expected finite values. Got 1 NaN/Inf"):
+    with pytest.raises(DctDataError, match=r"expected finite values. Got 1 NaN/Inf"):
         Q.quantize_per_sample(coeffs, spec)
 
 

@@ -20,6 +20,7 @@ one (then reinstall: `pip install -e .`):
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import time
@@ -56,7 +57,7 @@ def laplace_coeffs(shape, dtype=np.int8, scale=3.0, dc_scale=40.0, rng=RNG):
 def fitted(shape, dtype=np.int8, cf=None, mask="square", **kw):
     k = shape[3]
     if cf is None:
-        cf = int(round(k**0.5))
+        cf = round(k**0.5)
     q = laplace_coeffs(shape, dtype, **kw)
     return CtxCodec.fit(q, cf, mask), q
 
@@ -67,7 +68,7 @@ def fitted_case(shape, dtype, features, rng, scale=3.0):
     q = laplace_coeffs(shape, dtype, scale=scale, rng=rng)
     if shape[1] > 1:
         q[:, 1:] = np.clip(q[:, :1].astype(np.int32) // 2, np.iinfo(dtype).min, np.iinfo(dtype).max)
-    cf = int(round(shape[3] ** 0.5))
+    cf = round(shape[3] ** 0.5)
     if features is None:
         return CtxCodec.fit(q, cf, "square"), q
     return CtxCodec.fit(q, cf, "square", features=features, _first_only=True)[0], q
@@ -173,7 +174,7 @@ def test_decode_into_out_and_module_fit():
 def test_non_contiguous_input():
     codec, q = fitted((4, 1, 4, 16, 6), np.int8)
     view = q[::2]
-    assert not view.flags.c_contiguous or True
+    assert True
     roundtrip(codec, view)
 
 
@@ -403,10 +404,9 @@ def test_the_vector_decoders_lookups_default_to_scalar_loads_on_amd_only():
     default, simd = _ctxrans.set_gather(), _ctxrans.set_simd()
     assert default is (vendor != "AuthenticAMD")
     assert _ctxrans.set_gather() is default  # asking does not change it
-    with pytest.raises(RuntimeError, match="inside"):
-        with decoder_settings(simd=False, gather=not default):
-            assert _ctxrans.set_gather() is (not default) and _ctxrans.set_simd() is False
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), decoder_settings(simd=False, gather=not default):
+        assert _ctxrans.set_gather() is (not default) and _ctxrans.set_simd() is False
+        raise RuntimeError("inside")
     assert _ctxrans.set_gather() is default and _ctxrans.set_simd() is simd
     try:
         assert _ctxrans.set_gather(not default) is default and _ctxrans.set_gather(default) is (not default)
@@ -584,13 +584,15 @@ def test_lanes_kernel_errors():
         codec.decode(buf[:40], q.shape, q.dtype)  # shorter than the 16 states
     with pytest.raises(CtxCodecError, match="bad initial state"):
         codec.decode(buf[:1] + b"\xff\xff\x00\x00" + buf[5:], q.shape, q.dtype)  # a state below 2^16
-    with pytest.raises(CtxCodecError, match="does not end cleanly|truncated|bit section"):
+    with pytest.raises(CtxCodecError, match=r"does not end cleanly|truncated|bit section"):
         codec.decode(buf[:1] + b"\x00\x00\x01\x00" + buf[5:], q.shape, q.dtype)  # valid but wrong state
 
 
 def test_config_from_a_newer_dctdata_says_upgrade():
     codec, _ = fitted((1, 1, 2, 16, 4), np.int8)
-    with pytest.raises(CtxCodecError, match="version 1 or 2 or 3. Got 'dctdata_ctxrans' 4: written by a newer dctdata"):
+    with pytest.raises(
+        CtxCodecError, match=r"version 1 or 2 or 3. Got 'dctdata_ctxrans' 4: written by a newer dctdata"
+    ):
         CtxCodec.from_config({**codec.get_config(), "version": 4})
     for bad in (0, True, 2.0, "2"):
         with pytest.raises(CtxCodecError, match="expected id 'dctdata_ctxrans' version 1 or 2 or 3"):
@@ -767,10 +769,8 @@ def test_fuzz_kernel_model_bytes(which, edits):
         blob[head + int(at * (len(blob) - head))] = val
     out = np.empty(q.shape, q.dtype)
     t = time.perf_counter()
-    try:
+    with contextlib.suppress(ValueError):
         _ctxrans.decode(bytes(blob), buf, out, q.shape, q.dtype.itemsize)
-    except ValueError:
-        pass
     assert time.perf_counter() - t < 1.0
 
 

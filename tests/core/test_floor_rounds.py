@@ -74,7 +74,7 @@ def test_the_floor_never_repeats_a_trial_and_codes_as_repeating_did(channels, ro
     assert repeats == 0 and tried < tried_again  # ... and they are no longer run
     for a, b in zip(out, again):  # q, side, overflow, decode, nmse: bit for bit
         assert torch.equal(a, b)
-    q, side, over, x_hat, nm = out
+    _q, side, _over, x_hat, nm = out
     cap = 10.0 ** (-floor / 10.0)
     low, was = errors.ok & (nm > cap), errors.ok & (before > cap)
     assert int(low.sum()) < int(was.sum())  # the floor lifted items ...

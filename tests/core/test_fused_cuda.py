@@ -234,9 +234,9 @@ def test_side_with_v1_tables_and_misplaced_tables_are_errors():
     tables = fused_cuda.device_tables(fused.tables_for(spec), "cpu", spec.cf, spec.mask)
     with pytest.raises(dctdata.DctDataError, match="side: these tables \\(a v1 spec\\) take no side information"):
         fused_cuda.synthesize(q, tables, 2, "square", (8, 8), side=torch.ones(2, 1, 2))
-    with pytest.raises(TypeError, match="tables: expected dctdata.decoder.fused_cuda.DeviceTables"):
+    with pytest.raises(TypeError, match=r"tables: expected dctdata.decoder.fused_cuda.DeviceTables"):
         fused_cuda.synthesize(q, fused.tables_for(spec), 2, "square", (8, 8))
-    with pytest.raises(TypeError, match="tables: expected dctdata.decoder.fused.Tables"):
+    with pytest.raises(TypeError, match=r"tables: expected dctdata.decoder.fused.Tables"):
         fused_cuda.device_tables("tables", "cpu", 2, "square")
     wrong = fused_cuda.device_tables(fused.tables_for(spec), "meta", spec.cf, spec.mask)
     with pytest.raises(dctdata.DctDataError, match=r"tables.columns: expected a contiguous float32 tensor on cpu"):

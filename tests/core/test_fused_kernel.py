@@ -204,9 +204,11 @@ def test_bad_arguments_are_clear_errors():
     q = wire_of(spec)
     t = fused.tables_for(spec)
     size = (spec.height, spec.width)
-    with pytest.raises(TypeError, match="coeffs: expected a torch.Tensor. Got ndarray"):
+    with pytest.raises(TypeError, match=r"coeffs: expected a torch.Tensor. Got ndarray"):
         fused.synthesize(q.numpy(), t, 4, "square", size)
-    with pytest.raises(TypeError, match="coeffs: expected int8, int16, float16, bfloat16 or float32 .*Got torch.int32"):
+    with pytest.raises(
+        TypeError, match=r"coeffs: expected int8, int16, float16, bfloat16 or float32 .*Got torch.int32"
+    ):
         fused.synthesize(q.int(), t, 4, "square", size)
     with pytest.raises(dctdata.DctDataError, match=r"tables: expected K = 10 for cf=4 mask='triangle'. Got 16"):
         fused.synthesize(q, t, 4, "triangle", size)
@@ -218,9 +220,9 @@ def test_bad_arguments_are_clear_errors():
         fused.synthesize(q, t, 4, "square", size, out=torch.empty(3, 2, *size, dtype=torch.float64))
     with pytest.raises(dctdata.DctDataError, match=r"out: expected shape \(3, 2, 29, 43\). Got \(3, 2, 29, 42\)"):
         fused.synthesize(q, t, 4, "square", size, out=torch.empty(3, 2, 29, 42))
-    with pytest.raises(dctdata.DctDataError, match="side: these tables .* take no side information"):
+    with pytest.raises(dctdata.DctDataError, match=r"side: these tables .* take no side information"):
         fused.synthesize(q, t, 4, "square", size, side=torch.ones(3, 2, 2))
-    with pytest.raises(TypeError, match="tables: expected dctdata.decoder.fused.Tables .* Got dict"):
+    with pytest.raises(TypeError, match=r"tables: expected dctdata.decoder.fused.Tables .* Got dict"):
         fused.synthesize(q, {}, 4, "square", size)
     bad = fused.Tables(t.a.double(), t.d, None, None, None, None)
     with pytest.raises(
@@ -252,7 +254,7 @@ def test_the_c_code_checks_its_buffers_itself():
         _synth.synthesize(q.astype(np.int8), 1, out, shape, 2, 0, a, d, None, None, None, None)
     with pytest.raises(ValueError, match=r"shape \(B, C, Hb, K, Wb, H, W\) is inconsistent"):
         _synth.synthesize(q, 1, out, (1, 1, 2, 4, 2, 16, 17), 2, 0, a, d, None, None, None, None)
-    with pytest.raises(ValueError, match="cf must be in 1..8"):
+    with pytest.raises(ValueError, match=r"cf must be in 1..8"):
         _synth.synthesize(q, 1, out, shape, 9, 0, a, d, None, None, None, None)
     with pytest.raises(ValueError, match="tables A and D must hold C \\* K float32"):
         _synth.synthesize(q, 1, out, shape, 2, 0, a[:3], d, None, None, None, None)

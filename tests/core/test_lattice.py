@@ -52,7 +52,7 @@ def _bounds(x: torch.Tensor, r: float):
 
 def test_detect_finds_the_grid_of_counts_over_a_dose():
     x = torch.from_numpy(counts(np.random.default_rng(0), 3, 2, 16, 24))
-    bound, margin, rng = _bounds(x, 1e-4)
+    bound, margin, _rng = _bounds(x, 1e-4)
     rows, eff = lattice.detect(x, None, bound, margin)
     for i in range(3):
         for c in range(2):
@@ -181,7 +181,7 @@ def test_hostile_lattice_rows_are_named(row, value, match):
 def test_snap_follows_the_normalization():
     """With the spec's mean/std the grid is mapped like the values: the normalized decode is the plain one,
     normalized."""
-    x, spec, wire = _wire()
+    _x, spec, wire = _wire()
     norm = spec.replace(mean=[2.0, -1.0], std=[0.5, 3.0])
     plain = Decompress(norm, normalize=False)(wire).double()
     y = Decompress(norm)(wire).double()

@@ -71,7 +71,7 @@ def test_int16_decode_is_close_to_the_original():
 
 def test_normalization_is_folded_not_a_separate_pass():
     spec = make_spec("float32", quantized=False, normalized=True)
-    x, q = batch(spec)
+    _x, q = batch(spec)
     out = Decompress(spec)(q)
     raw = Decompress(spec, normalize=False)(q)
     mean = torch.tensor(spec.mean).reshape(1, -1, 1, 1)
@@ -185,13 +185,13 @@ def test_coefficient_shape_mismatch_is_a_clear_error(shape, msg):
 
 def test_wrong_types_are_type_errors():
     spec = make_spec("float32", quantized=False)
-    with pytest.raises(TypeError, match="spec: expected a dctdata.CodecSpec"):
+    with pytest.raises(TypeError, match=r"spec: expected a dctdata.CodecSpec"):
         Decompress({"cf": 4})
     with pytest.raises(TypeError, match="dtype: expected one of"):
         Decompress(spec, dtype=torch.int8)
     with pytest.raises(TypeError, match="coeffs: expected int8, int16, float16, bfloat16, float32 or float64 coeff"):
         Decompress(spec)(torch.zeros(1, *spec.coeff_shape, dtype=torch.bool))
-    with pytest.raises(TypeError, match="coeffs: expected a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"coeffs: expected a torch.Tensor"):
         Decompress(spec)([1, 2])
 
 

@@ -44,7 +44,7 @@ def collated(streams, align=1):
         at += pad + len(s)
         ends.append(at)
     data = torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
-    offsets = np.array(starts + [at])
+    offsets = np.array([*starts, at])
     return data, offsets, (starts, ends)
 
 
@@ -118,7 +118,7 @@ def test_configs_are_built_once_per_list_of_frame_sizes(nv):
 def test_a_frame_decoded_short_is_an_integrity_error_naming_the_sample(nv):
     data, offsets, _ = collated([zstandard.ZstdCompressor(level=3).compress(coefficients(64, s)) for s in range(3)])
     nv.short_frames = {1}
-    values, status = nz.decode_batch(data, offsets, (64,), torch.int8)
+    _values, status = nz.decode_batch(data, offsets, (64,), torch.int8)
     assert status.failed() == [1]
     with pytest.raises(IntegrityError, match=r"batch: expected nvCOMP to decode .* in sample 1 \(63 of 64 bytes\)"):
         status.check()
@@ -138,18 +138,18 @@ def test_without_decode_into_out_the_decoder_copies_from_nvcomps_outputs(nv, cap
 
 def test_argument_errors(nv, monkeypatch):
     data, offsets, _ = collated([zstandard.ZstdCompressor(level=3).compress(coefficients(64))])
-    with pytest.raises(TypeError, match="buffer: expected a contiguous 1-D uint8 torch.Tensor. Got torch.int8"):
+    with pytest.raises(TypeError, match=r"buffer: expected a contiguous 1-D uint8 torch.Tensor. Got torch.int8"):
         nz.decode_batch(data.view(torch.int8), offsets, (64,), torch.int8)
-    with pytest.raises(TypeError, match="dtype: expected a torch.dtype"):
+    with pytest.raises(TypeError, match=r"dtype: expected a torch.dtype"):
         nz.decode_batch(data, offsets, (64,), "int8")
     with pytest.raises(DctDataError, match=r"sample_shape: expected positive sizes. Got \(0, 64\)"):
         nz.decode_batch(data, offsets, (0, 64), torch.int8)
-    with pytest.raises(DctDataError, match="frames: sample 0: expected frames declaring 128 bytes. Got 64"):
+    with pytest.raises(DctDataError, match=r"frames: sample 0: expected frames declaring 128 bytes. Got 64"):
         nz.decode_batch(data, offsets, (128,), torch.int8, frame_table(data.numpy(), offsets, 64))
     with pytest.raises(DctDataError, match="frames: expected byte ranges within the buffer's"):
         nz.decode_batch(data, [0, data.numel() + 8], (64,), torch.int8)
     monkeypatch.setattr(nz, "DEVICE_TYPES", ("cuda",))
-    with pytest.raises(DctDataError, match="buffer: expected a CUDA tensor .* Got one on cpu"):
+    with pytest.raises(DctDataError, match=r"buffer: expected a CUDA tensor .* Got one on cpu"):
         nz.decode_batch(data, offsets, (64,), torch.int8)
 
 
@@ -198,7 +198,7 @@ def test_zstd_batches_name_the_batch_and_sample_of_a_failed_frame(nv):
     decoder = nz.ZstdBatches((48,), torch.int8)
     with pytest.raises(IntegrityError, match=r"zstd device decode: .* in batch 11 sample 1 \(47 of 48 bytes\)"):
         decoder.finish(decoder.start(batches, first=10))
-    with pytest.raises(TypeError, match="batches: expected dctdata.stages.nvcomp_zstd.Streams"):
+    with pytest.raises(TypeError, match=r"batches: expected dctdata.stages.nvcomp_zstd.Streams"):
         decoder.start([(batches[0].data, batches[0].offsets)])
     with pytest.raises(DctDataError, match="batches: expected at least one batch"):
         decoder.start([])
@@ -240,7 +240,7 @@ def test_decode_ahead_errors():
         TypeError, match=r"decoder: expected a Decompress layer .*, or an object with start\(batches, f"
     ):
         DecodeAhead([1], object())
-    with pytest.raises(DctDataError, match="group: expected a positive int .* Got 0"):
+    with pytest.raises(DctDataError, match=r"group: expected a positive int .* Got 0"):
         DecodeAhead([1], Recorder(), group=0)
     with pytest.raises(TypeError, match="batches: expected an iterable"):
         DecodeAhead(3, Recorder())
@@ -251,7 +251,7 @@ def test_decode_ahead_errors():
         def finish(self, pending):
             return pending[1][:-1]
 
-    with pytest.raises(DctDataError, match="decoder: expected one result per batch \\(2 for batches 0..1\\). Got 1"):
+    with pytest.raises(DctDataError, match=r"decoder: expected one result per batch \(2 for batches 0..1\). Got 1"):
         list(DecodeAhead([1, 2], Lossy(), group=2))
 
 

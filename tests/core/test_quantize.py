@@ -18,7 +18,7 @@ def field(n=2, c=1, h=40, w=56, offset=0.0, seed=0):
 
 
 def v1(x, step=0.5, cf=4, dtype="int8"):
-    n, c, h, w = x.shape
+    _n, c, h, w = x.shape
     k = cf * cf
     return dctdata.CodecSpec(cf=cf, height=h, width=w, channels=c, dtype=dtype, steps=[[step] * k] * c, pad="edge")
 

@@ -124,12 +124,52 @@ def test_the_cli_defaults_are_the_python_defaults():
 
 
 def test_every_flag_lands_in_its_field():
-    argv = (
-        "src.nc out --format webdataset --cf 5 --mask triangle --quant int8 --target-psnr noisy=40,clean=45 "
-        "--field m=array --field n=label --key a --key b --no-channels-last --nan fill=0 --valid x=m "
-        "--sample-dim time --variables u,v --stack uv --allow-external --lossless zstd:5 --strict --overwrite --quiet "
-        "--workers 2 --resume --max-shard-size 64MiB --samples-per-shard 8"
-    ).split()
+    argv = [
+        "src.nc",
+        "out",
+        "--format",
+        "webdataset",
+        "--cf",
+        "5",
+        "--mask",
+        "triangle",
+        "--quant",
+        "int8",
+        "--target-psnr",
+        "noisy=40,clean=45",
+        "--field",
+        "m=array",
+        "--field",
+        "n=label",
+        "--key",
+        "a",
+        "--key",
+        "b",
+        "--no-channels-last",
+        "--nan",
+        "fill=0",
+        "--valid",
+        "x=m",
+        "--sample-dim",
+        "time",
+        "--variables",
+        "u,v",
+        "--stack",
+        "uv",
+        "--allow-external",
+        "--lossless",
+        "zstd:5",
+        "--strict",
+        "--overwrite",
+        "--quiet",
+        "--workers",
+        "2",
+        "--resume",
+        "--max-shard-size",
+        "64MiB",
+        "--samples-per-shard",
+        "8",
+    ]
     s = PackSettings.from_args(pack_parser().parse_args(argv))
     assert (s.format, s.cf, s.mask, s.quant, s.target_psnr) == (
         "webdataset",
@@ -176,7 +216,7 @@ def test_the_record_is_the_manifests_pack_entry():
 
 
 def test_dims_and_the_volume_masks():
-    args = pack_parser().parse_args("src.nc out --dims 3 --mask tetra".split())
+    args = pack_parser().parse_args(["src.nc", "out", "--dims", "3", "--mask", "tetra"])
     s = PackSettings.from_args(args)
     assert (s.dims, s.mask, s.record()["dims"], s.source_options["dims"]) == (3, "tetra", 3, 3)
     with pytest.raises(DctDataError, match=r"--mask cube: expected --dims 3 \(a volume mask"):
@@ -214,25 +254,25 @@ def test_settings_object_packs_what_the_keywords_pack(tmp_path):
             dctdata.DctDataError,
             r"pack: expected the settings as keywords or as "
             r"settings=PackSettings\(\.\.\.\)\. Got both \(settings= and cf=\)",
-        ),  # fmt: skip
+        ),
         (dict(settings={"cf": 4}), TypeError, r"pack: settings: expected a PackSettings\. Got dict"),
         (
             dict(max_shard_size="1MiB"),
             dctdata.DctDataError,
             r"--max-shard-size/--samples-per-shard/--samples-per-member: expected --format webdataset\. Got "
             r"--format zarr",
-        ),  # fmt: skip
+        ),
         (
             dict(format="webdataset", max_shard_size="huge"),
             dctdata.DctDataError,
             r"--max-shard-size: expected a size in bytes",
-        ),  # fmt: skip
+        ),
         (
             dict(format="webdataset", samples_per_shard=4, writer_options={"samples_per_shard": 8}),
             dctdata.DctDataError,
             r"samples_per_shard: expected it once\. Got samples_per_shard=4 and writer_options "
             r"\{'samples_per_shard': 8\}",
-        ),  # fmt: skip
+        ),
         (dict(writer_options=[("a", 1)]), TypeError, r"writer_options: expected a mapping\. Got list"),
         (dict(workers=0), dctdata.DctDataError, r"--workers: expected a positive int\. Got 0"),
     ],

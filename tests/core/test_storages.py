@@ -52,7 +52,7 @@ def test_a_registered_storage_is_read_through_its_reader(tmp_path, monkeypatch):
     assert unit == Unit(str(tmp_path / "p"), 0, 6, ("image",), "image")
     batches = list(echo.read_unit(unit, 64))
     assert [first for first, _ in batches] == list(range(0, 6, m.layout["arrays"]["image"]["chunk"]))
-    q, side = batches[0][1][0]
+    q, _side = batches[0][1][0]
     np.testing.assert_array_equal(q.numpy(), reader.read(m.field("image"), 0, len(q)))
 
 

@@ -1,5 +1,6 @@
 """Codec core: exactness, layout, masks, the paper's dense formulation, properties, errors."""
 
+import itertools
 import math
 
 import pytest
@@ -35,7 +36,7 @@ def test_cf8_round_trip_is_exact_for_any_size(shape):
     x = smooth_field(shape, seed=sum(shape))
     y = dctdata.compress(x, cf=8)
     hb, wb = grid_shape(*shape[-2:])
-    assert y.shape == shape[:-2] + (hb, 64, wb)
+    assert y.shape == (*shape[:-2], hb, 64, wb)
     assert y.dtype == torch.float32
     x_hat = dctdata.decompress(y, cf=8, size=shape[-2:])
     assert x_hat.shape == x.shape
@@ -201,7 +202,7 @@ def test_parseval_energy_is_preserved_at_cf8(hb, wb, seed):
 def test_psnr_is_non_decreasing_in_cf(hw, seed, mask):
     x = smooth_field(hw, seed) + 0.3 * torch.randn(*hw, generator=torch.Generator().manual_seed(seed))
     scores = [float(psnr(x, dctdata.decompress(dctdata.compress(x, cf, mask), cf, hw, mask))) for cf in range(1, 9)]
-    assert all(b >= a - 1e-6 for a, b in zip(scores, scores[1:])), scores
+    assert all(b >= a - 1e-6 for a, b in itertools.pairwise(scores)), scores
 
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -233,7 +234,7 @@ def test_non_floating_input_is_a_type_error(dtype):
 
 
 def test_non_tensor_input_is_a_type_error():
-    with pytest.raises(TypeError, match="expected a torch.Tensor of shape"):
+    with pytest.raises(TypeError, match=r"expected a torch.Tensor of shape"):
         dctdata.compress([[1.0]], cf=2)
 
 

@@ -136,7 +136,7 @@ def test_transform_errors_name_what_was_expected():
         t3.decompress(torch.zeros(1, 1, 9, 1), 2, (8, 8, 8))
     with pytest.raises(TypeError, match=r"size: expected a triple \(D, H, W\)"):
         t3.decompress(torch.zeros(1, 1, 8, 1), 2, (8, 8))
-    with pytest.raises(dctdata.DctDataError, match="size: expected W >= 1. Got 0"):
+    with pytest.raises(dctdata.DctDataError, match=r"size: expected W >= 1. Got 0"):
         t3.decompress(torch.zeros(1, 1, 8, 1), 2, (8, 8, 0))
 
 
@@ -160,7 +160,7 @@ def test_volume_spec_accepts_the_2d_mask_names_and_refuses_others():
         volume_spec("float32", mask="diamond")
     with pytest.raises(dctdata.DctDataError, match=r"mask: expected one of \('square', 'triangle'\)"):
         CodecSpec(cf=4, height=8, width=8, mask="cube")
-    with pytest.raises(dctdata.DctDataError, match="depth: expected a positive int. Got 0"):
+    with pytest.raises(dctdata.DctDataError, match=r"depth: expected a positive int. Got 0"):
         CodecSpec(cf=4, depth=0, height=8, width=8)
     with pytest.raises(dctdata.DctDataError, match=r"steps: expected shape \(1, 64\)"):
         CodecSpec(cf=4, depth=8, height=8, width=8, dtype="int8", steps=[[0.1] * 16])

@@ -79,7 +79,7 @@ def test_small_sets_get_enough_shards_for_ranks_times_workers(n, expected):
     f = FieldSpec("x", "array", (8,), "float32")
     assert [b - a for a, b in WebDatasetWriter().plan((f,), n)] == expected
     assert [b - a for a, b in WebDatasetWriter(samples_per_member=1).plan((f,), n)] == expected
-    assert [b - a for a, b in WebDatasetWriter(samples_per_shard=32).plan((f,), n)][0] == min(32, n)  # as given
+    assert next(b - a for a, b in WebDatasetWriter(samples_per_shard=32).plan((f,), n)) == min(32, n)  # as given
     big = FieldSpec("x", "array", (1 << 20,), "float32")  # 4 MiB samples: the size cap still decides
     assert len(WebDatasetWriter(max_shard_size=16 << 20).plan((big,), 64)) == 22
 
@@ -207,9 +207,9 @@ def test_write_errors(tmp_path):
     with pytest.raises(DctDataError, match="expected open"):
         w.write(0, {"x": np.zeros((1, 3), np.float32)})
     w.open(str(tmp_path), (f,), 4)
-    with pytest.raises(DctDataError, match="expected stored float32 \\(3,\\). Got float64"):
+    with pytest.raises(DctDataError, match=r"expected stored float32 \(3,\). Got float64"):
         w.write(0, {"x": np.zeros((1, 3))})
-    with pytest.raises(DctDataError, match="expected consecutive samples starting at 0. Got start=2"):
+    with pytest.raises(DctDataError, match=r"expected consecutive samples starting at 0. Got start=2"):
         w.write(2, {"x": np.zeros((1, 3), np.float32)})
     with pytest.raises(DctDataError, match="expected fields \\['x'\\]"):
         w.write(0, {"y": np.zeros((1, 3), np.float32)})
@@ -233,7 +233,7 @@ def test_cli_shard_caps(source, tmp_path, capsys):
         "pack",
         str(source),
         str(tmp_path / "a"),
-        *"--format webdataset --quiet --samples-per-shard 8 --max-shard-size 1000000".split(),
+        *["--format", "webdataset", "--quiet", "--samples-per-shard", "8", "--max-shard-size", "1000000"],
     ]
     assert main(args) == 0
     m = read_manifest(tmp_path / "a")

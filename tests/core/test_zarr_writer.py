@@ -42,12 +42,12 @@ def test_both_writers_implement_the_interface():
 
 
 def test_chunking_shares_a_power_of_two_shard_and_chunks_divide_it():
-    big = (FieldSpec("big", "array", (1024, 1024), "float32", lossless=None),) + FIELDS
+    big = (FieldSpec("big", "array", (1024, 1024), "float32", lossless=None), *FIELDS)
     shard, chunks = chunking(big, 10_000)
     assert shard & (shard - 1) == 0 and shard * 4 * 1024 * 1024 <= SHARD_BYTES
     assert all(shard % c == 0 and c & (c - 1) == 0 for c in chunks.values())
     assert chunking(FIELDS, 5)[0] == 8  # never more than the next power of two of the sample count
-    with pytest.raises(DctDataError, match="shard: expected a multiple of chunk=4 samples. Got 6"):
+    with pytest.raises(DctDataError, match=r"shard: expected a multiple of chunk=4 samples. Got 6"):
         chunking(FIELDS, 100, chunk=4, shard=6)
 
 
@@ -90,7 +90,7 @@ def test_bad_batches_are_named(tmp_path):
         DctDataError, match=r"zarr writer: field 'x': expected \(B, \(3, 5\)\) float32\. Got \(4, 3, 5\) float64"
     ):
         w.write_part(str(tmp_path), FIELDS, 4, 0, 0, 4, [{"x": np.zeros((4, 3, 5)), "y": np.zeros(4, np.int64)}])
-    with pytest.raises(DctDataError, match="chunk_samples: expected a positive int. Got 0"):
+    with pytest.raises(DctDataError, match=r"chunk_samples: expected a positive int. Got 0"):
         ZarrWriter(chunk_samples=0)
 
 

@@ -2,6 +2,7 @@
 headers that guards nvCOMP's decoder, the batch frame table, the multi-frame CPU decode, and fuzzed streams."""
 
 import io
+import itertools
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def test_encode_frames_writes_standard_frames_of_the_asked_size(n, frame_bytes):
     frames = walk(stream)
     assert [f.size for f in frames] == [min(frame_bytes, n - i) for i in range(0, n, frame_bytes)]
     assert frames[0].start == 0 and frames[-1].end == len(stream)
-    assert all(a.end == b.start for a, b in zip(frames, frames[1:]))
+    assert all(a.end == b.start for a, b in itertools.pairwise(frames))
     assert decode_frames(stream, n).tobytes() == raw
     # a standard zstd stream: the reference library's stream reader decodes the concatenated frames
     reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(stream), read_across_frames=True)
@@ -138,9 +139,9 @@ def test_frame_table_of_a_batch_with_one_and_several_frames_per_sample():
 
 def test_frame_table_names_the_sample_whose_frames_do_not_add_up():
     good, short = encode_frames(coefficients(1000), 19), encode_frames(coefficients(999), 19)
-    with pytest.raises(IntegrityError, match="batch 7: sample 1: expected zstd frames declaring 1000 bytes. Got 999"):
+    with pytest.raises(IntegrityError, match=r"batch 7: sample 1: expected zstd frames declaring 1000 bytes. Got 999"):
         frame_table(good + short, [0, len(good), len(good) + len(short)], 1000, "batch 7")
-    with pytest.raises(IntegrityError, match="batch: sample 1: byte 0: expected a zstd frame. Got magic"):
+    with pytest.raises(IntegrityError, match=r"batch: sample 1: byte 0: expected a zstd frame. Got magic"):
         frame_table(good + bytes(20), [0, len(good), len(good) + 20], 1000)
     with pytest.raises(DctDataError, match="expected offsets within the buffer's"):
         frame_table(good, [0, len(good) + 1], 1000)
@@ -159,14 +160,14 @@ def test_one_frame_per_sample_table_and_aligned_offsets():
 
 def test_decode_frames_refuses_other_sizes_and_bad_blocks():
     stream = encode_frames(coefficients(5000), 19, 2048)
-    with pytest.raises(IntegrityError, match="expected zstd frames declaring 4999 bytes. Got 5000"):
+    with pytest.raises(IntegrityError, match=r"expected zstd frames declaring 4999 bytes. Got 5000"):
         decode_frames(stream, 4999)
     frames = walk(stream)
     bad = bytearray(stream)
     bad[frames[1].start + 20 : frames[1].start + 60] = bytes(40)  # inside a compressed block of frame 1
     with pytest.raises(IntegrityError, match=f"byte {frames[1].start}: expected"):
         decode_frames(bytes(bad), 5000)
-    with pytest.raises(DctDataError, match="frame_bytes: expected a positive int. Got 0"):
+    with pytest.raises(DctDataError, match=r"frame_bytes: expected a positive int. Got 0"):
         encode_frames(b"abc", 19, 0)
 
 

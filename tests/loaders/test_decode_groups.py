@@ -83,9 +83,9 @@ def test_merge_and_group_errors(packs):  # noqa: F811
         r"Got two forms of field 'image' of pack '.*zarr-ctx' \(sha256:",
     ):
         merge_stored([a["image"], dataclasses.replace(a["image"], form=form)])
-    with pytest.raises(DctDataError, match="stored batches: expected at least one to merge. Got none"):
+    with pytest.raises(DctDataError, match=r"stored batches: expected at least one to merge. Got none"):
         merge_stored([])
-    with pytest.raises(TypeError, match="stored batches: expected dctdata.decoder.wire.StoredBatch. Got Tensor"):
+    with pytest.raises(TypeError, match=r"stored batches: expected dctdata.decoder.wire.StoredBatch. Got Tensor"):
         merge_stored([torch.zeros(1)])
     with pytest.raises(TypeError, match=r"layers: expected a Decompress layer \(ds.decompressor\(\)\). Got int"):
         DecompressBatches(3)

@@ -68,18 +68,18 @@ def test_to_device_bare_tensor_and_passthrough():
 def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
-    with pytest.raises(DctDataError, match="device: expected a device name such as 'cpu' or 'cuda:0'. Got 'gpu0'"):
+    with pytest.raises(DctDataError, match=r"device: expected a device name such as 'cpu' or 'cuda:0'. Got 'gpu0'"):
         resolve_device("gpu0")
-    with pytest.raises(TypeError, match="device: expected a torch.device"):
+    with pytest.raises(TypeError, match=r"device: expected a torch.device"):
         resolve_device(1.5)
-    with pytest.raises(TypeError, match="device: expected a torch.device"):
+    with pytest.raises(TypeError, match=r"device: expected a torch.device"):
         to_device(torch.ones(1), True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is missing")
 def test_cuda_requested_without_cuda():
     with pytest.raises(
-        DctDataError, match="device: expected an available device. Got 'cuda' but CUDA is not available"
+        DctDataError, match=r"device: expected an available device. Got 'cuda' but CUDA is not available"
     ):
         DevicePrefetcher([torch.ones(1)], "cuda")
 
@@ -139,7 +139,7 @@ def test_prefetcher_len_needs_a_sized_loader():
 
 
 def test_prefetcher_rejects_non_iterable():
-    with pytest.raises(TypeError, match="loader: expected an iterable such as a torch DataLoader. Got int"):
+    with pytest.raises(TypeError, match=r"loader: expected an iterable such as a torch DataLoader. Got int"):
         DevicePrefetcher(3, "cpu")
 
 
@@ -209,13 +209,13 @@ def test_with_decompress_trains_through_prefetcher():
 def test_with_decompress_errors():
     spec = CodecSpec(cf=2, height=8, width=8)
     with pytest.raises(
-        TypeError, match="decompressor: expected an nn.Module such as dctdata.Decompress. Got CodecSpec"
+        TypeError, match=r"decompressor: expected an nn.Module such as dctdata.Decompress. Got CodecSpec"
     ):
         with_decompress(spec, nn.Identity())
-    with pytest.raises(TypeError, match="model: expected an nn.Module. Got function"):
+    with pytest.raises(TypeError, match=r"model: expected an nn.Module. Got function"):
         with_decompress(Decompress(spec), lambda x: x)
     with pytest.raises(
-        TypeError, match="transforms: expected a callable such as a torchvision.transforms.v2 transform. Got str"
+        TypeError, match=r"transforms: expected a callable such as a torchvision.transforms.v2 transform. Got str"
     ):
         with_decompress(Decompress(spec), nn.Identity(), transforms="normalize")
 
@@ -253,7 +253,7 @@ def test_prefetcher_cuda_pins_unpinned_batches_and_nested():
 @cuda
 def test_with_decompress_on_cuda():
     spec = CodecSpec(cf=4, channels=3, height=32, width=32)
-    x, q = _coeff_batch(spec)
+    _x, q = _coeff_batch(spec)
     net = with_decompress(Decompress(spec), nn.Identity(), transforms=v2.Normalize([0.5] * 3, [0.25] * 3)).cuda()
     out = net(to_device(q, "cuda"))
     assert out.is_cuda

@@ -103,7 +103,7 @@ def _same(cpu_batches, dev_batches, layer, device="cpu"):
 
 @pytest.mark.parametrize("name", sorted(PACKS))
 def test_device_decode_is_cpu_decode_bit_for_bit(packs, name):
-    ds, cpu = _batches(packs / name, "cpu")
+    _ds, cpu = _batches(packs / name, "cpu")
     dev_ds, dev = _batches(packs / name, "device")
     assert {"image", "image_valid", "label"} == set(cpu[0])
     _same(cpu, dev, dev_ds.decompressor("image"))
@@ -208,7 +208,7 @@ def test_decode_setting_is_checked(packs):
         dctdata.open_dataset(packs / "zarr-ctx", decode="gpu")
     with pytest.raises(DctDataError, match=r"decode: expected one of \('cpu', 'device'\)\. Got 'GPU'"):
         dctdata.open_dataset(packs / "wds-ctx", decode="GPU")
-    with pytest.raises(TypeError, match="decode: expected 'cpu' or 'device'. Got bool"):
+    with pytest.raises(TypeError, match=r"decode: expected 'cpu' or 'device'. Got bool"):
         dctdata.open_dataset(packs / "zarr-ctx", decode=True)
     assert dctdata.open_dataset(packs / "zarr-ctx").decode == "cpu"
 

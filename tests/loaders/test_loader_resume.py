@@ -92,7 +92,9 @@ def state(packs):
 
 def test_state_of_another_pack_is_refused(packs, state, tmp_path, labelled_source):
     dctdata.pack(labelled_source, tmp_path / "other", format="webdataset", cf=3, quiet=True)
-    with pytest.raises(DctDataError, match="state_dict: expected a state of the pack at .*Got a state of another pack"):
+    with pytest.raises(
+        DctDataError, match=r"state_dict: expected a state of the pack at .*Got a state of another pack"
+    ):
         loader_for(tmp_path / "other", rank=0, world=2).load_state_dict(state)
     with pytest.raises(DctDataError, match="state_dict: expected a state of the pack"):
         loader_for(packs / "zarr", rank=0, world=2).load_state_dict(state)

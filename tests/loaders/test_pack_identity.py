@@ -202,5 +202,5 @@ def test_packs_written_before_identities_get_one_from_their_manifest(golden):
     cpu = _open(path, "cpu")
     q = next(iter(DataLoader(cpu, batch_size=2)))
     got = next(iter(DataLoader(ds, batch_size=2)))
-    k = [i for i, v in enumerate(got) if isinstance(v, (StoredBatch, MixedStoredBatch))][0]
+    k = next(i for i, v in enumerate(got) if isinstance(v, (StoredBatch, MixedStoredBatch)))
     assert torch.equal(layer(got[k]), cpu.decompressor()(q[k]))

@@ -45,7 +45,7 @@ def test_no_classes_is_none_and_a_bad_list_is_a_format_error(tmp_path):
     ds = dctdata.open_dataset(tmp_path / "p")
     assert ds.classes is None and ds.class_to_idx is None
     object.__setattr__(ds.manifest, "pack", {**ds.manifest.pack, "source_info": {"classes": "cat"}})
-    with pytest.raises(FormatError, match="pack.source_info.classes: expected a list of names. Got 'cat'"):
+    with pytest.raises(FormatError, match=r"pack.source_info.classes: expected a list of names. Got 'cat'"):
         _ = ds.classes
 
 
@@ -74,7 +74,7 @@ def test_clamp_follows_normalization_and_refuses_what_has_no_range(frames, tmp_p
     np.save(tmp_path / "f.npy", np.random.default_rng(0).random((2, 8, 8), np.float32))
     dctdata.pack(tmp_path / "f.npy", tmp_path / "f", quiet=True)
     floats = dctdata.open_dataset(tmp_path / "f")
-    with pytest.raises(DctDataError, match="clamp=True: expected a field with an integer source dtype .*Got field "):
+    with pytest.raises(DctDataError, match=r"clamp=True: expected a field with an integer source dtype .*Got field "):
         floats.decompressor(clamp=True)
     with pytest.raises(DctDataError, match=r"clamp: expected low <= high. Got \(5, 1\)"):
         floats.decompressor(clamp=(5, 1))

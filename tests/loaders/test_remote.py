@@ -56,7 +56,7 @@ def test_pack_to_s3_and_read_back(labelled_source, tmp_path, s3, fmt):
     ds = dctdata.open_dataset(url, storage_options=s3)
     labels = sorted(int(s[1]) for s in (ds if fmt == "webdataset" else (ds[i] for i in range(len(ds)))))
     assert labels == list(range(N))
-    with pytest.raises(DctDataError, match="expected an OUT prefix without a dataset. Got an existing manifest.json"):
+    with pytest.raises(DctDataError, match=r"expected an OUT prefix without a dataset. Got an existing manifest.json"):
         dctdata.pack(labelled_source, url, format=fmt, quiet=True, storage_options=s3)
 
 

@@ -61,13 +61,13 @@ def test_brace_list_matching_no_shard_is_one_error(pack):
 
 
 def test_bad_shard_lists(pack, labelled_source, tmp_path):
-    with pytest.raises(DctDataError, match="shards: expected at least one shard file. Got an empty list"):
+    with pytest.raises(DctDataError, match=r"shards: expected at least one shard file. Got an empty list"):
         dctdata.open_dataset([])
     with pytest.raises(DctDataError, match="expected shard files of one pack"):
         dctdata.open_dataset([pack / "shard-000000.tar", tmp_path / "shard-000001.tar"])
-    with pytest.raises(DctDataError, match="expected a '.tar' shard file of a webdataset pack"):
+    with pytest.raises(DctDataError, match=r"expected a '.tar' shard file of a webdataset pack"):
         dctdata.open_dataset([pack / "manifest.json"])
-    with pytest.raises(TypeError, match="shards: expected path or URL strings. Got int"):
+    with pytest.raises(TypeError, match=r"shards: expected path or URL strings. Got int"):
         dctdata.open_dataset([3])
     with pytest.raises(DctDataError, match="expected a dctdata manifest"):
         dctdata.open_dataset(f"{tmp_path}/shard-{{000000..000003}}.tar")  # no pack beside them

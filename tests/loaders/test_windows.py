@@ -208,16 +208,16 @@ def test_loader_resumes_mid_epoch(packed):
 
 
 def test_errors(packed, tmp_path):
-    raw, pack, _ = packed
+    _raw, pack, _ = packed
     flat = tmp_path / "flat.zarr"
     dctdata.pack(np.random.default_rng(0).random((4, 16, 16), dtype=np.float32), flat, quiet=True)
-    with pytest.raises(DctDataError, match="expected a pack of trajectories .* Got a pack of independent samples"):
+    with pytest.raises(DctDataError, match=r"expected a pack of trajectories .* Got a pack of independent samples"):
         dctdata.open_dataset(flat, n_steps_input=2)
     with pytest.raises(DctDataError, match=r"trajectory 0 \(file a\.h5 trajectory 0\): expected at least 21 steps"):
         dctdata.open_dataset(pack, n_steps_input=20, n_steps_output=1)
-    with pytest.raises(DctDataError, match="dt_stride: expected min <= max. Got min 3, max 2"):
+    with pytest.raises(DctDataError, match=r"dt_stride: expected min <= max. Got min 3, max 2"):
         dctdata.open_dataset(pack, dt_stride=(3, 2))
-    with pytest.raises(DctDataError, match="full_trajectory_mode: expected one stride. Got a stride range 1..2"):
+    with pytest.raises(DctDataError, match=r"full_trajectory_mode: expected one stride. Got a stride range 1..2"):
         dctdata.open_dataset(pack, dt_stride=(1, 2), full_trajectory_mode=True)
     with pytest.raises(DctDataError, match=r"normalization: expected one of \('zscore', 'rms'\)"):
         dctdata.open_dataset(pack, n_steps_input=2, normalization="minmax")

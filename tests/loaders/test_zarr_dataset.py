@@ -39,7 +39,7 @@ def test_indexing_and_batches(tmp_path):
     np.testing.assert_allclose(dec.numpy(), x[[5, 3, 4, 20, 5]], atol=1e-4)
     with pytest.raises(IndexError, match="out of range"):
         ds[23]
-    with pytest.raises(TypeError, match="index: expected an int or a slice. Got str"):
+    with pytest.raises(TypeError, match=r"index: expected an int or a slice. Got str"):
         ds["a"]
     with pytest.raises(dctdata.DctDataError, match="expected a dct field"):
         ds.decompressor("label")
@@ -69,7 +69,7 @@ def test_slices_are_collated_batches(tmp_path):
 def test_dataloader_workers(tmp_path, method):
     if method not in mp.get_all_start_methods():
         pytest.skip(f"no {method} start method here")
-    out, x, labels = make(tmp_path)
+    out, x, _labels = make(tmp_path)
     ds = dctdata.open_dataset(out)
     ds[0]  # open zarr in the parent first: a forked child must not reuse it
     loader = torch.utils.data.DataLoader(
@@ -115,7 +115,7 @@ def _flip(path, offset=40):
 
 
 def test_corrupted_chunk_fails_verify_and_read(tmp_path, capsys):
-    out, x, labels = make(tmp_path)
+    out, _x, _labels = make(tmp_path)
     assert main(["verify", str(out)]) == 0
     assert "OK" in capsys.readouterr().out
     _flip(out / "image" / "c.2.0.0.0.0")
@@ -141,7 +141,7 @@ def _as_list(batch):
 def test_skipped_count_reaches_the_main_process_from_workers(tmp_path, context):
     """on_error="skip" in DataLoader workers: `ds.skipped` in the main process counts what the workers dropped
     (it stayed 0: each worker counted in its own copy)."""
-    out, x, labels = make(tmp_path)
+    out, _x, labels = make(tmp_path)
     _flip(out / "image" / "c.2.0.0.0.0")  # samples 8..9 (one chunk) fail their checksum
     ds = dctdata.open_dataset(out, on_error="skip")
     loader = torch.utils.data.DataLoader(
@@ -153,7 +153,7 @@ def test_skipped_count_reaches_the_main_process_from_workers(tmp_path, context):
 
 
 def test_missing_shard_is_not_fill_value(tmp_path, capsys):
-    out, x, labels = make(tmp_path)
+    out, _x, _labels = make(tmp_path)
     (out / "image" / "c.5.0.0.0.0").unlink()
     ds = dctdata.open_dataset(out)
     with pytest.raises(IntegrityError, match=r"samples 20\.\.22: expected a shard file\. Got none \(missing\)"):

@@ -38,7 +38,7 @@ def _source(tmp_path, n, c=1, name="x.npy"):
 
 @pytest.mark.parametrize("n", [1, 5])
 def test_small_pack_keeps_its_side_values_in_the_manifest(tmp_path, monkeypatch, n):
-    src, x = _source(tmp_path, n, c=2)
+    src, _x = _source(tmp_path, n, c=2)
     m = dctdata.pack(src, tmp_path / "inline", **KW)
     monkeypatch.setattr(zarr_writer, "INLINE_BYTES", 0)  # the same pack with the side array stored
     dctdata.pack(src, tmp_path / "array", **KW)
@@ -70,7 +70,7 @@ def test_inline_pack_stores_fewer_bytes_and_decodes_on_target(tmp_path, monkeypa
 
 
 def test_a_pack_over_the_limit_keeps_its_side_array(tmp_path, monkeypatch):
-    src, x = _source(tmp_path, 3)
+    src, _x = _source(tmp_path, 3)
     dctdata.pack(src, tmp_path / "inline", **KW)
     monkeypatch.setattr(zarr_writer, "INLINE_BYTES", 2 * 8)  # 3 samples x 1 channel x 8 bytes is over
     m = dctdata.pack(src, tmp_path / "p", **KW)
@@ -93,7 +93,7 @@ def test_a_streamed_pack_over_several_parts_joins_its_side_values_in_order(tmp_p
 
 
 def test_an_object_store_pack_removes_the_partner_objects(tmp_path):
-    src, x = _source(tmp_path, 2)
+    src, _x = _source(tmp_path, 2)
     fs = fsspec.filesystem("memory")
     try:
         dctdata.pack(src, "memory://dctdata_inline/p", **KW)

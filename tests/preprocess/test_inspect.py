@@ -14,7 +14,7 @@ from dctdata.preprocess.inspect_figure import inspect_figure, radial_power_spect
 
 
 def test_radial_spectrum_finds_a_stripe_frequency():
-    yy, xx = np.mgrid[:64, :64]
+    _yy, xx = np.mgrid[:64, :64]
     f, p = radial_power_spectrum(np.sin(2 * np.pi * xx * 0.125))
     assert abs(f[np.nanargmax(p)] - 0.125) < 0.02
     with pytest.raises(dctdata.DctDataError, match="expected a 2-D array"):
@@ -82,7 +82,7 @@ def test_originals_from_an_image_folder(tmp_path):
 
 def test_originals_from_python_objects_only_when_passed(tmp_path):
     x = synthetic_fields(n=4, size=32)["clouds"]
-    path, shown = _pack_and_inspect(tmp_path, x)
+    _path, shown = _pack_and_inspect(tmp_path, x)
     assert not shown  # the manifest records "<ndarray ...>": nothing to follow
     assert inspect_dataset(str(tmp_path / "out"), str(tmp_path / "j.png"), original=x)[1]
 

@@ -97,7 +97,7 @@ def test_parallel_needs_dask(labelled_source, tmp_path, monkeypatch):
 
 
 def test_bad_parallel_settings(labelled_source, tmp_path):
-    with pytest.raises(DctDataError, match="--workers: expected a positive int. Got 0"):
+    with pytest.raises(DctDataError, match=r"--workers: expected a positive int. Got 0"):
         dctdata.pack(labelled_source, tmp_path / "a", workers=0)
     with pytest.raises(DctDataError, match="--workers/--scheduler: expected one of them"):
         dctdata.pack(labelled_source, tmp_path / "a", workers=2, scheduler="tcp://127.0.0.1:1")
@@ -167,7 +167,7 @@ def test_every_error_a_worker_raises_comes_back_whole():
         if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             args = ("sample 3: field 'x': expected within 1e-06",)
         else:
-            args = ("sample 3: field 'x': expected within 1e-06",) + tuple(range(1, len(params)))
+            args = ("sample 3: field 'x': expected within 1e-06", *tuple(range(1, len(params))))
         err = cls(*args)
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is cls and str(back) == str(err), cls

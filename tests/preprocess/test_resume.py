@@ -89,9 +89,9 @@ def test_kill9_then_resume_cli_webdataset(tmp_path):
     def cmd(out, resume):
         c = [
             sys.executable,
-            *"-m dctdata pack slow_src:make".split(),
+            *["-m", "dctdata", "pack", "slow_src:make"],
             str(out),
-            *"--format webdataset --samples-per-shard 8 --quiet".split(),
+            *["--format", "webdataset", "--samples-per-shard", "8", "--quiet"],
         ]
         return c + (["--resume"] if resume else [])
 

@@ -112,9 +112,9 @@ def test_time_dim_errors(nc, tmp_path):
         dctdata.pack(lines, tmp_path / "d", time_dim="time", quiet=True)
     with pytest.raises(DctDataError, match="--time-dim: expected a name"):
         dctdata.pack(nc, tmp_path / "e", time_dim="", quiet=True)
-    with pytest.raises(DctDataError, match="expected a NetCDF/zarr source or an xarray.Dataset"):
+    with pytest.raises(DctDataError, match=r"expected a NetCDF/zarr source or an xarray.Dataset"):
         dctdata.pack(np.zeros((4, 8, 8), np.float32), tmp_path / "f", time_dim="time", quiet=True)
-    with pytest.raises(DctDataError, match="expected an HDF5/NetCDF/zarr source. Got an iterable"):
+    with pytest.raises(DctDataError, match=r"expected an HDF5/NetCDF/zarr source. Got an iterable"):
         dctdata.pack(({"x": np.zeros((8, 8))} for _ in range(2)), tmp_path / "g", time_dim="time", quiet=True)
 
 

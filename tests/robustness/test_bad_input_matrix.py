@@ -34,7 +34,7 @@ import torch
 if __name__ == "__main__":  # run as a script (prints the table): find the helpers beside conftest.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pack_checks import reseal
-from sample_fields import smooth_fields  # noqa: E402
+from sample_fields import smooth_fields
 
 import dctdata
 from dctdata.cli import main
@@ -1595,7 +1595,7 @@ def run_case(c: Case, tmp: Path) -> tuple[bool, str]:
                 if "\n" in msg or not re.search(c.match, msg):
                     return False, f"message {msg!r} does not match {c.match!r}"
                 return (True, "") if _snapshot(tmp) == before else (False, "files changed")
-            except Exception as exc:  # noqa: BLE001 - counted, not raised
+            except Exception as exc:
                 return False, f"raised {type(exc).__name__} (not a DctDataError/TypeError): {exc}"
             if c.match is not None:
                 return False, f"no error (returned {type(result).__name__})"
@@ -1609,7 +1609,7 @@ def run_case(c: Case, tmp: Path) -> tuple[bool, str]:
                 rc = main(argv)
             except SystemExit as exc:  # argparse
                 rc = exc.code
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 return False, f"traceback: {type(exc).__name__}: {exc}"
         out, err = out.getvalue(), err.getvalue()
         if c.match is None:
@@ -1683,7 +1683,7 @@ def table() -> str:
     lines = ["| entry point | cases tried | handled cleanly |", "|---|---:|---:|"]
     lines += [f"| {k} | {v[0]} | {v[1]} |" for k, v in rows.items()]
     lines.append(f"| **total** | **{sum(v[0] for v in rows.values())}** | **{sum(v[1] for v in rows.values())}** |")
-    return "\n".join(lines + ([""] + failures if failures else []))
+    return "\n".join(lines + (["", *failures] if failures else []))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ CI runs a few hundred examples in seconds. The long run (reported in docs/robust
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -115,7 +116,7 @@ def _containers(d, path=()):
     items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
     for k, v in items:
         if isinstance(v, (dict, list)):
-            yield from _containers(v, path + (k,))
+            yield from _containers(v, (*path, k))
 
 
 def _mutate(data, d):
@@ -154,10 +155,8 @@ def _check_parse(raw: bytes) -> Manifest | None:
     # whatever parses is valid and round-trips
     assert parse_manifest(m.to_json().encode(), "again") == m
     if m.storage == "zarr":
-        try:
+        with contextlib.suppress(DctDataError):
             zarr_layout(m)
-        except DctDataError:
-            pass
     for f in m.fields:
         assert f.stored_sample_bytes >= 0 and (f.kind != "dct" or f.codec.sample_shape == f.shape)
     return m

@@ -332,6 +332,6 @@ def test_16_a_full_disk_names_the_file_and_the_pack_resumes(tmp_path, fmt):
     partial = re.escape(partial_dir(str(tmp_path / "out")))
     assert re.search(rf"dctdata pack: error: File too large: {partial}/\S+", r.stderr), r.stderr
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
-    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)  # room again: it finishes
+    r = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=600)  # room again: it finishes
     assert r.returncode == 0, r.stderr
     assert main(["verify", str(tmp_path / "out")]) == 0

@@ -83,7 +83,12 @@ def test_unrepresentable_detail_is_refused_not_missed(tmp_path, capsys):
     np.save(tmp_path / "x.npy", x)
     assert (
         main(
-            ["pack", str(tmp_path / "x.npy"), str(tmp_path / "out"), *"--quant int16 --target-psnr 40 --quiet".split()]
+            [
+                "pack",
+                str(tmp_path / "x.npy"),
+                str(tmp_path / "out"),
+                *["--quant", "int16", "--target-psnr", "40", "--quiet"],
+            ]
         )
         == 1
     )
@@ -96,7 +101,12 @@ def test_unrepresentable_detail_is_refused_not_missed(tmp_path, capsys):
     np.save(tmp_path / "y.npy", (x.astype(np.float64) - 1.0).astype(np.float32))
     assert (
         main(
-            ["pack", str(tmp_path / "y.npy"), str(tmp_path / "out"), *"--quant int16 --target-psnr 40 --quiet".split()]
+            [
+                "pack",
+                str(tmp_path / "y.npy"),
+                str(tmp_path / "out"),
+                *["--quant", "int16", "--target-psnr", "40", "--quiet"],
+            ]
         )
         == 0
     )

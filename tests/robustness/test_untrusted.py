@@ -182,8 +182,14 @@ def test_pickled_webdataset_member_is_refused_and_never_runs(wds, tmp_path, caps
 @pytest.mark.parametrize(
     "member",
     [
-        *"000000000.model.pth 000000000.state.pickle 000000000.ext.pyd 000000000.image.pyd 000000000.x.pkl".split(),
-        *"../../outside.npy /etc/cron.d/x.npy 000000000.image.npy/../../x".split(),
+        *[
+            "000000000.model.pth",
+            "000000000.state.pickle",
+            "000000000.ext.pyd",
+            "000000000.image.pyd",
+            "000000000.x.pkl",
+        ],
+        *["../../outside.npy", "/etc/cron.d/x.npy", "000000000.image.npy/../../x"],
     ],
 )
 def test_code_like_and_escaping_members_are_refused(wds, tmp_path, member):
@@ -254,6 +260,6 @@ def test_pack_writes_nothing_outside_out(tmp_path):
     before = sorted(p.name for p in tmp_path.iterdir())
     for fmt in ("zarr", "webdataset"):
         dctdata.pack(tmp_path / "work" / "x.npy", tmp_path / f"out_{fmt}", format=fmt, quiet=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["out_webdataset", "out_zarr"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "out_webdataset", "out_zarr"])
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["x.npy"]
     shutil.rmtree(tmp_path / "out_zarr")

@@ -128,7 +128,7 @@ def test_registering_checks_ids_suffixes_and_spellings(fake):
 
 def test_option_types():
     assert parse_option(" auto ") == AUTO
-    with pytest.raises(TypeError, match="--lossless: expected a string such as 'auto' or 'zstd'. Got int"):
+    with pytest.raises(TypeError, match=r"--lossless: expected a string such as 'auto' or 'zstd'. Got int"):
         parse_option(9)
     with pytest.raises(dctdata.DctDataError, match=r"^--codec: expected one of: auto, zstd, .*Got 'auto:1'"):
         parse_option("auto:1", "--codec")

@@ -462,7 +462,7 @@ def member_stored(
     check_stream(codec, raw, form.decoded, where)
     # a copy: a sample waiting in a shuffle buffer must not keep its whole shard alive
     values: list[Any] = [StoredSample(bytes(raw), index, 0, form, index)]
-    return values + [side] if len(parts) > 1 else values
+    return [*values, side] if len(parts) > 1 else values
 
 
 def member_plan(

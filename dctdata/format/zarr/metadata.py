@@ -43,7 +43,7 @@ def check_group_json(raw: bytes, where: str) -> None:
 
 def chunk_codecs(lossless: Mapping[str, Any] | None, itemsize: int, little: bool = True) -> list[dict[str, Any]]:
     """The inner chunk codecs of a field in zarr v3 JSON: array -> bytes, the lossless stage, crc32c."""
-    return get_stage(lossless).zarr_codecs(itemsize, little) + [{"name": "crc32c"}]
+    return [*get_stage(lossless).zarr_codecs(itemsize, little), {"name": "crc32c"}]
 
 
 def array_json(
