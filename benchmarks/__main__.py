@@ -80,6 +80,10 @@ SCRIPTS = {
         "benchmarks.max_error",
         "bytes at equal pointwise error bound: --max-rel-error against SZ3 (abs), ZFP (fixed accuracy), SPERR (pwe)",
     ),
+    "edge-blocks": (
+        "benchmarks.edge_blocks",
+        "stored bytes with partial blocks padded as before, filled from their own pixels, and with table bytes weighed",
+    ),
     "pack-speed": (
         "benchmarks.pack_speed",
         "pack MB/s of float32 and CR (default, zstd, fixed, workers, cold CLI, GPU) beside SZ3, ZFP and SPERR",
