@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's dctdata
 
-from benchmarks.gpu import QUEUED_CALLS, _seconds, v1_spec, v2_spec, wire
+from benchmarks.gpu import QUEUED_CALLS, _seconds, v1_spec, v2_spec, wire  # the gpu table's codecs, timing
 from dctdata.codec.spec import CodecSpec
 from dctdata.decoder import fused_cuda
 from dctdata.decoder.layer import Decompress
@@ -226,7 +226,7 @@ def nvcomp_rows(frame_counts, calls: int, dev: torch.device, small: int = 64 << 
     try:
         codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW)
         meta["alignment"] = codec.get_required_decompression_alignment()
-    except Exception as exc:
+    except Exception as exc:  # a fact for the report, not a reason to stop
         meta["alignment"] = f"unknown ({type(exc).__name__}: {exc})"
     pool = ThreadPoolExecutor(os.cpu_count() or 4)
     raws = list(pool.map(lambda s: laplacian(small, s), range(128)))
@@ -236,7 +236,7 @@ def nvcomp_rows(frame_counts, calls: int, dev: torch.device, small: int = 64 << 
     def run(*args, **kwargs):
         try:
             row = nvcomp_case(nz, zf, dev, *args, **kwargs)
-        except Exception as exc:
+        except Exception as exc:  # report the row's failure and go on
             row = {"case": args[0], "samples": len(args[1]), "error": f"{type(exc).__name__}: {exc}"}
         rows.append(row)
         print(format_nvcomp_rows([row], header=len(rows) == 1), flush=True)

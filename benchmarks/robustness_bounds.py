@@ -253,14 +253,14 @@ def run_case(name: str, env: dict) -> dict:
     item, what, honest, hostile = case_calls(name, env)
     try:
         honest()
-    except Exception as exc:
+    except Exception as exc:  # reported, the hostile call is what is measured
         print(f"honest call failed: {exc}", file=sys.stderr)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
     try:
         got = hostile()
         outcome = f"returned ({got})" if isinstance(got, str) else "returned"
-    except Exception as exc:
+    except Exception as exc:  # the outcome is what is reported
         outcome = f"{type(exc).__name__}: {str(exc)[:150]}"
     block = time.perf_counter() - t
     grow = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024

@@ -44,12 +44,12 @@ def run_split(part: Callable[[int, int], object], count: int, runs: int) -> None
             if _POOL is not None and _POOL[0] == os.getpid():
                 _POOL[2].shutdown(wait=False)  # more threads asked for: the smaller pool's threads end
             _POOL = (os.getpid(), runs - 1, ThreadPoolExecutor(runs - 1, thread_name_prefix="dctdata"))
-        futures: list[Future] = [_POOL[2].submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        futures: list[Future] = [_POOL[2].submit(part, lo, hi) for lo, hi in itertools.pairwise(bounds[1:])]
     errors: list[BaseException | None] = []
     try:
         part(bounds[0], bounds[1])
         errors.append(None)
-    except BaseException as exc:
+    except BaseException as exc:  # re-raised below, after the other runs end
         errors.append(exc)
     for f in futures:
         errors.append(f.exception())

@@ -183,7 +183,7 @@ class OutLock:
         self._fd = None
 
     def __del__(self) -> None:  # a Writer dropped without close() must not keep OUT locked
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # at interpreter exit module globals may be gone; the kernel unlocks
             self.release()
 
     def __enter__(self) -> OutLock:

@@ -79,7 +79,7 @@ class FakeNvcomp(types.ModuleType):
         self.codecs, self.configs, self.decodes, self.arrays = [], 0, 0, []
         self.refuse_out, self.short_frames, self.allocator = False, set(), "unset"
 
-    def Codec(self, **kwargs):
+    def Codec(self, **kwargs):  # nvCOMP's name
         return FakeCodec(self, **kwargs)
 
     def as_arrays(self, buffer, offsets, sizes, cuda_stream=0):

@@ -273,7 +273,7 @@ def guarded(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except (DctDataError, TypeError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # Triton compile errors, missing ptxas, driver/arch mismatches
         _broken = f"{type(exc).__name__}: {exc}"
         log.warning("fused CUDA kernel failed (%s); Decompress uses the portable graph from now on", _broken)
         return None

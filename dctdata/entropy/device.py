@@ -321,7 +321,7 @@ def _nvrtc() -> Any:  # cuda.bindings.nvrtc, which has no type hints
     try:
         nvrtc.nvrtcVersion()
         return nvrtc
-    except Exception:
+    except Exception:  # cuda-pathfinder did not find the library: load the wheel's
         pass
     for pattern in ("libnvrtc-builtins.so.*", "libnvrtc.so.*"):
         for d in sys.path:

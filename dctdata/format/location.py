@@ -84,7 +84,7 @@ def shard_selection(path_or_url: object) -> tuple[str, tuple[str, ...] | None]:
 
         try:
             items = list(braceexpand(s))
-        except Exception as exc:
+        except Exception as exc:  # braceexpand raises on malformed ranges
             raise _error(f"{s}: expected a brace expression of shard files. Got {type(exc).__name__}: {exc}") from exc
     else:
         raise TypeError(f"path_or_url: expected a path or URL string, or a list of shard files. Got "
@@ -218,7 +218,7 @@ class _RemoteFile:
         try:
             data: bytes = self._fh.read(n)
             return data
-        except Exception as exc:
+        except Exception as exc:  # aiohttp/fsspec client errors of every kind
             raise remote_error(exc, self._url) from exc
 
     def __getattr__(self, name: str) -> Any:
@@ -256,7 +256,7 @@ def open_file(
                 fs, path = fsspec.core.url_to_fs(path_or_url, **options)
                 return _RemoteFile(HTTPStream(fs, path), path_or_url)
             return _RemoteFile(fsspec.open(path_or_url, mode, **options).open(), path_or_url)
-        except Exception as exc:
+        except Exception as exc:  # as _RemoteFile.read
             raise remote_error(exc, path_or_url) from exc
     if mode in ("r", "rb"):
         return os.fdopen(open_regular(path_or_url, root), mode)

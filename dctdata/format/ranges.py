@@ -127,7 +127,7 @@ class RangeSource:
         if self.remote:
             try:
                 return int(self._fs.size(self._path(rel)))
-            except Exception as exc:
+            except Exception as exc:  # aiohttp/fsspec client errors: see remote_error
                 raise remote_error(exc, self._path(rel)) from exc
         return os.fstat(self._fd(rel)).st_size
 
@@ -192,7 +192,7 @@ class RangeSource:
                 got = http.cat_ranges(self._fs, paths, starts, stops)
             else:
                 got = self._fs.cat_ranges(paths, starts, stops, on_error="return")
-        except Exception as exc:
+        except Exception as exc:  # a filesystem that fails the whole call: every slot fails
             got = [exc] * len(ranges)
         return [remote_error(g, p) if isinstance(g, Exception) else bytes(g) for g, p in zip(got, paths)]
 

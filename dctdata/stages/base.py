@@ -203,7 +203,7 @@ class Stage:
             raise IntegrityError(f"{described(where)}: {exc}") from None
         except IntegrityError as exc:
             raise IntegrityError(f"{described(where)}: expected {self.label} bytes of {dt} {shape}. Got {exc}") from exc
-        except Exception as exc:
+        except Exception as exc:  # any decoder failure is a data error naming the sample or chunk
             raise IntegrityError(
                 f"{described(where)}: expected {self.label} bytes of {dt} {shape}. Got undecodable bytes "
                 f"({type(exc).__name__}: {exc})"

@@ -187,7 +187,7 @@ def _decoder(device: torch.device) -> _Decoder:
             decoder = _DECODERS[key] = _Decoder(nvcomp(), device, stream)
         except MissingExtraError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # driver/runtime mismatches surface here
             why = f"{type(exc).__name__}: {exc}"
             raise DctDataError(f"nvCOMP: could not create a zstd codec on {device}: {why}") from exc
     return decoder
@@ -243,7 +243,7 @@ def decode_frames(
         actual = decoder.decode(data, starts, in_sizes, buf, out_starts, sizes)
     except (DctDataError, TypeError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # nvCOMP reports launch and size problems as RuntimeError/ValueError
         raise DctDataError(f"nvCOMP zstd decode of {len(starts)} frames failed: {type(exc).__name__}: {exc}") from exc
     if not aligned:
         packed = _compacted(buf, out_starts, sizes, total)

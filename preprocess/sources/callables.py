@@ -121,7 +121,7 @@ class DatasetSource(Source):
             raise DctDataError(f"{target}: expected a callable returning a map-style dataset. Got {type(obj).__name__}")
         try:
             dataset = obj()
-        except Exception as exc:
+        except Exception as exc:  # --debug shows the traceback
             raise DctDataError(
                 f"{target}: expected the callable to return a dataset. Got {type(exc).__name__}: {exc}"
             ) from exc
@@ -130,7 +130,7 @@ class DatasetSource(Source):
     def __len__(self):
         try:
             n = len(self.dataset)
-        except Exception as exc:
+        except Exception as exc:  # user code
             raise DctDataError(
                 f"{self.description}: expected len(dataset) to work. Got {type(exc).__name__}: {exc}"
             ) from exc
@@ -140,7 +140,7 @@ class DatasetSource(Source):
         where = self.where(index)
         try:
             item = self.dataset[index]
-        except Exception as exc:
+        except Exception as exc:  # user code: name the sample instead of a traceback
             raise DctDataError(
                 f"{where}: expected dataset[{index}] to return a sample. Got {type(exc).__name__}: {exc}"
             ) from exc

@@ -108,7 +108,7 @@ def open_xarray(source: Any) -> tuple[Any, str]:
         return xr.open_dataset(s, chunks=None), s
     except DctDataError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # netCDF4/h5netcdf/zarr raise many types for unreadable stores
         what = "zarr store" if zarr_like else "NetCDF file"
         first = (str(exc).strip().splitlines() or [""])[0]
         raise DctDataError(f"{s}: expected a readable {what}. Got {type(exc).__name__}: {first}") from exc
@@ -341,7 +341,7 @@ class XarraySource(Source):
         part = self.ds.isel({**where, self.sample_dim: slice(start, stop)})
         try:
             part = part.transpose(self.sample_dim, ...).compute()  # reads this slice of every variable
-        except Exception as exc:
+        except Exception as exc:  # backends raise many types for unreadable chunks
             first = (str(exc).strip().splitlines() or [""])[0]
             raise DctDataError(
                 f"{self.where(start)}..{stop - 1}: expected readable values. Got {type(exc).__name__}: {first}"
@@ -374,7 +374,7 @@ class XarraySource(Source):
         return out
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing is best effort
             self.ds.close()
 
 

@@ -285,7 +285,7 @@ def _child_reads(root, idx, queue):
         torch.set_num_threads(2)
         got, _ = read(root, idx)
         queue.put((got["image"].tobytes(), pool.pool_threads(), threading.active_count()))
-    except BaseException as exc:
+    except BaseException as exc:  # reported to the parent
         queue.put(repr(exc))
 
 

@@ -1595,7 +1595,7 @@ def run_case(c: Case, tmp: Path) -> tuple[bool, str]:
                 if "\n" in msg or not re.search(c.match, msg):
                     return False, f"message {msg!r} does not match {c.match!r}"
                 return (True, "") if _snapshot(tmp) == before else (False, "files changed")
-            except Exception as exc:
+            except Exception as exc:  # counted, not raised
                 return False, f"raised {type(exc).__name__} (not a DctDataError/TypeError): {exc}"
             if c.match is not None:
                 return False, f"no error (returned {type(result).__name__})"

@@ -480,7 +480,7 @@ def _read_after(barrier, ds, i: int, labels: dict, errors: list) -> None:
     barrier.wait()  # every thread makes the lazy first open at once
     try:
         labels[i] = int(ds[i % N][1])
-    except Exception as exc:
+    except Exception as exc:  # any failure is the finding
         errors.append(repr(exc))
 
 
