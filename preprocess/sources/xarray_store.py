@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf")
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zmetadata", ".zarray")
+STATS_BATCH_BYTES = (
+    16 << 20
+)  # float64 values per read of the statistics pass (the pack's read batch, parts.BATCH_BYTES)
 
 
 def is_xarray_path(path: str) -> bool:
@@ -380,11 +383,9 @@ class XarraySource(Source):
         frames, over every frame of every trajectory (`sources.well`'s statistics; float64 sums of the finite
         values, a read batch of one trajectory at a time, its last frame kept for the next batch's first
         difference)."""
-        from dctdata.preprocess.parts import BATCH_BYTES
-
         shapes = self.probe()
         frame_bytes = sum(math.prod(shape) * 8 for shape, _ in shapes.values())
-        step = max(1, BATCH_BYTES // max(frame_bytes, 1))
+        step = max(1, STATS_BATCH_BYTES // max(frame_bytes, 1))
         n_spatial = 3 if self.dims == 3 else 2
         sums: dict[str, np.ndarray] = {}
         for k in range(self.n // self.n_steps):

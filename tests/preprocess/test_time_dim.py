@@ -12,6 +12,7 @@ import dctdata
 from dctdata.cli import main
 from dctdata.decoder.wire import collate
 from dctdata.errors import DctDataError
+from dctdata.loaders.decode_ahead import DecodeAhead
 from dctdata.loaders.windows import windows_per_trajectory
 
 xr = pytest.importorskip("xarray")
@@ -134,6 +135,14 @@ def test_time_dim_integer_variable_windows_on_the_device(tmp_path):
     for key in ("input_fields", "output_fields"):
         assert torch.equal(got[key], torch.stack([w[key] for w in want])), key
     np.testing.assert_array_equal(got["input_fields"][1, 0, ..., 0].numpy(), src["level"].values[0, 1])
+    batches = [batch, collate(dev.__getitems__([3, 4]))]
+    ahead = list(DecodeAhead(batches, dev.decompressor(), group=2))  # the stored-as-is frames pass through
+    for a, b in zip(ahead, batches):
+        assert torch.equal(a["input_fields"], dev.decompressor()(b)["input_fields"])
+    dctdata.pack(src, tmp_path / "a", time_dim="time", variables="level", fields={"level": "array"}, quiet=True)
+    raw = dctdata.open_dataset(tmp_path / "a", n_steps_input=2, n_steps_output=1, decode="device")
+    ahead = list(DecodeAhead([collate(raw.__getitems__([0, 1]))], raw.decompressor()))  # nothing to decode
+    np.testing.assert_array_equal(ahead[0]["output_fields"][1, 0, ..., 0].numpy(), src["level"].values[0, 3])
 
 
 @pytest.mark.parametrize("normalization", ["zscore", "rms"])
@@ -182,7 +191,7 @@ def test_time_dim_statistics_across_read_batches_and_nans(monkeypatch):
     src = ensemble()
     src["t2m"].values[1, 3, 2, 5] = np.nan
     whole = XarraySource(src, time_dim="time").info["trajectories"]["stats"]
-    monkeypatch.setattr("dctdata.preprocess.parts.BATCH_BYTES", 1)
+    monkeypatch.setattr("dctdata.preprocess.sources.xarray_store.STATS_BATCH_BYTES", 1)
     batched = XarraySource(src, time_dim="time").info["trajectories"]["stats"]
     for name in ("t2m", "u", "mean_t"):
         assert_numpy_stats(batched[name], src[name].values)
