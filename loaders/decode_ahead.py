@@ -15,7 +15,9 @@ The decoder is any object with
 merged into one launch of the lossless stage's device decoder (the entropy coder's kernel, nvCOMP's zstd),
 then `Decompress`, on a side stream; each batch comes back with its stored fields replaced by the decoded
 arrays. A `Decompress` layer (or a dict of them by field, or a list of them by position) given as the decoder
-is wrapped in one. Stored bytes carry their pack's codec: a batch holding several packs' samples, or two packs
+is wrapped in one. A window dataset's `ds.decompressor()` (`WindowDecompress`) is a group decoder itself:
+the group's distinct frames decoded in one `DecompressBatches` call, then each batch's windows gathered.
+Stored bytes carry their pack's codec: a batch holding several packs' samples, or two packs
 paired (`StackDataset(noisy, clean)`: both fields named "image"), decodes each pack with its own codec.
 `dctdata.stages.nvcomp_zstd.ZstdBatches` is a lower-level one (zstd streams -> sample tensors on the GPU).
 
@@ -53,7 +55,8 @@ class DecodeAhead:
     def __init__(self, batches: Iterable, decoder: Any, group: int = 8) -> None:
         if not isinstance(batches, Iterable):
             raise TypeError(f"batches: expected an iterable such as a DataLoader. Got {type(batches).__name__}")
-        if (
+        group_decoder = callable(getattr(decoder, "start", None)) and callable(getattr(decoder, "finish", None))
+        if not group_decoder and (
             isinstance(decoder, nn.Module)
             or (isinstance(decoder, Mapping) and decoder and all(isinstance(v, nn.Module) for v in decoder.values()))
             or (isinstance(decoder, (list, tuple)) and decoder and all(isinstance(v, nn.Module) for v in decoder))

@@ -10,6 +10,10 @@ device, normalizes them, and gathers WellDataset's `input_fields`/`output_fields
     for batch in DevicePrefetcher(loader, "cuda"):
         batch = decode(batch)            # {"input_fields": (16, 4, x, y, F), "output_fields": ..., ...}
 
+`DecodeAhead(loader, ds.decompressor(), group=8)` decodes `group` window batches per call as it does sample
+batches: their distinct frames merged into one launch per field (`DecompressBatches`), then each batch
+normalized and gathered (`WindowDecompress.start`/`finish`).
+
 A collated batch's `frames` is a plain dict, so the prefetcher and the DataLoader's pin-memory thread move it
 like any batch: {"stored": {field: StoredBatch of the distinct frames}, "rows": int64 (B, T), which distinct
 frame is step t of window b, "ids": int64 (n,), the distinct frames' numbers in the pack}.
@@ -23,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dctdata.decoder.wire import StoredSample, collate_stored
+from dctdata.decoder.wire import STORED_TYPES, StoredSample, collate_stored
 from dctdata.errors import DctDataError
 
 __all__ = ["WindowDecompress", "WindowFrames", "collate_frames"]
@@ -99,7 +103,11 @@ class WindowDecompress(nn.Module):
     *spatial, F); the batch's other keys pass through. `layers` maps every time-varying field to its
     `Decompress` layer, or to None for a field stored as it is (not dct: its values cross as they are).
     `forward` also takes the collated `frames` dict alone
-    and then returns the pair (input_fields, output_fields)."""
+    and then returns the pair (input_fields, output_fields).
+
+    It is also a group decoder of `DecodeAhead` (`start(batches, first)`, `finish(pending)`): the group's
+    stored frames go through `DecompressBatches` (one merged decode per field, checked once when the group
+    is finished), and each batch, its frames now decoded arrays, is normalized and gathered here."""
 
     def __init__(
         self,
@@ -112,6 +120,7 @@ class WindowDecompress(nn.Module):
         self.names = list(layers)
         self.layers = nn.ModuleDict({n: m for n, m in layers.items() if m is not None})
         self.n_steps_input, self.n_spatial = int(n_steps_input), int(n_spatial)
+        self._batches: Any = None  # the `DecompressBatches` of `start` (made on its first call)
         self.register_buffer("shift", None if norm is None else norm[0].clone(), persistent=False)
         self.register_buffer("scale", None if norm is None else norm[1].clone(), persistent=False)
 
@@ -123,7 +132,8 @@ class WindowDecompress(nn.Module):
             raise DctDataError(f"window frames: expected the stored fields {self.names}. Got {sorted(stored)}")
         parts = []
         for name in self.names:
-            x = self.layers[name](stored[name]).float() if name in self.layers else stored[name].float()
+            value = stored[name]  # stored bytes, or already decoded (a field stored as it is; `DecodeAhead`)
+            x = self.layers[name](value).float() if isinstance(value, STORED_TYPES) else value.float()
             parts.append(x.unsqueeze(1) if x.ndim == 1 + self.n_spatial else x)
         x = torch.cat(parts, dim=1)  # (n, F, *spatial)
         if self.shift is not None:
@@ -142,3 +152,27 @@ class WindowDecompress(nn.Module):
             )
         inputs, outputs = self(batch["frames"])
         return {"input_fields": inputs, "output_fields": outputs, **{k: v for k, v in batch.items() if k != "frames"}}
+
+    def start(self, batches: list, first: int = 0) -> Any:
+        """`DecodeAhead`'s call: queue the decode of the stored frames of `batches` (numbered from `first`),
+        every dct field's frames of the group in one merged decode."""
+        from dctdata.loaders.decode_ahead import DecompressBatches
+
+        for i, b in enumerate(batches):
+            if not isinstance(b, Mapping) or "frames" not in b:
+                got = f"keys {sorted(b)}" if isinstance(b, Mapping) else type(b).__name__
+                raise DctDataError(
+                    f"batch {first + i}: expected a batch of decode='device' windows (a dict with 'frames'). Got {got}"
+                )
+        if not len(self.layers):  # every field stored as it is: nothing to decode ahead
+            return list(batches)
+        if self._batches is None:
+            self._batches = DecompressBatches(dict(self.layers))
+        return self._batches, self._batches.start(list(batches), first)
+
+    def finish(self, pending: Any) -> list:
+        """The group's batches as `forward` returns them (waits for the decode and checks it)."""
+        if isinstance(pending, list):
+            return [self(b) for b in pending]
+        decoder, group = pending
+        return [self(b) for b in decoder.finish(group)]

@@ -38,7 +38,9 @@ resumes mid-epoch, as for samples.
 **decode="device".** The workers hand over each window's frames as their checked stored bytes
 (`dctdata.loaders.window_decode.WindowFrames` in the item's `frames` key, the other keys as above); a
 batch's collate keeps each distinct frame once, and `ds.decompressor()` (`WindowDecompress`) decodes them
-once where it runs, normalization folded in, into `input_fields`/`output_fields`.
+once where it runs, normalization folded in, into `input_fields`/`output_fields`; `DecodeAhead(loader,
+ds.decompressor(), group=8)` (`dctdata.loaders.decode_ahead`) decodes the distinct frames of `group` batches
+in one call per field, the next group queued while this one is consumed, as for samples.
 """
 
 from __future__ import annotations

@@ -31,7 +31,11 @@ WeatherBench, CMIP).
   trajectories, in C order), the dims after it the frame's; a variable with no dims before it is one
   trajectory. The manifest keeps the trajectory record (`pack.source_info["trajectories"]`): the time
   values (seconds from the first for datetimes), the grid from the frame dims' coordinates, open
-  boundaries; no statistics (`normalization=` is refused for such packs).
+  boundaries, and per-field statistics as The Well's source records them (mean, std, RMS of every channel
+  and of the differences between consecutive frames of a trajectory; NaNs left out), so
+  `open_dataset(..., normalization="zscore" | "rms")` works. They cost one more pass over the store when the
+  manifest is written (one trajectory's frames, a read batch at a time): the pack's encoders run in
+  workers that see only their part, and a mean and std over every frame need them all.
 - Missing values: xarray decodes `_FillValue`/`missing_value` to NaN, so `--nan mask` stores the
   validity mask (ocean-only SST, swath edges).
 """
@@ -57,6 +61,9 @@ log = logging.getLogger(__name__)
 
 NETCDF_SUFFIXES = (".nc", ".nc4", ".netcdf", ".cdf")
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zmetadata", ".zarray")
+STATS_BATCH_BYTES = (
+    16 << 20
+)  # float64 values per read of the statistics pass (the pack's read batch, parts.BATCH_BYTES)
 
 
 def is_xarray_path(path: str) -> bool:
@@ -262,7 +269,19 @@ class XarraySource(Source):
                 }
         self.coords = self._coords(ds, names, per)
         self._labels = np.asarray(ds[sample_dim].values) if sample_dim in ds.coords else None
-        self.info = self._info(ds, per)
+        self._record = self._info(ds, per)  # checked now; the statistics wait for `info` (a pass over the store)
+        self._stats_done = time_dim is None
+
+    @property
+    def info(self) -> dict[str, Any]:  # type: ignore[override]
+        """What the manifest keeps (`pack.source_info`); with `--time-dim` the statistics are computed on the
+        first access (when the manifest is written)."""
+        if not self._stats_done:
+            from dctdata.preprocess.sources.well import TRAJECTORY_INFO
+
+            self._record[TRAJECTORY_INFO]["stats"] = self._stats()
+            self._stats_done = True
+        return self._record
 
     def _info(self, ds, per: dict[str, tuple[str, ...]]) -> dict[str, Any]:
         """What the manifest keeps of the source (`pack.source_info`): with `--time-dim` the trajectory record."""
@@ -359,6 +378,44 @@ class XarraySource(Source):
     def sample(self, index: int) -> dict[str, np.ndarray]:
         return {k: v[0] for k, v in self.read_batch(index, index + 1).items()}
 
+    def _stats(self) -> dict[str, Any]:
+        """Per field (and channel): mean, std, RMS of the values and of the differences between consecutive
+        frames, over every frame of every trajectory (`sources.well`'s statistics; float64 sums of the finite
+        values, a read batch of one trajectory at a time, its last frame kept for the next batch's first
+        difference)."""
+        shapes = self.probe()
+        frame_bytes = sum(math.prod(shape) * 8 for shape, _ in shapes.values())
+        step = max(1, STATS_BATCH_BYTES // max(frame_bytes, 1))
+        n_spatial = 3 if self.dims == 3 else 2
+        sums: dict[str, np.ndarray] = {}
+        for k in range(self.n // self.n_steps):
+            where, _ = self._at(k * self.n_steps)
+            last: dict[str, np.ndarray] = {}
+            for t0 in range(0, self.n_steps, step):
+                part = self._read(t0, min(t0 + step, self.n_steps), where)
+                for name, values in part.items():
+                    a = values.astype(np.float64)
+                    per = a.shape[1:]
+                    c = math.prod(per[:-n_spatial]) if len(per) > n_spatial else 1
+                    a = a.reshape(a.shape[0], c, -1)  # (T, C, pixels); a scalar per frame: (T, 1, 1)
+                    d = np.diff(np.concatenate([last[name], a]) if name in last else a, axis=0)
+                    last[name] = a[-1:]
+                    row = np.stack([_finite_sums(a), _finite_sums(d)]).reshape(6, c)
+                    sums[name] = sums.get(name, 0) + row
+        out = {}
+        for name, (n, s, ss, nd, ds, dss) in sums.items():
+            mean, msq = s / np.maximum(n, 1), ss / np.maximum(n, 1)
+            dmean, dmsq = ds / np.maximum(nd, 1), dss / np.maximum(nd, 1)
+            out[name] = {
+                "mean": mean.tolist(),
+                "std": np.sqrt(np.maximum(msq - mean**2, 0)).tolist(),
+                "rms": np.sqrt(msq).tolist(),
+                "mean_delta": dmean.tolist(),
+                "std_delta": np.sqrt(np.maximum(dmsq - dmean**2, 0)).tolist(),
+                "rms_delta": np.sqrt(dmsq).tolist(),
+            }
+        return out
+
     def probe(self):
         if self.n == 0:
             raise DctDataError(f"{self.description}: expected at least one sample along {self.sample_dim!r}. Got 0")
@@ -376,6 +433,13 @@ class XarraySource(Source):
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing is best effort
             self.ds.close()
+
+
+def _finite_sums(a: np.ndarray) -> np.ndarray:
+    """(3, C): the count, sum and sum of squares of the finite values of (T, C, pixels) `a`, per channel."""
+    ok = np.isfinite(a)
+    z = np.where(ok, a, 0.0)
+    return np.stack([ok.sum(axis=(0, 2)).astype(np.float64), z.sum(axis=(0, 2)), (z * z).sum(axis=(0, 2))])
 
 
 def trajectory_record(src: XarraySource, ds: Any, per: dict[str, tuple[str, ...]]) -> dict[str, Any]:
@@ -453,6 +517,6 @@ def trajectory_record(src: XarraySource, ds: Any, per: dict[str, tuple[str, ...]
         ],
         "trajectories": [[0, j, src.n_steps] for j in range(n_traj)],
         "offsets": [j * src.n_steps for j in range(n_traj + 1)],
-        "stats": {},
+        "stats": {},  # filled by `XarraySource.info` (a pass over the store)
     }
     return {TRAJECTORY_INFO: record}

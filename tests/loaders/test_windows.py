@@ -324,3 +324,37 @@ def test_device_decode_of_a_target_pack_is_the_cpu_decode(packed):
     assert list(got) == list(want)
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_decode_ahead_decodes_window_batches_like_the_decompressor(packed, group, monkeypatch):
+    """`DecodeAhead(loader, ds.decompressor(), group)` on decode="device" windows: each group's distinct frames
+    decoded in one merged call per field, each batch then normalized and gathered: the batches the decompressor
+    gives one at a time, bit for bit, a last partial group too; a batch of samples instead is named."""
+    from dctdata.loaders.decode_ahead import DecodeAhead
+
+    _, pack, _ = packed
+    opts = dict(n_steps_input=2, n_steps_output=2, normalization="zscore")
+    dev = dctdata.open_dataset(pack, decode="device", **opts)
+    batches = list(make_loader(dev, batch_size=16, shuffle=False))
+    assert group == 1 or len(batches) % group  # a last, partial group
+    decode = dev.decompressor()
+    want = [decode(b) for b in batches]
+    calls = []
+    for layer in decode.layers.values():
+        deferred = layer.forward_stored_deferred
+        monkeypatch.setattr(layer, "forward_stored_deferred", lambda b, d=deferred: calls.append(b) or d(b))
+    got = list(DecodeAhead(batches, decode, group=group))
+    assert len(got) == len(want) == len(batches)
+    n_groups = -(-len(batches) // group)
+    assert len(calls) == n_groups * len(decode.layers)  # one merged decode per field and group
+    assert sum(len(c) for c in calls) == sum(len(b["frames"]["ids"]) for b in batches) * len(decode.layers)
+    for g, w in zip(got, want):
+        assert list(g) == list(w) and "frames" not in g
+        for key in w:
+            assert torch.equal(g[key], w[key]), key
+    samples = [{"image": torch.zeros(2, 4, 4)}]
+    with pytest.raises(
+        DctDataError, match=r"batch 0: expected a batch of decode='device' windows .* Got keys \['image'\]"
+    ):
+        list(DecodeAhead(samples, decode))

@@ -12,6 +12,7 @@ import dctdata
 from dctdata.cli import main
 from dctdata.decoder.wire import collate
 from dctdata.errors import DctDataError
+from dctdata.loaders.decode_ahead import DecodeAhead
 from dctdata.loaders.windows import windows_per_trajectory
 
 xr = pytest.importorskip("xarray")
@@ -68,8 +69,6 @@ def test_time_dim_packs_trajectories_and_serves_windows(nc, tmp_path):
     assert item["input_time_grid"].tolist() == [0.0, 6 * 3600.0, 12 * 3600.0]
     assert item["space_grid"].shape == (H, W, 2) and item["space_grid"][-1, 0].tolist() == pytest.approx([10, 0])
     assert item["boundary_conditions"].tolist() == [[1.0, 1.0], [1.0, 1.0]]
-    with pytest.raises(DctDataError, match="normalization: expected statistics of field 't2m'"):
-        dctdata.open_dataset(out, n_steps_input=1, normalization="zscore")
 
 
 def test_time_dim_webdataset_windows_are_the_zarr_windows(nc, tmp_path):
@@ -136,3 +135,65 @@ def test_time_dim_integer_variable_windows_on_the_device(tmp_path):
     for key in ("input_fields", "output_fields"):
         assert torch.equal(got[key], torch.stack([w[key] for w in want])), key
     np.testing.assert_array_equal(got["input_fields"][1, 0, ..., 0].numpy(), src["level"].values[0, 1])
+    batches = [batch, collate(dev.__getitems__([3, 4]))]
+    ahead = list(DecodeAhead(batches, dev.decompressor(), group=2))  # the stored-as-is frames pass through
+    for a, b in zip(ahead, batches):
+        assert torch.equal(a["input_fields"], dev.decompressor()(b)["input_fields"])
+    dctdata.pack(src, tmp_path / "a", time_dim="time", variables="level", fields={"level": "array"}, quiet=True)
+    raw = dctdata.open_dataset(tmp_path / "a", n_steps_input=2, n_steps_output=1, decode="device")
+    ahead = list(DecodeAhead([collate(raw.__getitems__([0, 1]))], raw.decompressor()))  # nothing to decode
+    np.testing.assert_array_equal(ahead[0]["output_fields"][1, 0, ..., 0].numpy(), src["level"].values[0, 3])
+
+
+@pytest.mark.parametrize("normalization", ["zscore", "rms"])
+def test_time_dim_statistics_and_normalization(nc, tmp_path, normalization):
+    """A --time-dim pack records The Well source's statistics (numpy's over every frame of every member, and of
+    the differences between consecutive frames within a member), so normalization works: the normalized
+    windows are the plain windows normalized by hand with them, on the CPU and through `ds.decompressor()`."""
+    src = ensemble()
+    out = tmp_path / "ens.zarr"
+    dctdata.pack(nc, out, time_dim="time", cf=4, quiet=True)
+    stats = dctdata.format.read_manifest(out).pack["source_info"]["trajectories"]["stats"]
+    for name in ("t2m", "u", "mean_t"):
+        assert_numpy_stats(stats[name], src[name].values)
+    opts = {"n_steps_input": 2, "n_steps_output": 1}
+    plain = dctdata.open_dataset(out, **opts)
+    ds = dctdata.open_dataset(out, normalization=normalization, **opts)
+    assert ds.stats["mean"]["t2m"] == stats["t2m"]["mean"][0]
+    key = "std" if normalization == "zscore" else "rms"
+    shift = np.array([stats[f]["mean"][0] if normalization == "zscore" else 0.0 for f in ("t2m", "u")], np.float32)
+    scale = np.array([stats[f][key][0] for f in ("t2m", "u")], np.float32)
+    for i in (0, 7, len(ds) - 1):
+        got, ref = ds[i], plain[i]
+        for part in ("input_fields", "output_fields"):
+            np.testing.assert_allclose(got[part].numpy(), (ref[part].numpy() - shift) / scale, rtol=1e-5, atol=1e-5)
+    dev = dctdata.open_dataset(out, normalization=normalization, decode="device", **opts)
+    batch = dev.decompressor()(collate(dev.__getitems__([0, 1, 2])))
+    want = torch.stack([ds[i]["input_fields"] for i in (0, 1, 2)])
+    torch.testing.assert_close(batch["input_fields"], want, rtol=1e-5, atol=1e-5)
+
+
+def assert_numpy_stats(got: dict, values: np.ndarray) -> None:
+    """`got` (one channel's recorded statistics) is numpy's over (member, time, ...) `values`, NaNs left out."""
+    a = values.astype(np.float64)
+    d = np.diff(a, axis=1)  # along time, within a member
+    want = {"mean": np.nanmean(a), "std": np.nanstd(a), "rms": np.sqrt(np.nanmean(a * a))}
+    want |= {"mean_delta": np.nanmean(d), "std_delta": np.nanstd(d), "rms_delta": np.sqrt(np.nanmean(d * d))}
+    for key, value in want.items():
+        assert got[key] == pytest.approx([value], rel=1e-9, abs=1e-12), key
+
+
+def test_time_dim_statistics_across_read_batches_and_nans(monkeypatch):
+    """The statistics pass reads a trajectory a batch at a time (here one frame a batch): the difference across
+    two batches counts, and a NaN (a missing value) is left out of the values and of its two differences."""
+    from dctdata.preprocess.sources.xarray_store import XarraySource
+
+    src = ensemble()
+    src["t2m"].values[1, 3, 2, 5] = np.nan
+    whole = XarraySource(src, time_dim="time").info["trajectories"]["stats"]
+    monkeypatch.setattr("dctdata.preprocess.sources.xarray_store.STATS_BATCH_BYTES", 1)
+    batched = XarraySource(src, time_dim="time").info["trajectories"]["stats"]
+    for name in ("t2m", "u", "mean_t"):
+        assert_numpy_stats(batched[name], src[name].values)
+        for key, value in whole[name].items():
+            assert batched[name][key] == pytest.approx(value, rel=1e-12), (name, key)
