@@ -155,9 +155,8 @@ class Decompress(nn.Module):
             self._affine_buffers(compute, math.sqrt(BLOCK * BLOCK))  # DC basis 1/8 everywhere: a constant b is 8 b
         self.register_buffer("trows", trows.to(compute), persistent=False)
         self._fused_tables: fused.Tables | None = None  # `fused.tables_for(spec)`, built on the first fused decode
-        self._device_tables: dict[
-            torch.device, fused_cuda.DeviceTables
-        ] = {}  # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
+        # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
+        self._device_tables: dict[torch.device, fused_cuda.DeviceTables] = {}
 
     def _settings(
         self, spec: object, dtype: torch.dtype | None, normalize: bool, lossless: Mapping[str, Any] | None
