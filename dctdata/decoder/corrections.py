@@ -29,12 +29,13 @@ library stores one for a DCT decode.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from dctdata.codec.spec import CodecSpec
-from dctdata.errors import IntegrityError
+from dctdata.errors import DctDataError, IntegrityError
 
 EXACT = float(1 << 24)  # float32 holds every integer up to here exactly: the largest gap and |k|
 # step multipliers tried per sample, coarser than the bound alone needs (1: the bound's own step with
@@ -59,32 +60,35 @@ def split(side: torch.Tensor, spec: CodecSpec) -> tuple[torch.Tensor, torch.Tens
     return side[..., :c, :], side[..., c : c + 1 + spec.corrections, :]
 
 
-def check(fix: torch.Tensor, spec: CodecSpec, indices=None, where: str = "field") -> None:
+def check(fix: torch.Tensor, spec: CodecSpec, indices: Sequence[int] | None = None, where: str = "field") -> None:
     """Raise `IntegrityError` naming the sample unless every row of `fix` (N, 1 + cap, 2) is well formed:
     finite, a count in [0, cap], integer gaps >= 0 below 2^24, indices inside the sample, integer |k| <=
     2^24, a positive finite step when count > 0, and zero rows past count."""
     check_deferred(fix, spec, indices, where)()
 
 
-def check_deferred(fix: torch.Tensor, spec: CodecSpec, indices=None, where: str = "field") -> Callable[[], None]:
+def check_deferred(
+    fix: torch.Tensor, spec: CodecSpec, indices: Sequence[int] | None = None, where: str = "field"
+) -> Callable[[], None]:
     """`check` in two halves: the tests are queued on fix's device now (nothing is read back; a CUDA batch
     does not wait), the returned function reads their verdict and raises (`DecodeAhead` calls it when it
     waits for the batch anyway). The row shape is checked at once."""
-    if fix.dim() != 3 or tuple(fix.shape[1:]) != (1 + spec.corrections, 2):
-        raise IntegrityError(
-            f"{where}: corrections: expected (N, {1 + spec.corrections}, 2) rows. Got {tuple(fix.shape)}"
-        )
+    cap = spec.corrections
+    if cap is None:
+        raise DctDataError(f"{where}: corrections: expected a spec with a correction capacity. Got a spec without")
+    if fix.dim() != 3 or tuple(fix.shape[1:]) != (1 + cap, 2):
+        raise IntegrityError(f"{where}: corrections: expected (N, {1 + cap}, 2) rows. Got {tuple(fix.shape)}")
     on = fix.device if fix.device.type in ("cpu", "cuda") else "cpu"  # float64 where the device has it
     f = fix.detach().to(on, torch.float64)
     n = math.prod(spec.sample_shape)
     step, count = f[:, 0, 0], f[:, 0, 1]
     gap, k = f[:, 1:, 0], f[:, 1:, 1]
-    live = torch.arange(spec.corrections, dtype=torch.float64, device=f.device)[None, :] < count[:, None]
+    live = torch.arange(cap, dtype=torch.float64, device=f.device)[None, :] < count[:, None]
     total = torch.where(live, gap, torch.zeros_like(gap)).sum(1)
     tests = torch.stack(
         [
             ~torch.isfinite(f).flatten(1).all(1),
-            (count < 0) | (count > spec.corrections) | (count != count.round()),
+            (count < 0) | (count > cap) | (count != count.round()),
             (count > 0) & ~(step > 0),
             ((gap < 0) | (gap >= EXACT) | (gap != gap.round())).any(1),
             ((k.abs() > EXACT) | (k != k.round())).any(1),
@@ -199,7 +203,7 @@ def stored_bytes(fix: torch.Tensor) -> int:
     return len(get_stage(DEFAULT_CODEC).encode(fix[: 1 + count].numpy().tobytes()))
 
 
-def stage_sizer(lossless, spec: CodecSpec):
+def stage_sizer(lossless: Mapping[str, Any] | None, spec: CodecSpec) -> Callable[[torch.Tensor], int]:
     """A sample's coefficients (C, ...) -> its bytes after the lossless stage `lossless` (a stage config;
     the stage's own estimate where it has one, `Stage.estimate_size`)."""
     from dctdata.stages import get_stage

@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy.typing as npt
 import torch
 
 from dctdata.codec import transform3d
@@ -106,14 +109,22 @@ def dc_gain(dims: int) -> float:
 def tables_for(spec: CodecSpec, normalize: bool = True) -> Tables:
     """The kernel's tables for `spec` (the same math as `Decompress`'s weights or its v2 affine pass)."""
     steps, offsets, recon, rot, inv_std, mean = dequant_tables(spec, normalize)
-    f32 = lambda t: None if t is None else t.to(torch.float32).contiguous()  # noqa: E731
+
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float32).contiguous()
+
     if spec.recon is None and spec.rotation is None and spec.side is None:
         d = offsets.clone()
         d[:, 0] -= dc_gain(spec.dims) * mean
         col = inv_std.unsqueeze(1)
         return Tables(f32(steps * col), f32(d * col), None, None, None, None)
     recon = None if recon is None else -recon * steps
-    return Tables(f32(steps), f32(offsets), f32(recon), f32(rot), inv_std, -mean * inv_std)
+    return Tables(f32(steps), f32(offsets), _maybe(f32, recon), _maybe(f32, rot), inv_std, -mean * inv_std)
+
+
+def _maybe(fn: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor | None) -> torch.Tensor | None:
+    """fn(t), or None for a table the spec does not have."""
+    return None if t is None else fn(t)
 
 
 def usable(q: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> bool:
@@ -172,7 +183,17 @@ def synthesize_volume(
     return _synthesize(q, tables, cf, mask, tuple(size), out, side, portable, stream)
 
 
-def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch.Tensor:
+def _synthesize(
+    q: torch.Tensor,
+    tables: Tables,
+    cf: int,
+    mask: str,
+    size: tuple[int, ...],
+    out: torch.Tensor | None,
+    side: torch.Tensor | None,
+    portable: bool,
+    stream: bool | None,
+) -> torch.Tensor:
     if _synth is None:
         raise DctDataError("fused kernel: dctdata.decoder._synth is not built (reinstall dctdata to compile it)")
     if not isinstance(q, torch.Tensor):
@@ -194,10 +215,11 @@ def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch
             raise DctDataError(
                 f"tables.{name}: expected a contiguous float32 tensor of shape {shape}. Got {t.dtype} {tuple(t.shape)}"
             )
-    if (tables.scale is None) != (tables.shift is None):
+    scale, shift = tables.scale, tables.shift
+    if (scale is None) != (shift is None):
         raise DctDataError("tables: expected scale and shift both or neither")
-    if tables.scale is not None and not (tables.scale.shape == tables.shift.shape == (c,)):
-        raise DctDataError(f"tables: expected scale and shift of shape ({c},). Got {tuple(tables.scale.shape)}")
+    if scale is not None and shift is not None and not (scale.shape == shift.shape == (c,)):
+        raise DctDataError(f"tables: expected scale and shift of shape ({c},). Got {tuple(scale.shape)}")
     volume = len(size) == 3
     kept = transform3d.num_kept(cf, mask) if volume else num_kept(cf, mask)
     if k != kept:
@@ -214,19 +236,22 @@ def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch
     if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or not out.is_contiguous():
         raise DctDataError(f"out: expected a contiguous float32 tensor for the fused kernel. Got {out!r:.80}")
     check_shape(out, (b, c, *size), "out")
-    alpha = beta = None
-    if tables.scale is not None:
-        alpha = tables.scale.expand(b, c)
-        beta = tables.shift.expand(b, c)
+    alpha_n = beta_n = None  # the per-sample output map, float32 arrays (B, C)
+    if scale is not None and shift is not None:
+        alpha = scale.expand(b, c)
+        beta = shift.expand(b, c)
         if side is not None:
             check_shape(side, (b, c, 2), "side")
             rng, mid = side[..., 0].to(torch.float64), side[..., 1].to(torch.float64)
-            alpha, beta = alpha * rng, tables.scale * mid + beta
-        alpha = alpha.to(torch.float32).contiguous().numpy()
-        beta = (dc_gain(len(size)) * beta).to(torch.float32).contiguous().numpy()  # a constant on the DC term
+            alpha, beta = alpha * rng, scale * mid + beta
+        alpha_n = alpha.to(torch.float32).contiguous().numpy()
+        beta_n = (dc_gain(len(size)) * beta).to(torch.float32).contiguous().numpy()  # a constant on the DC term
     elif side is not None:
         raise DctDataError("side: these tables (a v1 spec) take no side information")
-    opt = lambda t: None if t is None else t.numpy()  # noqa: E731
+
+    def opt(t: torch.Tensor | None) -> npt.NDArray[Any] | None:
+        return None if t is None else t.numpy()
+
     qn, on = q.detach().resolve_neg().contiguous().numpy(), out.detach().numpy()
     stream = out.numel() * 4 >= STREAM_ABOVE_BYTES if stream is None else stream
     huge = fresh and out.numel() * 4 >= HUGEPAGES_ABOVE_BYTES
@@ -237,14 +262,15 @@ def _synthesize(q, tables, cf, mask, size, out, side, portable, stream) -> torch
         kernel(
             qn[b0:b1], WIRE_KINDS[q.dtype], on[b0:b1], (b1 - b0, c, *rows, k, wb, *size), cf, reduced,
             tables.a.numpy(), tables.d.numpy(), opt(tables.r), opt(tables.m),
-            None if alpha is None else alpha[b0:b1], None if beta is None else beta[b0:b1], portable, stream, huge,
+            None if alpha_n is None else alpha_n[b0:b1], None if beta_n is None else beta_n[b0:b1], portable, stream,
+            huge,
         )  # fmt: skip
 
     _run_split(part, b, out.numel() * 4)
     return out
 
 
-def _run_split(part, b: int, nbytes: int) -> None:
+def _run_split(part: Callable[[int, int], object], b: int, nbytes: int) -> None:
     """`part(b0, b1)` over [0, b): in one call, or split into up to torch.get_num_threads() runs of samples
     on the process's thread pool (`dctdata.pool`; the kernel releases the GIL) when torch may use several
     threads and each run gets at least SPLIT_MIN_BYTES of output. A loader worker (one thread,

@@ -27,26 +27,32 @@ import contextlib
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal, ParamSpec, TypeVar
 
 import torch
 
 from dctdata.codec.transform import BLOCK, dct_matrix, eager_on, grid_shape, kept_frequencies, num_kept
-from dctdata.decoder.fused import Tables, check_shape
+from dctdata.decoder.fused import Tables, _maybe, check_shape
 from dctdata.errors import DctDataError
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 ENABLED = os.environ.get("DCTDATA_TRITON_KERNEL", "1") != "0"
 WIRES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32)
 OUTPUTS = (torch.float32, torch.float16, torch.bfloat16)
 MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's x dimension; larger batches are launched in runs of samples
 
-_kernel_module = None  # dctdata.decoder._triton_synth once imported; None before, False where Triton is missing
+# dctdata.decoder._triton_synth once imported; None before, False where Triton is missing
+_kernel_module: ModuleType | Literal[False] | None = None
 _broken: str | None = None  # why the kernel was switched off for this process, or None
 
 
-def _module():
+def _module() -> ModuleType | Literal[False]:
     global _kernel_module
     if _kernel_module is None:
         try:
@@ -163,9 +169,12 @@ def device_tables(tables: Tables, device: torch.device | str, cf: int, mask: str
     stacked = torch.stack([x.to(torch.float32) for x in (a, d, r) if x is not None], 1)
     padded = torch.cat([stacked, torch.zeros(*stacked.shape[:2], 1)], 2)  # (C, NT, K + 1): index -1 reads the 0
     columns = padded[:, :, index].permute(0, 2, 1, 3)  # (C, CF, NT, UP)
-    put = lambda x: None if x is None else x.to(device=device, dtype=torch.float32).contiguous()  # noqa: E731
+
+    def put(x: torch.Tensor) -> torch.Tensor:
+        return x.to(device=device, dtype=torch.float32).contiguous()
+
     return DeviceTables(
-        put(columns), put(tables.m), put(tables.scale), put(tables.shift),
+        put(columns), _maybe(put, tables.m), _maybe(put, tables.scale), _maybe(put, tables.shift),
         dct_matrix(torch.float32, device).contiguous(), cf, mask,
     )  # fmt: skip
 
@@ -264,7 +273,7 @@ def _or(t: torch.Tensor | None, default: torch.Tensor) -> torch.Tensor:
     return default if t is None else t
 
 
-def guarded(fn, *args, **kwargs):
+def guarded(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
     """`fn(*args, **kwargs)` (a `synthesize` call), or None after switching the kernel off when it fails to
     compile or launch (logged once with the reason; `broken()` keeps it). Errors about the caller's
     arguments (DctDataError, TypeError) propagate."""

@@ -95,7 +95,8 @@ def _run_cuda(
     size: tuple[int, ...],
 ) -> torch.Tensor | None:
     tables = source._tables_on(q.device)
-    return fused_cuda.guarded(fused_cuda.synthesize, q, tables, cf, mask, size, out, side, dtype)
+    h, w = size  # a 2-D sample's size (no CUDA kernel is registered for volumes)
+    return fused_cuda.guarded(fused_cuda.synthesize, q, tables, cf, mask, (h, w), out, side, dtype)
 
 
 def _run_cpu(

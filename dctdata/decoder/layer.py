@@ -38,8 +38,8 @@ tens of MB).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias, TypeGuard
 
 import torch
 from torch import nn
@@ -61,6 +61,31 @@ _OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Coefficient dtypes the layer takes: the wire dtypes a spec names, and float64 (exact values, float64
 # math). Others are refused: uint8 holds int8 wire values wrapped (-1 reads as 255) and decodes wrong.
 _IN_DTYPES = (torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# (checks, indices): where a deferred decode queues its checks, and the samples' indices in their pack (None:
+# messages count within the batch)
+Deferred: TypeAlias = tuple[list[Callable[[], None]], Sequence[int] | None]
+
+
+class _Field(Protocol):
+    """What `Decompress.from_manifest` reads of a manifest's field (a `dctdata.format.FieldSpec`: the format
+    sits above the decoder, which does not import it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> FieldKind: ...
+    @property
+    def codec(self) -> CodecSpec | None: ...
+    @property
+    def lossless(self) -> Mapping[str, Any]: ...
+
+
+class _Manifest(Protocol):
+    """What `Decompress.from_manifest` reads of a manifest (a `dctdata.format.Manifest`)."""
+
+    def field(self, name: str | None = None, kind: FieldKind | str | None = None) -> _Field: ...
 
 
 def _result(img: torch.Tensor, out: torch.Tensor | None, unbatched: bool) -> torch.Tensor:
@@ -87,11 +112,23 @@ class Decompress(nn.Module):
     """
 
     _AXES = "C, Hb, K, Wb"  # a sample's coefficient axes, for the shape error
+    # the buffers (registered in __init__, not module state); those of the v2 affine pass exist for v2 specs only
+    weight: torch.Tensor
+    trows: torch.Tensor
+    coef_shift: torch.Tensor | None
+    scale: torch.Tensor
+    shift: torch.Tensor
+    recon: torch.Tensor | None
+    rotation_t: torch.Tensor | None
+    out_scale: torch.Tensor
+    out_shift: torch.Tensor
+    dc_gain: torch.Tensor
 
-    def __new__(cls, spec=None, *args, **kwargs):
+    def __new__(cls, spec: object = None, *args: Any, **kwargs: Any) -> Decompress:
+        kind: type[Decompress] = cls
         if cls is Decompress and isinstance(spec, CodecSpec) and spec.depth is not None:
-            cls = VolumeDecompress  # defined below (dctdata.decoder.volume re-exports it)
-        return super().__new__(cls)
+            kind = VolumeDecompress  # defined below (dctdata.decoder.volume re-exports it)
+        return super().__new__(kind)
 
     def __init__(
         self,
@@ -117,10 +154,13 @@ class Decompress(nn.Module):
             self.register_buffer("weight", wcol.to(compute), persistent=False)
             self._affine_buffers(compute, math.sqrt(BLOCK * BLOCK))  # DC basis 1/8 everywhere: a constant b is 8 b
         self.register_buffer("trows", trows.to(compute), persistent=False)
-        self._fused_tables = None  # `fused.tables_for(spec)`, built on the first fused decode
-        self._device_tables: dict = {}  # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
+        self._fused_tables: fused.Tables | None = None  # `fused.tables_for(spec)`, built on the first fused decode
+        # device -> `fused_cuda.DeviceTables`, built on its first fused CUDA decode
+        self._device_tables: dict[torch.device, fused_cuda.DeviceTables] = {}
 
-    def _settings(self, spec, dtype, normalize: bool, lossless) -> torch.dtype:
+    def _settings(
+        self, spec: object, dtype: torch.dtype | None, normalize: bool, lossless: Mapping[str, Any] | None
+    ) -> torch.dtype:
         """The arguments both layers check and keep; returns the compute dtype."""
         if not isinstance(spec, CodecSpec):
             raise TypeError(f"spec: expected a dctdata.CodecSpec. Got {type(spec).__name__}")
@@ -144,10 +184,13 @@ class Decompress(nn.Module):
         spec = self.spec
         c, k = spec.channels, spec.kept
         t = dequant_tables(spec, self.normalize)
-        per_k = lambda x: None if x is None else x.reshape(1, c, 1, k, 1).to(compute)  # noqa: E731
+
+        def per_k(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(1, c, 1, k, 1).to(compute)
+
         self.register_buffer("scale", per_k(t.steps), persistent=False)
         self.register_buffer("shift", per_k(t.offsets), persistent=False)
-        self.register_buffer("recon", per_k(None if t.recon is None else t.recon * t.steps), persistent=False)
+        self.register_buffer("recon", None if t.recon is None else per_k(t.recon * t.steps), persistent=False)
         rot_t = t.rotation_t
         self.register_buffer("rotation_t", None if rot_t is None else rot_t.to(compute), persistent=False)
         # per output channel: x_out = a * x + b (normalization); per sample it is composed with (range, mid)
@@ -159,21 +202,21 @@ class Decompress(nn.Module):
         self.register_buffer("dc_gain", dc.to(compute), persistent=False)
 
     @classmethod
-    def from_manifest(cls, manifest, field: str | None = None, **kwargs) -> Decompress:
+    def from_manifest(cls, manifest: _Manifest, field: str | None = None, **kwargs: Any) -> Decompress:
         """The layer for a packed dataset's dct field (the only one when `field` is None)."""
         f = manifest.field(field, kind=FieldKind.DCT) if field is None else manifest.field(field)
-        if f.kind is not FieldKind.DCT:
+        if f.kind is not FieldKind.DCT or f.codec is None:
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
         return cls(f.codec, **{"lossless": f.lossless, **kwargs})
 
-    def forward(self, coeffs, out: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, coeffs: object, out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode; `out` (the output's shape, `dtype` and device) receives the result and is returned, so a
         loop can reuse one buffer instead of paying for fresh pages on every batch."""
         if self._other_packs(coeffs):
             return self._decode_packs(coeffs, out, None)
         return self._decode(coeffs, out, None)
 
-    def _other_packs(self, coeffs) -> bool:
+    def _other_packs(self, coeffs: object) -> TypeGuard[StoredBatch | MixedStoredBatch]:
         """True for stored bytes this layer's own codec does not decode: a batch of several packs, or of
         another pack whose codec differs from this layer's."""
         if isinstance(coeffs, MixedStoredBatch):
@@ -187,9 +230,14 @@ class Decompress(nn.Module):
         codec = part.form.codec
         if codec is None or codec.spec is self.spec:
             return self
+        if codec.spec is None:
+            raise TypeError(
+                f"coeffs: stored bytes of field {part.form.field!r} of {describe_pack(part.form)}, which is not a "
+                "dct field: expected a dct field's stored bytes"
+            )
         if codec.spec == self.spec and (self.lossless is None or _same_stage(codec.lossless, self.lossless)):
             return self
-        others = self.__dict__.setdefault("_packs", {})
+        others: dict[str, Decompress] = self.__dict__.setdefault("_packs", {})
         layer = others.get(codec.key)
         if layer is None:
             layer = others[codec.key] = Decompress(
@@ -197,7 +245,9 @@ class Decompress(nn.Module):
             )
         return layer.to(part.device)
 
-    def _decode_packs(self, coeffs, out, deferred) -> torch.Tensor:
+    def _decode_packs(
+        self, coeffs: StoredBatch | MixedStoredBatch, out: torch.Tensor | None, deferred: Deferred | None
+    ) -> torch.Tensor:
         """Decode a stored batch of other packs (`_other_packs`): each part through its own pack's layer, the
         samples written back in batch order. Parts whose samples decode to different shapes are refused, naming
         both packs (their samples cannot share one output)."""
@@ -213,9 +263,9 @@ class Decompress(nn.Module):
                 "shape to decode into one batch. Batch each pack on its own"
             )
         device = coeffs.device
-        result = out
         if out is not None:
             self._check_out(out, (len(coeffs), *shapes[0]), device)
+            result = out
         else:
             result = torch.empty((len(coeffs), *shapes[0]), dtype=self.dtype, device=device)
         for layer, part, at in zip(layers, coeffs.parts, coeffs.positions):
@@ -224,7 +274,9 @@ class Decompress(nn.Module):
         return result
 
     @staticmethod
-    def _decode_part(layer: Decompress, part: StoredBatch, out, deferred) -> torch.Tensor:
+    def _decode_part(
+        layer: Decompress, part: StoredBatch, out: torch.Tensor | None, deferred: Deferred | None
+    ) -> torch.Tensor:
         """One pack's stored batch through its layer: at once, or with its checks queued on `deferred` (the
         lossless stage's too, so that nothing is read back from the device before they run)."""
         if deferred is None:
@@ -233,7 +285,7 @@ class Decompress(nn.Module):
         deferred[0].extend(checks)
         return img if out is None else out.copy_(img)
 
-    def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
+    def _decode(self, coeffs: object, out: torch.Tensor | None, deferred: Deferred | None) -> torch.Tensor:
         """`forward`'s work; `deferred`: None (the correction rows are checked at once), or (checks, indices)
         to queue their check on (`forward_deferred`)."""
         spec = self.spec
@@ -241,8 +293,9 @@ class Decompress(nn.Module):
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix, grid = self._split_side(side)
         size = (spec.height, spec.width)
-        dtype, final = self._work_dtype(fix, grid)
-        if final is not None:  # corrections and the snap in the work dtype, then rounded into `out` (if given)
+        dtype, rounded = self._work_dtype(fix, grid)
+        final: torch.Tensor | None = None  # `out` (batched), when the work dtype is rounded into it at the end
+        if rounded:  # corrections and the snap in the work dtype, then rounded into `out` (if given)
             final, target = target, None
         img = kernels.decode(self, y, dtype, spec.cf, spec.mask, size, target, side)
         if fix is not None:
@@ -253,20 +306,21 @@ class Decompress(nn.Module):
             img = img.to(self.dtype) if final is None else final.copy_(img)
         return _result(img, out, unbatched)
 
-    def _work_dtype(self, fix, grid) -> tuple[torch.dtype, bool | None]:
-        """(the dtype the decode, its corrections and its snap compute in, True when it is not the output dtype,
-        else None). A float64 decode (`CodecSpec.precision`) runs in float64 for any output dtype, then rounds;
-        with corrections or a lattice a half-precision output is computed in float32, then rounded: a
-        half-precision value can sit nearer another grid point than its own (the bound holds to the output
-        dtype's rounding)."""
+    def _work_dtype(self, fix: torch.Tensor | None, grid: torch.Tensor | None) -> tuple[torch.dtype, bool]:
+        """(the dtype the decode, its corrections and its snap compute in, whether it is not the output dtype). A
+        float64 decode (`CodecSpec.precision`) runs in float64 for any output dtype, then rounds; with corrections
+        or a lattice a half-precision output is computed in float32, then rounded: a half-precision value can sit
+        nearer another grid point than its own (the bound holds to the output dtype's rounding)."""
         spec, dtype = self.spec, self.dtype
         if spec.precision is not None and dtype != spec.decode_dtype:
             return spec.decode_dtype, True
         if (fix is not None or grid is not None) and dtype in (torch.float16, torch.bfloat16):
             return torch.float32, True
-        return dtype, None
+        return dtype, False
 
-    def _wire_batch(self, coeffs, out: torch.Tensor | None):
+    def _wire_batch(
+        self, coeffs: object, out: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
         """The input handling both layers share: a `StoredBatch` decoded first, the wire value split into
         coefficients and side values, their dtype and shape checked against the spec, an unbatched sample given
         a batch axis (`out` too, after its check). Returns (coefficients, side, target, unbatched)."""
@@ -300,7 +354,9 @@ class Decompress(nn.Module):
                 f"this spec's is {self.spec.dtype}). Got {q.dtype}"
             )
 
-    def _split_side(self, side: torch.Tensor | None):
+    def _split_side(
+        self, side: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """(the (range, mid) rows, the correction rows or None, the lattice rows or None) of a batch's side
         values (`dctdata.decoder.corrections`, `dctdata.codec.lattice`)."""
         spec = self.spec
@@ -310,7 +366,14 @@ class Decompress(nn.Module):
         side, fix = corrections.split(side, spec)
         return side.contiguous(), fix, grid
 
-    def _snap(self, img: torch.Tensor, grid: torch.Tensor, out=None, indices=None, deferred=None) -> torch.Tensor:
+    def _snap(
+        self,
+        img: torch.Tensor,
+        grid: torch.Tensor,
+        out: torch.Tensor | None = None,
+        indices: Sequence[int] | None = None,
+        deferred: Deferred | None = None,
+    ) -> torch.Tensor:
         """img with each item's values snapped onto its grid (`dctdata.codec.lattice`); the rows are checked first
         in eager mode (a non-finite or negative step is refused, naming the sample), or that check is queued
         on `deferred` as the corrections' is (`_correct`). Written into `out` when the caller gave one (in
@@ -326,7 +389,13 @@ class Decompress(nn.Module):
         snapped = lattice.snap(img, grid.to(img.device), scale, shift)
         return snapped if out is None else out.copy_(snapped)
 
-    def _correct(self, img: torch.Tensor, fix: torch.Tensor, indices=None, deferred=None) -> torch.Tensor:
+    def _correct(
+        self,
+        img: torch.Tensor,
+        fix: torch.Tensor,
+        indices: Sequence[int] | None = None,
+        deferred: Deferred | None = None,
+    ) -> torch.Tensor:
         """img with the samples' sparse corrections added (`dctdata.decoder.corrections`); their rows are checked
         first in eager mode (an exported graph clamps indices into the sample instead), or that check is
         queued on `deferred` = (checks, indices) (`forward_deferred`). `indices`: the samples' indices in
@@ -340,23 +409,27 @@ class Decompress(nn.Module):
         scale = self.out_scale if self.normalize and self.spec.std is not None else None
         return corrections.apply(img, fix.to(img.device), None if scale is None else scale.to(img.device))
 
-    def forward_deferred(self, coeffs, out: torch.Tensor | None = None, indices=None) -> tuple[torch.Tensor, list]:
+    def forward_deferred(
+        self, coeffs: object, out: torch.Tensor | None = None, indices: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, list[Callable[[], None]]]:
         """`forward` without reading anything back from the device to check the correction rows: (output,
         checks); the output is valid once each of `checks` has returned (each raises IntegrityError naming
         a sample with malformed rows, whose corrections were clamped into the sample meanwhile; `indices`:
         the samples' indices in their pack, for that message). For decoders that queue several batches
         before waiting (`DecodeAhead`). A `StoredBatch` is still decoded and checked at once: pass
         `decode_stored_deferred`'s wire."""
-        checks: list = []
+        checks: list[Callable[[], None]] = []
         if self._other_packs(coeffs):
             return self._decode_packs(coeffs, out, (checks, indices)), checks
         return self._decode(coeffs, out, (checks, indices)), checks
 
-    def forward_stored_deferred(self, batch: StoredBatch | MixedStoredBatch) -> tuple[torch.Tensor, list]:
+    def forward_stored_deferred(
+        self, batch: StoredBatch | MixedStoredBatch
+    ) -> tuple[torch.Tensor, list[Callable[[], None]]]:
         """A stored batch's decoded samples without reading anything back from the device: (output, checks),
         valid once each check has returned (the lossless stage's and the correction rows'). Batches of other
         packs are decoded with their own codecs (see `forward`). For `DecodeAhead`."""
-        checks: list = []
+        checks: list[Callable[[], None]] = []
         if self._other_packs(batch):
             return self._decode_packs(batch, None, (checks, None)), checks
         wire, more = self.decode_stored_deferred(batch)
@@ -371,7 +444,9 @@ class Decompress(nn.Module):
             check()
         return wire
 
-    def decode_stored_deferred(self, batch: StoredBatch):
+    def decode_stored_deferred(
+        self, batch: StoredBatch | MixedStoredBatch
+    ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], list[Callable[[], None]]]:
         """`decode_stored` without reading anything back from the device: (coefficients or (coefficients,
         side), checks); the result is valid once each of `checks` has returned (each raises IntegrityError
         naming a refused sample). For decoders that queue several batches before waiting (`DecodeAhead`).
@@ -412,7 +487,7 @@ class Decompress(nn.Module):
             self._fused_tables = fused.tables_for(self.spec, self.normalize)
         return self._fused_tables
 
-    def _tables_on(self, device: torch.device):
+    def _tables_on(self, device: torch.device) -> fused_cuda.DeviceTables:
         """The fused CUDA kernel's tables on `device`, copied there once."""
         tables = self._device_tables.get(device)
         if tables is None:
@@ -420,7 +495,9 @@ class Decompress(nn.Module):
             tables = self._device_tables[device] = fused_cuda.device_tables(self._tables(), device, spec.cf, spec.mask)
         return tables
 
-    def _portable(self, y: torch.Tensor, side, target, dtype: torch.dtype) -> torch.Tensor:
+    def _portable(
+        self, y: torch.Tensor, side: torch.Tensor | None, target: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor:
         """The torch graph of the decode (`kernels.decode`'s last kernel): the folded weights of a v1 spec, the
         v2 affine pass a few block rows at a time otherwise."""
         spec = self.spec
@@ -431,10 +508,13 @@ class Decompress(nn.Module):
         if self.folded:
             shift = None if self.coef_shift is None else self.coef_shift.to(device=y.device, dtype=compute)
             return synthesize(y, weight, trows, spec.mask, size, self.bias_row, dtype=dtype, out=target, shift=shift)
-        prepare = lambda x, b0, b1: self._coefficients(x, None if side is None else side[b0:b1], compute)  # noqa: E731
+
+        def prepare(x: torch.Tensor, b0: int, b1: int) -> torch.Tensor:
+            return self._coefficients(x, None if side is None else side[b0:b1], compute)
+
         return synthesize(y, weight, trows, spec.mask, size, dtype=dtype, out=target, prepare=prepare)
 
-    def _check_out(self, out, shape: tuple[int, ...], device: torch.device) -> None:
+    def _check_out(self, out: object, shape: tuple[int, ...], device: torch.device) -> None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out: expected a torch.Tensor. Got {type(out).__name__}")
         if out.dtype != self.dtype or out.device != device:
@@ -447,20 +527,23 @@ class Decompress(nn.Module):
 
     def _coefficients(self, q: torch.Tensor, side: torch.Tensor | None, compute: torch.dtype) -> torch.Tensor:
         """The v2 affine pass over the coefficient tensor (see the module docstring)."""
-        dev = dict(device=q.device, dtype=compute)
+
+        def dev(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=q.device, dtype=compute)
+
         y = q.to(compute)
-        coef = y * self.scale.to(**dev) + self.shift.to(**dev)
+        coef = y * dev(self.scale) + dev(self.shift)
         if self.recon is not None:
-            coef = coef - torch.sign(y) * self.recon.to(**dev)
+            coef = coef - torch.sign(y) * dev(self.recon)
         b, c, hb, k, wb = coef.shape
         if self.rotation_t is not None:
-            coef = torch.matmul(self.rotation_t.to(**dev), coef.reshape(b, c, hb * k * wb)).reshape(b, c, hb, k, wb)
-        a, shift = self.out_scale.to(**dev), self.out_shift.to(**dev)
+            coef = torch.matmul(dev(self.rotation_t), coef.reshape(b, c, hb * k * wb)).reshape(b, c, hb, k, wb)
+        a, shift = dev(self.out_scale), dev(self.out_shift)
         if side is not None:
             rng = side[..., 0].to(compute).reshape(b, c, 1, 1, 1)
             mid = side[..., 1].to(compute).reshape(b, c, 1, 1, 1)
             a, shift = a * rng, a * mid + shift
-        return coef * a + shift * self.dc_gain.to(**dev)
+        return coef * a + shift * dev(self.dc_gain)
 
     def extra_repr(self) -> str:
         s = self.spec
@@ -471,7 +554,7 @@ class Decompress(nn.Module):
         )
 
 
-def _same_stage(a, b) -> bool:
+def _same_stage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
     """Whether two lossless stage configs are the same stage."""
     return stage_key(a) == stage_key(b)
 
@@ -506,16 +589,17 @@ class VolumeDecompress(Decompress):
         self._affine_buffers(compute, DC_GAIN)
         self.register_buffer("trows", _dct_matrix_f64()[: spec.cf].to(compute), persistent=False)
         self._fused_tables = None
-        self._device_tables: dict = {}
+        self._device_tables = {}
 
-    def _decode(self, coeffs, out: torch.Tensor | None, deferred) -> torch.Tensor:
+    def _decode(self, coeffs: object, out: torch.Tensor | None, deferred: Deferred | None) -> torch.Tensor:
         """`forward`'s work for volumes (see `Decompress._decode`)."""
         spec = self.spec
         indices = getattr(coeffs, "indices", None)  # a stored batch's samples in the pack, for messages
         y, side, target, unbatched = self._wire_batch(coeffs, out)
         side, fix, grid = self._split_side(side)
-        dtype, final = self._work_dtype(fix, grid)
-        if final is not None:  # corrections and the snap in the work dtype, then rounded into `out` (if given)
+        dtype, rounded = self._work_dtype(fix, grid)
+        final: torch.Tensor | None = None  # `out` (batched), when the work dtype is rounded into it at the end
+        if rounded:  # corrections and the snap in the work dtype, then rounded into `out` (if given)
             final, target = target, None
         img = kernels.decode(self, y, dtype, spec.cf, spec.mask, spec.size, target, side)
         if fix is not None:
@@ -526,7 +610,9 @@ class VolumeDecompress(Decompress):
             img = img.to(self.dtype) if final is None else final.copy_(img)
         return _result(img, out, unbatched)
 
-    def _portable(self, y: torch.Tensor, side, target, dtype: torch.dtype) -> torch.Tensor:
+    def _portable(
+        self, y: torch.Tensor, side: torch.Tensor | None, target: torch.Tensor | None, dtype: torch.dtype
+    ) -> torch.Tensor:
         """The torch graph of the volume decode (`kernels.decode`'s last kernel): the affine pass, then the three
         synthesis matmuls of `transform3d.synthesize`; written into `target` too when given."""
         spec = self.spec
@@ -535,7 +621,8 @@ class VolumeDecompress(Decompress):
         rows = y.reshape(b, *spec.rows_shape)  # (B, C, Db*Hb, K, Wb): the affine pass's view
         coef = self._coefficients(rows, side, compute).reshape(y.shape)
         trows = self.trows.to(device=y.device, dtype=compute)
-        img = transform3d.synthesize(coef, trows, spec.mask, spec.size).to(dtype)
+        d, h, w = spec.size  # a volume's size
+        img = transform3d.synthesize(coef, trows, spec.mask, (d, h, w)).to(dtype)
         if target is not None:
             target.copy_(img)
         return img

@@ -27,9 +27,10 @@ from dctdata.codec.spec import CodecSpec
 from dctdata.decoder.wire import StoredBatch, StreamForm, stage_key
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.stages import get_stage
+from dctdata.stages.base import Stage, Stream
 
 
-def check_stream(codec, stream, decoded: int, where: str | Callable[[], str]) -> None:
+def check_stream(codec: Stage, stream: Stream, decoded: int, where: str | Callable[[], str]) -> None:
     """Refuse a stream whose header does not declare exactly `decoded` bytes (a raw stream: is not that
     long), as its stage checks it (`Stage.check_stream`). `where` (or `where()`) names the stream."""
     codec.check_stream(stream, decoded, where)
@@ -40,7 +41,7 @@ def decode_stored(
     buffer: torch.Tensor,
     offsets: torch.Tensor,
     sample_shape: Sequence[int],
-    dtype: str | np.dtype,
+    dtype: str | np.dtype[Any],
     where: Callable[[int], str] | None = None,
 ) -> torch.Tensor:
     """(S, *sample_shape) of numpy `dtype` (as a tensor) from the S streams buffer[offsets[k]:offsets[k+1]]
@@ -50,7 +51,9 @@ def decode_stored(
     return get_stage(codec_config).decode_batch(buffer, offsets, sample_shape, np.dtype(dtype), where=name)
 
 
-def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):
+def decode_batch(
+    batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(coefficients (N, C, Hb, K, Wb) in the wire dtype, side (N, C, 2) or None) of a stored batch, on
     its device."""
     q, side, checks = decode_batch_deferred(batch, lossless, spec)
@@ -59,7 +62,9 @@ def decode_batch(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: C
     return q, side
 
 
-def decode_batch_deferred(batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec):
+def decode_batch_deferred(
+    batch: StoredBatch, lossless: Mapping[str, Any] | None, spec: CodecSpec
+) -> tuple[torch.Tensor, torch.Tensor | None, list[Callable[[], None]]]:
     """`decode_batch` without reading anything back from the batch's device: (coefficients, side, checks), valid
     once every one of `checks` (functions of no argument that raise IntegrityError naming the sample) has
     returned. What `DecodeAhead` uses to queue several batches before waiting for any."""
@@ -134,7 +139,7 @@ def _check_rows(batch: StoredBatch) -> Callable[[], None]:
         bad = outside.cpu()
         if bool(bad.any()):
             k = bad.nonzero().flatten().tolist()
-            said = ", ".join(f"sample {batch.indices[j]} at row {int(batch.rows[j])}" for j in k[:4])
+            said = ", ".join(f"sample {batch.indices[j]} at row {int(rows[j])}" for j in k[:4])
             raise IntegrityError(
                 f"{field}: expected each sample's row in [0, {total}) ({batch.streams} streams of {form.rows} "
                 f"row(s)). Got {len(k)} outside: {said}"
@@ -152,7 +157,7 @@ def _check_rows(batch: StoredBatch) -> Callable[[], None]:
     return check
 
 
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 

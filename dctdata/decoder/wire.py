@@ -36,7 +36,7 @@ from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError
 
 
-def split_wire(wire, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tensor, torch.Tensor | None]:
+def split_wire(wire: object, spec: CodecSpec, name: str = "coeffs") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(coefficients, side or None) from a field's wire value, checking it has the spec's form. Runs on every
     decode call, so the usual case (a batch) compares ints only."""
     if spec.side is None:
@@ -90,10 +90,12 @@ def stage_key(lossless: Mapping[str, Any] | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def codec_key(spec: CodecSpec, lossless: Mapping[str, Any] | None) -> str:
-    """A short name of what decoding a dct field's stored bytes depends on (its codec spec and lossless
-    stage: the canonical JSON's sha256): equal keys decode the same bytes to the same values."""
-    text = json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":")) + stage_key(lossless)
+def codec_key(spec: CodecSpec | None, lossless: Mapping[str, Any] | None) -> str:
+    """A short name of what decoding a dct field's stored bytes depends on (its codec spec, None for a field
+    that is not dct, and lossless stage: the canonical JSON's sha256): equal keys decode the same bytes to the
+    same values."""
+    fields = None if spec is None else spec.to_dict()
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":")) + stage_key(lossless)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -119,10 +121,10 @@ class PackCodec:
             object.__setattr__(self, "_key", key)
         return key
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_key"}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
     def describe(self) -> str:
@@ -182,16 +184,25 @@ class StoredSample:
 
     __slots__ = ("form", "index", "key", "row", "side", "stream")
 
-    def __init__(self, stream, key: Any, row: int, form: StreamForm, index: int, side=None) -> None:
+    def __init__(
+        self,
+        stream: bytes | memoryview,
+        key: Any,
+        row: int,
+        form: StreamForm,
+        index: int,
+        side: torch.Tensor | None = None,
+    ) -> None:
         self.stream, self.key, self.row, self.form, self.index, self.side = stream, key, row, form, index, side
 
-    def with_side(self, side) -> StoredSample:
+    def with_side(self, side: torch.Tensor | None) -> StoredSample:
         """This sample with its side values (None: they are in its stream, or it has none)."""
         if side is None:
             return self
         return StoredSample(self.stream, self.key, self.row, self.form, self.index, side)
 
-    def __reduce__(self):  # a memoryview into a fetched chunk does not pickle; its bytes do
+    def __reduce__(self) -> tuple[type[StoredSample], tuple[Any, ...]]:
+        # a memoryview into a fetched chunk does not pickle; its bytes do
         return StoredSample, (bytes(self.stream), self.key, self.row, self.form, self.index, self.side)
 
     def __repr__(self) -> str:
@@ -247,18 +258,21 @@ class StoredBatch:
         host (pinned by `pin_memory`, never moved to an accelerator): the decoders check it and plan their
         launches there, and copy it to their device themselves, so decoding a batch needs no read back from
         the device (a synchronization that would stop the host queueing the next batch's work)."""
-        opt = lambda t: None if t is None else fn(t)  # noqa: E731
+
+        def opt(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
         data = fn(self.data)
         offsets = fn(self.offsets) if data.device.type == "cpu" else self.offsets  # never copied off the host
         return StoredBatch(data, offsets, opt(self.rows), opt(self.side), self.form, self.indices)
 
-    def pin_memory(self, device=None) -> StoredBatch:
+    def pin_memory(self, device: object = None) -> StoredBatch:
         return self.apply(lambda t: t if t.is_pinned() else t.pin_memory())
 
     def is_pinned(self) -> bool:
         return self.data.is_pinned()
 
-    def to(self, device, non_blocking: bool = False) -> StoredBatch:
+    def to(self, device: torch.device | str | int | None, non_blocking: bool = False) -> StoredBatch:
         return self.apply(lambda t: t.to(device, non_blocking=non_blocking))
 
     def __repr__(self) -> str:
@@ -314,13 +328,13 @@ class MixedStoredBatch:
         """`StoredBatch.apply` on each part (the positions stay on the host)."""
         return MixedStoredBatch(tuple(p.apply(fn) for p in self.parts), self.positions)
 
-    def pin_memory(self, device=None) -> MixedStoredBatch:
+    def pin_memory(self, device: object = None) -> MixedStoredBatch:
         return MixedStoredBatch(tuple(p.pin_memory() for p in self.parts), self.positions)
 
     def is_pinned(self) -> bool:
         return all(p.is_pinned() for p in self.parts)
 
-    def to(self, device, non_blocking: bool = False) -> MixedStoredBatch:
+    def to(self, device: torch.device | str | int | None, non_blocking: bool = False) -> MixedStoredBatch:
         return MixedStoredBatch(tuple(p.to(device, non_blocking) for p in self.parts), self.positions)
 
     def __repr__(self) -> str:
@@ -339,7 +353,8 @@ def _collate_one(samples: Sequence[StoredSample]) -> StoredBatch:
     if any((s.side is None) != (samples[0].side is None) for s in samples):
         raise DctDataError(f"field {form.field!r}: stored samples: expected side values for all or none")
     position: dict[Any, int] = {}
-    streams, rows = [], []
+    streams: list[bytes | memoryview] = []
+    rows: list[int] = []
     for s in samples:
         k = position.get(s.key)
         if k is None:
@@ -356,7 +371,7 @@ def _collate_one(samples: Sequence[StoredSample]) -> StoredBatch:
     # stream k is sample k only when every decoded row is one of the batch's samples, in order (a zarr chunk
     # of 8 holding a batch's first 5 samples decodes to 8 rows: they must be picked)
     same = len(streams) * form.rows == len(rows) and rows == list(range(len(rows)))
-    side = None if samples[0].side is None else torch.stack([s.side for s in samples])
+    side = None if samples[0].side is None else torch.stack([s.side for s in samples if s.side is not None])
     return StoredBatch(
         data,
         torch.from_numpy(offsets),
@@ -384,7 +399,7 @@ def _merge_one(batches: Sequence[StoredBatch]) -> StoredBatch:
             rows.append(own.to(b.data.device) + streams * form.rows)
         streams += b.streams
     offsets.append(torch.tensor([base], dtype=torch.int64))
-    side = None if batches[0].side is None else torch.cat([b.side for b in batches])
+    side = None if batches[0].side is None else torch.cat([b.side for b in batches if b.side is not None])
     merged = StoredBatch(
         torch.cat([b.data for b in batches]),
         torch.cat(offsets),
@@ -463,11 +478,13 @@ def merge_stored(batches: Sequence[StoredBatch | MixedStoredBatch]) -> tuple[Sto
     return MixedStoredBatch(parts, tuple(torch.cat(at) for _, at in groups.values())), counts
 
 
-def _collate_stored_fn(batch, *, collate_fn_map=None) -> StoredBatch:
+def _collate_stored_fn(
+    batch: Sequence[StoredSample], *, collate_fn_map: dict[Any, Any] | None = None
+) -> StoredBatch | MixedStoredBatch:
     return collate_stored(batch)
 
 
-def _collate_map() -> dict:
+def _collate_map() -> dict[Any, Any]:
     from torch.utils.data._utils.collate import default_collate_fn_map
 
     return default_collate_fn_map

@@ -162,6 +162,12 @@ def test_side_values_of_the_wrong_row_count_are_refused():
         Decompress(spec)((q, torch.zeros(1, 1, 2)))
 
 
+def test_checking_rows_against_a_spec_without_corrections_is_refused():
+    spec = CodecSpec(cf=8, height=16, width=16, dtype="int16", steps=[1e-3], side="range_mid", max_error=0.5)
+    with pytest.raises(DctDataError, match=r"coeffs: corrections: expected a spec with a correction capacity"):
+        check(torch.zeros(1, 5, 2), spec, where="coeffs")
+
+
 # Hostile correction rows ------------------------------------------------------------------------------
 SPEC = CodecSpec(cf=8, height=8, width=8, channels=2, dtype="int16", steps=[1e-3, 1e-3], side="range_mid",
                  max_error=0.5, corrections=4)  # fmt: skip

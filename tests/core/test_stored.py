@@ -156,3 +156,14 @@ def test_a_row_table_that_does_not_fit_its_streams_is_named(stage, rows):
     for offsets in (torch.cat([whole.offsets, whole.offsets[-1:]]), whole.offsets[:-1]):
         with pytest.raises(IntegrityError, match=r"expected 4 decoded rows \(one per sample \[0, 1, 2, 3\]\)"):
             decode_batch(dataclasses.replace(whole, offsets=offsets), stage, SPEC)
+
+
+def test_a_layer_refuses_the_stored_bytes_of_a_field_that_is_not_dct():
+    """Stored bytes carry their field's codec; a field that is not dct has none to decode coefficients with."""
+    from dctdata.decoder.layer import Decompress
+    from dctdata.decoder.wire import PackCodec, StoredBatch
+
+    codec = PackCodec("sha256:" + "0" * 64, "other.pack", None, {})
+    form = StreamForm("label", stage_key({}), (1,), "int64", decoded=8, pack=codec.pack, codec=codec)
+    with pytest.raises(TypeError, match=r"stored bytes of field 'label' of pack 'other\.pack' .*not a dct"):
+        Decompress(SPEC)(StoredBatch.empty(form))
