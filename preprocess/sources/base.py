@@ -13,6 +13,26 @@ import numpy as np
 from dctdata.errors import DctDataError
 
 
+def trajectory_stats(sums: dict[str, np.ndarray]) -> dict[str, dict[str, list[float]]]:
+    """The per-field statistics a trajectory pack records (what the window loader's normalization reads), from
+    per-channel running sums: `sums[name]` is (6, C) rows of the values' count, sum and sum of squares, then the
+    same of the differences between consecutive frames of a trajectory. A channel with no values (or no
+    differences) gets 0, not a division by zero."""
+    out = {}
+    for name, (n, s, ss, nd, ds, dss) in sums.items():
+        mean, msq = s / np.maximum(n, 1), ss / np.maximum(n, 1)
+        dmean, dmsq = ds / np.maximum(nd, 1), dss / np.maximum(nd, 1)
+        out[name] = {
+            "mean": mean.tolist(),
+            "std": np.sqrt(np.maximum(msq - mean**2, 0)).tolist(),
+            "rms": np.sqrt(msq).tolist(),
+            "mean_delta": dmean.tolist(),
+            "std_delta": np.sqrt(np.maximum(dmsq - dmean**2, 0)).tolist(),
+            "rms_delta": np.sqrt(dmsq).tolist(),
+        }
+    return out
+
+
 def field_name(raw: str) -> str:
     """A stored field name from a source name (npz key, HDF5 path): non-identifier characters -> '_'."""
     name = re.sub(r"[^A-Za-z0-9_]", "_", raw.strip("/"))

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from dctdata.errors import DctDataError
-from dctdata.preprocess.sources.base import Source, field_name
+from dctdata.preprocess.sources.base import Source, field_name, trajectory_stats
 from dctdata.preprocess.sources.hdf5 import check_hdf5_inside
 
 log = logging.getLogger(__name__)
@@ -408,19 +408,7 @@ class WellSource(Source):
                 )
                 name = e["name"] if kind == "constant" else e["stored"]
                 sums[name] = sums.get(name, 0) + row
-        out = {}
-        for name, (n, s, ss, nd, ds, dss) in sums.items():
-            mean, msq = s / n, ss / n
-            dmean, dmsq = ds / np.maximum(nd, 1), dss / np.maximum(nd, 1)
-            out[name] = {
-                "mean": mean.tolist(),
-                "std": np.sqrt(np.maximum(msq - mean**2, 0)).tolist(),
-                "rms": np.sqrt(msq).tolist(),
-                "mean_delta": dmean.tolist(),
-                "std_delta": np.sqrt(np.maximum(dmsq - dmean**2, 0)).tolist(),
-                "rms_delta": np.sqrt(dmsq).tolist(),
-            }
-        return out
+        return trajectory_stats(sums)
 
     def close(self) -> None:
         if self._pid == os.getpid():

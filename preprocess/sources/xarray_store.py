@@ -55,7 +55,7 @@ import numpy as np
 from dctdata.errors import DctDataError
 from dctdata.format.coords import encode_coord
 from dctdata.format.location import is_url
-from dctdata.preprocess.sources.base import Source, field_name
+from dctdata.preprocess.sources.base import Source, field_name, trajectory_stats
 
 log = logging.getLogger(__name__)
 
@@ -402,19 +402,7 @@ class XarraySource(Source):
                     last[name] = a[-1:]
                     row = np.stack([_finite_sums(a), _finite_sums(d)]).reshape(6, c)
                     sums[name] = sums.get(name, 0) + row
-        out = {}
-        for name, (n, s, ss, nd, ds, dss) in sums.items():
-            mean, msq = s / np.maximum(n, 1), ss / np.maximum(n, 1)
-            dmean, dmsq = ds / np.maximum(nd, 1), dss / np.maximum(nd, 1)
-            out[name] = {
-                "mean": mean.tolist(),
-                "std": np.sqrt(np.maximum(msq - mean**2, 0)).tolist(),
-                "rms": np.sqrt(msq).tolist(),
-                "mean_delta": dmean.tolist(),
-                "std_delta": np.sqrt(np.maximum(dmsq - dmean**2, 0)).tolist(),
-                "rms_delta": np.sqrt(dmsq).tolist(),
-            }
-        return out
+        return trajectory_stats(sums)
 
     def probe(self):
         if self.n == 0:
