@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.calibration_time import child_env, stored_bytes
 from dctdata.datasets import OPTICAL_SHAPE, optical_damage
 
 
@@ -47,13 +48,6 @@ def write_frames(path: str, n: int, shape: tuple[int, int]) -> np.ndarray:
     return frames
 
 
-def _env(threads: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    if threads is not None:  # torch reads OMP_NUM_THREADS for its intra-op pool, as the BLAS does
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    return env
-
-
 def run_pack(python: str, frames: str, out: str, flags: list[str], cwd: str, env: dict[str, str]) -> dict[str, Any]:
     """One `python -m dctdata pack FRAMES OUT FLAGS` in a fresh process: wall time and what it stored."""
     shutil.rmtree(out, ignore_errors=True)
@@ -62,16 +56,13 @@ def run_pack(python: str, frames: str, out: str, flags: list[str], cwd: str, env
         [python, "-m", "dctdata", "pack", frames, out, *flags], cwd=cwd, capture_output=True, text=True, env=env
     )
     seconds = time.perf_counter() - t0
-    path = os.path.join(out, "manifest.json")
-    if proc.returncode != 0 or not os.path.exists(path):
+    if proc.returncode != 0 or not os.path.exists(os.path.join(out, "manifest.json")):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{python} pack {' '.join(flags)}: exit {proc.returncode}: {tail}")
-    with open(path) as fh:
-        manifest = json.load(fh)
+    stored, manifest = stored_bytes(out)
     field = next(f for f in manifest["fields"] if f["kind"] == "dct")
     codec, stats = field["codec"], manifest["stats"][field["name"]]
     files = manifest["checksums"]
-    stored = sum(e["bytes"] for e in files.values()) + os.path.getsize(path)
     shutil.rmtree(out)
     return {
         "seconds": seconds,
@@ -92,7 +83,7 @@ def fixed_flags(setting: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    env = _env(args.threads)
+    env = child_env(args.threads)
     extra = [] if args.workers is None else ["--workers", str(args.workers)]
     versions = [("current", sys.executable)]
     if args.before_python:

@@ -92,11 +92,17 @@ def write_frames(folder: str, n: int, shape: tuple[int, int]) -> np.ndarray:
 THREADS: int | None = None  # --threads: torch/BLAS threads of every child run (None: their defaults)
 
 
-def _python_run(python: str, args: list[str], cwd: str) -> subprocess.CompletedProcess:
+def child_env(threads: int | None) -> dict[str, str]:
+    """The environment of a child run of another install: no PYTHONPATH/PYTHONHOME of this one, and with
+    `threads` the torch/BLAS thread count (torch reads OMP_NUM_THREADS for its intra-op pool, as the BLAS does)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    if THREADS is not None:  # torch reads OMP_NUM_THREADS for its intra-op pool, as the BLAS does
-        env.update(OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), OPENBLAS_NUM_THREADS=str(THREADS))
-    return subprocess.run([python, *args], cwd=cwd, capture_output=True, text=True, env=env)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    return env
+
+
+def _python_run(python: str, args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    return subprocess.run([python, *args], cwd=cwd, capture_output=True, text=True, env=child_env(THREADS))
 
 
 def _last_line(proc: subprocess.CompletedProcess, what: str) -> str:
