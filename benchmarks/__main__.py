@@ -88,6 +88,10 @@ SCRIPTS = {
         "benchmarks.pack_speed",
         "pack MB/s of float32 and CR (default, zstd, fixed, workers, cold CLI, GPU) beside SZ3, ZFP and SPERR",
     ),
+    "rd-compare": (
+        "benchmarks.rd_compare",
+        "after/before stored bytes at 35/40/45 dB of two rd --json runs, pack by pack",
+    ),
     "rd-fixed-bytes": ("benchmarks.rd_fixed_bytes", "the fixed bytes of each rd pack and the ratios without them"),
     "stage-choice": (
         "benchmarks.stage_choice",
