@@ -223,38 +223,36 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     given = {k: kwargs.pop(k) for k in READ_OPTIONS if k in kwargs}
     options = ReadOptions.resolve(kwargs.pop("options", None), given, "open_dataset")  # checked once, here
     if isinstance(path_or_url, (str, os.PathLike)) and os.fspath(path_or_url).startswith("pipe:"):
-        from dctdata.loaders.wds_dataset import DCTWebDataset
-
         if sha256 is not None:
             raise DctDataError(f"sha256: expected a local path or URL pack. Got a pipe: stream {path_or_url}")
-        return DCTWebDataset(path_or_url, options=options, **kwargs)
+        return _loader(storages.streaming(), "dataset")(path_or_url, options=options, **kwargs)
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
+    storage = storages.get(manifest.storage)  # its dataset classes, from the registry
     if WINDOW_OPTIONS & kwargs.keys():  # time windows over a pack of trajectories
-        if storages.get(manifest.storage).reader.random_access:
-            from dctdata.loaders.windows import open_windows
-        else:
-            from dctdata.loaders.wds_windows import open_web_windows as open_windows
+        return _loader(storage, "windows")(path_or_url, manifest, shards, **options.changed(), **kwargs)
+    if storage.reader.random_access and (shards is not None or options.cache_dir is not None):
+        what = "a list of shard files" if shards is not None else "cache_dir"
+        raise DctDataError(
+            f"{root}: {what}: expected a {'|'.join(storages.sharded())} pack (tar shards). Got a {manifest.storage} "
+            "pack, which is opened by its directory or URL and read by byte range"
+        )
+    return _loader(storage, "dataset")(path_or_url, manifest=manifest, options=options, **kwargs)
 
-        return open_windows(path_or_url, manifest, shards, **options.changed(), **kwargs)
-    if storages.get(manifest.storage).reader.random_access:  # map-style over random access
-        from dctdata.loaders.zarr_dataset import DCTZarrDataset
 
-        if shards is not None or options.cache_dir is not None:
-            what = "a list of shard files" if shards is not None else "cache_dir"
-            raise DctDataError(
-                f"{root}: {what}: expected a webdataset pack (tar shards). Got a {manifest.storage} pack, which is "
-                "opened by its directory or URL and read by byte range"
-            )
-        return DCTZarrDataset(path_or_url, manifest=manifest, options=options, **kwargs)
-    try:  # iterable over a storage read shard by shard
-        from dctdata.loaders.wds_dataset import DCTWebDataset
+def _loader(storage: storages.Storage, what: str) -> Any:
+    """The loaders' class the registry names for `storage`: its dataset (`cls(path_or_url, manifest=, options=,
+    **kwargs)`; no manifest for a `pipe:` stream) or its time windows (`f(path_or_url, manifest, shards,
+    **kwargs)`). Loaded here, where the core and the loaders join: the core only names them."""
+    path = storage.dataset_path if what == "dataset" else storage.windows_path
+    if not path:
+        raise DctDataError(f"storage {storage.name!r}: expected a {what} class in the loaders. Got none registered")
+    try:
+        return storages.load(path)
     except ModuleNotFoundError as exc:
         raise DctDataError(
-            f"{path_or_url}: expected a loader for storage {manifest.storage!r}. Got none in this build "
-            "(dctdata.loaders.wds_dataset is missing)"
+            f"storage {storage.name!r}: expected its {what} ({path}). Got none in this build ({exc})"
         ) from exc
-    return DCTWebDataset(path_or_url, manifest=manifest, options=options, **kwargs)
 
 
 def __getattr__(name: str):

@@ -42,7 +42,7 @@ from dctdata.codec.transform3d import MASKS3
 from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.kinds import FIELD_KINDS, FieldKind
-from dctdata.parse import parse_int, parse_number, parse_optional_int, parse_size
+from dctdata.parse import parse_int, parse_number, parse_optional_int
 from dctdata.stages import AUTO, option_help, option_spellings, parse_config, parse_option
 
 NAN_MODES = ("error", "mask", "fill")
@@ -80,9 +80,10 @@ def renamed(where: str, given: Mapping[str, Any], stacklevel: int) -> dict[str, 
     return out
 
 
-# The webdataset writer's options that are settings of their own (--max-shard-size, --samples-per-shard,
-# --samples-per-member).
-SHARD_OPTIONS = ("max_shard_size", "samples_per_shard", "samples_per_member")
+# The storage writer options that are also settings of their own, Python keywords of `pack` and `Writer` (kept
+# from before the options were the storages'); every other option is a `writer_options` key. Their flags and
+# help are the storages' (`dctdata.format.storages`), as are those of every option.
+OPTION_SETTINGS = ("max_shard_size", "samples_per_shard", "samples_per_member")
 
 
 # Parsed forms ------------------------------------------------------------------------------------
@@ -376,8 +377,8 @@ class PackSettings:
 
     # What is stored
     format: str = setting(
-        "zarr", metavar="zarr|webdataset", help="zarr (random access, default) or webdataset (streaming shards)"
-    )
+        storages.names()[0], metavar="|".join(storages.names()), help=storages.format_help()
+    )  # the registered storages, the first the default
     cf: int | None = setting(
         None, type=int, help="chop factor 1..8 (default 4 with other settings but no --target-psnr)"
     )
@@ -501,25 +502,10 @@ class PackSettings:
         action="store_true",
         help="finish an interrupted pack of the same settings (redo only unfinished parts)",
     )
-    max_shard_size: int | str | None = setting(
-        None,
-        metavar="SIZE",
-        help="webdataset: cap on each .tar shard, in bytes or with a unit: 64MiB, '1.5 GB' (default 256 MiB)",
-    )
-    samples_per_shard: int | None = setting(
-        None,
-        type=int,
-        metavar="N",
-        help="webdataset: samples per shard (default: as many as fit the cap, and at least 16 shards for a set of "
-        "16 samples or more, so ranks x DataLoader workers each get whole shards)",
-    )
-    samples_per_member: int | None = setting(
-        None,
-        type=int,
-        metavar="K",
-        help="webdataset: samples per tar member, 1..256 (default: about 256 KiB of source per member, 1 for larger "
-        "samples, at most 1/16 of the set; each member costs a 512-byte tar header and padding)",
-    )
+    # storage writer options with a keyword of their own (`OPTION_SETTINGS`): flag and help are the storage's
+    max_shard_size: int | str | None = setting(None, flag=None, help=storages.option_help("max_shard_size"))
+    samples_per_shard: int | None = setting(None, flag=None, help=storages.option_help("samples_per_shard"))
+    samples_per_member: int | None = setting(None, flag=None, help=storages.option_help("samples_per_member"))
     # Python only
     calibration: Any = setting(
         None, flag=None, help="an explicit calibration set (anything `pack` takes) instead of the source's samples"
@@ -528,8 +514,7 @@ class PackSettings:
     writer_options: Mapping[str, Any] | None = setting(
         None,
         flag=None,
-        help="the storage writer's options: zarr chunk_samples, shard_samples; webdataset max_shard_size, "
-        "samples_per_shard, samples_per_member",
+        help="the storage writer's options: " + storages.options_summary(),
     )
     storage_options: Mapping[str, Any] | None = setting(
         None, flag=None, help="fsspec options for a URL OUT (s3://..., credentials, endpoint)"
@@ -599,22 +584,18 @@ class PackSettings:
             )
         if self.writer_options is not None and not isinstance(self.writer_options, Mapping):
             raise TypeError(f"writer_options: expected a mapping. Got {type(self.writer_options).__name__}")
-        size = None if self.max_shard_size is None else parse_size(self.max_shard_size, "--max-shard-size")
-        given = (size, self.samples_per_shard, self.samples_per_member)
-        shard = {k: v for k, v in zip(SHARD_OPTIONS, given) if v is not None}
-        if shard and not storages.get(self.format, "--format").sharded:
-            raise DctDataError(
-                "--max-shard-size/--samples-per-shard/--samples-per-member: expected --format "
-                f"{'|'.join(storages.sharded())}. Got --format {self.format}"
-            )
-        options = dict(self.writer_options or {})
-        both = sorted(k for k in shard if k in options and options[k] != shard[k])
+        storage = storages.get(self.format, "--format")
+        given = {k: getattr(self, k) for k in OPTION_SETTINGS if getattr(self, k) is not None}
+        raw = dict(self.writer_options or {})
+        keywords = storage.writer_options(given)  # the storage's options, parsed, else an error naming both
+        options = storage.writer_options(raw)
+        both = sorted(k for k in keywords if k in options and options[k] != keywords[k])
         if both:
             raise DctDataError(
-                f"{both[0]}: expected it once. Got {both[0]}={shard[both[0]]!r} and writer_options "
-                f"{{{both[0]!r}: {options[both[0]]!r}}}"
+                f"{both[0]}: expected it once. Got {both[0]}={given[both[0]]!r} and writer_options "
+                f"{{{both[0]!r}: {raw[both[0]]!r}}}"
             )
-        return {**options, **shard}
+        return {**options, **keywords}
 
     # Parsed forms (set by __post_init__)
     @property
@@ -649,8 +630,8 @@ class PackSettings:
 
     @property
     def writer_config(self) -> dict[str, Any]:
-        """The storage writer's options: `writer_options` with `max_shard_size` (in bytes),
-        `samples_per_shard` and `samples_per_member` added."""
+        """The storage writer's options, checked against its storage's and parsed (`max_shard_size` in bytes):
+        `writer_options` with the options given as keywords of their own (`OPTION_SETTINGS`) added."""
         return dict(self._writer_config)
 
     @property
@@ -700,22 +681,29 @@ class PackSettings:
     # Derivations ---------------------------------------------------------------------------------
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add a flag for every field that has one (`dctdata pack`'s options), in field order."""
+        """Add a flag for every field that has one (`dctdata pack`'s options), in field order, then every
+        storage's writer options, a group per storage (`dctdata.format.storages.add_arguments`)."""
         for f in dataclasses.fields(cls):
             flag = flag_of(f)
             if flag is not None:
                 help = f.metadata["help"].replace("%", "%%")  # argparse formats help with %
                 parser.add_argument(flag, dest=f.name, default=f.default, help=help, **f.metadata["cli"])
+        storages.add_arguments(parser)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PackSettings:
         """The settings of a parsed `dctdata pack` command line."""
-        values = {}
+        values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if flag_of(f) is not None:
                 value, parse = getattr(args, f.name), f.metadata["parse"]
                 values[f.name] = parse(value) if parse is not None and value is not None else value
-        return cls(**values)
+        options = {}  # the storages' option flags given: a setting of their own, else a writer_options key
+        for _, option in storages.options():
+            value = getattr(args, option.name, None)
+            if value is not None:
+                (values if option.name in OPTION_SETTINGS else options)[option.name] = value
+        return cls(**values, writer_options=options or None)
 
     @classmethod
     def names(cls, *, writer: bool = False) -> tuple[str, ...]:

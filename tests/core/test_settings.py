@@ -14,7 +14,8 @@ import pytest
 import dctdata
 from dctdata.cli import build_parser
 from dctdata.errors import DctDataError
-from dctdata.settings import NanPolicy, PackSettings, Targets, flag_of
+from dctdata.format import storages
+from dctdata.settings import OPTION_SETTINGS, NanPolicy, PackSettings, Targets, flag_of
 
 FIELDS = {f.name: f for f in dataclasses.fields(PackSettings)}
 WRITER_ONLY = {"samples", "attrs", "coords", "settings", "description"}  # the Writer's own keywords
@@ -95,20 +96,31 @@ def test_an_unknown_keyword_is_a_type_error_naming_it(tmp_path):
 
 
 def test_every_field_with_a_flag_is_a_cli_option_and_every_option_a_field():
+    """The flags are the fields' and the storages' writer options' (`dctdata.format.storages`); the writer
+    options that are also fields (`OPTION_SETTINGS`) take their flag and help from their storage."""
     options = {a.dest: a for a in pack_parser()._actions if a.option_strings and a.dest != "help"}
     flagged = {n: f for n, f in FIELDS.items() if flag_of(f) is not None}
-    assert set(options) == set(flagged)
+    storage_options = {o.name: (s, o) for s, o in storages.options()}
+    assert set(options) == set(flagged) | set(storage_options) and not set(flagged) & set(storage_options)
     assert {n for n, f in FIELDS.items() if flag_of(f) is None} == {
         "calibration",
         "length",
         "writer_options",
         "storage_options",
+        *OPTION_SETTINGS,
     }
+    assert set(OPTION_SETTINGS) <= set(storage_options)
     for name, f in flagged.items():
         action = options[name]
         assert flag_of(f) in action.option_strings
         assert action.default == f.default, name
         assert action.help.replace("%%", "%") == f.metadata["help"]
+    for name, (storage, option) in storage_options.items():
+        action = options[name]
+        assert action.option_strings == [option.cli_flag] and action.default is None, name
+        assert action.help.replace("%%", "%") == f"{storage.name}: {option.help}"
+        if name in OPTION_SETTINGS:  # the keyword's help is its flag's
+            assert FIELDS[name].metadata["help"] == f"{storage.name}: {option.help}"
     assert flag_of(FIELDS["fields"]) == "--field" and flag_of(FIELDS["lossless"]) == "--lossless"
     assert flag_of(FIELDS["target_psnr"]) == "--target-psnr"
 
