@@ -147,8 +147,25 @@ def register(
     sharded: bool = False,
     streams: bool = False,
 ) -> Storage:
-    """Register a storage by name with its classes given as "module:Class" (see `Storage`). An option's name
-    or flag that another storage already has is an error: `dctdata pack` has one flag per option."""
+    """Register a storage: everything asked of it, its classes given as "module:Class" (see `Storage`).
+
+    Args:
+        name: The manifest's `storage` and the pack's `--format` value.
+        reader: Its `dctdata.format.reader.StorageReader` class, in `format/<name>/`.
+        writer: Its `dctdata.format.base.PartWriter` class, in `format/<name>/`; it takes `options` as keywords.
+        dataset: The loaders' dataset class `open_dataset` returns for its packs.
+        windows: The loaders' time windows over its packs of trajectories (`open_dataset`'s window options).
+        summary: A few words for `--format`'s help ("random access").
+        options: Its writer's options; each becomes a `dctdata pack` flag and a `writer_options` key.
+        sharded: It writes size-capped shards, one file a part (else one file a field a part).
+        streams: It reads a shell `pipe:` stream without a manifest first.
+
+    Returns:
+        The `Storage` registered.
+
+    Raises:
+        DctDataError: An option's name or flag is another storage's (`dctdata pack` has one flag per option).
+    """
     storage = Storage(name, reader, writer, dataset, windows, summary, tuple(options), sharded, streams)
     taken = {k: s.name for s in _REGISTRY.values() if s.name != name for o in s.options for k in (o.name, o.cli_flag)}
     for o in storage.options:
