@@ -231,7 +231,7 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     storage = storages.get(manifest.storage)  # its dataset classes, from the registry
     if WINDOW_OPTIONS & kwargs.keys():  # time windows over a pack of trajectories
         return _loader(storage, "windows")(path_or_url, manifest, shards, **options.changed(), **kwargs)
-    if storage.reader.random_access and (shards is not None or options.cache_dir is not None):
+    if not storage.sharded and (shards is not None or options.cache_dir is not None):
         what = "a list of shard files" if shards is not None else "cache_dir"
         raise DctDataError(
             f"{root}: {what}: expected a {'|'.join(storages.sharded())} pack (tar shards). Got a {manifest.storage} "

@@ -700,8 +700,8 @@ class PackSettings:
                 values[f.name] = parse(value) if parse is not None and value is not None else value
         options = {}  # the storages' option flags given: a setting of their own, else a writer_options key
         for _, option in storages.options():
-            value = getattr(args, option.name, None)
-            if value is not None:
+            value = getattr(args, option.name, option.default)
+            if value is not None and value != option.default:
                 (values if option.name in OPTION_SETTINGS else options)[option.name] = value
         return cls(**values, writer_options=options or None)
 

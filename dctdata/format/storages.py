@@ -44,7 +44,8 @@ class PackManifest(Protocol):
 class Option:
     """A writer option of a storage, declared once: the writer's keyword (and `writer_options`' key), its
     help (what `dctdata pack --help` prints after the storage's name), the flag's argparse `type` and
-    `metavar`, its `default` (None: the writer's own, which the help names) and `parse`: how a given value,
+    `metavar`, its `default` (what the flag's absence means: the writer's own default, None where the writer
+    derives it from the pack, as the help says; a flag left at it is not passed on) and `parse`: how a given value,
     a flag's text or a Python value, becomes the writer's (None: as given, the writer checks it; called
     with the value and the flag, which its errors name). `flag` "" derives `--name-with-dashes`."""
 
@@ -228,7 +229,7 @@ def format_help() -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every storage's writer options to `dctdata pack`'s parser, a group per storage (dest: the option's
-    name, default None: not given)."""
+    name)."""
     for storage in _REGISTRY.values():
         if not storage.options:
             continue
@@ -237,7 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 o.cli_flag,
                 dest=o.name,
-                default=None,
+                default=o.default,
                 type=o.type,
                 metavar=o.metavar,
                 help=f"{storage.name}: {o.help}".replace("%", "%%"),  # argparse formats help with %

@@ -117,7 +117,7 @@ def test_every_field_with_a_flag_is_a_cli_option_and_every_option_a_field():
         assert action.help.replace("%%", "%") == f.metadata["help"]
     for name, (storage, option) in storage_options.items():
         action = options[name]
-        assert action.option_strings == [option.cli_flag] and action.default is None, name
+        assert action.option_strings == [option.cli_flag] and action.default == option.default, name
         assert action.help.replace("%%", "%") == f"{storage.name}: {option.help}"
         if name in OPTION_SETTINGS:  # the keyword's help is its flag's
             assert FIELDS[name].metadata["help"] == f"{storage.name}: {option.help}"

@@ -3,6 +3,7 @@ reader interface (`dctdata.format.reader`) is what verify and the loaders use.""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import pathlib
@@ -20,6 +21,7 @@ from dctdata.format.webdataset.reader import WebDatasetReader
 from dctdata.format.zarr.reader import ZarrReader
 from dctdata.format.zarr.writer import ZarrWriter
 from dctdata.loaders.zarr_dataset import DCTZarrDataset
+from dctdata.settings import PackSettings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -37,7 +39,7 @@ class EchoWriter(ZarrWriter):
     options = (*ZarrWriter.options, "echo_level")
     made: list[int | None] = []
 
-    def __init__(self, echo_level: int | None = None, **options):
+    def __init__(self, echo_level: int = 5, **options):
         super().__init__(**options)
         self.echo_level = echo_level
         EchoWriter.made.append(echo_level)
@@ -65,7 +67,9 @@ def echo(monkeypatch):
         dataset=f"{__name__}:EchoDataset",
         summary="zarr under another name",
         options=(
-            storages.Option("echo_level", "how loud the writer is (recorded)", type=int, metavar="L", parse=_level),
+            storages.Option(
+                "echo_level", "how loud the writer is (recorded)", type=int, metavar="L", default=5, parse=_level
+            ),
         ),
     )
 
@@ -201,9 +205,13 @@ def test_a_storage_answers_what_callers_ask():
     assert wds.files(3, 4) == 3 and zarr.files(3, 4) == 12
 
 
+def pack_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["pack"]
+
+
 def pack_help() -> str:
-    sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
-    return sub.choices["pack"].format_help()
+    return pack_parser().format_help()
 
 
 def test_a_registered_storage_gets_its_flags_and_its_options_reach_its_writer(tmp_path, echo, capsys):
@@ -229,6 +237,11 @@ def test_a_registered_storage_gets_its_flags_and_its_options_reach_its_writer(tm
         workers=1,
     )
     assert set(EchoWriter.made) == {7}
+    # without the flag (its default) nothing is passed: the writer's own default
+    EchoWriter.made.clear()
+    assert main([str(a) for a in argv[:5]] + ["--cf", "4", "--quiet", "--workers", "1", "--overwrite"]) == 0
+    assert set(EchoWriter.made) == {5}
+    assert PackSettings.from_args(pack_parser().parse_args(["x.npy", "out", "--format", "echo"])).writer_config == {}
 
 
 def test_an_option_a_storage_does_not_have_is_one_error_naming_both(tmp_path, echo, capsys):
