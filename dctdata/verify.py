@@ -19,9 +19,8 @@ from dctdata.decoder.layer import Decompress
 from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.format.fields import user_fields
-from dctdata.format.location import manifest_location
+from dctdata.format.location import check_location, manifest_location
 from dctdata.format.manifest import read_manifest
-from dctdata.format.webdataset.reader import Files, check_location
 
 DECODE_BATCH = 64
 
@@ -60,7 +59,7 @@ def verify_dataset(
     s = check_location(path_or_url, allow_pipe)
     if s.startswith("pipe:"):
         root = s
-        m = Files(s, storage_options).manifest()
+        m = storages.streaming().reader.stream_manifest(s, storage_options)  # the storage that reads streams
     else:
         root, _ = manifest_location(s)
         m = read_manifest(s, storage_options)

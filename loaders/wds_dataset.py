@@ -65,10 +65,10 @@ from webdataset.utils import pytorch_worker_info
 from dctdata.errors import DctDataError, IntegrityError
 from dctdata.format import storages
 from dctdata.format.cache import DEFAULT_CACHE_LIMIT, ShardCache
-from dctdata.format.location import shard_selection
+from dctdata.format.location import check_location, shard_selection
 from dctdata.format.manifest import Manifest
 from dctdata.format.reader import UnitReader
-from dctdata.format.webdataset.reader import Files, check_location
+from dctdata.format.webdataset.reader import Files
 from dctdata.loaders import wds_plan
 from dctdata.loaders.base import PackedDataset
 from dctdata.loaders.options import ReadOptions

@@ -60,6 +60,22 @@ def manifest_location(path_or_url: str | os.PathLike[str]) -> tuple[str, str]:
     return s, join(s, MANIFEST_NAME)
 
 
+def check_location(path_or_url: str | os.PathLike[str], allow_pipe: bool) -> str:
+    """A dataset location; a shell `pipe:` URL only when the caller opts in."""
+    if not isinstance(path_or_url, (str, os.PathLike)):
+        raise TypeError(f"path_or_url: expected a path or URL string. Got {type(path_or_url).__name__}")
+    s = os.fspath(path_or_url)
+    if s.startswith("pipe:"):
+        if not allow_pipe:
+            raise _error(
+                f"{s}: expected a local path or an http(s)/fsspec URL. Got a shell 'pipe:' URL, which runs a command "
+                "(pass allow_pipe=True to opt in)"
+            )
+        if "{}" not in s:
+            raise _error(f"{s}: expected a pipe: command with '{{}}' where the file name goes. Got none")
+    return s
+
+
 def _is_path(value: object) -> TypeGuard[str | os.PathLike[str]]:
     return isinstance(value, (str, os.PathLike))
 

@@ -172,6 +172,37 @@ def test_no_storage_named_outside_its_package_and_the_registry():
     assert not found, found
 
 
+def _storage_imports(path: pathlib.Path, names: set[str]) -> list[str]:
+    """Imports of a storage's package (`dctdata.format.zarr...`, `from dctdata.format import webdataset`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        else:
+            continue
+        hit = [
+            m for m in modules if any(m == f"dctdata.format.{n}" or m.startswith(f"dctdata.format.{n}.") for n in names)
+        ]
+        found += [f"{path}:{node.lineno}: {m}" for m in hit]
+    return found
+
+
+def test_only_the_loaders_import_a_storage_package():
+    """Outside `format/`, only the loaders (which hold each storage's dataset classes) import a storage's
+    package; the rest (verify, the CLI, the API, the packer) go through the registry and the interfaces."""
+    names = set(storages.names())
+    found = []
+    for folder in ("dctdata", "preprocess"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if (ROOT / "dctdata" / "format") not in path.parents:
+                found += _storage_imports(path, names)
+    assert not found, found
+    path = ROOT / "loaders" / "wds_dataset.py"
+    assert _storage_imports(path, names), "the check reads imports"  # a loader of webdataset packs does
+
+
 def test_the_storage_literal_check_catches_a_name_but_not_a_format_default(tmp_path):
     path = tmp_path / "x.py"
     path.write_text('def pack(x, *, format="zarr"):\n    return {"webdataset": 1}\n')
@@ -302,3 +333,15 @@ def test_open_dataset_takes_its_classes_from_the_registry(tmp_path, monkeypatch)
         DctDataError, match=r"^storage 'zarr': expected its dataset \(dctdata\.loaders\.no_such_module:X\)"
     ):
         dctdata.open_dataset(tmp_path / "z")
+
+
+def test_verify_reads_a_pipe_stream_through_the_storage_that_streams(tmp_path):
+    from dctdata.verify import verify_dataset
+
+    dctdata.pack(smooth_fields(6, 1, 16, 16), tmp_path / "w", format="webdataset", cf=4, quiet=True)
+    assert storages.streaming().name == "webdataset"
+    url = f"pipe:cat {tmp_path / 'w'}/{{}}"
+    problems, summary = verify_dataset(url, allow_pipe=True)
+    assert problems == [] and summary["samples"] == 6 and summary["decoded"] == 6
+    with pytest.raises(DctDataError, match=r"Got a shell 'pipe:' URL, which runs a command \(pass allow_pipe=True"):
+        verify_dataset(url)

@@ -30,7 +30,7 @@ import torch
 
 from dctdata.decoder.stored import check_stream
 from dctdata.decoder.wire import StoredSample, StreamForm, stage_key
-from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.errors import FormatError, IntegrityError
 from dctdata.format.cache import ShardCache
 from dctdata.format.checksum import read_expected
 from dctdata.format.fields import FieldSpec, has_side, side_field, user_fields
@@ -53,22 +53,6 @@ from dctdata.format.webdataset.layout import (
     unpacked_side,
 )
 from dctdata.stages import Stage, get_stage
-
-
-def check_location(path_or_url: str | os.PathLike[str], allow_pipe: bool) -> str:
-    """A dataset location; a shell `pipe:` URL only when the caller opts in."""
-    if not isinstance(path_or_url, (str, os.PathLike)):
-        raise TypeError(f"path_or_url: expected a path or URL string. Got {type(path_or_url).__name__}")
-    s = os.fspath(path_or_url)
-    if s.startswith("pipe:"):
-        if not allow_pipe:
-            raise DctDataError(
-                f"{s}: expected a local path or an http(s)/fsspec URL. Got a shell 'pipe:' URL, which runs a command "
-                "(pass allow_pipe=True to opt in)"
-            )
-        if "{}" not in s:
-            raise DctDataError(f"{s}: expected a pipe: command with '{{}}' where the file name goes. Got none")
-    return s
 
 
 class Files:
@@ -125,8 +109,8 @@ def codecs_for(fields: tuple[FieldSpec, ...]) -> dict[str, Stage]:
 
 class WebDatasetReader(StorageReader):
     """The shards of a webdataset pack (all, or those `shards` names), read whole and verified one at a
-    time (`open_unit` -> `ShardReader`). `root` may be a shell `pipe:` command (see `check_location`);
-    `cache` keeps fetched shards in a local `ShardCache`."""
+    time (`open_unit` -> `ShardReader`). `root` may be a shell `pipe:` command (see
+    `dctdata.format.location.check_location`); `cache` keeps fetched shards in a local `ShardCache`."""
 
     storage = "webdataset"
     units_hash_files = True
@@ -149,6 +133,12 @@ class WebDatasetReader(StorageReader):
         self.shards = select_shards(self.all_shards, shards, where)
         self.codecs = codecs_for(manifest.fields)
         self.group = samples_per_member(manifest.layout, where)  # None: per-sample members (versions <= 4)
+
+    @classmethod
+    def stream_manifest(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+        """The manifest of a pack read as a shell `pipe:` stream (`check_location`: `{}` in the command names
+        the file), for callers that take such a stream (`dctdata verify`) through the registry."""
+        return Files(url, storage_options).manifest()
 
     def units(self) -> list[Unit]:
         names = tuple(f.name for f in user_fields(self.fields))
