@@ -44,10 +44,10 @@ class PackManifest(Protocol):
 class Option:
     """A writer option of a storage, declared once: the writer's keyword (and `writer_options`' key), its
     help (what `dctdata pack --help` prints after the storage's name), the flag's argparse `type` and
-    `metavar`, its `default` (what the flag's absence means: the writer's own default, None where the writer
-    derives it from the pack, as the help says; a flag left at it is not passed on) and `parse`: how a given value,
-    a flag's text or a Python value, becomes the writer's (None: as given, the writer checks it; called
-    with the value and the flag, which its errors name). `flag` "" derives `--name-with-dashes`."""
+    `metavar`, its `default` (what the flag's absence means: the writer's own default, None where the
+    writer derives it from the pack, as the help says; a flag left at it is not passed on) and `parse`: how
+    a given value, a flag's text or a Python value, becomes the writer's (None: as given, the writer checks
+    it; called with the value and the flag, which its errors name). `flag` "" derives `--name-with-dashes`."""
 
     name: str
     help: str
@@ -71,10 +71,10 @@ class Option:
 class Storage:
     """A storage's name, where its classes live ("module:Class": reader and writer in `format/<name>/`, the
     dataset and the time windows `open_dataset` returns in `dctdata.loaders`, which only `dctdata.api` loads:
-    the core never imports the loaders), its writer options,
-    and what callers outside its package ask of it instead of comparing names: a summary for `--format`'s
-    help, whether it writes size-capped shards (one file a part) or one file a field a part, and whether it
-    reads a shell `pipe:` stream (no manifest is read first)."""
+    the core never imports the loaders), its writer options, and what callers outside its package ask of it
+    instead of comparing names: a summary for `--format`'s help, whether it writes size-capped shards (one
+    file a part) or one file a field a part, and whether it reads a shell `pipe:` stream (no manifest is
+    read first)."""
 
     name: str
     reader_path: str
