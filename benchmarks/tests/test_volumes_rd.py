@@ -47,3 +47,13 @@ def test_volumes_rd_refuses_bad_options():
         volumes_rd.main(["--size", "0"])
     with pytest.raises(DctDataError, match=r"--targets: expected dB values separated by commas\. Got '40,x'"):
         volumes_rd.main(["--targets", "40,x"])
+
+
+def test_the_real_set_is_nibabels_volumes_in_their_own_dtype():
+    pytest.importorskip("nibabel")
+    real = volumes_rd.items(0, 0, "real")
+    assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == {
+        "fMRI example4d": ((2, 1, 24, 96, 128), "int16"),
+        "anatomical": ((1, 1, 25, 41, 33), "int16"),
+        "functional": ((20, 1, 3, 21, 17), "float32"),
+    }
