@@ -168,7 +168,7 @@ def real_volumes() -> dict[str, np.ndarray]:
     """The real volumes of issue 46, name -> (N, D, H, W): the fMRI run as 2 volumes, the anatomical volume,
     the functional run's 20 small volumes."""
     return {
-        "fMRI example4d": fmri_volumes(),
+        "example4d": fmri_volumes(),
         "anatomical": anatomical_volume()[None],
         "functional": functional_volumes(),
     }

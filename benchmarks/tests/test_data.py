@@ -56,7 +56,7 @@ def test_nibabel_volumes_are_the_files_as_nibabel_reads_them():
     assert func.shape == (20, 3, 21, 17) and func.dtype == np.float32
     np.testing.assert_allclose(func[3], raw("functional.nii").get_fdata()[..., 3].T, rtol=1e-6)
     assert {k: v.shape for k, v in images.real_volumes().items()} == {
-        "fMRI example4d": run.shape,
+        "example4d": run.shape,
         "anatomical": (1, *anat.shape),
         "functional": func.shape,
     }

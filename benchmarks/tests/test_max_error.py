@@ -91,7 +91,7 @@ def test_volumes_set_packs_each_real_volume_in_3d_within_its_bound():
     pytest.importorskip("nibabel")
     data = max_error.volume_sets()
     assert {k: (v.shape, v.dtype.name) for k, v in data.items()} == {
-        "fMRI example4d": ((2, 1, 24, 96, 128), "int16"),
+        "example4d": ((2, 1, 24, 96, 128), "int16"),
         "anatomical": ((1, 1, 25, 41, 33), "int16"),
         "functional": ((20, 1, 3, 21, 17), "float32"),
     }

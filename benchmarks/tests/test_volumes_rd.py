@@ -53,7 +53,7 @@ def test_the_real_set_is_nibabels_volumes_in_their_own_dtype():
     pytest.importorskip("nibabel")
     real = volumes_rd.items(0, 0, "real")
     assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == {
-        "fMRI example4d": ((2, 1, 24, 96, 128), "int16"),
+        "example4d": ((2, 1, 24, 96, 128), "int16"),
         "anatomical": ((1, 1, 25, 41, 33), "int16"),
         "functional": ((20, 1, 3, 21, 17), "float32"),
     }
