@@ -110,6 +110,10 @@ SCRIPTS = {
         "benchmarks.trajectories",
         "a Well-format set: bytes against its HDF5 (raw, gzip, zstd) and windows/s against WellDataset, workers 0/2",
     ),
+    "volume-levers": (
+        "benchmarks.volume_levers",
+        "what moves a dims=3 pack of real volumes: forced dtype, zstd-19, 2-D packing, DC entropy, padding",
+    ),
     "volumes-rd": (
         "benchmarks.volumes_rd",
         "volumes (dims=3) at equal PSNR against SZ3, ZFP and 2-D packing; 3-D vs 2-D Decompress GB/s",

@@ -1,5 +1,6 @@
 """The rate-distortion bench's items and packs: arrays that ship inside installed packages, plus the
-synthetic SciML stand-ins of `dctdata.datasets`; nothing is downloaded.
+synthetic SciML stand-ins of `dctdata.datasets`; nothing is downloaded. "fmri" is nibabel's real fMRI run
+(example4d.nii.gz, its first volume's 24 slices as one 384 x 768 int16 mosaic; skipped without nibabel).
 
 An item is one array (C, H, W) in float32 holding its original values (counts, metres, 0..255). Each
 item becomes up to two packs: "tiles" (a deterministic grid of 60x76 tiles, at most `max_tiles` of
@@ -110,6 +111,7 @@ def _slstr(channels: slice) -> Callable[[], tuple[np.ndarray, bool]]:
 ITEMS: dict[str, tuple[str, Callable[[], tuple[np.ndarray, bool]]]] = {
     "mri": ("sci", _sci("mri_slice")),
     "dem": ("sci", _sci("elevation_model")),
+    "fmri": ("sci", _sci("fmri_mosaic")),  # nibabel's example4d: int16 on a dark background
     "disparity": ("sci", _sci("motorcycle_disparity")),
     "moon": ("sci", _u8(_shipped("moon.png"))),
     "cell": ("sci", _u8(_shipped("cell.png"))),

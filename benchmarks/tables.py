@@ -36,8 +36,8 @@ def register(sub) -> None:
         "rd",
         "compression ratio at equal PSNR: dctdata vs ZFP, SZ3, SPERR, JPEG 2000 and JPEG",
         "Compression ratio at equal dataset PSNR of real dctdata packs against ZFP, SZ3, SPERR, JPEG 2000 and JPEG, "
-        "on arrays shipped with scikit-image, scikit-learn and matplotlib plus synthetic SciML stand-ins, cut into "
-        "60x76 tiles and whole. Prints markdown tables.",
+        "on arrays shipped with scikit-image, scikit-learn, matplotlib and nibabel plus synthetic SciML stand-ins, cut "
+        "into 60x76 tiles and whole. Prints markdown tables.",
     )
     r.add_argument("--items", nargs="+", default=list(ITEMS), metavar="NAME", help="items to use")
     r.add_argument("--modes", nargs="+", default=list(MODES), metavar="MODE", help="packs per item: tiles, whole")

@@ -1,20 +1,25 @@
-"""Volumes at equal PSNR: dctdata's 8x8x8 packing (`dims=3`) against SZ3 and ZFP in 3-D mode and against today's
-2-D packing of the same volumes (D channels of 8x8 blocks), on synthetic SciML volumes; and the first layer's
-decode speed on volumes beside the 2-D layer's on the same output bytes.
+"""Volumes at equal PSNR: dctdata's 8x8x8 packing (`dims=3`) against SZ3, ZFP and SPERR in 3-D mode and against
+today's 2-D packing of the same volumes (D channels of 8x8 blocks), on synthetic SciML volumes or real MRI volumes;
+and the first layer's decode speed on volumes beside the 2-D layer's on the same output bytes.
 
     python -m benchmarks volumes-rd                       # the docs table (docs/guides/volumes.md)
+    python -m benchmarks volumes-rd --set real            # nibabel's real MRI volumes (docs/benchmarks/compression.md)
     python -m benchmarks volumes-rd --quick               # a smoke run: small volumes, three targets
     python -m benchmarks volumes-rd --json OUT.json --size 64 --samples 4
     python -m benchmarks volumes-rd --device cuda --targets 40 --size 128 --samples 8   # the layers' GPU GB/s
 
-Items (`dctdata.datasets.volumes`): a power-law Gaussian random field (a density box), one component of a
-solenoidal von Karman velocity field, and an advected and diffused scalar. Each is N float32 volumes.
+Items, `--set synthetic` (the default; `dctdata.datasets.volumes`): a power-law Gaussian random field (a density
+box), one component of a solenoidal von Karman velocity field, and an advected and diffused scalar. Each is N
+float32 volumes. `--set real` (needs nibabel, the `bench` extra; `tests/shipped_images.real_volumes`): nibabel's
+test images, packed in their own dtype: the fMRI run example4d.nii.gz as 2 int16 volumes of 24 x 96 x 128, the
+anatomical volume anatomical.nii (1 x 25 x 41 x 33 int16) and the functional run functional.nii (20 x 3 x 21 x 17,
+scaled int16 as float32).
 
 - dctdata 3-D: `dctdata.pack(x, dims=3, target_psnr=T)` at each target, read back with `open_dataset` and the
   pack's own `decompressor()`; size = every stored file plus manifest.json (`benchmarks.ours`).
 - dctdata 2-D: the same (N, D, H, W) array packed as today does (D channels a sample), same targets.
-- ZFP fixed-accuracy (zfpy) and SZ3 (imagecodecs, absolute bound): each volume compressed on its own in 3-D
-  (`benchmarks.peers`), swept over their knobs.
+- ZFP fixed-accuracy (zfpy), SZ3 (imagecodecs, absolute bound) and SPERR (imagecodecs, PSNR mode): each volume
+  compressed on its own in 3-D (`benchmarks.peers`, float32), swept over their knobs.
 
 PSNR is the project's dataset PSNR with one item per (sample, channel) volume, against its own range; bytes at
 35/40/45 dB are interpolated on each codec's Pareto front (`benchmarks.curves.bytes_at`), never extrapolated.
@@ -43,7 +48,7 @@ import torch
 import dctdata
 from benchmarks.curves import Point, cr_at, geomean, pack_psnr
 from benchmarks.ours import read_back, stored_size
-from benchmarks.peers import sz3_curves, zfp_curves
+from benchmarks.peers import sperr_curves, sz3_curves, zfp_curves
 from dctdata.datasets.volumes import advected_scalar, power_law_field, velocity_component
 from dctdata.errors import DctDataError
 
@@ -56,12 +61,18 @@ ITEMS = {
     "advected scalar": advected_scalar,
 }
 
+SETS = ("synthetic", "real")
+
 
 log = logging.getLogger(__name__)
 
 
-def items(n: int, size: int) -> dict[str, np.ndarray]:
-    """name -> (N, 1, D, H, W) float32."""
+def items(n: int, size: int, which: str = "synthetic") -> dict[str, np.ndarray]:
+    """name -> (N, 1, D, H, W): float32 (synthetic), or the real volumes in their own dtype."""
+    if which == "real":
+        import shipped_images
+
+        return {name: x[:, None] for name, x in shipped_images.real_volumes().items()}
     return {name: make(n=n, size=size)[:, None] for name, make in ITEMS.items()}
 
 
@@ -113,15 +124,16 @@ def decode_speed(path: str, repeat: int, device: str = "cpu") -> tuple[float, tu
     return out.numel() * 4 / best / 1e9, tuple(out.shape)
 
 
-def run(n: int, size: int, targets, repeat: int, workdir: str, device: str = "cpu") -> dict:
+def run(n: int, size: int, targets, repeat: int, workdir: str, device: str = "cpu", which: str = "synthetic") -> dict:
     results = {}
     speed_target = min(targets, key=lambda t: abs(t - 40.0))
-    for name, x in items(n, size).items():
+    for name, x in items(n, size, which).items():
         raw = x.size * 4
         curves = {}
         curves["dctdata 3-D"], vol_pack = dctdata_curve(x, 3, targets, workdir, keep=speed_target)
         curves["dctdata 2-D"], flat_pack = dctdata_curve(x, 2, targets, workdir, keep=speed_target)
-        for peer in (zfp_curves, sz3_curves):  # a peer whose library is missing is left out, with one line
+        x = x.astype(np.float32)  # the peers code float32
+        for peer in (zfp_curves, sz3_curves, sperr_curves):  # a peer whose library is missing is left out
             try:
                 curves.update(peer(x, False))
             except ImportError as exc:
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default=None, metavar="OUT", help="also write every point as JSON")
     p.add_argument("--targets", default=None, metavar="DB,DB,...", help="dctdata's targets (default: the sweep)")
     p.add_argument("--device", default="cpu", help="where the decode speed is measured (cpu, cuda)")
+    p.add_argument("--set", choices=SETS, default="synthetic", help="synthetic volumes or nibabel's real MRI volumes")
     args = p.parse_args(argv)
     for name, v in (("--samples", args.samples), ("--size", args.size), ("--repeat", args.repeat)):
         if v < 1:
@@ -199,8 +212,10 @@ def main(argv: list[str] | None = None) -> None:
             raise DctDataError(f"--targets: expected dB values separated by commas. Got {args.targets!r}") from None
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="dctdata-volumes-rd-") as tmp:
-        results = run(n, size, targets, args.repeat, tmp, args.device)
+        results = run(n, size, targets, args.repeat, tmp, args.device, args.set)
     print(report(results, targets, args.device))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"samples": n, "size": size, "targets": list(targets), "items": results}, f, indent=1)
+            json.dump(
+                {"set": args.set, "samples": n, "size": size, "targets": list(targets), "items": results}, f, indent=1
+            )

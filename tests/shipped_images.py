@@ -5,10 +5,13 @@
   installed package's data folder (scikit-image's `skimage/data`, matplotlib's `mpl-data/sample_data`),
   never through a fetcher that could download. They are the scientific counterparts of the photos:
   a 16-bit MRI slice, a digital elevation model in metres and a stereo disparity map.
+- `fmri_slices`, `fmri_volumes`, `anatomical_volume`, `functional_volumes`, `real_volumes`: nibabel's own test
+  images (`nibabel/tests/data`), read by nibabel: a real 4-D fMRI run (int16, a dark background), a real
+  anatomical MRI volume of odd sizes (big-endian int16) and a small functional run (int16 scaled to floats).
 
 A test helper that the benchmarks import too (`benchmarks/__init__.py` puts tests/ on their path).
-scikit-image, scikit-learn and matplotlib come with the `bench` and `dev` extras, not with the product; a
-missing one raises ModuleNotFoundError.
+scikit-image, scikit-learn, matplotlib and nibabel come with the `bench` extra (all but nibabel with `dev` too),
+not with the product; a missing one raises ModuleNotFoundError (tests that need nibabel `importorskip` it).
 """
 
 from __future__ import annotations
@@ -115,6 +118,60 @@ def mri_volume(shape: tuple[int, int, int] = (25, 41, 33)) -> np.ndarray:
         c[oy : oy + z.shape[0], ox : ox + z.shape[1]] = z
         out.append(c)
     return np.round(np.stack(out)).astype(np.int16)
+
+
+def nibabel_image(name: str) -> np.ndarray:
+    """A NIfTI file of nibabel's test data folder as nibabel reads it: the stored integers as they are where
+    the header has no scaling (in native byte order), else the scaled values in float64; axes reversed to
+    C order, (t, z, y, x) for a 4-D run, (z, y, x) for a volume."""
+    import nibabel
+
+    image = nibabel.load(package_file("nibabel", "tests", "data", name))
+    proxy = image.dataobj
+    scaled = getattr(proxy, "slope", 1.0) not in (None, 1.0) or getattr(proxy, "inter", 0.0) not in (None, 0.0)
+    a = np.asarray(image.get_fdata() if scaled else np.asanyarray(proxy))
+    a = a.astype(a.dtype.newbyteorder("=")) if not scaled else a
+    return np.ascontiguousarray(a.transpose(tuple(range(a.ndim))[::-1]))
+
+
+def fmri_volumes() -> np.ndarray:
+    """nibabel's example4d.nii.gz: a real fMRI run of 2 volumes of 24 slices of 96 x 128, int16 counts on a
+    dark background (about 60% zeros): (2, 24, 96, 128)."""
+    return nibabel_image("example4d.nii.gz")
+
+
+def fmri_slices() -> np.ndarray:
+    """The 48 slices of `fmri_volumes` (volume after volume), int16 (48, 96, 128): the 2-D set of issue 46."""
+    return fmri_volumes().reshape(-1, 96, 128)
+
+
+def anatomical_volume() -> np.ndarray:
+    """nibabel's anatomical.nii: one real anatomical MRI volume of odd sizes, stored big-endian int16 (some
+    values negative), returned native int16 (25, 41, 33)."""
+    return nibabel_image("anatomical.nii")
+
+
+def functional_volumes() -> np.ndarray:
+    """nibabel's functional.nii: a small real functional run of 20 volumes of 3 x 21 x 17, int16 scaled by the
+    header's slope and intercept, as float32 (20, 3, 21, 17)."""
+    return nibabel_image("functional.nii").astype(np.float32)
+
+
+def fmri_mosaic() -> np.ndarray:
+    """The first volume of `fmri_volumes` as one 2-D image: its 24 slices of 96 x 128 tiled 4 rows by 6 (slice
+    edges fall on 8-pixel block edges), int16 (384, 768)."""
+    v = fmri_volumes()[0]
+    return np.ascontiguousarray(v.reshape(4, 6, 96, 128).transpose(0, 2, 1, 3).reshape(4 * 96, 6 * 128))
+
+
+def real_volumes() -> dict[str, np.ndarray]:
+    """The real volumes of issue 46, name -> (N, D, H, W): the fMRI run as 2 volumes, the anatomical volume,
+    the functional run's 20 small volumes."""
+    return {
+        "example4d": fmri_volumes(),
+        "anatomical": anatomical_volume()[None],
+        "functional": functional_volumes(),
+    }
 
 
 def elevation_model() -> np.ndarray:

@@ -31,6 +31,50 @@ def test_package_shipped_scientific_arrays():
     assert set(images.sklearn_images()) == {"china", "flower"}
 
 
+def test_nibabel_volumes_are_the_files_as_nibabel_reads_them():
+    nibabel = pytest.importorskip("nibabel")
+    import shipped_images as images
+
+    def raw(name):
+        return nibabel.load(images.package_file("nibabel", "tests", "data", name))
+
+    run = images.fmri_volumes()
+    assert run.shape == (2, 24, 96, 128) and run.dtype == np.int16 and run.dtype.isnative
+    assert (run == 0).mean() > 0.5 and run.max() > 1000  # a dark background
+    stored = np.asanyarray(raw("example4d.nii.gz").dataobj)  # (x, y, z, t)
+    np.testing.assert_array_equal(run[1, 5], stored[:, :, 5, 1].T)
+    slices = images.fmri_slices()
+    assert slices.shape == (48, 96, 128)
+    np.testing.assert_array_equal(slices[24 + 5], run[1, 5])
+    mosaic = images.fmri_mosaic()
+    assert mosaic.shape == (384, 768) and mosaic.dtype == np.int16
+    np.testing.assert_array_equal(mosaic[96:192, 128:256], run[0, 7])  # row 1, column 1 of 6
+    anat = images.anatomical_volume()
+    assert anat.shape == (25, 41, 33) and anat.dtype == np.int16 and anat.dtype.isnative and anat.min() < 0
+    np.testing.assert_array_equal(anat, np.asanyarray(raw("anatomical.nii").dataobj).T)  # big-endian on disk
+    func = images.functional_volumes()
+    assert func.shape == (20, 3, 21, 17) and func.dtype == np.float32
+    np.testing.assert_allclose(func[3], raw("functional.nii").get_fdata()[..., 3].T, rtol=1e-6)
+    assert {k: v.shape for k, v in images.real_volumes().items()} == {
+        "example4d": run.shape,
+        "anatomical": (1, *anat.shape),
+        "functional": func.shape,
+    }
+
+
+def test_without_nibabel_the_real_volumes_are_skipped(monkeypatch):
+    import shipped_images as images
+
+    from benchmarks.items import load_items
+
+    monkeypatch.setitem(sys.modules, "nibabel", None)
+    with pytest.raises(ModuleNotFoundError):
+        images.real_volumes()
+    loaded, skipped = load_items(["fmri", "em"])
+    assert [i.name for i in loaded] == ["em"]
+    assert skipped == ["item fmri skipped: nibabel is not installed (pip install 'dctdata[bench]')"]
+
+
 def test_package_files_are_never_fetched(monkeypatch):
     import shipped_images as images
 

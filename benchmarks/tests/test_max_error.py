@@ -85,3 +85,19 @@ def test_items_set_packs_tiles_and_whole_with_group_means(capsys, tmp_path):
     overall = re.search(r"^geomean +1e-03 +([\d.]+)", out, re.M)
     group = re.search(r"^  sci +1e-03 +([\d.]+)", out, re.M)
     assert overall and group and overall.group(1) == group.group(1)  # one group: its mean is the overall one
+
+
+def test_volumes_set_packs_each_real_volume_in_3d_within_its_bound():
+    pytest.importorskip("nibabel")
+    data = max_error.volume_sets()
+    assert {k: (v.shape, v.dtype.name) for k, v in data.items()} == {
+        "example4d": ((2, 1, 24, 96, 128), "int16"),
+        "anatomical": ((1, 1, 25, 41, 33), "int16"),
+        "functional": ((20, 1, 3, 21, 17), "float32"),
+    }
+    x = data["anatomical"]
+    split: dict = {}
+    nbytes, over = max_error.ours(x, 1e-2, split)
+    assert over == 0 and nbytes == sum(split.values()) and nbytes < x.size * 2  # under the int16 bytes
+    loose, _ = max_error.ours(x, 1e-1)
+    assert loose < nbytes

@@ -31,7 +31,7 @@ def test_volumes_rd_quick_run(tmp_path, capsys):
     assert set(run["items"]) == set(volumes_rd.ITEMS) and run["targets"] == list(volumes_rd.QUICK_TARGETS)
     for name, item in run["items"].items():
         assert item["shape"] == [2, 1, 16, 16, 16] and item["raw_bytes"] == 2 * 16**3 * 4
-        assert set(item["points"]) == {"dctdata 3-D", "dctdata 2-D", "zfp", "sz3"}
+        assert set(item["points"]) == {"dctdata 3-D", "dctdata 2-D", "zfp", "sz3", "sperr"}
         ours = [p for p in item["points"]["dctdata 3-D"] if p["bytes"]]
         assert ours and all(20 < p["psnr"] < 80 and p["bytes"] > 0 for p in ours)
         for codec, points in item["points"].items():
@@ -39,7 +39,7 @@ def test_volumes_rd_quick_run(tmp_path, capsys):
             for a, b in zip(cr, item["cr"][codec]):  # NaN where the sweep does not reach the level
                 assert math.isnan(a) == math.isnan(b) and (math.isnan(a) or a == pytest.approx(b))
         assert f"| {name} (2, 1, 16, 16, 16) |" in text
-    assert "| zfp |" in text and "| sz3 |" in text and "3-D / 2-D" in text
+    assert "| zfp |" in text and "| sz3 |" in text and "| sperr |" in text and "3-D / 2-D" in text
 
 
 def test_volumes_rd_refuses_bad_options():
@@ -47,3 +47,13 @@ def test_volumes_rd_refuses_bad_options():
         volumes_rd.main(["--size", "0"])
     with pytest.raises(DctDataError, match=r"--targets: expected dB values separated by commas\. Got '40,x'"):
         volumes_rd.main(["--targets", "40,x"])
+
+
+def test_the_real_set_is_nibabels_volumes_in_their_own_dtype():
+    pytest.importorskip("nibabel")
+    real = volumes_rd.items(0, 0, "real")
+    assert {k: (v.shape, v.dtype.name) for k, v in real.items()} == {
+        "example4d": ((2, 1, 24, 96, 128), "int16"),
+        "anatomical": ((1, 1, 25, 41, 33), "int16"),
+        "functional": ((20, 1, 3, 21, 17), "float32"),
+    }
