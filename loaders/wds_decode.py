@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format.fields import SIDE_SUFFIX, FieldKind, user_fields
+from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.format.location import MANIFEST_NAME, join
 from dctdata.format.webdataset.layout import group_members, group_name, sample_key, samples_per_member, shard_list
 from dctdata.format.webdataset.reader import Files, WebDatasetReader, codecs_for, group_member
@@ -117,8 +117,8 @@ class WdsDecoder:
         """The group's first `rows` values of user field f: decoded through `Decompress` (a dct field with
         `decode`), else the stored values as tensors (a dct field's as (coefficients, side values))."""
         arr = np.ascontiguousarray(self._array(group, f, False)[:rows])
-        if f.kind is not FieldKind.DCT:
-            return [f.to_tensor(a) for a in arr]
+        if not f.coded:
+            return [f.kind_type.decode(f, a) for a in arr]
         q = torch.from_numpy(arr)
         partner = self._partner.get(f.name)
         side = None
