@@ -12,8 +12,8 @@ numcodecs registers codecs): `get(kind)` or a field's `FieldSpec.kind_type`. A k
   exact kind; a coded kind's encode is the encoder's, with its error figures);
 - decode: `layer` (the `Decompress` of a coded field, None for an exact one) and `decode` (stored values to
   what a loader yields without `decode="device"`);
-- describe: `describe` (the codec column of `dctdata info`) and `transfer_ratio` (float32 bytes over the bytes
-  sent to the device).
+- describe: `describe` (the codec column of `dctdata info`), `summary` (what the pack summary says of the
+  field's figures) and `transfer_ratio` (float32 bytes over the bytes sent to the device).
 
 Which kind a field gets (`kind_and_reason`) is here too: the rules name the kinds, so they live beside them.
 Adding a kind is a `FieldKind` member and one class here (`tests/core/test_field_kinds.py` checks that nothing
@@ -99,6 +99,11 @@ class Kind:
         """The field's coding in a word or a few (the codec column of `dctdata info`)."""
         return "exact"
 
+    def summary(self, f: _Spec, stats: Any, num: Callable[[float | None], str]) -> str:
+        """What the pack summary adds after the field's kind, shape and dtype (`stats`: its `FieldStats`; `num`:
+        the summary's number cell, `dctdata.report.num`): nothing for a field stored exactly."""
+        return ""
+
     def transfer_ratio(self, f: _Spec) -> float | None:
         """The field's float32 bytes over the bytes sent to the device per sample (None: not meaningful)."""
         return 4 * math.prod(f.shape) / max(1, f.stored_sample_bytes)
@@ -183,6 +188,20 @@ class DctKind(Kind):
             if c.lattice:  # values snapped onto their grid (`dctdata.codec.lattice`)
                 text += ", value lattices"
         return text
+
+    def summary(self, f: _Spec, stats: Any, num: Callable[[float | None], str]) -> str:
+        """Its settings and lossless stage, the PSNRs and max error it reached, the bound it holds and overflow."""
+        from dctdata.encoder.bounds import bound_text
+
+        c, s = _codec(f), stats
+        valid = f", {100 * s.valid_fraction:.1f}% valid pixels" if s.valid_fraction is not None else ""
+        stage = (f.lossless or {}).get("id", "raw")
+        return (
+            f" cf={c.cf} {c.mask} {c.dtype} {stage}: PSNR min {num(s.psnr_min)} / median "
+            f"{num(s.psnr_median)} / dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}"
+            f"{f' (bound {bound_text(c)}, held on every value)' if c.bounded else ''}, "
+            f"overflow {s.overflow}{valid}"
+        )
 
     def transfer_ratio(self, f: _Spec) -> float | None:
         return _codec(f).transfer_ratio

@@ -1,7 +1,11 @@
-"""`dctdata.format.kinds`: each field kind owns its checks, encode, decode and description, registered by name
-(adding a kind is a `FieldKind` member and one class)."""
+"""`dctdata.format.kinds`: each field kind owns its checks, encode, decode and description, registered by name,
+and no module outside the kind modules compares kind names (adding a kind is a `FieldKind` member and one class)."""
 
 from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
 
 import numpy as np
 import pytest
@@ -9,8 +13,14 @@ import torch
 
 from dctdata.codec.spec import CodecSpec
 from dctdata.errors import DctDataError
-from dctdata.format import FieldSpec, kinds
+from dctdata.format import FieldSpec, FieldStats, Manifest, kinds
 from dctdata.kinds import FieldKind
+from dctdata.report import num
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The kind modules: the names (the manifest's) and their behaviour. Nothing else names a kind to branch on.
+KIND_MODULES = (ROOT / "dctdata" / "kinds.py", ROOT / "dctdata" / "format" / "kinds.py")
+KIND_NAMES = {k.value for k in FieldKind}
 
 
 def _dct(shape=(1, 16, 16), **codec) -> FieldSpec:
@@ -89,3 +99,66 @@ def test_kinds_describe_themselves():
     assert dct.kind_type.transfer_ratio(dct) == dct.codec.transfer_ratio
     assert arr.kind_type.transfer_ratio(arr) == 4.0 and label.kind_type.transfer_ratio(label) is None
     assert not label.kind_type.ratios and arr.kind_type.ratios
+    stats = FieldStats(31.5, 33.25, 0.125, 2, 32.0, None, 0.5)
+    line = dct.kind_type.summary(dct, stats, num)
+    assert line.startswith(" cf=4 square float32 zstd: PSNR min 31.50 / median 33.25 / dataset 32.00 dB")
+    assert line.endswith("max error 0.125, overflow 2, 50.0% valid pixels")
+    assert arr.kind_type.summary(arr, stats, num) == ""
+
+
+def test_the_only_coded_field_is_found_by_the_manifest():
+    fields = (_dct(), FieldSpec("y", "label", (), "int64"))
+    m = Manifest(storage="zarr", samples=1, fields=fields)
+    assert m.coded_field().name == "x" and m.coded_field("y").name == "y"
+    two = Manifest(storage="zarr", samples=1, fields=(*fields, dataclasses.replace(_dct(), name="z")))
+    with pytest.raises(DctDataError, match=r"expected a field name; this dataset has 2 dct fields \['x', 'z'\]"):
+        two.coded_field()
+
+
+def kind_name_uses(path: pathlib.Path) -> list[str]:
+    """Where a module names a kind to branch on: `FieldKind.DCT`, `.is_dct`, `kind == "dct"`, `x.kind in ("dct",
+    ...)`, `kind="label"` (a comparison or keyword whose other side says `kind`)."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            member = isinstance(node.value, ast.Name) and node.value.id == "FieldKind" and node.attr.isupper()
+            if member or node.attr == "is_dct":
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            consts = [c for s in sides for c in ([s] if isinstance(s, ast.Constant) else getattr(s, "elts", []))]
+            named = {c.value for c in consts if isinstance(c, ast.Constant) and c.value in KIND_NAMES}
+            if named and any("kind" in ast.unparse(s) for s in sides if not isinstance(s, ast.Constant)):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.keyword) and node.arg == "kind":
+            if isinstance(node.value, ast.Constant) and node.value.value in KIND_NAMES:
+                found.append(f"{path.name}:{node.lineno}: kind={node.value.value!r}")
+    return found
+
+
+def test_no_kind_name_compared_outside_the_kind_modules():
+    """Callers ask the field's kind (`f.kind_type.describe(f)`, `f.coded`, `kinds.CODED`) instead of comparing
+    names, so a new kind is one class in `dctdata.format.kinds`, not a branch in every module."""
+    found = []
+    for folder in ("dctdata", "preprocess", "loaders"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path not in KIND_MODULES:
+                found += kind_name_uses(path)
+    assert not found, found
+
+
+def test_the_kind_name_check_catches_each_form(tmp_path):
+    path = tmp_path / "x.py"
+    for source in (
+        "if f.kind is FieldKind.DCT: pass\n",
+        "ok = f.is_dct\n",
+        'ok = f.kind == "label"\n',
+        'ok = "array" != spec.kind\n',
+        'ok = kind in ("dct", "x")\n',
+        'f = m.field(None, kind="dct")\n',
+    ):
+        path.write_text(source)
+        assert kind_name_uses(path), source
+    path.write_text('ok = meta.get("node_type") != "array"\nok = dtype.kind == "b"\nfields = {"image": "dct"}\n')
+    assert not kind_name_uses(path)
