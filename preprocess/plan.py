@@ -2,13 +2,14 @@
 incremental `Writer` (streams): the validated settings, each field's kind and CodecSpec (calibration
 included), and, at the end, the manifest's error figures.
 
-Field kinds (`kind_and_reason`): numeric arrays with >= 2 dims per sample -> `dct` (integers only with a
-lossy setting for them: a target PSNR, --quant, --cf or a pointwise bound, and only when their calibration
-subset holds more than `FEW_VALUES` distinct values: fewer is a mask or label map, kept exact), integer
-scalars -> `label`, everything else -> `array`; a source may default decoded images to `dct` (under a lossy
-setting only: integer images without one are exact, as the same integers from any other source);
-`fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack summary
-prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
+Field kinds (`kind_and_reason`, in `dctdata.format.kinds` beside the kinds it names; each kind's checks there
+too, so this module asks a kind instead of comparing names): numeric arrays with >= 2 dims per sample -> `dct`
+(integers only with a lossy setting for them: a target PSNR, --quant, --cf or a pointwise bound, and only when
+their calibration subset holds more than `FEW_VALUES` distinct values: fewer is a mask or label map, kept
+exact), integer scalars -> `label`, everything else -> `array`; a source may default decoded images to `dct`
+(under a lossy setting only: integer images without one are exact, as the same integers from any other
+source); `fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack
+summary prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
 calibration subset when quant is int8/int16 or the field has a target PSNR or a bound: either way from its
 `FieldPlan`, the settings that concern the field resolved once (`field_plan`) and taken whole.
 
