@@ -42,14 +42,18 @@ FEW_VALUES = 32
 class _Spec(Protocol):
     """What a kind reads of a field (a `dctdata.format.FieldSpec`, which imports this module)."""
 
-    name: str
-    kind: FieldKind
-    shape: tuple[int, ...]
-    dtype: str
-    codec: CodecSpec | None
-    lossless: Mapping[str, Any]
-    valid: str | None
-
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> FieldKind: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def codec(self) -> CodecSpec | None: ...
+    @property
+    def lossless(self) -> Mapping[str, Any]: ...
     @property
     def stored_sample_bytes(self) -> int: ...
 
@@ -69,7 +73,7 @@ class Kind:
         if f.codec is not None:
             raise DctDataError(f"{where}: codec: expected None for a {self.kind} field. Got {f.codec!r}")
 
-    def check_source(self, name: str, shape: tuple[int, ...], dtype: np.dtype, where: str) -> None:
+    def check_source(self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
         """A source field of per-sample `shape` and `dtype` can be packed as this kind."""
 
     # encode -------------------------------------------------------------------------------------------
@@ -126,7 +130,7 @@ class LabelKind(Kind):
         if f.shape != ():
             raise DctDataError(f"{where}: shape: expected () for a label field (one scalar per sample). Got {f.shape}")
 
-    def check_source(self, name: str, shape: tuple[int, ...], dtype: np.dtype, where: str) -> None:
+    def check_source(self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
         if shape != ():
             raise DctDataError(
                 f"{where}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}"
@@ -150,7 +154,7 @@ class DctKind(Kind):
         if f.dtype == "bool":
             raise DctDataError(f"{where}: dtype: expected a numeric dtype for a dct field. Got 'bool'")
 
-    def check_source(self, name: str, shape: tuple[int, ...], dtype: np.dtype, where: str) -> None:
+    def check_source(self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
         if dtype.kind == "b":
             raise DctDataError(
                 f"{where}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)"
@@ -167,7 +171,7 @@ class DctKind(Kind):
     def layer(self, f: _Spec, **kwargs: Any) -> Any:
         from dctdata.decoder.layer import Decompress  # the model side: only a decoding caller needs it
 
-        return Decompress(f.codec, **{"lossless": f.lossless, **kwargs})
+        return Decompress(_codec(f), **{"lossless": f.lossless, **kwargs})
 
     def decode(self, f: _Spec, stored: Any, layer: Callable[[Any], Any] | None = None) -> Any:
         """The stored coefficients (or the pair (coefficients, side values)) through `layer`, the field's
@@ -227,8 +231,7 @@ def register(kind: Kind) -> Kind:
 
 def get(kind: object) -> Kind:
     """The behaviour of a kind (a `FieldKind` or its name); DctDataError naming the kinds for anything else."""
-    found = _REGISTRY.get(kind) if isinstance(kind, str) else None  # a FieldKind hashes as its name
-    return found if found is not None else _REGISTRY[FieldKind.parse(kind)]
+    return _REGISTRY[kind if isinstance(kind, FieldKind) else FieldKind.parse(kind)]
 
 
 def names() -> tuple[FieldKind, ...]:
@@ -251,7 +254,7 @@ CODED = next(k for k, v in _REGISTRY.items() if v.coded)
 def kind_and_reason(
     name: str,
     shape: tuple[int, ...],
-    dtype: np.dtype,
+    dtype: np.dtype[Any],
     *,
     lossy: bool = False,
     override: FieldKind | None = None,
