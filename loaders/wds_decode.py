@@ -127,9 +127,7 @@ class WdsDecoder:
         if not self.decode:
             return list(q) if side is None else list(zip(q, side))
         layer = self._layers.get(f.name)
-        if layer is None:
-            from dctdata.decoder.layer import Decompress  # the layer is the model side; only this stage needs it
-
-            layer = self._layers[f.name] = Decompress.from_manifest(self.manifest, f.name)
+        if layer is None:  # the field's kind owns its decoder (the model side's layer: only this stage needs it)
+            layer = self._layers[f.name] = f.kind_type.layer(f)
         with torch.no_grad():
-            return layer(q if side is None else (q, side))
+            return f.kind_type.decode(f, q if side is None else (q, side), layer)
