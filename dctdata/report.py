@@ -8,13 +8,12 @@ from typing import Any
 
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, user_fields
 from dctdata.format.manifest import Manifest
-from dctdata.kinds import FieldKind
 
 
 def derived_masks(m: Manifest) -> frozenset[str]:
     """Names of the validity masks a pack made itself (`--nan mask`: `<field>_valid`): not source data, so
     no ratio counts them as such. A mask the source held (`--valid FIELD=MASKFIELD`) is source data."""
-    named = {f.valid for f in m.fields if f.is_dct and f.valid is not None}
+    named = {f.valid for f in m.fields if f.coded and f.valid is not None}
     explicit = m.pack.get("valid") if isinstance(m.pack.get("valid"), dict) else {}
     return frozenset(named - set(explicit.values()))
 
@@ -41,18 +40,14 @@ def field_rows(m: Manifest) -> list[dict[str, Any]]:
         own = (f.name + "/", f.name + SIDE_SUFFIX + "/")  # a dct field's side partner is part of it
         stored = sum(e["bytes"] for k, e in m.checksums.items() if k.startswith(own)) or None
         n_values = math.prod(f.shape) * m.samples
-        ratios = bool(stored) and f.kind is not FieldKind.LABEL and f.name not in derived
+        ratios = bool(stored) and f.kind_type.ratios and f.name not in derived
         rows.append(
             {
                 "field": f,
                 "stored": stored,
                 "ratio_f32": 4 * n_values / stored if ratios else None,
                 "ratio_src": f.source_sample_bytes * m.samples / stored if ratios else None,
-                "transfer": None
-                if f.kind is FieldKind.LABEL
-                else f.codec.transfer_ratio
-                if f.is_dct
-                else 4 * math.prod(f.shape) / max(1, f.stored_sample_bytes),
+                "transfer": f.kind_type.transfer_ratio(f),
                 "stats": m.stats.get(f.name),
             }
         )
@@ -70,12 +65,12 @@ def pack_summary(m: Manifest, manifest_bytes: int | None = None) -> dict[str, An
     f32 = src = coeff = 0.0
     for f in user_fields(m.fields):
         numel = math.prod(f.shape)
-        coeff += 4 * numel / f.codec.transfer_ratio if f.is_dct else f.source_sample_bytes
+        coeff += 4 * numel / f.codec.transfer_ratio if f.coded else f.source_sample_bytes
         if f.name in derived:
             continue
         f32 += 4 * numel
         src += f.source_sample_bytes
-    dct = [m.stats[f.name] for f in m.fields if f.kind is FieldKind.DCT and f.name in m.stats]
+    dct = [m.stats[f.name] for f in m.fields if f.coded and f.name in m.stats]
     return {
         "stored_bytes": stored,
         "source_bytes": m.samples * src,
@@ -84,7 +79,7 @@ def pack_summary(m: Manifest, manifest_bytes: int | None = None) -> dict[str, An
         "transfer": f32 / coeff,
         "psnr_min": min((s.psnr_min for s in dct), default=None),
         "psnr_median": min((s.psnr_median for s in dct), default=None),
-        "settings": {f.name: f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" for f in m.fields if f.is_dct},
+        "settings": {f.name: f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" for f in m.fields if f.coded},
     }
 
 
@@ -97,11 +92,11 @@ def fidelity_line(m: Manifest) -> str | None:
     bounds = m.pack.get("max_error"), m.pack.get("max_rel_error")
     if any(v is not None for v in (*names, *bounds)):
         return None
-    dct = [f for f in user_fields(m.fields) if f.is_dct]
+    dct = [f for f in user_fields(m.fields) if f.coded]
     # where the default target could not be calibrated, every frequency is kept as float32 (near-exact)
     near = [f.name for f in dct if target is not None and f.codec.cf == 8 and f.codec.dtype == "float32"]
     lossy = [f for f in dct if f.name not in near]
-    exact = [f.name for f in user_fields(m.fields) if not f.is_dct]
+    exact = [f.name for f in user_fields(m.fields) if not f.coded]
     parts = []
     if near:
         parts.append(
@@ -147,7 +142,7 @@ def volume_hint(field: FieldSpec) -> str | None:
     """A line offering --dims 3 for a 2-D dct field whose channels may be a third spatial axis: at least
     VOLUME_HINT_CHANNELS channels of at least 8 x 8, or channels that are one source dimension (an xarray
     variable's level or depth). None otherwise."""
-    if not field.is_dct or field.codec.depth is not None:
+    if not field.coded or field.codec.depth is not None:
         return None
     c, h, w = field.shape
     source_dims = field.attrs.get("dims") if isinstance(field.attrs.get("dims"), list) else []

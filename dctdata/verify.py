@@ -38,7 +38,7 @@ def bound_problems(m) -> list[str]:
     out = []
     for f in m.fields:
         stats = m.stats.get(f.name)
-        if not f.is_dct or f.codec.max_error is None or stats is None:
+        if not f.coded or f.codec.max_error is None or stats is None:
             continue
         for c, ch in enumerate(stats.channels or ()):
             if ch.max_abs_error is not None and ch.max_abs_error > f.codec.max_error:
@@ -68,7 +68,7 @@ def verify_dataset(
     problems = reader.check_files() + bound_problems(m)
     if not (decode or reader.units_hash_files):
         return problems, summary
-    layers = {f.name: Decompress(f.codec) for f in m.fields if f.is_dct} if decode else {}
+    layers = {f.name: Decompress(f.codec) for f in m.fields if f.coded} if decode else {}
     seen = {f.name: 0 for f in user_fields(m.fields)}
     for unit in reader.units():
         try:

@@ -19,7 +19,6 @@ from dctdata.format.coords import decode_coord
 from dctdata.format.fields import FieldSpec, assemble, user_fields, with_side
 from dctdata.format.manifest import Manifest
 from dctdata.format.reader import pack_identity
-from dctdata.kinds import FieldKind
 
 
 class ClampToRange(nn.Module):
@@ -57,7 +56,7 @@ class PackedDataset:
         `nn.Sequential(Decompress, ClampToRange)`, with the bounds normalized like the output when the
         codec normalizes."""
         layer = Decompress.from_manifest(self.manifest, field, **kwargs)
-        f = self.manifest.field(field, kind=FieldKind.DCT) if field is None else self.manifest.field(field)
+        f = self.manifest.coded_field(field)
         # its pack, for messages naming the packs of stored bytes it is given (`dctdata.decoder.wire.PackCodec`)
         layer.pack_codec = PackCodec(pack_identity(self.manifest), str(self.root), f.codec, f.lossless)
         if clamp is False or clamp is None:
@@ -123,13 +122,13 @@ class PackedDataset:
     def attrs(self, field: str | None = None) -> dict[str, Any]:
         """What the source said about a field (units, long_name, its dims; a stacked field: its channels
         and each variable's attributes); the only dct field when `field` is None."""
-        f = self.manifest.field(field, kind="dct" if field is None else None)
+        f = self.manifest.coded_field(field)
         return dict(f.attrs)
 
     def valid_field(self, field: str | None = None) -> str | None:
         """Name of the field holding the validity mask of a dct field (True/nonzero = valid), or None when
         every pixel is valid. Its values come with each sample, like any field."""
-        return self.manifest.field(field, kind="dct" if field is None else None).valid
+        return self.manifest.coded_field(field).valid
 
     def _make(self, values: Sequence[torch.Tensor]):
         """A sample for the user from the stored values of `self.fields` (a dct field with side information

@@ -146,7 +146,7 @@ class DCTWebDataset(PackedDataset, torch.utils.data.IterableDataset):
         self.fields = self.manifest.fields
         self.decode = options.decode
         # decode="device": the dct fields cross as their checked stored bytes
-        self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
+        self._stored = frozenset(f.name for f in self.fields if f.coded and self.decode == "device")
         self.shuffle, self.seed, self.buffer_size = bool(shuffle), seed, buffer_size
         self.initial = min(buffer_size, 100) if initial is None else initial
         self.as_dict, self.on_error, self.split_by_node = bool(as_dict), on_error, bool(split_by_node)

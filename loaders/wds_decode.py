@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dctdata.errors import DctDataError, IntegrityError
-from dctdata.format.fields import SIDE_SUFFIX, FieldKind, user_fields
+from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.format.location import MANIFEST_NAME, join
 from dctdata.format.webdataset.layout import group_members, group_name, sample_key, samples_per_member, shard_list
 from dctdata.format.webdataset.reader import Files, WebDatasetReader, codecs_for, group_member
@@ -117,8 +117,8 @@ class WdsDecoder:
         """The group's first `rows` values of user field f: decoded through `Decompress` (a dct field with
         `decode`), else the stored values as tensors (a dct field's as (coefficients, side values))."""
         arr = np.ascontiguousarray(self._array(group, f, False)[:rows])
-        if f.kind is not FieldKind.DCT:
-            return [f.to_tensor(a) for a in arr]
+        if not f.coded:
+            return [f.kind_type.decode(f, a) for a in arr]
         q = torch.from_numpy(arr)
         partner = self._partner.get(f.name)
         side = None
@@ -127,9 +127,7 @@ class WdsDecoder:
         if not self.decode:
             return list(q) if side is None else list(zip(q, side))
         layer = self._layers.get(f.name)
-        if layer is None:
-            from dctdata.decoder.layer import Decompress  # the layer is the model side; only this stage needs it
-
-            layer = self._layers[f.name] = Decompress.from_manifest(self.manifest, f.name)
+        if layer is None:  # the field's kind owns its decoder (the model side's layer: only this stage needs it)
+            layer = self._layers[f.name] = f.kind_type.layer(f)
         with torch.no_grad():
-            return layer(q if side is None else (q, side))
+            return f.kind_type.decode(f, q if side is None else (q, side), layer)

@@ -276,7 +276,7 @@ class _Windows:
             for f in self._fields:
                 value = _stack([s[f["stored"]] for s in samples])
                 spec = self.manifest.field(f["stored"])
-                parts.append(self._layer(f["stored"])(value).float() if spec.is_dct else torch.as_tensor(value).float())
+                parts.append(self._layer(f["stored"])(value).float() if spec.coded else torch.as_tensor(value).float())
             n_spatial = len(self.info["spatial_dims"])
             parts = [p.unsqueeze(1) if p.ndim == 1 + n_spatial else p for p in parts]  # a field without channels
             x = torch.cat(parts, dim=1)  # (n, F, *spatial)
@@ -324,7 +324,7 @@ class _Windows:
 
         n_spatial = len(self.info["spatial_dims"])
         layers = {
-            f["stored"]: self.field_decompressor(f["stored"]) if self.manifest.field(f["stored"]).is_dct else None
+            f["stored"]: self.field_decompressor(f["stored"]) if self.manifest.field(f["stored"]).coded else None
             for f in self._fields
         }
         return WindowDecompress(layers, self.n_steps_input, n_spatial, self._norm)
@@ -497,7 +497,7 @@ def series_info(manifest: Manifest) -> dict[str, Any] | None:
 
     source = manifest.pack.get("source_info") or {}
     dim = source.get("sample_dim") if isinstance(source, dict) else None
-    fields = [f for f in user_fields(manifest.fields) if f.is_dct]
+    fields = [f for f in user_fields(manifest.fields) if f.coded]
     if dim is None or not fields:
         return None
     spatial = {tuple(f.shape[-f.codec.dims :]) for f in fields}

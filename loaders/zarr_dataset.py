@@ -82,7 +82,7 @@ class DCTZarrDataset(PackedDataset, torch.utils.data.Dataset):
         self.on_error = on_error
         self.decode = options.decode
         # decode="device": the dct fields cross as their checked stored bytes
-        self._stored = frozenset(f.name for f in self.fields if f.is_dct and self.decode == "device")
+        self._stored = frozenset(f.name for f in self.fields if f.coded and self.decode == "device")
         # Skipped samples, one slot per DataLoader worker (slot 0: this process), in shared memory: the
         # workers' counts reach `skipped` in the main process (a plain int stayed 0 there), and each worker
         # adds only to its own slot, so no two processes race on one count. Only on_error="skip" counts: a

@@ -98,7 +98,7 @@ class DeviceEncoder(Encoder):
         self.cpu = Encoder(specs, nan, strict, derived)
         self.cpu.stats = self.stats
         self.direct = not derived and all(
-            on_device(f.codec) and f.valid is None for f in self.by_name.values() if f.is_dct
+            on_device(f.codec) and f.valid is None for f in self.by_name.values() if f.coded
         )
 
     def encode(self, batch: dict[str, Any], first: int, where) -> dict[str, np.ndarray]:
@@ -109,13 +109,8 @@ class DeviceEncoder(Encoder):
         b = len(next(iter(batch.values())))
         at = lambda j: where(first + j)  # noqa: E731
         for name, f in self.by_name.items():
-            if not f.is_dct:
-                x = np.asarray(batch[name])
-                if x.dtype.name != f.dtype:
-                    raise DctDataError(
-                        f"{at(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}"
-                    )
-                stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+            if not f.coded:
+                stored[name] = f.kind_type.store(f, np.asarray(batch[name]), at(0))
                 continue
             self.encode_field(f, moved[name], None, first, b, at, stored)
         return stored
@@ -129,11 +124,10 @@ class DeviceEncoder(Encoder):
             x = batch.get(name)
             if x is None:
                 return None
-            full = len(f.shape)
-            expect = f.shape[full + 1 - x.ndim :] if f.is_dct and 1 < x.ndim <= full else f.shape
+            expect = f.kind_type.batch_shape(f, x.ndim)
             if tuple(x.shape[1:]) != tuple(expect):
                 return None
-            if not f.is_dct:
+            if not f.coded:
                 if np.dtype(x.dtype).name != f.dtype:
                     return None
                 continue
@@ -195,7 +189,7 @@ def run_parts(  # noqa: C901 (over the limit: to split)
     docstring; `on_done(result)` is called in this thread for each finished part, as `run_part` returns it."""
     if not todo:
         return
-    names = {f.name for f in job.specs if f.is_dct}
+    names = {f.name for f in job.specs if f.coded}
     pin = device.type == "cuda"
     stop = threading.Event()
     reads: queue.Queue = queue.Queue(maxsize=READ_AHEAD)

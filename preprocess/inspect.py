@@ -25,9 +25,9 @@ import torch
 from dctdata.codec.metrics import psnr
 from dctdata.decoder.layer import Decompress
 from dctdata.errors import DctDataError
+from dctdata.format.kinds import CODED
 from dctdata.format.manifest import read_manifest
 from dctdata.format.peek import peek
-from dctdata.kinds import FieldKind
 from dctdata.preprocess.inspect_figure import inspect_figure
 from dctdata.preprocess.parts import mask_batch
 from dctdata.preprocess.sources import is_path, open_source
@@ -98,12 +98,12 @@ def inspect_dataset(
         raise DctDataError(f"--samples/--channels/--scan: expected >= 1. Got {samples}/{channels}/{scan}")
     manifest = read_manifest(out)
     if field is None:
-        dct = [f.name for f in manifest.fields if f.is_dct]
+        dct = [f.name for f in manifest.fields if f.coded]
         if len(dct) > 1:
             raise DctDataError(f"--field: expected one of the dct fields {dct} (this pack has {len(dct)}). Got none")
-    f = manifest.field(field, kind=FieldKind.DCT) if field is None else manifest.field(field)
-    if not f.is_dct:
-        raise DctDataError(f"--field {f.name}: expected a dct field. Got kind {f.kind!r}")
+    f = manifest.coded_field(field)
+    if not f.coded:
+        raise DctDataError(f"--field {f.name}: expected a {CODED} field. Got kind {f.kind!r}")
     c_all = f.shape[0]
     if channel is not None and not 0 <= channel < c_all:
         raise DctDataError(f"--channel: expected a channel of field {f.name!r}, 0..{c_all - 1}. Got {channel}")

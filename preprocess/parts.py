@@ -210,7 +210,7 @@ def prepare_dct(
 def new_stats(specs: tuple[FieldSpec, ...]) -> dict:
     """Per-part error figures (JSON, journaled): per dct field and channel, the PSNR of every item
     that has one and the max error; overflow; filled pixels; valid pixel counts of masked fields."""
-    dct = [f for f in specs if f.is_dct]
+    dct = [f for f in specs if f.coded]
     return {
         "psnr": {f.name: [[] for _ in range(f.shape[0])] for f in dct},
         "max_error": {f.name: [0.0] * f.shape[0] for f in dct},
@@ -237,11 +237,11 @@ class Encoder:
         self.nan, self.strict, self.derived = nan, bool(strict), tuple(derived)
         # the figures come from the decode the readers run (`Decompress`'s default: float32, or float64 for a
         # float64 source's bounded field), so what the pack records (and `verify` checks) is what a reader gets
-        self.layers = {f.name: Decompress(f.codec, normalize=False) for f in specs if f.is_dct}
+        self.layers = {f.name: Decompress(f.codec, normalize=False) for f in specs if f.coded}
         self.stats = new_stats(self.specs)
         # fields with corrections weigh each sample's candidates by their bytes after the field's stage
         self.sizers = {
-            f.name: stage_sizer(f.lossless, f.codec) for f in specs if f.is_dct and f.codec.corrections is not None
+            f.name: stage_sizer(f.lossless, f.codec) for f in specs if f.coded and f.codec.corrections is not None
         }
 
     def encode(self, batch: dict[str, np.ndarray], first: int, where) -> dict[str, np.ndarray]:
@@ -256,23 +256,14 @@ class Encoder:
             if name in self.derived:
                 continue
             x = batch[name]
-            # a dct field's (C, H, W) came from (H, W) (C = 1) or a 1-D (L,) sample (C = H = 1); a volume's
-            # (C, D, H, W) from (D, H, W)
-            full = len(f.shape)
-            expect = f.shape[full + 1 - x.ndim :] if f.is_dct and 1 < x.ndim <= full else f.shape
+            expect = f.kind_type.batch_shape(f, x.ndim)  # a dct field's (C, H, W) may come as (H, W) or (L,)
             if tuple(x.shape[1:]) != tuple(expect):
                 raise DctDataError(
                     f"{at(0)}: field {name!r}: expected per-sample shape {tuple(expect)}. Got {tuple(x.shape[1:])} "
                     "(ragged samples)"
                 )
-            if not f.is_dct:
-                if x.dtype.name != f.dtype:
-                    raise DctDataError(
-                        f"{at(0)}: field {name!r}: expected dtype {f.dtype} like sample 0. Got {x.dtype}"
-                    )
-                # native byte order: a big-endian source array (">i8" from an .npz or HDF5) is stored as the
-                # little-endian values every reader expects
-                stored[name] = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("="))
+            if not f.coded:  # stored as given (native byte order), the kind's `store`
+                stored[name] = f.kind_type.store(f, x, at(0))
                 continue
             explicit = batch[f.valid] if f.valid is not None and f.valid not in self.derived else None
             if f.codec.precision is None:  # a float64 decode (`CodecSpec.precision`) carries what float32 does not

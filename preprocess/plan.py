@@ -2,13 +2,14 @@
 incremental `Writer` (streams): the validated settings, each field's kind and CodecSpec (calibration
 included), and, at the end, the manifest's error figures.
 
-Field kinds (`kind_and_reason`): numeric arrays with >= 2 dims per sample -> `dct` (integers only with a
-lossy setting for them: a target PSNR, --quant, --cf or a pointwise bound, and only when their calibration
-subset holds more than `FEW_VALUES` distinct values: fewer is a mask or label map, kept exact), integer
-scalars -> `label`, everything else -> `array`; a source may default decoded images to `dct` (under a lossy
-setting only: integer images without one are exact, as the same integers from any other source);
-`fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack summary
-prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
+Field kinds (`kind_and_reason`, in `dctdata.format.kinds` beside the kinds it names; each kind's checks there
+too, so this module asks a kind instead of comparing names): numeric arrays with >= 2 dims per sample -> `dct`
+(integers only with a lossy setting for them: a target PSNR, --quant, --cf or a pointwise bound, and only when
+their calibration subset holds more than `FEW_VALUES` distinct values: fewer is a mask or label map, kept
+exact), integer scalars -> `label`, everything else -> `array`; a source may default decoded images to `dct`
+(under a lossy setting only: integer images without one are exact, as the same integers from any other
+source); `fields={"mask": "array"}` overrides. Each field carries the reason for its kind, which the pack
+summary prints. A `dct` field's CodecSpec comes from cf/mask/quant directly, or from `dctdata.encoder.calibrate` on a
 calibration subset when quant is int8/int16 or the field has a target PSNR or a bound: either way from its
 `FieldPlan`, the settings that concern the field resolved once (`field_plan`) and taken whole.
 
@@ -48,8 +49,9 @@ import torch
 from dctdata.codec.metrics import pooled_psnr
 from dctdata.codec.spec import INTEGER_DTYPES, CodecSpec
 from dctdata.errors import DctDataError
-from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest
+from dctdata.format import ChannelStats, FieldSpec, FieldStats, Manifest, kinds
 from dctdata.format.fields import has_side, side_field, user_fields
+from dctdata.format.kinds import FEW_VALUES, kind_and_reason
 from dctdata.format.manifest import figure
 from dctdata.kinds import FieldKind
 from dctdata.preprocess.masking import NanPolicy, valid_name
@@ -61,10 +63,6 @@ from dctdata.stages import AUTO, DEFAULT_CODEC
 log = logging.getLogger(__name__)
 
 DEFAULT_CF = 4
-# An integer field whose calibration subset holds at most this many distinct values is a mask, a label map
-# or class indices, which a user expects back exactly: it stays `array` under a lossy setting. Measured
-# integer data (elevations, detector counts, 8-bit photos) holds hundreds or thousands of values.
-FEW_VALUES = 32
 CALIBRATION_SAMPLES = 64
 CALIBRATION_VALUES = 1 << 22
 
@@ -101,62 +99,6 @@ def may_calibrate(settings: PackSettings) -> bool:
 def default_kind(shape: tuple[int, ...], dtype: np.dtype, lossy: bool = False) -> FieldKind:
     """The kind a field gets when nothing names it (`kind_and_reason` says why)."""
     return kind_and_reason("field", shape, dtype, lossy=lossy)[0]
-
-
-def kind_and_reason(
-    name: str,
-    shape: tuple[int, ...],
-    dtype: np.dtype,
-    *,
-    lossy: bool = False,
-    override: FieldKind | None = None,
-    source_default: str | None = None,
-    mask_of: str | None = None,
-    distinct: int | None = None,
-) -> tuple[FieldKind, str]:
-    """(kind, why) of a field: the pack summary prints the why.
-
-    Numeric samples of at least 2 dims are `dct`: floats always, integers when the pack has a lossy
-    setting for the field (its target PSNR, --quant other than none, or --cf): a target PSNR is a request
-    for lossy coding of the data fields, whatever dtype the instrument wrote (int16 elevations, uint16
-    counts, uint8 photos). Without one, integers stay exact, as before; with one, integers of at most
-    `FEW_VALUES` distinct values (`distinct`: counted on the calibration subset) are masks or label maps
-    and stay exact too. Integer scalars are labels; bool fields, masks, and samples of fewer than 2 dims
-    are stored exactly (the codec is 2-D; `--field NAME=dct` codes a 1-D sample as one row, (1, 1, L))."""
-    dims = f"{len(shape)}-D"
-    if override is not None:
-        return override, f"--field {name}={override.value}"
-    if mask_of is not None:
-        return FieldKind.ARRAY, f"validity mask of {mask_of!r}, stored exactly"
-    if source_default is not None:
-        return FieldKind(source_default), "decoded images"
-    if dtype.kind == "b":
-        return FieldKind.ARRAY, "bool, stored exactly"
-    if shape == () and dtype.kind in "iu":
-        return FieldKind.LABEL, "one integer per sample"
-    if len(shape) < 2:
-        what = "one number per sample" if shape == () else f"{dims} samples"
-        return FieldKind.ARRAY, (
-            f"{what}, stored exactly (the codec is 2-D; --field {name}=dct codes a 1-D sample as one row)"
-            if shape != ()
-            else f"{what}, stored exactly"
-        )
-    if dtype.kind == "f":
-        return FieldKind.DCT, f"{dtype.name} samples of {dims}"
-    if lossy and distinct is not None and distinct <= FEW_VALUES:
-        return FieldKind.ARRAY, (
-            f"{dtype.name} samples holding {distinct} distinct value{'s' if distinct != 1 else ''} on the "
-            f"calibration subset (a mask or label map), stored exactly (--field {name}=dct codes them)"
-        )
-    if lossy:
-        return (
-            FieldKind.DCT,
-            f"{dtype.name} samples of {dims} with a lossy setting (--field {name}=array keeps them exact)",
-        )
-    return (
-        FieldKind.ARRAY,
-        f"{dtype.name} samples without a lossy setting, stored exactly (a target PSNR codes them as dct)",
-    )
 
 
 def looks_channels_last(shape: tuple[int, ...], dims: int = 2) -> bool:
@@ -365,38 +307,27 @@ def _kind(source: Source, cal: Source, settings: PackSettings, name: str, shape,
     """(kind, why) of source field `name` under the settings (`kind_and_reason`), the pack's rules applied."""
     lossy, overrides = _lossy(settings, name), settings.overrides
     source_default = source.default_kinds.get(name)
-    if source_default == "dct" and dtype.kind in "iu" and not lossy and name not in overrides:
+    coded_default = source_default is not None and kinds.get(source_default).coded
+    if coded_default and dtype.kind in "iu" and not lossy and name not in overrides:
         source_default = None  # integer images follow the rule of every other source: exact without a flag
     mask_of = next((k for k, m in settings.valid_masks.items() if m == name), None)
     distinct = None
     if lossy and dtype.kind in "iu" and len(shape) >= 2 and name not in overrides and mask_of is None:
         if name not in source.default_kinds:
             distinct = distinct_values(cal, name, math.prod(shape))
+    by_bound = bool(settings.bounds.get(name)) and not _lossy(settings, name, bound=False)
     kind, reason = kind_and_reason(
         name, shape, dtype, lossy=lossy, override=overrides.get(name),
-        source_default=source_default, mask_of=mask_of, distinct=distinct,
+        source_default=source_default, mask_of=mask_of, distinct=distinct, by_bound=by_bound,
     )  # fmt: skip
-    only_bound = bool(settings.bounds.get(name)) and not _lossy(settings, name, bound=False)
-    if kind is FieldKind.DCT and dtype.kind in "iu" and only_bound and reason.endswith("keeps them exact)"):
-        reason = (  # the bound alone made it lossy: say so
-            f"{dtype.name} samples of {len(shape)}-D with a pointwise bound, a request for lossy coding "
-            f"(--field {name}=array keeps them exact)"
-        )
     if dtype.kind not in "biuf":
         raise DctDataError(f"{source.description}: field {name!r}: expected a numeric dtype. Got {dtype}")
-    if kind is FieldKind.LABEL and shape != ():
-        raise DctDataError(
-            f"{source.description}: field {name!r}: expected one scalar per sample for kind label. Got shape {shape}"
-        )
-    if kind is not FieldKind.DCT:
+    kinds.get(kind).check_source(name, shape, dtype, source.description)
+    if not kinds.get(kind).coded:  # a target, a bound or a mask asks for a coded field
         named = settings.bounds.named | {n: "--target-psnr" for n in settings.targets.fields}
         named |= {n: "--valid" for n in settings.valid_masks}  # the flag that names it, --valid first
         if name in named:
-            raise DctDataError(f"{named[name]} {name}: expected a dct field. Got kind {kind!r}")
-    elif dtype.kind == "b":
-        raise DctDataError(
-            f"{source.description}: field {name!r}: expected numbers for kind dct. Got bool (use --field {name}=array)"
-        )
+            raise DctDataError(f"{named[name]} {name}: expected a {kinds.CODED} field. Got kind {kind!r}")
     return kind, reason
 
 
@@ -433,7 +364,7 @@ def plan_fields(
     for name, (shape, dtype) in probe.items():
         kind, reason = _kind(source, cal, settings, name, shape, dtype)
         attrs = source.field_attrs.get(name)
-        if kind is not FieldKind.DCT:
+        if not kinds.get(kind).coded:
             specs.append(FieldSpec(name, kind, shape, dtype.name, None, default_stage, attrs=attrs, reason=reason))
             continue
         shape = dct_shape(name, shape, source.description, settings.channels_last, settings.dims or 2)
@@ -448,7 +379,7 @@ def plan_fields(
             specs.append(side_field(specs[-1]))
         if made:
             why = f"validity mask of {name!r} (--nan mask), stored exactly"
-            specs.append(FieldSpec(mask_field, FieldKind.ARRAY, shape, "bool", None, default_stage, reason=why))
+            specs.append(FieldSpec(mask_field, kinds.EXACT, shape, "bool", None, default_stage, reason=why))
     by_name = {f.name: f for f in specs}
     for f in specs:
         if f.valid is not None and f.valid not in derived:
@@ -505,7 +436,7 @@ def combine_stats(specs: tuple[FieldSpec, ...], parts: list[dict]) -> tuple[dict
     each kept to `figure`'s significant digits (PSNRs rounded down, errors up)."""
     stats: dict[str, FieldStats] = {}
     for f in user_fields(specs):  # a side partner is part of its dct field
-        if not f.is_dct:
+        if not f.coded:  # stored exactly
             stats[f.name] = FieldStats(math.inf, math.inf, 0.0, 0)
             continue
         channels = []
@@ -546,7 +477,7 @@ def below_floor(specs: tuple[FieldSpec, ...], parts: list[dict], where=None) -> 
     the lowest ones; `where(i)` names sample i."""
     lines = []
     for f in user_fields(specs):
-        if not f.is_dct or f.codec.min_psnr is None:
+        if f.codec is None or f.codec.min_psnr is None:
             continue
         hits = [tuple(h) for p in parts for h in p["stats"].get("below_floor", {}).get(f.name, [[], 0])[0]]
         count = sum(p["stats"].get("below_floor", {}).get(f.name, [[], 0])[1] for p in parts)
@@ -591,7 +522,7 @@ def build_manifest(
         "nan_filled": filled,
         "source_info": dict(info or {}),
     }
-    if no_fidelity_flag(settings) and any(f.is_dct for f in specs):
+    if no_fidelity_flag(settings) and any(f.coded for f in specs):
         pack_entry["default_target_psnr"] = DEFAULT_TARGET_PSNR  # what the summary and info state as the promise
     return Manifest(
         storage=settings.format,

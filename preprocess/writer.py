@@ -48,7 +48,7 @@ import torch
 from dctdata.errors import DctDataError
 from dctdata.format import Manifest, is_url, make_writer
 from dctdata.format.coords import encode_coord
-from dctdata.kinds import FieldKind
+from dctdata.format.kinds import CODED, get_kind
 from dctdata.parse import parse_optional_int
 from dctdata.preprocess.commit import check_out, commit, lock_out, partial_dir, remove_manifest
 from dctdata.preprocess.parts import BATCH_BYTES, Encoder
@@ -255,7 +255,7 @@ class Writer:
         s = self.settings
         if self._calibration is not None:
             return 1
-        explicit = {k for k, v in s.overrides.items() if v is FieldKind.DCT} | self._images
+        explicit = {k for k, v in s.overrides.items() if get_kind(v).coded} | self._images
         candidates = [
             math.prod(shape)
             for k, (shape, dtype) in self._ref.items()
@@ -269,7 +269,7 @@ class Writer:
     # Planning, encoding, commit ------------------------------------------------------------------
     def _plan(self) -> None:
         window = SampleListSource(self._window, self.description)
-        window.default_kinds = {k: "dct" for k in self._images}
+        window.default_kinds = {k: CODED.value for k in self._images}
         src = ChannelsLast(window, self.settings.dims or 2) if self.settings.channels_last else window
         cal = None
         if self._calibration is not None:

@@ -15,7 +15,6 @@ def register(sub) -> None:
 
 
 def _main(args) -> int:
-    from dctdata.encoder.bounds import bound_text
     from dctdata.format.checksum import sha256_file
     from dctdata.format.location import is_url, manifest_location
     from dctdata.format.manifest import MAX_MANIFEST_BYTES, read_manifest
@@ -42,16 +41,10 @@ def _main(args) -> int:
     print("|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in field_rows(m):
         f, s = r["field"], r["stats"]
-        codec = f"cf={f.codec.cf} {f.codec.mask} {f.codec.dtype}" if f.is_dct else "exact"
-        if f.is_dct and f.codec.bounded:
-            codec += ", " + bound_text(f.codec)
-            if f.codec.corrections is not None:  # the sparse correction list (`dctdata.decoder.corrections`)
-                codec += f", up to {f.codec.corrections} corrections/sample"
-            if f.codec.lattice:  # values snapped onto their grid (`dctdata.codec.lattice`)
-                codec += ", value lattices"
+        codec = f.kind_type.describe(f)  # "exact", or the codec with its bound
         stored = None if r["stored"] is None else r["stored"] / 1e6
         valid = "-" if s is None or s.valid_fraction is None else f"{100 * s.valid_fraction:.1f}% ({f.valid})"
-        dataset = num(s.psnr_dataset) if s is not None and f.is_dct else "-" if s is None else num(s.psnr_min)
+        dataset = num(s.psnr_dataset) if s is not None and f.coded else "-" if s is None else num(s.psnr_min)
         print(
             f"| {f.name} | {f.kind} | {list(f.shape)} | {f.dtype} | {list(f.stored_shape)} {f.stored_dtype} | {codec} "
             f"| {stage_name(f.lossless)} | {num(stored, '{:.3f}')} | {num(r['ratio_f32'])} | {num(r['ratio_src'])} | "

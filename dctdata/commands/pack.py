@@ -30,7 +30,6 @@ def register(sub) -> None:
 
 def _main(args) -> int:
     from dctdata.api import pack
-    from dctdata.encoder.bounds import bound_text
     from dctdata.format import storages
     from dctdata.format.fields import user_fields
     from dctdata.report import fidelity_line, num, pack_summary, volume_hint
@@ -51,17 +50,7 @@ def _main(args) -> int:
             print(f"  {promise}")
         for f in user_fields(manifest.fields):
             s = manifest.stats[f.name]
-            extra = ""
-            if f.is_dct:
-                c = f.codec
-                valid = f", {100 * s.valid_fraction:.1f}% valid pixels" if s.valid_fraction is not None else ""
-                stage = (f.lossless or {}).get("id", "raw")
-                extra = (
-                    f" cf={c.cf} {c.mask} {c.dtype} {stage}: PSNR min {num(s.psnr_min)} / median "
-                    f"{num(s.psnr_median)} / dataset {num(s.psnr_dataset)} dB, max error {s.max_abs_error:.4g}"
-                    f"{f' (bound {bound_text(c)}, held on every value)' if c.bounded else ''}, "
-                    f"overflow {s.overflow}{valid}"
-                )
+            extra = f.kind_type.summary(f, s, num)  # a coded field's settings and figures
             why = f" ({f.reason})" if f.reason else ""  # why the field got its kind (issue 31)
             print(f"  {f.name}: {f.kind} {list(f.shape)} {f.dtype}{why}{extra}")
             names = f.attrs.get("channels") if isinstance(f.attrs.get("channels"), list) else []

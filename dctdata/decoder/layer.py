@@ -85,7 +85,7 @@ class _Field(Protocol):
 class _Manifest(Protocol):
     """What `Decompress.from_manifest` reads of a manifest (a `dctdata.format.Manifest`)."""
 
-    def field(self, name: str | None = None, kind: FieldKind | str | None = None) -> _Field: ...
+    def coded_field(self, name: str | None = None) -> _Field: ...
 
 
 def _result(img: torch.Tensor, out: torch.Tensor | None, unbatched: bool) -> torch.Tensor:
@@ -204,8 +204,8 @@ class Decompress(nn.Module):
     @classmethod
     def from_manifest(cls, manifest: _Manifest, field: str | None = None, **kwargs: Any) -> Decompress:
         """The layer for a packed dataset's dct field (the only one when `field` is None)."""
-        f = manifest.field(field, kind=FieldKind.DCT) if field is None else manifest.field(field)
-        if f.kind is not FieldKind.DCT or f.codec is None:
+        f = manifest.coded_field(field)
+        if f.codec is None:  # only a coded (dct) field has one
             raise DctDataError(f"field {f.name!r}: expected a dct field for decompressor(). Got kind {f.kind!r}")
         return cls(f.codec, **{"lossless": f.lossless, **kwargs})
 

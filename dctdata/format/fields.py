@@ -30,6 +30,7 @@ import torch
 
 from dctdata.codec.spec import INTEGER_DTYPES, MAX_SAMPLE_VALUES, CodecSpec
 from dctdata.errors import DctDataError, FormatError
+from dctdata.format.kinds import EXACT, Kind, get_kind
 from dctdata.kinds import FieldKind
 from dctdata.parse import is_int, parse_object
 from dctdata.stages import DEFAULT_CODEC, get_stage, parse_config
@@ -109,28 +110,14 @@ class FieldSpec:
             raise DctDataError(f"{where}: dtype: expected one of {SAMPLE_DTYPES}. Got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "lossless", parse_config(self.lossless or None, f"{where}: lossless"))
-        if kind is FieldKind.DCT:
-            if not isinstance(self.codec, CodecSpec):
-                raise DctDataError(f"{where}: codec: expected a CodecSpec for a dct field. Got {self.codec!r}")
-            if self.codec.sample_shape != self.shape:
-                raise DctDataError(
-                    f"{where}: codec sample shape: expected {self.shape} (C, H, W). Got {self.codec.sample_shape}"
-                )
-            if dtype == "bool":
-                raise DctDataError(f"{where}: dtype: expected a numeric dtype for a dct field. Got 'bool'")
-        elif self.codec is not None:
-            raise DctDataError(f"{where}: codec: expected None for a {kind} field. Got {self.codec!r}")
-        if kind is FieldKind.LABEL and self.shape != ():
-            raise DctDataError(
-                f"{where}: shape: expected () for a label field (one scalar per sample). Got {self.shape}"
-            )
+        self.kind_type.check_spec(self, where)
         if self.valid is not None:
-            if kind is not FieldKind.DCT:
+            if not self.coded:  # only a coded field's figures count valid pixels
                 raise DctDataError(f"{where}: valid: expected None for a {kind} field. Got {self.valid!r}")
             if not isinstance(self.valid, str) or not NAME_RE.match(self.valid) or self.valid == self.name:
                 raise DctDataError(f"{where}: valid: expected the name of another field. Got {self.valid!r}")
         stage = get_stage(self.lossless)
-        if stage.needs_shape and not (self.is_dct and (self.stored_dtype in INTEGER_DTYPES or not stage.integer_only)):
+        if stage.needs_shape and not (self.coded and (self.stored_dtype in INTEGER_DTYPES or not stage.integer_only)):
             raise DctDataError(
                 f"{where}: lossless: expected a bytes codec for a {kind} field of {self.stored_dtype} (the "
                 f"{stage.codec_id!r} stage codes {'integer ' if stage.integer_only else ''}dct coefficients only). "
@@ -139,8 +126,19 @@ class FieldSpec:
         object.__setattr__(self, "attrs", check_attrs(self.attrs, f"{where}: attrs"))
 
     @property
+    def kind_type(self) -> Kind:
+        """The kind's behaviour (`dctdata.format.kinds`): its checks, encode, decode and description."""
+        return get_kind(self.kind)
+
+    @property
+    def coded(self) -> bool:
+        """Whether the field is stored as its codec's coefficients (a dct field), not exactly as given."""
+        return self.kind_type.coded
+
+    @property
     def is_dct(self) -> bool:
-        return self.kind is FieldKind.DCT
+        """Whether the field is coded (`coded`; the older name, kept for callers)."""
+        return self.coded
 
     @property
     def dct_codec(self) -> CodecSpec:
@@ -194,7 +192,7 @@ class FieldSpec:
     def check_valid_field(self, mask: FieldSpec) -> None:
         """`mask` can be this dct field's validity mask: exact, bool/integer, broadcastable to (C, H, W)."""
         where = f"field {self.name!r}: valid field {mask.name!r}"
-        if mask.kind is not FieldKind.ARRAY or mask.dtype.startswith("float"):
+        if mask.kind is not EXACT or mask.dtype.startswith("float"):
             raise DctDataError(f"{where}: expected an array field of bool or integers. Got {mask.kind} {mask.dtype}")
         try:
             np.broadcast_shapes(mask.shape, self.shape)
@@ -336,9 +334,7 @@ def side_field(f: FieldSpec) -> FieldSpec:
     (C + 1 + cap, 2), `dctdata.decoder.corrections`), zstd; float64 for a field that decodes in float64
     (`CodecSpec.precision`)."""
     codec = f.dct_codec
-    return FieldSpec(
-        f.name + SIDE_SUFFIX, FieldKind.ARRAY, (codec.side_rows, 2), codec.side_dtype, lossless=DEFAULT_CODEC
-    )
+    return FieldSpec(f.name + SIDE_SUFFIX, EXACT, (codec.side_rows, 2), codec.side_dtype, lossless=DEFAULT_CODEC)
 
 
 def has_side(f: FieldSpec) -> bool:

@@ -37,6 +37,7 @@ from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected, with_path
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, TABLES_VERSION, FieldSpec, has_side, side_field, user_fields
+from dctdata.format.kinds import CODED, get_kind
 from dctdata.format.location import (
     MANIFEST_NAME,
     check_relative_path,
@@ -354,6 +355,11 @@ class Manifest:
             )
         return matches[0]
 
+    def coded_field(self, name: str | None = None) -> FieldSpec:
+        """The named field; with name=None, the only field the codec stores (a dct field; error if zero or
+        several). Callers that need a coded field check `FieldSpec.coded` of a named one with their own message."""
+        return self.field(name) if name is not None else self.field(None, kind=CODED)
+
     def to_dict(self) -> dict[str, Any]:
         out = self._full_dict()
         out = compact_json(out) if self.version >= 3 else out
@@ -454,7 +460,7 @@ def compact_json(d: dict[str, Any]) -> dict[str, Any]:
     partners = {
         n + SIDE_SUFFIX
         for n, f in by_name.items()
-        if f["kind"] == FieldKind.DCT.value and (f["codec"] or {}).get("side") is not None
+        if get_kind(f["kind"]).coded and (f["codec"] or {}).get("side") is not None
     }
     out = dict(d, fields=[f for f in d["fields"] if f["name"] not in partners])
     layout = dict(d["layout"])

@@ -70,7 +70,6 @@ from dctdata.format.zarr.layout import (
     zarr_layout,
 )
 from dctdata.format.zarr.metadata import ArrayMeta, check_chunk_codecs, check_group_json, parse_array_json
-from dctdata.kinds import FieldKind
 from dctdata.pool import run_split
 from dctdata.stages import RAW, get_stage
 
@@ -254,7 +253,7 @@ class ZarrReader(StorageReader):
         the manifest is there from the open on); None for others."""
         if f.name in self._cache:
             return self._cache[f.name]
-        small = f.kind is not FieldKind.DCT and f.stored_sample_bytes * self.manifest.samples <= CACHE_BYTES
+        small = not f.coded and f.stored_sample_bytes * self.manifest.samples <= CACHE_BYTES
         if not small or f.name in self._no_cache:
             return None
         try:
