@@ -306,8 +306,22 @@ def parse_device(device: object) -> str:
 
 
 # The settings ------------------------------------------------------------------------------------
+class _ParsedForms:
+    """The parsed forms `PackSettings.__post_init__` sets once, declared for the type checker: a plain base's
+    annotations are no dataclass fields (no keyword, flag or help of their own)."""
+
+    _targets: Targets
+    _max_errors: Targets
+    _max_rel_errors: Targets
+    _overrides: dict[str, FieldKind]
+    _nan_policy: NanPolicy
+    _valid_masks: dict[str, str]
+    _lossless: dict[str, Any] | str
+    _writer_config: dict[str, Any]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PackSettings:
+class PackSettings(_ParsedForms):
     """Every setting of a pack, validated when made (see the module docstring; each field's `help` in
     `dataclasses.fields(PackSettings)[i].metadata` is what `dctdata pack --help` prints).
 
@@ -563,17 +577,18 @@ class PackSettings:
         for name, v in (("sample_dim", self.sample_dim), ("time_dim", self.time_dim), ("stack", self.stack)):
             if v is not None and (not isinstance(v, str) or not v):
                 raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
-        parsed = {
+        max_errors, max_rel_errors = parse_max_error(self.max_error), parse_max_rel_error(self.max_rel_error)
+        parsed: dict[str, Any] = {  # each value the type `_ParsedForms` declares for its name
             "_targets": parse_targets(self.target_psnr),
-            "_max_errors": parse_max_error(self.max_error),
-            "_max_rel_errors": parse_max_rel_error(self.max_rel_error),
+            "_max_errors": max_errors,
+            "_max_rel_errors": max_rel_errors,
             "_overrides": parse_field_overrides(self.fields),
             "_nan_policy": parse_nan(self.nan),
             "_valid_masks": parse_valid(self.valid),
             "_lossless": self.lossless if self.lossless == AUTO else parse_config(self.lossless, "lossless"),
             "_writer_config": self._check_run(),
         }
-        if Bounds(parsed["_max_errors"], parsed["_max_rel_errors"]):
+        if Bounds(max_errors, max_rel_errors):
             check_bound_dtype(self.quant)  # a bound's rule, whichever way the settings came (CLI, pack, Writer)
         for name, value in parsed.items():  # frozen: the parsed forms are set once, here
             object.__setattr__(self, name, value)
@@ -693,7 +708,7 @@ class PackSettings:
             "variables": self.variables,
             "stack": self.stack,
             # the resume journal's key, kept from before `lossless` was renamed (a resume compares records)
-            "codec": self.lossless_stage if self.lossless_stage == AUTO else dict(self.lossless_stage),
+            "codec": dict(stage) if isinstance(stage := self.lossless_stage, dict) else stage,  # a config or AUTO
             "dims": self.dims or 2,
         }
 
@@ -732,9 +747,8 @@ class PackSettings:
 
     def for_stream(self) -> PackSettings:
         """These settings with the fields `dctdata.Writer` does not take back at their defaults."""
-        return dataclasses.replace(
-            self, **{f.name: f.default for f in dataclasses.fields(self) if not f.metadata["writer"]}
-        )
+        defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(self) if not f.metadata["writer"]}
+        return dataclasses.replace(self, **defaults)
 
     @classmethod
     def resolve(cls, settings: PackSettings | None, given: Mapping[str, Any], where: str) -> PackSettings:
