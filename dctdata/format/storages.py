@@ -34,6 +34,16 @@ class PackManifest(Protocol):
     def checksums(self) -> Mapping[str, Any]: ...
 
 
+class ReaderClass(Protocol):
+    """What callers ask of a storage's reader class, a `dctdata.format.reader.StorageReader` subclass (that
+    module imports this one through the manifest: named by its shape, not imported): whether it reads samples
+    at random, and an instance over a pack (`open_reader`)."""
+
+    random_access: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Storage:
     """A storage's name, where its reader and writer classes live ("module:Class"), and what callers
@@ -55,8 +65,8 @@ class Storage:
         return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
 
     @property
-    def reader(self) -> Callable[..., Any]:  # a `dctdata.format.reader.StorageReader` class
-        cls: Callable[..., Any] = _load(self.reader_path)
+    def reader(self) -> ReaderClass:  # a `dctdata.format.reader.StorageReader` class
+        cls: ReaderClass = _load(self.reader_path)
         return cls
 
     @property
