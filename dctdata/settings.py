@@ -33,7 +33,7 @@ import argparse
 import dataclasses
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dctdata.codec.spec import QUANT_TO_DTYPE, check_bound_dtype
@@ -147,7 +147,7 @@ def _db(value: object, where: str) -> float:
     return parse_number(value, where, above=0, expected="a positive number of dB", type_error=DctDataError)
 
 
-def _per_field(value: object, flag: str, unit: str, example: str, check) -> Targets:
+def _per_field(value: object, flag: str, unit: str, example: str, check: Callable[[object, str], float]) -> Targets:
     """A value for every field, per field, or both: None | V | "V" | "a=V,b=W" | "V,b=W" | {"a": V} (check
     validates each value; `unit` and `example` spell the expected form in messages)."""
     if value is None:

@@ -103,7 +103,7 @@ def write_well_file(path: str | os.PathLike, n_traj: int = 3, n_steps: int = 20,
         d.attrs["time_varying"] = False
         d.attrs["sample_varying"] = False
 
-        def field(group, name, data, time_varying):
+        def field(group: h5py.Group, name: str, data: np.ndarray, time_varying: bool) -> None:
             d = group.create_dataset(name, data=data)
             d.attrs["dim_varying"] = [True, True]
             d.attrs["sample_varying"] = True
