@@ -146,7 +146,7 @@ def pack(
     return _pack(source, out, PackSettings.resolve(settings, given, "pack"))
 
 
-def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
+def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any) -> Any:  # a loaders dataset class (Returns:)
     """Open a packed dataset: a map-style `DCTZarrDataset` for a storage read at random (zarr), the
     iterable `DCTWebDataset` for one read shard by shard (webdataset); the manifest's storage says which
     (`dctdata.format.storages`). `path_or_url` is the pack's directory or URL, its
@@ -255,7 +255,7 @@ def _loader(storage: storages.Storage, what: str) -> Any:
         ) from exc
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "Writer":  # the incremental writer: `with dctdata.Writer(out, **settings) as w: w.write(sample)`
         from dctdata.preprocess.writer import Writer
 

@@ -18,7 +18,7 @@ import numpy as np
 from dctdata.errors import DctDataError
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     """An integer that is not a bool (numpy integers count)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
@@ -28,7 +28,7 @@ def is_number(value: object) -> TypeGuard[int | float | np.integer[Any] | np.flo
     return is_int(value) or isinstance(value, (float, np.floating))
 
 
-def _bounds(minimum, maximum) -> str:
+def _bounds(minimum: float | None, maximum: float | None) -> str:
     if minimum is not None and maximum is not None:
         return f" in {minimum}..{maximum}"
     if minimum is not None:
@@ -53,7 +53,9 @@ def _messages(messages: dict[str, Any], what: str) -> tuple[str, type[Exception]
 SEED_MAX = 2**62
 
 
-def parse_int(value: object, name: str, *, minimum: int | None = None, maximum: int | None = None, **messages) -> int:
+def parse_int(
+    value: object, name: str, *, minimum: int | None = None, maximum: int | None = None, **messages: Any
+) -> int:
     """An int (never a bool) in [minimum, maximum]."""
     what, type_error, range_error = _messages(messages, f"an int{_bounds(minimum, maximum)}")
     if not is_int(value):
@@ -69,7 +71,7 @@ def parse_optional_int(value: object, name: str, **kwargs: Any) -> int | None:
 
 
 def parse_number(value: object, name: str, *, above: float | None = None, below: float | None = None,
-                 minimum: float | None = None, **messages) -> float:  # fmt: skip
+                 minimum: float | None = None, **messages: Any) -> float:  # fmt: skip
     """A finite real number (never a bool), optionally > above, < below, >= minimum."""
     limits = [
         f"> {above}" * (above is not None),
@@ -92,7 +94,7 @@ def parse_number(value: object, name: str, *, above: float | None = None, below:
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
 
 
-def parse_size(value: object, name: str, *, minimum: int | None = None, **messages) -> int:
+def parse_size(value: object, name: str, *, minimum: int | None = None, **messages: Any) -> int:
     """A byte count: an int, or a string with an optional unit, as `--help` shows sizes: "4096",
     "256 MiB", "1MiB", "1.5 GB", "64k" (K/M/G/T/P; "i" or a bare letter is binary, "KB"/"MB"/... decimal).
     Written by hand because the rule is one regular expression; no dependency parses both spellings."""

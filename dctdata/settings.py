@@ -33,7 +33,7 @@ import argparse
 import dataclasses
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dctdata.codec.spec import QUANT_TO_DTYPE, check_bound_dtype
@@ -148,7 +148,7 @@ def _db(value: object, where: str) -> float:
     return parse_number(value, where, above=0, expected="a positive number of dB", type_error=DctDataError)
 
 
-def _per_field(value: object, flag: str, unit: str, example: str, check) -> Targets:
+def _per_field(value: object, flag: str, unit: str, example: str, check: Callable[[object, str], float]) -> Targets:
     """A value for every field, per field, or both: None | V | "V" | "a=V,b=W" | "V,b=W" | {"a": V} (check
     validates each value; `unit` and `example` spell the expected form in messages)."""
     if value is None:
@@ -307,8 +307,22 @@ def parse_device(device: object) -> str:
 
 
 # The settings ------------------------------------------------------------------------------------
+class _ParsedForms:
+    """The parsed forms `PackSettings.__post_init__` sets once, declared for the type checker: a plain base's
+    annotations are no dataclass fields (no keyword, flag or help of their own)."""
+
+    _targets: Targets
+    _max_errors: Targets
+    _max_rel_errors: Targets
+    _overrides: dict[str, FieldKind]
+    _nan_policy: NanPolicy
+    _valid_masks: dict[str, str]
+    _lossless: dict[str, Any] | str
+    _writer_config: dict[str, Any]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PackSettings:
+class PackSettings(_ParsedForms):
     """Every setting of a pack, validated when made (see the module docstring; each field's `help` in
     `dataclasses.fields(PackSettings)[i].metadata` is what `dctdata pack --help` prints).
 
@@ -548,17 +562,18 @@ class PackSettings:
         for name, v in (("sample_dim", self.sample_dim), ("time_dim", self.time_dim), ("stack", self.stack)):
             if v is not None and (not isinstance(v, str) or not v):
                 raise DctDataError(f"--{name.replace('_', '-')}: expected a name. Got {v!r}")
-        parsed = {
+        max_errors, max_rel_errors = parse_max_error(self.max_error), parse_max_rel_error(self.max_rel_error)
+        parsed: dict[str, Any] = {  # each value the type `_ParsedForms` declares for its name
             "_targets": parse_targets(self.target_psnr),
-            "_max_errors": parse_max_error(self.max_error),
-            "_max_rel_errors": parse_max_rel_error(self.max_rel_error),
+            "_max_errors": max_errors,
+            "_max_rel_errors": max_rel_errors,
             "_overrides": parse_field_overrides(self.fields),
             "_nan_policy": parse_nan(self.nan),
             "_valid_masks": parse_valid(self.valid),
             "_lossless": self.lossless if self.lossless == AUTO else parse_config(self.lossless, "lossless"),
             "_writer_config": self._check_run(),
         }
-        if Bounds(parsed["_max_errors"], parsed["_max_rel_errors"]):
+        if Bounds(max_errors, max_rel_errors):
             check_bound_dtype(self.quant)  # a bound's rule, whichever way the settings came (CLI, pack, Writer)
         for name, value in parsed.items():  # frozen: the parsed forms are set once, here
             object.__setattr__(self, name, value)
@@ -674,7 +689,7 @@ class PackSettings:
             "variables": self.variables,
             "stack": self.stack,
             # the resume journal's key, kept from before `lossless` was renamed (a resume compares records)
-            "codec": self.lossless_stage if self.lossless_stage == AUTO else dict(self.lossless_stage),
+            "codec": dict(stage) if isinstance(stage := self.lossless_stage, dict) else stage,  # a config or AUTO
             "dims": self.dims or 2,
         }
 
@@ -698,7 +713,8 @@ class PackSettings:
             if flag_of(f) is not None:
                 value, parse = getattr(args, f.name), f.metadata["parse"]
                 values[f.name] = parse(value) if parse is not None and value is not None else value
-        options = {}  # the storages' option flags given: a setting of their own, else a writer_options key
+        # the storages' option flags given: a setting of their own, else a writer_options key
+        options: dict[str, Any] = {}
         for _, option in storages.options():
             value = getattr(args, option.name, option.default)
             if value is not None and value != option.default:
@@ -720,9 +736,8 @@ class PackSettings:
 
     def for_stream(self) -> PackSettings:
         """These settings with the fields `dctdata.Writer` does not take back at their defaults."""
-        return dataclasses.replace(
-            self, **{f.name: f.default for f in dataclasses.fields(self) if not f.metadata["writer"]}
-        )
+        defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(self) if not f.metadata["writer"]}
+        return dataclasses.replace(self, **defaults)
 
     @classmethod
     def resolve(cls, settings: PackSettings | None, given: Mapping[str, Any], where: str) -> PackSettings:

@@ -11,7 +11,7 @@ sample at pack time) checked against the bound.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dctdata.decoder.decode_check import nonfinite_samples
@@ -20,30 +20,31 @@ from dctdata.errors import DctDataError
 from dctdata.format import storages
 from dctdata.format.fields import user_fields
 from dctdata.format.location import check_location, manifest_location
-from dctdata.format.manifest import read_manifest
+from dctdata.format.manifest import Manifest, read_manifest
 
 DECODE_BATCH = 64
 
 
-def _bad_decodes(layer: Decompress | None, batch, where, first: int) -> list[str]:
+def _bad_decodes(layer: Decompress | None, batch: object, where: Callable[[int], str], first: int) -> list[str]:
     """One line per sample of a batched wire value that decodes to NaN/Inf."""
     if layer is None:
         return []
     return [f"{where(first + j)}: expected finite decoded values. Got NaN/Inf" for j in nonfinite_samples(layer, batch)]
 
 
-def bound_problems(m) -> list[str]:
+def bound_problems(m: Manifest) -> list[str]:
     """One line per channel of a field packed under `--max-error` whose recorded largest error (measured
     on every sample at pack time) exceeds the bound."""
-    out = []
+    out: list[str] = []
     for f in m.fields:
         stats = m.stats.get(f.name)
-        if not f.coded or f.codec.max_error is None or stats is None:
+        bound = f.codec.max_error if f.codec is not None else None  # dct fields only have a codec
+        if bound is None or stats is None:
             continue
         for c, ch in enumerate(stats.channels or ()):
-            if ch.max_abs_error is not None and ch.max_abs_error > f.codec.max_error:
+            if ch.max_abs_error is not None and ch.max_abs_error > bound:
                 out.append(
-                    f"field {f.name!r} channel {c}: expected a largest error <= {f.codec.max_error:g} (--max-error). "
+                    f"field {f.name!r} channel {c}: expected a largest error <= {bound:g} (--max-error). "
                     f"Got {ch.max_abs_error:g} recorded"
                 )
     return out
@@ -68,7 +69,7 @@ def verify_dataset(
     problems = reader.check_files() + bound_problems(m)
     if not (decode or reader.units_hash_files):
         return problems, summary
-    layers = {f.name: Decompress(f.codec) for f in m.fields if f.coded} if decode else {}
+    layers = {f.name: Decompress(f.dct_codec) for f in m.fields if f.is_dct} if decode else {}
     seen = {f.name: 0 for f in user_fields(m.fields)}
     for unit in reader.units():
         try:

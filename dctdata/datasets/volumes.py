@@ -17,7 +17,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 import torch
+
+
+def _box(size: int | tuple[int, int, int]) -> tuple[int, int, int]:
+    """(D, H, W) of a cube side or a box."""
+    d, h, w = (size,) * 3 if isinstance(size, int) else size
+    return d, h, w
 
 
 def _wavenumbers(size: tuple[int, int, int]) -> torch.Tensor:
@@ -27,31 +34,31 @@ def _wavenumbers(size: tuple[int, int, int]) -> torch.Tensor:
     return (kd[:, None, None] ** 2 + kh[None, :, None] ** 2 + kw[None, None, :] ** 2).sqrt()
 
 
-def _filtered_noise(gen: torch.Generator, size, amplitude: torch.Tensor) -> torch.Tensor:
+def _filtered_noise(gen: torch.Generator, size: tuple[int, ...], amplitude: torch.Tensor) -> torch.Tensor:
     noise = torch.randn(size, generator=gen, dtype=torch.float64)
     return torch.fft.ifftn(torch.fft.fftn(noise) * amplitude).real
 
 
 def power_law_field(
     n: int = 4, size: int | tuple[int, int, int] = 48, beta: float = 11 / 3, k0: float = 2.0, seed: int = 0
-) -> np.ndarray:
+) -> npt.NDArray[np.float32]:
     """(n, D, H, W) Gaussian random fields with power spectrum (|k|^2 + k0^2)^(-beta/2) (see the module doc)."""
-    size = (size,) * 3 if isinstance(size, int) else tuple(size)
+    box = _box(size)
     gen = torch.Generator().manual_seed(seed)
-    k = _wavenumbers(size)
+    k = _wavenumbers(box)
     amp = (k**2 + k0**2) ** (-beta / 4)
     amp[0, 0, 0] = 0.0
-    return np.stack([_filtered_noise(gen, size, amp).numpy() for _ in range(n)]).astype(np.float32)
+    return np.stack([_filtered_noise(gen, box, amp).numpy() for _ in range(n)]).astype(np.float32)
 
 
 def velocity_component(
     n: int = 4, size: int | tuple[int, int, int] = 48, k0: float = 3.0, eta: float = 0.05, seed: int = 1
-) -> np.ndarray:
+) -> npt.NDArray[np.float32]:
     """(n, D, H, W) u_x of solenoidal random velocity fields with a von Karman spectrum (see the module doc);
     `eta` is the dissipative cut-off as a fraction of the box (k eta = 1 at k = 1 / eta cycles)."""
-    size = (size,) * 3 if isinstance(size, int) else tuple(size)
+    box = _box(size)
     gen = torch.Generator().manual_seed(seed)
-    d, h, w = size
+    d, h, w = box
     kd, kh, kw = (torch.fft.fftfreq(m, 1.0 / m, dtype=torch.float64) for m in (d, h, w))
     kvec = torch.stack(torch.broadcast_tensors(kd[:, None, None], kh[None, :, None], kw[None, None, :]))
     k = kvec.pow(2).sum(0).sqrt()
@@ -60,7 +67,7 @@ def velocity_component(
     amp = torch.where(k > 0, (energy / (4 * math.pi * k.clamp(min=1e-12) ** 2)).sqrt(), torch.zeros_like(k))
     out = []
     for _ in range(n):
-        u = torch.fft.fftn(torch.randn(3, *size, generator=gen, dtype=torch.float64), dim=(1, 2, 3)) * amp
+        u = torch.fft.fftn(torch.randn(3, *box, generator=gen, dtype=torch.float64), dim=(1, 2, 3)) * amp
         # project out the compressive part: u <- u - k (k . u) / |k|^2
         div = (kvec * u).sum(0) / k.clamp(min=1e-12) ** 2
         u = u - kvec * div
@@ -70,18 +77,18 @@ def velocity_component(
 
 def advected_scalar(
     n: int = 4, size: int | tuple[int, int, int] = 48, steps: int = 12, dissipation: float = 10.0, seed: int = 2
-) -> np.ndarray:
+) -> npt.NDArray[np.float32]:
     """(n, D, H, W) scalars mixed by a smooth flow: smooth blobs, `steps` semi-Lagrangian advection steps by
     the curl of a random large-scale vector potential (divergence-free), each followed by exact diffusion
     (over all steps, wavenumber `dissipation` (cycles per box) decays by 1/e)."""
-    size = (size,) * 3 if isinstance(size, int) else tuple(size)
+    box = _box(size)
     gen = torch.Generator().manual_seed(seed)
-    k = _wavenumbers(size)
+    k = _wavenumbers(box)
     out = []
     for _ in range(n):
-        c = _filtered_noise(gen, size, torch.exp(-((k / 2.5) ** 2)))
+        c = _filtered_noise(gen, box, torch.exp(-((k / 2.5) ** 2)))
         c = torch.tanh(3 * c / c.std()).float()  # sharp-edged blobs: the fronts a mixing scalar has
-        potential = torch.stack([_filtered_noise(gen, size, torch.exp(-((k / 2.0) ** 2))) for _ in range(3)])
+        potential = torch.stack([_filtered_noise(gen, box, torch.exp(-((k / 2.0) ** 2))) for _ in range(3)])
         vel = _curl(potential)
         vel = (vel / vel.abs().max() * 1.5).float()  # at most 1.5 voxels per step
         decay = torch.exp(-((k / dissipation) ** 2) / steps)
@@ -95,7 +102,7 @@ def advected_scalar(
 def _curl(a: torch.Tensor) -> torch.Tensor:
     """Curl of a (3, D, H, W) periodic vector field (components along D, H, W), by central differences."""
 
-    def diff(f, axis):
+    def diff(f: torch.Tensor, axis: int) -> torch.Tensor:
         return (torch.roll(f, -1, axis) - torch.roll(f, 1, axis)) / 2
 
     ad, ah, aw = a
@@ -113,7 +120,8 @@ def _advect(c: torch.Tensor, vel: torch.Tensor) -> torch.Tensor:
     flat = c.reshape(-1)
     out = torch.zeros_like(c)
     for corner in range(8):
-        idx, weight = 0, 1.0
+        idx: torch.Tensor | int = 0
+        weight: torch.Tensor | float = 1.0
         for axis, m in enumerate(size):
             up = (corner >> (2 - axis)) & 1
             i = torch.remainder(lo[axis] + up, m)

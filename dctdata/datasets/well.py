@@ -43,15 +43,16 @@ def shallow_water(
     velocity = np.zeros((n_traj, n_steps, size, size, 2), np.float32)
     bathy = np.zeros((n_traj, size, size), np.float32)
 
-    def bump(cx, cy, w):
+    def bump(center: np.ndarray, w: float) -> np.ndarray:
+        cx, cy = center
         ddx = (X - cx + 0.5) % 1.0 - 0.5
         ddy = (Y - cy + 0.5) % 1.0 - 0.5
         return np.exp(-(ddx**2 + ddy**2) / (2 * w * w))
 
     for t in range(n_traj):
-        b = sum(rng.uniform(0.1, 0.3) * bump(*rng.uniform(0, 1, 2), rng.uniform(0.1, 0.2)) for _ in range(2))
+        b = sum(rng.uniform(0.1, 0.3) * bump(rng.uniform(0, 1, 2), rng.uniform(0.1, 0.2)) for _ in range(2))
         H = DEPTH - b
-        eta = sum(rng.uniform(0.05, 0.2) * bump(*rng.uniform(0, 1, 2), rng.uniform(0.04, 0.1)) for _ in range(3))
+        eta = sum(rng.uniform(0.05, 0.2) * bump(rng.uniform(0, 1, 2), rng.uniform(0.04, 0.1)) for _ in range(3))
         u = np.zeros((2, size, size))
         for s in range(n_steps):
             height[t, s] = eta
@@ -102,7 +103,7 @@ def write_well_file(path: str | os.PathLike, n_traj: int = 3, n_steps: int = 20,
         d.attrs["time_varying"] = False
         d.attrs["sample_varying"] = False
 
-        def field(group, name, data, time_varying):
+        def field(group: h5py.Group, name: str, data: np.ndarray, time_varying: bool) -> None:
             d = group.create_dataset(name, data=data)
             d.attrs["dim_varying"] = [True, True]
             d.attrs["sample_varying"] = True

@@ -9,8 +9,9 @@ import torch
 from dctdata.decoder.layer import Decompress
 
 
-def nonfinite_samples(layer: Decompress, coeffs: torch.Tensor) -> list[int]:
-    """Positions in the batch `coeffs` (B, C, Hb, K, Wb) whose decoded samples hold NaN or inf."""
+def nonfinite_samples(layer: Decompress, coeffs: object) -> list[int]:
+    """Positions in the batched wire value `coeffs` (coefficients (B, C, Hb, K, Wb), or the pair with the side
+    information, as `dctdata.decoder.wire` defines) whose decoded samples hold NaN or inf."""
     with torch.inference_mode():
         x = layer(coeffs)
     return (~torch.isfinite(x.flatten(1)).all(1)).nonzero().flatten().tolist()

@@ -18,6 +18,7 @@ the way a user's training script would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -105,7 +107,7 @@ class Denoiser(nn.Module):
 
 
 # Data ----------------------------------------------------------------------------------------------
-def make_pairs(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
+def make_pairs(n: int, size: int, seed: int) -> dict[str, npt.NDArray[np.float32]]:
     """{'noisy', 'clean'}: (n, 1, size, size) float32 em_denoise-like pairs."""
     from dctdata.datasets import em_denoise
 
@@ -115,7 +117,7 @@ def make_pairs(n: int, size: int, seed: int) -> dict[str, np.ndarray]:
 
 
 # Loading -------------------------------------------------------------------------------------------
-def loader_speed(loader: Iterable, decode: Callable[[Any], Any] | None) -> tuple[float, float]:
+def loader_speed(loader: Iterable[Any], decode: Callable[[Any], Any] | None) -> tuple[float, float]:
     """(DataLoader samples/s, decode samples/s) over one pass; decode is timed separately."""
     n, t_decode = 0, 0.0
     t0 = time.perf_counter()
@@ -139,7 +141,7 @@ def crop_offsets(gen: torch.Generator, blocks: int, crop_blocks: int) -> tuple[i
     return top, left
 
 
-def crop_coeffs(wire, top: int, left: int, nb: int):
+def crop_coeffs(wire: Any, top: int, left: int, nb: int) -> Any:
     """Crop (B, C, Hb, K, Wb) coefficients to nb x nb blocks: the blocks of an (8nb)^2 image crop (the
     per-sample side information of a (coefficients, side) pair is the same for the crop)."""
     if isinstance(wire, (tuple, list)):
@@ -153,17 +155,18 @@ def crop_pixels(x: torch.Tensor, top: int, left: int, nb: int) -> torch.Tensor:
 
 def train(
     net: nn.Module,
-    batches: Callable[[int], Iterable],
-    to_pair: Callable[[Any, int, int], tuple[torch.Tensor, torch.Tensor]],
+    batches: Callable[[int], Iterable[Any]],
+    to_pair: Callable[[Any, int, int], tuple[Any, torch.Tensor]],
     s: DemoSettings,
     tick: Callable[[], None],
 ) -> list[float]:
-    """Train for `s.epochs`; `to_pair(batch, top, left)` -> (input, target) for a crop. Returns the
-    mean loss of every epoch. The crop sequence depends only on the seed, so runs are comparable."""
+    """Train for `s.epochs`; `to_pair(batch, top, left)` -> (input, target) for a crop: the input is the network's
+    (a wire value, possibly a (coefficients, side) pair, for a packed run), the target a batch of tensors. Returns
+    the mean loss per sample of every epoch. The crop sequence depends only on the seed, so runs are comparable."""
     opt = torch.optim.Adam(net.parameters(), lr=s.lr)
     gen = torch.Generator().manual_seed(s.seed)
     blocks, nb = s.size // 8, s.crop // 8
-    losses = []
+    losses: list[float] = []
     for epoch in range(s.epochs):
         net.train()
         total, count = 0.0, 0
@@ -174,14 +177,14 @@ def train(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += loss.item() * len(x)
-            count += len(x)
+            total += loss.item() * len(y)  # the target's batch: x can be a (coefficients, side) pair
+            count += len(y)
         losses.append(total / count)
         tick()
     return losses
 
 
-def test_mse(denoiser: nn.Module, test: dict[str, np.ndarray]) -> float:
+def test_mse(denoiser: nn.Module, test: dict[str, npt.NDArray[np.float32]]) -> float:
     """MSE of the denoiser on held-out raw pairs (whole images, no compression anywhere)."""
     denoiser.eval()
     with torch.no_grad():
@@ -237,6 +240,7 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     import dctdata
+    from dctdata.loaders.wds_dataset import DCTWebDataset
 
     t_start = time.perf_counter()
     torch.manual_seed(s.seed)
@@ -244,13 +248,14 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
     bar = tqdm(total=steps, desc="demo", unit="step", disable=quiet, leave=False)
 
     timings: dict[str, float] = {}
-    clock = [time.perf_counter(), None]
+    since, current = time.perf_counter(), ""  # the running stage ("" before the first) and its start
 
     def stage(desc: str) -> None:
+        nonlocal since, current
         now = time.perf_counter()
-        if clock[1] is not None:
-            timings[clock[1]] = timings.get(clock[1], 0.0) + now - clock[0]
-        clock[:] = [now, desc]
+        if current:
+            timings[current] = timings.get(current, 0.0) + now - since
+        since, current = now, desc
         bar.set_description(f"demo: {desc}")
 
     try:
@@ -261,8 +266,8 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
         np.savez(source, **train_np)
         bar.update()
 
-        packs = {}
-        kwargs = dict(target_psnr=float(s.target_psnr), quant=s.quant, mask="square", quiet=True)
+        packs: dict[str, tuple[str, Any, float]] = {}
+        kwargs: dict[str, Any] = dict(target_psnr=float(s.target_psnr), quant=s.quant, mask="square", quiet=True)
         for fmt, name in (("zarr", "em.zarr"), ("webdataset", "em.wds")):
             stage(f"pack {fmt}")
             path = os.path.join(work, name)
@@ -278,12 +283,12 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
         zarr_ds = dctdata.open_dataset(packs["zarr"][0])
         wds_ds = dctdata.open_dataset(packs["webdataset"][0], seed=s.seed)
 
-        def loader(kind: str, epoch: int = 0):
+        def loader(kind: str, epoch: int = 0) -> torch.utils.data.DataLoader[Any]:
             if kind == "raw":
                 g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
                 return torch.utils.data.DataLoader(raw_ds, batch_size=s.batch_size, shuffle=True, generator=g)
             ds = {"zarr": zarr_ds, "webdataset": wds_ds}[kind]
-            if isinstance(ds, torch.utils.data.IterableDataset):  # streamed: the epoch orders its shards
+            if isinstance(ds, DCTWebDataset):  # streamed: the epoch orders its shards
                 ds.set_epoch(epoch)
                 return torch.utils.data.DataLoader(ds, batch_size=s.batch_size)
             g = torch.Generator().manual_seed(s.seed * 1000 + epoch)
@@ -291,10 +296,10 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
 
         decoders = {k: {f: ds.decompressor(f) for f in FIELDS} for k, ds in (("zarr", zarr_ds), ("webdataset", wds_ds))}
 
-        def decode_all(kind):
+        def decode_all(kind: str) -> Callable[[Any], list[torch.Tensor]]:
             return lambda batch: [decoders[kind][f](q) for f, q in zip(FIELDS, batch)]
 
-        speed = {}
+        speed: dict[str, tuple[float, float]] = {}
         for kind in ("raw", "zarr", "webdataset"):
             stage(f"loader {kind}")
             speed[kind] = loader_speed(loader(kind), None if kind == "raw" else decode_all(kind))
@@ -308,12 +313,14 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
             stage(f"train {kind}")
             den = Denoiser(s.width)
             den.load_state_dict(init.state_dict())
+            to_pair: Callable[[Any, int, int], tuple[Any, torch.Tensor]]
             if kind == "raw":
                 model: nn.Module = den
 
-                def to_pair(batch, top, left):
+                def raw_pair(batch: Any, top: int, left: int) -> tuple[torch.Tensor, torch.Tensor]:
                     return crop_pixels(batch[0], top, left, nb), crop_pixels(batch[1], top, left, nb)
 
+                to_pair = raw_pair
             else:
                 specs = {f: packs[kind][1].field(f).codec for f in FIELDS}
                 crop_specs = {f: sp.replace(height=s.crop, width=s.crop) for f, sp in specs.items()}
@@ -321,10 +328,13 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
                 model = nn.Sequential(Decompress(crop_specs["noisy"]), den)
                 target = Decompress(crop_specs["clean"])
 
-                def to_pair(batch, top, left, target=target):
+                def packed_pair(
+                    batch: Any, top: int, left: int, target: Decompress = target
+                ) -> tuple[Any, torch.Tensor]:
                     return crop_coeffs(batch[0], top, left, nb), target(crop_coeffs(batch[1], top, left, nb))
 
-            losses = train(model, lambda e, k=kind: loader(k, e), to_pair, s, bar.update)
+                to_pair = packed_pair
+            losses = train(model, functools.partial(loader, kind), to_pair, s, bar.update)
             runs[kind] = {"losses": losses, "test_mse": test_mse(den, test_np)}
         stage("done")
     finally:

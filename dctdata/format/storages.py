@@ -40,6 +40,18 @@ class PackManifest(Protocol):
     def checksums(self) -> Mapping[str, Any]: ...
 
 
+class ReaderClass(Protocol):
+    """What callers ask of a storage's reader class, a `dctdata.format.reader.StorageReader` subclass (that
+    module imports this one through the manifest: named by its shape, not imported): whether it reads samples
+    at random, a stream's manifest (storages that read streams) and an instance over a pack (`open_reader`)."""
+
+    random_access: bool
+
+    def stream_manifest(self, url: str, storage_options: Mapping[str, Any] | None = None) -> Any: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A writer option of a storage, declared once: the writer's keyword (and `writer_options`' key), its
@@ -96,8 +108,8 @@ class Storage:
         return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
 
     @property
-    def reader(self) -> Callable[..., Any]:  # a `dctdata.format.reader.StorageReader` class
-        cls: Callable[..., Any] = load(self.reader_path)
+    def reader(self) -> ReaderClass:  # a `dctdata.format.reader.StorageReader` class
+        cls: ReaderClass = load(self.reader_path)
         return cls
 
     @property

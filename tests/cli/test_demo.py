@@ -107,3 +107,30 @@ def test_demo_refuses_a_non_empty_out(capsys, tmp_path):
 def test_demo_bad_settings_are_one_line_errors(capsys, flags, message):
     assert main(["demo", *TINY, *flags]) == 1
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_train_weights_each_epoch_loss_by_samples_when_the_input_is_a_wire_pair():
+    # A packed run's input is a (coefficients, side) pair: the epoch's mean loss must count the batch's samples
+    # (the target's length), not the pair's two members, so a short last batch weighs what it holds.
+    import torch
+    from torch import nn
+
+    from dctdata.demo.pipeline import train
+
+    class PairNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(()))
+
+        def forward(self, pair):
+            return pair[0] * self.w
+
+    batches = [torch.full((3, 1, 8, 8), 1.0), torch.full((1, 1, 8, 8), 3.0)]  # per-batch MSE 1 and 9
+    losses = train(
+        PairNet(),
+        lambda epoch: batches,
+        lambda batch, top, left: ((batch, torch.zeros(len(batch), 1, 2)), torch.zeros_like(batch)),
+        DemoSettings(size=8, crop=8, epochs=1, lr=0.0),
+        lambda: None,
+    )
+    assert losses == [pytest.approx((3 * 1.0 + 1 * 9.0) / 4)]  # the mean over pairs' members would be 5
