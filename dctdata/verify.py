@@ -69,7 +69,7 @@ def verify_dataset(
     problems = reader.check_files() + bound_problems(m)
     if not (decode or reader.units_hash_files):
         return problems, summary
-    layers = {f.name: Decompress(f.dct_codec) for f in m.fields if f.is_dct} if decode else {}
+    layers = {f.name: Decompress(f.dct_codec) for f in m.fields if f.coded} if decode else {}
     seen = {f.name: 0 for f in user_fields(m.fields)}
     for unit in reader.units():
         try:
