@@ -157,7 +157,7 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
     default: the workers decode the lossless stage, coefficients cross) or "device" (the workers check
     the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.decoder.wire`).
     A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
-    allow_pipe=True.
+    allow_pipe=True; with window options it serves the windows (every shard is fetched by its own command).
     sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a
     manifest with any other bytes is refused (its checksums then pin every stored file).
     A pack of trajectories (The Well's layout) opened with n_steps_input, n_steps_output, dt_stride
@@ -227,6 +227,10 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any):
 
         if sha256 is not None:
             raise DctDataError(f"sha256: expected a local path or URL pack. Got a pipe: stream {path_or_url}")
+        if WINDOW_OPTIONS & kwargs.keys():  # windows over the stream's shards, each fetched by its own command
+            from dctdata.loaders.wds_windows import WebWindowDataset
+
+            return WebWindowDataset(path_or_url, options=options, **kwargs)
         return DCTWebDataset(path_or_url, options=options, **kwargs)
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
