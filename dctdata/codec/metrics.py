@@ -192,3 +192,29 @@ def channel_nmse(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
     nm, has = item_nmse(reference, estimate, valid)
     nm, has = nm.reshape(-1, nm.shape[-1]), has.reshape(-1, has.shape[-1])
     return (nm * has).sum(0) / has.sum(0).clamp(min=1)
+
+
+def item_mean_square(reference: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of the squared reference values of every item (over its valid pixels), in float64: with the
+    item's MSE, its relative L2 error sqrt(MSE / mean square) = ||x̂ - x|| / ||x||, the figure surrogate
+    papers report. NaN for an item without valid pixels."""
+    sq = reference.detach().to(torch.float64).square()
+    v = _valid(valid, reference)
+    if v is None:
+        return _flat(sq, dims).mean(-1)
+    return _flat(sq.masked_fill_(~v, 0.0), dims).sum(-1) / _flat(v, dims).sum(-1)
+
+
+def frame_figures(
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(PSNR, relative L2 error, max abs error) of every item, float64: the PSNR against the item's range
+    (NaN for a constant item, which has none; +inf for an exact one), the relative L2 error against its norm
+    (NaN for an all-zero item, which has none). The per-frame figures a trajectory pack reports by time step."""
+    mse, rng, peak = item_figures(reference, estimate, dims, valid)
+    ms = item_mean_square(reference, dims, valid)
+    scores = torch.where(rng > 0, psnr_from_mse(mse, rng), torch.full_like(mse, math.nan))
+    rel = torch.where(
+        ms > 0, (mse / torch.where(ms > 0, ms, torch.ones_like(ms))).sqrt(), torch.full_like(ms, math.nan)
+    )
+    return scores, rel, peak
