@@ -136,7 +136,8 @@ class _SourceCheck:
         self.specs = {f.name: f for f in m.fields if f.is_dct}
         self.layers = {name: Decompress(f.codec, normalize=False) for name, f in self.specs.items()}
         self.figures = StepFigures.for_steps({name: f.shape[0] for name, f in self.specs.items()}, self.steps)
-        self.reference, self.where = reference, where or (lambda i: f"sample {i}")
+        self.reference = reference
+        self.where = where or (lambda i: f"sample {i} (step {int(self.steps[i])})")
         self.cached: tuple[int, int, Mapping[str, np.ndarray]] | None = None
         self.low: dict[str, list[tuple[int, int, float]]] = {name: [] for name in self.specs}
 
@@ -170,7 +171,7 @@ class _SourceCheck:
             floor = self.specs[name].codec.min_psnr
             for i, c, db in sorted(low, key=lambda h: h[2])[:FRAMES_NAMED]:
                 out.append(
-                    f"{self.where(i)} (step {int(self.steps[i])}) field {name!r} channel {c}: expected a PSNR >= the "
+                    f"{self.where(i)} field {name!r} channel {c}: expected a PSNR >= the "
                     f"per-sample floor {floor:.2f} dB against the source. Got {db:.2f} dB"
                 )
             if len(low) > FRAMES_NAMED:
