@@ -127,15 +127,16 @@ class _SourceCheck:
     frames below their field's per-sample floor."""
 
     def __init__(self, m, root: str, reference, where) -> None:
-        self.steps = trajectory_steps(m.pack.get("source_info"))
-        if self.steps is None:
+        steps = trajectory_steps(m.pack.get("source_info"))
+        if steps is None:
             raise DctDataError(
                 f"{root}: --source: expected a pack of trajectories (The Well's or PDEBench's layout, --time-dim). "
                 "Got a pack of independent samples"
             )
-        self.specs = {f.name: f for f in m.fields if f.is_dct}
-        self.layers = {name: Decompress(f.codec, normalize=False) for name, f in self.specs.items()}
-        self.figures = StepFigures.for_steps({name: f.shape[0] for name, f in self.specs.items()}, self.steps)
+        self.steps: np.ndarray = steps
+        self.specs = {f.name: (f, f.codec) for f in m.fields if f.is_dct and f.codec is not None}
+        self.layers = {name: Decompress(codec, normalize=False) for name, (_, codec) in self.specs.items()}
+        self.figures = StepFigures.for_steps({name: f.shape[0] for name, (f, _) in self.specs.items()}, steps)
         self.reference = reference
         self.where = where or (lambda i: f"sample {i} (step {int(self.steps[i])})")
         self.cached: tuple[int, int, Mapping[str, np.ndarray]] | None = None
@@ -147,7 +148,7 @@ class _SourceCheck:
         return self.cached[2]
 
     def add(self, name: str, batch, first: int) -> None:
-        f = self.specs[name]
+        f, codec = self.specs[name]
         with torch.inference_mode():
             decoded = self.layers[name](batch)
         n = len(decoded)
@@ -157,18 +158,18 @@ class _SourceCheck:
         x = torch.from_numpy(np.asarray(src[name], dtype=np.float64).reshape(n, *f.shape))
         finite = torch.isfinite(x)
         valid = None if bool(finite.all()) else finite
-        psnr, rel, _ = frame_figures(torch.nan_to_num(x), decoded, f.codec.dims, valid)
-        psnr, rel = psnr.cpu().numpy(), rel.cpu().numpy()
+        scores, errors, _ = frame_figures(torch.nan_to_num(x), decoded, codec.dims, valid)
+        psnr, rel = scores.cpu().numpy(), errors.cpu().numpy()
         below = None
-        if f.codec.min_psnr is not None:
-            below = psnr < f.codec.min_psnr - FLOOR_SLACK_DB
+        if codec.min_psnr is not None:
+            below = psnr < codec.min_psnr - FLOOR_SLACK_DB
             self.low[name] += [(first + int(i), int(c), float(psnr[i, c])) for i, c in zip(*np.nonzero(below))]
         self.figures.add(name, self.steps[first : first + n], psnr, rel, below)
 
     def problems(self) -> list[str]:
         out = []
         for name, low in self.low.items():
-            floor = self.specs[name].codec.min_psnr
+            floor = self.specs[name][1].min_psnr
             for i, c, db in sorted(low, key=lambda h: h[2])[:FRAMES_NAMED]:
                 out.append(
                     f"{self.where(i)} field {name!r} channel {c}: expected a PSNR >= the "
