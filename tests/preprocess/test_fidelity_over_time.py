@@ -5,6 +5,7 @@ against the per-sample floor, and `dctdata verify --source` names a frame that b
 
 from __future__ import annotations
 
+import json
 import shutil
 from types import SimpleNamespace
 
@@ -171,3 +172,49 @@ def test_source_refused_for_a_pack_of_samples(tmp_path):
     assert "over_time" not in summary
     with pytest.raises(DctDataError, match=r"--source: expected a pack of trajectories .* Got a pack of independent"):
         verify_dataset(tmp_path / "p", reference=lambda a, b: {})
+
+
+def test_a_recorded_frame_below_the_floor_fails_verify(packed, tmp_path):
+    """A pack whose record counts a frame below the floor (as a pack that could not lift one records it) fails
+    `dctdata verify`, naming the field, channel and step."""
+    bad = tmp_path / "z"
+    shutil.copytree(packed / "z", bad)
+    doc = json.loads((bad / "manifest.json").read_text())
+    row = doc["pack"]["fidelity_over_time"]["fields"]["velocity"][7][1]  # step 7, velocity_y
+    row[2], row[-1] = 30.5, 1
+    (bad / "manifest.json").write_text(json.dumps(doc))
+    problems, summary = verify_dataset(bad)
+    assert problems == [
+        "field 'velocity' channel 1 (velocity_y) steps 7..7: expected every frame's PSNR >= the floor "
+        f"{read_manifest(bad).field('velocity').codec.min_psnr:.2f} dB. Got 1 frame(s) below, the lowest 30.50 dB "
+        "(recorded at pack time)"
+    ]
+    assert any("| velocity | 1 velocity_y | 6..8 | 6 | 30.50 |" in line for line in summary["over_time"])
+
+
+def test_time_dim_webdataset_pack_verified_against_its_source(tmp_path, capsys):
+    """A NetCDF store packed along time as webdataset (shards crossing trajectories): the pack records the figures
+    per step, and `verify --source` (the source opened with the recorded --time-dim) measures the same."""
+    xr = pytest.importorskip("xarray")
+    a = np.cumsum(np.random.default_rng(0).standard_normal((3, 10, 16, 16)), axis=1).astype(np.float32)
+    dims = ("member", "time", "y", "x")
+    xr.Dataset({"t2m": (dims, a), "u": (dims, 2 * a + 1)}, coords={"time": np.arange(10)}).to_netcdf(tmp_path / "e.nc")
+    out = tmp_path / "e.wds"
+    dctdata.pack(
+        str(tmp_path / "e.nc"), out, time_dim="time", format="webdataset", cf=4, quant="int8", workers=1, quiet=True,
+        writer_options={"samples_per_shard": 7},
+    )  # fmt: skip
+    recorded = StepFigures.from_manifest(read_manifest(out))
+    assert recorded.steps == 10 and sorted(recorded.table) == ["t2m", "u"]
+    assert main(["verify", str(out), "--source", str(tmp_path / "e.nc"), "--step-ranges", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "against the source" in printed and printed.count("| t2m | 0 |") == 3
+    for r in recorded.rows(step_ranges(3, 10)):
+        assert f"| {r['field']} | 0 | {r['steps'][0]}..{r['steps'][1] - 1} | {r['frames']} |" in printed
+    src = open_source(str(tmp_path / "e.nc"), time_dim="time")
+    _, summary = verify_dataset(out, reference=lambda a, b: next(src.batches(b - a, a, b))[1], ranges=3)
+    src.close()
+    for got, rec in zip(summary["over_time_rows"], recorded.rows(step_ranges(3, 10))):
+        assert (got["field"], got["steps"], got["frames"]) == (rec["field"], rec["steps"], rec["frames"])
+        assert got["psnr_mean"] == pytest.approx(rec["psnr_mean"], abs=1e-3)
+        assert got["rel_l2_mean"] == pytest.approx(rec["rel_l2_mean"], rel=1e-4)
