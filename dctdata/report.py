@@ -237,13 +237,14 @@ class StepFigures:
         return {"width": self.width, "bins": self.bins, "steps": self.steps, "fields": fields}
 
     @classmethod
-    def merged(cls, parts: list[dict[str, Any]]) -> StepFigures | None:
-        """The figures of a whole pack from its parts' `to_json` (None: no part has any)."""
-        parts = [p for p in parts if p]
-        if not parts:
+    def merged(cls, parts: list[dict[str, Any] | None]) -> StepFigures | None:
+        """The figures of a whole pack from its parts' `to_json` (None unless every part has them: a part journaled
+        by an older version, resumed, has none, and figures of some frames would pass for all of them)."""
+        given = [p for p in parts if p]
+        if not given or len(given) != len(parts):
             return None
-        out = cls({}, parts[0]["bins"], parts[0]["width"], parts[0].get("steps"))
-        for p in parts:
+        out = cls({}, given[0]["bins"], given[0]["width"], given[0].get("steps"))
+        for p in given:
             for name, rows in p["fields"].items():
                 t = np.asarray(rows, dtype=np.float64)
                 if name not in out.table:

@@ -149,6 +149,7 @@ def test_floor_problems_name_the_step_bin():
     assert "Got 1 frame(s) below, the lowest 38.50 dB" in lines[1]
     merged = StepFigures.merged([fig.to_json(), fig.to_json()])
     assert merged.rows([(0, 3)], [field])[0]["below"] == 4 and merged.rows([(0, 3)])[0]["frames"] == 8
+    assert StepFigures.merged([fig.to_json(), None]) is None  # a resumed part without figures: none recorded
 
 
 def test_step_ranges():
