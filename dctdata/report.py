@@ -358,9 +358,14 @@ def step_ranges(spec: Any, steps: int) -> list[tuple[int, int]]:
             raise DctDataError(
                 f"--step-ranges: expected a count or ranges of steps A:B,C:D (B left out: to the end). Got {spec!r}"
             ) from None
+        if a >= steps:
+            raise DctDataError(
+                f"--step-ranges: expected ranges that start before step {steps} (the longest trajectory has {steps} "
+                f"steps). Got a range from step {a} in {spec!r}"
+            )
         if not 0 <= a < b:
             raise DctDataError(f"--step-ranges: expected 0 <= A < B in each range A:B. Got {a}:{b} in {spec!r}")
-        out.append((a, min(b, steps)) if a < steps else (a, b))
+        out.append((a, min(b, steps)))
     return out
 
 

@@ -31,6 +31,7 @@ def _main(args) -> int:
     loc = manifest_location(args.dataset)[1]
     digest, size = sha256_file(loc, root=None if is_url(loc) else os.path.dirname(loc), limit=MAX_MANIFEST_BYTES)
     t = pack_summary(m, manifest_bytes=size)  # the numbers the pack's summary printed
+    over_time = time_lines(m, args.step_ranges)  # first: bad --step-ranges stop before any output
     print(f"{args.dataset}: {m.format} v{m.version} ({m.storage}), written by dctdata {m.dctdata_version}")
     print(
         f"samples: {m.samples}   stored: {t['stored_bytes'] / 1e6:.3f} MB in {len(m.checksums)} files and the "
@@ -72,7 +73,6 @@ def _main(args) -> int:
                 f"{num(ch.psnr_dataset)} | {num(ch.psnr_min)} | "
                 f"{num(ch.psnr_median)} | {num(ch.max_abs_error, '{:.4g}')} | | |"
             )
-    over_time = time_lines(m, args.step_ranges)
     if over_time:
         print()
         print("fidelity over time (per frame: PSNR against its range, relative L2 ||x^ - x|| / ||x||):")

@@ -162,6 +162,8 @@ def test_step_ranges():
         step_ranges("0-4", 12)
     with pytest.raises(DctDataError, match=r"--step-ranges: expected 0 <= A < B in each range A:B\. Got 4:2"):
         step_ranges("4:2", 12)
+    with pytest.raises(DctDataError, match=r"start before step 12 .* Got a range from step 50 in '0:4,50:'"):
+        step_ranges("0:4,50:", 12)
     with pytest.raises(DctDataError, match=r"--step-ranges: expected a count >= 1"):
         step_ranges(0, 12)
 
