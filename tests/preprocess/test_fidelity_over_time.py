@@ -97,6 +97,9 @@ def test_info_and_pack_summary_show_the_ranges(packed, capsys, tmp_path):
     assert len(table) == 2 + 3 * len(RANGES) and all(line in out for line in table)
     assert "| velocity | 1 velocity_y | 4..11 | 16 |" in out
     assert "fidelity_over_time" not in out  # not in the pack settings line
+    assert main(["info", str(packed / "z"), "--step-ranges", "20:"]) == 1
+    captured = capsys.readouterr()
+    assert "--step-ranges: expected ranges that start before step 12" in captured.err and captured.out == ""
     assert main(["pack", str(packed / "raw"), str(tmp_path / "z"), "--target-psnr", "35", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "fidelity over time" in out and "| height | 0 height | 0..2 | 6 |" in out  # 4 default ranges of 3 steps
