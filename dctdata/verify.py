@@ -91,6 +91,8 @@ def verify_dataset(
     check = None if reference is None else _SourceCheck(m, root, reference, describe)
     if check is not None and not decode:
         raise DctDataError(f"{root}: --source: expected a decode to measure (without --no-decode)")
+    if check is not None:
+        step_ranges(ranges, check.figures.steps)  # a bad --step-ranges fails before the decode
     if not (decode or reader.units_hash_files):
         return problems, summary
     layers = {f.name: Decompress(f.codec) for f in m.fields if f.is_dct} if decode else {}

@@ -119,6 +119,8 @@ def test_verify_against_the_source_and_a_perturbed_frame(packed, tmp_path, capsy
     for got, rec in zip(summary["over_time_rows"], recorded):
         assert got["steps"] == rec["steps"] and got["psnr_min"] == pytest.approx(rec["psnr_min"], abs=1e-3)
         assert got["rel_l2_max"] == pytest.approx(rec["rel_l2_max"], rel=1e-4)
+    assert main(["verify", str(packed / "z"), "--source", str(packed / "raw"), "--no-decode"]) == 1
+    assert "--source: expected a decode to measure (without --no-decode)" in capsys.readouterr().err
     # the same pack against a source whose frame (trajectory 1, step 7) of height changed: that frame breaks the floor
     bad = tmp_path / "bad"
     bad.mkdir()
