@@ -179,14 +179,19 @@ FLOOR_SLACK_DB = 1e-6  # the floor is recorded at float32 precision; the figures
 FRAMES, N_PSNR, PSNR_MIN, PSNR_SUM, N_REL, REL_SUM, REL_MAX, BELOW = range(8)
 
 
-def trajectory_steps(source_info: Any) -> np.ndarray | None:
-    """The time step of every frame of a trajectory pack, from its record's frame offsets (None for a pack
-    of independent samples)."""
+def trajectory_offsets(source_info: Any) -> np.ndarray | None:
+    """The first frame of every trajectory of a trajectory pack and the frame count last (its record's frame
+    offsets), or None for a pack of independent samples."""
     info = source_info.get(TRAJECTORY_INFO) if isinstance(source_info, dict) else None
     if not isinstance(info, dict) or not isinstance(info.get("offsets"), list) or len(info["offsets"]) < 2:
         return None
-    offsets = np.asarray(info["offsets"], dtype=np.int64)
-    frames = np.arange(int(offsets[-1]), dtype=np.int64)
+    return np.asarray(info["offsets"], dtype=np.int64)
+
+
+def frame_steps(offsets: np.ndarray, first: int, n: int) -> np.ndarray:
+    """The time steps of frames first..first + n - 1 within their trajectories (computed per batch: an array of
+    every frame's step would cost 8 bytes a frame in every worker)."""
+    frames = np.arange(first, first + n, dtype=np.int64)
     return frames - offsets[np.searchsorted(offsets, frames, side="right") - 1]
 
 
@@ -207,9 +212,10 @@ class StepFigures:
         return t
 
     @classmethod
-    def for_steps(cls, channels: Mapping[str, int], steps: np.ndarray) -> StepFigures:
-        """Bins for trajectories of up to max(steps) + 1 steps: one a step, or wider past STEP_BINS steps."""
-        n = int(steps.max()) + 1 if len(steps) else 1
+    def for_trajectories(cls, channels: Mapping[str, int], offsets: np.ndarray) -> StepFigures:
+        """Bins for the trajectories whose frame offsets are `offsets`: one a step, or wider past STEP_BINS steps
+        (every part of a pack bins alike)."""
+        n = max(1, int(np.diff(offsets).max()))
         width = -(-n // STEP_BINS)
         return cls(channels, -(-n // width), width, n)
 

@@ -31,7 +31,15 @@ from dctdata.format.fields import user_fields
 from dctdata.format.location import manifest_location
 from dctdata.format.manifest import read_manifest
 from dctdata.format.webdataset.reader import Files, check_location
-from dctdata.report import FLOOR_SLACK_DB, StepFigures, floor_problems, step_ranges, time_table, trajectory_steps
+from dctdata.report import (
+    FLOOR_SLACK_DB,
+    StepFigures,
+    floor_problems,
+    frame_steps,
+    step_ranges,
+    time_table,
+    trajectory_offsets,
+)
 
 DECODE_BATCH = 64
 FRAMES_NAMED = 10  # frames below the floor named per field (all are counted)
@@ -129,18 +137,18 @@ class _SourceCheck:
     frames below their field's per-sample floor."""
 
     def __init__(self, m, root: str, reference, where) -> None:
-        steps = trajectory_steps(m.pack.get("source_info"))
-        if steps is None:
+        offsets = trajectory_offsets(m.pack.get("source_info"))
+        if offsets is None:
             raise DctDataError(
                 f"{root}: --source: expected a pack of trajectories (The Well's or PDEBench's layout, --time-dim). "
                 "Got a pack of independent samples"
             )
-        self.steps: np.ndarray = steps
+        self.offsets: np.ndarray = offsets
         self.specs = {f.name: (f, f.codec) for f in m.fields if f.is_dct and f.codec is not None}
         self.layers = {name: Decompress(codec, normalize=False) for name, (_, codec) in self.specs.items()}
-        self.figures = StepFigures.for_steps({name: f.shape[0] for name, (f, _) in self.specs.items()}, steps)
+        self.figures = StepFigures.for_trajectories({name: f.shape[0] for name, (f, _) in self.specs.items()}, offsets)
         self.reference = reference
-        self.where = where or (lambda i: f"sample {i} (step {int(self.steps[i])})")
+        self.where = where or (lambda i: f"sample {i} (step {int(frame_steps(offsets, i, 1)[0])})")
         self.cached: tuple[int, int, Mapping[str, np.ndarray]] | None = None
         self.low: dict[str, list[tuple[int, int, float]]] = {name: [] for name in self.specs}
 
@@ -166,7 +174,7 @@ class _SourceCheck:
         if codec.min_psnr is not None:
             below = psnr < codec.min_psnr - FLOOR_SLACK_DB
             self.low[name] += [(first + int(i), int(c), float(psnr[i, c])) for i, c in zip(*np.nonzero(below))]
-        self.figures.add(name, self.steps[first : first + n], psnr, rel, below)
+        self.figures.add(name, frame_steps(self.offsets, first, n), psnr, rel, below)
 
     def problems(self) -> list[str]:
         out = []

@@ -103,7 +103,7 @@ class DeviceEncoder(Encoder):
 
     def track_steps(self, source_info) -> None:
         super().track_steps(source_info)
-        self.cpu.steps, self.cpu.step_figures = self.steps, self.step_figures  # one record, either route
+        self.cpu.offsets, self.cpu.step_figures = self.offsets, self.step_figures  # one record, either route
 
     def encode(self, batch: dict[str, Any], first: int, where) -> dict[str, np.ndarray]:
         moved = self._upload(batch) if self.direct else None

@@ -36,7 +36,7 @@ from dctdata.format import FieldSpec
 from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.preprocess.masking import NanPolicy, check_items_have_valid, fill_invalid
 from dctdata.preprocess.sources import Source, open_source
-from dctdata.report import FLOOR_SLACK_DB, StepFigures, trajectory_steps
+from dctdata.report import FLOOR_SLACK_DB, StepFigures, frame_steps, trajectory_offsets
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 BELOW_KEEP = 20  # items below the per-sample floor named per field and part (all are counted)
@@ -243,17 +243,18 @@ class Encoder:
         self.sizers = {
             f.name: stage_sizer(f.lossless, f.codec) for f in specs if f.is_dct and f.codec.corrections is not None
         }
-        # a trajectory pack's figures per time step (`track_steps`): the time step of every sample, and the bins
-        self.steps: np.ndarray | None = None
+        # a trajectory pack's figures per time step (`track_steps`): its trajectories' frame offsets, and the bins
+        self.offsets: np.ndarray | None = None
         self.step_figures: StepFigures | None = None
 
     def track_steps(self, source_info) -> None:
         """Also record the figures per field, channel and time step (`dctdata.report.StepFigures`) when the
         source is trajectories (its info has their frame offsets); every part bins the steps alike."""
-        steps = trajectory_steps(source_info)
-        if steps is not None and len(steps):
-            self.steps = steps
-            self.step_figures = StepFigures.for_steps({f.name: f.shape[0] for f in self.specs if f.is_dct}, steps)
+        offsets = trajectory_offsets(source_info)
+        if offsets is not None and offsets[-1] > 0:
+            self.offsets = offsets
+            channels = {f.name: f.shape[0] for f in self.specs if f.is_dct}
+            self.step_figures = StepFigures.for_trajectories(channels, offsets)
 
     def result_stats(self) -> dict:
         """The part's figures as its result carries them: `stats`, and the ones per time step if recorded."""
@@ -356,7 +357,7 @@ class Encoder:
         rel = torch.where(ms > 0, (mse / torch.where(ms > 0, ms, torch.ones_like(ms))).sqrt(), torch.nan)
         psnr = torch.where(rng > 0, scores, torch.nan)
         below = None if f.codec.min_psnr is None else (psnr < f.codec.min_psnr - FLOOR_SLACK_DB).cpu().numpy()
-        steps = self.steps[first : first + len(x)]
+        steps = frame_steps(self.offsets, first, len(x))
         self.step_figures.add(f.name, steps, psnr.cpu().numpy(), rel.cpu().numpy(), below)
 
     def _below_floor(self, f: FieldSpec, scores: torch.Tensor, rng: torch.Tensor, first: int) -> None:
