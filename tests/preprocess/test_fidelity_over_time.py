@@ -19,7 +19,7 @@ from dctdata.datasets.well import write_well_file
 from dctdata.errors import DctDataError
 from dctdata.format import read_manifest
 from dctdata.preprocess.sources import open_source
-from dctdata.report import StepFigures, floor_problems, step_ranges, time_lines
+from dctdata.report import StepFigures, floor_problems, frame_steps, step_ranges, time_lines
 from dctdata.verify import verify_dataset
 
 N_TRAJ, N_STEPS, SIZE = 2, 12, 16
@@ -226,3 +226,17 @@ def test_time_dim_webdataset_pack_verified_against_its_source(tmp_path, capsys):
         assert (got["field"], got["steps"], got["frames"]) == (rec["field"], rec["steps"], rec["frames"])
         assert got["psnr_mean"] == pytest.approx(rec["psnr_mean"], abs=1e-3)
         assert got["rel_l2_mean"] == pytest.approx(rec["rel_l2_mean"], rel=1e-4)
+
+
+def test_long_trajectories_are_binned():
+    """Past STEP_BINS steps the record keeps bins of several steps (the manifest stays small); ranges widen to
+    whole bins, and frames of trajectories of different lengths land on their own steps."""
+    offsets = np.array([0, 300, 310])  # trajectories of 300 and 10 steps
+    fig = StepFigures.for_trajectories({"u": 1}, offsets)
+    assert (fig.width, fig.bins, fig.steps) == (3, 100, 300)
+    steps = frame_steps(offsets, 295, 10)
+    assert steps.tolist() == [295, 296, 297, 298, 299, 0, 1, 2, 3, 4]
+    fig.add("u", steps, np.full((10, 1), 40.0), np.full((10, 1), 0.01), None)
+    rows = fig.rows([(0, 4), (4, 300)])
+    assert [r["steps"] for r in rows] == [(0, 6), (3, 300)] and [r["frames"] for r in rows] == [5, 7]  # bin 1 in both
+    assert len(fig.record()["fields"]["u"]) == 100  # a record a bin, not a step
