@@ -194,14 +194,27 @@ def channel_nmse(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
     return (nm * has).sum(0) / has.sum(0).clamp(min=1)
 
 
+NORM32_LOW = 1e-18  # a float32 norm above this lost nothing to squares that underflowed (below 1e-38)
+
+
 def item_mean_square(reference: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of the squared reference values of every item (over its valid pixels), in float64: with the
     item's MSE, its relative L2 error sqrt(MSE / mean square) = ||x̂ - x|| / ||x||, the figure surrogate
     papers report. NaN for an item without valid pixels."""
-    sq = reference.detach().to(torch.float64).square()
     v = _valid(valid, reference)
     if v is None:
-        return _flat(sq, dims).mean(-1)
+        flat = _flat(reference.detach(), dims)
+        n = max(1, flat.shape[-1])
+        if flat.dtype == torch.float32:  # a float32 norm, without a float64 copy of the items
+            norm = torch.linalg.vector_norm(flat, dim=-1)
+            # kept where no square overflowed (a norm past float32) or underflowed (a norm near 0 of nonzero values)
+            doubt = ~torch.isfinite(norm) | (norm <= NORM32_LOW)
+            if bool(doubt.any()):
+                doubt &= flat.abs().amax(-1) > 0  # an all-zero item's norm is 0 in any precision
+            if not bool(doubt.any()):
+                return norm.to(torch.float64).square() / n
+        return _flat(reference.detach().to(torch.float64).square(), dims).sum(-1) / n
+    sq = reference.detach().to(torch.float64).square()
     return _flat(sq.masked_fill_(~v, 0.0), dims).sum(-1) / _flat(v, dims).sum(-1)
 
 

@@ -12,9 +12,11 @@ from types import SimpleNamespace
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import dctdata
 from dctdata.cli import main
+from dctdata.codec.metrics import item_mean_square
 from dctdata.datasets.well import write_well_file
 from dctdata.errors import DctDataError
 from dctdata.format import read_manifest
@@ -240,3 +242,18 @@ def test_long_trajectories_are_binned():
     rows = fig.rows([(0, 4), (4, 300)])
     assert [r["steps"] for r in rows] == [(0, 6), (3, 300)] and [r["frames"] for r in rows] == [5, 7]  # bin 1 in both
     assert len(fig.record()["fields"]["u"]) == 100  # a record a bin, not a step
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-25, 1e25])
+def test_mean_square_of_float32_items_matches_float64(scale):
+    """The relative L2 error's norm: a float32 norm where it loses nothing, float64 where squares would underflow
+    or overflow float32; all-zero items have mean square 0 (no relative error)."""
+    x = (np.random.default_rng(1).standard_normal((5, 2, 8, 8)) * scale).astype(np.float32)
+    x[1, 0] = 0.0
+    want = (x.astype(np.float64) ** 2).reshape(5, 2, -1).mean(-1)
+    got = item_mean_square(torch.from_numpy(x)).numpy()
+    assert got.dtype == np.float64 and got[1, 0] == 0.0
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    valid = torch.from_numpy(np.arange(64).reshape(8, 8) % 2 == 0).expand(5, 2, 8, 8)
+    masked = item_mean_square(torch.from_numpy(x), valid=valid).numpy()
+    np.testing.assert_allclose(masked, (x.astype(np.float64) ** 2).reshape(5, 2, -1)[..., ::2].mean(-1), rtol=1e-12)
