@@ -317,7 +317,7 @@ class StepFigures:
             f = specs.get(name)
             given = f.attrs.get("channels") if f is not None else None
             names: list[Any] = given if isinstance(given, list) else []
-            floor = f.codec.min_psnr if f is not None and f.is_dct and f.codec is not None else None
+            floor = f.codec.min_psnr if f is not None and f.codec is not None else None
             for c in range(t.shape[1]):
                 for a, b in ranges:
                     lo, hi = a // self.width, -(-b // self.width)

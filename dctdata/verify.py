@@ -144,7 +144,7 @@ class _SourceCheck:
                 "Got a pack of independent samples"
             )
         self.offsets: np.ndarray = offsets
-        self.specs = {f.name: (f, f.codec) for f in m.fields if f.is_dct and f.codec is not None}
+        self.specs = {f.name: (f, f.codec) for f in m.fields if f.codec is not None}  # the dct fields
         self.layers = {name: Decompress(codec, normalize=False) for name, (_, codec) in self.specs.items()}
         self.figures = StepFigures.for_trajectories({name: f.shape[0] for name, (f, _) in self.specs.items()}, offsets)
         self.reference = reference

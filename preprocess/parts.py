@@ -253,7 +253,7 @@ class Encoder:
         offsets = trajectory_offsets(source_info)
         if offsets is not None and offsets[-1] > 0:
             self.offsets = offsets
-            channels = {f.name: f.shape[0] for f in self.specs if f.is_dct}
+            channels = {f.name: f.shape[0] for f in self.specs if f.codec is not None}  # the dct fields
             self.step_figures = StepFigures.for_trajectories(channels, offsets)
 
     def result_stats(self) -> dict:

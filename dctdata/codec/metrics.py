@@ -212,7 +212,8 @@ def item_mean_square(reference: torch.Tensor, dims: int = 2, valid: torch.Tensor
             if bool(doubt.any()):
                 doubt &= flat.abs().amax(-1) > 0  # an all-zero item's norm is 0 in any precision
             if not bool(doubt.any()):
-                return norm.to(torch.float64).square() / n
+                out: torch.Tensor = norm.to(torch.float64).square() / n
+                return out
         return _flat(reference.detach().to(torch.float64).square(), dims).sum(-1) / n
     sq = reference.detach().to(torch.float64).square()
     return _flat(sq.masked_fill_(~v, 0.0), dims).sum(-1) / _flat(v, dims).sum(-1)

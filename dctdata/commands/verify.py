@@ -66,5 +66,5 @@ def _open_source(dataset: str, source: str):
 
     m = read_manifest(dataset)
     options = {k: m.pack.get(k) for k in ("key", "sample_dim", "time_dim", "variables", "stack")}
-    dims = 3 if any(f.codec is not None and f.codec.depth is not None for f in m.fields if f.is_dct) else 2
+    dims = 3 if any(f.codec is not None and f.codec.depth is not None for f in m.fields) else 2
     return open_source(source, channels_last=bool(m.pack.get("channels_last")), dims=dims, **options)

@@ -143,7 +143,7 @@ def test_verify_against_the_source_and_a_perturbed_frame(packed, tmp_path, capsy
 
 def test_floor_problems_name_the_step_bin():
     """Frames flagged below the floor are counted per step bin and named per bin; parts' figures merge."""
-    field = SimpleNamespace(name="u", attrs={"channels": ["speed"]}, is_dct=True, codec=SimpleNamespace(min_psnr=39.5))
+    field = SimpleNamespace(name="u", attrs={"channels": ["speed"]}, codec=SimpleNamespace(min_psnr=39.5))
     fig = StepFigures({"u": 1}, bins=3)
     psnr = np.array([[40.0], [39.0], [41.0], [38.5]])
     fig.add("u", np.array([0, 1, 2, 2]), psnr, np.full((4, 1), 0.01), psnr < 39.5)
