@@ -157,7 +157,7 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any) -> Any:  
     default: the workers decode the lossless stage, coefficients cross) or "device" (the workers check
     the stored bytes, those cross, and `ds.decompressor()` decodes them where it runs; `dctdata.decoder.wire`).
     A shell `pipe:` URL can only be a webdataset stream and is refused there unless the caller passes
-    allow_pipe=True.
+    allow_pipe=True; with window options it serves the windows (every shard is fetched by its own command).
     sha256: the manifest's sha256 (`dctdata info` prints it) to pin a pack fetched from elsewhere: a
     manifest with any other bytes is refused (its checksums then pin every stored file).
     A pack of trajectories (The Well's layout) opened with n_steps_input, n_steps_output, dt_stride
@@ -225,7 +225,11 @@ def open_dataset(path_or_url: str | os.PathLike | list, **kwargs: Any) -> Any:  
     if isinstance(path_or_url, (str, os.PathLike)) and os.fspath(path_or_url).startswith("pipe:"):
         if sha256 is not None:
             raise DctDataError(f"sha256: expected a local path or URL pack. Got a pipe: stream {path_or_url}")
-        return _loader(storages.streaming(), "dataset")(path_or_url, options=options, **kwargs)
+        streaming = storages.streaming()
+        if WINDOW_OPTIONS & kwargs.keys():  # windows over the stream's shards, each fetched by its own command (the
+            # manifest too, read by the dataset after its allow_pipe check)
+            return _loader(streaming, "windows")(path_or_url, None, None, **options.changed(), **kwargs)
+        return _loader(streaming, "dataset")(path_or_url, options=options, **kwargs)
     root, shards = shard_selection(path_or_url)
     manifest = read_manifest(root, storage_options=kwargs.get("storage_options"), sha256=sha256)
     storage = storages.get(manifest.storage)  # its dataset classes, from the registry

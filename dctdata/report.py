@@ -3,9 +3,14 @@ whole-pack summary (pack summary, demo, examples). One place, so every table mea
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from dctdata.errors import DctDataError
 from dctdata.format.fields import SIDE_SUFFIX, FieldSpec, user_fields
 from dctdata.format.manifest import Manifest
 
@@ -153,3 +158,252 @@ def volume_hint(field: FieldSpec) -> str | None:
         f"{field.name}: {c} channels of {h} x {w}: if they are a third spatial axis (depth, levels, slices, time), "
         f"--dims 3 (dims=3) packs each sample as a ({c}, {h}, {w}) volume of 8x8x8 blocks"
     )
+
+
+# Fidelity over time (trajectory packs) -----------------------------------------------------------------
+# A trajectory pack (The Well, PDEBench, --time-dim) records its error figures per field, channel and time
+# step (in bins of `step_width` steps, at most STEP_BINS of them, so long trajectories keep the manifest
+# small) in the pack entry FIDELITY_OVER_TIME; reports split them into step ranges. One frame is one item.
+FIDELITY_OVER_TIME = "fidelity_over_time"
+TRAJECTORY_INFO = "trajectories"  # the pack's source_info key of the trajectory record (frame offsets)
+STEP_BINS = 128
+DEFAULT_STEP_RANGES = 4
+FLOOR_SLACK_DB = 1e-6  # the floor is recorded at float32 precision; the figures are float64
+# columns of a step bin, per channel: frames; frames with a finite PSNR, the lowest PSNR (+inf: exact), their
+# PSNR sum; frames with a relative L2 error, its sum and largest; frames below the per-sample floor
+FRAMES, N_PSNR, PSNR_MIN, PSNR_SUM, N_REL, REL_SUM, REL_MAX, BELOW = range(8)
+
+
+def trajectory_offsets(source_info: Any) -> np.ndarray | None:
+    """The first frame of every trajectory of a trajectory pack and the frame count last (its record's frame
+    offsets), or None for a pack of independent samples."""
+    info = source_info.get(TRAJECTORY_INFO) if isinstance(source_info, dict) else None
+    if not isinstance(info, dict) or not isinstance(info.get("offsets"), list) or len(info["offsets"]) < 2:
+        return None
+    return np.asarray(info["offsets"], dtype=np.int64)
+
+
+def frame_steps(offsets: np.ndarray, first: int, n: int) -> np.ndarray:
+    """The time steps of frames first..first + n - 1 within their trajectories (computed per batch: an array of
+    every frame's step would cost 8 bytes a frame in every worker)."""
+    frames = np.arange(first, first + n, dtype=np.int64)
+    return frames - offsets[np.searchsorted(offsets, frames, side="right") - 1]
+
+
+class StepFigures:
+    """Per dct field, channel and bin of `width` time steps: the columns above. Filled frame by frame (`add`:
+    the pack's parts, `dctdata verify --source`), merged over parts, kept in the manifest (`record`,
+    `from_manifest`), split into step ranges (`rows`)."""
+
+    def __init__(self, channels: Mapping[str, int], bins: int, width: int = 1, steps: int | None = None) -> None:
+        self.width, self.bins = int(width), int(bins)
+        self.steps = self.bins * self.width if steps is None else int(steps)  # the longest trajectory's steps
+        self.table = {name: self._empty(self.bins, c) for name, c in channels.items()}
+
+    @staticmethod
+    def _empty(bins: int, channels: int) -> np.ndarray:
+        t = np.zeros((bins, channels, 8), dtype=np.float64)
+        t[..., PSNR_MIN] = np.inf
+        return t
+
+    @classmethod
+    def for_trajectories(cls, channels: Mapping[str, int], offsets: np.ndarray) -> StepFigures:
+        """Bins for the trajectories whose frame offsets are `offsets`: one a step, or wider past STEP_BINS steps
+        (every part of a pack bins alike)."""
+        n = max(1, int(np.diff(offsets).max()))
+        width = -(-n // STEP_BINS)
+        return cls(channels, -(-n // width), width, n)
+
+    def add(self, name: str, steps: np.ndarray, psnr: np.ndarray, rel: np.ndarray, below: np.ndarray | None) -> None:
+        """Frames at time `steps` (B,) of field `name`: per channel their PSNR, relative L2 error (B, C; NaN:
+        none) and whether each is below the floor (B, C bool, or None: no floor)."""
+        t = self.table[name]
+        b = np.asarray(steps, dtype=np.int64) // self.width
+        for c in range(t.shape[1]):
+            p, r = psnr[:, c], rel[:, c]
+            has, fin, hr = ~np.isnan(p), np.isfinite(p), ~np.isnan(r)
+            np.add.at(t[:, c, FRAMES], b, 1)
+            np.add.at(t[:, c, N_PSNR], b[fin], 1)
+            np.add.at(t[:, c, PSNR_SUM], b[fin], p[fin])
+            np.minimum.at(t[:, c, PSNR_MIN], b[has], p[has])
+            np.add.at(t[:, c, N_REL], b[hr], 1)
+            np.add.at(t[:, c, REL_SUM], b[hr], r[hr])
+            np.maximum.at(t[:, c, REL_MAX], b[hr], r[hr])
+            if below is not None:
+                np.add.at(t[:, c, BELOW], b, below[:, c].astype(np.float64))
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures as a part's result carries them (JSON, journaled)."""
+        fields = {k: v.tolist() for k, v in self.table.items()}
+        return {"width": self.width, "bins": self.bins, "steps": self.steps, "fields": fields}
+
+    @classmethod
+    def merged(cls, parts: list[dict[str, Any] | None]) -> StepFigures | None:
+        """The figures of a whole pack from its parts' `to_json` (None unless every part has them: a part journaled
+        by an older version, resumed, has none, and figures of some frames would pass for all of them)."""
+        given = [p for p in parts if p]
+        if not given or len(given) != len(parts):
+            return None
+        out = cls({}, given[0]["bins"], given[0]["width"], given[0].get("steps"))
+        for p in given:
+            for name, rows in p["fields"].items():
+                t = np.asarray(rows, dtype=np.float64)
+                if name not in out.table:
+                    out.table[name] = t
+                    continue
+                o = out.table[name]
+                for col in (FRAMES, N_PSNR, PSNR_SUM, N_REL, REL_SUM, BELOW):
+                    o[..., col] += t[..., col]
+                o[..., PSNR_MIN] = np.minimum(o[..., PSNR_MIN], t[..., PSNR_MIN])
+                o[..., REL_MAX] = np.maximum(o[..., REL_MAX], t[..., REL_MAX])
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's record: per field, bin and channel [frames, frames with a finite PSNR, PSNR min (None:
+        no frame has one), their mean, frames with a relative L2 error, its mean and max, frames below the floor],
+        PSNRs rounded down and errors up."""
+        from dctdata.format.manifest import figure
+
+        fields = {}
+        for name, t in self.table.items():
+            rows = []
+            for bin_ in t:
+                row = []
+                for frames, n, lo, s, nr, rs, rm, below in bin_.tolist():
+                    row.append(
+                        [
+                            int(frames),
+                            int(n),
+                            None if lo == np.inf and n == 0 else figure(lo, "down"),
+                            figure(s / n, "down") if n else None,
+                            int(nr),
+                            figure(rs / nr, "up") if nr else None,
+                            figure(rm, "up") if nr else None,
+                            int(below),
+                        ]
+                    )
+                rows.append(row)
+            fields[name] = rows
+        return {"steps": self.steps, "step_width": self.width, "fields": fields}
+
+    @classmethod
+    def from_manifest(cls, m: Manifest) -> StepFigures | None:
+        """The figures a trajectory pack recorded (None: none recorded)."""
+        rec = m.pack.get(FIDELITY_OVER_TIME)
+        if not isinstance(rec, dict) or not isinstance(rec.get("fields"), dict) or not rec["fields"]:
+            return None
+        first = next(iter(rec["fields"].values()))
+        out = cls({}, len(first), int(rec.get("step_width", 1)), rec.get("steps"))
+        for name, rows in rec["fields"].items():
+            t = cls._empty(len(rows), len(rows[0]) if rows else 0)
+            for i, row in enumerate(rows):
+                for c, (frames, n, lo, mean, nr, rmean, rmax, below) in enumerate(row):
+                    lo = math.inf if lo in (None, "inf") else float(lo)
+                    t[i, c] = [frames, n, lo, n * (mean or 0.0), nr, nr * (rmean or 0.0), rmax or 0.0, below]
+            out.table[name] = t
+        return out
+
+    def rows(self, ranges: list[tuple[int, int]], fields: list[FieldSpec] | None = None) -> list[dict[str, Any]]:
+        """One row per field, channel and step range [a, b) (each widened to whole bins): frames, PSNR min and
+        mean, relative L2 mean and max, frames below the floor. `fields`: their channel names and floors."""
+        specs = {f.name: f for f in fields or ()}
+        out = []
+        for name, t in self.table.items():
+            f = specs.get(name)
+            given = f.attrs.get("channels") if f is not None else None
+            names: list[Any] = given if isinstance(given, list) else []
+            floor = f.codec.min_psnr if f is not None and f.codec is not None else None
+            for c in range(t.shape[1]):
+                for a, b in ranges:
+                    lo, hi = a // self.width, -(-b // self.width)
+                    part = t[lo:hi, c]
+                    if not len(part):
+                        continue
+                    n, nr = part[:, N_PSNR].sum(), part[:, N_REL].sum()
+                    low = part[:, PSNR_MIN].min()
+                    out.append(
+                        {
+                            "field": name,
+                            "channel": c,
+                            "name": names[c] if c < len(names) else None,
+                            "steps": (lo * self.width, min(hi * self.width, self.steps)),
+                            "frames": int(part[:, FRAMES].sum()),
+                            "psnr_min": None if low == np.inf and n == 0 else float(low),
+                            "psnr_mean": float(part[:, PSNR_SUM].sum() / n) if n else None,
+                            "rel_l2_mean": float(part[:, REL_SUM].sum() / nr) if nr else None,
+                            "rel_l2_max": float(part[:, REL_MAX].max()) if nr else None,
+                            "below": int(part[:, BELOW].sum()),
+                            "floor": floor,
+                        }
+                    )
+        return out
+
+
+def step_ranges(spec: Any, steps: int) -> list[tuple[int, int]]:
+    """Step ranges [a, b) over trajectories of `steps` steps: None (DEFAULT_STEP_RANGES near-equal ranges), a
+    count N, or 'A:B,C:D' (B left out: to the end; the CLI's --step-ranges) / a list of (A, B) pairs."""
+    if spec is None or isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
+        n = DEFAULT_STEP_RANGES if spec is None else int(spec)
+        if n < 1:
+            raise DctDataError(f"--step-ranges: expected a count >= 1 or ranges A:B,C:D. Got {spec!r}")
+        n = min(n, steps)
+        edges = [round(i * steps / n) for i in range(n + 1)]
+        return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        try:
+            a, b = item.split(":") if isinstance(item, str) else item
+            a, b = int(a), steps if b in ("", None) else int(b)
+        except (TypeError, ValueError):
+            raise DctDataError(
+                f"--step-ranges: expected a count or ranges of steps A:B,C:D (B left out: to the end). Got {spec!r}"
+            ) from None
+        if a >= steps:
+            raise DctDataError(
+                f"--step-ranges: expected ranges that start before step {steps} (the longest trajectory has {steps} "
+                f"steps). Got a range from step {a} in {spec!r}"
+            )
+        if not 0 <= a < b:
+            raise DctDataError(f"--step-ranges: expected 0 <= A < B in each range A:B. Got {a}:{b} in {spec!r}")
+        out.append((a, min(b, steps)))
+    return out
+
+
+def time_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows of `StepFigures.rows` as a markdown table (pack summary, info, verify)."""
+    lines = [
+        "| field | channel | steps | frames | PSNR min dB | PSNR mean dB | rel. L2 mean | rel. L2 max | below floor |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ch = f"{r['channel']}" + (f" {r['name']}" if r["name"] else "")
+        floor = "-" if r["floor"] is None else f"{r['below']} (floor {r['floor']:.2f} dB)"
+        lines.append(
+            f"| {r['field']} | {ch} | {r['steps'][0]}..{r['steps'][1] - 1} | {r['frames']} | {num(r['psnr_min'])} | "
+            f"{num(r['psnr_mean'])} | {num(r['rel_l2_mean'], '{:.4g}')} | {num(r['rel_l2_max'], '{:.4g}')} | {floor} |"
+        )
+    return lines
+
+
+def floor_problems(figures: StepFigures, fields: list[FieldSpec], source: str = "recorded at pack time") -> list[str]:
+    """One line per field, channel and step bin holding frames below the field's per-sample floor."""
+    out = []
+    for r in figures.rows([(i * figures.width, (i + 1) * figures.width) for i in range(figures.bins)], fields):
+        if r["below"] and r["floor"] is not None:
+            ch = f"channel {r['channel']}" + (f" ({r['name']})" if r["name"] else "")
+            out.append(
+                f"field {r['field']!r} {ch} steps {r['steps'][0]}..{r['steps'][1] - 1}: expected every frame's PSNR >= "
+                f"the floor {r['floor']:.2f} dB. Got {r['below']} frame(s) below, the lowest {num(r['psnr_min'])} dB "
+                f"({source})"
+            )
+    return out
+
+
+def time_lines(m: Manifest, ranges: Any = None) -> list[str]:
+    """The table of a trajectory pack's recorded figures per field, channel and step range (`step_ranges`
+    of `ranges`); [] for a pack without them."""
+    figures = StepFigures.from_manifest(m)
+    if figures is None:
+        return []
+    return time_table(figures.rows(step_ranges(ranges, figures.steps), list(m.fields)))

@@ -101,6 +101,10 @@ class DeviceEncoder(Encoder):
             on_device(f.codec) and f.valid is None for f in self.by_name.values() if f.coded
         )
 
+    def track_steps(self, source_info) -> None:
+        super().track_steps(source_info)
+        self.cpu.offsets, self.cpu.step_figures = self.offsets, self.step_figures  # one record, either route
+
     def encode(self, batch: dict[str, Any], first: int, where) -> dict[str, np.ndarray]:
         moved = self._upload(batch) if self.direct else None
         if moved is None:
@@ -222,7 +226,7 @@ def run_parts(  # noqa: C901 (over the limit: to split)
 
     def write(index: int, a: int, b: int, q: queue.Queue, encoder: Encoder, digest: dict) -> dict:
         out = job.writer.write_part(job.root, job.specs, job.samples, index, a, b, batches(q))
-        return {"index": index, "start": a, "stop": b, "stats": encoder.stats, "source": digest, **out}
+        return {"index": index, "start": a, "stop": b, "stats": encoder.result_stats(), "source": digest, **out}
 
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dctdata-pack-write")
     read = threading.Thread(target=reader, name="dctdata-pack-read", daemon=True)
@@ -256,6 +260,7 @@ def run_parts(  # noqa: C901 (over the limit: to split)
                 if index not in futures:
                     a, b = bounds[index]
                     encoder = DeviceEncoder(job.specs, job.nan, job.strict, job.derived, device)
+                    encoder.track_steps(src.info)
                     queues[index], digests[index] = queue.Queue(), {}
                     futures[index] = pool.submit(write, index, a, b, queues[index], encoder, digests[index])
                 stored = encoder.encode(batch, first, src.where)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dctdata.codec.metrics import item_figures, psnr_from_mse
+from dctdata.codec.metrics import item_figures, item_mean_square, psnr_from_mse
 from dctdata.decoder.corrections import stage_sizer
 from dctdata.decoder.layer import Decompress
 from dctdata.decoder.wire import split_wire
@@ -36,10 +36,10 @@ from dctdata.format import FieldSpec
 from dctdata.format.fields import SIDE_SUFFIX, user_fields
 from dctdata.preprocess.masking import NanPolicy, check_items_have_valid, fill_invalid
 from dctdata.preprocess.sources import Source, open_source
+from dctdata.report import FLOOR_SLACK_DB, StepFigures, frame_steps, trajectory_offsets
 
 BATCH_BYTES = 16 << 20  # source bytes per encoding batch
 BELOW_KEEP = 20  # items below the per-sample floor named per field and part (all are counted)
-FLOOR_SLACK_DB = 1e-6  # the floor is recorded at float32 precision; the figures are float64
 # Decoding again for the figures runs in float64 with a few full-size temporaries: done in slices of
 # this many float64 bytes so a batch's temporaries stay a fraction of the batch, not a multiple of it.
 FIGURE_BYTES = 4 << 20
@@ -243,6 +243,24 @@ class Encoder:
         self.sizers = {
             f.name: stage_sizer(f.lossless, f.codec) for f in specs if f.coded and f.codec.corrections is not None
         }
+        # a trajectory pack's figures per time step (`track_steps`): its trajectories' frame offsets, and the bins
+        self.offsets: np.ndarray | None = None
+        self.step_figures: StepFigures | None = None
+
+    def track_steps(self, source_info) -> None:
+        """Also record the figures per field, channel and time step (`dctdata.report.StepFigures`) when the
+        source is trajectories (its info has their frame offsets); every part bins the steps alike."""
+        offsets = trajectory_offsets(source_info)
+        if offsets is not None and offsets[-1] > 0:
+            self.offsets = offsets
+            channels = {f.name: f.shape[0] for f in self.specs if f.codec is not None}  # the dct fields
+            self.step_figures = StepFigures.for_trajectories(channels, offsets)
+
+    def result_stats(self) -> dict:
+        """The part's figures as its result carries them: `stats`, and the ones per time step if recorded."""
+        if self.step_figures is None:
+            return self.stats
+        return {**self.stats, "over_time": self.step_figures.to_json()}
 
     def encode(self, batch: dict[str, np.ndarray], first: int, where) -> dict[str, np.ndarray]:
         """Stored arrays of a batch of samples (first index `first`; where(i) names sample i)."""
@@ -317,10 +335,21 @@ class Encoder:
             per_channel = peak.amax(0).tolist()
             if f.codec.min_psnr is not None:
                 self._below_floor(f, scores, rng, first + a)
+            if self.step_figures is not None:
+                self._over_time(f, x[a : a + step], v, mse, rng, scores, first + a)
             for c in range(f.shape[0]):
                 # A constant item (zero range) has no PSNR against its range: left out, not reported as -inf/NaN.
                 self.stats["psnr"][f.name][c].extend(scores[:, c][rng[:, c] > 0].tolist())
                 self.stats["max_error"][f.name][c] = max(self.stats["max_error"][f.name][c], per_channel[c])
+
+    def _over_time(self, f: FieldSpec, x, valid, mse, rng, scores, first: int) -> None:
+        """Add a slice's frames (per channel: PSNR, relative L2 error, below the floor) to the step figures."""
+        ms = item_mean_square(x, f.codec.dims, valid)
+        rel = torch.where(ms > 0, (mse / torch.where(ms > 0, ms, torch.ones_like(ms))).sqrt(), torch.nan)
+        psnr = torch.where(rng > 0, scores, torch.nan)
+        below = None if f.codec.min_psnr is None else (psnr < f.codec.min_psnr - FLOOR_SLACK_DB).cpu().numpy()
+        steps = frame_steps(self.offsets, first, len(x))
+        self.step_figures.add(f.name, steps, psnr.cpu().numpy(), rel.cpu().numpy(), below)
 
     def _below_floor(self, f: FieldSpec, scores: torch.Tensor, rng: torch.Tensor, first: int) -> None:
         low = (scores < f.codec.min_psnr - FLOOR_SLACK_DB) & (rng > 0)
@@ -339,6 +368,7 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
         torch.set_num_threads(job.threads)
     src = src if src is not None else _source(job)
     encoder = Encoder(job.specs, job.nan, job.strict, job.derived)
+    encoder.track_steps(src.info)
 
     def batches(digest: dict[str, int]) -> Iterator[dict[str, np.ndarray]]:
         with torch.inference_mode():
@@ -351,7 +381,7 @@ def run_part(job: PartJob, index: int, start: int, stop: int, src: Source | None
 
     digest: dict[str, int] = {}
     out = job.writer.write_part(job.root, job.specs, job.samples, index, start, stop, batches(digest))
-    return {"index": index, "start": start, "stop": stop, "stats": encoder.stats, "source": digest, **out}
+    return {"index": index, "start": start, "stop": stop, "stats": encoder.result_stats(), "source": digest, **out}
 
 
 def source_digest(job: PartJob, start: int, stop: int, src: Source | None = None) -> dict[str, int]:

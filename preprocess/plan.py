@@ -57,6 +57,7 @@ from dctdata.kinds import FieldKind
 from dctdata.preprocess.masking import NanPolicy, valid_name
 from dctdata.preprocess.parts import check_float32, prepare_dct
 from dctdata.preprocess.sources import Source
+from dctdata.report import FIDELITY_OVER_TIME, StepFigures
 from dctdata.settings import PackSettings, Targets, parse_field_overrides, parse_nan, parse_targets, parse_valid
 from dctdata.stages import AUTO, DEFAULT_CODEC
 
@@ -524,6 +525,9 @@ def build_manifest(
     }
     if no_fidelity_flag(settings) and any(f.coded for f in specs):
         pack_entry["default_target_psnr"] = DEFAULT_TARGET_PSNR  # what the summary and info state as the promise
+    over_time = StepFigures.merged([p["stats"].get("over_time") for p in parts])  # trajectory packs
+    if over_time is not None:
+        pack_entry[FIDELITY_OVER_TIME] = over_time.record()
     return Manifest(
         storage=settings.format,
         samples=n,

@@ -192,3 +192,43 @@ def channel_nmse(reference: torch.Tensor, estimate: torch.Tensor, valid: torch.T
     nm, has = item_nmse(reference, estimate, valid)
     nm, has = nm.reshape(-1, nm.shape[-1]), has.reshape(-1, has.shape[-1])
     return (nm * has).sum(0) / has.sum(0).clamp(min=1)
+
+
+NORM32_LOW = 1e-18  # a float32 norm above this lost nothing to squares that underflowed (below 1e-38)
+
+
+def item_mean_square(reference: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of the squared reference values of every item (over its valid pixels), in float64: with the
+    item's MSE, its relative L2 error sqrt(MSE / mean square) = ||x̂ - x|| / ||x||, the figure surrogate
+    papers report. NaN for an item without valid pixels."""
+    v = _valid(valid, reference)
+    if v is None:
+        flat = _flat(reference.detach(), dims)
+        n = max(1, flat.shape[-1])
+        if flat.dtype == torch.float32:  # a float32 norm, without a float64 copy of the items
+            norm = torch.linalg.vector_norm(flat, dim=-1)
+            # kept where no square overflowed (a norm past float32) or underflowed (a norm near 0 of nonzero values)
+            doubt = ~torch.isfinite(norm) | (norm <= NORM32_LOW)
+            if bool(doubt.any()):
+                doubt &= flat.abs().amax(-1) > 0  # an all-zero item's norm is 0 in any precision
+            if not bool(doubt.any()):
+                out: torch.Tensor = norm.to(torch.float64).square() / n
+                return out
+        return _flat(reference.detach().to(torch.float64).square(), dims).sum(-1) / n
+    sq = reference.detach().to(torch.float64).square()
+    return _flat(sq.masked_fill_(~v, 0.0), dims).sum(-1) / _flat(v, dims).sum(-1)
+
+
+def frame_figures(
+    reference: torch.Tensor, estimate: torch.Tensor, dims: int = 2, valid: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(PSNR, relative L2 error, max abs error) of every item, float64: the PSNR against the item's range
+    (NaN for a constant item, which has none; +inf for an exact one), the relative L2 error against its norm
+    (NaN for an all-zero item, which has none). The per-frame figures a trajectory pack reports by time step."""
+    mse, rng, peak = item_figures(reference, estimate, dims, valid)
+    ms = item_mean_square(reference, dims, valid)
+    scores = torch.where(rng > 0, psnr_from_mse(mse, rng), torch.full_like(mse, math.nan))
+    rel = torch.where(
+        ms > 0, (mse / torch.where(ms > 0, ms, torch.ones_like(ms))).sqrt(), torch.full_like(ms, math.nan)
+    )
+    return scores, rel, peak

@@ -32,7 +32,7 @@ def _main(args) -> int:
     from dctdata.api import pack
     from dctdata.format import storages
     from dctdata.format.fields import user_fields
-    from dctdata.report import fidelity_line, num, pack_summary, volume_hint
+    from dctdata.report import fidelity_line, num, pack_summary, time_lines, volume_hint
     from dctdata.settings import PackSettings
 
     manifest = pack(args.source, args.out, settings=PackSettings.from_args(args))
@@ -60,6 +60,11 @@ def _main(args) -> int:
                     f"    channel {i}{label(i)}: PSNR min {num(ch.psnr_min)} / median {num(ch.psnr_median)} / dataset "
                     f"{num(ch.psnr_dataset)} dB, max error {num(ch.max_abs_error, '{:.4g}')}"
                 )
+        over_time = time_lines(manifest)  # a trajectory pack: per field, channel and step range
+        if over_time:
+            print("  fidelity over time (every frame; `dctdata info OUT --step-ranges A:B,C:D` chooses the ranges):")
+            for line in over_time:
+                print(f"    {line}")
         if args.dims is None:  # not said: offer volumes where a field looks like one
             for hint in filter(None, map(volume_hint, user_fields(manifest.fields))):
                 print(f"  hint: {hint}")

@@ -145,6 +145,21 @@ def test_webdataset_window_errors(packs):
         dctdata.open_dataset(packs / "w20", n_steps_input=2)[0]
 
 
+def test_windows_over_a_pipe_url(packs):
+    """A shell `pipe:` URL (each shard fetched by its own command) serves the windows of the pack's directory,
+    behind the same opt-in as samples."""
+    url = f"pipe:cat {packs / 'w16'}/{{}}"
+    with pytest.raises(DctDataError, match="Got a shell 'pipe:' URL"):
+        dctdata.open_dataset(url, n_steps_input=2, n_steps_output=1)
+    options = dict(n_steps_input=2, n_steps_output=1, dt_stride=2, shuffle=False)
+    piped = dctdata.open_dataset(url, allow_pipe=True, **options)
+    ref = dctdata.open_dataset(packs / "w16", **options)
+    assert isinstance(piped, WebWindowDataset) and len(piped) == len(ref) > 0
+    assert [_key(w) for w in piped] == [_key(w) for w in ref]
+    with pytest.raises(DctDataError, match=r"sha256: expected a local path or URL pack\. Got a pipe: stream"):
+        dctdata.open_dataset(url, allow_pipe=True, sha256="0" * 64, **options)
+
+
 # decode="device" ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["z", "w16"])
 @pytest.mark.parametrize("normalization", [None, "rms"])

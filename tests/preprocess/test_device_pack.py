@@ -272,3 +272,17 @@ def test_a_cuda_pack_of_uint16_frames_is_the_cpu_pack_up_to_rounding(tmp_path):
     assert diff["differing"] <= 1e-3 * diff["coefficients"] and diff["largest"] <= 1
     a, b = diff["bytes"]
     assert abs(a - b) <= 0.005 * a
+
+
+def test_device_pack_records_the_figures_per_time_step(tmp_path, on_cpu):
+    """A trajectory pack on the device records the CPU pack's fidelity over time (issue 47)."""
+    from dctdata.datasets.well import write_well_file
+
+    write_well_file(tmp_path / "a.h5", n_traj=2, n_steps=8, size=16, seed=0)
+    kw = dict(cf=4, quant="int8", quiet=True)
+    cpu = dctdata.pack(str(tmp_path / "a.h5"), tmp_path / "cpu.dct", workers=1, **kw)
+    dev = dctdata.pack(str(tmp_path / "a.h5"), tmp_path / "dev.dct", device="cuda", workers=2, **kw)
+    assert sum(on_cpu) > 0  # the device route encoded
+    record = dev.pack["fidelity_over_time"]
+    assert record == cpu.pack["fidelity_over_time"] and record["steps"] == 8
+    assert sorted(record["fields"]) == ["height", "velocity"] and len(record["fields"]["velocity"]) == 8
