@@ -29,6 +29,7 @@ from dctdata.codec.metrics import item_figures, item_mean_square, psnr_from_mse
 from dctdata.decoder.corrections import stage_sizer
 from dctdata.decoder.layer import Decompress
 from dctdata.decoder.wire import split_wire
+from dctdata.encoder import encode_kernels
 from dctdata.encoder.bounds import BoundError
 from dctdata.encoder.quantize import F32_SAFE_MAX, encode
 from dctdata.errors import DctDataError, OverflowCountError
@@ -303,10 +304,12 @@ class Encoder:
         """One dct field's batch `xt` (on the CPU, or on the device of `dctdata.preprocess.device_pack`) into
         `stored`: its coefficients and side values as stored, its overflow count and its error figures."""
         name = f.name
+        decoded: list[torch.Tensor] = []  # the encode's own decode of what it stores, where it made one
         try:
             wire, over = encode(
-                xt, f.codec, valid=None if valid is None else torch.from_numpy(valid), size_of=self.sizers.get(name)
-            )
+                xt, f.codec, valid=None if valid is None else torch.from_numpy(valid), size_of=self.sizers.get(name),
+                decoded=decoded,
+            )  # fmt: skip
         except BoundError as exc:  # nothing of the batch is written: the pack stops here, named
             raise BoundError(f"{at(exc.sample)}: field {name!r}: {exc}", first + exc.sample, exc.channel) from None
         if over:
@@ -316,21 +319,30 @@ class Encoder:
                     f"{at(0)}..{first + b - 1}: field {name!r}: expected no {f.codec.dtype} overflow (--strict). "
                     f"Got {over} clamped coefficients"
                 )
-        self._figures(f, xt, wire, valid, first)
+        self._figures(f, xt, wire, valid, first, decoded[0] if decoded else None)
         q, side = split_wire(wire, f.codec)
         stored[name] = f.to_stored(q)
         if side is not None:
             stored[name + SIDE_SUFFIX] = side.cpu().numpy()
 
-    def _figures(self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0) -> None:
+    def _figures(
+        self, f: FieldSpec, x: torch.Tensor, wire, valid: np.ndarray | None, first: int = 0, x_hat=None
+    ) -> None:
         """PSNR per channel of each sample against its (valid) range, and the max abs error per channel,
         from the readers' default decode of the stored coefficients against the source's values as given (a
-        float64 source's own), in float64 (in slices, see FIGURE_BYTES)."""
+        float64 source's own), in float64 (in slices, see FIGURE_BYTES). `x_hat`: that decode of the whole
+        batch when the encode made it (`encode(decoded=...)`: the per-sample floor decodes what it stores with
+        the readers' decoder), else each slice is decoded here."""
         step = max(1, self.figure_bytes // (8 * math.prod(f.shape)))
         for a in range(0, len(x), step):
             v = None if valid is None else torch.from_numpy(valid[a : a + step])
-            part = tuple(w[a : a + step] for w in wire) if isinstance(wire, tuple) else wire[a : a + step]
-            mse, rng, peak = item_figures(x[a : a + step], self.layers[f.name](part), dims=f.codec.dims, valid=v)
+            if x_hat is not None:
+                y = x_hat[a : a + step]
+            else:
+                part = tuple(w[a : a + step] for w in wire) if isinstance(wire, tuple) else wire[a : a + step]
+                y = self.layers[f.name](part)
+            fused = None if v is not None else encode_kernels.figures(x[a : a + step], y, f.codec.dims)
+            mse, rng, peak = fused if fused is not None else item_figures(x[a : a + step], y, f.codec.dims, v)
             scores = psnr_from_mse(mse, rng)
             per_channel = peak.amax(0).tolist()
             if f.codec.min_psnr is not None:

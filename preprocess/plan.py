@@ -407,7 +407,7 @@ def _codec(plan: FieldPlan, cal: Source, cal_probe: Mapping[str, Any], quiet: bo
     if not precise:
         check_float32(x, name, lambda j: cal.where(idx[j]))  # the true reason, before float32 hides it
     given = x
-    x = x.astype(np.float32)
+    x = x.astype(np.float32, copy=False)  # `take` made the subset: a float32 one is used as it is
     explicit = None if plan.mask_field is None or plan.mask_made else np.asarray(batch[plan.mask_field])
     x, valid, _ = prepare_dct(x, name, shape, plan.nan, explicit, plan.mask_field, lambda j: cal.where(idx[j]))
     if precise:  # the source's own values (invalid pixels as filled)

@@ -8,8 +8,13 @@
  *       (theta >= 0) sign(v) floor(|v| + theta); values past the integer range counted per leading index in
  *       over (int64, L) and clamped; stored as int8 (qkind 0) or int16 (qkind 1). Returns the number of
  *       non-finite values (nothing is written where there are any: the caller raises).
+ *   figures(ref, est, n, sse, lo, hi, peak): per item i of n float32 values, the pack's error figures in one pass:
+ *       sse[i] = sum of ((double)est - (double)ref)^2, peak[i] = the largest of those squares (float64), lo[i] and
+ *       hi[i] the extremes of ref (float32, exact). The squares and extremes are `metrics.item_figures`' own
+ *       values; the sum is float64 in another order than torch's (its last bits may differ). Returns the
+ *       number of non-finite values seen (the caller then takes the torch path, which propagates them).
  *
- * Both are single-threaded, release the GIL, and are compiled twice: portable C and an AVX2 version the
+ * All are single-threaded, release the GIL, and are compiled twice: portable C and an AVX2 version the
  * compiler vectorizes, picked at run time. No -ffast-math: every operation is the IEEE one torch runs. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -100,6 +105,50 @@ static void quantize_c(const qjob_t *j) { QUANTIZE_BODY }
 
 #ifdef ENC_X86
 AVX2_TARGET static void quantize_avx2(const qjob_t *j) { QUANTIZE_BODY }
+#endif
+
+/* 8 partial sums (a float64 reduction the compiler may vectorize without reordering a single sum) */
+#define FIGURES_BODY                                                                                                   \
+    Py_ssize_t bad = 0;                                                                                                \
+    for (Py_ssize_t i = 0; i < items; i++) {                                                                           \
+        const float *r = ref + i * n, *e = est + i * n;                                                               \
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, top[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                  \
+        float l = r[0], h = r[0];                                                                                      \
+        Py_ssize_t j = 0;                                                                                              \
+        for (; j + 8 <= n; j += 8)                                                                                     \
+            for (int k = 0; k < 8; k++) {                                                                              \
+                const double d = (double)e[j + k] - (double)r[j + k], d2 = d * d;                                      \
+                acc[k] += d2;                                                                                          \
+                top[k] = d2 > top[k] ? d2 : top[k];                                                                    \
+                l = r[j + k] < l ? r[j + k] : l;                                                                       \
+                h = r[j + k] > h ? r[j + k] : h;                                                                       \
+            }                                                                                                          \
+        for (; j < n; j++) {                                                                                           \
+            const double d = (double)e[j] - (double)r[j], d2 = d * d;                                                  \
+            acc[0] += d2;                                                                                              \
+            top[0] = d2 > top[0] ? d2 : top[0];                                                                        \
+            l = r[j] < l ? r[j] : l;                                                                                   \
+            h = r[j] > h ? r[j] : h;                                                                                   \
+        }                                                                                                              \
+        double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));                 \
+        double m = top[0];                                                                                             \
+        for (int k = 1; k < 8; k++) m = top[k] > m ? top[k] : m;                                                       \
+        if (!isfinite(s) || !isfinite(l) || !isfinite(h)) bad++; /* NaN/Inf in ref or est: the caller's torch path */ \
+        sse[i] = s, peak[i] = m, lo[i] = l, hi[i] = h;                                                                 \
+    }
+
+static Py_ssize_t figures_c(const float *ref, const float *est, double *sse, float *lo, float *hi, double *peak,
+                            Py_ssize_t items, Py_ssize_t n) {
+    FIGURES_BODY
+    return bad;
+}
+
+#ifdef ENC_X86
+AVX2_TARGET static Py_ssize_t figures_avx2(const float *ref, const float *est, double *sse, float *lo, float *hi,
+                                           double *peak, Py_ssize_t items, Py_ssize_t n) {
+    FIGURES_BODY
+    return bad;
+}
 #endif
 
 static int use_avx2(void) {
@@ -236,6 +285,57 @@ done:
     return res;
 }
 
+static int get_doubles(PyObject *obj, Py_buffer *view, Py_ssize_t count, const char *name) {
+    view->obj = NULL;
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE) < 0) return -1;
+    if (view->len != count * (Py_ssize_t)sizeof(double)) {
+        PyErr_Format(PyExc_ValueError, "_encode: %s holds %zd bytes, expected %zd", name, view->len,
+                     count * (Py_ssize_t)sizeof(double));
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* figures(ref, est, n, sse, lo, hi, peak) -> non-finite count */
+static PyObject *py_figures(PyObject *self, PyObject *args) {
+    PyObject *ro, *eo, *so, *lo, *ho, *po;
+    Py_ssize_t n;
+    Py_buffer rb = {0}, eb = {0}, sb = {0}, lb = {0}, hb = {0}, pb = {0};
+    if (!PyArg_ParseTuple(args, "OOnOOOO", &ro, &eo, &n, &so, &lo, &ho, &po)) return NULL;
+    PyObject *res = NULL;
+    if (PyObject_GetBuffer(ro, &rb, PyBUF_SIMPLE) < 0) goto done;
+    if (n < 1 || rb.len % ((Py_ssize_t)sizeof(float) * n)) {
+        PyErr_SetString(PyExc_ValueError, "_encode: ref must hold whole items of n float32");
+        goto done;
+    }
+    Py_ssize_t items = rb.len / (Py_ssize_t)sizeof(float) / n;
+    if (get_floats(eo, &eb, items * n, "est", 0) < 0 || get_doubles(so, &sb, items, "sse") < 0 ||
+        get_floats(lo, &lb, items, "lo", 1) < 0 || get_floats(ho, &hb, items, "hi", 1) < 0 ||
+        get_doubles(po, &pb, items, "peak") < 0)
+        goto done;
+    Py_ssize_t bad;
+    {
+        const float *r = rb.buf, *e = eb.buf;
+        double *s = sb.buf, *p = pb.buf;
+        float *l = lb.buf, *h = hb.buf;
+        int avx2 = use_avx2();
+        Py_BEGIN_ALLOW_THREADS
+#ifdef ENC_X86
+        if (avx2) bad = figures_avx2(r, e, s, l, h, p, items, n);
+        else
+#endif
+            bad = figures_c(r, e, s, l, h, p, items, n);
+        (void)avx2;
+        Py_END_ALLOW_THREADS
+    }
+    res = PyLong_FromSsize_t(bad);
+done:
+    release(&rb), release(&eb), release(&sb), release(&lb), release(&hb), release(&pb);
+    return res;
+}
+
 static PyObject *py_vector_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(use_avx2() ? "avx2" : "portable");
 }
@@ -246,6 +346,9 @@ static PyMethodDef methods[] = {
     {"quantize", py_quantize, METH_VARARGS,
      "quantize(c, qkind, out, over, (L, C, R, K, Wb), offsets, steps, theta) -> non-finite count (theta < 0: "
      "no dead zone)"},
+    {"figures", py_figures, METH_VARARGS,
+     "figures(ref, est, n, sse, lo, hi, peak) -> non-finite count: per item of n float32 values the float64 sum and "
+     "largest of the squared errors and the float32 extremes of ref"},
     {"vector_isa", py_vector_isa, METH_NOARGS, "the instruction set the loops run with here"},
     {NULL, NULL, 0, NULL}};
 

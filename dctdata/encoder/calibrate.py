@@ -107,13 +107,20 @@ class Calibration:
     psnr_median: float
     max_error: float
     overflow: int
-    stored_bytes_per_sample: float
     raw_bytes_per_sample: int
     codec: dict  # the lossless stage chosen for the field (the fitted entropy coder's config, or zstd)
     stats: dict
     candidates: tuple[Candidate, ...] = ()
     seconds: float = 0.0
     evaluations: int = 0
+    # bytes of the subset as the writer stores them, per sample: sized when first read (coding every writer
+    # chunk of the subset with the chosen stage; a pack reads only the spec and the stage, so it never pays it)
+    sized: Callable[[], float] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def stored_bytes_per_sample(self) -> float:
+        """Stored bytes per sample of the subset after the lossless stage, side values included."""
+        return math.nan if self.sized is None else float(self.sized())
 
     @property
     def stored_ratio(self) -> float:
@@ -1142,8 +1149,11 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
     q = wire[0] if isinstance(wire, tuple) else wire
     qn = (q.view(torch.int16) if q.dtype == torch.bfloat16 else q).contiguous().numpy()
     stage = choose_stage(qn, spec, codec)
-    nbytes = stored_bytes(get_stage(stage), qn, SUB_VALUES)  # as the writer chunks them
-    nbytes += 0 if spec.side is None else 8 * spec.channels * x.shape[0]
+    side_bytes = 0 if spec.side is None else 8 * spec.channels * x.shape[0]
+
+    def sized() -> float:  # as the writer chunks them
+        return (stored_bytes(get_stage(stage), qn, SUB_VALUES) + side_bytes) / x.shape[0]
+
     diff = (x_hat.to(torch.float32) - x).abs()
     if valid is not None:
         diff = diff.masked_fill(~valid, 0)
@@ -1157,7 +1167,7 @@ def _summarize(x, valid, spec, target, codec, stats, candidates, t0, evaluations
         psnr_median=statistics.median(per_item),
         max_error=float(diff.max()),
         overflow=overflow,
-        stored_bytes_per_sample=nbytes / x.shape[0],
+        sized=sized,
         raw_bytes_per_sample=int(np.prod(x.shape[1:])) * 4,
         codec=stage,
         stats=stats,

@@ -1,4 +1,5 @@
-"""The encode's elementwise passes in C (`dctdata/encoder/_encode.c`): per-item normalization and quantization.
+"""The encode's elementwise passes in C (`dctdata/encoder/_encode.c`): per-item normalization and quantization,
+and the pack's per-item error figures.
 
 Why: in torch each is several passes over the batch with full-size temporaries (normalize: to float64,
 subtract, divide, back to float32; quantize: a finiteness check, subtract, divide, round or dead-zone,
@@ -6,6 +7,11 @@ two comparisons and a sum for the overflow count, clamp, cast), so a pack's enco
 them than in the DCT. The C loops do each in one pass, with the same IEEE-754 operations in the same
 order per value, so their results are the torch path's bit for bit (tests/core/test_encode_kernels.py
 compares them on random and edge-case inputs).
+
+The figures (`figures`: squared error summed and at its largest per item, the reference's extremes) are the
+pack's check of every item against its source: in torch they were a float64 copy of the error, a square, a
+mean, two maxima and two minima per batch, more time than the decode they measure. The squares and extremes
+are torch's own values; the float64 sum runs in another order (its last bits may differ from torch's).
 
 Used for plain contiguous CPU float32 tensors (no autograd) with int8/int16 wire dtypes; everything else
 (float16/float32 wires, CUDA, tensors that need grad) keeps the torch path. `DCTDATA_ENCODE_KERNEL=0`
@@ -77,6 +83,28 @@ def quantize(
         -1.0 if theta is None else float(theta),
     )  # fmt: skip
     return q, over, bad
+
+
+def figures(reference: torch.Tensor, estimate: torch.Tensor, dims: int):
+    """(per-item MSE, value range, max abs error) in float64 of float32 `estimate` against float32 `reference` over
+    their last `dims` axes (`dctdata.codec.metrics.item_figures` without a mask), or None where the kernel does not
+    apply (other dtypes or devices, shapes that differ, non-finite values: the caller's torch path)."""
+    if not available() or reference.dtype != torch.float32 or estimate.dtype != torch.float32:
+        return None
+    if not (_plain(reference) and _plain(estimate)) or reference.shape != estimate.shape or reference.dim() < dims:
+        return None
+    lead = tuple(reference.shape[: reference.dim() - dims])
+    n = 1
+    for s in reference.shape[reference.dim() - dims :]:
+        n *= int(s)
+    if n == 0 or reference.numel() == 0:
+        return None
+    ref, est = reference.detach().contiguous(), estimate.detach().contiguous()
+    sse, peak = torch.empty(lead, dtype=torch.float64), torch.empty(lead, dtype=torch.float64)
+    lo, hi = torch.empty(lead, dtype=torch.float32), torch.empty(lead, dtype=torch.float32)
+    if _encode.figures(ref.numpy(), est.numpy(), n, sse.numpy(), lo.numpy(), hi.numpy(), peak.numpy()):
+        return None
+    return sse / n, hi.to(torch.float64) - lo.to(torch.float64), peak.sqrt_()
 
 
 def vector_isa() -> str | None:

@@ -204,6 +204,7 @@ def encode(
     side: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     size_of: Callable[[torch.Tensor], int] | None = None,
+    decoded: list[torch.Tensor] | None = None,
 ):
     """(..., C, H, W) float samples -> (wire value, overflow count).
 
@@ -226,6 +227,9 @@ def encode(
             pixels only.
         size_of: A sample's coefficients -> stored bytes, to choose among encodings with corrections (default:
             zstd).
+        decoded: A list the readers' default decode of the wire value is appended to where the encode made it
+            (the per-sample floor decodes what it stores: a pack's figures measure that decode instead of
+            making it again); left empty otherwise.
 
     Returns:
         (tuple): The pair (wire value, overflow count): the wire value is the coefficients or (coefficients, side).
@@ -255,10 +259,10 @@ def encode(
         x = x.to(spec.decode_dtype)
     if spec.lattice is not None and spec.bounded:
         return _encode_on_lattice(x, spec, side, valid, size_of)
-    return _encode(x, spec, side, valid, size_of)
+    return _encode(x, spec, side, valid, size_of, decoded=decoded)
 
 
-def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None):
+def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None, decoded=None):
     """`encode`'s work on a batch; `bounds`: (bound, margin, range) per item if the caller has them (the
     bound a lattice leaves before its snap), else the spec's (`dctdata.encoder.bounds.item_bounds`)."""
     n = len(spec.sample_shape)
@@ -278,7 +282,9 @@ def _encode(x, spec: CodecSpec, side=None, valid=None, size_of=None, bounds=None
     if spec.min_psnr is not None and spec.side is not None and x.dim() == n + 1:
         from dctdata.codec.metrics import ItemErrors
 
-        q, side, over, _, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid, dims=spec.dims))
+        q, side, over, x_hat, _ = keep_floor(coeffs, spec, q, side.clone(), over, ItemErrors(x, valid, dims=spec.dims))
+        if decoded is not None and not spec.bounded and spec.corrections is None:  # the decode of what is stored
+            decoded.append(x_hat)
     if spec.bounded:
         if spec.min_psnr is not None:  # the floor re-coded some items: their coefficients, as coded now
             coeffs = rescaled(coeffs, side[..., 0].double() / coded_side[..., 0].double(), spec)

@@ -237,8 +237,11 @@ static inline uint32_t br_get(bitr_t *r, int nbits) { /* nbits <= 24 */
 
 /* ------------------------------------------------------------------ encoder */
 static inline void enc_put(rans_t *x, uint8_t **ptr, uint32_t start, uint32_t freq, const int w16) {
-    if (w16) { /* mode 2 */
-        if (*x >= ((RANS_L2 >> SCALE) << 16) * freq) { *ptr -= 2; (*ptr)[0] = (uint8_t)*x; (*ptr)[1] = (uint8_t)(*x >> 8); *x >>= 16; }
+    if (w16) { /* mode 2: the state stays below 2^32, so the step runs in 32-bit arithmetic (a cheaper division) */
+        uint32_t v = (uint32_t)*x;
+        if (v >= ((RANS_L2 >> SCALE) << 16) * freq) { *ptr -= 2; (*ptr)[0] = (uint8_t)v; (*ptr)[1] = (uint8_t)(v >> 8); v >>= 16; }
+        *x = ((v / freq) << SCALE) + (v % freq) + start;
+        return;
     } else if (*x >= ((RANS_L >> SCALE) << IO_BITS) * freq) {
         *ptr -= 4; uint32_t w = (uint32_t)*x; for (int j = 0; j < 4; j++) (*ptr)[j] = (uint8_t)(w >> (8 * j)); *x >>= 32;
     }

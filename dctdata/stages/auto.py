@@ -13,17 +13,25 @@ writer's default inner chunk; a chunk is the unit zstd's matches cannot cross), 
 chunks of the calibration subset (`SAMPLE_CHUNKS`, scaled to the subset; the two stages code the same
 chunks, so the comparison is paired). Sized as one stream over the subset instead, zstd-19 found matches
 across samples that per-chunk frames never see, and "auto" chose it where it stored far more.
+
+zstd-19 is only run where it could win: it encodes slowly (on a large field's subset, more time than the
+rest of calibration), and its bytes never fell far below zstd-1's on the same chunks of the `rd` bench sets
+(docs/benchmarks/design.md has the shares). So where the entropy coder (its model counted) stores at most
+`SURE` x zstd-1's bytes, zstd-19 would have to store less than that share of zstd-1's to win, below every
+share measured; it is not tried, and the choice is the one sizing it would have made. Elsewhere both are
+sized as above.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dctdata.stages.ctxrans import CtxransStage, estimate
-from dctdata.stages.zstd import DEFAULT_CONFIG, max_stage
+from dctdata.stages.zstd import DEFAULT_CONFIG, ZstdStage, max_stage
 
 AUTO = "auto"
 AUTO_HELP = f"{AUTO} (default: per dct field the smaller of the entropy coder and zstd-19)"
@@ -32,6 +40,8 @@ SAMPLE_CHUNKS = 8  # writer chunks each stage codes to decide (evenly spaced ove
 # The decoded bytes of a zarr inner chunk the writer aims at (`dctdata.format.zarr.layout.CHUNK_BYTES`, which a
 # test keeps equal: the format imports the stages, so this module cannot import it).
 CHUNK_BYTES = 16 << 10
+FAST_LEVEL = 1  # the zstd level whose bytes bound zstd-19's from below (see the module docstring)
+SURE = 0.62  # the entropy coder at or below this share of zstd-1's bytes stores less than zstd-19 would
 
 
 def writer_chunk(sample_bytes: int) -> int:
@@ -97,6 +107,15 @@ class Auto:
             return max_stage().get_config()
         per = max(1, q[0].size)
         pick = np.unique(np.linspace(0, len(q) - 1, max(1, min(len(q), FIT_VALUES // per))).astype(int))
-        stages = (max_stage(), CtxransStage.fit(q[pick], cf, mask))
-        costs = [chunked_bytes(stage, q, SAMPLE_CHUNKS, compare_values) + stage.model_nbytes() for stage in stages]
-        return stages[costs.index(min(costs))].get_config()  # ties: the first
+        coder = CtxransStage.fit(q[pick], cf, mask)
+        coded = chunked_bytes(coder, q, SAMPLE_CHUNKS, compare_values) + coder.model_nbytes()
+        if coded <= SURE * chunked_bytes(fast_stage(), q, SAMPLE_CHUNKS, compare_values):
+            return coder.get_config()  # zstd-19 cannot store less (see the module docstring)
+        slow = max_stage()  # a tie goes to zstd-19
+        return (slow if chunked_bytes(slow, q, SAMPLE_CHUNKS, compare_values) <= coded else coder).get_config()
+
+
+@functools.lru_cache(maxsize=1)
+def fast_stage() -> ZstdStage:
+    """zstd at FAST_LEVEL: its bytes bound zstd-19's from below in "auto"'s choice."""
+    return ZstdStage.from_config({**DEFAULT_CONFIG, "level": FAST_LEVEL})

@@ -112,3 +112,68 @@ def test_item_range_of_float32_matches_float64():
     x = torch.randn(3, 2, 9, 7) * 1e4 + 1e5
     assert torch.equal(item_range(x), item_range(x.double()))
     assert item_range(x).dtype == torch.float64
+
+
+@pytest.mark.parametrize("shape, dims", [((3, 2, 17, 23), 2), ((2, 1, 5, 8, 9), 3), ((4, 1, 1, 3), 2)])
+def test_figures_match_item_figures(shape, dims):
+    """The pack's figures in one C pass: the squares' maximum and the reference's extremes are torch's values
+    exactly; the float64 sum of the squares agrees to its last bits (another summation order)."""
+    from dctdata.codec.metrics import item_figures
+
+    g = torch.Generator().manual_seed(sum(shape))
+    ref = torch.randn(shape, generator=g) * 50 + 1e3
+    est = ref + torch.randn(shape, generator=g) * 0.3
+    est[0, 0].fill_(float(ref[0, 0].flatten()[0]))  # an error that varies across the item
+    ref[-1, -1] = 7.0  # a constant item: range 0
+    got = encode_kernels.figures(ref, est, dims)
+    want = item_figures(ref, est, dims)
+    assert got is not None
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype == torch.float64 and a.shape == b.shape
+    torch.testing.assert_close(got[0], want[0], rtol=1e-13, atol=0)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    assert float(got[1][-1, -1]) == 0.0 and bool((got[0] > 0).all())
+
+
+def test_figures_leave_what_they_do_not_take_to_torch():
+    ref = torch.randn(2, 1, 8, 8)
+    est = ref.clone()
+    est[1, 0, 3, 3] = float("nan")  # torch's path propagates it
+    assert encode_kernels.figures(ref, est, 2) is None
+    assert encode_kernels.figures(ref.double(), ref.double(), 2) is None  # a float64 source's values
+    assert encode_kernels.figures(ref, ref[:1], 2) is None
+    mse, rng, peak = encode_kernels.figures(ref, ref, 2)
+    assert bool((mse == 0).all()) and bool((peak == 0).all()) and bool((rng > 0).all())
+
+
+def test_figures_kernel_refuses_bad_buffers():
+    from dctdata.encoder import _encode
+
+    x, d, f = np.zeros(10, np.float32), np.zeros(2, np.float64), np.zeros(2, np.float32)
+    with pytest.raises(ValueError, match="whole items"):
+        _encode.figures(x, x, 3, d, f, f, d)
+    with pytest.raises(ValueError, match="est holds 16 bytes"):
+        _encode.figures(x, np.zeros(4, np.float32), 5, d, f, f, d)
+    with pytest.raises(ValueError, match="sse holds 8 bytes"):
+        _encode.figures(x, x, 5, np.zeros(1, np.float64), f, f, d)
+
+
+def test_floor_encode_hands_back_the_readers_decode():
+    """`encode(decoded=...)` with a per-sample floor: the decode it appends is the readers' default decode of
+    the wire value it returns, bit for bit (a pack's figures measure it instead of decoding again), also after
+    the floor re-coded items; nothing is appended for a spec without the floor."""
+    from dctdata.decoder.layer import Decompress
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.cumsum(torch.cumsum(torch.randn(6, 2, 32, 40, generator=g), -1), -2)
+    x[2, 1] += torch.randn(32, 40, generator=g) * 40  # a rough item: 21 dB at the step that gives the others 31-34
+    spec = CodecSpec(cf=6, height=32, width=40, channels=2, dtype="int8", steps=[[0.02] * 36] * 2, theta=0.3,
+                     side="range_mid", min_psnr=30.0)  # fmt: skip
+    decoded: list = []
+    wire, _ = Q.encode(x, spec, decoded=decoded)
+    plain_wire, _ = Q.encode(x, spec.replace(min_psnr=None))
+    assert not torch.equal(wire[1], plain_wire[1])  # the floor re-coded some items
+    assert len(decoded) == 1 and torch.equal(decoded[0], Decompress(spec, normalize=False)(wire))
+    none: list = []
+    Q.encode(x, spec.replace(min_psnr=None), decoded=none)
+    assert none == []
