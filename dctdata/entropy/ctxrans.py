@@ -258,19 +258,30 @@ def _token_logp_table() -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     return -np.log2(p[:, 1:]), np.array(Z_GRID)
 
 
-def _fit_params(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
-    """h (nctx, NTOK) token counts -> (iz, ir, bits per context) with the quantised 2-parameter model."""
+def _fit_params(h: npt.NDArray[Any], precision: int = 0) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
+    """h (nctx, NTOK) token counts -> (iz, ir, bits per context) with the quantised 2-parameter model.
+
+    `precision`: the parameter bytes are picked among multiples of 2^precision only (0: every byte). The
+    kernel reads bytes either way; coarser bytes take fewer bits in the config's zlib stream, which is what a
+    small set's model costs against its streams (`PRECISIONS`, chosen by `CtxCodec.fit` on the total)."""
     nlp, zg = _token_logp_table()
+    grid = np.arange(0, 256, 1 << precision)
     n0 = h[:, 0:1]
     rest = h[:, 1:].sum(1, keepdims=True)
-    cz = -(n0 * np.log2(zg)[None] + rest * np.log2(1.0 - zg)[None])
-    iz = cz.argmin(1)
-    cr = h[:, 1:] @ nlp.T
-    ir = cr.argmin(1)
+    cz = -(n0 * np.log2(zg[grid])[None] + rest * np.log2(1.0 - zg[grid])[None])
+    iz = grid[cz.argmin(1)]
+    cr = h[:, 1:] @ nlp[grid].T
+    ir = grid[cr.argmin(1)]
     bits = cz.min(1) + cr.min(1)
     empty = h.sum(1) == 0
     iz[empty], ir[empty] = 128, 0
     return iz.astype(np.uint8), ir.astype(np.uint8), bits
+
+
+# The parameter precisions `fit` tries (`_fit_params`): 8-bit parameters are finer than a context of a few
+# hundred symbols can tell apart, and on one small volume their zlib'd bytes were a twentieth of the pack; 3
+# (one byte in 8) was the best total there, a large set keeps 0.
+PRECISIONS = (0, 1, 2, 3, 4)
 
 
 def _fit_flips(n_has: npt.NDArray[Any], n_flip: npt.NDArray[Any]) -> tuple[list[int], float]:
@@ -943,10 +954,20 @@ class CtxCodec:
                 else:
                     spec["sign_flip"], flip_bits = (), float(n_has.sum())
                 lay = _Layout(cf, mask, channels, **spec)
-            iz, ir, _ = _fit_params(h)
-            codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
-            model_bytes = len(json.dumps(codec.get_config(), separators=(",", ":")))
-            bits = _table_bits(h, iz, ir) + raw + flip_bits + 8 * model_bytes
+
+            def model(precision: int) -> tuple[float, CtxCodec, int]:  # (total bits, codec, model bytes)
+                iz, ir, _ = _fit_params(h, precision)
+                codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
+                model_bytes = len(json.dumps(codec.get_config(), separators=(",", ":")))
+                return _table_bits(h, iz, ir) + raw + flip_bits + 8 * model_bytes, codec, model_bytes
+
+            best_p = model(PRECISIONS[0])
+            for precision in PRECISIONS[1:]:  # the model's bytes against its streams' (`_fit_params`)
+                got = model(precision)
+                if got[0] >= best_p[0]:  # past the best: coarser only costs more
+                    break
+                best_p = got
+            bits, codec, model_bytes = best_p
             report.append((spec, bits, model_bytes))
             log.debug(
                 "%s g=%s %s=%s wide=%s ch=%s flips=%s ctx=%d model=%dB bits=%.0f", spec["freq_classes"],

@@ -44,6 +44,7 @@ class Storage:
     reader_path: str
     writer_path: str
     sharded: bool = False
+    derived_path: str = ""  # "module:function" of the bytes of files it stores and the manifest does not list
 
     def files(self, parts: int, fields: int) -> int:
         """Stored files a pack of `parts` parts and `fields` fields writes."""
@@ -53,6 +54,11 @@ class Storage:
         """The pack's stored files for a summary line: its shards where sharded, else its files."""
         shards = manifest.layout.get("shards") if self.sharded else None
         return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
+
+    def derived_bytes(self, manifest: PackManifest) -> int:
+        """Bytes of the files a pack of this storage stores besides those its manifest lists (format 8's zarr.json
+        files, which a reader rebuilds from the manifest)."""
+        return int(_load(self.derived_path)(manifest)) if self.derived_path else 0
 
     @property
     def reader(self) -> Callable[..., Any]:  # a `dctdata.format.reader.StorageReader` class
@@ -68,9 +74,10 @@ class Storage:
 _REGISTRY: dict[str, Storage] = {}
 
 
-def register(name: str, reader: str, writer: str, *, sharded: bool = False) -> None:
-    """Register a storage by name with its reader and writer classes given as "module:Class"."""
-    _REGISTRY[name] = Storage(name, reader, writer, sharded)
+def register(name: str, reader: str, writer: str, *, sharded: bool = False, derived: str = "") -> None:
+    """Register a storage by name with its reader and writer classes given as "module:Class" (`derived`: the
+    "module:function" counting the bytes of the files it stores unlisted, `Storage.derived_bytes`)."""
+    _REGISTRY[name] = Storage(name, reader, writer, sharded, derived)
 
 
 def sharded() -> tuple[str, ...]:
@@ -113,7 +120,12 @@ def _load(path: str) -> Any:  # the class named by "module:Class"
     return getattr(importlib.import_module(module), attr)
 
 
-register("zarr", "dctdata.format.zarr.reader:ZarrReader", "dctdata.format.zarr.writer:ZarrWriter")
+register(
+    "zarr",
+    "dctdata.format.zarr.reader:ZarrReader",
+    "dctdata.format.zarr.writer:ZarrWriter",
+    derived="dctdata.format.zarr.layout:derived_bytes",
+)
 register(
     "webdataset",
     "dctdata.format.webdataset.reader:WebDatasetReader",

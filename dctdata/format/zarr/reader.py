@@ -56,6 +56,7 @@ import torch
 from dctdata.decoder.stored import check_stream
 from dctdata.decoder.wire import StoredSample, StreamForm, stage_key
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format.compact import COMPACT_VERSION
 from dctdata.format.fields import FieldSpec, user_fields
 from dctdata.format.location import join
 from dctdata.format.manifest import Manifest
@@ -64,6 +65,7 @@ from dctdata.format.reader import StorageReader, Unit, UnitReader, batch_values
 from dctdata.format.zarr.layout import (
     CRC_BYTES,
     check_shard_index,
+    derived_files,
     index_bytes,
     shard_key,
     shard_of_file,
@@ -217,11 +219,22 @@ class ZarrReader(StorageReader):
                         f"{where}: expected the {what} the manifest's sha256 names. Got different bytes "
                         f"({len(data)}; modified after packing?)"
                     )
+            elif self.manifest.version >= COMPACT_VERSION and data != self._derived_metadata(name):
+                raise IntegrityError(
+                    f"{where}: expected the {what} the manifest implies ({len(self._derived_metadata(name))} bytes, "
+                    f"format version {COMPACT_VERSION}). Got different bytes ({len(data)}; modified after packing?)"
+                )
             if name:
                 out[name] = parse_array_json(data, join(self.root, rel))
             else:
                 check_group_json(data, where)
         return out
+
+    def _derived_metadata(self, name: str) -> bytes:
+        """The zarr.json a version 8 writer wrote for field `name` ("" for the group), rebuilt from the manifest:
+        it lists none of them, and a file with other bytes was changed after packing."""
+        rel = f"{self.layout[name]['path']}/zarr.json" if name else "zarr.json"
+        return derived_files(self.manifest)[rel]
 
     def close(self) -> None:
         """Close this process's file descriptors (`RangeSource.close`); a later read opens them again."""
@@ -383,6 +396,13 @@ class ZarrReader(StorageReader):
                     held[(f.name, s)] = entries
         if not todo:
             return held
+        if any(not self._plans[f.name].sharded for f, _ in todo):  # one chunk a file: the file is its entry
+            for f, s in [t for t in todo if not self._plans[t[0].name].sharded]:
+                size = self._shard_size(self._plans[f.name].key(s), self._shard_where(f, s))
+                held[(f.name, s)] = np.array([[0, size]], dtype="<u8")
+            todo = [t for t in todo if self._plans[t[0].name].sharded]
+            if not todo:
+                return held
         sizes, requests = [], []
         for f, s in todo:
             plan = self._plans[f.name]
@@ -471,9 +491,19 @@ class _FieldUnit(UnitReader):
 class _FieldPlan:
     """How one field's chunks are stored: shard geometry, the chunk codec, the decoded sample layout."""
 
-    def __init__(self, f: FieldSpec, path: str, chunks_per_shard: int, index_at_end: bool, chunk: int, little: bool):
+    def __init__(
+        self,
+        f: FieldSpec,
+        path: str,
+        chunks_per_shard: int,
+        index_at_end: bool,
+        chunk: int,
+        little: bool,
+        sharded: bool = True,
+    ):
         self.path, self.ndim = path, 1 + len(f.stored_shape)
         self.chunks_per_shard, self.index_at_end = chunks_per_shard, index_at_end
+        self.sharded = sharded  # False: each file is one chunk and its crc32c, no index (format 8)
         self.codec = get_stage(f.lossless)
         self.dtype = np.dtype(f.stored_dtype).newbyteorder("<" if little else ">")
         self.shape = (chunk, *f.stored_shape)
@@ -563,6 +593,10 @@ def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict[str, Any], where: st
             f"(manifest layout). Got shard shape {meta.shard} and chunk shape {meta.chunk}"
         )
     check_chunk_codecs(meta, f.lossless, f.name, where)
-    return _FieldPlan(
-        f, layout["path"], layout["shard"] // layout["chunk"], meta.index_at_end, layout["chunk"], meta.little
-    )
+    per_shard = layout["shard"] // layout["chunk"]
+    if not meta.sharded and per_shard != 1:
+        raise IntegrityError(
+            f"{where}: field {f.name!r}: expected a sharded array ({per_shard} chunks a shard in the manifest layout). "
+            "Got unsharded metadata"
+        )
+    return _FieldPlan(f, layout["path"], per_shard, meta.index_at_end, layout["chunk"], meta.little, meta.sharded)
