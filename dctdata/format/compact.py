@@ -13,6 +13,11 @@ form, so nothing past the reader changes (`Manifest.to_dict` compacts, `Manifest
 - a dct field's `dctdata_ctxrans` stage config: `cf`, `mask`, `channels` left out where the codec says them,
   `channel_groups` where it is one group, and each entry of `LOSSLESS_DEFAULTS` where it has that value (an
   entry the config leaves out is written null, so leaving out keeps meaning "the default").
+- the entropy model's `params` (base64 of zlib of its parameter bytes, `dctdata.entropy.ctxrans`): written as
+  one digit p and the base85 (RFC 1924 alphabet, `base64.b85encode`) of the raw deflate stream of the bytes
+  shifted right by p, every byte a multiple of 2^p (`pack_params`): `CtxCodec.fit` picks coarse parameter
+  grids for small sets, and the low zero bits, zlib's header and checksum and base64's larger alphabet cost
+  bytes. A reader restores the config's own form.
 - stats: `overflow` left out at 0, `psnr_median` and `psnr_dataset` where they equal `psnr_min` (one sample,
   one channel: the same figure three times); a `psnr_dataset` the pack has none of is written null.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +57,44 @@ LOSSLESS_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
 _FROM_CODEC = ("cf", "mask", "channels")  # a ctxrans config's entries its field's codec says too
 _CHECKSUM_RE = re.compile(r"^([A-Za-z0-9_-]{43}):(0|[1-9][0-9]{0,17})$")
 _PSNR_SAME = ("psnr_median", "psnr_dataset")
+MAX_PARAMS = 2 << 16  # parameter bytes a ctxrans model has at most (two per context, `ctxrans.MAX_CONTEXTS`)
+
+
+def pack_params(text: object) -> object:
+    """A ctxrans config's `params` (base64 of zlib) in version 8's form (see the module docstring); anything
+    that is not such a value as it is."""
+    if not isinstance(text, str):
+        return text
+    try:
+        raw = zlib.decompress(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError, zlib.error):
+        return text
+    if not raw or len(raw) > MAX_PARAMS:
+        return text
+    p = min(7, min(((b & -b).bit_length() - 1 for b in raw if b), default=7))
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    body = deflate.compress(bytes(b >> p for b in raw)) + deflate.flush()
+    return f"{p}{base64.b85encode(body).decode('ascii')}"
+
+
+def unpack_params(text: object, where: str) -> object:
+    """Inverse of `pack_params`: the config's base64 of zlib (level 9) of the parameter bytes. A value that
+    does not start with a digit is the config's own form, left for the stage to check."""
+    if not isinstance(text, str) or not text[:1].isdigit():
+        return text
+    p = int(text[0])
+    try:
+        inflate = zlib.decompressobj(-15)
+        raw = inflate.decompress(base64.b85decode(text[1:]), MAX_PARAMS + 1)
+        complete = inflate.eof and not inflate.unconsumed_tail and not inflate.unused_data
+    except (ValueError, zlib.error):
+        complete, raw = False, b""
+    if p > 7 or not complete or not raw or len(raw) > MAX_PARAMS or max(raw) >= 256 >> p:
+        raise FormatError(
+            f"{where}: params: expected a digit 0..7 and base85 of one raw deflate stream of at most {MAX_PARAMS} "
+            f"parameter bytes below 2^(8 - digit), or base64 of zlib. Got {text[:40]!r}"
+        )
+    return base64.b64encode(zlib.compress(bytes(b << p for b in raw), 9)).decode("ascii")
 
 
 def b64_digest(digest: bytes) -> str:
@@ -124,10 +168,12 @@ def _compact_field(f: Mapping[str, Any]) -> dict[str, Any]:
             and not (k in defaults and v == defaults[k])
         }
         out["lossless"] = {**kept, **{k: None for k in defaults if k not in lossless}}
+        if "params" in kept:
+            out["lossless"]["params"] = pack_params(kept["params"])
     return out
 
 
-def _full_field(f: object) -> object:
+def _full_field(f: object, where: str) -> object:
     """Any field with a codec object is filled back (a field of another kind then fails on its kind, not on the
     entries left out)."""
     if not isinstance(f, Mapping) or not isinstance(f.get("codec"), Mapping):
@@ -143,6 +189,8 @@ def _full_field(f: object) -> object:
         if "channel_groups" not in lossless and isinstance(ch, int) and not isinstance(ch, bool) and 0 < ch <= 4096:
             filled["channel_groups"] = [0] * ch
         out["lossless"] = {k: v for k, v in filled.items() if v is not None}
+        if "params" in lossless:
+            out["lossless"]["params"] = unpack_params(lossless["params"], f"{where}: field {f.get('name')!r}: lossless")
     return out
 
 
@@ -184,7 +232,7 @@ def full_v8(d: Mapping[str, Any], where: str) -> dict[str, Any]:
     if isinstance(d.get("checksums"), Mapping):
         out["checksums"] = {k: unpack_checksum(v, f"{where}: checksums[{k!r}]") for k, v in d["checksums"].items()}
     if isinstance(d.get("fields"), list):
-        out["fields"] = [_full_field(f) for f in d["fields"]]
+        out["fields"] = [_full_field(f, where) for f in d["fields"]]
     if isinstance(d.get("stats"), Mapping):
         out["stats"] = {k: _full_stats(v) for k, v in d["stats"].items()}
     return out

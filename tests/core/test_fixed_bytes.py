@@ -190,3 +190,18 @@ def test_the_entropy_model_takes_coarser_parameters_where_that_makes_the_smaller
     assert report[0][1] < fine[1][0][1] and report[0][2] < fine[1][0][2]  # fewer bits in all, fewer model bytes
     assert (codec.iz % 2 == 0).all() and (codec.ir % 2 == 0).all()  # a coarser grid
     assert np.array_equal(cr.CtxCodec.from_config(codec.get_config()).decode(codec.encode(q), q.shape, q.dtype), q)
+
+
+def test_the_entropy_model_is_written_in_fewer_characters_and_read_back_as_its_config():
+    d = json.loads(_volume_manifest(lossless=CTX).to_json())
+    written = d["fields"][0]["lossless"]["params"]
+    assert written[0].isdigit() and len(written) < len(CTX["params"])
+    assert parse_manifest(json.dumps(d).encode()).field("image").lossless["params"] == CTX["params"]
+
+
+@pytest.mark.parametrize("params", ["9" + "0" * 20, "0not base85 ~~~~~", "0" + "0" * 10, "7" + "0" * 10])
+def test_a_malformed_written_model_is_one_error_naming_the_field(params):
+    d = json.loads(_volume_manifest(lossless=CTX).to_json())
+    d["fields"][0]["lossless"]["params"] = params
+    with pytest.raises(FormatError, match=r"field 'image': lossless: params: expected a digit 0\.\.7 and base85"):
+        parse_manifest(json.dumps(reseal(d)).encode())
