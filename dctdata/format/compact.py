@@ -80,7 +80,7 @@ def pack_params(text: object) -> object:
 def unpack_params(text: object, where: str) -> object:
     """Inverse of `pack_params`: the config's base64 of zlib (level 9) of the parameter bytes. A value that
     does not start with a digit is the config's own form, left for the stage to check."""
-    if not isinstance(text, str) or not text[:1].isdigit():
+    if not isinstance(text, str) or not text[:1] or text[0] not in "0123456789":
         return text
     p = int(text[0])
     try:
@@ -133,6 +133,12 @@ def unpack_checksum(entry: object, where: str) -> object:
     return {"sha256": digest.hex(), "bytes": int(m.group(2))}
 
 
+def _stage_id(lossless: Mapping[str, Any]) -> str | None:
+    """A stage config's id where it is a string (a hostile one may be anything JSON holds)."""
+    sid = lossless.get("id")
+    return sid if isinstance(sid, str) else None
+
+
 def _dims(shape: object) -> dict[str, int] | None:
     """The codec entries a dct field's shape says: [C, H, W] or [C, D, H, W]."""
     if not isinstance(shape, list) or len(shape) not in (3, 4):
@@ -155,8 +161,8 @@ def _compact_field(f: Mapping[str, Any]) -> dict[str, Any]:
     if "depth" in dims and "depth" not in codec:  # a 2-D codec on a [C, D, H, W] shape: no depth, said so
         written["depth"] = None
     out["codec"] = written
-    if isinstance(lossless, Mapping) and lossless.get("id") in LOSSLESS_DEFAULTS:
-        defaults = LOSSLESS_DEFAULTS[lossless["id"]]
+    if isinstance(lossless, Mapping) and _stage_id(lossless) in LOSSLESS_DEFAULTS:
+        defaults = LOSSLESS_DEFAULTS[lossless["id"]]  # a known id: a string
         said = {k: codec.get(k) for k in _FROM_CODEC}
         ch = codec.get("channels")
         groups = [0] * ch if isinstance(ch, int) and not isinstance(ch, bool) and 0 < ch <= 4096 else None
@@ -182,10 +188,10 @@ def _full_field(f: object, where: str) -> object:
     codec = {"pad": "extend", **(_dims(f.get("shape")) or {}), **f["codec"]}
     out["codec"] = {k: v for k, v in codec.items() if not (k == "depth" and v is None)}
     lossless = f.get("lossless")
-    if isinstance(lossless, Mapping) and lossless.get("id") in LOSSLESS_DEFAULTS:
+    if isinstance(lossless, Mapping) and _stage_id(lossless) in LOSSLESS_DEFAULTS:
         said = {k: out["codec"].get(k) for k in _FROM_CODEC}
         ch = said["channels"]
-        filled = {**LOSSLESS_DEFAULTS[lossless["id"]], **said, **lossless}
+        filled = {**LOSSLESS_DEFAULTS[lossless["id"]], **said, **lossless}  # a known id: a string
         if "channel_groups" not in lossless and isinstance(ch, int) and not isinstance(ch, bool) and 0 < ch <= 4096:
             filled["channel_groups"] = [0] * ch
         out["lossless"] = {k: v for k, v in filled.items() if v is not None}

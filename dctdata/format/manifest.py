@@ -333,7 +333,7 @@ class Manifest:
     def stored_bytes(self) -> int:
         """Bytes of every stored file: those the manifest lists (recorded at pack time with their sha256) and
         those a reader rebuilds from it (version 8's zarr.json files, `dctdata.format.compact`)."""
-        return sum(e["bytes"] for e in self.checksums.values()) + get_storage(self.storage).derived_bytes(self)
+        return int(sum(e["bytes"] for e in self.checksums.values())) + get_storage(self.storage).derived_bytes(self)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -164,7 +164,7 @@ class ZarrReader(StorageReader):
     def _open_locked(self) -> None:
         self._pid = None
         self.source._open()  # its per-process state too, under the same lock
-        metas = self._read_metadata()
+        metas, unlisted = self._read_metadata()
         plans = {}
         for f in self._stored:
             meta, where = metas[f.name], join(self.root, self.layout[f.name]["path"], "zarr.json")
@@ -176,6 +176,13 @@ class ZarrReader(StorageReader):
                 )
             plans[f.name] = _field_plan(meta, f, self.layout[f.name], where)
             plans[f.name].form = self.stamp(plans[f.name].form, f)  # its pack's identity and codec
+        for name, (data, where, what) in unlisted.items():  # last: the checks above name what disagrees first
+            want = self._derived_metadata(name)
+            if data != want:
+                raise IntegrityError(
+                    f"{where}: expected the {what} the manifest implies ({len(want)} bytes, format version "
+                    f"{COMPACT_VERSION}). Got different bytes ({len(data)}; modified after packing?)"
+                )
         self._plans = plans
         # side partners kept in the manifest (version 4) are whole arrays from the start
         self._cache: dict[str, npt.NDArray[Any]] = {
@@ -187,9 +194,12 @@ class ZarrReader(StorageReader):
         self._lock = threading.Lock()  # the caches, when threads share a reader
         self._pid = os.getpid()
 
-    def _read_metadata(self) -> dict[str, ArrayMeta]:
-        """{field: parsed zarr.json}, every file (the group's too) fetched in one batch. A file the manifest
-        lists is read at its recorded size and must match its sha256 (it says what the chunks mean)."""
+    def _read_metadata(self) -> tuple[dict[str, ArrayMeta], dict[str, tuple[bytes, str, str]]]:
+        """({field: parsed zarr.json}, {field or "": (bytes, where, what) of the files to compare with the
+        manifest's}), every file (the group's too) fetched in one batch. A file the manifest lists is read at
+        its recorded size and must match its sha256 (it says what the chunks mean); a version 8 manifest lists
+        none, and the caller compares each with the bytes the manifest implies after the checks that name
+        what disagrees."""
         rels = {"": "zarr.json", **{f.name: f"{self.layout[f.name]['path']}/zarr.json" for f in self._stored}}
         entries = self.manifest.checksums if isinstance(self.manifest.checksums, Mapping) else {}
         requests = []
@@ -203,7 +213,7 @@ class ZarrReader(StorageReader):
                     size = 0  # the fetch below reports the missing file
             requests.append((rel, 0, size))
         got = self.source.fetch(requests)
-        out = {}
+        out, unlisted = {}, {}
         for (name, rel), data in zip(rels.items(), got):
             where = join(self.root, rel) + (f": field {name!r}" if name else "")
             what = "zarr v3 array metadata" if name else "zarr v3 group metadata"
@@ -219,16 +229,13 @@ class ZarrReader(StorageReader):
                         f"{where}: expected the {what} the manifest's sha256 names. Got different bytes "
                         f"({len(data)}; modified after packing?)"
                     )
-            elif self.manifest.version >= COMPACT_VERSION and data != self._derived_metadata(name):
-                raise IntegrityError(
-                    f"{where}: expected the {what} the manifest implies ({len(self._derived_metadata(name))} bytes, "
-                    f"format version {COMPACT_VERSION}). Got different bytes ({len(data)}; modified after packing?)"
-                )
+            elif self.manifest.version >= COMPACT_VERSION:
+                unlisted[name] = (bytes(data), where, what)
             if name:
                 out[name] = parse_array_json(data, join(self.root, rel))
             else:
                 check_group_json(data, where)
-        return out
+        return out, unlisted
 
     def _derived_metadata(self, name: str) -> bytes:
         """The zarr.json a version 8 writer wrote for field `name` ("" for the group), rebuilt from the manifest:
