@@ -2,6 +2,7 @@
 
     python -m benchmarks fixed-bytes                      # the 25 x 41 x 33 int16 MRI stand-in at 40 dB
     python -m benchmarks fixed-bytes --targets 35 40 45 --json OUT.json
+    python -m benchmarks fixed-bytes --targets 35 40 45 --items mri camera gravel em   # 2-D sets: bytes only
 
 The set is `tests/shipped_images.mri_volume` (a synthetic stand-in of nibabel's anatomical.nii: 25 x 41 x 33
 int16, odd along every axis), packed alone with `dctdata.pack(..., dims=3, target_psnr=T, workers=1)`. Per
@@ -18,6 +19,9 @@ SPERR-3D (imagecodecs, PSNR mode, one thread) codes the same volume at a sweep o
 dctdata reached; its bytes at that PSNR are interpolated on its Pareto front (`benchmarks.curves.bytes_at`), and
 the ratio is SPERR's bytes over dctdata's (> 1: dctdata stores less). PSNR is the project's (`pack_psnr`: one
 item, against the volume's range) for both.
+
+`--items`: 2-D sets instead, each rd item whole (one sample) and as up to 16 tiles of 60 x 76 (`benchmarks.items`),
+packed at each target: every stored byte, the fixed bytes and the PSNR reached (no peer).
 """
 
 from __future__ import annotations
@@ -111,6 +115,33 @@ def run(targets: list[float]) -> list[dict]:
     return rows
 
 
+def run_items(names: list[str], targets: list[float]) -> list[dict]:
+    """The 2-D sets of `--items` (see the module docstring)."""
+    import dctdata
+    from benchmarks.curves import pack_psnr
+    from benchmarks.items import load_items, tile_grid
+    from benchmarks.ours import read_back
+
+    items, _ = load_items(names)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dctdata-fixed-bytes-") as tmp:
+        for it in items:
+            whole = it.x[None, None] if it.x.ndim == 2 else it.x[None]
+            for name, x in ((f"{it.name} tiles", tile_grid(it.x, max_tiles=16)), (f"{it.name} whole", whole)):
+                src, out = os.path.join(tmp, "s.npy"), os.path.join(tmp, "p")
+                np.save(src, np.ascontiguousarray(x, dtype=np.float32))
+                for t in targets:
+                    m = dctdata.pack(src, out, target_psnr=t, quiet=True, workers=1)
+                    rec, _, _ = read_back(out, m.field(kind="dct").name)
+                    p = parts(out)
+                    psnr = pack_psnr(x.astype(np.float32).reshape(rec.shape), rec)
+                    rows.append({"set": name, "target": t, "psnr": psnr, "version": m.version, **p})
+                    cells = f"{m.version} | {p['total']:,} | {p['fixed']:,}"
+                    print(f"| {name} | {t:g} ({psnr:.2f}) | {cells} |", flush=True)
+                    shutil.rmtree(out)
+    return rows
+
+
 COLUMNS = ("coefficients", "zarr.json", "model params", "checksums", "seal", "tables", "manifest rest", "fixed")
 
 
@@ -118,7 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks fixed-bytes", description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", type=float, nargs="+", default=list(TARGETS), help="--target-psnr values")
     ap.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
+    ap.add_argument("--items", nargs="+", help="2-D rd items (whole and as tiles) instead of the volume")
     args = ap.parse_args(argv)
+    if args.items:
+        print("| set | target dB (reached) | format | total | fixed |\n|---|---|---:|---:|---:|")
+        rows = run_items(args.items, args.targets)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        return 0
     rows = run(args.targets)
     print("| target dB (reached) | format | " + " | ".join(COLUMNS) + " | total | CR | SPERR-3D bytes | SPERR / ours |")
     print("|---|---:|" + "---:|" * (len(COLUMNS) + 4))

@@ -1,5 +1,5 @@
 """Version 8 of the manifest: its fixed bytes (issue 46). A small pack stores a manifest and zarr.json files
-whatever its size; on one 25 x 41 x 33 volume they were a fifth of the pack. Version 8 writes in the manifest
+whatever its size, and on a single small volume they were a large share of it. Version 8 writes in the manifest
 only what a reader cannot derive, and checksums in fewer characters; a `Manifest` in memory keeps the full
 form, so nothing past the reader changes (`Manifest.to_dict` compacts, `Manifest.from_dict` fills back).
 
@@ -16,8 +16,8 @@ form, so nothing past the reader changes (`Manifest.to_dict` compacts, `Manifest
 - the entropy model's `params` (base64 of zlib of its parameter bytes, `dctdata.entropy.ctxrans`): written as
   one digit p and the base85 (RFC 1924 alphabet, `base64.b85encode`) of the raw deflate stream of the bytes
   shifted right by p, every byte a multiple of 2^p (`pack_params`): `CtxCodec.fit` picks coarse parameter
-  grids for small sets, and the low zero bits, zlib's header and checksum and base64's larger alphabet cost
-  bytes. A reader restores the config's own form.
+  grids for small sets, whose low zero bits, zlib's header and checksum, and base64's 6 bits a character
+  (base85: 6.4) cost bytes. A reader restores the config's own form.
 - stats: `overflow` left out at 0, `psnr_median` and `psnr_dataset` where they equal `psnr_min` (one sample,
   one channel: the same figure three times); a `psnr_dataset` the pack has none of is written null.
 
