@@ -205,3 +205,36 @@ def test_a_malformed_written_model_is_one_error_naming_the_field(params):
     d["fields"][0]["lossless"]["params"] = params
     with pytest.raises(FormatError, match=r"field 'image': lossless: params: expected a digit 0\.\.7 and base85"):
         parse_manifest(json.dumps(reseal(d)).encode())
+
+
+GOLDEN_V7 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "golden_v7_one")
+
+
+def test_a_format_7_one_sample_pack_still_reads(capsys):
+    """tests/data/golden_v7_one: one int16 sample packed at --target-psnr 40 by format 7 (commit 73da1c6): its
+    manifest lists the zarr.json files and its one-chunk shard is sharded, with an index."""
+    d = json.loads(open(os.path.join(GOLDEN_V7, "manifest.json")).read())
+    meta = json.loads(open(os.path.join(GOLDEN_V7, "image", "zarr.json")).read())
+    assert d["version"] == 7 and "image/zarr.json" in d["checksums"] and meta["codecs"][0]["name"] == "sharding_indexed"
+    assert verify(capsys, GOLDEN_V7)[0] == 0
+    ds = dctdata.open_dataset(GOLDEN_V7, as_dict=True)
+    y = ds.decompressor("image")(ds[0:1]["image"]).numpy()
+    x = np.load(GOLDEN_V7 + ".npy").astype(np.float32)
+    assert ds.manifest.stored_bytes == sum(e["bytes"] for e in ds.manifest.checksums.values())  # all listed
+    assert 10 * np.log10(float(x.max() - x.min()) ** 2 / float(np.mean((y.reshape(x.shape) - x) ** 2))) >= 40
+
+
+def test_the_entropy_stage_written_with_its_former_configuration_still_matches():
+    from dctdata.format.zarr.metadata import array_json, check_chunk_codecs, parse_array_json
+
+    shape = (1, 1, 2, 512, 2)
+    now = array_json(shape, "int16", shape, shape, CTX)
+    before = now.replace(
+        b'{"name":"dctdata_ctxrans"}', b'{"name":"dctdata_ctxrans","configuration":{"model":"manifest.json"}}'
+    )
+    assert before != now
+    for raw in (now, before):
+        check_chunk_codecs(parse_array_json(raw, "a"), CTX, "image", "a")  # no error
+    other = now.replace(b'{"name":"dctdata_ctxrans"}', b'{"name":"dctdata_ctxrans","configuration":{"model":"x"}}')
+    with pytest.raises(IntegrityError, match=r"field 'image': expected chunk codecs \['dctdata_ctxrans', 'crc32c'\]"):
+        check_chunk_codecs(parse_array_json(other, "a"), CTX, "image", "a")
