@@ -3,6 +3,7 @@
     python -m benchmarks fixed-bytes                      # the 25 x 41 x 33 int16 MRI stand-in at 40 dB
     python -m benchmarks fixed-bytes --targets 35 40 45 --json OUT.json
     python -m benchmarks fixed-bytes --targets 35 40 45 --items mri camera gravel em   # 2-D sets: bytes only
+    python -m benchmarks fixed-bytes --nibabel            # nibabel's anatomical.nii itself (the bench extra)
 
 The set is `tests/shipped_images.mri_volume` (a synthetic stand-in of nibabel's anatomical.nii: 25 x 41 x 33
 int16, odd along every axis), packed alone with `dctdata.pack(..., dims=3, target_psnr=T, workers=1)`. Per
@@ -19,6 +20,9 @@ SPERR-3D (imagecodecs, PSNR mode, one thread) codes the same volume at a sweep o
 dctdata reached; its bytes at that PSNR are interpolated on its Pareto front (`benchmarks.curves.bytes_at`), and
 the ratio is SPERR's bytes over dctdata's (> 1: dctdata stores less). PSNR is the project's (`pack_psnr`: one
 item, against the volume's range) for both.
+
+`--nibabel`: the real volume instead of its stand-in: nibabel's test file anatomical.nii (33 x 41 x 25 big-endian
+int16), its axes reversed to 25 x 41 x 33 as the stand-in has them.
 
 `--items`: 2-D sets instead, each rd item whole (one sample) and as up to 16 tiles of 60 x 76 (`benchmarks.items`),
 packed at each target: every stored byte, the fixed bytes and the PSNR reached (no peer).
@@ -88,14 +92,23 @@ def sperr_points(x: np.ndarray, around: float) -> list:
     return points
 
 
-def run(targets: list[float]) -> list[dict]:
+def anatomical() -> np.ndarray:
+    """nibabel's anatomical.nii as (25, 41, 33) native int16."""
+    import nibabel
+
+    path = os.path.join(os.path.dirname(nibabel.__file__), "tests", "data", "anatomical.nii")
+    x = np.asarray(nibabel.load(path).dataobj)
+    return np.ascontiguousarray(np.transpose(x, (2, 1, 0)).astype(np.int16))
+
+
+def run(targets: list[float], real: bool = False) -> list[dict]:
     from shipped_images import mri_volume
 
     import dctdata
     from benchmarks.curves import bytes_at, pack_psnr
     from benchmarks.ours import read_back
 
-    x = mri_volume()
+    x = anatomical() if real else mri_volume()
     rows = []
     with tempfile.TemporaryDirectory(prefix="dctdata-fixed-bytes-") as tmp:
         src = os.path.join(tmp, "mri.npy")
@@ -150,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", type=float, nargs="+", default=list(TARGETS), help="--target-psnr values")
     ap.add_argument("--json", metavar="OUT", help="write the rows to this JSON file")
     ap.add_argument("--items", nargs="+", help="2-D rd items (whole and as tiles) instead of the volume")
+    ap.add_argument("--nibabel", action="store_true", help="nibabel's anatomical.nii instead of its stand-in")
     args = ap.parse_args(argv)
     if args.items:
         print("| set | target dB (reached) | format | total | fixed |\n|---|---|---:|---:|---:|")
@@ -158,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as fh:
                 json.dump(rows, fh, indent=1)
         return 0
-    rows = run(args.targets)
+    rows = run(args.targets, args.nibabel)
     print("| target dB (reached) | format | " + " | ".join(COLUMNS) + " | total | CR | SPERR-3D bytes | SPERR / ours |")
     print("|---|---:|" + "---:|" * (len(COLUMNS) + 4))
     for r in rows:
