@@ -84,6 +84,10 @@ SCRIPTS = {
         "benchmarks.edge_blocks",
         "stored bytes with partial blocks padded as before, filled from their own pixels, and with table bytes weighed",
     ),
+    "fixed-bytes": (
+        "benchmarks.fixed_bytes",
+        "one small int16 volume's fixed bytes by part (model, checksums, zarr.json, ...) and its CR against SPERR-3D",
+    ),
     "pack-speed": (
         "benchmarks.pack_speed",
         "pack MB/s of float32 and CR (default, zstd, fixed, workers, cold CLI, GPU) beside SZ3, ZFP and SPERR",

@@ -39,13 +39,15 @@ def read_back(path: str, name: str) -> tuple[np.ndarray, float, float]:
 
 
 def stored_size(path: str, manifest) -> int:
-    """Every byte the pack stores: the files its manifest lists plus the manifest itself."""
+    """Every byte the pack stores: its files (`manifest.stored_bytes`: those listed, and from format 8 the
+    zarr.json files it does not list) plus the manifest itself."""
     return int(manifest.stored_bytes) + os.path.getsize(os.path.join(path, MANIFEST_NAME))
 
 
 def metadata_size(path: str, manifest) -> int:
-    """The pack's fixed bytes: manifest.json and every zarr.json (they cost the same for one sample or many)."""
-    meta = sum(e["bytes"] for rel, e in manifest.checksums.items() if rel.rsplit("/", 1)[-1] == "zarr.json")
+    """The pack's fixed bytes: manifest.json and every zarr.json (they cost the same for one sample or many),
+    counted on disk (format 8 lists no zarr.json in the manifest)."""
+    meta = sum(os.path.getsize(os.path.join(r, "zarr.json")) for r, _, files in os.walk(path) if "zarr.json" in files)
     return int(meta) + os.path.getsize(os.path.join(path, MANIFEST_NAME))
 
 

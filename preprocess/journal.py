@@ -99,6 +99,7 @@ class Journal:
                 "fields": [f.to_dict() for f in specs],
                 "derived": list(derived),
                 "source": source,
+                "format_version": FORMAT_VERSION,  # parts another version wrote are redone (their files may differ)
             }
         )
         return j
@@ -138,6 +139,9 @@ class Journal:
             )
         specs = tuple(FieldSpec.from_dict(d, version=FORMAT_VERSION) for d in header["fields"])
         parts = {int(d["result"]["index"]): d["result"] for d in lines[1:] if d.get("kind") == "part"}
+        if header.get("format_version") != FORMAT_VERSION and parts:  # e.g. sharded one-chunk files before 8
+            log.warning("resume: the journal's parts were written for another format version; redoing them")
+            parts = {}
         return cls(root, specs, parts, tuple(header.get("derived", ())))
 
     def _append(self, record: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import torch
 import dctdata
 from dctdata.cli import main
 from dctdata.errors import DctDataError
+from dctdata.format.compact import COMPACT_VERSION, full_v8
 from dctdata.format.fields import EXTEND_VERSION, TABLES_VERSION, unpack_tables
 
 
@@ -57,7 +58,10 @@ def reseal(m: dict) -> dict:
 def as_version(m: dict, version: int) -> dict:
     """A manifest's JSON edited to claim an older `version`, as that version wrote it: codec tables that the
     writer packed (version >= TABLES_VERSION) back to JSON numbers, pad "extend" (EXTEND_VERSION) as "symmetric"
-    (the decoders crop the padding whatever filled it, so the samples read the same)."""
+    (the decoders crop the padding whatever filled it, so the samples read the same), version 8's compact entries
+    filled back (`dctdata.format.compact`; its zarr.json files stay unlisted, which older readers allow)."""
+    if m["version"] >= COMPACT_VERSION > version:
+        m.update(full_v8(m, "manifest"))
     for f in m["fields"] if version < EXTEND_VERSION else ():
         if isinstance(f["codec"], dict) and f["codec"].get("pad") == "extend":
             f["codec"]["pad"] = "symmetric"

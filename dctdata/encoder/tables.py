@@ -5,23 +5,25 @@ A table is stored once per pack, the coefficients once per sample: on a large se
 itself many times over, on a single small volume its bytes can outweigh what it saves. The reconstruction
 offsets (`recon`, C x K in steps, `dctdata.encoder.calibrate.fit_recon`) are weighed here: per channel, either
 one offset per frequency or one offset for every frequency (a constant row, which the manifest's packed form
-stores in a few tens of bytes), whichever makes the smaller pack by this estimate (by a margin, `MARGIN`):
+stores as one number), whichever makes the smaller pack by this estimate (by a margin, `MARGIN`):
 
 - saved on the coefficients: at the same steps, the per-frequency offsets lower the channel's squared error
   from D1 to D0, which a fine quantizer would otherwise pay for with 0.5 log2(D1 / D0) bits per coefficient
   (over every coefficient of the dataset the channel holds);
-- the table's cost: its row as the manifest stores it (`dctdata.format.fields.pack_tables`: base64 of zlib of
-  float32) less the constant row's.
+- the table's cost: its row as the manifest stores it (`dctdata.format.fields.table_json`: base64 of zlib of
+  float32) less the constant row's (one number).
 """
 
 from __future__ import annotations
 
-import base64
+import json
 import math
-import zlib
 
 import numpy as np
 import torch
+
+from dctdata.codec.spec import f32
+from dctdata.format.fields import table_json
 
 # The saving is a high-rate estimate, and near a tie the choice would flip from one landing step to the next (the
 # search compares settings on one choice and lands on the other): a row becomes one value only where its table
@@ -29,23 +31,22 @@ import torch
 MARGIN = 2.0
 
 
-def packed_bytes(row) -> int:
-    """Bytes a table row takes in the manifest's packed form: base64 of zlib (level 9) of its float32 values."""
-    raw = np.asarray(row, dtype="<f4").tobytes()
-    return len(base64.b64encode(zlib.compress(raw, 9)))
-
-
 def table_bytes(table) -> int:
-    """Bytes a (C, K) table takes in the manifest: one number per channel when every row is constant (as
-    `CodecSpec.to_dict` writes steps), else the packed form; None or an empty table costs nothing."""
+    """Bytes a (C, K) table takes in the manifest: its JSON as `dctdata.format.fields.table_json` writes it (one
+    number per channel when every row is constant, else base64 of zlib of float32, or the numbers of a small
+    table), of the float32 values the codec keeps; None or an empty table costs nothing."""
     if table is None:
         return 0
     rows = np.asarray(table, dtype="<f4").reshape(len(table), -1)
     if rows.size == 0:
         return 0
-    if bool((rows == rows[:, :1]).all()):
-        return 12 * rows.shape[0]
-    return packed_bytes(rows)
+    values = [[f32(v) for v in row] for row in rows.tolist()]
+    return len(json.dumps(table_json(values), separators=(",", ":")))
+
+
+def packed_bytes(row) -> int:
+    """Bytes one table row takes in the manifest (`table_bytes` of a one-channel table)."""
+    return table_bytes([list(row)])
 
 
 def choose_recon(

@@ -258,19 +258,40 @@ def _token_logp_table() -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     return -np.log2(p[:, 1:]), np.array(Z_GRID)
 
 
-def _fit_params(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
-    """h (nctx, NTOK) token counts -> (iz, ir, bits per context) with the quantised 2-parameter model."""
+def _param_costs(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """h (nctx, NTOK) token counts -> the bits of each context's counts under every z byte and every ratio
+    byte: (nctx, 256) each, computed once for every precision `_fit_params` picks from."""
     nlp, zg = _token_logp_table()
     n0 = h[:, 0:1]
     rest = h[:, 1:].sum(1, keepdims=True)
     cz = -(n0 * np.log2(zg)[None] + rest * np.log2(1.0 - zg)[None])
-    iz = cz.argmin(1)
-    cr = h[:, 1:] @ nlp.T
-    ir = cr.argmin(1)
+    return cz, h[:, 1:] @ nlp.T
+
+
+def _fit_params(
+    h: npt.NDArray[Any], precision: int = 0, costs: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
+    """h (nctx, NTOK) token counts -> (iz, ir, bits per context) with the quantised 2-parameter model.
+
+    `precision`: the parameter bytes are picked among multiples of 2^precision only (0: every byte). The
+    kernel reads bytes either way; coarser bytes take fewer bits in the config's zlib stream, which is what a
+    small set's model costs against its streams (`PRECISIONS`, chosen by `CtxCodec.fit` on the total).
+    `costs`: `_param_costs(h)`, when the caller has them."""
+    cz, cr = _param_costs(h) if costs is None else costs
+    grid = np.arange(0, 256, 1 << precision)
+    cz, cr = cz[:, grid], cr[:, grid]
+    iz = grid[cz.argmin(1)]
+    ir = grid[cr.argmin(1)]
     bits = cz.min(1) + cr.min(1)
     empty = h.sum(1) == 0
     iz[empty], ir[empty] = 128, 0
     return iz.astype(np.uint8), ir.astype(np.uint8), bits
+
+
+# The parameter precisions `fit` tries (`_fit_params`): 8-bit parameters are finer than a context of a few
+# hundred symbols can tell apart, and on one small volume their zlib'd bytes were a twentieth of the pack; 3
+# (one byte in 8) was the best total there, a large set keeps 0.
+PRECISIONS = (0, 1, 2, 3, 4)
 
 
 def _fit_flips(n_has: npt.NDArray[Any], n_flip: npt.NDArray[Any]) -> tuple[list[int], float]:
@@ -943,10 +964,26 @@ class CtxCodec:
                 else:
                     spec["sign_flip"], flip_bits = (), float(n_has.sum())
                 lay = _Layout(cf, mask, channels, **spec)
-            iz, ir, _ = _fit_params(h)
+            costs = _param_costs(h)
+            iz, ir, _ = _fit_params(h, PRECISIONS[0], costs)
             codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
-            model_bytes = len(json.dumps(codec.get_config(), separators=(",", ":")))
+            config = codec.get_config()
+            model_bytes = len(json.dumps(config, separators=(",", ":")))
             bits = _table_bits(h, iz, ir) + raw + flip_bits + 8 * model_bytes
+            base = model_bytes - len(config["params"])  # the config but its params (a CRC's digits aside)
+            best_p, coarser = (bits, iz, ir), False
+            for precision in PRECISIONS[1:]:  # the model's bytes against its streams' (`_fit_params`)
+                iz, ir, _ = _fit_params(h, precision, costs)
+                nbytes = base + len(base64.b64encode(zlib.compress(np.stack([iz, ir], 1).tobytes(), 9)))
+                total = _table_bits(h, iz, ir) + raw + flip_bits + 8 * nbytes
+                if total >= best_p[0]:  # past the best: coarser only costs more
+                    break
+                best_p, coarser = (total, iz, ir), True
+            if coarser:  # the codec of the grid that won, its bits with its own config's length
+                _, iz, ir = best_p
+                codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
+                model_bytes = len(json.dumps(codec.get_config(), separators=(",", ":")))
+                bits = _table_bits(h, iz, ir) + raw + flip_bits + 8 * model_bytes
             report.append((spec, bits, model_bytes))
             log.debug(
                 "%s g=%s %s=%s wide=%s ch=%s flips=%s ctx=%d model=%dB bits=%.0f", spec["freq_classes"],

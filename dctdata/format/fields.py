@@ -281,16 +281,26 @@ _F32Z = "f32z"
 _MAX_KEPT = 512  # a volume block's frequencies: no table row is longer
 
 
+def table_json(table: list[Any]) -> object:
+    """One (C, K) table as a manifest writes it (version 6 on): one value per channel when every row is constant
+    (read back as that value for every frequency), else {"f32z": ...} when it has at least PACK_MIN_VALUES
+    values, else the rows as they are. `dctdata.encoder.tables` counts a table's bytes with this."""
+    values = np.asarray(table, dtype="<f4").reshape(len(table), -1)
+    if values.size and bool((values == values[:, :1]).all()):
+        return [row[0] for row in table]
+    if values.size >= PACK_MIN_VALUES:
+        return {_F32Z: base64.b64encode(zlib.compress(values.tobytes(), 9)).decode("ascii")}
+    return table
+
+
 def pack_tables(codec: dict[str, Any]) -> dict[str, Any]:
-    """A codec's JSON (`CodecSpec.to_dict`) with each (C, K) table of at least PACK_MIN_VALUES values as
-    {"f32z": ...} (see TABLES_VERSION); one-value-per-channel tables stay lists."""
+    """A codec's JSON (`CodecSpec.to_dict`) with each (C, K) table as `table_json` writes it (see
+    TABLES_VERSION); one-value-per-channel tables stay lists."""
     out = dict(codec)
     for name in PACKED_TABLES:
         table = out.get(name)
         if isinstance(table, list) and table and isinstance(table[0], list):
-            values = np.asarray(table, dtype="<f4")
-            if values.size >= PACK_MIN_VALUES:
-                out[name] = {_F32Z: base64.b64encode(zlib.compress(values.tobytes(), 9)).decode("ascii")}
+            out[name] = table_json(table)
     return out
 
 

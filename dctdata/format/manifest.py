@@ -14,7 +14,7 @@ full form, so every reader of it is unchanged); version 4's inline side values
 (`zarr.layout.INLINE_BYTES`); version 5's seal (`manifest_seal`), error bounds (`dctdata.encoder.bounds`), volumes
 (`VOLUMES_VERSION`), channel weights (codec v3, `dctdata.codec.spec.CodecSpec`) and grouped webdataset members
 (`dctdata.format.webdataset.layout`); version 6's packed tables (`dctdata.format.fields.TABLES_VERSION`); version 7's
-pad "extend" (`dctdata.format.fields.EXTEND_VERSION`).
+pad "extend" (`dctdata.format.fields.EXTEND_VERSION`); version 8's fewer fixed bytes (`dctdata.format.compact`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dctdata._version import __version__
 from dctdata.errors import DctDataError, FormatError, IntegrityError
 from dctdata.format.atomic import atomic_write
 from dctdata.format.checksum import read_expected, with_path
+from dctdata.format.compact import COMPACT_VERSION, b64_digest, compact_v8, full_v8
 from dctdata.format.coords import check_coords
 from dctdata.format.fields import SIDE_SUFFIX, TABLES_VERSION, FieldSpec, has_side, side_field, user_fields
 from dctdata.format.kinds import CODED, get_kind
@@ -53,7 +54,7 @@ from dctdata.kinds import FieldKind
 from dctdata.parse import is_number, parse_int, parse_object
 
 FORMAT_NAME = "dctdata"
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 SEAL_VERSION = 5  # manifests from this version on carry a `seal` (see the module docstring)
 SEALED = ("format", "version", "storage", "samples", "fields", "layout", "checksums", "coords")
 VOLUMES_VERSION = 5  # the first version whose dct fields may be volumes
@@ -331,8 +332,9 @@ class Manifest:
     # Convenience ---------------------------------------------------------------------------------
     @property
     def stored_bytes(self) -> int:
-        """Bytes of every stored file the manifest lists (recorded at pack time with their sha256)."""
-        return sum(e["bytes"] for e in self.checksums.values())
+        """Bytes of every stored file: those the manifest lists (recorded at pack time with their sha256) and
+        those a reader rebuilds from it (version 8's zarr.json files, `dctdata.format.compact`)."""
+        return int(sum(e["bytes"] for e in self.checksums.values())) + get_storage(self.storage).derived_bytes(self)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -363,6 +365,7 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         out = self._full_dict()
         out = compact_json(out) if self.version >= 3 else out
+        out = compact_v8(out) if self.version >= COMPACT_VERSION else out
         if self.version >= SEAL_VERSION:
             out["seal"] = manifest_seal(out)
         return out
@@ -396,6 +399,8 @@ class Manifest:
         optional = (_MANIFEST_KEYS_V2 if version >= 2 else set()) | ({"seal"} if version >= SEAL_VERSION else set())
         d = parse_object(d, where, _MANIFEST_KEYS, optional, error=FormatError)
         written = d
+        if version >= COMPACT_VERSION:  # what it leaves out filled back, checksums as objects
+            d = full_v8(d, where)
         if not isinstance(d["fields"], list):
             raise FormatError(f"{where}: fields: expected a list. Got {d['fields']!r}")
         fields = tuple(FieldSpec.from_dict(f, f"{where}: fields[{i}]", version) for i, f in enumerate(d["fields"]))
@@ -445,10 +450,15 @@ class Manifest:
 
 def manifest_seal(d: Mapping[str, Any]) -> str:
     """The `seal` of a manifest dict as written (version 5): "sha256:" + the hex sha256 of the canonical JSON
-    of its SEALED entries. A tool that edits a manifest on purpose reseals it with this."""
+    of its SEALED entries; from version 8 the same digest as unpadded base64url (`compact.b64_digest`). A tool
+    that edits a manifest on purpose reseals it with this."""
     body = {k: d[k] for k in SEALED if k in d}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
+    digest = hashlib.sha256(text.encode("ascii"))
+    version = d.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version >= COMPACT_VERSION:
+        return b64_digest(digest.digest())
+    return "sha256:" + digest.hexdigest()
 
 
 # Version 3: what the manifest can derive is left out of its JSON -----------------------------------

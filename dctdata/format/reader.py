@@ -19,6 +19,7 @@ sees (tensors in the wire dtype; a dct field with side information as its (coeff
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -39,8 +40,10 @@ def pack_identity(manifest: Manifest) -> str:
     """A pack's identity: its manifest's seal ("sha256:" + hex, `dctdata.format.manifest.manifest_seal`) over
     what decoding depends on (fields and codecs, layout, the sha256 of every stored file, sample count), the
     same for every copy of the pack and different for any other. Computed from the manifest as read, so packs
-    of every version have one (version 5 packs: the seal they were written with)."""
-    return manifest_seal(manifest.to_dict())
+    of every version have one (version 5 packs: the seal they were written with; version 8 writes the same
+    digest as base64url, given here as hex like the others)."""
+    seal = manifest_seal(manifest.to_dict())
+    return seal if seal.startswith("sha256:") else "sha256:" + base64.urlsafe_b64decode(seal + "=").hex()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,7 @@ class Storage:
     options: tuple[Option, ...] = ()
     sharded: bool = False
     streams: bool = False
+    derived_path: str = ""  # "module:function" of the bytes of files it stores and the manifest does not list
 
     def files(self, parts: int, fields: int) -> int:
         """Stored files a pack of `parts` parts and `fields` fields writes."""
@@ -106,6 +107,11 @@ class Storage:
         """The pack's stored files for a summary line: its shards where sharded, else its files."""
         shards = manifest.layout.get("shards") if self.sharded else None
         return f"{len(shards)} shards" if isinstance(shards, list) else f"{len(manifest.checksums)} files"
+
+    def derived_bytes(self, manifest: PackManifest) -> int:
+        """Bytes of the files a pack of this storage stores besides those its manifest lists (format 8's zarr.json
+        files, which a reader rebuilds from the manifest)."""
+        return int(load(self.derived_path)(manifest)) if self.derived_path else 0
 
     @property
     def reader(self) -> ReaderClass:  # a `dctdata.format.reader.StorageReader` class
@@ -159,6 +165,7 @@ def register(
     options: Sequence[Option] = (),
     sharded: bool = False,
     streams: bool = False,
+    derived: str = "",
 ) -> Storage:
     """Register a storage: everything asked of it, its classes given as "module:Class" (see `Storage`).
 
@@ -172,6 +179,8 @@ def register(
         options: Its writer's options; each becomes a `dctdata pack` flag and a `writer_options` key.
         sharded: It writes size-capped shards, one file a part (else one file a field a part).
         streams: It reads a shell `pipe:` stream without a manifest first.
+        derived: The "module:function" counting the bytes of the files it stores that its manifest does
+            not list (`Storage.derived_bytes`).
 
     Returns:
         The `Storage` registered.
@@ -179,7 +188,7 @@ def register(
     Raises:
         DctDataError: An option's name or flag is another storage's (`dctdata pack` has one flag per option).
     """
-    storage = Storage(name, reader, writer, dataset, windows, summary, tuple(options), sharded, streams)
+    storage = Storage(name, reader, writer, dataset, windows, summary, tuple(options), sharded, streams, derived)
     taken = {k: s.name for s in _REGISTRY.values() if s.name != name for o in s.options for k in (o.name, o.cli_flag)}
     for o in storage.options:
         for k in (o.name, o.cli_flag):
@@ -309,6 +318,7 @@ register(
             type=int,
         ),
     ),
+    derived="dctdata.format.zarr.layout:derived_bytes",
 )
 register(
     "webdataset",

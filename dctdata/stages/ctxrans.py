@@ -59,7 +59,9 @@ class CtxransStage(Stage):
         return estimate(q, cf, mask, integer)
 
     def zarr_codec(self, itemsize: int) -> dict[str, Any]:
-        return {"name": CODEC_ID, "configuration": {"model": "manifest.json"}}
+        # no configuration (optional in zarr v3; the model is in manifest.json): packs before format 8 wrote
+        # {"model": "manifest.json"}, which `dctdata.format.zarr.metadata.check_chunk_codecs` reads alike
+        return {"name": CODEC_ID}
 
     def encode(self, data: npt.NDArray[Any] | bytes) -> bytes:
         q = np.asarray(data)

@@ -44,7 +44,7 @@ def test_small_and_per_channel_tables_stay_numbers():
     spec = CodecSpec(cf=2, height=16, width=16, dtype="int8", steps=[[0.1, 0.2, 0.3, 0.4]], recon=[[0.0] * 4])
     assert spec.kept < PACK_MIN_VALUES
     d = pack_tables(spec.to_dict())
-    assert d["steps"] == [[0.1, 0.2, 0.3, 0.4]] and d["recon"] == [[0.0] * 4]
+    assert d["steps"] == [[0.1, 0.2, 0.3, 0.4]] and d["recon"] == [0.0]  # constant rows: one value per channel
     per_channel = CodecSpec(cf=8, height=16, width=16, dtype="int8", steps=[0.1]).to_dict()
     assert pack_tables(per_channel) == per_channel
 

@@ -50,8 +50,9 @@ def test_small_pack_keeps_its_side_values_in_the_manifest(tmp_path, monkeypatch,
     d = json.loads(inline["manifest.json"])
     side = base64.b64decode(d["layout"]["arrays"]["image__side"]["inline"])
     assert d["version"] == FORMAT_VERSION and len(side) == n * 2 * 2 * 4  # (n, C, 2) float32
-    assert sum(map(len, inline.values())) < sum(map(len, array.values())) - 600
-    assert m.checksums.keys() == {k for k in inline if k != "manifest.json"}
+    assert sum(map(len, inline.values())) < sum(map(len, array.values())) - 300
+    # every file but the manifest and the zarr.json files a reader rebuilds from it (format 8)
+    assert m.checksums.keys() == {k for k in inline if k != "manifest.json" and not k.endswith("zarr.json")}
     np.testing.assert_array_equal(_decoded(tmp_path / "inline"), _decoded(tmp_path / "array"))
     problems, summary = verify_dataset(tmp_path / "inline")
     assert problems == [] and summary["decoded"] == n
@@ -63,7 +64,8 @@ def test_inline_pack_stores_fewer_bytes_and_decodes_on_target(tmp_path, monkeypa
     monkeypatch.setattr(zarr_writer, "INLINE_BYTES", 0)
     dctdata.pack(src, tmp_path / "array", target_psnr=35, quiet=True)
     saved = sum(map(len, files(tmp_path / "array").values())) - sum(map(len, files(tmp_path / "inline").values()))
-    assert 600 < saved < 1200  # a zarr.json, a shard, two checksums and a layout entry, less 12 base64 characters
+    # a zarr.json (not listed, format 8), a one-chunk file, a checksum and a layout entry, less 12 base64 characters
+    assert 300 < saved < 800
     y = _decoded(tmp_path / "inline")[0]
     rng = float(x.max() - x.min())
     assert 10 * np.log10(rng**2 / float(np.mean((y - x[0]) ** 2))) >= 35 - 0.05

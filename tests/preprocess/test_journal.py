@@ -85,3 +85,18 @@ def test_the_mask_fields_a_pack_makes_are_journaled(tmp_path):
     Journal.start(str(tmp_path), SETTINGS, specs, ("image_valid",))
     back = Journal.resume(str(tmp_path), dict(SETTINGS))
     assert back.specs == specs and back.derived == ("image_valid",)
+
+
+def test_parts_another_format_version_wrote_are_redone(tmp_path, caplog):
+    """A journal of a dctdata before format 8 (its header has no format version): its one-chunk files had a
+    shard index that this version's zarr metadata does not describe, so its parts are redone."""
+    j = Journal.start(str(tmp_path), SETTINGS, SPECS)
+    j.record(part(str(tmp_path), 0, b"a" * 10))
+    lines = (tmp_path / JOURNAL_NAME).read_text().splitlines()
+    header = json.loads(lines[0])
+    assert sorted(Journal.resume(str(tmp_path), SETTINGS).parts) == [0]  # the same version: kept
+    del header["format_version"]
+    (tmp_path / JOURNAL_NAME).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with caplog.at_level("WARNING"):
+        assert Journal.resume(str(tmp_path), SETTINGS).parts == {}
+    assert "written for another format version; redoing them" in caplog.text

@@ -29,6 +29,7 @@ from pack_checks import read_all, verify
 
 import dctdata
 from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.format import read_manifest
 
 N = 16
 CAP = 256 << 20  # what a misbehaving answer may send at most here: "endless" stops there
@@ -231,7 +232,7 @@ def test_8_the_default_deadline_follows_the_timeout_and_is_checked(packs):
 
 # 7: the shard cache --------------------------------------------------------------------------------------------------
 def _shard_hashes(root: Path) -> list[str]:
-    return [e["sha256"] for e in json.loads((root / "manifest.json").read_text())["checksums"].values()]
+    return [e["sha256"] for e in read_manifest(root).checksums.values()]
 
 
 @pytest.mark.parametrize("planted", ["fifo", "directory", "link_out"])
@@ -268,6 +269,7 @@ def test_7_a_manifest_lying_about_a_cached_shard_size_is_an_integrity_error_and_
     entries = {p.name: p.read_bytes() for p in cache.iterdir()}
     liar = Path(shutil.copytree(packs / "webdataset", tmp_path / "liar"))
     m = json.loads((liar / "manifest.json").read_text())
+    m["checksums"] = {k: dict(v) for k, v in read_manifest(liar).checksums.items()}  # object form
     for name in m["checksums"]:  # the same shards (same sha256), claimed far bigger than memory
         m["checksums"][name]["bytes"] = 1 << 50
         for s in m["layout"]["shards"]:

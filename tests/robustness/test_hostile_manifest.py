@@ -66,9 +66,9 @@ def _json_edit(root: Path, edit, sealed: bool = False) -> None:
     (root / "manifest.json").write_text(json.dumps(reseal(m) if sealed else m))
 
 
-SEAL = (
-    r"manifest\.json: seal: expected sha256:[0-9a-f]{16}\.\.\. \(the sha256 of the manifest's fields, codecs, layout, "
-    r"checksums and sample count as written\)\. Got sha256:[0-9a-f]{16}\.\.\. \(the manifest was changed or damaged"
+SEAL = (  # version 8 writes the digest as base64url (versions 5-7: "sha256:" + hex)
+    r"manifest\.json: seal: expected [A-Za-z0-9_-]{23}\.\.\. \(the sha256 of the manifest's fields, codecs, layout, "
+    r"checksums and sample count as written\)\. Got [A-Za-z0-9_-]{23}\.\.\. \(the manifest was changed or damaged"
 )
 
 
@@ -108,7 +108,7 @@ def _coords(m):
         _table,
         lambda m: next(f for f in m["fields"] if f["name"] == "label")["lossless"].update(level=3),
         lambda m: m["layout"].update(note="x"),
-        lambda m: next(iter(m["checksums"].values())).update(sha256="0" * 64),
+        lambda m: m["checksums"].update({k: "A" * 43 + ":" + v.split(":")[1] for k, v in m["checksums"].items()}),
         _samples,
     ],
     ids=["a table value", "the lossless stage", "the layout", "a checksum", "the sample count"],
@@ -144,7 +144,7 @@ def test_3_descriptive_entries_stay_outside_the_seal(pack):
 
 
 def test_3_older_unsealed_versions_still_read_and_a_seal_present_must_match(pack):
-    assert json.loads((pack / "manifest.json").read_text())["version"] == FORMAT_VERSION == 7
+    assert json.loads((pack / "manifest.json").read_text())["version"] == FORMAT_VERSION == 8
     before = read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))
     _json_edit(pack, lambda m: (m.pop("seal"), as_version(m, 4)))  # as an older release wrote it
     after = read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))
@@ -155,7 +155,7 @@ def test_3_older_unsealed_versions_still_read_and_a_seal_present_must_match(pack
     _json_edit(pack, lambda m: (m.pop("seal"), as_version(m, 5)))  # version 5 written without the seal
     assert len(read_all(dctdata.open_dataset(pack, **({"shuffle": False} if pack.name == "webdataset" else {})))) == N
     _json_edit(pack, lambda m: m.update(seal=7))
-    with pytest.raises(IntegrityError, match=r"seal: expected sha256:.*Got int"):
+    with pytest.raises(IntegrityError, match=r"seal: expected sha256:[0-9a-f]{16}.*Got int"):
         dctdata.open_dataset(pack)
 
 

@@ -473,7 +473,7 @@ def test_every_storage_and_stage_detects_corruption(packs_dir, tmp_path, cls, st
     """A flipped byte in the largest stored file: verify names the file, and reading the pack (decode="cpu" and
     "device") raises an error naming it before any stage decodes the bytes."""
     out = Path(shutil.copytree(packed(packs_dir, cls, storage)[0], tmp_path / "pack"))
-    checksums = json.loads((out / "manifest.json").read_text())["checksums"]
+    checksums = dctdata.format.read_manifest(out).checksums
     rel = max(checksums, key=lambda r: checksums[r]["bytes"])
     raw = bytearray((out / rel).read_bytes())
     raw[len(raw) // 2] ^= 0xFF

@@ -80,7 +80,7 @@ def test_calibration_sizes(stage):
 
 
 def test_zarr_and_webdataset_facts(stage):
-    assert stage.zarr_codecs(1) == [{"name": STAGE_ID, "configuration": {"model": "manifest.json"}}]
+    assert stage.zarr_codecs(1) == [{"name": STAGE_ID}]  # no configuration (format 8): the model is in the manifest
     assert entry_name("image", stage.get_config()) == "image.ctx"
     assert stage.needs_shape and stage.integer_only and stage.declared_size(b"anything") is None
 

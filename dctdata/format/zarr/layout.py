@@ -27,7 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dctdata.errors import DctDataError, FormatError, IntegrityError
+from dctdata.format.compact import COMPACT_VERSION
 from dctdata.format.fields import NAME_RE, FieldSpec, side_partner_names
+from dctdata.format.zarr.metadata import array_json, group_json
 from dctdata.parse import parse_int, parse_object
 
 if TYPE_CHECKING:
@@ -269,3 +271,29 @@ def check_shard_index(
                 "shard)"
             )
     return entries
+
+
+def derived_files(m: Manifest, where: str = "manifest") -> dict[str, bytes]:
+    """{relative path: bytes} of the zarr.json files a version 8 pack stores and its manifest does not list
+    (`dctdata.format.compact`), rebuilt from the manifest as the writer wrote them; {} for older packs (they
+    list theirs with a sha256). The reader requires these exact bytes."""
+    if m.version < COMPACT_VERSION:
+        return {}
+    out = {"zarr.json": group_json()}
+    for name, e in zarr_layout(m, where=where).items():
+        if "inline" in e:
+            continue
+        f = m.field(name)
+        shape = tuple(f.stored_shape)
+        out[f"{e['path']}/zarr.json"] = array_json(
+            (m.samples, *shape), f.stored_dtype, (e["shard"], *shape), (e["chunk"], *shape), f.lossless
+        )
+    return out
+
+
+def derived_bytes(m: Manifest) -> int:
+    """Bytes of `derived_files` (0 where the layout is malformed: the reader names that)."""
+    try:
+        return sum(len(v) for v in derived_files(m).values())
+    except DctDataError:
+        return 0

@@ -56,14 +56,15 @@ def array_json(
     """The array's zarr.json: regular shard grid, '.'-separated chunk keys, fill 0, sharded with a crc32c
     index at the end, inner chunks coded by `chunk_codecs`. Only what zarr v3 requires or what differs
     from its defaults (no `attributes`, no `index_location`: "end" is the default): every small pack
-    stores these files, and the manifest says the rest (packs before 0.1.x wrote both; read alike)."""
+    stores these files, and the manifest says the rest (packs before 0.1.x wrote both; read alike).
+    A shard of one chunk (`shard == chunk`) is not sharded (format 8): the file is the chunk and its crc32c,
+    and the metadata has no sharding codec (no index to store, 20 bytes a file and 200 of metadata less)."""
     itemsize = np.dtype(dtype).itemsize
-    index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
-    sharding = {
-        "chunk_shape": list(chunk),
-        "codecs": chunk_codecs(lossless, itemsize),
-        "index_codecs": index,
-    }
+    codecs: list[dict[str, Any]] = chunk_codecs(lossless, itemsize)
+    if tuple(shard) != tuple(chunk):
+        index = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
+        sharding = {"chunk_shape": list(chunk), "codecs": codecs, "index_codecs": index}
+        codecs = [{"name": "sharding_indexed", "configuration": sharding}]
     return compact(
         {
             "zarr_format": 3,
@@ -73,7 +74,7 @@ def array_json(
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(shard)}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
             "fill_value": False if np.dtype(dtype).kind == "b" else 0,
-            "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
+            "codecs": codecs,
         }
     )
 
@@ -90,6 +91,7 @@ class ArrayMeta:
     index_codecs: tuple[dict[str, Any], ...]
     index_at_end: bool
     little: bool  # byte order of the inner chunks
+    sharded: bool = True  # False: one chunk a file, no index (format 8, `array_json`)
 
 
 def _codec(c: object, where: str) -> dict[str, Any]:
@@ -134,8 +136,21 @@ def parse_array_json(raw: bytes, where: str) -> ArrayMeta:
     ):
         raise IntegrityError(f"{where}: chunk_grid: expected a regular grid. Got {grid!r}")
     codecs = meta.get("codecs")
-    if not isinstance(codecs, list) or len(codecs) != 1 or _codec(codecs[0], where)["name"] != "sharding_indexed":
-        raise IntegrityError(f"{where}: codecs: expected one sharding_indexed codec. Got {codecs!r}")
+    if not isinstance(codecs, list) or not codecs:
+        raise IntegrityError(f"{where}: codecs: expected a list of codecs. Got {codecs!r}")
+    if _codec(codecs[-1], where)["name"] == "crc32c" and len(codecs) > 1:  # not sharded: one chunk a file
+        inner = tuple(_codec(c, where) for c in codecs)
+        first = inner[0]
+        endian = first["configuration"].get("endian", "little") if first["name"] == "bytes" else "little"
+        grid_shape = _shape(grid["configuration"].get("chunk_shape"), "chunk_grid chunk_shape", where)
+        return ArrayMeta(
+            _shape(meta.get("shape"), "shape", where), dtype, grid_shape, grid_shape, inner, (), True,
+            endian != "big", sharded=False,
+        )  # fmt: skip
+    if len(codecs) != 1 or _codec(codecs[0], where)["name"] != "sharding_indexed":
+        raise IntegrityError(
+            f"{where}: codecs: expected one sharding_indexed codec, or chunk codecs ending in crc32c. Got {codecs!r}"
+        )
     conf = _codec(codecs[0], where)["configuration"]
     inner, index = conf.get("codecs"), conf.get("index_codecs")
     if not isinstance(inner, list) or not inner or not isinstance(index, list):
@@ -155,10 +170,17 @@ def parse_array_json(raw: bytes, where: str) -> ArrayMeta:
     )
 
 
+# A stage's configuration that packs before format 8 wrote and that means no configuration.
+_LEGACY_CONFIG = {"dctdata_ctxrans": {"model": "manifest.json"}}
+
+
 def _normal(codecs: Iterable[Mapping[str, Any]], itemsize: int) -> list[dict[str, Any]]:
-    """Codecs with the bytes codec's byte order dropped for one-byte types (zarr-python writes it anyway)."""
+    """Codecs with the bytes codec's byte order dropped for one-byte types (zarr-python writes it anyway), and
+    the entropy coder's former {"model": "manifest.json"} configuration as none."""
     return [
-        {"name": "bytes", "configuration": {}} if c["name"] == "bytes" and itemsize == 1 else c
+        {"name": c["name"], "configuration": {}}
+        if (c["name"] == "bytes" and itemsize == 1) or _LEGACY_CONFIG.get(c["name"]) == c["configuration"]
+        else c
         for c in (_codec(c, "") for c in codecs)
     ]
 
@@ -174,5 +196,5 @@ def check_chunk_codecs(meta: ArrayMeta, lossless: Mapping[str, Any] | None, fiel
             f"{where}: field {field!r}: expected chunk codecs {[c['name'] for c in want]} (the manifest's lossless "
             f"stage {dict(lossless or {})}). Got {got}"
         )
-    if not any(c["name"] == "crc32c" for c in meta.index_codecs):
+    if meta.sharded and not any(c["name"] == "crc32c" for c in meta.index_codecs):
         raise IntegrityError(f"{where}: field {field!r}: expected a crc32c shard index. Got {list(meta.index_codecs)}")

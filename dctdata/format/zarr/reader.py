@@ -56,6 +56,7 @@ import torch
 from dctdata.decoder.stored import check_stream
 from dctdata.decoder.wire import StoredSample, StreamForm, stage_key
 from dctdata.errors import DctDataError, IntegrityError
+from dctdata.format.compact import COMPACT_VERSION
 from dctdata.format.fields import FieldSpec, user_fields
 from dctdata.format.location import join
 from dctdata.format.manifest import Manifest
@@ -64,6 +65,7 @@ from dctdata.format.reader import StorageReader, Unit, UnitReader, batch_values
 from dctdata.format.zarr.layout import (
     CRC_BYTES,
     check_shard_index,
+    derived_files,
     index_bytes,
     shard_key,
     shard_of_file,
@@ -161,7 +163,7 @@ class ZarrReader(StorageReader):
     def _open_locked(self) -> None:
         self._pid = None
         self.source._open()  # its per-process state too, under the same lock
-        metas = self._read_metadata()
+        metas, unlisted = self._read_metadata()
         plans = {}
         for f in self._stored:
             meta, where = metas[f.name], join(self.root, self.layout[f.name]["path"], "zarr.json")
@@ -173,6 +175,13 @@ class ZarrReader(StorageReader):
                 )
             plans[f.name] = _field_plan(meta, f, self.layout[f.name], where)
             plans[f.name].form = self.stamp(plans[f.name].form, f)  # its pack's identity and codec
+        for name, (data, where, what) in unlisted.items():  # last: the checks above name what disagrees first
+            want = self._derived_metadata(name)
+            if data != want:
+                raise IntegrityError(
+                    f"{where}: expected the {what} the manifest implies ({len(want)} bytes, format version "
+                    f"{COMPACT_VERSION}). Got different bytes ({len(data)}; modified after packing?)"
+                )
         self._plans = plans
         # side partners kept in the manifest (version 4) are whole arrays from the start
         self._cache: dict[str, npt.NDArray[Any]] = {
@@ -184,9 +193,12 @@ class ZarrReader(StorageReader):
         self._lock = threading.Lock()  # the caches, when threads share a reader
         self._pid = os.getpid()
 
-    def _read_metadata(self) -> dict[str, ArrayMeta]:
-        """{field: parsed zarr.json}, every file (the group's too) fetched in one batch. A file the manifest
-        lists is read at its recorded size and must match its sha256 (it says what the chunks mean)."""
+    def _read_metadata(self) -> tuple[dict[str, ArrayMeta], dict[str, tuple[bytes, str, str]]]:
+        """({field: parsed zarr.json}, {field or "": (bytes, where, what) of the files to compare with the
+        manifest's}), every file (the group's too) fetched in one batch. A file the manifest lists is read at
+        its recorded size and must match its sha256 (it says what the chunks mean); a version 8 manifest lists
+        none, and the caller compares each with the bytes the manifest implies after the checks that name
+        what disagrees."""
         rels = {"": "zarr.json", **{f.name: f"{self.layout[f.name]['path']}/zarr.json" for f in self._stored}}
         entries = self.manifest.checksums if isinstance(self.manifest.checksums, Mapping) else {}
         requests = []
@@ -200,7 +212,7 @@ class ZarrReader(StorageReader):
                     size = 0  # the fetch below reports the missing file
             requests.append((rel, 0, size))
         got = self.source.fetch(requests)
-        out = {}
+        out, unlisted = {}, {}
         for (name, rel), data in zip(rels.items(), got):
             where = join(self.root, rel) + (f": field {name!r}" if name else "")
             what = "zarr v3 array metadata" if name else "zarr v3 group metadata"
@@ -216,11 +228,19 @@ class ZarrReader(StorageReader):
                         f"{where}: expected the {what} the manifest's sha256 names. Got different bytes "
                         f"({len(data)}; modified after packing?)"
                     )
+            elif self.manifest.version >= COMPACT_VERSION:
+                unlisted[name] = (bytes(data), where, what)
             if name:
                 out[name] = parse_array_json(data, join(self.root, rel))
             else:
                 check_group_json(data, where)
-        return out
+        return out, unlisted
+
+    def _derived_metadata(self, name: str) -> bytes:
+        """The zarr.json a version 8 writer wrote for field `name` ("" for the group), rebuilt from the manifest:
+        it lists none of them, and a file with other bytes was changed after packing."""
+        rel = f"{self.layout[name]['path']}/zarr.json" if name else "zarr.json"
+        return derived_files(self.manifest)[rel]
 
     def close(self) -> None:
         """Close this process's file descriptors (`RangeSource.close`); a later read opens them again."""
@@ -382,6 +402,13 @@ class ZarrReader(StorageReader):
                     held[(f.name, s)] = entries
         if not todo:
             return held
+        if any(not self._plans[f.name].sharded for f, _ in todo):  # one chunk a file: the file is its entry
+            for f, s in [t for t in todo if not self._plans[t[0].name].sharded]:
+                size = self._shard_size(self._plans[f.name].key(s), self._shard_where(f, s))
+                held[(f.name, s)] = np.array([[0, size]], dtype="<u8")
+            todo = [t for t in todo if self._plans[t[0].name].sharded]
+            if not todo:
+                return held
         sizes, requests = [], []
         for f, s in todo:
             plan = self._plans[f.name]
@@ -470,9 +497,19 @@ class _FieldUnit(UnitReader):
 class _FieldPlan:
     """How one field's chunks are stored: shard geometry, the chunk codec, the decoded sample layout."""
 
-    def __init__(self, f: FieldSpec, path: str, chunks_per_shard: int, index_at_end: bool, chunk: int, little: bool):
+    def __init__(
+        self,
+        f: FieldSpec,
+        path: str,
+        chunks_per_shard: int,
+        index_at_end: bool,
+        chunk: int,
+        little: bool,
+        sharded: bool = True,
+    ):
         self.path, self.ndim = path, 1 + len(f.stored_shape)
         self.chunks_per_shard, self.index_at_end = chunks_per_shard, index_at_end
+        self.sharded = sharded  # False: each file is one chunk and its crc32c, no index (format 8)
         self.codec = get_stage(f.lossless)
         self.dtype = np.dtype(f.stored_dtype).newbyteorder("<" if little else ">")
         self.shape = (chunk, *f.stored_shape)
@@ -562,6 +599,10 @@ def _field_plan(meta: ArrayMeta, f: FieldSpec, layout: dict[str, Any], where: st
             f"(manifest layout). Got shard shape {meta.shard} and chunk shape {meta.chunk}"
         )
     check_chunk_codecs(meta, f.lossless, f.name, where)
-    return _FieldPlan(
-        f, layout["path"], layout["shard"] // layout["chunk"], meta.index_at_end, layout["chunk"], meta.little
-    )
+    per_shard = layout["shard"] // layout["chunk"]
+    if not meta.sharded and per_shard != 1:
+        raise IntegrityError(
+            f"{where}: field {f.name!r}: expected a sharded array ({per_shard} chunks a shard in the manifest layout). "
+            "Got unsharded metadata"
+        )
+    return _FieldPlan(f, layout["path"], per_shard, meta.index_at_end, layout["chunk"], meta.little, meta.sharded)

@@ -31,7 +31,7 @@ from dctdata.format.fields import side_partner_names
 from dctdata.format.location import is_url, join, open_file, remove_file
 from dctdata.format.zarr.layout import INLINE_BYTES, chunking, inline_array, inline_entry, layout_entry, shard_key
 from dctdata.format.zarr.metadata import array_json, group_json
-from dctdata.format.zarr.shards import shard_bytes
+from dctdata.format.zarr.shards import crc32c, shard_bytes
 from dctdata.parse import parse_optional_int
 from dctdata.stages import get_stage
 
@@ -103,20 +103,18 @@ class ZarrWriter(PartWriter):
         self.create(root, fields, n)
 
     def finish(self, root: str, fields: Fields, n: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        """{"layout", "checksums"} from the finished parts plus the metadata files; small side partners
-        go into the layout and their files away."""
-        checksums = {
-            rel: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-            for rel, data in self._metadata(fields, n).items()
-        }
+        """{"layout", "checksums"} from the finished parts; small side partners go into the layout and their
+        files away. The metadata files are not listed (format 8): a reader rebuilds them from the manifest
+        and requires those bytes (`dctdata.format.zarr.reader`)."""
+        checksums: dict[str, Any] = {}
         for p in parts:
             checksums.update(p["files"])
         layout = layout_entry(fields, n, self.chunk_samples, self.shard_samples)
         for name, values in _inline_values(fields, n, parts).items():
             layout["arrays"][name] = inline_entry(values)
-            for rel in [r for r in checksums if r.startswith(name + "/")]:
+            for rel in [r for r in checksums if r.startswith(name + "/")] + [f"{name}/zarr.json"]:
                 remove_file(join(root, *rel.split("/")), self.storage_options)
-                del checksums[rel]
+                checksums.pop(rel, None)
             if not is_url(root):
                 try:
                     os.rmdir(os.path.join(root, name))
@@ -165,7 +163,8 @@ class ZarrWriter(PartWriter):
                     block = np.concatenate([block, np.zeros((c - len(block), *f.stored_shape), block.dtype)])
                 coded.append(stage.encode(block.astype(block.dtype.newbyteorder("<"), copy=False)))
             rel = shard_key(f.name, index, 1 + len(f.stored_shape))
-            files[rel] = self._put(join(root, *rel.split("/")), shard_bytes(coded, shard // c))
+            body = shard_bytes(coded, shard // c) if shard > c else coded[0] + crc32c(coded[0])  # one chunk: no index
+            files[rel] = self._put(join(root, *rel.split("/")), body)
             if f.name in partners and data.nbytes <= INLINE_BYTES:
                 inline[f.name] = inline_entry(data)["inline"]
         return {"files": files, "inline": inline}
