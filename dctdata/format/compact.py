@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dctdata.errors import FormatError
-from dctdata.kinds import FieldKind
+from dctdata.format.kinds import CODED
 
 COMPACT_VERSION = 8
 CTXRANS_ID = "dctdata_ctxrans"  # `dctdata.entropy.ctxrans.CODEC_ID` (the format does not import the entropy coder)
@@ -154,7 +154,7 @@ def _dims(shape: object) -> dict[str, int] | None:
 def _compact_field(f: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(f)
     codec, lossless = f.get("codec"), f.get("lossless")
-    if f.get("kind") != FieldKind.DCT.value or not isinstance(codec, Mapping):
+    if f.get("kind") != CODED.value or not isinstance(codec, Mapping):
         return out
     dims = _dims(f.get("shape")) or {}
     written = {k: v for k, v in codec.items() if not (k in dims and v == dims[k]) and (k, v) != ("pad", "extend")}
