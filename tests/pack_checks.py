@@ -1,6 +1,7 @@
 """Reading a whole pack and running `dctdata verify` on it, as the robustness tests do after damaging
 or tampering with one (shared by test_corruption and test_hostile_packs); `difference`, how far a device
-pack is from the CPU pack (the device-pack tests and `python -m benchmarks pack-speed`)."""
+pack is from the CPU pack (the device-pack tests and `python -m benchmarks pack-speed`); `quick_pack`, a pack
+whose lossless stage is zstd, for tests of what the stage cannot change."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ from dctdata.cli import main
 from dctdata.errors import DctDataError
 from dctdata.format.compact import COMPACT_VERSION, full_v8
 from dctdata.format.fields import EXTEND_VERSION, TABLES_VERSION, unpack_tables
+
+# The lossless stage of `quick_pack`: zstd at level 1.
+ZSTD = {"id": "zstd", "level": 1}
+
+
+def quick_pack(source, out, **kw):
+    """`dctdata.pack` with zstd as the lossless stage unless `kw` names one. For tests of the decoded values
+    (bounds, lattices, corrections, dtypes), which a bit-exact stage cannot change: the default stage "auto"
+    fits the context coder on every pack, most of a small pack's time; the stages' own tests cover it."""
+    return dctdata.pack(source, out, **{"lossless": ZSTD, **kw})
 
 
 def read_all(ds) -> list:

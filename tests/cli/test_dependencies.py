@@ -52,9 +52,11 @@ def _guard_extras(tree: ast.AST, node: ast.stmt) -> set[str] | None:
     return None
 
 
+@functools.cache
 def third_party_imports() -> dict[str, dict[str, set[str] | None]]:
     """top-level module -> {"path:line": extras named by its guard, or None when unguarded}. A module that
-    guards an import guards every import of that name in the module (its functions run after the check)."""
+    guards an import guards every import of that name in the module (its functions run after the check).
+    Walked once for the module's tests (callers only read it): the walk was most of their time."""
     out: dict[str, dict[str, set[str] | None]] = {}
     for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from pack_checks import quick_pack as pack
 
 import dctdata
 from dctdata.codec.lattice import snap
@@ -82,7 +83,7 @@ def test_a_float64_source_decodes_in_float64_within_its_bound(tmp_path, fmt):
     pack records are that decode's, and `verify` passes."""
     for name, x, kw in float64_sources():
         out = tmp_path / name.replace("/", "-")
-        dctdata.pack(x, out, format=fmt, quiet=True, **kw)
+        pack(x, out, format=fmt, quiet=True, **kw)
         f = read_manifest(out).field("image")
         assert f.codec.precision == "float64" and f.codec.side_dtype == "float64", name
         assert dctdata.open_dataset(out).decompressor().dtype == torch.float64
@@ -104,14 +105,14 @@ def test_a_float64_field_decoded_in_another_dtype_computes_in_float64_then_round
     """An output dtype other than float64 is the float64 decode rounded once (its bound then holds to that
     dtype's rounding), in the 2-D layer and the volume layer."""
     _, x, kw = float64_sources()[0]
-    dctdata.pack(x, tmp_path / "p", quiet=True, **kw)
+    pack(x, tmp_path / "p", quiet=True, **kw)
     ds = dctdata.open_dataset(tmp_path / "p")
     wire = collate([ds[i] for i in range(len(ds))])[0]
     exact = ds.decompressor()(wire)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert torch.equal(ds.decompressor(dtype=dtype)(wire), exact.to(dtype)), dtype
     vol = np.round(np.random.default_rng(5).uniform(0, 50, size=(2, 1, 8, 8, 8))) + 0.001
-    dctdata.pack(vol, tmp_path / "v", dims=3, max_error=1e-6, quiet=True)
+    pack(vol, tmp_path / "v", dims=3, max_error=1e-6, quiet=True)
     ds = dctdata.open_dataset(tmp_path / "v")
     wire = collate([ds[i] for i in range(len(ds))])[0]
     exact = ds.decompressor()(wire)
@@ -126,7 +127,7 @@ def test_a_float64_source_with_a_target_and_a_bound_holds_both(tmp_path):
     rng = np.random.default_rng(9)
     x = np.round(rng.uniform(0, 200, size=(6, 1, 16, 16))) + 0.001
     x[3:] = 100 + 1e-3 * rng.normal(size=(3, 1, 16, 16)).cumsum(-1)
-    dctdata.pack(x, tmp_path / "p", target_psnr=40, max_error=1e-6, quiet=True)
+    pack(x, tmp_path / "p", target_psnr=40, max_error=1e-6, quiet=True)
     m = read_manifest(tmp_path / "p")
     codec = m.field("image").codec
     assert codec.precision == "float64" and codec.lattice is True
@@ -145,7 +146,7 @@ def test_a_float64_volume_holds_its_bound(tmp_path, fmt):
     x = np.stack([smooth + 1e-3 * rng.normal(size=(8, 8, 8)).cumsum(-1) for _ in range(2)])[:, None]
     x = np.concatenate([x, np.round(rng.uniform(0, 50, size=(2, 1, 8, 8, 8))) + 0.001], 1)
     out = tmp_path / "v"
-    dctdata.pack(x, out, dims=3, format=fmt, max_error=1e-6, quiet=True)
+    pack(x, out, dims=3, format=fmt, max_error=1e-6, quiet=True)
     assert read_manifest(out).field("image").codec.precision == "float64"
     bound = torch.full((2, 2, 1, 1, 1), 1e-6, dtype=torch.float64)
     for decode in ("cpu", "device"):
@@ -158,7 +159,7 @@ def test_a_float64_bound_no_encoding_holds_is_named(tmp_path):
     x = np.random.default_rng(7).uniform(size=(2, 1, 16, 16))
     out = tmp_path / "p"
     with pytest.raises(BoundError, match=r"sample \d+: field 'image': expected \|decoded - x\| <= 1e-12 .* channel 0"):
-        dctdata.pack(x, out, max_error=1e-12, quiet=True)
+        pack(x, out, max_error=1e-12, quiet=True)
     assert not out.exists()
 
 
@@ -167,7 +168,7 @@ def test_float32_sources_and_unbounded_float64_sources_keep_their_float32_decode
     without one, keep float32 side values and a float32 default decode."""
     x = float64_sources()[3][1]
     for name, data, bound in (("f32", x.astype(np.float32), {"max_error": 1e-2}), ("f64", x, {})):
-        dctdata.pack(data, tmp_path / name, quiet=True, **bound)
+        pack(data, tmp_path / name, quiet=True, **bound)
         codec = read_manifest(tmp_path / name).field("image").codec
         assert codec.precision is None and dctdata.open_dataset(tmp_path / name).decompressor().dtype == torch.float32
 
@@ -179,7 +180,7 @@ def test_a_float64_decode_in_an_older_manifest_is_refused(tmp_path):
     from dctdata.errors import FormatError
 
     _, x, kw = float64_sources()[0]
-    dctdata.pack(x[:1], tmp_path / "p", quiet=True, **kw)
+    pack(x[:1], tmp_path / "p", quiet=True, **kw)
     m = read_manifest(tmp_path / "p")
     with pytest.raises(
         FormatError, match=r"field 'image': a float64 decode .* expected manifest version >= 6\. Got version 5"
@@ -204,7 +205,7 @@ def test_every_source_dtype_holds_its_bound_on_every_output_dtype(tmp_path, dtyp
     x = x.astype(dtype)
     for kw in ({"max_error": 2e-3}, {"max_rel_error": 1e-3}):
         out = tmp_path / f"{next(iter(kw))}"
-        dctdata.pack(x, out, format=fmt, quiet=True, **kw)
+        pack(x, out, format=fmt, quiet=True, **kw)
         bound = bounds_of(x, **kw)
         for decode in ("cpu", "device"):
             for out_dtype in (torch.float32, torch.float64):
@@ -231,7 +232,7 @@ def test_integer_sources_packed_as_dct_hold_their_bound(tmp_path):
             x[1] += 1 << 25  # past 2^24: float32 does not hold every value
         out = tmp_path / dtype
         try:
-            dctdata.pack(x, out, fields={"image": "dct"}, max_rel_error=1e-4, quiet=True)
+            pack(x, out, fields={"image": "dct"}, max_rel_error=1e-4, quiet=True)
         except BoundError as exc:  # only where float32 cannot carry the values
             assert dtype == "int32" and "sample 1: field 'image'" in str(exc) and "float32" in str(exc)
             continue
@@ -262,7 +263,7 @@ def test_a_constant_item_under_a_relative_bound_is_stored_exactly(tmp_path, fmt,
     x[1, 1] = value
     for r in (1e-3, 1e-1):
         out = tmp_path / f"r{r:g}"
-        dctdata.pack(x, out, format=fmt, max_rel_error=r, quiet=True)
+        pack(x, out, format=fmt, max_rel_error=r, quiet=True)
         for decode in ("cpu", "device"):
             for dtype in (torch.float32, torch.float64):
                 y = decodes(out, fmt, dtype, decode)
@@ -274,8 +275,8 @@ def test_a_constant_item_unseen_by_calibration_is_named_with_advice_that_helps(t
     x = np.random.default_rng(0).normal(size=(6, 1, 16, 16)).cumsum(-1).astype(np.float32)
     x[5] = 2.5  # not in the calibration subset: the codec has no lattice
     with pytest.raises(BoundError, match=r"sample 5: field 'image': .* channel 0 \(a constant item: .* calibration"):
-        dctdata.pack(x, tmp_path / "p", max_rel_error=1e-3, calibration=x[:4], quiet=True)
-    dctdata.pack(x, tmp_path / "q", max_rel_error=1e-3, calibration=x[2:], quiet=True)  # seen: stored exactly
+        pack(x, tmp_path / "p", max_rel_error=1e-3, calibration=x[:4], quiet=True)
+    pack(x, tmp_path / "q", max_rel_error=1e-3, calibration=x[2:], quiet=True)  # seen: stored exactly
     assert torch.equal(decodes(tmp_path / "q", "zarr", torch.float32)[5], torch.full((1, 16, 16), 2.5).double())
 
 
@@ -286,7 +287,7 @@ def test_an_all_constant_set_packs_under_a_bound(tmp_path, kw):
     """No PSNR is asked: a set of constant items packs (no message about PSNR), each within its bound."""
     x = np.full((3, 2, 16, 16), 5.0, np.float32)
     x[1] = -3.5
-    dctdata.pack(x, tmp_path / "p", quiet=True, **kw)
+    pack(x, tmp_path / "p", quiet=True, **kw)
     for dtype in (torch.float32, torch.float64):
         assert excess(decodes(tmp_path / "p", "zarr", dtype), x, bounds_of(x, **kw)) <= 0
 
@@ -297,7 +298,7 @@ def test_channels_of_far_apart_ranges_pack_with_corrections(tmp_path, scales):
     rng = np.random.default_rng(1)
     smooth = rng.normal(size=(4, 1, 24, 24)).cumsum(-1).cumsum(-2)
     x = np.concatenate([smooth * s for s in scales], 1).astype(np.float32)
-    dctdata.pack(x, tmp_path / "p", max_rel_error=1e-4, quiet=True)
+    pack(x, tmp_path / "p", max_rel_error=1e-4, quiet=True)
     for dtype in (torch.float32, torch.float64):
         assert excess(decodes(tmp_path / "p", "zarr", dtype), x, bounds_of(x, max_rel_error=1e-4)) <= 0
 
@@ -321,7 +322,7 @@ def test_corrections_are_only_built_where_float32_holds_their_multiples():
 def test_a_target_with_a_bound_packs_when_int8_cannot_hold_the_bound(tmp_path):
     x = (np.random.default_rng(0).normal(size=(2, 2, 17, 36)) + 8060.0).astype(np.float32)
     x[0, 0, 0, 0] = 0.0  # one outlier: int8's landing cannot hold the bound
-    dctdata.pack(x, tmp_path / "p", max_rel_error=0.0098, target_psnr=50.4, quiet=True)
+    pack(x, tmp_path / "p", max_rel_error=0.0098, target_psnr=50.4, quiet=True)
     assert excess(decodes(tmp_path / "p", "zarr", torch.float32), x, bounds_of(x, max_rel_error=0.0098)) <= 0
     assert read_manifest(tmp_path / "p").stats["image"].psnr_dataset >= 50.4 - 0.3
 
@@ -348,7 +349,7 @@ def _grid():
 def test_tight_relative_bounds_give_valid_steps_or_a_named_error(tmp_path, make, r):
     x = make()
     try:
-        dctdata.pack(x, tmp_path / "p", max_rel_error=r, quiet=True)
+        pack(x, tmp_path / "p", max_rel_error=r, quiet=True)
     except BoundError as exc:
         assert not str(exc).startswith("steps:") and "field 'image'" in str(exc) and " sample " in str(exc)
         assert "channel" in str(exc) and len(str(exc)) < 600
@@ -365,7 +366,7 @@ def test_the_volume_layer_snaps_before_rounding_to_half_precision(tmp_path):
     decode (corrected and snapped) rounded once, so the bound holds to their own rounding."""
     rng = np.random.default_rng(8)
     x = (1000.0 + 0.25 * np.round(rng.uniform(0, 40, size=(2, 1, 8, 8, 8)))).astype(np.float32)
-    dctdata.pack(x, tmp_path / "v", dims=3, max_error=1e-3, quiet=True)
+    pack(x, tmp_path / "v", dims=3, max_error=1e-3, quiet=True)
     assert read_manifest(tmp_path / "v").field("image").codec.lattice is True
     ds = dctdata.open_dataset(tmp_path / "v")
     wire = collate([ds[i] for i in range(len(ds))])[0]

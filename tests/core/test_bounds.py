@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from pack_checks import ZSTD, quick_pack
 
 import dctdata
 from dctdata.codec.spec import CodecSpec
@@ -85,7 +86,7 @@ def test_bound_holds_on_every_value(kind, bound):
     x = torch.from_numpy(KINDS[kind](rng, 6, 2, 20, 28).astype(np.float32))
     if bound.get("max_error") == "abs":  # 1e-3 of the median item range, in the field's units
         bound = {"max_error": float(np.median(x.amax((2, 3)) - x.amin((2, 3)))) * 1e-3}
-    spec = calibrate_report(x[:4], quant=None, **bound).spec
+    spec = calibrate_report(x[:4], quant=None, codec=ZSTD, **bound).spec
     assert spec.bounded and spec.dtype in ("int8", "int16")
     ratio = check_bound(x, decoded(spec, x), spec)  # samples 4, 5 were not seen by calibration
     if spec.lattice:  # integer counts under a bound below half a count: snapped back exactly (dctdata.codec.lattice)
@@ -99,14 +100,14 @@ def test_bound_holds_with_nan_mask_and_channels():
     x = torch.from_numpy(spiky(rng, 5, 3, 24, 24).astype(np.float32))
     valid = torch.from_numpy(rng.random(x.shape) > 0.2)
     x = x.masked_fill(~valid, 0.0)  # the masked values count nowhere
-    spec = calibrate_report(x, quant=None, valid=valid, max_rel_error=1e-3).spec
+    spec = calibrate_report(x, quant=None, valid=valid, max_rel_error=1e-3, codec=ZSTD).spec
     check_bound(x, decoded(spec, x, valid), spec, valid)
 
 
 def test_bound_and_target_both_hold():
     rng = np.random.default_rng(2)
     x = torch.from_numpy(spiky(rng, 6, 1, 32, 32).astype(np.float32))
-    report = calibrate_report(x, quant=None, target_psnr=45, max_rel_error=5e-3)
+    report = calibrate_report(x, quant=None, target_psnr=45, max_rel_error=5e-3, codec=ZSTD)
     check_bound(x, decoded(report.spec, x), report.spec)
     assert report.dataset_psnr >= 45 and report.spec.min_psnr is not None
 
@@ -134,7 +135,7 @@ def test_pack_both_storages_reads_back_within_bound(tmp_path):
 def test_writer_and_cli_flags(tmp_path):
     rng = np.random.default_rng(4)
     x = smooth(rng, 8, 1, 16, 16).astype(np.float32)
-    with dctdata.Writer(tmp_path / "w", max_rel_error="image=1e-3", quiet=True) as w:
+    with dctdata.Writer(tmp_path / "w", max_rel_error="image=1e-3", lossless=ZSTD, quiet=True) as w:
         for s in x:
             w.write(s)
     spec = read_manifest(tmp_path / "w").fields[0].codec
@@ -148,7 +149,21 @@ def test_writer_and_cli_flags(tmp_path):
     np.save(tmp_path / "x.npy", x)
     from dctdata.cli import main
 
-    assert main(["pack", str(tmp_path / "x.npy"), str(tmp_path / "c"), "--max-error", "0.02", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "pack",
+                str(tmp_path / "x.npy"),
+                str(tmp_path / "c"),
+                "--max-error",
+                "0.02",
+                "--lossless",
+                "zstd:1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert read_manifest(tmp_path / "c").fields[0].codec.max_error == 0.02
 
 
@@ -156,7 +171,7 @@ def test_unmeetable_bound_errors_and_writes_nothing(tmp_path):
     x = (1e4 + smooth(np.random.default_rng(5), 4, 1, 16, 16)).astype(np.float32)
     out = tmp_path / "tight"
     with pytest.raises(DctDataError, match=r"expected \|decoded - x\| <= 1e-06 .*below float32's precision"):
-        dctdata.pack(x, out, max_error=1e-6, quiet=True)
+        quick_pack(x, out, max_error=1e-6, quiet=True)
     assert not out.exists()
 
 
@@ -168,7 +183,7 @@ def test_unseen_sample_that_cannot_hold_is_named(tmp_path):
     with pytest.raises(
         BoundError, match=r"sample 30.*field 'image'.*--max-error 1\b.*overflow int8: use --quant int16"
     ):
-        dctdata.pack(x, tmp_path / "o", max_error=1.0, quant="int8", calibration=cal, quiet=True)
+        quick_pack(x, tmp_path / "o", max_error=1.0, quant="int8", calibration=cal, quiet=True)
     assert not (tmp_path / "o").exists()
 
 
@@ -179,7 +194,7 @@ def test_margin_covers_float32_decode():
 
     rng = np.random.default_rng(7)
     x = torch.from_numpy((300 + 50 * turbulent(rng, 6, 2, 32, 32)).astype(np.float32))
-    spec = calibrate_report(x, quant=None, max_rel_error=1e-3).spec
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-3, codec=ZSTD).spec
     wire, _ = encode(x, spec)
     exact = decode_reference(wire, spec)
     f32 = Decompress(spec, normalize=False)(wire).double()
@@ -264,7 +279,7 @@ def test_info_and_verify_report_the_bound(tmp_path, capsys):
     from dctdata.cli import main
 
     x = smooth(np.random.default_rng(9), 6, 2, 16, 16).astype(np.float32)
-    dctdata.pack(x, tmp_path / "p", max_error=0.05, quiet=True)
+    quick_pack(x, tmp_path / "p", max_error=0.05, quiet=True)
     assert main(["info", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
     assert "--max-error 0.05" in out and "| image[1] |" in out
@@ -281,7 +296,7 @@ def test_info_and_verify_report_the_bound(tmp_path, capsys):
 
 def _bounded_wire(seed: int = 10):
     x = torch.from_numpy(spiky(np.random.default_rng(seed), 4, 2, 24, 32).astype(np.float32))
-    spec = calibrate_report(x, quant=None, max_rel_error=1e-3).spec
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-3, codec=ZSTD).spec
     wire, _ = encode(x, spec)
     return x, spec, wire
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import os
 import time
@@ -630,7 +631,16 @@ def _corpus():
     return items
 
 
-CORPUS = _corpus()
+@functools.cache
+def corpus() -> list:
+    """The corpus, built on first use (fitting its codecs at import time cost every test process's collection
+    seconds, with or without these tests selected)."""
+    return _corpus()
+
+
+# len(corpus()), known before fitting (the hypothesis strategies below take it): each case in mode 0 and mode 2,
+# those of more than one block row in mode 3 too (test_corpus_round_trips checks it)
+CORPUS_SIZE = 2 * len(_CASES) + sum(shape[2] > 1 for shape, _, _ in _CASES)
 
 
 def check_decode(codec, buf, shape, dtype):
@@ -664,7 +674,7 @@ def check_decode(codec, buf, shape, dtype):
 
 
 def test_every_truncation_raises():
-    for codec, q, buf in CORPUS:
+    for codec, q, buf in corpus():
         for n in range(len(buf)):
             with pytest.raises(CtxCodecError):
                 codec.decode(buf[:n], q.shape, q.dtype)
@@ -673,7 +683,7 @@ def test_every_truncation_raises():
 
 
 def test_lying_section_length():
-    for codec, q, buf in CORPUS:
+    for codec, q, buf in corpus():
         if buf[0] not in (0, 2):
             continue
         head = 1 + (16 if buf[0] == 0 else 64)
@@ -685,20 +695,20 @@ def test_lying_section_length():
 
 @pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
-@given(which=st.integers(0, len(CORPUS) - 1), **MUTATIONS)
+@given(which=st.integers(0, CORPUS_SIZE - 1), **MUTATIONS)
 def test_fuzz_mutated_streams(which, edits, cut, insert):
-    codec, q, buf = CORPUS[which]
+    codec, q, buf = corpus()[which]
     check_decode(codec, mutate(buf, edits, cut, insert), q.shape, q.dtype)
 
 
 @settings(max_examples=max(200, FUZZ_EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    which=st.integers(0, len(CORPUS) - 1),
+    which=st.integers(0, CORPUS_SIZE - 1),
     data=st.binary(min_size=0, max_size=300),
     mode=st.sampled_from([b"", b"\x00", b"\x01", b"\x02"]),
 )
 def test_fuzz_random_bytes(which, data, mode):
-    codec, q, _ = CORPUS[which]
+    codec, q, _ = corpus()[which]
     check_decode(codec, mode + data, q.shape, q.dtype)
     # and with a wrong but plausible declared shape
     b, c, hb, k, wb = q.shape
@@ -706,7 +716,7 @@ def test_fuzz_random_bytes(which, data, mode):
 
 
 def test_decode_many_decodes_in_order_and_counts_up_to_the_first_bad_stream():
-    codec, q, _ = CORPUS[8]
+    codec, q, _ = corpus()[8]
     assert q.shape == (1, 1, 8, 64, 10) and q.dtype == np.int8
     rng = np.random.default_rng(5)
     arrays = [np.clip(q.astype(np.int16) + rng.integers(-2, 3, q.shape), -127, 127).astype(np.int8) for _ in range(4)]
@@ -728,7 +738,7 @@ def test_decode_many_decodes_in_order_and_counts_up_to_the_first_bad_stream():
 
 
 def test_decode_many_refuses_bad_arguments():
-    codec, q, buf = CORPUS[8]
+    codec, q, buf = corpus()[8]
     out = np.zeros((2, *q.shape), np.int8)
     with pytest.raises(TypeError, match=r"bufs: expected a list or tuple of bytes-like objects\. Got int"):
         codec.decode_many(5, out)
@@ -744,25 +754,26 @@ def test_decode_many_refuses_bad_arguments():
 
 def test_corpus_round_trips():
     """Every corpus stream decodes to its array (the wide ones through runs of both decoder paths)."""
+    assert len(corpus()) == CORPUS_SIZE
     pairs = 2 * len(_CASES)
-    modes = [buf[0] for _, _, buf in CORPUS[:pairs]]
+    modes = [buf[0] for _, _, buf in corpus()[:pairs]]
     assert set(modes[0::2]) == {0}  # coded, not the raw fallback
     assert modes[1::2].count(2) >= len(modes) // 2 - 1  # the tiniest one's 16 states may not pay: raw
-    assert {buf[0] for _, _, buf in CORPUS[pairs:]} <= {1, 3} and [b[0] for _, _, b in CORPUS[pairs:]].count(3) >= 5
-    for codec, q, buf in CORPUS:
+    assert {buf[0] for _, _, buf in corpus()[pairs:]} <= {1, 3} and [b[0] for _, _, b in corpus()[pairs:]].count(3) >= 5
+    for codec, q, buf in corpus():
         np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
 
 
 @settings(max_examples=max(200, FUZZ_EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    which=st.integers(0, len(CORPUS) - 1),
+    which=st.integers(0, CORPUS_SIZE - 1),
     edits=st.lists(st.tuples(st.floats(0.0, 1.0, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=40),
 )
 def test_fuzz_kernel_model_bytes(which, edits):
     """The kernel's in-memory model with arbitrary bytes after its header (bucket tables, table indexes,
     frequency and search-start tables: what a bug in the model builder could hand it) still decodes
     inside its buffers: a ValueError or an array, never a crash (the ASan build checks the reads)."""
-    codec, q, buf = CORPUS[which]
+    codec, q, buf = corpus()[which]
     blob = bytearray(codec._blob)
     head = 6 * 4
     for at, val in edits:

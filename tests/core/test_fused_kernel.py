@@ -3,8 +3,7 @@ dtype,
 codec version, mask, CF and cropped size, its AVX2 and portable inner loops alike, `out=`, the cases it
 leaves to the torch kernels, and the errors its checks raise."""
 
-import os
-import subprocess
+import importlib.util
 import sys
 
 import numpy as np
@@ -192,11 +191,16 @@ def test_without_avx2_decompress_keeps_the_torch_kernel(calls, monkeypatch):
     assert not calls
 
 
-def test_the_environment_turns_it_off():
-    code = "import dctdata.decoder.fused as f; print(f.available())"
-    env = {**os.environ, "DCTDATA_FUSED_KERNEL": "0"}
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert res.stdout.strip() == "False"
+def test_the_environment_turns_it_off(monkeypatch):
+    """The module reads DCTDATA_FUSED_KERNEL when it is imported: a fresh copy of it, imported with the variable
+    at 0 (in this process: a new interpreter would spend its time importing torch), is not available."""
+    monkeypatch.setenv("DCTDATA_FUSED_KERNEL", "0")
+    spec = importlib.util.spec_from_file_location("fused_off", fused.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "fused_off", fresh)  # its dataclasses look their module up
+    spec.loader.exec_module(fresh)
+    assert fresh.ENABLED is False and fresh.available() is False
+    assert fused.available() == (fused._synth is not None)  # the imported module is untouched
 
 
 def test_bad_arguments_are_clear_errors():

@@ -5,6 +5,7 @@ cannot hide an upward edge or a cycle."""
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import re
 
@@ -48,9 +49,16 @@ def modules() -> dict[str, pathlib.Path]:
     return out
 
 
+@functools.cache
+def parsed(path: pathlib.Path, text: str) -> ast.Module:
+    """The syntax tree of a source text, parsed once for the module's tests (parsing every module again in
+    each test was most of their time)."""
+    return ast.parse(text, str(path))
+
+
 def imports(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
     """Every dctdata module `path` imports, anywhere in the file (module level or inside functions)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parsed(path, path.read_text())
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(tree):
@@ -158,7 +166,7 @@ def test_the_product_never_imports_the_benchmarks_or_tests():
     """benchmarks/ and tests/ are outside the wheel: a product module importing them breaks the installed package."""
     bad = set()
     for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path, path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:

@@ -5,9 +5,12 @@ coding to the bound, and hostile lattice rows fail clearly."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
+from pack_checks import ZSTD, quick_pack
 from test_bounds import check_bound, cuda_decode_meets_the_bound, onnx_decode_meets_the_bound, smooth
 
 import dctdata
@@ -95,7 +98,7 @@ def test_bound_holds_on_every_value_of_lattice_fields(kind, seed, bound):
     if valid is not None:
         x = x.masked_fill(~valid, 0.0)
     v3 = None if valid is None else valid[:3]
-    spec = calibrate_report(x[:3], quant=None, valid=v3, **bound).spec  # samples 3, 4 unseen
+    spec = calibrate_report(x[:3], quant=None, valid=v3, codec=ZSTD, **bound).spec  # samples 3, 4 unseen
     assert spec.lattice is True and spec.side_rows == 2 + 1 + spec.corrections + 2
     wire, _ = encode(x, spec, valid=valid)
     y = Decompress(spec, normalize=False)(wire)
@@ -130,7 +133,7 @@ def test_a_lattice_pack_stores_less_than_coding_to_the_bound(tmp_path, monkeypat
 def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt, capsys):
     x = counts(np.random.default_rng(4), 6, 2, 24, 32)
     out = tmp_path / "p"
-    dctdata.pack(x, out, format=fmt, max_rel_error=1e-4, quiet=True)
+    quick_pack(x, out, format=fmt, max_rel_error=1e-4, quiet=True)
     m = read_manifest(out)
     spec = m.fields[0].codec
     assert m.version >= 5 and spec.lattice is True
@@ -157,12 +160,20 @@ def test_pack_with_a_lattice_reads_back_within_bound(tmp_path, fmt, capsys):
     assert "corrections/sample, value lattices" in capsys.readouterr().out
 
 
-def _wire():
+@functools.cache
+def _calibrated_wire():
     x = torch.from_numpy(counts(np.random.default_rng(5), 4, 2, 24, 32))
-    spec = calibrate_report(x, quant=None, max_rel_error=1e-4).spec
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-4, codec=ZSTD).spec
     assert spec.lattice is True
     wire, _ = encode(x, spec)
     return x, spec, wire
+
+
+def _wire():
+    """Counts on a lattice, its spec and wire: calibrated once for the module (the calibration is what takes
+    time; none of the tests below checks it), fresh tensors for each test."""
+    x, spec, (q, side) = _calibrated_wire()
+    return x.clone(), spec, (q.clone(), side.clone())
 
 
 @pytest.mark.parametrize(
@@ -262,7 +273,7 @@ def test_volumes_on_a_lattice_snap_too():
     bound, on its grid points, in the layer and the reference decoder."""
     rng = np.random.default_rng(11)
     x = torch.from_numpy((rng.poisson(30, (3, 1, 16, 16, 16)) / rng.uniform(5, 50, (3, 1, 1, 1, 1))).astype(np.float32))
-    spec = calibrate_report(x, quant=None, max_rel_error=1e-4).spec
+    spec = calibrate_report(x, quant=None, max_rel_error=1e-4, codec=ZSTD).spec
     assert spec.depth == 16 and spec.lattice is True
     wire, _ = encode(x, spec)
     bound = 1e-4 * (x.amax((2, 3, 4)) - x.amin((2, 3, 4))).double()
@@ -307,7 +318,7 @@ def test_integers_below_the_float32_margin_decode_exactly(tmp_path):
     assert bool((bound[:, 1] < margin[:, 1]).all())  # the case: no decode can keep bound less margin
     rows, _ = lattice.detect(torch.from_numpy(x), None, bound, margin)
     assert rows[:, 1, 0].tolist() == [1.0] * 3 and rows[:, 1, 1].tolist() == flat.reshape(3, -1).min(1).tolist()
-    dctdata.pack(x, tmp_path / "p", max_rel_error=1e-4, quiet=True)
+    quick_pack(x, tmp_path / "p", max_rel_error=1e-4, quiet=True)
     ds = dctdata.open_dataset(tmp_path / "p", as_dict=True)
     layer = ds.decompressor("image")
     y = np.stack([layer(tuple(t[None] for t in ds[i]["image"]))[0].numpy() for i in range(len(ds))])
@@ -315,7 +326,7 @@ def test_integers_below_the_float32_margin_decode_exactly(tmp_path):
     off = x.copy()
     off[:, 1] += rng.uniform(-1e-3, 1e-3, off[:, 1].shape).astype(np.float32)  # no longer on a grid
     with pytest.raises(DctDataError, match=r"less a float32 margin .*below float32's precision"):
-        dctdata.pack(off, tmp_path / "off", max_rel_error=1e-4, quiet=True)
+        quick_pack(off, tmp_path / "off", max_rel_error=1e-4, quiet=True)
     assert not (tmp_path / "off").exists()
 
 

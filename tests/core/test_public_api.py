@@ -63,22 +63,32 @@ def test_importing_the_package_imports_nothing_heavy(statement):
     assert not heavy, f"{statement} imports {heavy}"
 
 
-def test_a_lazy_name_imports_only_its_side():
-    code = "import sys, dctdata; dctdata.balance_threads; print('\\n'.join(sorted(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert "dctdata.loaders.threads" in loaded
+@pytest.fixture(scope="module")
+def fresh_imports() -> list[str]:
+    """One new interpreter (starting it and importing torch, through the encoder, is most of these tests'
+    time) that imports the module dctdata.encoder.quantize before the package's facade, then touches the lazy
+    name `balance_threads`. Its output: whether `dctdata.quantize` is the function, the modules loaded before
+    the lazy name, a separator line, the modules loaded after it."""
+    code = (
+        "import sys; import dctdata.encoder.quantize; import dctdata; "
+        "print(dctdata.quantize is sys.modules['dctdata.encoder.quantize'].quantize); "
+        "print('\\n'.join(sorted(sys.modules))); print('--'); dctdata.balance_threads; "
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_a_lazy_name_imports_only_its_side(fresh_imports):
+    cut = fresh_imports.index("--")
+    before, loaded = fresh_imports[1:cut], fresh_imports[cut + 1 :]
+    assert "dctdata.loaders.threads" not in before and "dctdata.loaders.threads" in loaded
     assert not [m for m in loaded if m.startswith(("dctdata.preprocess", "webdataset", "zarr", "h5py"))]
 
 
-def test_a_function_named_like_its_module_stays_the_function():
+def test_a_function_named_like_its_module_stays_the_function(fresh_imports):
     """Importing the module dctdata.quantize sets the package's attribute `quantize`; the facade keeps the
     function there (the module stays in sys.modules for `from dctdata.encoder.quantize import ...`)."""
-    code = (
-        "import sys; import dctdata.encoder.quantize; import dctdata; "
-        "print(dctdata.quantize is sys.modules['dctdata.encoder.quantize'].quantize)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "True"
+    assert fresh_imports[0] == "True"
 
 
 @pytest.mark.parametrize("old", ["wire", "quantize", "transform", "nvcomp_zstd", "layer", "calibrate"])

@@ -10,6 +10,7 @@ The check is narrow on purpose: it flags claims of speed or measured effect (rat
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import pathlib
 import re
@@ -40,15 +41,17 @@ def sources() -> list[pathlib.Path]:
     return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 
 
-def docstrings(source: str) -> list[tuple[int, str]]:
-    """(line, text) of the module's, classes' and functions' docstrings."""
+@functools.cache
+def docstrings(source: str) -> tuple[tuple[int, str], ...]:
+    """(line, text) of the module's, classes' and functions' docstrings (each source parsed once for the
+    module's tests: parsing every file again in each test was most of their time)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node, clean=False)
             if doc:
                 found.append((node.body[0].lineno, doc))
-    return found
+    return tuple(found)
 
 
 def comments(source: str) -> list[tuple[int, str]]:
@@ -126,6 +129,6 @@ def test_no_docstring_or_comment_names_a_missing_file():
     found = []
     for path in sources():
         source = path.read_text(encoding="utf-8")
-        for line, text in docstrings(source) + comments(source):
+        for line, text in [*docstrings(source), *comments(source)]:
             found += [f"{path.relative_to(ROOT)}:{line}: {p}" for p in dead_paths(text)]
     assert found == []

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-from torchvision.transforms import v2
 
 import dctdata
 from dctdata import CodecSpec, DctDataError, Decompress
@@ -151,7 +150,16 @@ def _coeff_batch(spec: CodecSpec, n: int = 4) -> tuple[torch.Tensor, torch.Tenso
     return x, q
 
 
-def test_with_decompress_equals_manual_pipeline():
+@pytest.fixture
+def v2():
+    """torchvision.transforms.v2, imported by the tests that use it: importing it is seconds of every test
+    process's collection otherwise."""
+    from torchvision.transforms import v2
+
+    return v2
+
+
+def test_with_decompress_equals_manual_pipeline(v2):
     spec = CodecSpec(cf=4, channels=3, height=20, width=28)
     _, q = _coeff_batch(spec)
     model = nn.Conv2d(3, 2, 3)
@@ -165,7 +173,7 @@ def test_with_decompress_equals_manual_pipeline():
     torch.testing.assert_close(plain(q), model(Decompress(spec)(q)))
 
 
-def test_train_transforms_only_in_training_mode():
+def test_train_transforms_only_in_training_mode(v2):
     spec = CodecSpec(cf=8, channels=1, height=8, width=16)
     x, q = _coeff_batch(spec, n=2)
     net = with_decompress(Decompress(spec), nn.Identity(), train_transforms=v2.RandomHorizontalFlip(p=1.0))
@@ -173,7 +181,7 @@ def test_train_transforms_only_in_training_mode():
     torch.testing.assert_close(net.eval()(q), x, atol=1e-5, rtol=0)
 
 
-def test_per_sample_augmentation_draws_per_sample():
+def test_per_sample_augmentation_draws_per_sample(v2):
     torch.manual_seed(0)
     x = torch.arange(16.0).reshape(1, 1, 1, 16).repeat(64, 1, 1, 1)
     batched = AugmentOnDevice(train=v2.RandomHorizontalFlip(p=0.5))(x)
@@ -184,7 +192,7 @@ def test_per_sample_augmentation_draws_per_sample():
     assert any(flipped) and not all(flipped)
 
 
-def test_with_decompress_trains_through_prefetcher():
+def test_with_decompress_trains_through_prefetcher(v2):
     torch.manual_seed(0)
     spec = CodecSpec(cf=4, channels=1, height=16, width=16, dtype="int8", steps=[[0.05] * 16])
     x = torch.rand(32, 1, 16, 16)
@@ -251,7 +259,7 @@ def test_prefetcher_cuda_pins_unpinned_batches_and_nested():
 
 @pytest.mark.cuda
 @cuda
-def test_with_decompress_on_cuda():
+def test_with_decompress_on_cuda(v2):
     spec = CodecSpec(cf=4, channels=3, height=32, width=32)
     _x, q = _coeff_batch(spec)
     net = with_decompress(Decompress(spec), nn.Identity(), transforms=v2.Normalize([0.5] * 3, [0.25] * 3)).cuda()

@@ -53,8 +53,11 @@ def _source(tmp) -> str:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def packs(tmp_path_factory):
+    """The seven packs of PACKS (read only: a test that edits one edits a copy), made once per test process:
+    test_decode_groups takes them too, and a module-scoped fixture was packed again for each module and each
+    time a process came back to one of them."""
     root = tmp_path_factory.mktemp("device-decode")
     src = _source(root)
     for name, (fmt, kw) in PACKS.items():
