@@ -431,6 +431,34 @@ done:
     return err;
 }
 
+/* The estimate's step: the token's cost in its context, its raw bits, the sign (a raw bit or a flip symbol) */
+#define EST_STEP                                                                                          \
+    { int32_t r = (int32_t)*p - pred; uint32_t mag = iabs32(r); int nb; uint32_t extra;                   \
+      int t = token_of(mag, &nb, &extra); (void)extra;                                                    \
+      acc += cost[(ptrdiff_t)((uint32_t)ctx < nctx ? ctx : 0) * NTOK + t] + ((uint64_t)nb << 8);              \
+      if (r) acc += (sflag && prevv) ? fcost[2 * c + ((r < 0) != (prevv < 0))] : 256u; }
+
+#define EST_FUNC(T, SUF)                                                                                  \
+static uint64_t est_##SUF(const model_t *m, T *q, int B, int C, int Hb, int Hf, int K, int Wb,          \
+                          const uint16_t *cost, const uint16_t *fcost) {                                 \
+    uint64_t acc = 0; const uint32_t nctx = (uint32_t)m->nctx; /* a context out of range costs as context 0 */ \
+    WALK(T, EST_STEP)                                                                                     \
+    return acc;                                                                                           \
+}
+EST_FUNC(int8_t, i8)
+EST_FUNC(int16_t, i16)
+
+/* The ideal code length of q (the whole array as one part) in 1/256 bits: per coefficient cost[ctx * NTOK + token]
+ * (-log2 of the token's probability in its context), its raw bits and its sign (fcost[2c], fcost[2c + 1]: a flip
+ * symbol's cost, same and differing sign, on channel c). No rANS states and no stream: a context pass alone, for
+ * the encoder's choice of a segment count. */
+const char *ctx_estimate(const model_t *m, const void *q, const int dims[5], int itemsize, const uint16_t *cost,
+                         const uint16_t *fcost, uint64_t *bits256) {
+    if (itemsize == 1) *bits256 = est_i8(m, (int8_t *)q, dims[0], dims[1], dims[2], dims[2], dims[3], dims[4], cost, fcost);
+    else *bits256 = est_i16(m, (int16_t *)q, dims[0], dims[1], dims[2], dims[2], dims[3], dims[4], cost, fcost);
+    return NULL;
+}
+
 /* contexts: tok as in the encoder: token | 0x40 if a sign-flip symbol follows | 0x80 if the sign flips */
 const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int itemsize, int32_t *ctx, uint8_t *tok,
                          int64_t *bits) {

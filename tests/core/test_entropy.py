@@ -503,8 +503,9 @@ def _segment_count(buf: bytes) -> int:
 
 def test_segment_bytes_bounds_the_added_segments():
     """Beyond the first version 3 count (one per 16384 coefficients), one segment per `segment_bytes` bytes of the
-    stream: a dense sample gets every segment its coefficients allow, a sparse one keeps what version 3 wrote (mode
-    2 where that was one segment), so its bytes do not grow; every stream decodes with every codec of the model."""
+    stream as the model estimates it (no trial encode): a dense sample gets every segment its coefficients allow, a
+    sparse one keeps what version 3 wrote (mode 2 where that was one segment), so its bytes do not grow; every
+    stream decodes with every codec of the model."""
     rng = np.random.default_rng(5)
     dense = np.clip(rng.laplace(0, 12, (1, 1, 32, 64, 32)), -127, 127).astype(np.int8)
     sparse = np.trunc(dense / 60).astype(np.int8)  # 1 in 150 coefficients not 0
@@ -514,7 +515,9 @@ def test_segment_bytes_bounds_the_added_segments():
     free, first = fit.with_streams(segment_bytes=0), fit.with_streams(segment=SEGMENT_V3, segment_bytes=0)
     for q, base in ((dense, 4), (sparse, 4), (small, 1)):
         unbounded, bounded = free.encode(q), fit.encode(q)
-        cap = base + len(unbounded) // 6000
+        estimate = fit.estimate(q)  # the stream in the most segments, from the model's code lengths
+        assert abs(estimate / len(unbounded) - 1) < 0.05 and free.estimate(q) == estimate
+        cap = base + estimate // 6000
         assert fit.stream_mode(q.shape)[1] == _segment_count(unbounded) == min(q.shape[2], q.size // 8192)
         if cap >= _segment_count(unbounded):
             assert bounded == unbounded
