@@ -94,8 +94,8 @@ done:
 /* estimate(model, q, shape, itemsize, cost uint16[nctx * NTOK + 2 * C]) -> the ideal code length in 1/256 bits
  * (ctx_estimate: per context and token its cost, then per channel a flip symbol's two costs) */
 static PyObject *py_estimate(PyObject *self, PyObject *args) {
-    Py_buffer mb, qb, cb; PyObject *shape; int itemsize;
-    if (!PyArg_ParseTuple(args, "y*y*Oiy*", &mb, &qb, &shape, &itemsize, &cb)) return NULL;
+    Py_buffer mb, qb, cb; PyObject *shape; int itemsize, every = 1, run = 1;
+    if (!PyArg_ParseTuple(args, "y*y*Oiy*|ii", &mb, &qb, &shape, &itemsize, &cb, &every, &run)) return NULL;
     PyObject *res = NULL;
     model_t m; int dims[5]; Py_ssize_t n;
     if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
@@ -106,7 +106,7 @@ static PyObject *py_estimate(PyObject *self, PyObject *args) {
     uint64_t bits; const char *err;
     const uint16_t *cost = (const uint16_t *)cb.buf;
     Py_BEGIN_ALLOW_THREADS
-    err = ctx_estimate(&m, qb.buf, dims, itemsize, cost, cost + (ptrdiff_t)m.nctx * NTOK, &bits);
+    err = ctx_estimate(&m, qb.buf, dims, itemsize, cost, cost + (ptrdiff_t)m.nctx * NTOK, every, run, &bits);
     Py_END_ALLOW_THREADS
     if (err) raise_core(err);
     else res = PyLong_FromUnsignedLongLong((unsigned long long)bits);

@@ -67,7 +67,7 @@ const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int
 /* The ideal code length of q in 1/256 bits (contexts from the array's top row): cost[nctx * NTOK] per context and
  * token, fcost[2 * C] per channel a flip symbol's cost (sign the same, sign differs), raw bits and signs added */
 const char *ctx_estimate(const model_t *m, const void *q, const int dims[5], int itemsize, const uint16_t *cost,
-                         const uint16_t *fcost, uint64_t *bits256);
+                         const uint16_t *fcost, int every, int run, uint64_t *bits256);
 void ctx_decode_setup(model_t *m, const int dims[5]); /* before ctx_decode of arrays of these dims */
 /* One stream into `out` (outlen = the array's bytes), never reading outside `in` or writing outside `out`; an
  * error with numbers in it is written to msg (cap bytes) */

@@ -515,8 +515,9 @@ def test_segment_bytes_bounds_the_added_segments():
     free, first = fit.with_streams(segment_bytes=0), fit.with_streams(segment=SEGMENT_V3, segment_bytes=0)
     for q, base in ((dense, 4), (sparse, 4), (small, 1)):
         unbounded, bounded = free.encode(q), fit.encode(q)
-        estimate = fit.estimate(q)  # the stream in the most segments, from the model's code lengths
-        assert abs(estimate / len(unbounded) - 1) < 0.05 and free.estimate(q) == estimate
+        estimate = fit.estimate(q)  # the stream in the most segments, from the model's code lengths (sampled rows)
+        # within 2% of the stream, or a few symbols of a sparse one: far below a segment's 6000 bytes
+        assert abs(estimate - len(unbounded)) <= max(0.02 * len(unbounded), 200) and free.estimate(q) == estimate
         cap = base + estimate // 6000
         assert fit.stream_mode(q.shape)[1] == _segment_count(unbounded) == min(q.shape[2], q.size // 8192)
         if cap >= _segment_count(unbounded):
