@@ -45,5 +45,12 @@ def contexts(
     /,
 ) -> int: ...
 def estimate(
-    model: npt.NDArray[Any], q: npt.NDArray[Any], shape: Sequence[int], itemsize: int, cost: npt.NDArray[Any], /
-) -> int: ...
+    model: npt.NDArray[Any],
+    q: npt.NDArray[Any],
+    shape: Sequence[int],
+    itemsize: int,
+    cost: npt.NDArray[Any],
+    every: int = ...,
+    run: int = ...,
+    /,
+) -> tuple[int, int]: ...

@@ -143,7 +143,7 @@ SEGMENT_V3 = 1 << 14  # coefficients per segment (mode 3) of a version 3 config 
 SEGMENT = 1 << 13  # what `fit` writes: a 256x256 int8 sample at CF 8 is 8 segments (the byte cost and GPU time
 # it was picked by are in docs/guides/gpu-entropy-decoder.md)
 SEGMENT_BYTES = 6000  # and one segment beyond SEGMENT_V3's count per this many stream bytes (0: no bound)
-SEGMENT_FIXED_BYTES = 57  # a segment's bytes beyond its symbols' ideal code length, for `CtxCodec.estimate`
+SEGMENT_FIXED_BYTES = 54  # a segment's bytes beyond its symbols' ideal code length, for `CtxCodec.estimate`
 ESTIMATE_ROWS = (8, 2)  # `CtxCodec.estimate` walks 2 block rows of every 8 (arrays of 16 block rows or more)
 SEGMENT_RANGE = (1 << 10, 1 << 24)  # the segment lengths a config may name
 SEGMENT_BYTES_MAX = 1 << 30
@@ -744,8 +744,9 @@ class CtxCodec:
         # above it so that its contexts are the encoder's; a volume's rows (depth slabs of block rows, each `split`
         # coded rows) all, as sampling them missed the length by 10-20%
         every, run = (1, 1) if self.layout.volume else ESTIMATE_ROWS
-        bits = self._k.estimate(self._blob, q, shape, q.itemsize, self._cost_table(), every, run) / 256
-        return int(bits / 8 + SEGMENT_FIXED_BYTES * max(nseg, 1))
+        bits, top = self._k.estimate(self._blob, q, shape, q.itemsize, self._cost_table(), every, run)
+        # each segment: its fixed bytes, and all but the array's first its top row coded without the row above
+        return int((bits + top * max(nseg - 1, 0)) / 2048 + SEGMENT_FIXED_BYTES * max(nseg, 1))
 
     def _cost_table(self) -> npt.NDArray[np.uint16]:
         """The kernel's costs for `estimate`: per context and token -log2 of its probability in 1/256 bits, then

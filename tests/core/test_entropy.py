@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import time
 import zlib
@@ -829,3 +830,24 @@ def test_streams_written_before_decode_the_same(dims, config, stream):
     buf = zlib.decompress(base64.b64decode(stream))
     np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
     assert codec.encode(q) == buf
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, mask",
+    [
+        ((1, 1, 64, 36, 64), np.int8, "square"),  # sampled rows
+        ((2, 3, 32, 16, 40), np.int16, "square"),  # channels: sign flips, batch of two
+        ((1, 1, 4, 6, 512, 8), np.int8, "cube"),  # a volume: every row
+    ],
+)
+def test_estimate_is_within_two_percent_of_the_stream(shape, dtype, mask):
+    """`estimate` (what `encode` sets the segment count by) against the stream in the most segments: within 2%."""
+    rng = np.random.default_rng(len(shape) + shape[1])
+    flat = (shape[0], shape[1], math.prod(shape[2:-2]), shape[-2], shape[-1])
+    q = laplace_coeffs(flat, dtype, rng=rng).reshape(shape)
+    if shape[1] > 1:
+        q[:, 1:] = q[:, :1] // 2
+    codec = CtxCodec.fit(q, 8 if mask == "cube" else round(shape[-2] ** 0.5), mask).with_streams(segment_bytes=0)
+    stream = codec.encode(q)
+    assert stream[0] == 3 and _segment_count(stream) == codec.stream_mode(codec._rows(q.shape))[1]
+    assert abs(codec.estimate(q) / len(stream) - 1) < 0.02
