@@ -48,7 +48,9 @@ their own (dctdata.entropy.device), so the segment length sets a batch's GPU dec
 60-100 bytes (its 16 states, its length, the row-above context its top row lacks), whatever the sample's rate,
 so `segment_bytes` bounds the count: beyond the count the first version 3 packs wrote (one per SEGMENT_V3 =
 16384 coefficients), one more segment per `segment_bytes` bytes of the stream, i.e. about 1% more bytes at
-most with the default 6000. Both are in the config ("segment", "segment_bytes"; a version 3 config without
+most with the default 6000. The stream's length there is `CtxCodec.estimate`'s (the model's ideal code length
+over sampled rows, and each segment's fixed bytes), so that a sample is encoded once. Both are in the config
+("segment", "segment_bytes"; a version 3 config without
 them is the first release's rule: 16384 and no bound). The decoder reads the segment count from the stream:
 they only decide what the encoder writes. docs/guides/gpu-entropy-decoder.md has the bytes per segment length.
 Mode 1: a raw copy when
@@ -733,7 +735,8 @@ class CtxCodec:
     def estimate(self, q: npt.NDArray[Any]) -> int:
         """Bytes of the stream `encode` would write of q in this codec's most segments (`stream_mode`), estimated
         from the model without encoding: each coefficient's ideal code length in its context (-log2 of its token's
-        probability), its raw bits and sign, and each segment's fixed cost (its 16 states, its length). What
+        probability), its raw bits and sign, over sampled block rows of a 2-D array (every row of a volume), plus
+        each segment's top row coded without the row above and its fixed bytes (its 16 states, its length). What
         `encode` sets the segment count by; the raw copy's fallback is not taken into account."""
         q = self._check_array(q)
         shape = tuple(int(s) for s in q.shape)
