@@ -91,6 +91,31 @@ done:
     return res;
 }
 
+/* estimate(model, q, shape, itemsize, cost uint16[nctx * NTOK + 2 * C], every=1, run=1) -> (the ideal code length,
+ * a top row's added cost) in 1/256 bits (ctx_estimate: per context and token its cost, then per channel a flip
+ * symbol's two costs) */
+static PyObject *py_estimate(PyObject *self, PyObject *args) {
+    Py_buffer mb, qb, cb; PyObject *shape; int itemsize, every = 1, run = 1;
+    if (!PyArg_ParseTuple(args, "y*y*Oiy*|ii", &mb, &qb, &shape, &itemsize, &cb, &every, &run)) return NULL;
+    PyObject *res = NULL;
+    model_t m; int dims[5]; Py_ssize_t n;
+    if (parse_model(&mb, &m) < 0 || parse_shape(shape, dims, &n) < 0 || check_model_shape(&m, dims) < 0) goto done;
+    if ((itemsize != 1 && itemsize != 2) || qb.len != n * itemsize
+        || cb.len != ((Py_ssize_t)m.nctx * NTOK + 2 * (Py_ssize_t)m.C) * 2) {
+        PyErr_SetString(PyExc_ValueError, "ctxrans: buffer sizes do not match shape and model"); goto done;
+    }
+    uint64_t bits; int64_t top; const char *err;
+    const uint16_t *cost = (const uint16_t *)cb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    err = ctx_estimate(&m, qb.buf, dims, itemsize, cost, cost + (ptrdiff_t)m.nctx * NTOK, every, run, &bits, &top);
+    Py_END_ALLOW_THREADS
+    if (err) raise_core(err);
+    else res = Py_BuildValue("KL", (unsigned long long)bits, (long long)top);
+done:
+    PyBuffer_Release(&mb); PyBuffer_Release(&qb); PyBuffer_Release(&cb);
+    return res;
+}
+
 /* The model, shape and output size checks shared by decode and decode_many; sets m's vector steps. */
 static int decode_setup(const Py_buffer *mb, PyObject *shape, int itemsize, Py_ssize_t outlen, Py_ssize_t items,
                         model_t *m, int dims[5], Py_ssize_t *n) {
@@ -187,6 +212,7 @@ static PyMethodDef methods[] = {
      "set_gather([instruction]) -> previous: the AVX2 decoder's lookups by gather instructions or scalar loads"},
     {"max_coefficients", py_max_coefficients, METH_VARARGS,
      "max_coefficients(nbytes) -> the most coefficients a stream of nbytes bytes can code"},
+    {"estimate", py_estimate, METH_VARARGS, "estimate(model, q, shape, itemsize, cost, every=1, run=1) -> (ideal bits, top row bits) * 256"},
     {"contexts", py_contexts, METH_VARARGS, "contexts(model, q, shape, itemsize, ctx_out, tok_out) -> raw bits"},
     {NULL, NULL, 0, NULL}};
 

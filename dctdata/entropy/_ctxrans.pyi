@@ -44,3 +44,13 @@ def contexts(
     tok_out: npt.NDArray[Any],
     /,
 ) -> int: ...
+def estimate(
+    model: npt.NDArray[Any],
+    q: npt.NDArray[Any],
+    shape: Sequence[int],
+    itemsize: int,
+    cost: npt.NDArray[Any],
+    every: int = ...,
+    run: int = ...,
+    /,
+) -> tuple[int, int]: ...

@@ -48,7 +48,9 @@ their own (dctdata.entropy.device), so the segment length sets a batch's GPU dec
 60-100 bytes (its 16 states, its length, the row-above context its top row lacks), whatever the sample's rate,
 so `segment_bytes` bounds the count: beyond the count the first version 3 packs wrote (one per SEGMENT_V3 =
 16384 coefficients), one more segment per `segment_bytes` bytes of the stream, i.e. about 1% more bytes at
-most with the default 6000. Both are in the config ("segment", "segment_bytes"; a version 3 config without
+most with the default 6000. The stream's length there is `CtxCodec.estimate`'s (the model's ideal code length
+over sampled rows, and each segment's fixed bytes), so that a sample is encoded once. Both are in the config
+("segment", "segment_bytes"; a version 3 config without
 them is the first release's rule: 16384 and no bound). The decoder reads the segment count from the stream:
 they only decide what the encoder writes. docs/guides/gpu-entropy-decoder.md has the bytes per segment length.
 Mode 1: a raw copy when
@@ -143,6 +145,8 @@ SEGMENT_V3 = 1 << 14  # coefficients per segment (mode 3) of a version 3 config 
 SEGMENT = 1 << 13  # what `fit` writes: a 256x256 int8 sample at CF 8 is 8 segments (the byte cost and GPU time
 # it was picked by are in docs/guides/gpu-entropy-decoder.md)
 SEGMENT_BYTES = 6000  # and one segment beyond SEGMENT_V3's count per this many stream bytes (0: no bound)
+SEGMENT_FIXED_BYTES = 54  # a segment's bytes beyond its symbols' ideal code length, for `CtxCodec.estimate`
+ESTIMATE_ROWS = (8, 2)  # `CtxCodec.estimate` walks 2 block rows of every 8 (arrays of 16 block rows or more)
 SEGMENT_RANGE = (1 << 10, 1 << 24)  # the segment lengths a config may name
 SEGMENT_BYTES_MAX = 1 << 30
 SCALE = _ctxrans.SCALE  # frequency precision: tables sum to 2^15
@@ -738,16 +742,48 @@ class CtxCodec:
         q = self._check_array(q)
         shape = tuple(int(s) for s in q.shape)
         mode, nseg = self.stream_mode(shape)
-        buf: bytes = self._k.encode(self._blob, q, shape, q.itemsize, mode, nseg)
-        if mode == MODE_SEGMENTS and self.segment_bytes and buf[0] == MODE_SEGMENTS:
-            # beyond the first version 3 count, one segment per segment_bytes bytes of this stream
+        if mode == MODE_SEGMENTS and self.segment_bytes:
+            # beyond the first version 3 count, one segment per segment_bytes bytes of the stream as the model
+            # estimates it (a context pass, no trial encode)
             base = _stream_mode(self.version, SEGMENT_V3, shape)  # (not a codec built per call: its tables cost)
-            cap = max(base[1], 1) + len(buf) // self.segment_bytes
+            cap = max(base[1], 1) + self._estimate(q, shape, nseg) // self.segment_bytes
             if cap < nseg:
                 n = math.prod(shape)
-                fewer = (MODE_SEGMENTS, cap) if cap >= 2 else (MODE_LANES if n >= LANES_MIN else 0, 0)
-                buf = self._k.encode(self._blob, q, shape, q.itemsize, *fewer)
+                mode, nseg = (MODE_SEGMENTS, cap) if cap >= 2 else (MODE_LANES if n >= LANES_MIN else 0, 0)
+        buf: bytes = self._k.encode(self._blob, q, shape, q.itemsize, mode, nseg)
         return buf
+
+    def estimate(self, q: npt.NDArray[Any]) -> int:
+        """Bytes of the stream `encode` would write of q in this codec's most segments (`stream_mode`), estimated
+        from the model without encoding: each coefficient's ideal code length in its context (-log2 of its token's
+        probability), its raw bits and sign, over sampled block rows of a 2-D array (every row of a volume), plus
+        each segment's top row coded without the row above and its fixed bytes (its 16 states, its length). What
+        `encode` sets the segment count by; the raw copy's fallback is not taken into account."""
+        q = self._check_array(q)
+        shape = tuple(int(s) for s in q.shape)
+        return self._estimate(q, shape, self.stream_mode(shape)[1])
+
+    def _estimate(self, q: npt.NDArray[Any], shape: tuple[int, ...], nseg: int) -> int:
+        # 2-D blocks: block rows sampled, ESTIMATE_ROWS[1] of every ESTIMATE_ROWS[0], each run walked from the row
+        # above it so that its contexts are the encoder's; a volume's rows (depth slabs of block rows, each `split`
+        # coded rows) all, as sampling them missed the length by 10-20%
+        every, run = (1, 1) if self.layout.volume else ESTIMATE_ROWS
+        bits, top = self._k.estimate(self._blob, q, shape, q.itemsize, self._cost_table(), every, run)
+        # each segment: its fixed bytes, and all but the array's first its top row coded without the row above
+        return int((bits + top * max(nseg - 1, 0)) / 2048 + SEGMENT_FIXED_BYTES * max(nseg, 1))
+
+    def _cost_table(self) -> npt.NDArray[np.uint16]:
+        """The kernel's costs for `estimate`: per context and token -log2 of its probability in 1/256 bits, then
+        per channel a flip symbol's cost when the sign is the same and when it differs (built once per codec)."""
+        table: npt.NDArray[np.uint16] | None = getattr(self, "_costs", None)
+        if table is None:
+            freq = np.diff(self.cum.astype(np.int64), axis=1)
+            tok = np.round(256 * (SCALE - np.log2(np.maximum(freq, 1)))).astype(np.uint16)
+            f1 = self.layout.flipf.astype(np.int64)  # a flip symbol's frequency of "the sign differs"
+            flips = np.stack([SCALE - np.log2(MTOT - f1), SCALE - np.log2(f1)], 1)
+            table = np.concatenate([tok.ravel(), np.round(256 * flips).astype(np.uint16).ravel()])
+            self._costs = table
+        return table
 
     def stream_mode(self, shape: Sequence[int]) -> tuple[int, int]:
         """(mode, segments) this codec writes an array of `shape` (B, C, Hb, K, Wb) in: mode 3 with one segment per

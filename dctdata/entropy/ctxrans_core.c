@@ -431,6 +431,62 @@ done:
     return err;
 }
 
+/* The estimate's step: the token's cost in its context, its raw bits, the sign (a raw bit or a flip symbol) */
+#define EST_STEP                                                                                          \
+    { int32_t r = (int32_t)*p - pred; uint32_t mag = iabs32(r); int nb; uint32_t extra;                   \
+      int t = token_of(mag, &nb, &extra); (void)extra;                                                    \
+      uint64_t a = cost[(ptrdiff_t)((uint32_t)ctx < nctx ? ctx : 0) * NTOK + t] + ((uint64_t)nb << 8);        \
+      if (r) a += (sflag && prevv) ? fcost[2 * c + ((r < 0) != (prevv < 0))] : 256u;                      \
+      acc += hb >= hfirst ? a : 0; first += hb == hfirst ? a : 0; }
+
+#define EST_FUNC(T, SUF)                                                                                  \
+static uint64_t est_##SUF(const model_t *m, T *q, int B, int C, int Hb, int Hf, int K, int Wb,          \
+                          const uint16_t *cost, const uint16_t *fcost, int hfirst, uint64_t *first_row) { \
+    uint64_t acc = 0, first = 0; const uint32_t nctx = (uint32_t)m->nctx; /* a context out of range costs as context 0 */ \
+    WALK(T, EST_STEP)                                                                                     \
+    *first_row = first;                                                                                   \
+    return acc;                                                                                           \
+}
+EST_FUNC(int8_t, i8)
+EST_FUNC(int16_t, i16)
+
+/* The ideal code length of q (the whole array as one part) in 1/256 bits: per coefficient cost[ctx * NTOK + token]
+ * (-log2 of the token's probability in its context), its raw bits and its sign (fcost[2c], fcost[2c + 1]: a flip
+ * symbol's cost, same and differing sign, on channel c). No rANS states and no stream: a context pass alone, for
+ * the encoder's choice of a segment count. */
+const char *ctx_estimate(const model_t *m, const void *q, const int dims[5], int itemsize, const uint16_t *cost,
+                         const uint16_t *fcost, int every, int run, uint64_t *bits256, int64_t *top256) {
+    const int Hb = dims[2];
+    if (every < 1 || run < 1 || run >= every || Hb < 2 * every) every = run = Hb; /* every row */
+    const ptrdiff_t rowbytes = (ptrdiff_t)dims[3] * dims[4] * itemsize;
+    uint64_t acc = 0, first, alone; int64_t counted = 0, top = 0, tops = 0;
+#define EST(P, H, HF) (itemsize == 1                                                                      \
+    ? est_i8(m, (int8_t *)(P), dims[0], dims[1], (H), Hb, dims[3], dims[4], cost, fcost, (HF), &first)     \
+    : est_i16(m, (int16_t *)(P), dims[0], dims[1], (H), Hb, dims[3], dims[4], cost, fcost, (HF), &first))
+    for (int h0 = 0; h0 < Hb; h0 += every) {
+        const int h1 = h0 + run < Hb ? h0 + run : Hb, from = h0 > 0 ? h0 - 1 : 0; /* the row above for contexts */
+        const uint8_t *p = (const uint8_t *)q + from * rowbytes;
+        acc += EST(p, h1 - from, h0 - from);
+        counted += h1 - h0;
+        if (h0 > 0) { /* its first row again without the row above, as a segment's top row is coded */
+            const uint64_t with = first;
+            alone = EST(p + rowbytes, 1, 0);
+            top += (int64_t)alone - (int64_t)with; tops++;
+        }
+    }
+    if (!tops && Hb >= 2) { /* every row walked: the middle row's top-row cost */
+        const uint8_t *p = (const uint8_t *)q + (Hb / 2 - 1) * rowbytes;
+        EST(p, 2, 1);
+        const uint64_t with = first;
+        alone = EST(p + rowbytes, 1, 0);
+        top = (int64_t)alone - (int64_t)with; tops = 1;
+    }
+#undef EST
+    *bits256 = counted == Hb ? acc : (uint64_t)((double)acc * Hb / counted);
+    *top256 = tops ? top / tops : 0;
+    return NULL;
+}
+
 /* contexts: tok as in the encoder: token | 0x40 if a sign-flip symbol follows | 0x80 if the sign flips */
 const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int itemsize, int32_t *ctx, uint8_t *tok,
                          int64_t *bits) {

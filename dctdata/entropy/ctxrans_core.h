@@ -64,6 +64,12 @@ const char *ctx_encode(const model_t *m, const void *q, const int dims[5], int i
  * | 0x80 when the sign flips), and the bits of the bit section (*bits) */
 const char *ctx_contexts(const model_t *m, const void *q, const int dims[5], int itemsize, int32_t *ctx, uint8_t *tok,
                          int64_t *bits);
+/* The ideal code length of q in 1/256 bits (contexts from the array's top row; `run` block rows of every `every`
+ * when the array has 2 * every rows or more, scaled to all): cost[nctx * NTOK] per context and token, fcost[2 * C]
+ * per channel a flip symbol's cost (sign the same, sign differs), raw bits and signs added; *top256: what a row
+ * costs more without the row above (a segment's top row), on average over the sampled runs' first rows */
+const char *ctx_estimate(const model_t *m, const void *q, const int dims[5], int itemsize, const uint16_t *cost,
+                         const uint16_t *fcost, int every, int run, uint64_t *bits256, int64_t *top256);
 void ctx_decode_setup(model_t *m, const int dims[5]); /* before ctx_decode of arrays of these dims */
 /* One stream into `out` (outlen = the array's bytes), never reading outside `in` or writing outside `out`; an
  * error with numbers in it is written to msg (cap bytes) */

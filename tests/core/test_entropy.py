@@ -23,6 +23,7 @@ import base64
 import contextlib
 import functools
 import json
+import math
 import os
 import time
 import zlib
@@ -504,8 +505,9 @@ def _segment_count(buf: bytes) -> int:
 
 def test_segment_bytes_bounds_the_added_segments():
     """Beyond the first version 3 count (one per 16384 coefficients), one segment per `segment_bytes` bytes of the
-    stream: a dense sample gets every segment its coefficients allow, a sparse one keeps what version 3 wrote (mode
-    2 where that was one segment), so its bytes do not grow; every stream decodes with every codec of the model."""
+    stream as the model estimates it (no trial encode): a dense sample gets every segment its coefficients allow, a
+    sparse one keeps what version 3 wrote (mode 2 where that was one segment), so its bytes do not grow; every
+    stream decodes with every codec of the model."""
     rng = np.random.default_rng(5)
     dense = np.clip(rng.laplace(0, 12, (1, 1, 32, 64, 32)), -127, 127).astype(np.int8)
     sparse = np.trunc(dense / 60).astype(np.int8)  # 1 in 150 coefficients not 0
@@ -515,7 +517,10 @@ def test_segment_bytes_bounds_the_added_segments():
     free, first = fit.with_streams(segment_bytes=0), fit.with_streams(segment=SEGMENT_V3, segment_bytes=0)
     for q, base in ((dense, 4), (sparse, 4), (small, 1)):
         unbounded, bounded = free.encode(q), fit.encode(q)
-        cap = base + len(unbounded) // 6000
+        estimate = fit.estimate(q)  # the stream in the most segments, from the model's code lengths (sampled rows)
+        # within 2% of the stream, or a few symbols of a sparse one: far below a segment's 6000 bytes
+        assert abs(estimate - len(unbounded)) <= max(0.02 * len(unbounded), 200) and free.estimate(q) == estimate
+        cap = base + estimate // 6000
         assert fit.stream_mode(q.shape)[1] == _segment_count(unbounded) == min(q.shape[2], q.size // 8192)
         if cap >= _segment_count(unbounded):
             assert bounded == unbounded
@@ -836,3 +841,24 @@ def test_streams_written_before_decode_the_same(dims, config, stream):
     buf = zlib.decompress(base64.b64decode(stream))
     np.testing.assert_array_equal(codec.decode(buf, q.shape, q.dtype), q)
     assert codec.encode(q) == buf
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, mask",
+    [
+        ((1, 1, 64, 36, 64), np.int8, "square"),  # sampled rows
+        ((2, 3, 32, 16, 40), np.int16, "square"),  # channels: sign flips, batch of two
+        ((1, 1, 4, 6, 512, 8), np.int8, "cube"),  # a volume: every row
+    ],
+)
+def test_estimate_is_within_two_percent_of_the_stream(shape, dtype, mask):
+    """`estimate` (what `encode` sets the segment count by) against the stream in the most segments: within 2%."""
+    rng = np.random.default_rng(len(shape) + shape[1])
+    flat = (shape[0], shape[1], math.prod(shape[2:-2]), shape[-2], shape[-1])
+    q = laplace_coeffs(flat, dtype, rng=rng).reshape(shape)
+    if shape[1] > 1:
+        q[:, 1:] = q[:, :1] // 2
+    codec = CtxCodec.fit(q, 8 if mask == "cube" else round(shape[-2] ** 0.5), mask).with_streams(segment_bytes=0)
+    stream = codec.encode(q)
+    assert stream[0] == 3 and _segment_count(stream) == codec.stream_mode(codec._rows(q.shape))[1]
+    assert abs(codec.estimate(q) / len(stream) - 1) < 0.02
