@@ -112,7 +112,7 @@ SCRIPTS = {
     "scale": ("benchmarks.bench_scale", "pack throughput on 1 and 2 Dask workers, peak RSS, RSS per loader worker"),
     "trajectories": (
         "benchmarks.trajectories",
-        "a Well-format set: bytes against its HDF5 (raw, gzip, zstd) and windows/s against WellDataset, workers 0/2",
+        "a Well (or --layout pdebench) set: bytes against its HDF5 (raw, gzip, zstd), windows/s against an HDF5 reader",
     ),
     "volume-levers": (
         "benchmarks.volume_levers",

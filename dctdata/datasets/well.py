@@ -118,3 +118,28 @@ def write_well_file(path: str | os.PathLike, n_traj: int = 3, n_steps: int = 20,
         field(t1, "velocity", velocity, True)
         f.create_group("t2_fields").attrs["field_names"] = []
     return os.fspath(path)
+
+
+def write_pdebench_file(
+    path: str | os.PathLike, n_traj: int = 3, n_steps: int = 20, size: int = 32, seed: int = 0
+) -> str:
+    """Write the same shallow-water simulation in PDEBench's per-variable 2-D CFD layout (what
+    `dctdata.preprocess.sources.pdebench` reads): `density` (the water depth DEPTH + height), `pressure`
+    (the depth-integrated hydrostatic g h^2 / 2), `Vx`, `Vy`, each (n_traj, n_steps, x, y) float32, beside
+    `t-coordinate` (n_steps + 1 values, as PDEBench's CFD files have), `x-coordinate`, `y-coordinate` and
+    the root attribute `g`; returns the path."""
+    import h5py
+
+    height, velocity, _, time = shallow_water(n_traj, n_steps, size, seed)
+    depth = (DEPTH + height).astype(np.float32)
+    coords = ((np.arange(size) + 0.5) / size).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("density", data=depth)
+        f.create_dataset("pressure", data=(0.5 * G * depth * depth).astype(np.float32))
+        f.create_dataset("Vx", data=velocity[..., 0])
+        f.create_dataset("Vy", data=velocity[..., 1])
+        f.create_dataset("t-coordinate", data=np.append(time, 2 * time[-1] - time[-2]).astype(np.float32))
+        f.create_dataset("x-coordinate", data=coords)
+        f.create_dataset("y-coordinate", data=coords)
+        f.attrs["g"] = G
+    return os.fspath(path)
