@@ -260,12 +260,27 @@ def _token_logp_table() -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
 
 def _param_costs(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """h (nctx, NTOK) token counts -> the bits of each context's counts under every z byte and every ratio
-    byte: (nctx, 256) each, computed once for every precision `_fit_params` picks from."""
+    byte: (nctx, 256) each, computed once for every precision `_fit_params` picks from. The caller passes the
+    contexts that have counts only (`_used`): a small set leaves most of a layout's contexts empty."""
     nlp, zg = _token_logp_table()
-    n0 = h[:, 0:1]
-    rest = h[:, 1:].sum(1, keepdims=True)
-    cz = -(n0 * np.log2(zg)[None] + rest * np.log2(1.0 - zg)[None])
-    return cz, h[:, 1:] @ nlp.T
+    hf = h.astype(np.float64)
+    cz = np.multiply(hf[:, 0:1], np.log2(zg)[None])
+    cz += hf[:, 1:].sum(1, keepdims=True) * np.log2(1.0 - zg)[None]
+    np.negative(cz, out=cz)
+    # sum over the tokens each context has, not a matrix product: the counts are sparse (a small set's
+    # contexts hold a few tokens each), and a BLAS product's threads stall on a busy machine
+    cr = np.zeros((len(h), nlp.shape[0]))
+    for m in range(h.shape[1] - 1):
+        rows = np.flatnonzero(h[:, m + 1])
+        if rows.size:
+            cr[rows] += hf[rows, m + 1 : m + 2] * nlp[:, m]
+    return cz, cr
+
+
+def _used(h: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Indices of the contexts with counts: the fit's costs and bits need only these (an empty context keeps
+    the default bytes and spends nothing), so its cost follows the data, not the layout's size."""
+    return np.flatnonzero(h.sum(1))
 
 
 def _fit_params(
@@ -276,16 +291,18 @@ def _fit_params(
     `precision`: the parameter bytes are picked among multiples of 2^precision only (0: every byte). The
     kernel reads bytes either way; coarser bytes take fewer bits in the config's zlib stream, which is what a
     small set's model costs against its streams (`PRECISIONS`, chosen by `CtxCodec.fit` on the total).
-    `costs`: `_param_costs(h)`, when the caller has them."""
-    cz, cr = _param_costs(h) if costs is None else costs
-    grid = np.arange(0, 256, 1 << precision)
-    cz, cr = cz[:, grid], cr[:, grid]
-    iz = grid[cz.argmin(1)]
-    ir = grid[cr.argmin(1)]
-    bits = cz.min(1) + cr.min(1)
-    empty = h.sum(1) == 0
-    iz[empty], ir[empty] = 128, 0
-    return iz.astype(np.uint8), ir.astype(np.uint8), bits
+    `costs`: `_param_costs(h[_used(h)])`, when the caller has them."""
+    used = _used(h)
+    cz, cr = _param_costs(h[used]) if costs is None else costs  # rows: the used contexts
+    step = 1 << precision
+    cz, cr = cz[:, ::step], cr[:, ::step]  # the grid 0, step, 2 step, ... (a strided view: no copy)
+    jz, jr = cz.argmin(1), cr.argmin(1)
+    rows = np.arange(len(used))
+    iz, ir = np.full(len(h), 128, np.uint8), np.zeros(len(h), np.uint8)  # an empty context's bytes
+    iz[used], ir[used] = jz * step, jr * step
+    bits = np.zeros(len(h))
+    bits[used] = cz[rows, jz] + cr[rows, jr]
+    return iz, ir, bits
 
 
 # The parameter precisions `fit` tries (`_fit_params`): 8-bit parameters are finer than a context of a few
@@ -311,10 +328,12 @@ def _fit_flips(n_has: npt.NDArray[Any], n_flip: npt.NDArray[Any]) -> tuple[list[
 
 
 def _table_bits(h: npt.NDArray[Any], iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> float:
-    """Exact bits of the token counts under the integer tables (what the coder will spend)."""
-    cum = _cum_tables(iz, ir).astype(np.float64)
+    """Exact bits of the token counts under the integer tables (what the coder will spend); the used contexts
+    only (an empty one spends nothing)."""
+    used = _used(h)
+    cum = _cum_tables(iz[used], ir[used]).astype(np.float64)
     f = np.diff(cum, axis=1)
-    return float(-(h * np.log2(f / MTOT)).sum())
+    return float(-(h[used] * np.log2(f / MTOT)).sum())
 
 
 # -------------------------------------------------------------------------------------------------
@@ -445,7 +464,7 @@ class _Layout:
         padded to 64 bytes and a 2^LUTB-entry uint8 search-start table (token of slot >> (SCALE - LUTB)).
         Returned as a uint8 array whose tables start on 64-byte boundaries (one cache line per cum)."""
         cum = np.ascontiguousarray(cum, dtype=np.uint16)
-        uniq, tidx = np.unique(cum, axis=0, return_inverse=True)
+        uniq, tidx = _unique_rows(cum)
         head = np.array([MAGIC, self.channels, self.K, self.nctx, self.flags, len(uniq)], np.int32)
         ints = np.concatenate(
             [
@@ -516,6 +535,23 @@ def _freqs_many(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     for k in np.nonzero(~ok)[0]:
         f[k] = _freqs(int(iz[k]), int(ir[k]))
     return f
+
+
+_ROW_MIX = np.random.default_rng(0x5EED).integers(1, 1 << 62, NTOK + 1, dtype=np.uint64) | np.uint64(1)
+
+
+def _unique_rows(cum: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """`np.unique(cum, axis=0, return_inverse=True)` of (n, NTOK + 1) tables, the same result without sorting
+    n rows as records (that sort dominated a small set's fit): the rows are grouped by a 64-bit mix of their
+    values, checked equal within each group, and only the distinct rows are sorted as records."""
+    mix = cum.astype(np.uint64) @ _ROW_MIX  # wraps modulo 2^64
+    _, first, inv = np.unique(mix, return_index=True, return_inverse=True)
+    reps = cum[first]
+    if not np.array_equal(reps[inv.reshape(-1)], cum):  # two different rows mixed alike: the plain way
+        uniq, tidx = np.unique(cum, axis=0, return_inverse=True)
+        return uniq, tidx.reshape(-1)
+    uniq, order = np.unique(reps, axis=0, return_inverse=True)
+    return uniq, order.reshape(-1)[inv.reshape(-1)]
 
 
 def _cum_tables(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -964,7 +1000,7 @@ class CtxCodec:
                 else:
                     spec["sign_flip"], flip_bits = (), float(n_has.sum())
                 lay = _Layout(cf, mask, channels, **spec)
-            costs = _param_costs(h)
+            costs = _param_costs(h[_used(h)])  # once for every grid below
             iz, ir, _ = _fit_params(h, PRECISIONS[0], costs)
             codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
             config = codec.get_config()
