@@ -480,7 +480,7 @@ class _Layout:
             ]
         ).astype(np.int32)
         probes = np.arange(1 << lutb, dtype=np.int64) << (SCALE - lutb)
-        lut = (uniq[:, 1:, None] <= probes[None, None, :]).sum(1).clip(0, NTOK - 1).astype(np.uint8)
+        lut = _search_starts(uniq, probes)
         padded = np.full((len(uniq), _CUM_BYTES // 2), 0xFFFF, np.uint16)  # > every slot: searches stop
         padded[:, : NTOK + 1] = uniq
         tab = np.concatenate([padded.view(np.uint8), lut], 1)
@@ -537,6 +537,20 @@ def _freqs_many(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return f
 
 
+def _search_starts(uniq: npt.NDArray[Any], probes: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Per table and probe slot the number of cum[1:] entries <= the slot, clipped to NTOK - 1 (`blob`'s search
+    starts): one binary search over all tables at once when each table is nondecreasing (every table a model
+    builds), the table-by-probe comparison otherwise."""
+    ends = uniq[:, 1:].astype(np.int64)
+    if len(ends) and np.all(ends[:, 1:] >= ends[:, :-1]):
+        off = np.arange(len(ends), dtype=np.int64)[:, None] << 20  # above every uint16 entry and probe
+        at = np.searchsorted((ends + off).ravel(), (probes[None, :] + off).ravel(), side="right")
+        counts = at.reshape(len(ends), -1) - np.arange(len(ends))[:, None] * ends.shape[1]
+    else:
+        counts = (ends[:, :, None] <= probes[None, None, :]).sum(1)
+    return counts.clip(0, NTOK - 1).astype(np.uint8)
+
+
 _ROW_MIX = np.random.default_rng(0x5EED).integers(1, 1 << 62, NTOK + 1, dtype=np.uint64) | np.uint64(1)
 
 
@@ -554,14 +568,24 @@ def _unique_rows(cum: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[A
     return uniq, order.reshape(-1)[inv.reshape(-1)]
 
 
+# The cumulative table of every parameter pair (iz * 256 + ir) built so far: `fit` asks for the same pairs for
+# every layout and grid it tries. Rows are written before their flag, and always with the same values.
+_CUM_CACHE = np.zeros((1 << 16, NTOK + 1), np.uint16)
+_CUM_BUILT = np.zeros(1 << 16, bool)
+
+
 def _cum_tables(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """(nctx, NTOK + 1) uint16 cumulative frequencies (0 .. 2^15) for the parameter bytes."""
-    keys = np.asarray(iz, np.int64) * 256 + np.asarray(ir, np.int64)
-    uniq, inv = np.unique(keys, return_inverse=True)
-    f = _freqs_many(uniq // 256, uniq % 256)
-    cum = np.zeros((len(uniq), NTOK + 1), np.int64)
-    np.cumsum(f, axis=1, out=cum[:, 1:])
-    tables: npt.NDArray[np.uint16] = cum.astype(np.uint16)[inv.reshape(-1)]
+    keys = np.asarray(iz, np.int64).reshape(-1) * 256 + np.asarray(ir, np.int64).reshape(-1)
+    uniq = np.flatnonzero(np.bincount(keys, minlength=1 << 16))  # the distinct pairs (bytes: keys < 2^16)
+    new = uniq[~_CUM_BUILT[uniq]]
+    if new.size:
+        f = _freqs_many(new // 256, new % 256)
+        cum = np.zeros((len(new), NTOK + 1), np.int64)
+        np.cumsum(f, axis=1, out=cum[:, 1:])
+        _CUM_CACHE[new] = cum.astype(np.uint16)
+        _CUM_BUILT[new] = True
+    tables: npt.NDArray[np.uint16] = _CUM_CACHE[keys]
     return tables
 
 
@@ -618,8 +642,16 @@ class CtxCodec:
         if self.iz.shape != (layout.nctx,) or self.ir.shape != (layout.nctx,):
             raise CtxCodecError(f"model params: expected {layout.nctx} contexts. Got {self.iz.shape}")
         self.cum = _cum_tables(self.iz, self.ir)
-        self._blob = layout.blob(self.cum, self._k.LUTB)
+        self._blob_built: npt.NDArray[Any] | None = None
         self.table_crc = zlib.crc32(self.cum.astype("<u2").tobytes())
+
+    @property
+    def _blob(self) -> npt.NDArray[Any]:
+        """The kernel's model (`_Layout.blob`), built on first use: `fit` builds a codec per candidate for its
+        config's bytes and codes with one of them."""
+        if self._blob_built is None:
+            self._blob_built = self.layout.blob(self.cum, self._k.LUTB)
+        return self._blob_built
 
     def with_kernel(self, kernel: Any) -> CtxCodec:
         """Same model on another build of the kernel (benchmarks of compile variants)."""
