@@ -331,9 +331,9 @@ def _table_bits(h: npt.NDArray[Any], iz: npt.NDArray[Any], ir: npt.NDArray[Any])
     """Exact bits of the token counts under the integer tables (what the coder will spend); the used contexts
     only (an empty one spends nothing)."""
     used = _used(h)
-    cum = _cum_tables(iz[used], ir[used]).astype(np.float64)
-    f = np.diff(cum, axis=1)
-    return float(-(h[used] * np.log2(f / MTOT)).sum())
+    keys = np.asarray(iz, np.int64)[used] * 256 + np.asarray(ir, np.int64)[used]
+    _cum_tables(iz[used], ir[used])  # builds the pairs' rows of _NLOG_CACHE too
+    return float(-(h[used] * _NLOG_CACHE[keys]).sum())
 
 
 # -------------------------------------------------------------------------------------------------
@@ -572,6 +572,7 @@ def _unique_rows(cum: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[A
 # every layout and grid it tries. Rows are written before their flag, and always with the same values.
 _CUM_CACHE = np.zeros((1 << 16, NTOK + 1), np.uint16)
 _CUM_BUILT = np.zeros(1 << 16, bool)
+_NLOG_CACHE = np.zeros((1 << 16, NTOK))  # log2(P(token)) of the same tables (`_table_bits`)
 
 
 def _cum_tables(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -584,6 +585,7 @@ def _cum_tables(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
         cum = np.zeros((len(new), NTOK + 1), np.int64)
         np.cumsum(f, axis=1, out=cum[:, 1:])
         _CUM_CACHE[new] = cum.astype(np.uint16)
+        _NLOG_CACHE[new] = np.log2(np.diff(cum.astype(np.float64), axis=1) / MTOT)
         _CUM_BUILT[new] = True
     tables: npt.NDArray[np.uint16] = _CUM_CACHE[keys]
     return tables
