@@ -548,7 +548,8 @@ def _search_starts(uniq: npt.NDArray[Any], probes: npt.NDArray[Any]) -> npt.NDAr
         counts = at.reshape(len(ends), -1) - np.arange(len(ends))[:, None] * ends.shape[1]
     else:
         counts = (ends[:, :, None] <= probes[None, None, :]).sum(1)
-    return counts.clip(0, NTOK - 1).astype(np.uint8)
+    starts: npt.NDArray[np.uint8] = counts.clip(0, NTOK - 1).astype(np.uint8)
+    return starts
 
 
 _ROW_MIX = np.random.default_rng(0x5EED).integers(1, 1 << 62, NTOK + 1, dtype=np.uint64) | np.uint64(1)
