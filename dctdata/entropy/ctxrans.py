@@ -264,16 +264,10 @@ def _param_costs(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any
     contexts that have counts only (`_used`): a small set leaves most of a layout's contexts empty."""
     nlp, zg = _token_logp_table()
     hf = h.astype(np.float64)
-    cz = np.multiply(hf[:, 0:1], np.log2(zg)[None])
-    cz += hf[:, 1:].sum(1, keepdims=True) * np.log2(1.0 - zg)[None]
-    np.negative(cz, out=cz)
-    # sum over the tokens each context has, not a matrix product: the counts are sparse (a small set's
-    # contexts hold a few tokens each), and a BLAS product's threads stall on a busy machine
-    cr = np.zeros((len(h), nlp.shape[0]))
-    for m in range(h.shape[1] - 1):
-        rows = np.flatnonzero(h[:, m + 1])
-        if rows.size:
-            cr[rows] += hf[rows, m + 1 : m + 2] * nlp[:, m]
+    # numpy's own loops, not BLAS products: the products are small, and BLAS threads stall on a busy machine
+    zero_rest = np.stack([hf[:, 0], hf[:, 1:].sum(1)], 1)  # (nctx, 2): zeros, nonzeros
+    cz: npt.NDArray[np.float64] = np.einsum("ij,jk->ik", zero_rest, -np.log2(np.stack([zg, 1.0 - zg])))
+    cr: npt.NDArray[np.float64] = np.einsum("ij,kj->ik", hf[:, 1:], nlp)
     return cz, cr
 
 
