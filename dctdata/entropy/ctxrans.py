@@ -258,16 +258,20 @@ def _token_logp_table() -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     return -np.log2(p[:, 1:]), np.array(Z_GRID)
 
 
+_BLAS_ROWS = 2048  # contexts from which `_param_costs` multiplies by BLAS
+
+
 def _param_costs(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """h (nctx, NTOK) token counts -> the bits of each context's counts under every z byte and every ratio
     byte: (nctx, 256) each, computed once for every precision `_fit_params` picks from. The caller passes the
     contexts that have counts only (`_used`): a small set leaves most of a layout's contexts empty."""
     nlp, zg = _token_logp_table()
     hf = h.astype(np.float64)
-    # numpy's own loops, not BLAS products: the products are small, and BLAS threads stall on a busy machine
+    # numpy's own loops, not BLAS products, for the few contexts of a small set: BLAS threads stall on a busy
+    # machine for longer than such a product takes; many contexts keep the BLAS product (its work pays)
     zero_rest = np.stack([hf[:, 0], hf[:, 1:].sum(1)], 1)  # (nctx, 2): zeros, nonzeros
     cz: npt.NDArray[np.float64] = np.einsum("ij,jk->ik", zero_rest, -np.log2(np.stack([zg, 1.0 - zg])))
-    cr: npt.NDArray[np.float64] = np.einsum("ij,kj->ik", hf[:, 1:], nlp)
+    cr: npt.NDArray[np.float64] = hf[:, 1:] @ nlp.T if len(h) >= _BLAS_ROWS else np.einsum("ij,kj->ik", hf[:, 1:], nlp)
     return cz, cr
 
 
