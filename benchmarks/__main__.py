@@ -88,6 +88,10 @@ SCRIPTS = {
         "benchmarks.fixed_bytes",
         "one small int16 volume's fixed bytes by part (model, checksums, zarr.json, ...) and its CR against SPERR-3D",
     ),
+    "fit-speed": (
+        "benchmarks.fit_speed",
+        "the context coder's fit time in a default pack, the pack's time and bytes, tiny to large, beside an old tree",
+    ),
     "pack-speed": (
         "benchmarks.pack_speed",
         "pack MB/s of float32 and CR (default, zstd, fixed, workers, cold CLI, GPU) beside SZ3, ZFP and SPERR",

@@ -262,14 +262,27 @@ def _token_logp_table() -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     return -np.log2(p[:, 1:]), np.array(Z_GRID)
 
 
+_BLAS_ROWS = 2048  # contexts from which `_param_costs` multiplies by BLAS
+
+
 def _param_costs(h: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     """h (nctx, NTOK) token counts -> the bits of each context's counts under every z byte and every ratio
-    byte: (nctx, 256) each, computed once for every precision `_fit_params` picks from."""
+    byte: (nctx, 256) each, computed once for every precision `_fit_params` picks from. The caller passes the
+    contexts that have counts only (`_used`): a small set leaves most of a layout's contexts empty."""
     nlp, zg = _token_logp_table()
-    n0 = h[:, 0:1]
-    rest = h[:, 1:].sum(1, keepdims=True)
-    cz = -(n0 * np.log2(zg)[None] + rest * np.log2(1.0 - zg)[None])
-    return cz, h[:, 1:] @ nlp.T
+    hf = h.astype(np.float64)
+    # numpy's own loops, not BLAS products, for the few contexts of a small set: BLAS threads stall on a busy
+    # machine for longer than such a product takes; many contexts keep the BLAS product (its work pays)
+    zero_rest = np.stack([hf[:, 0], hf[:, 1:].sum(1)], 1)  # (nctx, 2): zeros, nonzeros
+    cz: npt.NDArray[np.float64] = np.einsum("ij,jk->ik", zero_rest, -np.log2(np.stack([zg, 1.0 - zg])))
+    cr: npt.NDArray[np.float64] = hf[:, 1:] @ nlp.T if len(h) >= _BLAS_ROWS else np.einsum("ij,kj->ik", hf[:, 1:], nlp)
+    return cz, cr
+
+
+def _used(h: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Indices of the contexts with counts: the fit's costs and bits need only these (an empty context keeps
+    the default bytes and spends nothing), so its cost follows the data, not the layout's size."""
+    return np.flatnonzero(h.sum(1))
 
 
 def _fit_params(
@@ -280,16 +293,18 @@ def _fit_params(
     `precision`: the parameter bytes are picked among multiples of 2^precision only (0: every byte). The
     kernel reads bytes either way; coarser bytes take fewer bits in the config's zlib stream, which is what a
     small set's model costs against its streams (`PRECISIONS`, chosen by `CtxCodec.fit` on the total).
-    `costs`: `_param_costs(h)`, when the caller has them."""
-    cz, cr = _param_costs(h) if costs is None else costs
-    grid = np.arange(0, 256, 1 << precision)
-    cz, cr = cz[:, grid], cr[:, grid]
-    iz = grid[cz.argmin(1)]
-    ir = grid[cr.argmin(1)]
-    bits = cz.min(1) + cr.min(1)
-    empty = h.sum(1) == 0
-    iz[empty], ir[empty] = 128, 0
-    return iz.astype(np.uint8), ir.astype(np.uint8), bits
+    `costs`: `_param_costs(h[_used(h)])`, when the caller has them."""
+    used = _used(h)
+    cz, cr = _param_costs(h[used]) if costs is None else costs  # rows: the used contexts
+    step = 1 << precision
+    cz, cr = cz[:, ::step], cr[:, ::step]  # the grid 0, step, 2 step, ... (a strided view: no copy)
+    jz, jr = cz.argmin(1), cr.argmin(1)
+    rows = np.arange(len(used))
+    iz, ir = np.full(len(h), 128, np.uint8), np.zeros(len(h), np.uint8)  # an empty context's bytes
+    iz[used], ir[used] = jz * step, jr * step
+    bits = np.zeros(len(h))
+    bits[used] = cz[rows, jz] + cr[rows, jr]
+    return iz, ir, bits
 
 
 # The parameter precisions `fit` tries (`_fit_params`): 8-bit parameters are finer than a context of a few
@@ -315,10 +330,12 @@ def _fit_flips(n_has: npt.NDArray[Any], n_flip: npt.NDArray[Any]) -> tuple[list[
 
 
 def _table_bits(h: npt.NDArray[Any], iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> float:
-    """Exact bits of the token counts under the integer tables (what the coder will spend)."""
-    cum = _cum_tables(iz, ir).astype(np.float64)
-    f = np.diff(cum, axis=1)
-    return float(-(h * np.log2(f / MTOT)).sum())
+    """Exact bits of the token counts under the integer tables (what the coder will spend); the used contexts
+    only (an empty one spends nothing)."""
+    used = _used(h)
+    keys = np.asarray(iz, np.int64)[used] * 256 + np.asarray(ir, np.int64)[used]
+    _cum_tables(iz[used], ir[used])  # builds the pairs' rows of _NLOG_CACHE too
+    return float(-(h[used] * _NLOG_CACHE[keys]).sum())
 
 
 # -------------------------------------------------------------------------------------------------
@@ -449,7 +466,7 @@ class _Layout:
         padded to 64 bytes and a 2^LUTB-entry uint8 search-start table (token of slot >> (SCALE - LUTB)).
         Returned as a uint8 array whose tables start on 64-byte boundaries (one cache line per cum)."""
         cum = np.ascontiguousarray(cum, dtype=np.uint16)
-        uniq, tidx = np.unique(cum, axis=0, return_inverse=True)
+        uniq, tidx = _unique_rows(cum)
         head = np.array([MAGIC, self.channels, self.K, self.nctx, self.flags, len(uniq)], np.int32)
         ints = np.concatenate(
             [
@@ -465,7 +482,7 @@ class _Layout:
             ]
         ).astype(np.int32)
         probes = np.arange(1 << lutb, dtype=np.int64) << (SCALE - lutb)
-        lut = (uniq[:, 1:, None] <= probes[None, None, :]).sum(1).clip(0, NTOK - 1).astype(np.uint8)
+        lut = _search_starts(uniq, probes)
         padded = np.full((len(uniq), _CUM_BYTES // 2), 0xFFFF, np.uint16)  # > every slot: searches stop
         padded[:, : NTOK + 1] = uniq
         tab = np.concatenate([padded.view(np.uint8), lut], 1)
@@ -522,14 +539,58 @@ def _freqs_many(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     return f
 
 
+def _search_starts(uniq: npt.NDArray[Any], probes: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """Per table and probe slot the number of cum[1:] entries <= the slot, clipped to NTOK - 1 (`blob`'s search
+    starts): one binary search over all tables at once when each table is nondecreasing (every table a model
+    builds), the table-by-probe comparison otherwise."""
+    ends = uniq[:, 1:].astype(np.int64)
+    if len(ends) and np.all(ends[:, 1:] >= ends[:, :-1]):
+        off = np.arange(len(ends), dtype=np.int64)[:, None] << 20  # above every uint16 entry and probe
+        at = np.searchsorted((ends + off).ravel(), (probes[None, :] + off).ravel(), side="right")
+        counts = at.reshape(len(ends), -1) - np.arange(len(ends))[:, None] * ends.shape[1]
+    else:
+        counts = (ends[:, :, None] <= probes[None, None, :]).sum(1)
+    starts: npt.NDArray[np.uint8] = counts.clip(0, NTOK - 1).astype(np.uint8)
+    return starts
+
+
+_ROW_MIX = np.random.default_rng(0x5EED).integers(1, 1 << 62, NTOK + 1, dtype=np.uint64) | np.uint64(1)
+
+
+def _unique_rows(cum: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """`np.unique(cum, axis=0, return_inverse=True)` of (n, NTOK + 1) tables, the same result without sorting
+    n rows as records (that sort dominated a small set's fit): the rows are grouped by a 64-bit mix of their
+    values, checked equal within each group, and only the distinct rows are sorted as records."""
+    mix = cum.astype(np.uint64) @ _ROW_MIX  # wraps modulo 2^64
+    _, first, inv = np.unique(mix, return_index=True, return_inverse=True)
+    reps = cum[first]
+    if not np.array_equal(reps[inv.reshape(-1)], cum):  # two different rows mixed alike: the plain way
+        uniq, tidx = np.unique(cum, axis=0, return_inverse=True)
+        return uniq, tidx.reshape(-1)
+    uniq, order = np.unique(reps, axis=0, return_inverse=True)
+    return uniq, order.reshape(-1)[inv.reshape(-1)]
+
+
+# The cumulative table of every parameter pair (iz * 256 + ir) built so far: `fit` asks for the same pairs for
+# every layout and grid it tries. Rows are written before their flag, and always with the same values.
+_CUM_CACHE = np.zeros((1 << 16, NTOK + 1), np.uint16)
+_CUM_BUILT = np.zeros(1 << 16, bool)
+_NLOG_CACHE = np.zeros((1 << 16, NTOK))  # log2(P(token)) of the same tables (`_table_bits`)
+
+
 def _cum_tables(iz: npt.NDArray[Any], ir: npt.NDArray[Any]) -> npt.NDArray[Any]:
     """(nctx, NTOK + 1) uint16 cumulative frequencies (0 .. 2^15) for the parameter bytes."""
-    keys = np.asarray(iz, np.int64) * 256 + np.asarray(ir, np.int64)
-    uniq, inv = np.unique(keys, return_inverse=True)
-    f = _freqs_many(uniq // 256, uniq % 256)
-    cum = np.zeros((len(uniq), NTOK + 1), np.int64)
-    np.cumsum(f, axis=1, out=cum[:, 1:])
-    tables: npt.NDArray[np.uint16] = cum.astype(np.uint16)[inv.reshape(-1)]
+    keys = np.asarray(iz, np.int64).reshape(-1) * 256 + np.asarray(ir, np.int64).reshape(-1)
+    uniq = np.flatnonzero(np.bincount(keys, minlength=1 << 16))  # the distinct pairs (bytes: keys < 2^16)
+    new = uniq[~_CUM_BUILT[uniq]]
+    if new.size:
+        f = _freqs_many(new // 256, new % 256)
+        cum = np.zeros((len(new), NTOK + 1), np.int64)
+        np.cumsum(f, axis=1, out=cum[:, 1:])
+        _CUM_CACHE[new] = cum.astype(np.uint16)
+        _NLOG_CACHE[new] = np.log2(np.diff(cum.astype(np.float64), axis=1) / MTOT)
+        _CUM_BUILT[new] = True
+    tables: npt.NDArray[np.uint16] = _CUM_CACHE[keys]
     return tables
 
 
@@ -586,8 +647,16 @@ class CtxCodec:
         if self.iz.shape != (layout.nctx,) or self.ir.shape != (layout.nctx,):
             raise CtxCodecError(f"model params: expected {layout.nctx} contexts. Got {self.iz.shape}")
         self.cum = _cum_tables(self.iz, self.ir)
-        self._blob = layout.blob(self.cum, self._k.LUTB)
+        self._blob_built: npt.NDArray[Any] | None = None
         self.table_crc = zlib.crc32(self.cum.astype("<u2").tobytes())
+
+    @property
+    def _blob(self) -> npt.NDArray[Any]:
+        """The kernel's model (`_Layout.blob`), built on first use: `fit` builds a codec per candidate for its
+        config's bytes and codes with one of them."""
+        if self._blob_built is None:
+            self._blob_built = self.layout.blob(self.cum, self._k.LUTB)
+        return self._blob_built
 
     def with_kernel(self, kernel: Any) -> CtxCodec:
         """Same model on another build of the kernel (benchmarks of compile variants)."""
@@ -1000,7 +1069,7 @@ class CtxCodec:
                 else:
                     spec["sign_flip"], flip_bits = (), float(n_has.sum())
                 lay = _Layout(cf, mask, channels, **spec)
-            costs = _param_costs(h)
+            costs = _param_costs(h[_used(h)])  # once for every grid below
             iz, ir, _ = _fit_params(h, PRECISIONS[0], costs)
             codec = cls(lay, iz, ir, segment=segment, segment_bytes=segment_bytes)
             config = codec.get_config()

@@ -324,6 +324,49 @@ def test_vectorised_tables_bit_identical():
     assert (f.sum(1) == MTOT).all() and (f >= 1).all()
 
 
+def test_fit_fast_paths_match_the_plain_computations(monkeypatch):
+    """The fit's shortcuts (unique tables by a row mix, search starts by one binary search, cached tables, the
+    used contexts only) give exactly what the plain numpy computations give, the mix's collision fallback too."""
+    from dctdata.entropy import ctxrans as cr
+
+    rng = np.random.default_rng(6)
+    iz = rng.integers(0, 256, 400).astype(np.uint8)
+    ir = rng.integers(0, 256, 400).astype(np.uint8)
+    iz[::3], ir[::3] = 7, 9  # repeated pairs: shared tables
+    cum = cr._cum_tables(iz, ir)
+    f = cr._freqs_many(iz.astype(np.int64), ir.astype(np.int64))
+    np.testing.assert_array_equal(cum[:, 1:], np.cumsum(f, 1))  # cached rows == freshly built ones
+    np.testing.assert_array_equal(cr._cum_tables(iz, ir), cum)
+    want_u, want_i = np.unique(cum, axis=0, return_inverse=True)
+    got_u, got_i = cr._unique_rows(cum)
+    np.testing.assert_array_equal(got_u, want_u)
+    np.testing.assert_array_equal(got_i, want_i.reshape(-1))
+    monkeypatch.setattr(cr, "_ROW_MIX", np.zeros(cr.NTOK + 1, np.uint64))  # every row mixes alike: fallback
+    got_u, got_i = cr._unique_rows(cum)
+    np.testing.assert_array_equal(got_u, want_u)
+    np.testing.assert_array_equal(got_i, want_i.reshape(-1))
+    probes = np.arange(1 << 8, dtype=np.int64) << (cr.SCALE - 8)
+    for tables in (want_u, want_u[:, ::-1].copy()):  # increasing tables, and decreasing ones (plain path)
+        plain = (tables[:, 1:, None].astype(np.int64) <= probes[None, None, :]).sum(1).clip(0, cr.NTOK - 1)
+        np.testing.assert_array_equal(cr._search_starts(tables, probes), plain)
+    h = np.zeros((300, cr.NTOK), np.int64)
+    h[rng.integers(0, 300, 40), rng.integers(0, cr.NTOK, 40)] = rng.integers(1, 500, 40)
+    nlp, _ = cr._token_logp_table()
+    used = cr._used(h)
+    assert 0 < len(used) < len(h)
+    cz, crr = cr._param_costs(h[used])
+    np.testing.assert_allclose(crr, h[used, 1:] @ nlp.T, rtol=1e-12)
+    for precision in (0, 3):
+        iz2, ir2, bits = cr._fit_params(h, precision, (cz, crr))
+        empty = h.sum(1) == 0
+        assert (iz2[empty] == 128).all() and (ir2[empty] == 0).all() and (bits[empty] == 0).all()
+        assert (iz2 % (1 << precision) == 0).all() and (ir2 % (1 << precision) == 0).all()
+        full = cr._param_costs(h)  # every context, empty ones included: the same choice
+        np.testing.assert_array_equal(cr._fit_params(h, precision, (full[0][used], full[1][used]))[0], iz2)
+        dense = -(h * np.log2(np.diff(cr._cum_tables(iz2, ir2).astype(np.float64), axis=1) / cr.MTOT)).sum()
+        assert cr._table_bits(h, iz2, ir2) == pytest.approx(dense, rel=1e-12)
+
+
 # ------------------------------------------------------------------------------------------ arguments
 def test_decode_argument_errors():
     codec, q = fitted((1, 1, 4, 16, 4), np.int8)
