@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -263,7 +263,7 @@ def _run(s: DemoSettings, work: str, quiet: bool) -> dict[str, Any]:
         train_np = make_pairs(s.n, s.size, s.seed)
         test_np = make_pairs(s.test, s.size, s.seed + 1)
         source = os.path.join(work, "em_train.npz")
-        np.savez(source, **train_np)
+        np.savez(source, **cast("dict[str, Any]", train_np))  # numpy 2.4's stubs read ** as allow_pickle too
         bar.update()
 
         packs: dict[str, tuple[str, Any, float]] = {}
