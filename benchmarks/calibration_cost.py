@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks.calibration_time import child_env, stored_bytes
 from dctdata.datasets import OPTICAL_SHAPE, optical_damage
+from dctdata.format.compact import unpack_checksum
 
 
 def write_frames(path: str, n: int, shape: tuple[int, int]) -> np.ndarray:
@@ -70,7 +71,7 @@ def run_pack(python: str, frames: str, out: str, flags: list[str], cwd: str, env
         "lossless": field["lossless"].get("id"),
         "stored_bytes": stored,
         # what must agree for "the same bytes": every data file, and the field's codec and lossless stage
-        "identity": {"files": {name: e["sha256"] for name, e in files.items()}, "field": field},
+        "identity": {"files": {name: unpack_checksum(e, name)["sha256"] for name, e in files.items()}, "field": field},
         "psnr_min": stats["psnr_min"],
         "psnr_dataset": stats["psnr_dataset"],
     }

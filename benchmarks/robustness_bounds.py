@@ -79,8 +79,9 @@ def make_packs(tmp: str) -> dict[str, str]:
     out["size_liar"] = shutil.copytree(out["webdataset"], f"{tmp}/size_liar")  # item 7: cached shards claimed 4 GiB
 
     def lie(m):
-        for e in m["checksums"].values():
-            e["bytes"] = 4 << 30
+        from dctdata.format.compact import unpack_checksum
+
+        m["checksums"] = {k: {**unpack_checksum(e, k), "bytes": 4 << 30} for k, e in m["checksums"].items()}
         for s in m["layout"]["shards"]:
             s.pop("bytes", None)
 
@@ -290,8 +291,10 @@ def main(argv: list[str] | None = None) -> None:
         }
         fifo_cache, good_cache = os.path.join(tmp, "fifo_cache"), os.path.join(tmp, "good_cache")
         os.makedirs(fifo_cache)
-        for e in json.load(open(os.path.join(packs["webdataset"], "manifest.json")))["checksums"].values():
-            os.mkfifo(os.path.join(fifo_cache, e["sha256"] + ".tar"))
+        from dctdata.format.compact import unpack_checksum
+
+        for k, e in json.load(open(os.path.join(packs["webdataset"], "manifest.json")))["checksums"].items():
+            os.mkfifo(os.path.join(fifo_cache, unpack_checksum(e, k)["sha256"] + ".tar"))
         env = {"tmp": tmp, "packs": packs, "urls": urls, "fifo_cache": fifo_cache, "good_cache": good_cache}
         rows = []
         for name in args.case or CASES:
