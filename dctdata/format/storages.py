@@ -293,10 +293,6 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _size(value: Any, flag: str) -> int:
-    return parse_size(value, flag)
-
-
 register(
     "zarr",
     "dctdata.format.zarr.reader:ZarrReader",
@@ -332,7 +328,7 @@ register(
             "max_shard_size",
             "cap on each .tar shard, in bytes or with a unit: 64MiB, '1.5 GB' (default 256 MiB)",
             metavar="SIZE",
-            parse=_size,
+            parse=parse_size,
         ),
         Option(
             "samples_per_shard",
